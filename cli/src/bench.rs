@@ -1,0 +1,215 @@
+//! `corral bench`: measures a local 3-node cluster against this machine's fdatasync, the floor
+//! under any durable commit. Prints figures; asserts nothing about speed.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use proto::{GresRequest, JobSpec, Reply, Request};
+
+use crate::client::Cluster;
+use crate::dev::{self, DevOptions};
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct BenchArgs {
+    /// Sequential submissions from one client.
+    #[arg(long, default_value_t = 300)]
+    pub submits: usize,
+    /// Submissions from 16 concurrent clients (in all).
+    #[arg(long, default_value_t = 800)]
+    pub concurrent_submits: usize,
+    /// Submit-to-running samples.
+    #[arg(long, default_value_t = 30)]
+    pub latency_samples: usize,
+    /// Leader SIGKILLs for the failover figures.
+    #[arg(long, default_value_t = 10)]
+    pub failovers: usize,
+    /// Keep the cluster directory here.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v
+}
+
+/// fdatasync latency of a 4 KiB append in `dir`, in ms.
+fn fdatasync_ms(dir: &std::path::Path, samples: usize) -> anyhow::Result<Vec<f64>> {
+    let path = dir.join("fdatasync.probe");
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path).with_context(|| format!("open {}", path.display()))?;
+    let block = [0u8; 4096];
+    let mut out = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        f.write_all(&block).context("write probe block")?;
+        let t = Instant::now();
+        f.sync_data().context("fdatasync probe file")?;
+        out.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let _ = std::fs::remove_file(&path);
+    Ok(out)
+}
+
+/// A job that never fits (9 GPUs on 8-GPU nodes): it stays pending, like Slurm's held jobs.
+fn held_spec(workdir: &str) -> JobSpec {
+    JobSpec {
+        name: "bench-held".into(),
+        argv: vec!["true".into()],
+        script: None,
+        gres: Some(GresRequest { gpu_type: None, count: 9 }),
+        cpus_per_task: 1,
+        mem_mib: 1,
+        time_limit_ms: None,
+        workdir: workdir.into(),
+        env: BTreeMap::new(),
+        output: Some("/dev/null".into()),
+        error: None,
+        user: "bench".into(),
+        requeue: false,
+    }
+}
+
+fn run_spec(workdir: &str) -> JobSpec {
+    JobSpec { name: "bench-run".into(), gres: Some(GresRequest { gpu_type: None, count: 1 }), ..held_spec(workdir) }
+}
+
+async fn submit(cluster: &Cluster, spec: JobSpec) -> anyhow::Result<u64> {
+    match cluster.call_patiently(Request::Submit { spec }, Duration::from_secs(20)).await? {
+        Reply::Submitted { job } => Ok(job),
+        other => bail!("unexpected reply {other:?}"),
+    }
+}
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let keep = args.dir.is_some();
+    let dir = args.dir.clone().unwrap_or_else(|| std::env::temp_dir().join(format!("corral-bench-{}", std::process::id())));
+    let result = bench(&dir, &args).await;
+    if let Err(e) = dev::down(&dir) {
+        eprintln!("stop the bench cluster: {e:#}");
+    }
+    if !keep {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    result
+}
+
+async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
+    let opts = DevOptions {
+        nodes: 3,
+        gpus: "h100:8".into(),
+        voters_max: 3,
+        cpus: 64,
+        memory_mib: 512 * 1024,
+        heartbeat_interval_ms: 200,
+        node_down_after_ms: 3_000,
+        voter_replace_after_ms: 600_000,
+        kill_grace_ms: 1_000,
+        snapshot_logs: 1_000,
+        wait_s: 60,
+    };
+    dev::up(dir, &opts).await?;
+    let workdir = dir.display().to_string();
+    let sync = sorted(fdatasync_ms(dir, 200)?);
+    let sync_p50 = percentile(&sync, 0.5);
+    println!("fdatasync (4 KiB, {} samples): p50 {:.3} ms  p99 {:.3} ms", sync.len(), sync_p50, percentile(&sync, 0.99));
+
+    let cluster = Arc::new(Cluster::connect(dir, None)?);
+    // One client, sequential.
+    let mut lat = Vec::with_capacity(args.submits);
+    let t = Instant::now();
+    for _ in 0..args.submits {
+        let s = Instant::now();
+        submit(&cluster, held_spec(&workdir)).await?;
+        lat.push(s.elapsed().as_secs_f64() * 1000.0);
+    }
+    let seq_rate = args.submits as f64 / t.elapsed().as_secs_f64();
+    let lat = sorted(lat);
+    let p50 = percentile(&lat, 0.5);
+    println!(
+        "submit, 1 client: {} in {:.2} s = {:.0}/s; latency p50 {:.2} ms p99 {:.2} ms; p50 / fdatasync p50 = {:.2}x",
+        args.submits,
+        t.elapsed().as_secs_f64(),
+        seq_rate,
+        p50,
+        percentile(&lat, 0.99),
+        p50 / sync_p50
+    );
+    // 16 concurrent clients.
+    let t = Instant::now();
+    let per = args.concurrent_submits.div_ceil(16);
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let cluster = Arc::clone(&cluster);
+        let workdir = workdir.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..per {
+                submit(&cluster, held_spec(&workdir)).await?;
+            }
+            Ok::<_, anyhow::Error>(())
+        }));
+    }
+    for task in tasks {
+        task.await.context("join submitter")??;
+    }
+    let n = per * 16;
+    println!("submit, 16 clients: {n} in {:.2} s = {:.0}/s", t.elapsed().as_secs_f64(), n as f64 / t.elapsed().as_secs_f64());
+
+    // Submit to RUNNING (launch confirmed by the agent), from the leader's own timestamps.
+    let mut starts = Vec::new();
+    for _ in 0..args.latency_samples {
+        let id = submit(&cluster, run_spec(&workdir)).await?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Reply::Job(j) = cluster.call_patiently(Request::GetJob { job: id }, Duration::from_secs(10)).await? {
+                if j.launched_by.is_some() || j.state.is_final() {
+                    if let Some(start) = j.start_ms {
+                        starts.push(start.saturating_sub(j.submit_ms) as f64);
+                    }
+                    break;
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("job {id} did not start within 20 s");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let starts = sorted(starts);
+    println!("submit to RUNNING ({} samples): p50 {:.0} ms  p99 {:.0} ms", starts.len(), percentile(&starts, 0.5), percentile(&starts, 0.99));
+
+    // Failover: SIGKILL the leader, time until a submission is committed again.
+    let mut failovers = Vec::new();
+    for round in 0..args.failovers {
+        let Reply::Cluster(info) = cluster.call_patiently(Request::ClusterInfo, Duration::from_secs(20)).await? else { bail!("unexpected reply") };
+        let leader = info.leader.context("no leader")?;
+        dev::signal_node(dir, &leader, "KILL")?;
+        let t = Instant::now();
+        submit(&cluster, held_spec(&workdir)).await?;
+        let ms = t.elapsed().as_secs_f64() * 1000.0;
+        failovers.push(ms);
+        println!("  failover {}: killed {leader}, submission committed after {ms:.0} ms", round + 1);
+        dev::start_one(dir, &leader)?;
+        dev::wait_ready(dir, 3, Duration::from_secs(60)).await?;
+    }
+    let failovers = sorted(failovers);
+    println!("failover ({} SIGKILLs of the leader): p50 {:.0} ms  p99 {:.0} ms", failovers.len(), percentile(&failovers, 0.5), percentile(&failovers, 0.99));
+    println!(
+        "SUMMARY fdatasync_p50_ms={sync_p50:.3} submit_seq_per_s={seq_rate:.0} submit_p50_ms={p50:.2} submit_p50_over_fdatasync={:.2} submit_to_running_p50_ms={:.0} failover_p50_ms={:.0} failover_p99_ms={:.0}",
+        p50 / sync_p50,
+        percentile(&starts, 0.5),
+        percentile(&failovers, 0.5),
+        percentile(&failovers, 0.99)
+    );
+    Ok(())
+}

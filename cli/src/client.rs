@@ -1,0 +1,102 @@
+//! Talking to a cluster: which nodes to ask and with which certificate, and one call that
+//! tries each node until one answers.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use proto::{ApiError, Envelope, Reply, Request};
+use serde::{Deserialize, Serialize};
+use transport::pki::TlsPaths;
+use transport::Client;
+
+/// `client.toml`: written by `corral dev up` (and by an operator for a real cluster).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientConfig {
+    pub servers: Vec<String>,
+    pub tls: TlsPaths,
+}
+
+impl ClientConfig {
+    pub fn load(path: &Path) -> anyhow::Result<ClientConfig> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("read client config at {}", path.display()))?;
+        let mut c: ClientConfig = toml::from_str(&text).with_context(|| format!("parse client config at {}", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        for p in [&mut c.tls.ca_cert, &mut c.tls.cert, &mut c.tls.key] {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        }
+        Ok(c)
+    }
+}
+
+pub struct Cluster {
+    client: Client,
+    servers: Vec<String>,
+    pub call_timeout: Duration,
+}
+
+impl Cluster {
+    /// `--cluster DIR` (its `client.toml`), optionally with `--server` naming the node to ask.
+    pub fn connect(cluster_dir: &Path, server: Option<&str>) -> anyhow::Result<Cluster> {
+        let config = ClientConfig::load(&cluster_dir.join("client.toml"))?;
+        let identity = config.tls.load().context("load client certificate")?;
+        let endpoint = transport::endpoint("0.0.0.0:0".parse().context("parse bind address")?, &identity, false)
+            .context("open client endpoint")?;
+        let servers = match server {
+            Some(s) => vec![s.to_string()],
+            None => config.servers,
+        };
+        if servers.is_empty() {
+            bail!("no server address in {}", cluster_dir.display());
+        }
+        Ok(Cluster { client: Client::new(endpoint), servers, call_timeout: Duration::from_secs(10) })
+    }
+
+    /// Sends `request` to the first node that answers. Errors the cluster returned come back as
+    /// `ApiError`; only when no node answers at all is the error a transport one.
+    pub async fn call(&self, request: Request) -> anyhow::Result<Result<Reply, ApiError>> {
+        let envelope = Envelope { hops: 0, request };
+        let mut errors = Vec::new();
+        for addr in &self.servers {
+            match self.client.call(addr, &envelope, self.call_timeout).await {
+                Ok(Err(e @ (ApiError::NoLeader | ApiError::Unavailable(_)))) if self.servers.len() > 1 => {
+                    errors.push(format!("{addr}: {e}"));
+                }
+                Ok(resp) => return Ok(resp),
+                Err(e) => errors.push(format!("{addr}: {e}")),
+            }
+        }
+        bail!("no node answered: {}", errors.join("; "))
+    }
+
+    /// Like [`Cluster::call`], retrying while there is no leader (an election is under way) for
+    /// up to `patience`.
+    pub async fn call_patiently(&self, request: Request, patience: Duration) -> anyhow::Result<Reply> {
+        let started = std::time::Instant::now();
+        loop {
+            let result = self.call(request.clone()).await;
+            match result {
+                Ok(Ok(reply)) => return Ok(reply),
+                Ok(Err(e @ (ApiError::NoLeader | ApiError::Unavailable(_) | ApiError::NotLeader { .. })))
+                    if started.elapsed() < patience =>
+                {
+                    tracing::debug!(error = %e, "retrying");
+                }
+                Ok(Err(e)) => return Err(e.into()),
+                Err(e) if started.elapsed() < patience => tracing::debug!(error = %e, "retrying"),
+                Err(e) => return Err(e),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// The directory named by `--cluster`, `$CORRAL_CLUSTER`, or `/etc/corral`.
+pub fn cluster_dir(flag: Option<&PathBuf>) -> PathBuf {
+    flag.cloned()
+        .or_else(|| std::env::var_os("CORRAL_CLUSTER").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("/etc/corral"))
+}

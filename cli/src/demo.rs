@@ -1,0 +1,179 @@
+//! `corral demo`: a 3-node local cluster running a mixed workload of real processes, with the
+//! leader killed midway.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use proto::{GresRequest, JobSpec, JobState, Reply, Request};
+
+use crate::client::Cluster;
+use crate::dev::{self, DevOptions};
+
+fn job_spec(name: &str, gpus: u32, seconds: u32, workdir: &str) -> JobSpec {
+    let script = format!(
+        "#!/bin/sh\necho \"job $CORRAL_JOB_ID ({name}) on $CORRAL_NODE with GPUs $CUDA_VISIBLE_DEVICES\"\nsleep {seconds}\necho done\n"
+    );
+    JobSpec {
+        name: name.to_string(),
+        argv: vec![],
+        script: Some(script),
+        gres: Some(GresRequest { gpu_type: Some("h100".into()), count: gpus }),
+        cpus_per_task: 1,
+        mem_mib: 1024,
+        time_limit_ms: Some(120_000),
+        workdir: workdir.to_string(),
+        env: BTreeMap::from([("PATH".to_string(), "/usr/local/bin:/usr/bin:/bin".to_string())]),
+        output: Some("out/%j.out".into()),
+        error: None,
+        user: std::env::var("USER").unwrap_or_else(|_| "demo".into()),
+        requeue: false,
+    }
+}
+
+async fn submit(cluster: &Cluster, spec: JobSpec) -> anyhow::Result<u64> {
+    match cluster.call_patiently(Request::Submit { spec }, Duration::from_secs(15)).await? {
+        Reply::Submitted { job } => Ok(job),
+        other => bail!("unexpected reply {other:?}"),
+    }
+}
+
+async fn leader(cluster: &Cluster) -> anyhow::Result<(String, u64)> {
+    match cluster.call_patiently(Request::ClusterInfo, Duration::from_secs(15)).await? {
+        Reply::Cluster(info) => Ok((info.leader.context("no leader")?, info.term)),
+        other => bail!("unexpected reply {other:?}"),
+    }
+}
+
+pub async fn run(dir: Option<PathBuf>) -> anyhow::Result<()> {
+    let keep = dir.is_some();
+    let dir = dir.unwrap_or_else(|| std::env::temp_dir().join(format!("corral-demo-{}", std::process::id())));
+    let result = demo(&dir).await;
+    if let Err(e) = dev::down(&dir) {
+        eprintln!("stop the demo cluster: {e:#}");
+    }
+    if !keep {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    result
+}
+
+async fn demo(dir: &std::path::Path) -> anyhow::Result<()> {
+    println!("== starting a 3-node cluster (8 simulated H100 each) in {}", dir.display());
+    let opts = DevOptions {
+        nodes: 3,
+        gpus: "h100:8".into(),
+        voters_max: 3,
+        cpus: 64,
+        memory_mib: 512 * 1024,
+        heartbeat_interval_ms: 200,
+        node_down_after_ms: 3_000,
+        voter_replace_after_ms: 10_000,
+        kill_grace_ms: 2_000,
+        snapshot_logs: 1_000,
+        wait_s: 60,
+    };
+    let t0 = Instant::now();
+    dev::up(dir, &opts).await?;
+    println!("   up in {:.1} s", t0.elapsed().as_secs_f64());
+    let work = dir.join("work");
+    std::fs::create_dir_all(work.join("out")).context("create demo work directory")?;
+    let workdir = work.display().to_string();
+    let cluster = Cluster::connect(dir, None)?;
+
+    // 24 GPUs in the cluster, 40 GPUs of work: some jobs must queue.
+    let sizes = [8, 4, 2, 1, 1, 2, 4, 1, 8, 2, 1, 4, 1, 1];
+    let mut jobs = Vec::new();
+    for (i, gpus) in sizes.iter().enumerate() {
+        let seconds = 2 + (i as u32 % 4);
+        jobs.push(submit(&cluster, job_spec(&format!("train-{i}"), *gpus, seconds, &workdir)).await?);
+    }
+    println!("== submitted {} jobs asking for {} GPUs in all", jobs.len(), sizes.iter().sum::<u32>());
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    print_queue(&cluster).await?;
+
+    let (old_leader, old_term) = leader(&cluster).await?;
+    println!("== SIGKILL of the leader {old_leader} (term {old_term})");
+    dev::signal_node(dir, &old_leader, "KILL")?;
+    let killed_at = Instant::now();
+    let survivors = Cluster::connect(dir, None)?;
+    let probe = submit(&survivors, job_spec("after-failover", 1, 1, &workdir)).await?;
+    let failover = killed_at.elapsed();
+    let (new_leader, new_term) = leader(&survivors).await?;
+    println!("   new leader {new_leader} (term {new_term}) accepted job {probe} {:.0} ms after the kill", failover.as_secs_f64() * 1000.0);
+    jobs.push(probe);
+    println!("== restarting {old_leader} with its data");
+    dev::start_one(dir, &old_leader)?;
+    for i in 0..4 {
+        jobs.push(submit(&survivors, job_spec(&format!("late-{i}"), 2, 1, &workdir)).await?);
+    }
+
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let finals = loop {
+        let Reply::Jobs(all) = survivors.call_patiently(Request::ListJobs { include_finished: true }, Duration::from_secs(15)).await? else {
+            bail!("unexpected reply");
+        };
+        let ours: Vec<_> = all.into_iter().filter(|j| jobs.contains(&j.id)).collect();
+        if ours.iter().all(|j| j.state.is_final()) {
+            break ours;
+        }
+        if Instant::now() > deadline {
+            bail!("jobs still not finished after 120 s: {:?}", ours.iter().filter(|j| !j.state.is_final()).map(|j| j.id).collect::<Vec<_>>());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let mut by_state: BTreeMap<JobState, usize> = BTreeMap::new();
+    for j in &finals {
+        *by_state.entry(j.state).or_default() += 1;
+    }
+    println!("== every job reached a final state");
+    print_queue_all(&survivors, &jobs).await?;
+    println!("\nsummary");
+    println!("  jobs:                {}", finals.len());
+    for (state, n) in &by_state {
+        println!("  {:<20} {n}", format!("{}:", state.as_str()));
+    }
+    println!("  failover:            {:.0} ms from SIGKILL of {old_leader} to a committed submission", failover.as_secs_f64() * 1000.0);
+    println!("  leader:              {old_leader} (term {old_term}) -> {new_leader} (term {new_term})");
+    if by_state.contains_key(&JobState::NodeFail) {
+        println!("  NODE_FAIL jobs were running on {old_leader} when it was killed; their processes died with it.");
+        println!("  (requeue from checkpoints is the multi-node/requeue feature; these jobs were not submitted with --requeue)");
+    }
+    let unexpected: Vec<_> = finals.iter().filter(|j| !matches!(j.state, JobState::Completed | JobState::NodeFail)).collect();
+    if !unexpected.is_empty() {
+        bail!("jobs ended unexpectedly: {:?}", unexpected.iter().map(|j| (j.id, j.state.as_str())).collect::<Vec<_>>());
+    }
+    Ok(())
+}
+
+async fn print_queue(cluster: &Cluster) -> anyhow::Result<()> {
+    let Reply::Jobs(jobs) = cluster.call_patiently(Request::ListJobs { include_finished: false }, Duration::from_secs(15)).await? else {
+        bail!("unexpected reply");
+    };
+    let running = jobs.iter().filter(|j| j.state == JobState::Running).count();
+    let pending = jobs.iter().filter(|j| j.state == JobState::Pending).count();
+    println!("   queue: {running} running, {pending} pending");
+    for j in jobs.iter().filter(|j| j.state == JobState::Pending).take(3) {
+        println!("     job {:>3} pending: {}", j.id, j.reason.as_deref().unwrap_or("-"));
+    }
+    Ok(())
+}
+
+async fn print_queue_all(cluster: &Cluster, ids: &[u64]) -> anyhow::Result<()> {
+    let Reply::Jobs(jobs) = cluster.call_patiently(Request::ListJobs { include_finished: true }, Duration::from_secs(15)).await? else {
+        bail!("unexpected reply");
+    };
+    let Reply::Nodes(nodes) = cluster.call_patiently(Request::ListNodes, Duration::from_secs(15)).await? else { bail!("unexpected reply") };
+    let names: BTreeMap<u64, String> = nodes.into_iter().map(|n| (n.id, n.name)).collect();
+    println!("  {:>4} {:<16} {:<10} {:<5} {:<5} {:>7}", "JOB", "NAME", "STATE", "NODE", "GPUS", "RUN(s)");
+    for j in jobs.iter().filter(|j| ids.contains(&j.id)) {
+        let secs = match (j.start_ms, j.end_ms) {
+            (Some(s), Some(e)) => format!("{:.1}", e.saturating_sub(s) as f64 / 1000.0),
+            _ => "-".into(),
+        };
+        let node = j.last_node.and_then(|n| names.get(&n).cloned()).unwrap_or_else(|| "-".into());
+        println!("  {:>4} {:<16} {:<10} {:<5} {:<5} {:>7}", j.id, j.spec.name, j.state.as_str(), node, j.spec.gpus(), secs);
+    }
+    Ok(())
+}

@@ -1,0 +1,333 @@
+//! A local cluster of real `corrald` processes on 127.0.0.1, for development, tests and the
+//! demo. `DIR/` holds the cluster CA and `client.toml`; `DIR/NODE/` holds each node's config,
+//! certificate, data, log and `corrald.pid`.
+
+use std::net::UdpSocket;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use proto::{NodeState, Reply, Request};
+use serde::Serialize;
+use transport::pki::{self, PemPair, TlsPaths};
+
+use crate::client::{ClientConfig, Cluster};
+
+/// Knobs of a development cluster, written into each new node's `node.toml`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct DevOptions {
+    /// Number of nodes the cluster should have (new ones are added to an existing cluster).
+    #[arg(long, default_value_t = 3)]
+    pub nodes: usize,
+    /// Simulated GPUs per node, e.g. `h100:8`.
+    #[arg(long, default_value = "h100:8")]
+    pub gpus: String,
+    #[arg(long, default_value_t = 3)]
+    pub voters_max: usize,
+    #[arg(long, default_value_t = 64)]
+    pub cpus: u32,
+    #[arg(long, default_value_t = 512 * 1024)]
+    pub memory_mib: u64,
+    #[arg(long, default_value_t = 200)]
+    pub heartbeat_interval_ms: u64,
+    #[arg(long, default_value_t = 3_000)]
+    pub node_down_after_ms: u64,
+    #[arg(long, default_value_t = 10_000)]
+    pub voter_replace_after_ms: u64,
+    #[arg(long, default_value_t = 2_000)]
+    pub kill_grace_ms: u64,
+    /// Build a Raft snapshot every this many log entries.
+    #[arg(long, default_value_t = 1_000)]
+    pub snapshot_logs: u64,
+    /// Wait at most this long for the cluster to be ready.
+    #[arg(long, default_value_t = 60)]
+    pub wait_s: u64,
+}
+
+#[derive(Serialize)]
+struct RaftSection {
+    heartbeat_interval_ms: u64,
+    election_timeout_min_ms: u64,
+    election_timeout_max_ms: u64,
+    snapshot_logs_since_last: u64,
+    max_in_snapshot_log_to_keep: u64,
+}
+
+#[derive(Serialize)]
+struct NodeToml {
+    name: String,
+    listen: String,
+    data_dir: String,
+    tls: TlsPaths,
+    bootstrap: bool,
+    join: Vec<String>,
+    join_token: String,
+    gpus: String,
+    cpus: u32,
+    memory_mib: u64,
+    voters_max: usize,
+    heartbeat_interval_ms: u64,
+    node_down_after_ms: u64,
+    voter_replace_after_ms: u64,
+    kill_grace_ms: u64,
+    raft: RaftSection,
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    let sock = UdpSocket::bind("127.0.0.1:0").context("find a free udp port")?;
+    Ok(sock.local_addr().context("read bound port")?.port())
+}
+
+fn node_dirs(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    if !dir.exists() {
+        return Ok(out);
+    }
+    for entry in std::fs::read_dir(dir).with_context(|| format!("list {}", dir.display()))? {
+        let path = entry.with_context(|| format!("list {}", dir.display()))?.path();
+        if path.join("node.toml").exists() {
+            out.push(path);
+        }
+    }
+    out.sort_by_key(|p| {
+        let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        (name.len(), name)
+    });
+    Ok(out)
+}
+
+fn read_listen(node_dir: &Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(node_dir.join("node.toml")).with_context(|| format!("read {}/node.toml", node_dir.display()))?;
+    let value: toml::Value = toml::from_str(&text).with_context(|| format!("parse {}/node.toml", node_dir.display()))?;
+    value.get("listen").and_then(|v| v.as_str()).map(str::to_string).context("node.toml has no listen address")
+}
+
+fn read_pid(node_dir: &Path) -> Option<i32> {
+    std::fs::read_to_string(node_dir.join("corrald.pid")).ok()?.trim().parse().ok()
+}
+
+fn alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    unsafe { libc::kill(pid, 0) == 0 }
+}
+
+/// The `corrald` binary: `$CORRALD`, next to this executable, or on PATH.
+pub fn corrald_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("CORRALD") {
+        return PathBuf::from(p);
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(dir) = exe.parent() {
+            let candidate = dir.join("corrald");
+            if candidate.exists() {
+                return candidate;
+            }
+        }
+    }
+    PathBuf::from("corrald")
+}
+
+/// Creates the cluster CA, a client certificate and `client.toml` on first use.
+fn ensure_ca(dir: &Path) -> anyhow::Result<PemPair> {
+    let ca_crt = dir.join("ca.crt");
+    if ca_crt.exists() {
+        return Ok(PemPair {
+            cert_pem: std::fs::read_to_string(&ca_crt).with_context(|| format!("read {}", ca_crt.display()))?,
+            key_pem: std::fs::read_to_string(dir.join("ca.key")).with_context(|| format!("read {}/ca.key", dir.display()))?,
+        });
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("create cluster directory {}", dir.display()))?;
+    let ca = pki::generate_ca("corral-dev")?;
+    pki::write_pem_pair(dir, "ca", &ca)?;
+    let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
+    let client = pki::issue_client_cert(&ca, &user)?;
+    pki::write_pem_pair(dir, "client", &client)?;
+    Ok(ca)
+}
+
+fn write_client_toml(dir: &Path) -> anyhow::Result<()> {
+    let mut servers = Vec::new();
+    for nd in node_dirs(dir)? {
+        servers.push(read_listen(&nd)?);
+    }
+    let config = ClientConfig {
+        servers,
+        tls: TlsPaths { ca_cert: "ca.crt".into(), cert: "client.crt".into(), key: "client.key".into() },
+    };
+    let text = toml::to_string(&config).context("encode client.toml")?;
+    std::fs::write(dir.join("client.toml"), text).with_context(|| format!("write {}/client.toml", dir.display()))
+}
+
+fn start_node(node_dir: &Path) -> anyhow::Result<i32> {
+    if let Some(pid) = read_pid(node_dir) {
+        if alive(pid) {
+            return Ok(pid);
+        }
+    }
+    let log_path = node_dir.join("corrald.log");
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path).with_context(|| format!("open {}", log_path.display()))?;
+    let log2 = log.try_clone().context("duplicate log handle")?;
+    let mut cmd = std::process::Command::new(corrald_binary());
+    cmd.arg("--config").arg(node_dir.join("node.toml")).stdin(Stdio::null()).stdout(log).stderr(log2);
+    if std::env::var_os("RUST_LOG").is_none() {
+        cmd.env("RUST_LOG", "info,openraft=warn,quinn=warn");
+    }
+    // SAFETY: setsid between fork and exec, so the daemon outlives this command.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().with_context(|| format!("start {} (set CORRALD to its path)", corrald_binary().display()))?;
+    let pid = child.id() as i32;
+    std::fs::write(node_dir.join("corrald.pid"), format!("{pid}\n")).with_context(|| format!("write {}/corrald.pid", node_dir.display()))?;
+    Ok(pid)
+}
+
+/// `corral dev up`: starts (or restarts) the cluster in `dir` and waits until every node is UP
+/// and a leader is elected.
+pub async fn up(dir: &Path, opts: &DevOptions) -> anyhow::Result<()> {
+    let ca = ensure_ca(dir)?;
+    let mut existing = node_dirs(dir)?;
+    let token = match existing.first() {
+        Some(first) => {
+            let text = std::fs::read_to_string(first.join("node.toml")).context("read first node.toml")?;
+            let value: toml::Value = toml::from_str(&text).context("parse first node.toml")?;
+            value.get("join_token").and_then(|v| v.as_str()).context("node.toml has no join_token")?.to_string()
+        }
+        None => {
+            let bytes: [u8; 16] = rand::random();
+            bytes.iter().map(|b| format!("{b:02x}")).collect()
+        }
+    };
+    let mut addrs: Vec<String> = existing.iter().map(|d| read_listen(d)).collect::<anyhow::Result<_>>()?;
+    for i in existing.len()..opts.nodes {
+        let name = format!("n{}", i + 1);
+        let node_dir = dir.join(&name);
+        std::fs::create_dir_all(&node_dir).with_context(|| format!("create {}", node_dir.display()))?;
+        let cert = pki::issue_node_cert(&ca, &name, &["127.0.0.1".to_string(), "localhost".to_string()])?;
+        pki::write_pem_pair(&node_dir, "node", &cert)?;
+        let listen = format!("127.0.0.1:{}", free_port()?);
+        let mut join = addrs.clone();
+        join.truncate(5);
+        let config = NodeToml {
+            name: name.clone(),
+            listen: listen.clone(),
+            data_dir: "data".into(),
+            tls: TlsPaths { ca_cert: "../ca.crt".into(), cert: "node.crt".into(), key: "node.key".into() },
+            bootstrap: i == 0,
+            join,
+            join_token: token.clone(),
+            gpus: opts.gpus.clone(),
+            cpus: opts.cpus,
+            memory_mib: opts.memory_mib,
+            voters_max: opts.voters_max,
+            heartbeat_interval_ms: opts.heartbeat_interval_ms,
+            node_down_after_ms: opts.node_down_after_ms,
+            voter_replace_after_ms: opts.voter_replace_after_ms,
+            kill_grace_ms: opts.kill_grace_ms,
+            raft: RaftSection {
+                heartbeat_interval_ms: 100,
+                election_timeout_min_ms: 400,
+                election_timeout_max_ms: 800,
+                snapshot_logs_since_last: opts.snapshot_logs,
+                max_in_snapshot_log_to_keep: opts.snapshot_logs.min(100),
+            },
+        };
+        let text = toml::to_string(&config).context("encode node.toml")?;
+        std::fs::write(node_dir.join("node.toml"), text).with_context(|| format!("write {}/node.toml", node_dir.display()))?;
+        addrs.push(listen);
+        existing.push(node_dir);
+    }
+    write_client_toml(dir)?;
+    for node_dir in &existing {
+        start_node(node_dir)?;
+    }
+    wait_ready(dir, existing.len(), Duration::from_secs(opts.wait_s)).await
+}
+
+/// Waits until a leader answers and `nodes` nodes are registered and UP.
+pub async fn wait_ready(dir: &Path, nodes: usize, patience: Duration) -> anyhow::Result<()> {
+    let cluster = Cluster::connect(dir, None)?;
+    let started = Instant::now();
+    let mut last = String::from("no answer yet");
+    while started.elapsed() < patience {
+        match cluster.call(Request::ListNodes).await {
+            Ok(Ok(Reply::Nodes(list))) => {
+                let up = list.iter().filter(|n| n.state == NodeState::Up).count();
+                if up >= nodes && list.iter().any(|n| n.role == proto::NodeRole::Leader) {
+                    return Ok(());
+                }
+                last = format!("{up} of {nodes} nodes up");
+            }
+            Ok(other) => last = format!("{other:?}"),
+            Err(e) => last = format!("{e:#}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bail!("cluster in {} not ready after {} s: {last} (see */corrald.log)", dir.display(), patience.as_secs())
+}
+
+/// Sends `signal` to one node's `corrald` (`KILL`, `TERM`, `STOP`, `CONT`).
+pub fn signal_node(dir: &Path, name: &str, signal: &str) -> anyhow::Result<()> {
+    let node_dir = dir.join(name);
+    let pid = read_pid(&node_dir).with_context(|| format!("no corrald.pid for node {name}"))?;
+    let sig = match signal.trim_start_matches("SIG") {
+        "KILL" => libc::SIGKILL,
+        "TERM" => libc::SIGTERM,
+        "STOP" => libc::SIGSTOP,
+        "CONT" => libc::SIGCONT,
+        other => bail!("unknown signal '{other}' (KILL, TERM, STOP, CONT)"),
+    };
+    // SAFETY: kill(2) on a pid we started.
+    if unsafe { libc::kill(pid, sig) } != 0 {
+        bail!("signal node {name} (pid {pid}): {}", std::io::Error::last_os_error());
+    }
+    if sig == libc::SIGKILL || sig == libc::SIGTERM {
+        wait_exit(pid, Duration::from_secs(10));
+    }
+    Ok(())
+}
+
+/// Starts one stopped node of the cluster again.
+pub fn start_one(dir: &Path, name: &str) -> anyhow::Result<i32> {
+    let node_dir = dir.join(name);
+    if !node_dir.join("node.toml").exists() {
+        bail!("no node {name} in {}", dir.display());
+    }
+    start_node(&node_dir)
+}
+
+fn wait_exit(pid: i32, patience: Duration) -> bool {
+    let started = Instant::now();
+    while started.elapsed() < patience {
+        // Reap it if it is our child (dev up in the same process); harmless otherwise.
+        // SAFETY: waitpid with WNOHANG on a pid; no memory is shared.
+        unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) };
+        if !alive(pid) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// `corral dev down`: stops every node (SIGTERM, then SIGKILL after 10 s).
+pub fn down(dir: &Path) -> anyhow::Result<()> {
+    for node_dir in node_dirs(dir)? {
+        let Some(pid) = read_pid(&node_dir) else { continue };
+        if alive(pid) {
+            // SAFETY: kill(2) on a pid this tool started.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+            if !wait_exit(pid, Duration::from_secs(10)) {
+                // SAFETY: as above.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                wait_exit(pid, Duration::from_secs(5));
+            }
+        }
+        let _ = std::fs::remove_file(node_dir.join("corrald.pid"));
+    }
+    Ok(())
+}

@@ -1,0 +1,455 @@
+//! `corral`: the command-line client. It speaks to any node over QUIC with a client
+//! certificate; it never opens the Raft log or RocksDB.
+
+mod bench;
+mod client;
+mod demo;
+mod dev;
+mod units;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use proto::{ApiError, GresRequest, Job, JobSpec, LogStream, NodeInfo, Reply, Request};
+use serde_json::json;
+
+use crate::client::{cluster_dir, Cluster};
+
+#[derive(Parser)]
+#[command(name = "corral", version, about = "Corral GPU cluster scheduler")]
+struct Cli {
+    /// Cluster directory holding client.toml (default $CORRAL_CLUSTER or /etc/corral).
+    #[arg(long, global = true)]
+    cluster: Option<PathBuf>,
+    /// Ask this node (HOST:PORT) instead of those in client.toml.
+    #[arg(long, global = true)]
+    server: Option<String>,
+    /// Print JSON.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Submit a job: a script file, or a command after `--`.
+    Submit(SubmitArgs),
+    /// Jobs that are pending or running (`--all` for finished ones too).
+    Queue {
+        #[arg(long)]
+        all: bool,
+    },
+    /// One job in full.
+    Show { job: u64 },
+    /// Cancel a job; a running job is killed (SIGTERM, then SIGKILL).
+    Cancel { job: u64 },
+    /// Wait for a job to end and exit with its exit code (124 on timeout).
+    Wait {
+        job: u64,
+        #[arg(long)]
+        timeout: Option<f64>,
+    },
+    /// A job's output, from whichever node ran it.
+    Logs {
+        job: u64,
+        #[arg(short, long)]
+        follow: bool,
+        #[arg(long)]
+        stderr: bool,
+    },
+    /// Nodes with their state, role and GPUs.
+    Nodes,
+    /// Members, roles, leader, term and last committed index.
+    Cluster,
+    /// Stop placing new jobs on a node.
+    Drain {
+        node: String,
+        #[arg(long, default_value = "drained by operator")]
+        reason: String,
+    },
+    /// Place jobs on a drained node again.
+    Resume { node: String },
+    /// A local cluster of corrald processes for development.
+    #[command(subcommand)]
+    Dev(DevCmd),
+    /// Start a 3-node cluster, run real jobs, kill the leader midway, show that nothing was lost.
+    Demo {
+        /// Keep the cluster directory (default: a temporary one, removed at the end).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Benchmark a local 3-node cluster: submit throughput, submit-to-running latency, failover.
+    Bench(bench::BenchArgs),
+}
+
+#[derive(Subcommand)]
+enum DevCmd {
+    /// Start N nodes on 127.0.0.1 (or restart a stopped cluster, or add nodes to it).
+    Up {
+        #[arg(long)]
+        dir: PathBuf,
+        #[command(flatten)]
+        opts: dev::DevOptions,
+    },
+    /// Stop every node of the cluster.
+    Down {
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// Send a signal (KILL, TERM, STOP, CONT) to one node's corrald.
+    Signal {
+        #[arg(long)]
+        dir: PathBuf,
+        node: String,
+        #[arg(default_value = "KILL")]
+        signal: String,
+    },
+    /// Start one stopped node again.
+    Start {
+        #[arg(long)]
+        dir: PathBuf,
+        node: String,
+    },
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct SubmitArgs {
+    /// GPUs: gpu:N or gpu:TYPE:N.
+    #[arg(long)]
+    gres: Option<String>,
+    #[arg(long, short = 'c', default_value_t = 1)]
+    cpus_per_task: u32,
+    /// Memory per node: 4096 (MiB), 512M, 4G.
+    #[arg(long, default_value = "1G")]
+    mem: String,
+    /// Time limit: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
+    #[arg(long, short = 't')]
+    time: Option<String>,
+    #[arg(long, short = 'J')]
+    name: Option<String>,
+    /// Output file (`%j` is the job id); default corral-%j.out in the working directory.
+    #[arg(long, short = 'o')]
+    output: Option<String>,
+    /// Separate file for stderr.
+    #[arg(long, short = 'e')]
+    error: Option<String>,
+    /// Working directory (default: the current one).
+    #[arg(long, short = 'D')]
+    chdir: Option<PathBuf>,
+    /// Run again when the node dies (honoured by a later release; recorded now).
+    #[arg(long)]
+    requeue: bool,
+    /// Script file, or the command after `--`.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    command: Vec<String>,
+}
+
+/// The job as `--json` prints it.
+fn job_json(job: &Job, nodes: &BTreeMap<u64, String>) -> serde_json::Value {
+    let node = job.alloc.as_ref().map(|a| a.node).or(job.last_node).and_then(|n| nodes.get(&n).cloned());
+    json!({
+        "id": job.id,
+        "name": job.spec.name,
+        "state": job.state.as_str(),
+        "exit_code": job.exit_code,
+        "node": node,
+        "gpus": job.last_gpus,
+        "submit_time": job.submit_ms,
+        "start_time": job.start_ms,
+        "end_time": job.end_ms,
+        "restart_count": job.restart_count,
+        "run": job.run,
+        "user": job.spec.user,
+        "gres": job.spec.gres.as_ref().map(|g| g.to_string()),
+        "time_limit_ms": job.spec.time_limit_ms,
+        "reason": job.reason,
+    })
+}
+
+fn node_json(n: &NodeInfo) -> serde_json::Value {
+    json!({
+        "name": n.name,
+        "state": n.state.as_str(),
+        "role": n.role.as_str(),
+        "gpus_total": n.gpus_total,
+        "gpus_free": n.gpus_free,
+        "gpu_types": n.gpu_types,
+        "addr": n.addr,
+        "reason": n.reason,
+    })
+}
+
+fn fmt_time(ms: Option<u64>) -> String {
+    ms.map_or_else(|| "-".into(), |ms| format!("{:.3}", ms as f64 / 1000.0))
+}
+
+async fn node_names(cluster: &Cluster) -> anyhow::Result<BTreeMap<u64, String>> {
+    match cluster.call(Request::ListNodes).await?? {
+        Reply::Nodes(list) => Ok(list.into_iter().map(|n| (n.id, n.name)).collect()),
+        other => bail!("unexpected reply {other:?}"),
+    }
+}
+
+pub fn build_spec(args: &SubmitArgs) -> anyhow::Result<JobSpec> {
+    if args.command.is_empty() {
+        bail!("nothing to run: give a script file or `-- COMMAND ARGS...`");
+    }
+    let workdir = match &args.chdir {
+        Some(d) => d.clone(),
+        None => std::env::current_dir().context("read current directory")?,
+    };
+    let workdir = std::path::absolute(&workdir).with_context(|| format!("resolve {}", workdir.display()))?;
+    let first = PathBuf::from(&args.command[0]);
+    let as_script = args.command.len() >= 1 && first.is_file() && !is_executable_binary(&first);
+    let (argv, script, default_name) = if as_script {
+        let text = std::fs::read_to_string(&first).with_context(|| format!("read script {}", first.display()))?;
+        let name = first.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "script".into());
+        (args.command[1..].to_vec(), Some(text), name)
+    } else {
+        let name = first.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "job".into());
+        (args.command.clone(), None, name)
+    };
+    let gres = args.gres.as_deref().map(GresRequest::parse).transpose().map_err(anyhow::Error::msg)?;
+    let time_limit_ms = args.time.as_deref().map(units::parse_time_limit_ms).transpose().map_err(anyhow::Error::msg)?;
+    let env: BTreeMap<String, String> = std::env::vars().collect();
+    let spec = JobSpec {
+        name: args.name.clone().unwrap_or(default_name),
+        argv,
+        script,
+        gres,
+        cpus_per_task: args.cpus_per_task,
+        mem_mib: units::parse_mem_mib(&args.mem).map_err(anyhow::Error::msg)?,
+        time_limit_ms,
+        workdir: workdir.display().to_string(),
+        env,
+        output: args.output.clone(),
+        error: args.error.clone(),
+        user: std::env::var("USER").unwrap_or_else(|_| "root".into()),
+        requeue: args.requeue,
+    };
+    spec.validate().map_err(anyhow::Error::msg)?;
+    Ok(spec)
+}
+
+/// A text file (a script) rather than a compiled program: ELF files are run as commands.
+fn is_executable_binary(path: &std::path::Path) -> bool {
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic)).is_ok() && &magic == b"\x7fELF"
+}
+
+async fn wait_job(cluster: &Cluster, job: u64, timeout: Option<Duration>) -> anyhow::Result<Option<Job>> {
+    let started = Instant::now();
+    loop {
+        match cluster.call(Request::GetJob { job }).await {
+            Ok(Ok(Reply::Job(j))) if j.state.is_final() => return Ok(Some(*j)),
+            Ok(Ok(_)) => {}
+            Ok(Err(e @ ApiError::NotFound(_))) => return Err(e.into()),
+            Ok(Err(e)) => tracing::debug!(error = %e, "job not readable yet"),
+            Err(e) => tracing::debug!(error = %e, "no node answered"),
+        }
+        if timeout.is_some_and(|t| started.elapsed() >= t) {
+            return Ok(None);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<i32> {
+    let dir = cluster_dir(cli.cluster.as_ref());
+    let connect = || Cluster::connect(&dir, cli.server.as_deref());
+    let patience = Duration::from_secs(10);
+    match cli.command {
+        Cmd::Submit(args) => {
+            let spec = build_spec(&args)?;
+            let cluster = connect()?;
+            match cluster.call_patiently(Request::Submit { spec }, patience).await? {
+                Reply::Submitted { job } => {
+                    if cli.json {
+                        println!("{}", json!({ "job_id": job }));
+                    } else {
+                        println!("{job}");
+                    }
+                }
+                other => bail!("unexpected reply {other:?}"),
+            }
+        }
+        Cmd::Queue { all } => {
+            let cluster = connect()?;
+            let names = node_names(&cluster).await?;
+            let Reply::Jobs(jobs) = cluster.call_patiently(Request::ListJobs { include_finished: all }, patience).await? else {
+                bail!("unexpected reply");
+            };
+            if cli.json {
+                println!("{}", serde_json::Value::Array(jobs.iter().map(|j| job_json(j, &names)).collect()));
+            } else {
+                println!("{:>8} {:<20} {:<10} {:<8} {:<10} {:<6} REASON", "JOBID", "NAME", "STATE", "USER", "NODE", "GPUS");
+                for j in &jobs {
+                    let node = j.last_node.and_then(|n| names.get(&n).cloned()).unwrap_or_else(|| "-".into());
+                    println!(
+                        "{:>8} {:<20} {:<10} {:<8} {:<10} {:<6} {}",
+                        j.id,
+                        truncate(&j.spec.name, 20),
+                        j.state.as_str(),
+                        truncate(&j.spec.user, 8),
+                        node,
+                        j.spec.gpus(),
+                        if j.state == proto::JobState::Pending { j.reason.clone().unwrap_or_default() } else { String::new() }
+                    );
+                }
+            }
+        }
+        Cmd::Show { job } => {
+            let cluster = connect()?;
+            let names = node_names(&cluster).await?;
+            let Reply::Job(j) = cluster.call_patiently(Request::GetJob { job }, patience).await? else { bail!("unexpected reply") };
+            let v = job_json(&j, &names);
+            if cli.json {
+                println!("{v}");
+            } else {
+                for (k, val) in v.as_object().into_iter().flatten() {
+                    println!("{k:>14}: {}", if val.is_string() { val.as_str().unwrap_or_default().to_string() } else { val.to_string() });
+                }
+                println!("{:>14}: {}", "workdir", j.spec.workdir);
+                println!("{:>14}: {} / {}", "submit/start", fmt_time(Some(j.submit_ms)), fmt_time(j.start_ms));
+            }
+        }
+        Cmd::Cancel { job } => {
+            connect()?.call_patiently(Request::Cancel { job }, patience).await?;
+            if cli.json {
+                println!("{}", json!({ "job_id": job, "cancelled": true }));
+            }
+        }
+        Cmd::Wait { job, timeout } => {
+            let cluster = connect()?;
+            let timeout = timeout.map(Duration::from_secs_f64);
+            return match wait_job(&cluster, job, timeout).await? {
+                None => {
+                    eprintln!("job {job}: still not finished after {:.1} s", timeout.map_or(0.0, |t| t.as_secs_f64()));
+                    Ok(124)
+                }
+                Some(j) => {
+                    if cli.json {
+                        println!("{}", job_json(&j, &node_names(&cluster).await.unwrap_or_default()));
+                    }
+                    Ok(match (j.state, j.exit_code) {
+                        (proto::JobState::Completed, _) => 0,
+                        (_, Some(code)) if code != 0 => code.clamp(1, 255),
+                        _ => 1,
+                    })
+                }
+            };
+        }
+        Cmd::Logs { job, follow, stderr } => {
+            let cluster = connect()?;
+            let stream = if stderr { LogStream::Stderr } else { LogStream::Stdout };
+            let mut offset = 0u64;
+            let mut out = std::io::stdout();
+            loop {
+                let req = Request::Logs { job, stream, offset, max_bytes: proto::limits::LOG_CHUNK_BYTES_MAX };
+                let Reply::LogChunk { data, next_offset, finished } = cluster.call_patiently(req, patience).await? else {
+                    bail!("unexpected reply");
+                };
+                out.write_all(&data).context("write output")?;
+                out.flush().context("flush output")?;
+                offset = next_offset;
+                if !data.is_empty() {
+                    continue;
+                }
+                if !follow || finished {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        Cmd::Nodes => {
+            let Reply::Nodes(list) = connect()?.call_patiently(Request::ListNodes, patience).await? else { bail!("unexpected reply") };
+            if cli.json {
+                println!("{}", serde_json::Value::Array(list.iter().map(node_json).collect()));
+            } else {
+                println!("{:<10} {:<8} {:<7} {:>5} {:>5} {:<8} {:<22} REASON", "NAME", "STATE", "ROLE", "GPUS", "FREE", "TYPES", "ADDR");
+                for n in &list {
+                    println!(
+                        "{:<10} {:<8} {:<7} {:>5} {:>5} {:<8} {:<22} {}",
+                        n.name,
+                        n.state.as_str(),
+                        n.role.as_str(),
+                        n.gpus_total,
+                        n.gpus_free,
+                        n.gpu_types.join(","),
+                        n.addr,
+                        n.reason.clone().unwrap_or_default()
+                    );
+                }
+            }
+        }
+        Cmd::Cluster => {
+            let Reply::Cluster(info) = connect()?.call_patiently(Request::ClusterInfo, patience).await? else { bail!("unexpected reply") };
+            if cli.json {
+                let members: Vec<_> = info.members.iter().map(|m| json!({"name": m.name, "role": m.role.as_str(), "addr": m.addr})).collect();
+                println!(
+                    "{}",
+                    json!({"leader": info.leader, "term": info.term, "commit_index": info.commit_index, "applied_index": info.applied_index, "answered_by": info.answered_by, "members": members})
+                );
+            } else {
+                println!("leader: {}  term: {}  commit index: {}  (answered by {})", info.leader.as_deref().unwrap_or("-"), info.term, info.commit_index, info.answered_by);
+                for m in &info.members {
+                    println!("  {:<10} {:<7} {}", m.name, m.role.as_str(), m.addr);
+                }
+            }
+        }
+        Cmd::Drain { node, reason } => {
+            connect()?.call_patiently(Request::Drain { node, reason }, patience).await?;
+        }
+        Cmd::Resume { node } => {
+            connect()?.call_patiently(Request::Resume { node }, patience).await?;
+        }
+        Cmd::Dev(DevCmd::Up { dir, opts }) => {
+            dev::up(&dir, &opts).await?;
+            println!("cluster of {} nodes is up in {}; use --cluster {}", opts.nodes, dir.display(), dir.display());
+        }
+        Cmd::Dev(DevCmd::Down { dir }) => dev::down(&dir)?,
+        Cmd::Dev(DevCmd::Signal { dir, node, signal }) => dev::signal_node(&dir, &node, &signal)?,
+        Cmd::Dev(DevCmd::Start { dir, node }) => {
+            dev::start_one(&dir, &node)?;
+        }
+        Cmd::Demo { dir } => demo::run(dir).await?,
+        Cmd::Bench(args) => bench::run(args).await?,
+    }
+    Ok(0)
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        s.chars().take(n - 1).chain(std::iter::once('+')).collect()
+    }
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("CORRAL_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("corral: start async runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let code = match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("corral: {e:#}");
+            1
+        }
+    };
+    std::process::exit(code);
+}

@@ -1,0 +1,718 @@
+//! Raft storage in one RocksDB database: the log, the vote and the latest snapshot, plus the
+//! in-memory state machine that applies committed entries to a [`ClusterState`].
+//!
+//! Column families:
+//! - `logs`: log index as big-endian `u64` -> encoded entry;
+//! - `meta`: `vote`, `committed`, `last_purged`;
+//! - `sm`: `snapshot` -> encoded `(SnapshotMeta, snapshot bytes)`.
+//!
+//! Every value is encoded with `proto::codec`. Appends are made durable by group commit: a
+//! dedicated flusher thread takes every callback queued so far, syncs the WAL once, then completes
+//! them all, so concurrent appends share one fsync.
+
+use std::fmt::{Debug, Display};
+use std::io;
+use std::ops::{Bound, RangeBounds};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
+
+use futures_util::{Stream, TryStreamExt};
+use openraft::entry::RaftEntry;
+use openraft::storage::{EntryResponder, IOFlushed, LogState, RaftLogStorage, RaftStateMachine};
+use openraft::{EntryPayload, OptionalSend, RaftLogReader, RaftSnapshotBuilder};
+use proto::CommandResult;
+use rocksdb::{
+    ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, Options, WriteBatch,
+    WriteOptions, DB,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, info, warn};
+
+use crate::state::ClusterState;
+use crate::types::{
+    Entry, LogCommand, LogId, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig,
+    Vote,
+};
+
+const CF_LOGS: &str = "logs";
+const CF_META: &str = "meta";
+const CF_SM: &str = "sm";
+
+const KEY_VOTE: &[u8] = b"vote";
+const KEY_COMMITTED: &[u8] = b"committed";
+const KEY_LAST_PURGED: &[u8] = b"last_purged";
+const KEY_SNAPSHOT: &[u8] = b"snapshot";
+
+/// Largest value read back from disk. Values are written by us, but a torn or foreign file must
+/// give an error, not an unbounded allocation.
+const DISK_VALUE_BYTES_MAX: usize = 4 * 1024 * 1024 * 1024;
+
+/// Appends whose WAL sync is pending at most; `append` waits for room beyond that.
+const FLUSH_QUEUE_DEPTH: usize = 4096;
+
+/// How long `open_store` retries while a previous handle on the same directory is still closing.
+const OPEN_LOCK_WAIT_MS: u64 = 10_000;
+
+fn io_other(context: &str, e: impl Display) -> io::Error {
+    io::Error::other(format!("{context}: {e}"))
+}
+
+fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    proto::encode(value)
+}
+
+fn decode<T: DeserializeOwned>(bytes: &[u8], what: &str) -> io::Result<T> {
+    proto::decode(bytes, DISK_VALUE_BYTES_MAX)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("decode {what}: {e}")))
+}
+
+fn index_key(index: u64) -> [u8; 8] {
+    index.to_be_bytes()
+}
+
+fn key_index(key: &[u8]) -> io::Result<u64> {
+    let bytes: [u8; 8] = key.try_into().map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("log key of {} bytes, not 8", key.len()),
+        )
+    })?;
+    Ok(u64::from_be_bytes(bytes))
+}
+
+fn cf<'a>(db: &'a DB, name: &str) -> io::Result<&'a ColumnFamily> {
+    db.cf_handle(name)
+        .ok_or_else(|| io::Error::other(format!("column family '{name}' is missing")))
+}
+
+fn synced() -> WriteOptions {
+    let mut opts = WriteOptions::default();
+    opts.set_sync(true);
+    opts
+}
+
+fn read_meta<T: DeserializeOwned>(db: &DB, key: &[u8]) -> io::Result<Option<T>> {
+    let what = String::from_utf8_lossy(key);
+    let bytes = db
+        .get_cf(cf(db, CF_META)?, key)
+        .map_err(|e| io_other(&format!("read {what}"), e))?;
+    bytes.map(|b| decode(&b, &what)).transpose()
+}
+
+/// Opens (or creates) the database at `dir` and returns the log store and the state machine,
+/// the latter loaded from the latest snapshot.
+pub fn open_store(dir: &Path) -> io::Result<(LogStore, StateMachine)> {
+    let db = Arc::new(open_db(dir)?);
+    let log = LogStore::new(db.clone())?;
+    let sm = StateMachine::load(db)?;
+    Ok((log, sm))
+}
+
+fn open_db(dir: &Path) -> io::Result<DB> {
+    let mut opts = Options::default();
+    opts.create_if_missing(true);
+    opts.create_missing_column_families(true);
+    let started = Instant::now();
+    loop {
+        let cfs = [CF_LOGS, CF_META, CF_SM]
+            .map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
+        match DB::open_cf_descriptors(&opts, dir, cfs) {
+            Ok(db) => return Ok(db),
+            // A previous handle of this process may still be closing (its flusher thread ends
+            // after the Raft that owned it shut down).
+            Err(e)
+                if e.to_string().contains("lock")
+                    && started.elapsed() < Duration::from_millis(OPEN_LOCK_WAIT_MS) =>
+            {
+                debug!(dir = %dir.display(), error = %e, "database locked, retrying");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => return Err(io_other(&format!("open rocksdb at {}", dir.display()), e)),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Log
+
+/// The Raft log and vote. Owned by openraft's core task.
+pub struct LogStore {
+    db: Arc<DB>,
+    flush_tx: mpsc::Sender<IOFlushed<TypeConfig>>,
+    wal_syncs: Arc<AtomicU64>,
+}
+
+impl LogStore {
+    fn new(db: Arc<DB>) -> io::Result<LogStore> {
+        for name in [CF_LOGS, CF_META] {
+            cf(&db, name)?;
+        }
+        let (flush_tx, flush_rx) = mpsc::channel(FLUSH_QUEUE_DEPTH);
+        let wal_syncs = Arc::new(AtomicU64::new(0));
+        let flusher_db = db.clone();
+        let flusher_syncs = wal_syncs.clone();
+        std::thread::Builder::new()
+            .name("corral-wal-sync".into())
+            .spawn(move || run_flusher(flusher_db, flush_rx, flusher_syncs))
+            .map_err(|e| io_other("spawn wal sync thread", e))?;
+        Ok(LogStore {
+            db,
+            flush_tx,
+            wal_syncs,
+        })
+    }
+
+    /// WAL syncs done for appends so far (at most one per append; fewer when they batch).
+    pub fn wal_syncs(&self) -> u64 {
+        self.wal_syncs.load(Ordering::Relaxed)
+    }
+}
+
+/// Group commit: waits for a queued append, takes all queued after it, syncs the WAL once and
+/// completes them all, in order. Ends when the log store is dropped.
+fn run_flusher(
+    db: Arc<DB>,
+    mut rx: mpsc::Receiver<IOFlushed<TypeConfig>>,
+    wal_syncs: Arc<AtomicU64>,
+) {
+    let mut pending = Vec::new();
+    while let Some(first) = rx.blocking_recv() {
+        pending.push(first);
+        while let Ok(next) = rx.try_recv() {
+            pending.push(next);
+        }
+        let result = db.flush_wal(true).map_err(|e| e.to_string());
+        wal_syncs.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = &result {
+            warn!(error = %e, appends = pending.len(), "wal sync failed");
+        }
+        for callback in pending.drain(..) {
+            callback.io_completed(
+                result
+                    .clone()
+                    .map_err(|e| io::Error::other(format!("sync wal: {e}"))),
+            );
+        }
+    }
+    debug!("wal sync thread stopped");
+}
+
+/// Reads the log; cloned into each replication task.
+#[derive(Clone)]
+pub struct LogReader {
+    db: Arc<DB>,
+}
+
+impl LogReader {
+    fn entries<RB: RangeBounds<u64>>(&self, range: RB) -> io::Result<Vec<Entry>> {
+        let start = match range.start_bound() {
+            Bound::Included(&i) => i,
+            Bound::Excluded(&i) => match i.checked_add(1) {
+                Some(i) => i,
+                None => return Ok(Vec::new()),
+            },
+            Bound::Unbounded => 0,
+        };
+        let logs = cf(&self.db, CF_LOGS)?;
+        let key = index_key(start);
+        let mut entries = Vec::new();
+        for item in self
+            .db
+            .iterator_cf(logs, IteratorMode::From(&key, Direction::Forward))
+        {
+            let (key, value) = item.map_err(|e| io_other("read log", e))?;
+            let index = key_index(&key)?;
+            if !range.contains(&index) {
+                break;
+            }
+            let entry: Entry = decode(&value, "log entry")?;
+            if entry.index() != index {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("log entry under key {index} has index {}", entry.index()),
+                ));
+            }
+            entries.push(entry);
+        }
+        Ok(entries)
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogReader {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, io::Error> {
+        self.entries(range)
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
+        read_meta(&self.db, KEY_VOTE)
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, io::Error> {
+        LogReader {
+            db: self.db.clone(),
+        }
+        .entries(range)
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
+        read_meta(&self.db, KEY_VOTE)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogReader;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
+        let last_purged_log_id: Option<LogId> = read_meta(&self.db, KEY_LAST_PURGED)?;
+        let last = self
+            .db
+            .iterator_cf(cf(&self.db, CF_LOGS)?, IteratorMode::End)
+            .next();
+        let last_log_id = match last {
+            Some(item) => {
+                let (_, value) = item.map_err(|e| io_other("read last log entry", e))?;
+                let entry: Entry = decode(&value, "log entry")?;
+                Some(entry.log_id())
+            }
+            None => last_purged_log_id,
+        };
+        Ok(LogState {
+            last_purged_log_id,
+            last_log_id,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> LogReader {
+        LogReader {
+            db: self.db.clone(),
+        }
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
+        let db = self.db.clone();
+        let bytes = encode(vote);
+        tokio::task::spawn_blocking(move || {
+            db.put_cf_opt(cf(&db, CF_META)?, KEY_VOTE, bytes, &synced())
+                .map_err(|e| io_other("save vote", e))
+        })
+        .await
+        .map_err(|e| io_other("save vote", e))?
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
+        // Not synced: a lost update only means re-applying less after a crash; the next append's
+        // sync makes it durable anyway.
+        self.db
+            .put_cf(cf(&self.db, CF_META)?, KEY_COMMITTED, encode(&committed))
+            .map_err(|e| io_other("save committed", e))
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {
+        Ok(read_meta::<Option<LogId>>(&self.db, KEY_COMMITTED)?.flatten())
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: IOFlushed<TypeConfig>,
+    ) -> Result<(), io::Error>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let logs = cf(&self.db, CF_LOGS)?;
+        let mut batch = WriteBatch::default();
+        for entry in entries {
+            batch.put_cf(logs, index_key(entry.index()), encode(&entry));
+        }
+        // Readable once written; durable once the flusher synced the WAL and called back.
+        self.db
+            .write(batch)
+            .map_err(|e| io_other("append log", e))?;
+        self.flush_tx
+            .send(callback)
+            .await
+            .map_err(|_| io::Error::other("wal sync thread stopped"))
+    }
+
+    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
+        let from = last_log_id.map_or(0, |id| id.index() + 1);
+        debug!(from, "truncate log");
+        // One range delete removes the whole tail at once: no hole is ever visible.
+        self.db
+            .delete_range_cf(cf(&self.db, CF_LOGS)?, index_key(from), index_key(u64::MAX))
+            .map_err(|e| io_other("truncate log", e))?;
+        // Entry u64::MAX is outside the range above; it cannot exist in practice, but be exact.
+        self.db
+            .delete_cf(cf(&self.db, CF_LOGS)?, index_key(u64::MAX))
+            .map_err(|e| io_other("truncate log", e))
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
+        debug!(upto = log_id.index(), "purge log");
+        let mut batch = WriteBatch::default();
+        batch.put_cf(cf(&self.db, CF_META)?, KEY_LAST_PURGED, encode(&log_id));
+        batch.delete_range_cf(
+            cf(&self.db, CF_LOGS)?,
+            index_key(0),
+            index_key(log_id.index() + 1),
+        );
+        self.db.write(batch).map_err(|e| io_other("purge log", e))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// State machine
+
+/// Read access to the applied cluster state, shared with the rest of the node.
+#[derive(Clone)]
+pub struct StateHandle {
+    state: Arc<RwLock<ClusterState>>,
+    applied: watch::Receiver<u64>,
+}
+
+impl StateHandle {
+    /// Runs `f` on the current state under a read lock. Keep `f` short: apply waits for it.
+    pub fn read<R>(&self, f: impl FnOnce(&ClusterState) -> R) -> R {
+        f(&read_lock(&self.state))
+    }
+
+    /// Index of the last applied log entry (0 before anything was applied; index 0 itself is the
+    /// initial membership entry, never a command).
+    pub fn applied_index(&self) -> u64 {
+        *self.applied.borrow()
+    }
+
+    /// Waits until the entry at `index` is applied; false on timeout or when the state machine
+    /// stopped.
+    pub async fn wait_applied(&self, index: u64, timeout: Duration) -> bool {
+        let mut rx = self.applied.clone();
+        let reached = tokio::time::timeout(timeout, rx.wait_for(|&applied| applied >= index)).await;
+        matches!(reached, Ok(Ok(_)))
+    }
+
+    /// A receiver of the last applied index; it changes after each applied entry.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.applied.clone()
+    }
+}
+
+fn read_lock(state: &RwLock<ClusterState>) -> RwLockReadGuard<'_, ClusterState> {
+    // A panic in apply (a broken invariant) poisons the lock; readers still get the state, and
+    // the state machine refuses to apply anything more.
+    state.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The content of a snapshot, encoded as the snapshot bytes.
+type SnapshotContent = (Option<LogId>, StoredMembership, ClusterState);
+
+/// Applies committed entries to the in-memory [`ClusterState`]; builds and installs snapshots.
+pub struct StateMachine {
+    db: Arc<DB>,
+    state: Arc<RwLock<ClusterState>>,
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    applied_tx: watch::Sender<u64>,
+    applied_rx: watch::Receiver<u64>,
+    /// Serializes writes of the stored snapshot (a build may finish after an install).
+    snapshot_write: Arc<Mutex<()>>,
+}
+
+impl StateMachine {
+    fn load(db: Arc<DB>) -> io::Result<StateMachine> {
+        cf(&db, CF_SM)?;
+        let stored = read_snapshot(&db)?;
+        let (last_applied, membership, state) = match stored {
+            Some((meta, data)) => {
+                let (last_applied, membership, state) = decode_content(&meta, &data)?;
+                info!(
+                    last_applied = last_applied.map(|l| l.index()),
+                    jobs = state.jobs.len(),
+                    "loaded snapshot"
+                );
+                (last_applied, membership, state)
+            }
+            None => (None, StoredMembership::default(), ClusterState::default()),
+        };
+        let (applied_tx, applied_rx) = watch::channel(last_applied.map_or(0, |l| l.index()));
+        Ok(StateMachine {
+            db,
+            state: Arc::new(RwLock::new(state)),
+            last_applied,
+            membership,
+            applied_tx,
+            applied_rx,
+            snapshot_write: Arc::new(Mutex::new(())),
+        })
+    }
+
+    /// A read handle on the applied state.
+    pub fn handle(&self) -> StateHandle {
+        StateHandle {
+            state: self.state.clone(),
+            applied: self.applied_rx.clone(),
+        }
+    }
+
+    fn write_state(&self) -> io::Result<RwLockWriteGuard<'_, ClusterState>> {
+        self.state
+            .write()
+            .map_err(|_| io::Error::other("state machine poisoned by a failed apply"))
+    }
+
+    fn set_applied(&mut self, log_id: Option<LogId>) {
+        self.last_applied = log_id;
+        self.applied_tx
+            .send_replace(log_id.map_or(0, |l| l.index()));
+    }
+}
+
+fn read_snapshot(db: &DB) -> io::Result<Option<(SnapshotMeta, SnapshotData)>> {
+    let bytes = db
+        .get_cf(cf(db, CF_SM)?, KEY_SNAPSHOT)
+        .map_err(|e| io_other("read snapshot", e))?;
+    bytes.map(|b| decode(&b, "stored snapshot")).transpose()
+}
+
+/// Stores `meta` and `data` as the latest snapshot, synced, unless a newer one is stored already.
+fn write_snapshot(
+    db: &DB,
+    lock: &Mutex<()>,
+    meta: &SnapshotMeta,
+    data: &SnapshotData,
+    force: bool,
+) -> io::Result<()> {
+    let _guard = lock.lock().unwrap_or_else(PoisonError::into_inner);
+    if !force {
+        if let Some((stored, _)) = read_snapshot(db)? {
+            if stored.last_log_id > meta.last_log_id {
+                debug!("a newer snapshot is stored already; keeping it");
+                return Ok(());
+            }
+        }
+    }
+    db.put_cf_opt(
+        cf(db, CF_SM)?,
+        KEY_SNAPSHOT,
+        encode(&(meta, data)),
+        &synced(),
+    )
+    .map_err(|e| io_other("save snapshot", e))
+}
+
+fn decode_content(meta: &SnapshotMeta, data: &SnapshotData) -> io::Result<SnapshotContent> {
+    let content: SnapshotContent = decode(data, "snapshot")?;
+    if content.0 != meta.last_log_id {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "snapshot holds state up to {:?} but its meta says {:?}",
+                content.0, meta.last_log_id
+            ),
+        ));
+    }
+    Ok(content)
+}
+
+/// A point-in-time copy of the state, taken on the state machine task; written out elsewhere.
+pub struct SnapshotBuilder {
+    db: Arc<DB>,
+    meta: SnapshotMeta,
+    data: SnapshotData,
+    snapshot_write: Arc<Mutex<()>>,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    type SnapshotData = SnapshotData;
+
+    async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
+        let db = self.db.clone();
+        let lock = self.snapshot_write.clone();
+        let meta = self.meta.clone();
+        let data = std::mem::take(&mut self.data);
+        let (meta, data) = tokio::task::spawn_blocking(move || {
+            write_snapshot(&db, &lock, &meta, &data, false).map(|()| (meta, data))
+        })
+        .await
+        .map_err(|e| io_other("build snapshot", e))??;
+        info!(
+            last_log = meta.last_log_id.map(|l| l.index()),
+            bytes = data.len(),
+            "built snapshot"
+        );
+        Ok(Snapshot {
+            meta,
+            snapshot: data,
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotData = SnapshotData;
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), io::Error> {
+        Ok((self.last_applied, self.membership.clone()))
+    }
+
+    async fn apply<Strm>(&mut self, mut entries: Strm) -> Result<(), io::Error>
+    where
+        Strm: Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + OptionalSend,
+    {
+        while let Some((entry, responder)) = entries.try_next().await? {
+            let log_id = entry.log_id;
+            let result = match entry.payload {
+                EntryPayload::Blank => CommandResult::Ok,
+                EntryPayload::Normal(LogCommand(cmd)) => self.write_state()?.apply(&cmd),
+                EntryPayload::Membership(membership) => {
+                    self.membership = StoredMembership::new(Some(log_id), membership);
+                    CommandResult::Ok
+                }
+            };
+            self.set_applied(Some(log_id));
+            if let Some(responder) = responder {
+                responder.send(result);
+            }
+        }
+        Ok(())
+    }
+
+    async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
+        let meta = SnapshotMeta {
+            last_log_id: self.last_applied,
+            last_membership: self.membership.clone(),
+        };
+        let data = encode(&(
+            &self.last_applied,
+            &self.membership,
+            &*read_lock(&self.state),
+        ));
+        SnapshotBuilder {
+            db: self.db.clone(),
+            meta,
+            data,
+            snapshot_write: self.snapshot_write.clone(),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: SnapshotData,
+    ) -> Result<(), io::Error> {
+        let (_, _, state) = decode_content(meta, &snapshot)?;
+        let db = self.db.clone();
+        let lock = self.snapshot_write.clone();
+        let stored_meta = meta.clone();
+        tokio::task::spawn_blocking(move || {
+            write_snapshot(&db, &lock, &stored_meta, &snapshot, true)
+        })
+        .await
+        .map_err(|e| io_other("install snapshot", e))??;
+        *self.write_state()? = state;
+        self.membership = meta.last_membership.clone();
+        self.set_applied(meta.last_log_id);
+        info!(
+            last_log = meta.last_log_id.map(|l| l.index()),
+            "installed snapshot"
+        );
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
+        Ok(read_snapshot(&self.db)?.map(|(meta, snapshot)| Snapshot { meta, snapshot }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::testing::log::{StoreBuilder, Suite};
+    use openraft::type_config::TypeConfigExt;
+    use openraft::vote::RaftLeaderIdExt;
+    use openraft::StorageError;
+
+    use super::*;
+
+    type LeaderId = <TypeConfig as openraft::RaftTypeConfig>::LeaderId;
+
+    struct TempStoreBuilder;
+
+    impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for TempStoreBuilder {
+        async fn build(
+            &self,
+        ) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError<TypeConfig>> {
+            let dir = tempfile::tempdir()
+                .map_err(|e| StorageError::read(TypeConfig::err_from_error(&e)))?;
+            let (log, sm) = open_store(dir.path())
+                .map_err(|e| StorageError::read(TypeConfig::err_from_error(&e)))?;
+            Ok((dir, log, sm))
+        }
+    }
+
+    fn log_id(index: u64) -> LogId {
+        LogId::new(LeaderId::new_committed(1, 1), index)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn appends_share_wal_syncs_and_survive_reopen() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let appends = 200;
+        {
+            let (mut log, _sm) = open_store(dir.path()).expect("open store");
+            let mut flushed = Vec::new();
+            for index in 0..appends {
+                let (tx, rx) = TypeConfig::oneshot();
+                let entry = Entry::new_blank(log_id(index));
+                log.append([entry], IOFlushed::signal(tx))
+                    .await
+                    .expect("append");
+                flushed.push(rx);
+            }
+            for rx in flushed {
+                rx.await.expect("callback called").expect("wal synced");
+            }
+            let syncs = log.wal_syncs();
+            assert!((1..=appends).contains(&syncs), "{syncs} syncs");
+        }
+        let (mut log, _sm) = open_store(dir.path()).expect("reopen store");
+        let entries = log.try_get_log_entries(..).await.expect("read log");
+        assert_eq!(entries.len() as u64, appends);
+        assert_eq!(entries.last().map(|e| e.log_id), Some(log_id(appends - 1)));
+        log.truncate_after(Some(log_id(99)))
+            .await
+            .expect("truncate");
+        log.purge(log_id(9)).await.expect("purge");
+        let state = log.get_log_state().await.expect("log state");
+        assert_eq!(state.last_purged_log_id, Some(log_id(9)));
+        assert_eq!(state.last_log_id, Some(log_id(99)));
+        let entries = log.try_get_log_entries(0..1000).await.expect("read log");
+        assert_eq!(entries.first().map(|e| e.index()), Some(10));
+        assert_eq!(entries.len(), 90);
+    }
+
+    #[test]
+    fn garbage_on_disk_is_an_error_not_a_panic() {
+        assert!(decode::<Entry>(&[], "entry").is_err());
+        assert!(decode::<Entry>(&[proto::PROTOCOL_VERSION, 0xff, 0xff], "entry").is_err());
+        assert!(key_index(&[1, 2, 3]).is_err());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn passes_the_openraft_storage_suite() {
+        Suite::test_all(TempStoreBuilder)
+            .await
+            .expect("storage suite");
+    }
+}

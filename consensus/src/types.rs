@@ -1,0 +1,80 @@
+//! The openraft type configuration of the job log.
+
+use std::fmt;
+
+use proto::{Command, CommandResult};
+use serde::{Deserialize, Serialize};
+
+use crate::store::StateMachine;
+
+/// A voter or learner of the Raft group, as the membership config records it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberNode {
+    pub name: String,
+    /// QUIC address of the node, `host:port`.
+    pub addr: String,
+}
+
+impl fmt::Display for MemberNode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@{}", self.name, self.addr)
+    }
+}
+
+/// One entry of the replicated log: a [`Command`].
+///
+/// openraft wants its application data to implement `Display`, which `proto::Command` does not;
+/// this wrapper adds it and is serialized exactly as the command itself.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct LogCommand(pub Command);
+
+impl From<Command> for LogCommand {
+    fn from(cmd: Command) -> Self {
+        LogCommand(cmd)
+    }
+}
+
+impl fmt::Display for LogCommand {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // A short, bounded line: the kind and the ids, never a whole job spec.
+        match &self.0 {
+            Command::RegisterNode { name, instance, .. } => {
+                write!(f, "register_node({name}, instance {instance})")
+            }
+            Command::NodeUp { node, instance, .. } => {
+                write!(f, "node_up({node}, instance {instance})")
+            }
+            Command::NodeDown { node, .. } => write!(f, "node_down({node})"),
+            Command::Drain { node, .. } => write!(f, "drain({node})"),
+            Command::Resume { node, .. } => write!(f, "resume({node})"),
+            Command::Submit { spec, .. } => write!(f, "submit({} gpus)", spec.gpus()),
+            Command::Plan { placements, .. } => write!(f, "plan({} placements)", placements.len()),
+            Command::LaunchConfirmed { job, run, .. } => write!(f, "launch_confirmed({job}.{run})"),
+            Command::RunFinished { job, run, .. } => write!(f, "run_finished({job}.{run})"),
+            Command::Cancel { job, .. } => write!(f, "cancel({job})"),
+        }
+    }
+}
+
+openraft::declare_raft_types!(
+    /// The Raft type configuration of Corral's job log.
+    pub TypeConfig:
+        D = LogCommand,
+        R = CommandResult,
+        NodeId = u64,
+        Node = MemberNode,
+);
+
+/// A Raft node of the job log.
+pub type Raft = openraft::Raft<TypeConfig, StateMachine>;
+
+/// Bytes of a full snapshot: `proto::encode(&(last_applied, membership, ClusterState))`.
+pub type SnapshotData = Vec<u8>;
+
+pub type LogId = openraft::type_config::alias::LogIdOf<TypeConfig>;
+pub type Vote = openraft::type_config::alias::VoteOf<TypeConfig>;
+pub type Entry = openraft::type_config::alias::EntryOf<TypeConfig>;
+pub type StoredMembership = openraft::type_config::alias::StoredMembershipOf<TypeConfig>;
+pub type SnapshotMeta = openraft::type_config::alias::SnapshotMetaOf<TypeConfig>;
+pub type Snapshot = openraft::type_config::alias::SnapshotOf<TypeConfig, SnapshotData>;

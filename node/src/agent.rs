@@ -1,0 +1,310 @@
+//! The agent side of a node: launches the runs the leader committed, at most once per (job,
+//! run), supervises them, reports how they ended, and heartbeats the leader.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use proto::{ApiError, GpuInfo, InstanceId, Job, JobId, LogStream, NodeId, Reply, Request, RunNo, RunOutcome};
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use tracing::{debug, info, info_span, warn, Instrument};
+
+use crate::launcher::{self, StopReason};
+use crate::link::{LeaderLink, LinkError};
+
+/// Reports of ended runs waiting to be committed.
+const REPORT_QUEUE_MAX: usize = 4096;
+/// Entries of the launch ledger kept in memory (older ones only matter for `corral logs`).
+const LEDGER_ENTRIES_MAX: usize = 10_000;
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct LedgerEntry {
+    job: JobId,
+    run: RunNo,
+    instance: InstanceId,
+    stdout: PathBuf,
+    stderr: PathBuf,
+}
+
+/// Every (job, run) this node ever launched, on disk before the process starts, so a run is
+/// launched at most once even across restarts of `corrald`.
+struct Ledger {
+    file: std::fs::File,
+    entries: BTreeMap<(JobId, RunNo), LedgerEntry>,
+}
+
+impl Ledger {
+    fn open(path: PathBuf) -> anyhow::Result<Ledger> {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).with_context(|| format!("create {}", parent.display()))?;
+        }
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .read(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("open launch ledger at {}", path.display()))?;
+        let mut text = String::new();
+        file.read_to_string(&mut text).with_context(|| format!("read launch ledger at {}", path.display()))?;
+        let mut entries = BTreeMap::new();
+        for (n, line) in text.lines().enumerate() {
+            match serde_json::from_str::<LedgerEntry>(line) {
+                Ok(e) => {
+                    entries.insert((e.job, e.run), e);
+                }
+                // A torn last line after a crash: that launch never started.
+                Err(e) => warn!(line = n + 1, error = %e, "skip unreadable launch ledger line"),
+            }
+        }
+        let mut ledger = Ledger { file, entries };
+        ledger.trim();
+        Ok(ledger)
+    }
+
+    fn record(&mut self, entry: LedgerEntry) -> anyhow::Result<()> {
+        let mut line = serde_json::to_string(&entry).context("encode ledger entry")?;
+        line.push('\n');
+        self.file.write_all(line.as_bytes()).context("append to launch ledger")?;
+        self.file.sync_data().context("sync launch ledger")?;
+        self.entries.insert((entry.job, entry.run), entry);
+        self.trim();
+        Ok(())
+    }
+
+    fn trim(&mut self) {
+        while self.entries.len() > LEDGER_ENTRIES_MAX {
+            self.entries.pop_first();
+        }
+    }
+
+    fn latest(&self, job: JobId) -> Option<&LedgerEntry> {
+        self.entries.range((job, 0)..=(job, RunNo::MAX)).next_back().map(|(_, e)| e)
+    }
+}
+
+struct Running {
+    run: RunNo,
+    stop_tx: mpsc::Sender<StopReason>,
+}
+
+struct Report {
+    job: JobId,
+    run: RunNo,
+    outcome: RunOutcome,
+}
+
+pub struct Agent {
+    pub name: String,
+    pub instance: InstanceId,
+    node_id: AtomicU64,
+    gpus: Vec<GpuInfo>,
+    jobs_dir: PathBuf,
+    kill_grace_ms: u64,
+    running: Mutex<BTreeMap<JobId, Running>>,
+    ledger: Mutex<Ledger>,
+    reports_tx: mpsc::Sender<Report>,
+    reports_rx: Mutex<Option<mpsc::Receiver<Report>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Agent {
+    pub fn new(name: String, instance: InstanceId, gpus: Vec<GpuInfo>, jobs_dir: PathBuf, kill_grace_ms: u64) -> anyhow::Result<Arc<Agent>> {
+        let ledger = Ledger::open(jobs_dir.join("launched.jsonl"))?;
+        let (reports_tx, reports_rx) = mpsc::channel(REPORT_QUEUE_MAX);
+        Ok(Arc::new(Agent {
+            name,
+            instance,
+            node_id: AtomicU64::new(0),
+            gpus,
+            jobs_dir,
+            kill_grace_ms,
+            running: Mutex::new(BTreeMap::new()),
+            ledger: Mutex::new(ledger),
+            reports_tx,
+            reports_rx: Mutex::new(Some(reports_rx)),
+        }))
+    }
+
+    pub fn set_node_id(&self, id: NodeId) {
+        self.node_id.store(id, Ordering::SeqCst);
+    }
+
+    pub fn node_id(&self) -> NodeId {
+        self.node_id.load(Ordering::SeqCst)
+    }
+
+    pub fn running(&self) -> Vec<(JobId, RunNo)> {
+        lock(&self.running).iter().map(|(j, r)| (*j, r.run)).collect()
+    }
+
+    /// Starts `job`'s current run unless this node already launched it. Answers with this
+    /// instance so the leader can commit who runs it.
+    pub fn launch(self: &Arc<Self>, job: Job) -> Result<Reply, ApiError> {
+        let alloc = job.alloc.as_ref().ok_or_else(|| ApiError::Invalid("launch without allocation".into()))?;
+        if alloc.node != self.node_id() {
+            return Err(ApiError::Invalid(format!("job {} is placed on node {}, not this one", job.id, alloc.node)));
+        }
+        let ack = Reply::LaunchAck { job: job.id, run: job.run, instance: self.instance };
+        {
+            let ledger = lock(&self.ledger);
+            if let Some(entry) = ledger.entries.get(&(job.id, job.run)) {
+                if entry.instance == self.instance {
+                    return Ok(ack); // a re-sent launch: already started (or ended and reported)
+                }
+                return Err(ApiError::Denied(format!(
+                    "job {} run {} was launched by an earlier instance of this node",
+                    job.id, job.run
+                )));
+            }
+        }
+        let uuids: Vec<String> = alloc
+            .gpus
+            .iter()
+            .map(|i| self.gpus.iter().find(|g| g.index == *i).map(|g| g.uuid.clone()))
+            .collect::<Option<_>>()
+            .ok_or_else(|| ApiError::Invalid(format!("job {} names a gpu this node does not have", job.id)))?;
+        let spec = launcher::prepare(&job, &self.name, &uuids, &self.jobs_dir).map_err(|e| ApiError::Internal(format!("{e:#}")))?;
+        lock(&self.ledger)
+            .record(LedgerEntry {
+                job: job.id,
+                run: job.run,
+                instance: self.instance,
+                stdout: spec.stdout_path.clone(),
+                stderr: spec.stderr_path.clone(),
+            })
+            .map_err(|e| ApiError::Internal(format!("{e:#}")))?;
+        let span = info_span!("job", job = job.id, run = job.run);
+        match launcher::spawn(&spec) {
+            Ok(child) => {
+                let (stop_tx, stop_rx) = mpsc::channel(1);
+                lock(&self.running).insert(job.id, Running { run: job.run, stop_tx });
+                span.in_scope(|| info!(gpus = %uuids.join(","), "job started"));
+                let agent = Arc::clone(self);
+                tokio::spawn(
+                    async move {
+                        let outcome = launcher::supervise(child, &spec, stop_rx, agent.kill_grace_ms).await;
+                        info!(outcome = ?outcome, "job ended");
+                        lock(&agent.running).remove(&spec.job);
+                        agent.queue_report(spec.job, spec.run, outcome).await;
+                    }
+                    .instrument(span),
+                );
+            }
+            Err(e) => {
+                span.in_scope(|| warn!(error = format!("{e:#}"), "job failed to start"));
+                let agent = Arc::clone(self);
+                let (id, run) = (job.id, job.run);
+                tokio::spawn(async move { agent.queue_report(id, run, RunOutcome::LaunchFailed(format!("{e:#}"))).await });
+            }
+        }
+        Ok(ack)
+    }
+
+    async fn queue_report(&self, job: JobId, run: RunNo, outcome: RunOutcome) {
+        if self.reports_tx.send(Report { job, run, outcome }).await.is_err() {
+            warn!(job, run, "report queue closed, dropping report");
+        }
+    }
+
+    /// Stops `job` if this node runs that run of it. Stopping an unknown run is not an error:
+    /// it already ended, and its report is on the way.
+    pub fn kill(&self, job: JobId, run: RunNo) -> Result<Reply, ApiError> {
+        let running = lock(&self.running);
+        if let Some(r) = running.get(&job).filter(|r| r.run == run) {
+            // A full channel means a stop is already under way.
+            let _ = r.stop_tx.try_send(StopReason::Cancelled);
+        }
+        Ok(Reply::Ok)
+    }
+
+    /// A chunk of the output of the latest run of `job` on this node.
+    pub fn read_log(&self, job: JobId, stream: LogStream, offset: u64, max_bytes: u32) -> Result<Reply, ApiError> {
+        let path = {
+            let ledger = lock(&self.ledger);
+            let entry = ledger.latest(job).ok_or_else(|| ApiError::NotFound(format!("no output of job {job} on {}", self.name)))?;
+            match stream {
+                LogStream::Stdout => entry.stdout.clone(),
+                LogStream::Stderr => entry.stderr.clone(),
+            }
+        };
+        let finished = !lock(&self.running).contains_key(&job);
+        let max_bytes = max_bytes.min(proto::limits::LOG_CHUNK_BYTES_MAX) as usize;
+        let mut data = Vec::new();
+        match std::fs::File::open(&path) {
+            Ok(mut f) => {
+                f.seek(SeekFrom::Start(offset)).map_err(|e| ApiError::Internal(format!("seek {}: {e}", path.display())))?;
+                f.take(max_bytes as u64)
+                    .read_to_end(&mut data)
+                    .map_err(|e| ApiError::Internal(format!("read {}: {e}", path.display())))?;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(ApiError::Internal(format!("open {}: {e}", path.display()))),
+        }
+        let next_offset = offset + data.len() as u64;
+        Ok(Reply::LogChunk { data, next_offset, finished })
+    }
+
+    /// Sends ended runs to the leader, in order, retrying until each is committed.
+    pub async fn report_loop(self: Arc<Self>, link: Arc<LeaderLink>) {
+        let Some(mut rx) = lock(&self.reports_rx).take() else { return };
+        while let Some(report) = rx.recv().await {
+            let mut backoff_ms = 50;
+            loop {
+                let req = Request::ReportRun { job: report.job, run: report.run, node: self.node_id(), outcome: report.outcome.clone() };
+                match link.call(req, 0).await {
+                    Ok(_) => break,
+                    Err(LinkError::Api(e)) => {
+                        // The leader understood and refused: retrying will not help.
+                        warn!(job = report.job, run = report.run, error = %e, "run report refused");
+                        break;
+                    }
+                    Err(e) => {
+                        debug!(job = report.job, error = %e, "run report not delivered, retrying");
+                        tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
+                        backoff_ms = (backoff_ms * 2).min(1_000);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Heartbeats the leader every `interval`. When the leader no longer knows this node (or a
+    /// new instance of it), `rejoin` registers it again.
+    pub async fn heartbeat_loop(self: Arc<Self>, link: Arc<LeaderLink>, interval: Duration, rejoin: Request) {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut missed = 0u32;
+        loop {
+            ticker.tick().await;
+            let req = Request::Heartbeat { node: self.node_id(), instance: self.instance, running: self.running() };
+            match link.call(req, 0).await {
+                Ok(_) => {
+                    if missed > 0 {
+                        info!(missed, "heartbeat delivered again");
+                    }
+                    missed = 0;
+                }
+                Err(LinkError::Api(ApiError::NotFound(_))) => {
+                    warn!("leader does not know this node, joining again");
+                    if let Err(e) = link.call(rejoin.clone(), 0).await {
+                        warn!(error = %e, "join again");
+                    }
+                }
+                Err(e) => {
+                    missed += 1;
+                    if missed == 1 || missed % 10 == 0 {
+                        warn!(missed, error = %e, "heartbeat not delivered");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! The node's configuration file (`corrald --config node.toml`).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Unique node name, e.g. `gpu01`.
+    pub name: String,
+    /// Address to bind the QUIC port to.
+    pub listen: SocketAddr,
+    /// Address other nodes and clients reach this node at; defaults to `listen`.
+    #[serde(default)]
+    pub advertise: Option<String>,
+    pub data_dir: PathBuf,
+    pub tls: transport::pki::TlsPaths,
+    /// This node creates the cluster when its data directory is empty.
+    #[serde(default)]
+    pub bootstrap: bool,
+    /// Members to join through (any node of the cluster).
+    #[serde(default)]
+    pub join: Vec<String>,
+    /// Shared secret a joining node presents.
+    pub join_token: String,
+    /// `h100:8`, `none`, ... (simulated inventory; NVML comes with `auto` in a later issue).
+    #[serde(default = "default_gpus")]
+    pub gpus: String,
+    /// CPUs and memory offered to jobs; default: this machine's.
+    #[serde(default)]
+    pub cpus: Option<u32>,
+    #[serde(default)]
+    pub memory_mib: Option<u64>,
+    #[serde(default = "default_voters_max")]
+    pub voters_max: usize,
+    #[serde(default = "default_heartbeat_interval_ms")]
+    pub heartbeat_interval_ms: u64,
+    /// A node whose heartbeats stop for this long is marked DOWN.
+    #[serde(default = "default_node_down_after_ms")]
+    pub node_down_after_ms: u64,
+    /// A voter DOWN for this long is replaced by a healthy agent.
+    #[serde(default = "default_voter_replace_after_ms")]
+    pub voter_replace_after_ms: u64,
+    /// Time between SIGTERM and SIGKILL when a job is stopped.
+    #[serde(default = "default_kill_grace_ms")]
+    pub kill_grace_ms: u64,
+    #[serde(default = "default_schedule_interval_ms")]
+    pub schedule_interval_ms: u64,
+    #[serde(default)]
+    pub raft: RaftConfig,
+    /// `host:port` for Prometheus metrics over HTTP; none to disable.
+    #[serde(default)]
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RaftConfig {
+    pub heartbeat_interval_ms: u64,
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    pub snapshot_logs_since_last: u64,
+    pub max_in_snapshot_log_to_keep: u64,
+}
+
+impl Default for RaftConfig {
+    fn default() -> Self {
+        let t = consensus::RaftTimings::default();
+        RaftConfig {
+            heartbeat_interval_ms: t.heartbeat_interval_ms,
+            election_timeout_min_ms: t.election_timeout_min_ms,
+            election_timeout_max_ms: t.election_timeout_max_ms,
+            snapshot_logs_since_last: t.snapshot_logs_since_last,
+            max_in_snapshot_log_to_keep: t.max_in_snapshot_log_to_keep,
+        }
+    }
+}
+
+impl RaftConfig {
+    pub fn timings(&self) -> consensus::RaftTimings {
+        consensus::RaftTimings {
+            heartbeat_interval_ms: self.heartbeat_interval_ms,
+            election_timeout_min_ms: self.election_timeout_min_ms,
+            election_timeout_max_ms: self.election_timeout_max_ms,
+            snapshot_logs_since_last: self.snapshot_logs_since_last,
+            max_in_snapshot_log_to_keep: self.max_in_snapshot_log_to_keep,
+        }
+    }
+}
+
+fn default_gpus() -> String {
+    "none".into()
+}
+fn default_voters_max() -> usize {
+    3
+}
+fn default_heartbeat_interval_ms() -> u64 {
+    500
+}
+fn default_node_down_after_ms() -> u64 {
+    5_000
+}
+fn default_voter_replace_after_ms() -> u64 {
+    15_000
+}
+fn default_kill_grace_ms() -> u64 {
+    5_000
+}
+fn default_schedule_interval_ms() -> u64 {
+    100
+}
+
+impl NodeConfig {
+    pub fn load(path: &Path) -> anyhow::Result<NodeConfig> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("read node config at {}", path.display()))?;
+        let mut config: NodeConfig =
+            toml::from_str(&text).with_context(|| format!("parse node config at {}", path.display()))?;
+        config.resolve_relative(path.parent().unwrap_or(Path::new(".")));
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Paths in the file are relative to the file's directory.
+    fn resolve_relative(&mut self, base: &Path) {
+        for p in [&mut self.data_dir, &mut self.tls.ca_cert, &mut self.tls.cert, &mut self.tls.key] {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        }
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.name.is_empty() || self.name.len() > 64 || !self.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+            bail!("node name '{}' must be 1-64 characters of [A-Za-z0-9._-]", self.name);
+        }
+        if !(self.voters_max == 1 || self.voters_max == 3 || self.voters_max == 5) {
+            bail!("voters_max must be 1, 3 or 5, not {}", self.voters_max);
+        }
+        if !self.bootstrap && self.join.is_empty() {
+            bail!("a node that does not bootstrap needs at least one `join` address");
+        }
+        if self.node_down_after_ms <= 2 * self.heartbeat_interval_ms {
+            bail!("node_down_after_ms must be more than twice heartbeat_interval_ms");
+        }
+        if self.raft.election_timeout_min_ms >= self.raft.election_timeout_max_ms
+            || self.raft.heartbeat_interval_ms >= self.raft.election_timeout_min_ms
+        {
+            bail!("raft timings must satisfy heartbeat < election_timeout_min < election_timeout_max");
+        }
+        Ok(())
+    }
+
+    pub fn advertise_addr(&self) -> String {
+        self.advertise.clone().unwrap_or_else(|| self.listen.to_string())
+    }
+
+    /// Where job output, scripts and the launch ledger live.
+    pub fn jobs_dir(&self) -> PathBuf {
+        self.data_dir.join("jobs")
+    }
+}

@@ -1,0 +1,11 @@
+//! All of a node's IO: the QUIC server and client, GPU probes, the job launcher, the agent and
+//! leader loops, and metrics. Placement decisions come from `scheduler`, state changes only
+//! through `consensus` (a committed `Command`); this crate never mutates `ClusterState` itself.
+
+pub mod agent;
+pub mod config;
+pub mod launcher;
+pub mod link;
+pub mod metrics;
+pub mod probe;
+pub mod server;

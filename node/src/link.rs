@@ -1,0 +1,88 @@
+//! Reaching the leader from any node: try the last address that worked, then every known
+//! member, following `NotLeader` redirects. Bounded: at most `candidates + 2` calls per try.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use proto::{ApiError, Envelope, Reply, Request};
+use transport::Client;
+
+pub struct LeaderLink {
+    client: Arc<Client>,
+    /// Addresses of members to ask, in order (join addresses first, then learned members).
+    candidates: Mutex<Vec<String>>,
+    preferred: Mutex<Option<String>>,
+    call_timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error("no member answered: {0}")]
+    Unreachable(String),
+    #[error(transparent)]
+    Api(#[from] ApiError),
+}
+
+impl LeaderLink {
+    pub fn new(client: Arc<Client>, candidates: Vec<String>, call_timeout: Duration) -> LeaderLink {
+        LeaderLink { client, candidates: Mutex::new(candidates), preferred: Mutex::new(None), call_timeout }
+    }
+
+    /// Adds member addresses learned from the cluster (deduplicated, bounded).
+    pub fn learn(&self, addrs: impl IntoIterator<Item = String>) {
+        let mut c = lock(&self.candidates);
+        for a in addrs {
+            if !c.contains(&a) && c.len() < 64 {
+                c.push(a);
+            }
+        }
+    }
+
+    pub fn set_preferred(&self, addr: Option<String>) {
+        *lock(&self.preferred) = addr;
+    }
+
+    /// Sends `request` towards the leader. `hops` is the number of forwards so far.
+    pub async fn call(&self, request: Request, hops: u8) -> Result<Reply, LinkError> {
+        let mut order: Vec<String> = Vec::new();
+        if let Some(p) = lock(&self.preferred).clone() {
+            order.push(p);
+        }
+        for a in lock(&self.candidates).iter() {
+            if !order.contains(a) {
+                order.push(a.clone());
+            }
+        }
+        let envelope = Envelope { hops, request };
+        let mut last_error = String::from("no member address known");
+        let mut redirects = 0;
+        let mut i = 0;
+        while i < order.len() {
+            let addr = order[i].clone();
+            i += 1;
+            match self.client.call(&addr, &envelope, self.call_timeout).await {
+                Ok(Ok(reply)) => {
+                    self.set_preferred(Some(addr));
+                    return Ok(reply);
+                }
+                Ok(Err(ApiError::NotLeader { leader_addr: Some(leader), .. })) if redirects < 2 => {
+                    redirects += 1;
+                    order.insert(i, leader);
+                }
+                Ok(Err(e @ (ApiError::NotLeader { .. } | ApiError::NoLeader | ApiError::Unavailable(_)))) => {
+                    last_error = format!("{addr}: {e}");
+                }
+                Ok(Err(e)) => return Err(LinkError::Api(e)),
+                Err(e) => {
+                    self.client.forget(&addr);
+                    last_error = format!("{addr}: {e}");
+                }
+            }
+        }
+        Err(LinkError::Unreachable(last_error))
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}

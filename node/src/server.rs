@@ -1,0 +1,766 @@
+//! One running node: the request handler every peer and client talks to, the leader's control
+//! loop, and the startup sequence that wires them together.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context};
+use consensus::{MemberNode, Raft, StateHandle};
+use proto::{
+    ApiError, ClusterInfo, ClusterMember, Command, CommandResult, Envelope, Inventory, JobId, JobState, LogStream, NodeId,
+    NodeInfo, NodeRole, NodeState, Reply, Request, Response, RunNo, FORWARD_HOPS_MAX,
+};
+use tokio::sync::Notify;
+use tracing::{debug, error, info, info_span, warn, Instrument};
+use transport::{Client, Handler, Peer};
+
+use crate::agent::Agent;
+use crate::config::NodeConfig;
+use crate::link::{LeaderLink, LinkError};
+use crate::probe::{GpuProbe, SimulatedProbe};
+
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+const PEER_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the leader waits before re-sending a launch or kill that got no answer.
+const RESEND_AFTER: Duration = Duration::from_millis(1_000);
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// What only the leader keeps, in memory, for the term it leads. Rebuilt on every election, so
+/// a new leader gives every node a fresh grace period.
+#[derive(Default)]
+struct LeaderMemory {
+    term: Option<u64>,
+    last_seen: HashMap<NodeId, Instant>,
+    launches_sent: HashMap<(JobId, RunNo), Instant>,
+    kills_sent: HashMap<(JobId, RunNo), Instant>,
+}
+
+pub struct Node {
+    pub config: NodeConfig,
+    pub id: NodeId,
+    pub raft: Raft,
+    pub state: StateHandle,
+    pub client: Arc<Client>,
+    pub agent: Arc<Agent>,
+    /// Towards the leader, starting with this node itself.
+    pub agent_link: Arc<LeaderLink>,
+    /// Towards the leader through other members (used when this node cannot answer).
+    pub forward_link: Arc<LeaderLink>,
+    memory: Mutex<LeaderMemory>,
+    membership_busy: AtomicBool,
+    kick: Notify,
+    pub inventory: Inventory,
+}
+
+impl Node {
+    fn status(&self) -> consensus::RaftStatus {
+        consensus::raft_status(&self.raft)
+    }
+
+    pub fn is_leader(&self) -> bool {
+        let s = self.status();
+        s.is_leader && s.leader == Some(self.id)
+    }
+
+    /// Whether this node holds the replicated state (voter or learner).
+    fn is_member(&self) -> bool {
+        let s = self.status();
+        s.voters.iter().chain(s.learners.iter()).any(|(id, _)| *id == self.id)
+    }
+
+    fn leader(&self) -> (Option<NodeId>, Option<String>) {
+        let s = self.status();
+        let addr = s.leader.and_then(|l| s.voters.iter().chain(s.learners.iter()).find(|(id, _)| *id == l).map(|(_, n)| n.addr.clone()));
+        (s.leader, addr)
+    }
+
+    fn voter_ids(&self) -> BTreeSet<NodeId> {
+        self.status().voters.iter().map(|(id, _)| *id).collect()
+    }
+
+    /// Commits `cmd` through Raft and returns what applying it answered.
+    pub async fn propose(&self, cmd: Command) -> Result<CommandResult, ApiError> {
+        consensus::propose(&self.raft, cmd).await.map(|(_, result)| result).map_err(ApiError::from)
+    }
+
+    async fn handle(self: Arc<Self>, envelope: Envelope) -> Response {
+        let Envelope { hops, request } = envelope;
+        match request {
+            Request::Raft { kind, payload } => {
+                consensus::handle_raft_rpc(&self.raft, kind, &payload).await.map(|payload| Reply::Raft { payload })
+            }
+            Request::Launch { job } => self.agent.launch(*job),
+            Request::Kill { job, run } => self.agent.kill(job, run),
+            Request::Logs { job, stream, offset, max_bytes } => self.logs(hops, job, stream, offset, max_bytes).await,
+            request if request.needs_leader() => {
+                if self.is_leader() {
+                    self.handle_on_leader(request).await
+                } else {
+                    self.forward(hops, request).await
+                }
+            }
+            request => {
+                if self.is_member() {
+                    self.read(request)
+                } else {
+                    self.forward(hops, request).await
+                }
+            }
+        }
+    }
+
+    /// Sends a request this node cannot answer to the leader.
+    async fn forward(&self, hops: u8, request: Request) -> Response {
+        if hops >= FORWARD_HOPS_MAX {
+            return Err(ApiError::Unavailable(format!("gave up after {hops} forwards")));
+        }
+        let (leader, leader_addr) = self.leader();
+        match (leader, leader_addr) {
+            (Some(l), Some(addr)) if l != self.id => {
+                let env = Envelope { hops: hops + 1, request };
+                match self.client.call(&addr, &env, PEER_CALL_TIMEOUT).await {
+                    Ok(resp) => resp,
+                    Err(e) => {
+                        self.client.forget(&addr);
+                        Err(ApiError::Unavailable(format!("forward to leader {addr}: {e}")))
+                    }
+                }
+            }
+            _ if self.is_member() => Err(ApiError::NoLeader),
+            _ => match self.forward_link.call(request, hops + 1).await {
+                Ok(reply) => Ok(reply),
+                Err(LinkError::Api(e)) => Err(e),
+                Err(LinkError::Unreachable(e)) => Err(ApiError::Unavailable(e)),
+            },
+        }
+    }
+
+    fn read(&self, request: Request) -> Response {
+        match request {
+            Request::GetJob { job } => self
+                .state
+                .read(|s| s.jobs.get(&job).cloned())
+                .map(|j| Reply::Job(Box::new(j)))
+                .ok_or_else(|| ApiError::NotFound(format!("job {job}"))),
+            Request::ListJobs { include_finished } => Ok(Reply::Jobs(
+                self.state.read(|s| s.jobs.values().filter(|j| include_finished || !j.state.is_final()).cloned().collect()),
+            )),
+            Request::ListNodes => Ok(Reply::Nodes(self.node_infos())),
+            Request::ClusterInfo => Ok(Reply::Cluster(self.cluster_info())),
+            other => Err(ApiError::Invalid(format!("not a read request: {other:?}"))),
+        }
+    }
+
+    fn role_of(&self, id: NodeId, leader: Option<NodeId>, voters: &BTreeSet<NodeId>) -> NodeRole {
+        if leader == Some(id) {
+            NodeRole::Leader
+        } else if voters.contains(&id) {
+            NodeRole::Voter
+        } else {
+            NodeRole::Agent
+        }
+    }
+
+    pub fn node_infos(&self) -> Vec<NodeInfo> {
+        let (leader, _) = self.leader();
+        let voters = self.voter_ids();
+        self.state.read(|s| {
+            s.nodes
+                .values()
+                .map(|n| {
+                    let mut types: Vec<String> = n.inventory.gpus.iter().map(|g| g.gres_type.clone()).collect();
+                    types.dedup();
+                    NodeInfo {
+                        id: n.id,
+                        name: n.name.clone(),
+                        addr: n.addr.clone(),
+                        state: n.state,
+                        role: self.role_of(n.id, leader, &voters),
+                        gpus_total: n.inventory.gpus.len() as u32,
+                        gpus_free: s.gpus_free(n.id),
+                        gpu_types: types,
+                        reason: n.state_reason.clone(),
+                    }
+                })
+                .collect()
+        })
+    }
+
+    pub fn cluster_info(&self) -> ClusterInfo {
+        let st = self.status();
+        let voters: BTreeSet<NodeId> = st.voters.iter().map(|(id, _)| *id).collect();
+        let (leader_name, members) = self.state.read(|s| {
+            let leader_name = st.leader.and_then(|l| s.nodes.get(&l).map(|n| n.name.clone()));
+            let mut members: Vec<ClusterMember> = s
+                .nodes
+                .values()
+                .map(|n| ClusterMember { id: n.id, name: n.name.clone(), role: self.role_of(n.id, st.leader, &voters), addr: n.addr.clone() })
+                .collect();
+            // Voters not (yet) registered as nodes still show up.
+            for (id, node) in st.voters.iter().chain(st.learners.iter()) {
+                if !s.nodes.contains_key(id) {
+                    members.push(ClusterMember { id: *id, name: node.name.clone(), role: self.role_of(*id, st.leader, &voters), addr: node.addr.clone() });
+                }
+            }
+            (leader_name, members)
+        });
+        ClusterInfo {
+            leader: leader_name,
+            leader_id: st.leader,
+            term: st.term,
+            commit_index: st.commit_index.unwrap_or(0),
+            applied_index: st.applied_index.unwrap_or(0),
+            answered_by: self.config.name.clone(),
+            members,
+        }
+    }
+
+    async fn logs(&self, hops: u8, job: JobId, stream: LogStream, offset: u64, max_bytes: u32) -> Response {
+        if self.is_member() {
+            let Some((node, node_addr)) = self.state.read(|s| {
+                let j = s.jobs.get(&job)?;
+                let node = j.last_node?;
+                Some((node, s.nodes.get(&node).map(|n| n.addr.clone())))
+            }) else {
+                return Err(ApiError::NotFound(format!("job {job} has not run yet")));
+            };
+            if node == self.id {
+                return self.agent.read_log(job, stream, offset, max_bytes);
+            }
+            if hops >= FORWARD_HOPS_MAX {
+                return Err(ApiError::Unavailable("too many forwards".into()));
+            }
+            let addr = node_addr.ok_or_else(|| ApiError::NotFound(format!("node {node}")))?;
+            let env = Envelope { hops: hops + 1, request: Request::Logs { job, stream, offset, max_bytes } };
+            return self
+                .client
+                .call(&addr, &env, PEER_CALL_TIMEOUT)
+                .await
+                .map_err(|e| ApiError::Unavailable(format!("read output from {addr}: {e}")))?;
+        }
+        match self.agent.read_log(job, stream, offset, max_bytes) {
+            Err(ApiError::NotFound(_)) => self.forward(hops, Request::Logs { job, stream, offset, max_bytes }).await,
+            other => other,
+        }
+    }
+
+    async fn handle_on_leader(&self, request: Request) -> Response {
+        let now = now_ms();
+        match request {
+            Request::Submit { spec } => {
+                spec.validate().map_err(ApiError::Invalid)?;
+                match self.propose(Command::Submit { spec, now_ms: now }).await? {
+                    CommandResult::Submitted { job } => {
+                        self.kick.notify_one();
+                        Ok(Reply::Submitted { job })
+                    }
+                    other => Err(rejected(other)),
+                }
+            }
+            Request::Cancel { job } => match self.propose(Command::Cancel { job, now_ms: now }).await? {
+                CommandResult::Ok => {
+                    self.kick.notify_one();
+                    Ok(Reply::Ok)
+                }
+                other => Err(rejected(other)),
+            },
+            Request::Drain { node, reason } => {
+                let id = self.node_id_by_name(&node)?;
+                self.propose(Command::Drain { node: id, reason, now_ms: now }).await.and_then(ok_or_rejected)
+            }
+            Request::Resume { node } => {
+                let id = self.node_id_by_name(&node)?;
+                self.propose(Command::Resume { node: id, now_ms: now }).await.and_then(ok_or_rejected)
+            }
+            Request::Join { token, name, addr, inventory, instance } => {
+                if !constant_time_eq(token.as_bytes(), self.config.join_token.as_bytes()) {
+                    warn!(node = %name, "join refused: bad token");
+                    return Err(ApiError::Denied("bad join token".into()));
+                }
+                match self.propose(Command::RegisterNode { name: name.clone(), addr, inventory, instance, now_ms: now }).await? {
+                    CommandResult::NodeRegistered { id } => {
+                        lock(&self.memory).last_seen.insert(id, Instant::now());
+                        info!(node = %name, id, "node registered");
+                        self.kick.notify_one();
+                        Ok(Reply::Joined { id, name })
+                    }
+                    other => Err(rejected(other)),
+                }
+            }
+            Request::Heartbeat { node, instance, running: _ } => {
+                let known = self.state.read(|s| s.nodes.get(&node).map(|n| (n.state, n.instance)));
+                let Some((state, recorded_instance)) = known else {
+                    return Err(ApiError::NotFound(format!("node {node}")));
+                };
+                lock(&self.memory).last_seen.insert(node, Instant::now());
+                if state == NodeState::Down || recorded_instance != instance {
+                    info!(node, "node is back");
+                    self.propose(Command::NodeUp { node, instance, now_ms: now }).await?;
+                    self.kick.notify_one();
+                }
+                Ok(Reply::HeartbeatAck { leader: self.id, term: self.status().term })
+            }
+            Request::ReportRun { job, run, node, outcome } => {
+                match self.propose(Command::RunFinished { job, run, node, outcome, now_ms: now }).await? {
+                    CommandResult::Rejected(why) => debug!(job, run, why = %why, "run report ignored"),
+                    _ => self.kick.notify_one(),
+                }
+                Ok(Reply::Ok)
+            }
+            other => Err(ApiError::Invalid(format!("not a leader request: {other:?}"))),
+        }
+    }
+
+    fn node_id_by_name(&self, name: &str) -> Result<NodeId, ApiError> {
+        self.state.read(|s| s.node_by_name(name).map(|n| n.id)).ok_or_else(|| ApiError::NotFound(format!("node '{name}'")))
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // The leader's control loop
+
+    pub async fn leader_loop(self: Arc<Self>) {
+        let interval = Duration::from_millis(self.config.schedule_interval_ms);
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(interval) => {}
+                () = self.kick.notified() => {}
+            }
+            let st = self.status();
+            if !st.is_leader || st.leader != Some(self.id) {
+                lock(&self.memory).term = None;
+                continue;
+            }
+            let span = info_span!("leader", node = self.id, term = st.term);
+            Arc::clone(&self).leader_tick(st.term).instrument(span).await;
+        }
+    }
+
+    async fn leader_tick(self: Arc<Self>, term: u64) {
+        let node_ids: Vec<NodeId> = self.state.read(|s| s.nodes.keys().copied().collect());
+        {
+            let mut mem = lock(&self.memory);
+            if mem.term != Some(term) {
+                info!("leading: every node gets a fresh heartbeat grace period");
+                *mem = LeaderMemory { term: Some(term), ..LeaderMemory::default() };
+                let now = Instant::now();
+                for id in &node_ids {
+                    mem.last_seen.insert(*id, now);
+                }
+            }
+        }
+        self.check_liveness().await;
+        self.schedule_pass().await;
+        self.drive_launches_and_kills();
+        self.manage_voters();
+    }
+
+    async fn check_liveness(&self) {
+        let down_after = Duration::from_millis(self.config.node_down_after_ms);
+        let candidates: Vec<(NodeId, String)> =
+            self.state.read(|s| s.nodes.values().filter(|n| n.state != NodeState::Down).map(|n| (n.id, n.name.clone())).collect());
+        for (id, name) in candidates {
+            let silent_for = {
+                let mut mem = lock(&self.memory);
+                let seen = *mem.last_seen.entry(id).or_insert_with(Instant::now);
+                seen.elapsed()
+            };
+            if silent_for > down_after {
+                warn!(node = %name, silent_ms = silent_for.as_millis() as u64, "node missed heartbeats, marking it down");
+                let reason = format!("no heartbeat for {} ms", silent_for.as_millis());
+                if let Err(e) = self.propose(Command::NodeDown { node: id, reason, now_ms: now_ms() }).await {
+                    warn!(node = %name, error = %e, "mark node down");
+                }
+            }
+        }
+    }
+
+    async fn schedule_pass(&self) {
+        let view = self.state.read(|s| s.scheduler_view());
+        if view.pending.is_empty() {
+            return;
+        }
+        let now = now_ms();
+        let plan = scheduler::schedule(&view, now);
+        if plan.placements.is_empty() {
+            return;
+        }
+        match self.propose(Command::Plan { placements: plan.placements, now_ms: now }).await {
+            Ok(CommandResult::Planned { accepted, rejected }) => {
+                if !rejected.is_empty() {
+                    debug!(accepted = accepted.len(), rejected = rejected.len(), "plan partly stale");
+                }
+            }
+            Ok(other) => warn!(result = ?other, "unexpected plan result"),
+            Err(e) => warn!(error = %e, "commit plan"),
+        }
+    }
+
+    /// Sends every committed-but-unconfirmed launch, and every kill of a cancelled job that still
+    /// holds resources, to its node; re-sends after `RESEND_AFTER`.
+    fn drive_launches_and_kills(self: &Arc<Self>) {
+        let (launches, kills) = self.state.read(|s| {
+            let mut launches = Vec::new();
+            let mut kills = Vec::new();
+            for j in s.jobs.values() {
+                let Some(alloc) = &j.alloc else { continue };
+                let addr = s.nodes.get(&alloc.node).map(|n| n.addr.clone()).unwrap_or_default();
+                if j.launch_pending() {
+                    launches.push((j.clone(), addr));
+                } else if j.state == JobState::Cancelled {
+                    kills.push((j.id, j.run, alloc.node, addr));
+                }
+            }
+            (launches, kills)
+        });
+        let now = Instant::now();
+        for (job, addr) in launches {
+            let key = (job.id, job.run);
+            {
+                let mut mem = lock(&self.memory);
+                if mem.launches_sent.get(&key).is_some_and(|t| now.duration_since(*t) < RESEND_AFTER) {
+                    continue;
+                }
+                mem.launches_sent.insert(key, now);
+            }
+            let node = Arc::clone(self);
+            tokio::spawn(async move { node.send_launch(job, addr).await }.instrument(info_span!("launch", job = key.0, run = key.1)));
+        }
+        for (job, run, target, addr) in kills {
+            {
+                let mut mem = lock(&self.memory);
+                if mem.kills_sent.get(&(job, run)).is_some_and(|t| now.duration_since(*t) < RESEND_AFTER) {
+                    continue;
+                }
+                mem.kills_sent.insert((job, run), now);
+            }
+            let node = Arc::clone(self);
+            tokio::spawn(async move {
+                let result = if target == node.id {
+                    node.agent.kill(job, run)
+                } else {
+                    let env = Envelope { hops: 0, request: Request::Kill { job, run } };
+                    node.client.call(&addr, &env, PEER_CALL_TIMEOUT).await.unwrap_or_else(|e| Err(ApiError::Unavailable(e.to_string())))
+                };
+                if let Err(e) = result {
+                    debug!(job, run, error = %e, "kill not delivered, will retry");
+                }
+            });
+        }
+    }
+
+    async fn send_launch(&self, job: proto::Job, addr: String) {
+        let Some(target) = job.alloc.as_ref().map(|a| a.node) else { return };
+        let (id, run) = (job.id, job.run);
+        let result = if target == self.id {
+            self.agent.launch(job)
+        } else {
+            let env = Envelope { hops: 0, request: Request::Launch { job: Box::new(job) } };
+            match self.client.call(&addr, &env, PEER_CALL_TIMEOUT).await {
+                Ok(r) => r,
+                Err(e) => {
+                    self.client.forget(&addr);
+                    Err(ApiError::Unavailable(format!("reach {addr}: {e}")))
+                }
+            }
+        };
+        match result {
+            Ok(Reply::LaunchAck { instance, .. }) => {
+                let cmd = Command::LaunchConfirmed { job: id, run, node: target, instance, now_ms: now_ms() };
+                match self.propose(cmd).await {
+                    Ok(CommandResult::Ok) => debug!("launch confirmed"),
+                    Ok(other) => debug!(result = ?other, "launch confirmation not applied"),
+                    Err(e) => warn!(error = %e, "commit launch confirmation"),
+                }
+            }
+            Ok(other) => warn!(reply = ?other, "unexpected launch reply"),
+            Err(e) => warn!(error = %e, "launch not accepted, will retry"),
+        }
+    }
+
+    /// Keeps `voters_max` voters: promotes a healthy agent when there are fewer, and replaces a
+    /// voter that has been DOWN for `voter_replace_after_ms`. One change at a time.
+    fn manage_voters(self: &Arc<Self>) {
+        if self.membership_busy.load(Ordering::SeqCst) {
+            return;
+        }
+        let voters = self.voter_ids();
+        let now = now_ms();
+        let fresh_within = Duration::from_millis(self.config.heartbeat_interval_ms * 3);
+        let (candidate, dead) = {
+            let mem = lock(&self.memory);
+            self.state.read(|s| {
+                let candidate = s
+                    .nodes
+                    .values()
+                    .filter(|n| n.state == NodeState::Up && !voters.contains(&n.id))
+                    .find(|n| mem.last_seen.get(&n.id).is_some_and(|t| t.elapsed() < fresh_within))
+                    .map(|n| (n.id, MemberNode { name: n.name.clone(), addr: n.addr.clone() }));
+                let dead: Vec<NodeId> = voters
+                    .iter()
+                    .copied()
+                    .filter(|v| {
+                        s.nodes.get(v).is_some_and(|n| {
+                            n.state == NodeState::Down && now.saturating_sub(n.state_changed_ms) > self.config.voter_replace_after_ms
+                        })
+                    })
+                    .collect();
+                (candidate, dead)
+            })
+        };
+        let Some((new_id, new_node)) = candidate else { return };
+        let change = if voters.len() < self.config.voters_max {
+            let mut v = voters.clone();
+            v.insert(new_id);
+            v
+        } else if let Some(gone) = dead.first() {
+            let mut v = voters.clone();
+            v.remove(gone);
+            v.insert(new_id);
+            v
+        } else {
+            return;
+        };
+        self.membership_busy.store(true, Ordering::SeqCst);
+        let node = Arc::clone(self);
+        tokio::spawn(async move {
+            info!(node = %new_node.name, voters = ?change, "promoting node to voter");
+            let result = async {
+                node.raft.add_learner(new_id, new_node.clone(), true).await.map_err(|e| format!("add learner: {e}"))?;
+                node.raft.change_membership(change.clone(), false).await.map_err(|e| format!("change membership: {e}"))?;
+                Ok::<_, String>(())
+            }
+            .await;
+            match result {
+                Ok(()) => info!(node = %new_node.name, "voters now {:?}", change),
+                Err(e) => warn!(node = %new_node.name, error = %e, "promotion failed"),
+            }
+            node.membership_busy.store(false, Ordering::SeqCst);
+        });
+    }
+
+    /// Periodically learns the members' addresses so this node can find the leader.
+    async fn learn_members_loop(self: Arc<Self>) {
+        let mut ticker = tokio::time::interval(Duration::from_secs(2));
+        loop {
+            ticker.tick().await;
+            if let Ok(Reply::Cluster(info)) = self.agent_link.call(Request::ClusterInfo, 0).await {
+                let addrs: Vec<String> = info.members.iter().filter(|m| m.role != NodeRole::Agent).map(|m| m.addr.clone()).collect();
+                self.forward_link.learn(addrs.iter().filter(|a| **a != self.config.advertise_addr()).cloned());
+                self.agent_link.learn(addrs);
+            }
+        }
+    }
+}
+
+fn rejected(result: CommandResult) -> ApiError {
+    match result {
+        CommandResult::Rejected(why) if why.contains("unknown") || why.contains("not found") => ApiError::NotFound(why),
+        CommandResult::Rejected(why) => ApiError::Invalid(why),
+        other => ApiError::Internal(format!("unexpected result {other:?}")),
+    }
+}
+
+fn ok_or_rejected(result: CommandResult) -> Response {
+    match result {
+        CommandResult::Ok => Ok(Reply::Ok),
+        other => Err(rejected(other)),
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The handler registered with the QUIC server before the node is fully up: until Raft is
+/// open it answers `Unavailable`.
+pub struct Api {
+    node: OnceLock<Arc<Node>>,
+}
+
+impl Handler for Api {
+    fn handle(&self, _peer: Peer, envelope: Envelope) -> Pin<Box<dyn Future<Output = Response> + Send + 'static>> {
+        match self.node.get() {
+            Some(node) => Box::pin(Arc::clone(node).handle(envelope)),
+            None => Box::pin(async { Err(ApiError::Unavailable("node is starting".into())) }),
+        }
+    }
+}
+
+/// The Raft network over the node's QUIC client.
+struct QuicRaftTransport {
+    client: Arc<Client>,
+}
+
+impl consensus::RaftTransport for QuicRaftTransport {
+    fn call(
+        &self,
+        _target: NodeId,
+        node: &MemberNode,
+        kind: proto::RaftRpcKind,
+        payload: Vec<u8>,
+    ) -> impl Future<Output = Result<Vec<u8>, consensus::TransportError>> + Send {
+        let client = Arc::clone(&self.client);
+        let addr = node.addr.clone();
+        async move {
+            let env = Envelope { hops: 0, request: Request::Raft { kind, payload } };
+            match client.call(&addr, &env, Duration::from_secs(10)).await {
+                Ok(Ok(Reply::Raft { payload })) => Ok(payload),
+                Ok(Ok(other)) => Err(consensus::TransportError::Remote(format!("unexpected reply {other:?}"))),
+                Ok(Err(e)) => Err(consensus::TransportError::Remote(e.to_string())),
+                Err(transport::CallError::Timeout) => Err(consensus::TransportError::Timeout),
+                Err(e) => {
+                    client.forget(&addr);
+                    Err(consensus::TransportError::Unreachable(e.to_string()))
+                }
+            }
+        }
+    }
+}
+
+fn read_node_id(path: &Path) -> anyhow::Result<Option<NodeId>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text.trim().parse().with_context(|| format!("parse node id in {}", path.display()))?)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("read node id at {}", path.display())),
+    }
+}
+
+fn write_node_id(path: &Path, id: NodeId) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, format!("{id}\n")).with_context(|| format!("write node id to {}", tmp.display()))?;
+    std::fs::File::open(&tmp).and_then(|f| f.sync_all()).with_context(|| format!("sync {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("move node id into {}", path.display()))
+}
+
+/// Calls `request` through `link` until it succeeds or `deadline` passes.
+async fn call_until(link: &LeaderLink, request: Request, what: &str, deadline: Duration) -> anyhow::Result<Reply> {
+    let started = Instant::now();
+    let mut backoff_ms = 100;
+    loop {
+        match link.call(request.clone(), 0).await {
+            Ok(reply) => return Ok(reply),
+            Err(LinkError::Api(e @ (ApiError::Denied(_) | ApiError::Invalid(_) | ApiError::Version { .. }))) => {
+                bail!("{what}: {e}")
+            }
+            Err(e) if started.elapsed() > deadline => bail!("{what}: gave up after {} s: {e}", deadline.as_secs()),
+            Err(e) => {
+                debug!(error = %e, "{what}: retrying");
+                tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
+                backoff_ms = (backoff_ms * 2).min(2_000);
+            }
+        }
+    }
+}
+
+/// Starts a node and runs it until the process ends.
+pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
+    let instance: u64 = rand::random();
+    std::fs::create_dir_all(&config.data_dir).with_context(|| format!("create data directory {}", config.data_dir.display()))?;
+    let identity = config.tls.load().context("load tls identity")?;
+    let endpoint = transport::endpoint(config.listen, &identity, true).with_context(|| format!("bind quic endpoint on {}", config.listen))?;
+    let client = Arc::new(Client::new(endpoint.clone()));
+    let gpus = SimulatedProbe { node_name: config.name.clone(), spec: config.gpus.clone() }.discover().context("discover gpus")?;
+    let inventory = Inventory {
+        gpus: gpus.clone(),
+        cpus: config.cpus.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32)),
+        memory_mib: config.memory_mib.unwrap_or_else(host_memory_mib),
+    };
+    info!(node = %config.name, gpus = gpus.len(), cpus = inventory.cpus, memory_mib = inventory.memory_mib, "inventory discovered");
+    let agent = Agent::new(config.name.clone(), instance, gpus, config.jobs_dir(), config.kill_grace_ms)?;
+    let api = Arc::new(Api { node: OnceLock::new() });
+    tokio::spawn(transport::serve(endpoint.clone(), api.clone()));
+
+    let advertise = config.advertise_addr();
+    let others: Vec<String> = config.join.iter().filter(|a| **a != advertise).cloned().collect();
+    let mut agent_candidates = vec![advertise.clone()];
+    agent_candidates.extend(others.iter().cloned());
+    let agent_link = Arc::new(LeaderLink::new(Arc::clone(&client), agent_candidates, PEER_CALL_TIMEOUT));
+    let forward_link = Arc::new(LeaderLink::new(Arc::clone(&client), others, PEER_CALL_TIMEOUT));
+    let join = Request::Join {
+        token: config.join_token.clone(),
+        name: config.name.clone(),
+        addr: advertise.clone(),
+        inventory: inventory.clone(),
+        instance,
+    };
+
+    let id_path = config.data_dir.join("node_id");
+    let id = match read_node_id(&id_path)? {
+        Some(id) => id,
+        None if config.bootstrap => 1,
+        None => match call_until(&forward_link, join.clone(), "join the cluster", Duration::from_secs(600)).await? {
+            Reply::Joined { id, .. } => id,
+            other => bail!("join the cluster: unexpected reply {other:?}"),
+        },
+    };
+    write_node_id(&id_path, id)?;
+    agent.set_node_id(id);
+
+    let raft_dir = config.data_dir.join("raft");
+    let (raft, state) = consensus::open_raft(id, &raft_dir, QuicRaftTransport { client: Arc::clone(&client) }, config.raft.timings())
+        .await
+        .with_context(|| format!("open raft at {}", raft_dir.display()))?;
+    if config.bootstrap && !raft.is_initialized().await.context("read raft initialization")? && id == 1 {
+        info!(node = %config.name, "bootstrapping a new cluster");
+        let members = BTreeMap::from([(id, MemberNode { name: config.name.clone(), addr: advertise.clone() })]);
+        raft.initialize(members).await.context("initialize the cluster")?;
+    }
+    let node = Arc::new(Node {
+        config: config.clone(),
+        id,
+        raft,
+        state,
+        client,
+        agent: Arc::clone(&agent),
+        agent_link: Arc::clone(&agent_link),
+        forward_link,
+        memory: Mutex::new(LeaderMemory::default()),
+        membership_busy: AtomicBool::new(false),
+        kick: Notify::new(),
+        inventory,
+    });
+    if api.node.set(Arc::clone(&node)).is_err() {
+        bail!("node handler set twice");
+    }
+    tokio::spawn(Arc::clone(&node).leader_loop());
+    tokio::spawn(Arc::clone(&node).learn_members_loop());
+
+    // Register this instance (new inventory, new instance id) before taking work.
+    match call_until(&agent_link, join.clone(), "register with the cluster", Duration::from_secs(600)).await? {
+        Reply::Joined { id: assigned, .. } if assigned == id => {}
+        Reply::Joined { id: assigned, .. } => bail!("cluster knows node '{}' as id {assigned}, but this data directory says {id}", config.name),
+        other => bail!("register with the cluster: unexpected reply {other:?}"),
+    }
+    info!(node = %config.name, id, instance, "node is up");
+    if let Some(addr) = config.metrics_listen {
+        tokio::spawn(crate::metrics::serve(addr, Arc::clone(&node)));
+    }
+    tokio::spawn(Arc::clone(&agent).report_loop(Arc::clone(&agent_link)));
+    let heartbeat = Duration::from_millis(config.heartbeat_interval_ms);
+    let hb = tokio::spawn(Arc::clone(&agent).heartbeat_loop(agent_link, heartbeat, join));
+    match hb.await {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            error!(error = %e, "heartbeat loop ended");
+            bail!("heartbeat loop ended: {e}")
+        }
+    }
+}
+
+fn host_memory_mib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| t.lines().find(|l| l.starts_with("MemTotal:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
+        .map_or(1024, |kib| kib / 1024)
+}

@@ -1,0 +1,597 @@
+//! QUIC with mutual TLS and length-prefixed, size-limited frames: every peer proves a certificate
+//! from the cluster CA, every frame is checked against its limit before it is read.
+//!
+//! One request per bidirectional stream: the caller writes one frame holding an encoded
+//! [`proto::Envelope`] and finishes its side; the server answers with one frame holding an
+//! encoded [`proto::Response`] and finishes its side. A frame is a big-endian `u32` length and
+//! that many bytes. A bad stream is answered with an error and closed; its connection and the
+//! server go on.
+
+pub mod pki;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use anyhow::{anyhow, Context};
+use proto::limits::FRAME_BYTES_MAX;
+use proto::{ApiError, CodecError, Envelope, Response};
+use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use quinn::{IdleTimeout, ReadError, ReadExactError, TransportConfig, VarInt, WriteError};
+use rustls::crypto::CryptoProvider;
+use rustls::server::WebPkiClientVerifier;
+use rustls::RootCertStore;
+use rustls_pki_types::CertificateDer;
+use tokio::sync::Semaphore;
+use tracing::{debug, warn};
+
+pub use pki::{
+    ca_fingerprint, generate_ca, issue_client_cert, issue_node_cert, write_pem_pair, PemPair,
+    TlsIdentity, TlsPaths, SERVER_NAME,
+};
+
+/// The one application protocol spoken over the QUIC connections.
+pub const ALPN: &[u8] = b"corral/1";
+
+/// A keep-alive is sent after this much silence, so a healthy idle connection never times out.
+pub const KEEP_ALIVE_INTERVAL_MS: u64 = 1_000;
+/// A connection that hears nothing from its peer this long is dead.
+pub const IDLE_TIMEOUT_MS: u64 = 10_000;
+/// Streams a peer may have open on one connection at once.
+pub const STREAMS_PER_CONNECTION_MAX: u32 = 256;
+/// Connections a server holds at once; more are refused.
+pub const CONNECTIONS_MAX: usize = 4096;
+/// How long a server waits for the whole request frame of a stream.
+pub const REQUEST_READ_TIMEOUT_MS: u64 = 60_000;
+
+/// Stream error codes sent with a reset or stop.
+const CODE_REFUSED: u32 = 1;
+const CODE_TIMEOUT: u32 = 2;
+
+/// The crypto provider of every TLS config made here: ring, passed explicitly, never installed
+/// as the process default.
+pub(crate) fn crypto_provider() -> Arc<CryptoProvider> {
+    static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
+    PROVIDER
+        .get_or_init(|| Arc::new(rustls::crypto::ring::default_provider()))
+        .clone()
+}
+
+fn transport_config() -> anyhow::Result<Arc<TransportConfig>> {
+    let mut config = TransportConfig::default();
+    config.keep_alive_interval(Some(Duration::from_millis(KEEP_ALIVE_INTERVAL_MS)));
+    let idle = IdleTimeout::try_from(Duration::from_millis(IDLE_TIMEOUT_MS))
+        .context("set idle timeout")?;
+    config.max_idle_timeout(Some(idle));
+    config.max_concurrent_bidi_streams(VarInt::from_u32(STREAMS_PER_CONNECTION_MAX));
+    config.max_concurrent_uni_streams(VarInt::from_u32(0));
+    Ok(Arc::new(config))
+}
+
+fn roots(id: &TlsIdentity) -> anyhow::Result<Arc<RootCertStore>> {
+    let mut roots = RootCertStore::empty();
+    roots
+        .add(id.ca_der.clone())
+        .context("add cluster CA to the trusted roots")?;
+    Ok(Arc::new(roots))
+}
+
+fn client_config(id: &TlsIdentity) -> anyhow::Result<quinn::ClientConfig> {
+    let provider = crypto_provider();
+    let verifier =
+        rustls::client::WebPkiServerVerifier::builder_with_provider(roots(id)?, provider.clone())
+            .build()
+            .context("build server certificate verifier")?;
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .context("select TLS 1.3")?
+        .with_webpki_verifier(verifier)
+        .with_client_auth_cert(id.chain.clone(), id.key.clone_key())
+        .context("use own certificate for client authentication")?;
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    let quic = QuicClientConfig::try_from(tls).context("make QUIC client config")?;
+    let mut config = quinn::ClientConfig::new(Arc::new(quic));
+    config.transport_config(transport_config()?);
+    Ok(config)
+}
+
+fn server_config(id: &TlsIdentity) -> anyhow::Result<quinn::ServerConfig> {
+    let provider = crypto_provider();
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots(id)?, provider.clone())
+        .build()
+        .context("build client certificate verifier")?;
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .context("select TLS 1.3")?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(id.chain.clone(), id.key.clone_key())
+        .context("use own certificate for serving")?;
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    let quic = QuicServerConfig::try_from(tls).context("make QUIC server config")?;
+    let mut config = quinn::ServerConfig::with_crypto(Arc::new(quic));
+    config.transport_config(transport_config()?);
+    Ok(config)
+}
+
+/// A QUIC endpoint bound to `bind`. With `serve` it accepts connections whose client proves a
+/// certificate from the cluster CA (and no others); it can always dial out, proving its own
+/// certificate and trusting servers of the cluster CA only. Must be called inside a Tokio
+/// runtime.
+pub fn endpoint(
+    bind: SocketAddr,
+    id: &TlsIdentity,
+    serve: bool,
+) -> anyhow::Result<quinn::Endpoint> {
+    let mut endpoint = if serve {
+        quinn::Endpoint::server(server_config(id)?, bind)
+            .with_context(|| format!("bind QUIC server on {bind}"))?
+    } else {
+        quinn::Endpoint::client(bind).with_context(|| format!("bind QUIC client on {bind}"))?
+    };
+    endpoint.set_default_client_config(client_config(id)?);
+    Ok(endpoint)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Frames
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    #[error("frame of {len} bytes exceeds the limit of {max}")]
+    TooLarge { len: usize, max: usize },
+    #[error("stream failed: {0}")]
+    Io(String),
+    #[error("stream closed before a frame")]
+    Closed,
+}
+
+fn read_error(e: ReadError) -> FrameError {
+    match e {
+        ReadError::ClosedStream => FrameError::Closed,
+        other => FrameError::Io(other.to_string()),
+    }
+}
+
+fn write_error(e: WriteError) -> FrameError {
+    match e {
+        WriteError::ClosedStream => FrameError::Closed,
+        other => FrameError::Io(other.to_string()),
+    }
+}
+
+/// Writes one frame: the length as a big-endian `u32`, then the bytes.
+pub async fn write_frame(send: &mut quinn::SendStream, bytes: &[u8]) -> Result<(), FrameError> {
+    let len = u32::try_from(bytes.len()).map_err(|_| FrameError::TooLarge {
+        len: bytes.len(),
+        max: u32::MAX as usize,
+    })?;
+    send.write_all(&len.to_be_bytes())
+        .await
+        .map_err(write_error)?;
+    send.write_all(bytes).await.map_err(write_error)
+}
+
+/// Reads one frame of at most `max_bytes`. The length is checked before anything is allocated,
+/// and the buffer then grows only as bytes arrive. A stream that ends before the first byte of
+/// the length is [`FrameError::Closed`].
+pub async fn read_frame(
+    recv: &mut quinn::RecvStream,
+    max_bytes: usize,
+) -> Result<Vec<u8>, FrameError> {
+    /// Most memory reserved ahead of the bytes that fill it.
+    const RESERVE_BYTES_MAX: usize = 64 * 1024;
+    let mut prefix = [0u8; 4];
+    match recv.read_exact(&mut prefix).await {
+        Ok(()) => {}
+        Err(ReadExactError::FinishedEarly(0)) => return Err(FrameError::Closed),
+        Err(ReadExactError::FinishedEarly(n)) => {
+            return Err(FrameError::Io(format!(
+                "stream finished after {n} bytes of the length prefix"
+            )))
+        }
+        Err(ReadExactError::ReadError(e)) => return Err(read_error(e)),
+    }
+    let len = u32::from_be_bytes(prefix) as usize;
+    if len > max_bytes {
+        return Err(FrameError::TooLarge {
+            len,
+            max: max_bytes,
+        });
+    }
+    let mut buf = Vec::with_capacity(len.min(RESERVE_BYTES_MAX));
+    while buf.len() < len {
+        match recv.read_chunk(len - buf.len(), true).await {
+            Ok(Some(chunk)) => buf.extend_from_slice(&chunk.bytes),
+            Ok(None) => {
+                return Err(FrameError::Io(format!(
+                    "stream finished after {} of {len} frame bytes",
+                    buf.len()
+                )));
+            }
+            Err(e) => return Err(read_error(e)),
+        }
+    }
+    Ok(buf)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Server
+
+/// Who is on the other end of a connection, as its certificate says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    pub remote: SocketAddr,
+    /// The common name of the peer's certificate: a node's name, or `user:<name>` for a user.
+    /// A certificate without one is named `sha256:<hex fingerprint>`.
+    pub common_name: String,
+}
+
+/// Answers requests. Called once per stream, concurrently; the future must not borrow `self`.
+pub trait Handler: Send + Sync + 'static {
+    fn handle(
+        &self,
+        peer: Peer,
+        envelope: Envelope,
+    ) -> Pin<Box<dyn Future<Output = Response> + Send + 'static>>;
+}
+
+fn peer_of(conn: &quinn::Connection) -> Option<Peer> {
+    let identity = conn.peer_identity()?;
+    let chain = identity.downcast::<Vec<CertificateDer<'static>>>().ok()?;
+    let leaf = chain.first()?;
+    Some(Peer {
+        remote: conn.remote_address(),
+        common_name: pki::peer_name(leaf),
+    })
+}
+
+/// Accepts connections on `endpoint` until it is closed, answering every request with
+/// `handler`. A connection that fails its handshake (a certificate not from the cluster CA, no
+/// certificate at all) is refused and logged; the server goes on.
+pub async fn serve(endpoint: quinn::Endpoint, handler: Arc<dyn Handler>) {
+    let connections = Arc::new(Semaphore::new(CONNECTIONS_MAX));
+    while let Some(incoming) = endpoint.accept().await {
+        let remote = incoming.remote_address();
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            warn!(peer = %remote, limit = CONNECTIONS_MAX, "connection refused: too many connections");
+            incoming.refuse();
+            continue;
+        };
+        let handler = handler.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let conn = match incoming.await {
+                Ok(conn) => conn,
+                Err(e) => {
+                    debug!(peer = %remote, error = %e, "connection refused");
+                    return;
+                }
+            };
+            let Some(peer) = peer_of(&conn) else {
+                warn!(peer = %remote, "connection refused: no peer certificate");
+                conn.close(VarInt::from_u32(CODE_REFUSED), b"no peer certificate");
+                return;
+            };
+            debug!(peer = %remote, name = %peer.common_name, "connection accepted");
+            serve_connection(conn, peer, handler).await;
+        });
+    }
+    debug!("endpoint closed, serve loop ends");
+}
+
+async fn serve_connection(conn: quinn::Connection, peer: Peer, handler: Arc<dyn Handler>) {
+    let streams = Arc::new(Semaphore::new(STREAMS_PER_CONNECTION_MAX as usize));
+    loop {
+        let Ok(permit) = streams.clone().acquire_owned().await else {
+            return;
+        };
+        let (send, recv) = match conn.accept_bi().await {
+            Ok(pair) => pair,
+            Err(e) => {
+                debug!(peer = %peer.remote, name = %peer.common_name, error = %e, "connection closed");
+                return;
+            }
+        };
+        let peer = peer.clone();
+        let handler = handler.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            serve_stream(send, recv, peer, handler).await;
+        });
+    }
+}
+
+fn codec_error(e: CodecError) -> ApiError {
+    match e {
+        CodecError::Version { ours, theirs } => ApiError::Version { ours, theirs },
+        other => ApiError::Invalid(other.to_string()),
+    }
+}
+
+async fn serve_stream(
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+    peer: Peer,
+    handler: Arc<dyn Handler>,
+) {
+    let read = tokio::time::timeout(
+        Duration::from_millis(REQUEST_READ_TIMEOUT_MS),
+        read_frame(&mut recv, FRAME_BYTES_MAX),
+    )
+    .await;
+    let response: Response = match read {
+        Err(_elapsed) => {
+            debug!(peer = %peer.remote, name = %peer.common_name, timeout_ms = REQUEST_READ_TIMEOUT_MS, "stream refused: request too slow");
+            let _ = recv.stop(VarInt::from_u32(CODE_TIMEOUT));
+            let _ = send.reset(VarInt::from_u32(CODE_TIMEOUT));
+            return;
+        }
+        Ok(Err(FrameError::Closed)) => {
+            debug!(peer = %peer.remote, name = %peer.common_name, "stream closed without a request");
+            let _ = send.finish();
+            return;
+        }
+        Ok(Err(FrameError::Io(e))) => {
+            debug!(peer = %peer.remote, name = %peer.common_name, error = %e, "stream failed");
+            let _ = send.reset(VarInt::from_u32(CODE_REFUSED));
+            return;
+        }
+        Ok(Err(e @ FrameError::TooLarge { .. })) => {
+            debug!(peer = %peer.remote, name = %peer.common_name, error = %e, "stream refused");
+            // Tell the peer to stop sending the body we will not read.
+            let _ = recv.stop(VarInt::from_u32(CODE_REFUSED));
+            Err(ApiError::Invalid(e.to_string()))
+        }
+        Ok(Ok(bytes)) => match proto::decode::<Envelope>(&bytes, FRAME_BYTES_MAX) {
+            Err(e) => {
+                debug!(peer = %peer.remote, name = %peer.common_name, error = %e, "stream refused");
+                Err(codec_error(e))
+            }
+            Ok(envelope) => {
+                // The handler runs in its own task, so that a panic in it answers this stream
+                // with an error, and so that a caller who gives up (stops the stream, or loses
+                // the connection) frees the stream at once. The handler is never cancelled
+                // half-way: it runs to its end, and its answer is then dropped.
+                let task = tokio::spawn(handler.handle(peer.clone(), envelope));
+                tokio::select! {
+                    joined = task => match joined {
+                        Ok(response) => response,
+                        Err(e) => {
+                            warn!(peer = %peer.remote, name = %peer.common_name, error = %e, "handler failed");
+                            Err(ApiError::Internal("the request handler failed".into()))
+                        }
+                    },
+                    _ = send.stopped() => {
+                        debug!(peer = %peer.remote, name = %peer.common_name, "caller gone before the reply");
+                        return;
+                    }
+                }
+            }
+        },
+    };
+    let mut bytes = proto::encode(&response);
+    if bytes.len() > FRAME_BYTES_MAX {
+        warn!(peer = %peer.remote, name = %peer.common_name, len = bytes.len(), max = FRAME_BYTES_MAX, "reply too large");
+        bytes = proto::encode::<Response>(&Err(ApiError::Internal(format!(
+            "reply of {} bytes exceeds the frame limit of {FRAME_BYTES_MAX}",
+            bytes.len()
+        ))));
+    }
+    if let Err(e) = write_frame(&mut send, &bytes).await {
+        debug!(peer = %peer.remote, name = %peer.common_name, error = %e, "reply not sent");
+        return;
+    }
+    let _ = send.finish();
+    // Keep the stream until the peer has the reply or goes away, so nothing is cut short.
+    let _ = send.stopped().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Client
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    #[error("connect failed: {0}")]
+    Connect(String),
+    #[error("call timed out")]
+    Timeout,
+    #[error("stream failed: {0}")]
+    Io(String),
+    #[error("bad message: {0}")]
+    Codec(String),
+}
+
+impl From<FrameError> for CallError {
+    fn from(e: FrameError) -> Self {
+        match e {
+            FrameError::TooLarge { .. } => CallError::Codec(e.to_string()),
+            FrameError::Io(_) | FrameError::Closed => CallError::Io(e.to_string()),
+        }
+    }
+}
+
+struct ClientInner {
+    endpoint: quinn::Endpoint,
+    /// One connection per address as given to [`Client::call`].
+    connections: Mutex<HashMap<String, quinn::Connection>>,
+}
+
+/// Calls peers over one endpoint, keeping one connection per address. Clones share the
+/// endpoint and the connections.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<ClientInner>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("local_addr", &self.inner.endpoint.local_addr().ok())
+            .finish()
+    }
+}
+
+impl Client {
+    /// A client dialing from `endpoint`, which must have a default client config (as
+    /// [`endpoint`] gives it).
+    pub fn new(endpoint: quinn::Endpoint) -> Client {
+        Client {
+            inner: Arc::new(ClientInner {
+                endpoint,
+                connections: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    pub fn endpoint(&self) -> &quinn::Endpoint {
+        &self.inner.endpoint
+    }
+
+    /// Drops the cached connection to `addr`, if any; the next call dials anew.
+    pub fn forget(&self, addr: &str) {
+        if let Some(conn) = self.lock().remove(addr) {
+            conn.close(VarInt::from_u32(0), b"forgotten");
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, quinn::Connection>> {
+        // The map holds no invariant a panicking holder could break.
+        self.inner
+            .connections
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Drops `conn` from the cache if it is still the one cached for `addr`.
+    fn drop_cached(&self, addr: &str, conn: &quinn::Connection) {
+        let mut map = self.lock();
+        if map
+            .get(addr)
+            .is_some_and(|c| c.stable_id() == conn.stable_id())
+        {
+            map.remove(addr);
+        }
+    }
+
+    /// Sends `envelope` to `addr` (`host:port`) and waits for its response, all within
+    /// `timeout`. A remote refusal is `Ok(Err(ApiError))`; a failure to reach the peer or to
+    /// read its answer is a [`CallError`].
+    ///
+    /// A cached connection found dead, or on which no stream can be opened, is replaced once by
+    /// a new one. A request that may have reached the peer is never sent twice.
+    pub async fn call(
+        &self,
+        addr: &str,
+        envelope: &Envelope,
+        timeout: Duration,
+    ) -> Result<Response, CallError> {
+        let request = proto::encode(envelope);
+        if request.len() > FRAME_BYTES_MAX {
+            return Err(CallError::Codec(format!(
+                "request of {} bytes exceeds the frame limit of {FRAME_BYTES_MAX}",
+                request.len()
+            )));
+        }
+        match tokio::time::timeout(timeout, self.call_inner(addr, &request)).await {
+            Ok(result) => result,
+            Err(_elapsed) => Err(CallError::Timeout),
+        }
+    }
+
+    async fn call_inner(&self, addr: &str, request: &[u8]) -> Result<Response, CallError> {
+        let (conn, fresh) = self.connection(addr).await?;
+        let streams = match conn.open_bi().await {
+            Ok(streams) => streams,
+            Err(e) => {
+                self.drop_cached(addr, &conn);
+                if fresh {
+                    return Err(CallError::Io(format!("open stream to {addr}: {e}")));
+                }
+                debug!(peer = %addr, error = %e, "cached connection dead, reconnecting");
+                let (conn, _) = self.connection(addr).await?;
+                match conn.open_bi().await {
+                    Ok(streams) => streams,
+                    Err(e) => {
+                        self.drop_cached(addr, &conn);
+                        return Err(CallError::Io(format!("open stream to {addr}: {e}")));
+                    }
+                }
+            }
+        };
+        let result = exchange(streams, request).await;
+        if result.is_err() {
+            if let Some(reason) = conn.close_reason() {
+                debug!(peer = %addr, reason = %reason, "connection lost");
+                self.drop_cached(addr, &conn);
+            }
+        }
+        result
+    }
+
+    /// The cached connection to `addr` when it is alive, else a new one; `true` when new.
+    async fn connection(&self, addr: &str) -> Result<(quinn::Connection, bool), CallError> {
+        {
+            let mut map = self.lock();
+            if let Some(conn) = map.get(addr) {
+                if conn.close_reason().is_none() {
+                    return Ok((conn.clone(), false));
+                }
+                map.remove(addr);
+            }
+        }
+        let conn = self
+            .dial(addr)
+            .await
+            .map_err(|e| CallError::Connect(format!("{e:#}")))?;
+        // Should another call have dialed at the same time, its connection is replaced here;
+        // its callers keep their handle until they are done, and then it closes.
+        self.lock().insert(addr.to_string(), conn.clone());
+        Ok((conn, true))
+    }
+
+    async fn dial(&self, addr: &str) -> anyhow::Result<quinn::Connection> {
+        let target = resolve(addr, self.inner.endpoint.local_addr().ok()).await?;
+        let connecting = self
+            .inner
+            .endpoint
+            .connect(target, SERVER_NAME)
+            .with_context(|| format!("dial {addr}"))?;
+        let conn = connecting
+            .await
+            .with_context(|| format!("handshake with {addr}"))?;
+        debug!(peer = %addr, remote = %target, "connected");
+        Ok(conn)
+    }
+}
+
+/// The first address `addr` resolves to, preferring the family of the local socket.
+async fn resolve(addr: &str, local: Option<SocketAddr>) -> anyhow::Result<SocketAddr> {
+    let candidates: Vec<SocketAddr> = tokio::net::lookup_host(addr)
+        .await
+        .with_context(|| format!("resolve {addr}"))?
+        .collect();
+    let want_v4 = local.is_some_and(|l| l.is_ipv4());
+    candidates
+        .iter()
+        .find(|a| !want_v4 || a.is_ipv4())
+        .or_else(|| candidates.first())
+        .copied()
+        .ok_or_else(|| anyhow!("resolve {addr}: no addresses"))
+}
+
+async fn exchange(
+    (mut send, mut recv): (quinn::SendStream, quinn::RecvStream),
+    request: &[u8],
+) -> Result<Response, CallError> {
+    write_frame(&mut send, request).await?;
+    // Finishing only fails on a stream already closed, which the read below reports.
+    let _ = send.finish();
+    let reply = read_frame(&mut recv, FRAME_BYTES_MAX).await?;
+    proto::decode::<Response>(&reply, FRAME_BYTES_MAX).map_err(|e| CallError::Codec(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests;
