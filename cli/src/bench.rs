@@ -195,7 +195,8 @@ async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
         let leader = info.leader.context("no leader")?;
         dev::signal_node(dir, &leader, "KILL")?;
         let t = Instant::now();
-        submit(&cluster, held_spec(&workdir)).await?;
+        // A fresh client, as a new `corral submit` would be: no connection cached to the dead node.
+        submit(&Cluster::connect(dir, None)?, held_spec(&workdir)).await?;
         let ms = t.elapsed().as_secs_f64() * 1000.0;
         failovers.push(ms);
         println!("  failover {}: killed {leader}, submission committed after {ms:.0} ms", round + 1);

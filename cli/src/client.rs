@@ -35,6 +35,8 @@ impl ClientConfig {
 pub struct Cluster {
     client: Client,
     servers: Vec<String>,
+    /// Index of the server that answered last; tried first.
+    preferred: std::sync::atomic::AtomicUsize,
     pub call_timeout: Duration,
 }
 
@@ -52,7 +54,7 @@ impl Cluster {
         if servers.is_empty() {
             bail!("no server address in {}", cluster_dir.display());
         }
-        Ok(Cluster { client: Client::new(endpoint), servers, call_timeout: Duration::from_secs(10) })
+        Ok(Cluster { client: Client::new(endpoint), servers, preferred: Default::default(), call_timeout: Duration::from_secs(10) })
     }
 
     /// Sends `request` to the first node that answers. Errors the cluster returned come back as
@@ -60,13 +62,22 @@ impl Cluster {
     pub async fn call(&self, request: Request) -> anyhow::Result<Result<Reply, ApiError>> {
         let envelope = Envelope { hops: 0, request };
         let mut errors = Vec::new();
-        for addr in &self.servers {
+        let first = self.preferred.load(std::sync::atomic::Ordering::Relaxed);
+        for k in 0..self.servers.len() {
+            let i = (first + k) % self.servers.len();
+            let addr = &self.servers[i];
             match self.client.call(addr, &envelope, self.call_timeout).await {
                 Ok(Err(e @ (ApiError::NoLeader | ApiError::Unavailable(_)))) if self.servers.len() > 1 => {
                     errors.push(format!("{addr}: {e}"));
                 }
-                Ok(resp) => return Ok(resp),
-                Err(e) => errors.push(format!("{addr}: {e}")),
+                Ok(resp) => {
+                    self.preferred.store(i, std::sync::atomic::Ordering::Relaxed);
+                    return Ok(resp);
+                }
+                Err(e) => {
+                    self.client.forget(addr);
+                    errors.push(format!("{addr}: {e}"));
+                }
             }
         }
         bail!("no node answered: {}", errors.join("; "))

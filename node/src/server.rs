@@ -685,7 +685,10 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
     let others: Vec<String> = config.join.iter().filter(|a| **a != advertise).cloned().collect();
     let mut agent_candidates = vec![advertise.clone()];
     agent_candidates.extend(others.iter().cloned());
-    let agent_link = Arc::new(LeaderLink::new(Arc::clone(&client), agent_candidates, PEER_CALL_TIMEOUT));
+    // Heartbeats and reports give up on a silent member quickly and try the next one: a call
+    // stuck on a dead leader must not make this node look dead to the new one.
+    let link_timeout = Duration::from_millis((config.heartbeat_interval_ms * 2).clamp(300, 2_000));
+    let agent_link = Arc::new(LeaderLink::new(Arc::clone(&client), agent_candidates, link_timeout));
     let forward_link = Arc::new(LeaderLink::new(Arc::clone(&client), others, PEER_CALL_TIMEOUT));
     let join = Request::Join {
         token: config.join_token.clone(),
@@ -715,6 +718,26 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
         info!(node = %config.name, "bootstrapping a new cluster");
         let members = BTreeMap::from([(id, MemberNode { name: config.name.clone(), addr: advertise.clone() })]);
         raft.initialize(members).await.context("initialize the cluster")?;
+        // Register this node before the API answers anyone, so no joining node can be given
+        // the bootstrap node's id.
+        let started = Instant::now();
+        while !consensus::raft_status(&raft).is_leader {
+            if started.elapsed() > Duration::from_secs(30) {
+                bail!("bootstrap: this node did not become leader of its own cluster within 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let cmd = Command::RegisterNode {
+            name: config.name.clone(),
+            addr: advertise.clone(),
+            inventory: inventory.clone(),
+            instance,
+            now_ms: now_ms(),
+        };
+        match consensus::propose(&raft, cmd).await.map_err(|e| anyhow::anyhow!("register the bootstrap node: {e}"))? {
+            (_, CommandResult::NodeRegistered { id: assigned }) if assigned == id => {}
+            (_, other) => bail!("register the bootstrap node: expected id {id}, got {other:?}"),
+        }
     }
     let node = Arc::new(Node {
         config: config.clone(),

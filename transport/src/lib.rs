@@ -37,9 +37,11 @@ pub use pki::{
 pub const ALPN: &[u8] = b"corral/1";
 
 /// A keep-alive is sent after this much silence, so a healthy idle connection never times out.
+/// Longest wait for a QUIC handshake; far above any healthy round trip.
+pub const CONNECT_TIMEOUT_MS: u64 = 1_000;
 pub const KEEP_ALIVE_INTERVAL_MS: u64 = 1_000;
 /// A connection that hears nothing from its peer this long is dead.
-pub const IDLE_TIMEOUT_MS: u64 = 10_000;
+pub const IDLE_TIMEOUT_MS: u64 = 5_000;
 /// Streams a peer may have open on one connection at once.
 pub const STREAMS_PER_CONNECTION_MAX: u32 = 256;
 /// Connections a server holds at once; more are refused.
@@ -559,8 +561,11 @@ impl Client {
             .endpoint
             .connect(target, SERVER_NAME)
             .with_context(|| format!("dial {addr}"))?;
-        let conn = connecting
+        // A dead peer never answers a handshake: give up early, before anything was sent, so
+        // the caller can try another member at once.
+        let conn = tokio::time::timeout(Duration::from_millis(CONNECT_TIMEOUT_MS), connecting)
             .await
+            .map_err(|_| anyhow!("handshake with {addr}: no answer within {CONNECT_TIMEOUT_MS} ms"))?
             .with_context(|| format!("handshake with {addr}"))?;
         debug!(peer = %addr, remote = %target, "connected");
         Ok(conn)
