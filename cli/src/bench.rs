@@ -1,7 +1,6 @@
 //! `corral bench`: measures a local 3-node cluster against this machine's fdatasync, the floor
 //! under any durable commit. Prints figures; asserts nothing about speed.
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -63,21 +62,12 @@ fn fdatasync_ms(dir: &std::path::Path, samples: usize) -> anyhow::Result<Vec<f64
 
 /// A job that never fits (9 GPUs on 8-GPU nodes): it stays pending, like Slurm's held jobs.
 fn held_spec(workdir: &str) -> JobSpec {
-    JobSpec {
-        name: "bench-held".into(),
-        argv: vec!["true".into()],
-        script: None,
-        gres: Some(GresRequest { gpu_type: None, count: 9 }),
-        cpus_per_task: 1,
-        mem_mib: 1,
-        time_limit_ms: None,
-        workdir: workdir.into(),
-        env: BTreeMap::new(),
-        output: Some("/dev/null".into()),
-        error: None,
-        user: "bench".into(),
-        requeue: false,
-    }
+    let mut spec = JobSpec::command(vec!["true".into()], workdir, "bench");
+    spec.name = "bench-held".into();
+    spec.gres = Some(GresRequest { gpu_type: None, count: 9 });
+    spec.mem_mib = 1;
+    spec.output = Some("/dev/null".into());
+    spec
 }
 
 fn run_spec(workdir: &str) -> JobSpec {
@@ -172,7 +162,7 @@ async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Reply::Job(j) = cluster.call_patiently(Request::GetJob { job: id }, Duration::from_secs(10)).await? {
-                if j.launched_by.is_some() || j.state.is_final() {
+                if (j.state == proto::JobState::Running && j.launches_pending().count() == 0) || j.state.is_final() {
                     if let Some(start) = j.start_ms {
                         starts.push(start.saturating_sub(j.submit_ms) as f64);
                     }

@@ -15,21 +15,14 @@ fn job_spec(name: &str, gpus: u32, seconds: u32, workdir: &str) -> JobSpec {
     let script = format!(
         "#!/bin/sh\necho \"job $CORRAL_JOB_ID ({name}) on $CORRAL_NODE with GPUs $CUDA_VISIBLE_DEVICES\"\nsleep {seconds}\necho done\n"
     );
-    JobSpec {
-        name: name.to_string(),
-        argv: vec![],
-        script: Some(script),
-        gres: Some(GresRequest { gpu_type: Some("h100".into()), count: gpus }),
-        cpus_per_task: 1,
-        mem_mib: 1024,
-        time_limit_ms: Some(120_000),
-        workdir: workdir.to_string(),
-        env: BTreeMap::from([("PATH".to_string(), "/usr/local/bin:/usr/bin:/bin".to_string())]),
-        output: Some("out/%j.out".into()),
-        error: None,
-        user: std::env::var("USER").unwrap_or_else(|_| "demo".into()),
-        requeue: false,
-    }
+    let mut spec = JobSpec::command(vec![], workdir, &std::env::var("USER").unwrap_or_else(|_| "demo".into()));
+    spec.name = name.to_string();
+    spec.script = Some(script);
+    spec.gres = Some(GresRequest { gpu_type: Some("h100".into()), count: gpus });
+    spec.time_limit_ms = Some(120_000);
+    spec.env = BTreeMap::from([("PATH".to_string(), "/usr/local/bin:/usr/bin:/bin".to_string())]);
+    spec.output = Some("out/%j.out".into());
+    spec
 }
 
 async fn submit(cluster: &Cluster, spec: JobSpec) -> anyhow::Result<u64> {
@@ -155,7 +148,7 @@ async fn print_queue(cluster: &Cluster) -> anyhow::Result<()> {
     let pending = jobs.iter().filter(|j| j.state == JobState::Pending).count();
     println!("   queue: {running} running, {pending} pending");
     for j in jobs.iter().filter(|j| j.state == JobState::Pending).take(3) {
-        println!("     job {:>3} pending: {}", j.id, j.reason.as_deref().unwrap_or("-"));
+        println!("     job {:>3} pending: {}", j.id, j.reasons.join("; "));
     }
     Ok(())
 }
@@ -172,7 +165,7 @@ async fn print_queue_all(cluster: &Cluster, ids: &[u64]) -> anyhow::Result<()> {
             (Some(s), Some(e)) => format!("{:.1}", e.saturating_sub(s) as f64 / 1000.0),
             _ => "-".into(),
         };
-        let node = j.last_node.and_then(|n| names.get(&n).cloned()).unwrap_or_else(|| "-".into());
+        let node = j.last_nodes.iter().map(|n| names.get(n).cloned().unwrap_or_default()).collect::<Vec<_>>().join(",");
         println!("  {:>4} {:<16} {:<10} {:<5} {:<5} {:>7}", j.id, j.spec.name, j.state.as_str(), node, j.spec.gpus(), secs);
     }
     Ok(())

@@ -141,9 +141,12 @@ pub struct SubmitArgs {
     /// Working directory (default: the current one).
     #[arg(long, short = 'D')]
     chdir: Option<PathBuf>,
-    /// Run again when the node dies (honoured by a later release; recorded now).
+    /// Put the job back in the queue (same id, restart count + 1) when one of its nodes dies.
     #[arg(long)]
     requeue: bool,
+    /// Nodes the job spans; all start together or none.
+    #[arg(long, short = 'N', default_value_t = 1)]
+    nodes: u32,
     /// Script file, or the command after `--`.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     command: Vec<String>,
@@ -151,14 +154,16 @@ pub struct SubmitArgs {
 
 /// The job as `--json` prints it.
 fn job_json(job: &Job, nodes: &BTreeMap<u64, String>) -> serde_json::Value {
-    let node = job.alloc.as_ref().map(|a| a.node).or(job.last_node).and_then(|n| nodes.get(&n).cloned());
+    let names: Vec<String> = job.last_nodes.iter().map(|n| nodes.get(n).cloned().unwrap_or_else(|| format!("node{n}"))).collect();
     json!({
         "id": job.id,
         "name": job.spec.name,
         "state": job.state.as_str(),
         "exit_code": job.exit_code,
-        "node": node,
-        "gpus": job.last_gpus,
+        "node": names.first(),
+        "nodes": names,
+        "gpus": job.last_gpus.first().cloned().unwrap_or_default(),
+        "gpus_per_node": job.last_gpus,
         "submit_time": job.submit_ms,
         "start_time": job.start_ms,
         "end_time": job.end_ms,
@@ -167,7 +172,9 @@ fn job_json(job: &Job, nodes: &BTreeMap<u64, String>) -> serde_json::Value {
         "user": job.spec.user,
         "gres": job.spec.gres.as_ref().map(|g| g.to_string()),
         "time_limit_ms": job.spec.time_limit_ms,
-        "reason": job.reason,
+        "reason": job.reason(),
+        "reasons": job.reasons,
+        "gpu_seconds": job.gpu_seconds,
     })
 }
 
@@ -217,21 +224,19 @@ pub fn build_spec(args: &SubmitArgs) -> anyhow::Result<JobSpec> {
     let gres = args.gres.as_deref().map(GresRequest::parse).transpose().map_err(anyhow::Error::msg)?;
     let time_limit_ms = args.time.as_deref().map(units::parse_time_limit_ms).transpose().map_err(anyhow::Error::msg)?;
     let env: BTreeMap<String, String> = std::env::vars().collect();
-    let spec = JobSpec {
-        name: args.name.clone().unwrap_or(default_name),
-        argv,
-        script,
-        gres,
-        cpus_per_task: args.cpus_per_task,
-        mem_mib: units::parse_mem_mib(&args.mem).map_err(anyhow::Error::msg)?,
-        time_limit_ms,
-        workdir: workdir.display().to_string(),
-        env,
-        output: args.output.clone(),
-        error: args.error.clone(),
-        user: std::env::var("USER").unwrap_or_else(|_| "root".into()),
-        requeue: args.requeue,
-    };
+    let mut spec = JobSpec::command(argv, &workdir.display().to_string(), &std::env::var("USER").unwrap_or_else(|_| "root".into()));
+    spec.name = args.name.clone().unwrap_or(default_name);
+    spec.script = script;
+    spec.gres = gres;
+    spec.cpus_per_task = args.cpus_per_task;
+    spec.mem_mib = units::parse_mem_mib(&args.mem).map_err(anyhow::Error::msg)?;
+    spec.time_limit_ms = time_limit_ms;
+    spec.env = env;
+    spec.output = args.output.clone();
+    spec.error = args.error.clone();
+    spec.requeue = args.requeue;
+    spec.nodes = args.nodes;
+    spec.submit_host = hostname();
     spec.validate().map_err(anyhow::Error::msg)?;
     Ok(spec)
 }
@@ -289,7 +294,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             } else {
                 println!("{:>8} {:<20} {:<10} {:<8} {:<10} {:<6} REASON", "JOBID", "NAME", "STATE", "USER", "NODE", "GPUS");
                 for j in &jobs {
-                    let node = j.last_node.and_then(|n| names.get(&n).cloned()).unwrap_or_else(|| "-".into());
+                    let node = j.last_nodes.iter().map(|n| names.get(n).cloned().unwrap_or_default()).collect::<Vec<_>>().join(",");
                     println!(
                         "{:>8} {:<20} {:<10} {:<8} {:<10} {:<6} {}",
                         j.id,
@@ -298,7 +303,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                         truncate(&j.spec.user, 8),
                         node,
                         j.spec.gpus(),
-                        if j.state == proto::JobState::Pending { j.reason.clone().unwrap_or_default() } else { String::new() }
+                        if j.state == proto::JobState::Pending { j.reasons.join("; ") } else { String::new() }
                     );
                 }
             }
@@ -421,6 +426,10 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Bench(args) => bench::run(args).await?,
     }
     Ok(0)
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "localhost".into())
 }
 
 fn truncate(s: &str, n: usize) -> String {

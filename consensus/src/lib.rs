@@ -10,6 +10,7 @@ pub mod network;
 pub mod state;
 pub mod store;
 pub mod types;
+pub mod view;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -53,6 +53,7 @@ impl fmt::Display for LogCommand {
             Command::LaunchConfirmed { job, run, .. } => write!(f, "launch_confirmed({job}.{run})"),
             Command::RunFinished { job, run, .. } => write!(f, "run_finished({job}.{run})"),
             Command::Cancel { job, .. } => write!(f, "cancel({job})"),
+            Command::Requeue { job, .. } => write!(f, "requeue({job})"),
         }
     }
 }

@@ -72,21 +72,10 @@ fn timings() -> RaftTimings {
 }
 
 fn spec(n: u32) -> JobSpec {
-    JobSpec {
-        name: format!("job-{n}"),
-        argv: vec!["sleep".into(), n.to_string()],
-        script: None,
-        gres: None,
-        cpus_per_task: 1,
-        mem_mib: 64,
-        time_limit_ms: None,
-        workdir: "/tmp".into(),
-        env: BTreeMap::new(),
-        output: None,
-        error: None,
-        user: "tester".into(),
-        requeue: false,
-    }
+    let mut spec = JobSpec::command(vec!["sleep".into(), n.to_string()], "/tmp", "tester");
+    spec.name = format!("job-{n}");
+    spec.mem_mib = 64;
+    spec
 }
 
 /// Polls `done` every 20 ms until it holds; panics after `WAIT_MS`.

@@ -148,10 +148,12 @@ impl Agent {
     /// Starts `job`'s current run unless this node already launched it. Answers with this
     /// instance so the leader can commit who runs it.
     pub fn launch(self: &Arc<Self>, job: Job) -> Result<Reply, ApiError> {
-        let alloc = job.alloc.as_ref().ok_or_else(|| ApiError::Invalid("launch without allocation".into()))?;
-        if alloc.node != self.node_id() {
-            return Err(ApiError::Invalid(format!("job {} is placed on node {}, not this one", job.id, alloc.node)));
-        }
+        let me = self.node_id();
+        let current: Vec<&proto::NodeRun> = job.parts.iter().filter(|p| p.run == job.run).collect();
+        let Some(rank) = current.iter().position(|p| p.alloc.node == me) else {
+            return Err(ApiError::Invalid(format!("job {} run {} has no part on node {me}", job.id, job.run)));
+        };
+        let alloc = current[rank].alloc.clone();
         let ack = Reply::LaunchAck { job: job.id, run: job.run, instance: self.instance };
         {
             let ledger = lock(&self.ledger);
@@ -171,7 +173,7 @@ impl Agent {
             .map(|i| self.gpus.iter().find(|g| g.index == *i).map(|g| g.uuid.clone()))
             .collect::<Option<_>>()
             .ok_or_else(|| ApiError::Invalid(format!("job {} names a gpu this node does not have", job.id)))?;
-        let spec = launcher::prepare(&job, &self.name, &uuids, &self.jobs_dir).map_err(|e| ApiError::Internal(format!("{e:#}")))?;
+        let spec = launcher::prepare(&job, &self.name, rank, &alloc.gpus, &uuids, &self.jobs_dir).map_err(|e| ApiError::Internal(format!("{e:#}")))?;
         lock(&self.ledger)
             .record(LedgerEntry {
                 job: job.id,

@@ -72,7 +72,7 @@ pub fn output_paths(job: &Job) -> (PathBuf, PathBuf) {
 
 /// Builds the launch of `job`'s current run: the program (a script written under `jobs_dir`
 /// or the job's argv) and its environment.
-pub fn prepare(job: &Job, node_name: &str, gpu_uuids: &[String], jobs_dir: &Path) -> anyhow::Result<LaunchSpec> {
+pub fn prepare(job: &Job, node_name: &str, node_rank: usize, gpu_indices: &[u32], gpu_uuids: &[String], jobs_dir: &Path) -> anyhow::Result<LaunchSpec> {
     let (program, args) = match &job.spec.script {
         Some(script) => {
             let dir = jobs_dir.join(job.id.to_string());
@@ -103,9 +103,10 @@ pub fn prepare(job: &Job, node_name: &str, gpu_uuids: &[String], jobs_dir: &Path
     env.insert("CORRAL_NODE".into(), node_name.to_string());
     env.insert("CORRAL_RUN".into(), job.run.to_string());
     env.insert("CORRAL_RESTART_COUNT".into(), job.restart_count.to_string());
-    if let Some(alloc) = &job.alloc {
-        env.insert("CORRAL_GPU_INDICES".into(), alloc.gpus.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(","));
-    }
+    env.insert("CORRAL_GPU_INDICES".into(), gpu_indices.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(","));
+    let nodes = job.nodes_of_current_run();
+    env.insert("CORRAL_NNODES".into(), nodes.len().to_string());
+    env.insert("CORRAL_NODE_RANK".into(), node_rank.to_string());
     let (stdout_path, stderr_path) = output_paths(job);
     Ok(LaunchSpec {
         job: job.id,
@@ -117,7 +118,7 @@ pub fn prepare(job: &Job, node_name: &str, gpu_uuids: &[String], jobs_dir: &Path
         stdout_path,
         stderr_path,
         time_limit_ms: job.spec.time_limit_ms,
-        append: job.run > 1,
+        append: job.run > 1 || job.spec.open_append,
     })
 }
 

@@ -46,6 +46,8 @@ impl GpuProbe for SimulatedProbe {
                 model: model.to_string(),
                 gres_type: gres_type.to_string(),
                 memory_mib,
+                healthy: true,
+                ..GpuInfo::default()
             })
             .collect())
     }

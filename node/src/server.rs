@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context};
 use consensus::{MemberNode, Raft, StateHandle};
 use proto::{
-    ApiError, ClusterInfo, ClusterMember, Command, CommandResult, Envelope, Inventory, JobId, JobState, LogStream, NodeId,
+    ApiError, ClusterInfo, ClusterMember, Command, CommandResult, Envelope, Inventory, Job, JobId, JobState, LogStream, NodeId,
     NodeInfo, NodeRole, NodeState, Reply, Request, Response, RunNo, FORWARD_HOPS_MAX,
 };
 use tokio::sync::Notify;
@@ -42,8 +42,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 struct LeaderMemory {
     term: Option<u64>,
     last_seen: HashMap<NodeId, Instant>,
-    launches_sent: HashMap<(JobId, RunNo), Instant>,
-    kills_sent: HashMap<(JobId, RunNo), Instant>,
+    launches_sent: HashMap<(JobId, RunNo, NodeId), Instant>,
+    kills_sent: HashMap<(JobId, RunNo, NodeId), Instant>,
 }
 
 pub struct Node {
@@ -148,17 +148,37 @@ impl Node {
 
     fn read(&self, request: Request) -> Response {
         match request {
-            Request::GetJob { job } => self
-                .state
-                .read(|s| s.jobs.get(&job).cloned())
-                .map(|j| Reply::Job(Box::new(j)))
-                .ok_or_else(|| ApiError::NotFound(format!("job {job}"))),
-            Request::ListJobs { include_finished } => Ok(Reply::Jobs(
-                self.state.read(|s| s.jobs.values().filter(|j| include_finished || !j.state.is_final()).cloned().collect()),
-            )),
+            Request::GetJob { job } => {
+                let mut jobs: Vec<Job> = self.state.read(|s| s.jobs.get(&job).cloned()).into_iter().collect();
+                self.explain_pending(&mut jobs);
+                jobs.pop().map(|j| Reply::Job(Box::new(j))).ok_or_else(|| ApiError::NotFound(format!("job {job}")))
+            }
+            Request::ListJobs { include_finished } => {
+                let mut jobs: Vec<Job> = self.state.read(|s| s.jobs.values().filter(|j| include_finished || !j.state.is_final()).cloned().collect());
+                self.explain_pending(&mut jobs);
+                Ok(Reply::Jobs(jobs))
+            }
             Request::ListNodes => Ok(Reply::Nodes(self.node_infos())),
             Request::ClusterInfo => Ok(Reply::Cluster(self.cluster_info())),
             other => Err(ApiError::Invalid(format!("not a read request: {other:?}"))),
+        }
+    }
+
+    /// Fills in why each pending job does not start now: the pure scheduler run on this node's
+    /// committed state gives the same answer the leader's pass would.
+    fn explain_pending(&self, jobs: &mut [Job]) {
+        if !jobs.iter().any(|j| j.state == JobState::Pending) {
+            return;
+        }
+        let plan = self.state.read(|s| scheduler::schedule(&s.scheduler_view(), now_ms()));
+        for job in jobs.iter_mut().filter(|j| j.state == JobState::Pending) {
+            if let Some(why) = plan.pending_reasons.get(&job.id) {
+                job.reasons.push(why.clone());
+            } else if !job.parts.is_empty() {
+                job.reasons.push(format!("waiting for run {} to stop", job.run));
+            } else if plan.placements.iter().any(|p| p.job == job.id) {
+                job.reasons.push("starting".into());
+            }
         }
     }
 
@@ -230,7 +250,8 @@ impl Node {
         if self.is_member() {
             let Some((node, node_addr)) = self.state.read(|s| {
                 let j = s.jobs.get(&job)?;
-                let node = j.last_node?;
+                // The first node of the job (rank 0) holds the batch script's output.
+                let node = *j.last_nodes.first()?;
                 Some((node, s.nodes.get(&node).map(|n| n.addr.clone())))
             }) else {
                 return Err(ApiError::NotFound(format!("job {job} has not run yet")));
@@ -406,26 +427,27 @@ impl Node {
         }
     }
 
-    /// Sends every committed-but-unconfirmed launch, and every kill of a cancelled job that still
-    /// holds resources, to its node; re-sends after `RESEND_AFTER`.
+    /// Sends every committed-but-unconfirmed launch of a part to its node, and every stop of a
+    /// part that must end (cancelled, failed gang, requeued, earlier run) to its node; re-sends
+    /// after `RESEND_AFTER`.
     fn drive_launches_and_kills(self: &Arc<Self>) {
         let (launches, kills) = self.state.read(|s| {
+            let addr_of = |node: NodeId| s.nodes.get(&node).map(|n| n.addr.clone()).unwrap_or_default();
             let mut launches = Vec::new();
             let mut kills = Vec::new();
             for j in s.jobs.values() {
-                let Some(alloc) = &j.alloc else { continue };
-                let addr = s.nodes.get(&alloc.node).map(|n| n.addr.clone()).unwrap_or_default();
-                if j.launch_pending() {
-                    launches.push((j.clone(), addr));
-                } else if j.state == JobState::Cancelled {
-                    kills.push((j.id, j.run, alloc.node, addr));
+                for part in j.launches_pending() {
+                    launches.push((j.clone(), part.alloc.node, addr_of(part.alloc.node)));
+                }
+                for part in j.parts_to_stop() {
+                    kills.push((j.id, part.run, part.alloc.node, addr_of(part.alloc.node)));
                 }
             }
             (launches, kills)
         });
         let now = Instant::now();
-        for (job, addr) in launches {
-            let key = (job.id, job.run);
+        for (job, target, addr) in launches {
+            let key = (job.id, job.run, target);
             {
                 let mut mem = lock(&self.memory);
                 if mem.launches_sent.get(&key).is_some_and(|t| now.duration_since(*t) < RESEND_AFTER) {
@@ -434,15 +456,16 @@ impl Node {
                 mem.launches_sent.insert(key, now);
             }
             let node = Arc::clone(self);
-            tokio::spawn(async move { node.send_launch(job, addr).await }.instrument(info_span!("launch", job = key.0, run = key.1)));
+            let span = info_span!("launch", job = key.0, run = key.1, node = target);
+            tokio::spawn(async move { node.send_launch(job, target, addr).await }.instrument(span));
         }
         for (job, run, target, addr) in kills {
             {
                 let mut mem = lock(&self.memory);
-                if mem.kills_sent.get(&(job, run)).is_some_and(|t| now.duration_since(*t) < RESEND_AFTER) {
+                if mem.kills_sent.get(&(job, run, target)).is_some_and(|t| now.duration_since(*t) < RESEND_AFTER) {
                     continue;
                 }
-                mem.kills_sent.insert((job, run), now);
+                mem.kills_sent.insert((job, run, target), now);
             }
             let node = Arc::clone(self);
             tokio::spawn(async move {
@@ -453,14 +476,13 @@ impl Node {
                     node.client.call(&addr, &env, PEER_CALL_TIMEOUT).await.unwrap_or_else(|e| Err(ApiError::Unavailable(e.to_string())))
                 };
                 if let Err(e) = result {
-                    debug!(job, run, error = %e, "kill not delivered, will retry");
+                    debug!(job, run, error = %e, "stop not delivered, will retry");
                 }
             });
         }
     }
 
-    async fn send_launch(&self, job: proto::Job, addr: String) {
-        let Some(target) = job.alloc.as_ref().map(|a| a.node) else { return };
+    async fn send_launch(&self, job: proto::Job, target: NodeId, addr: String) {
         let (id, run) = (job.id, job.run);
         let result = if target == self.id {
             self.agent.launch(job)
@@ -675,6 +697,7 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
         gpus: gpus.clone(),
         cpus: config.cpus.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32)),
         memory_mib: config.memory_mib.unwrap_or_else(host_memory_mib),
+        ..Inventory::default()
     };
     info!(node = %config.name, gpus = gpus.len(), cpus = inventory.cpus, memory_mib = inventory.memory_mib, "inventory discovered");
     let agent = Agent::new(config.name.clone(), instance, gpus, config.jobs_dir(), config.kill_grace_ms)?;

@@ -27,7 +27,7 @@ pub type InstanceId = u64;
 // ---------------------------------------------------------------------------------------------
 // Nodes and GPUs
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuInfo {
     /// Index of the GPU on its node (as `nvidia-smi` numbers them).
     pub index: u32,
@@ -37,6 +37,80 @@ pub struct GpuInfo {
     /// GRES type used in requests, e.g. `h100`.
     pub gres_type: String,
     pub memory_mib: u64,
+    /// e.g. `00000000:19:00.0`.
+    pub pci_bus_id: String,
+    pub numa_node: Option<u32>,
+    /// e.g. `9.0`.
+    pub compute_capability: Option<String>,
+    pub mig_enabled: bool,
+    /// MIG instances that exist now (each is schedulable as its own GRES, e.g. `1g.18gb`).
+    pub mig: Vec<MigInstance>,
+    /// False once the GPU reported an XID, uncorrectable ECC error or fell off the bus.
+    pub healthy: bool,
+    pub health_reason: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigInstance {
+    pub uuid: String,
+    /// Profile name, e.g. `1g.18gb`; also its GRES type.
+    pub profile: String,
+    pub gpu_instance_id: u32,
+    pub compute_instance_id: u32,
+    /// First memory slice and number of slices it occupies.
+    pub start_slice: u32,
+    pub size_slices: u32,
+    pub memory_mib: u64,
+}
+
+/// How two GPUs (or a GPU and a NIC) are connected, best first, as `nvidia-smi topo -m` says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Link {
+    /// The same device.
+    X,
+    /// NVLink with this many bonded links (`NV18`).
+    NvLink(u8),
+    /// At most one PCIe switch in between (`PIX`).
+    Pix,
+    /// Several PCIe switches, no host bridge (`PXB`).
+    Pxb,
+    /// Through a PCIe host bridge (`PHB`).
+    Phb,
+    /// Between host bridges of one NUMA node (`NODE`).
+    Node,
+    /// Across NUMA nodes (`SYS`).
+    Sys,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Nic {
+    /// e.g. `mlx5_0` or `eth0`.
+    pub name: String,
+    pub infiniband: bool,
+    pub numa_node: Option<u32>,
+    /// Network interface carrying it, for NCCL_SOCKET_IFNAME (`ib0`, `eth0`).
+    pub netdev: Option<String>,
+}
+
+/// Inside a node: GPU-to-GPU links, NUMA domains and NICs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Topology {
+    /// `links[i][j]`: link between GPU index i and j; empty when unknown.
+    pub gpu_links: Vec<Vec<Link>>,
+    /// CPU ids of each NUMA node.
+    pub numa_cpus: BTreeMap<u32, Vec<u32>>,
+    pub nics: Vec<Nic>,
+}
+
+/// Where a node sits in the network, for placing gangs on the fewest switch hops.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct NetworkLocation {
+    pub block: Option<String>,
+    pub rack: Option<String>,
+    /// Leaf switch.
+    pub switch: Option<String>,
+    /// An NVLink domain spanning nodes (e.g. an NVL72 rack).
+    pub nvlink_domain: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -44,6 +118,12 @@ pub struct Inventory {
     pub gpus: Vec<GpuInfo>,
     pub cpus: u32,
     pub memory_mib: u64,
+    pub topology: Topology,
+    pub location: NetworkLocation,
+    /// Node features matched by `--constraint`.
+    pub features: Vec<String>,
+    /// Partitions this node belongs to (empty: the default partition only).
+    pub partitions: Vec<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -166,9 +246,116 @@ pub struct JobSpec {
     pub error: Option<String>,
     pub user: String,
     pub requeue: bool,
+    /// Nodes the job spans (a gang: all start together or none). At least 1.
+    pub nodes: u32,
+    /// Tasks per node (for srun steps and `SLURM_NTASKS`); at least 1.
+    pub ntasks_per_node: u32,
+    pub partition: Option<String>,
+    pub account: Option<String>,
+    pub qos: Option<String>,
+    /// Node features all of which a node must have.
+    pub constraint: Vec<String>,
+    /// Nodes the job must use / must not use (by name).
+    pub nodelist: Vec<String>,
+    pub exclude: Vec<String>,
+    /// No other job on the job's nodes.
+    pub exclusive: bool,
+    pub array: Option<ArraySpec>,
+    pub dependencies: Vec<Dependency>,
+    /// Not eligible before this time.
+    pub begin_ms: Option<u64>,
+    /// Submitted held: not eligible until released.
+    pub hold: bool,
+    /// Signal sent this long before the time limit (`--signal=[B:]SIG@SECONDS`).
+    pub signal: Option<SignalSpec>,
+    /// Append to output files even on the first run (`--open-mode=append`).
+    pub open_append: bool,
+    /// `--switches=N@wait`: at most N leaf switches, waiting at most this long for them.
+    pub switches: Option<(u32, u64)>,
+    pub submit_host: String,
+    /// Run the NCCL preflight before starting.
+    pub preflight: bool,
+    /// uid/gid of the submitter, as the node that took the request learned them.
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    /// Options kept for display and compatibility (e.g. `gpu-bind`, `mail-type`).
+    pub extra: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArraySpec {
+    /// Task ids, ascending and unique.
+    pub tasks: Vec<u32>,
+    /// At most this many tasks run at once (`%N`).
+    pub throttle: Option<u32>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DependencyKind {
+    After,
+    AfterOk,
+    AfterNotOk,
+    AfterAny,
+    Singleton,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dependency {
+    pub kind: DependencyKind,
+    /// The job depended on (none for `singleton`).
+    pub job: Option<JobId>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignalSpec {
+    pub signal: i32,
+    pub before_end_s: u32,
+    /// `B:`: signal only the batch shell, not every process of the job.
+    pub batch_only: bool,
 }
 
 impl JobSpec {
+    /// A single-node job with defaults for everything but the command.
+    pub fn command(argv: Vec<String>, workdir: &str, user: &str) -> JobSpec {
+        JobSpec {
+            name: argv.first().cloned().unwrap_or_default(),
+            argv,
+            script: None,
+            gres: None,
+            cpus_per_task: 1,
+            mem_mib: 1024,
+            time_limit_ms: None,
+            workdir: workdir.to_string(),
+            env: BTreeMap::new(),
+            output: None,
+            error: None,
+            user: user.to_string(),
+            requeue: false,
+            nodes: 1,
+            ntasks_per_node: 1,
+            partition: None,
+            account: None,
+            qos: None,
+            constraint: Vec::new(),
+            nodelist: Vec::new(),
+            exclude: Vec::new(),
+            exclusive: false,
+            array: None,
+            dependencies: Vec::new(),
+            begin_ms: None,
+            hold: false,
+            signal: None,
+            open_append: false,
+            switches: None,
+            submit_host: String::new(),
+            preflight: false,
+            uid: None,
+            gid: None,
+            extra: BTreeMap::new(),
+        }
+    }
+
+    /// GPUs per node.
     pub fn gpus(&self) -> u32 {
         self.gres.as_ref().map_or(0, |g| g.count)
     }
@@ -221,6 +408,31 @@ impl JobSpec {
         if self.user.is_empty() || self.user.len() > 64 {
             return Err("user name must be 1..=64 bytes".into());
         }
+        if self.nodes == 0 || self.nodes > NODES_PER_JOB_MAX {
+            return Err(format!("node count must be 1..={NODES_PER_JOB_MAX}"));
+        }
+        if self.ntasks_per_node == 0 || self.ntasks_per_node > TASKS_PER_NODE_MAX {
+            return Err(format!("tasks per node must be 1..={TASKS_PER_NODE_MAX}"));
+        }
+        if let Some(a) = &self.array {
+            if a.tasks.is_empty() || a.tasks.len() > ARRAY_TASKS_MAX {
+                return Err(format!("an array holds 1..={ARRAY_TASKS_MAX} tasks"));
+            }
+            if a.tasks.windows(2).any(|w| w[0] >= w[1]) {
+                return Err("array task ids must be ascending and unique".into());
+            }
+            if a.throttle == Some(0) {
+                return Err("array throttle must be positive".into());
+            }
+        }
+        let list_bytes: usize = self.constraint.iter().chain(&self.nodelist).chain(&self.exclude).map(|s| s.len() + 1).sum();
+        if list_bytes > PATH_BYTES_MAX || self.dependencies.len() > 1024 {
+            return Err("constraint, node lists or dependencies too long".into());
+        }
+        let extra_bytes: usize = self.extra.iter().map(|(k, v)| k.len() + v.len()).sum();
+        if extra_bytes > ENV_BYTES_MAX {
+            return Err("extra options too large".into());
+        }
         Ok(())
     }
 }
@@ -260,14 +472,31 @@ impl fmt::Display for JobState {
     }
 }
 
-/// Where a run of a job was placed: one node, the GPU indices on it, and the CPUs and memory
-/// counted against it.
+/// The resources one node gives to a run of a job.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Allocation {
     pub node: NodeId,
     pub gpus: Vec<u32>,
     pub cpus: u32,
     pub mem_mib: u64,
+}
+
+/// One node's part of one run of a job. It holds its allocation until the node reports the
+/// process gone (or the node is declared down), so no GPU is ever handed out twice.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRun {
+    pub run: RunNo,
+    pub alloc: Allocation,
+    /// Instance of the node that confirmed it started this part.
+    pub launched_by: Option<InstanceId>,
+}
+
+/// A task of a job array.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArrayTask {
+    /// The id of the array (the job that was submitted).
+    pub array_job: JobId,
+    pub task: u32,
 }
 
 /// A job in the replicated state.
@@ -279,25 +508,50 @@ pub struct Job {
     pub exit_code: Option<i32>,
     /// The run in progress or the last one; 0 before the first start.
     pub run: RunNo,
-    /// Resources held by the current run. Kept until the agent reports the process gone (or its
-    /// node is declared down), also after a cancel, so no GPU is handed out twice.
-    pub alloc: Option<Allocation>,
-    /// Node and GPUs of the last run, kept for display after the allocation is released.
-    pub last_node: Option<NodeId>,
-    pub last_gpus: Vec<u32>,
-    /// Instance of the node that confirmed the launch of the current run.
-    pub launched_by: Option<InstanceId>,
+    /// Parts that hold resources: those of the current run, and parts of an earlier run (or of
+    /// a cancelled or failed one) still stopping. Empty once everything is released.
+    pub parts: Vec<NodeRun>,
+    /// How each node's part of the current run ended, as reported.
+    pub outcomes: Vec<(NodeId, RunOutcome)>,
+    /// Nodes and GPUs of the last run, kept for display after the parts are released.
+    pub last_nodes: Vec<NodeId>,
+    pub last_gpus: Vec<Vec<u32>>,
+    pub array: Option<ArrayTask>,
     pub submit_ms: u64,
     pub start_ms: Option<u64>,
     pub end_ms: Option<u64>,
     pub restart_count: u32,
-    pub reason: Option<String>,
+    /// Every reason it is not running now (pending), or why it ended.
+    pub reasons: Vec<String>,
+    /// Accounting, filled in as runs end.
+    pub gpu_seconds: u64,
 }
 
 impl Job {
-    /// The current run was committed but no agent confirmed it started yet.
-    pub fn launch_pending(&self) -> bool {
-        self.state == JobState::Running && self.alloc.is_some() && self.launched_by.is_none()
+    /// Parts of the current run that were committed but not confirmed started yet.
+    pub fn launches_pending(&self) -> impl Iterator<Item = &NodeRun> {
+        let run = self.run;
+        let live = self.state == JobState::Running;
+        self.parts.iter().filter(move |p| live && p.run == run && p.launched_by.is_none())
+    }
+
+    /// Parts that must be stopped: any part of an earlier run, and every part once the job
+    /// reached a final state or was requeued.
+    /// A part that failed stops the whole gang.
+    pub fn parts_to_stop(&self) -> impl Iterator<Item = &NodeRun> {
+        let run = self.run;
+        let failed = self.outcomes.iter().any(|(_, o)| *o != RunOutcome::Exited(0));
+        let live = self.state == JobState::Running && !failed;
+        self.parts.iter().filter(move |p| !live || p.run != run)
+    }
+
+    pub fn nodes_of_current_run(&self) -> Vec<NodeId> {
+        self.parts.iter().filter(|p| p.run == self.run).map(|p| p.alloc.node).collect()
+    }
+
+    /// First pending reason, for one-line displays.
+    pub fn reason(&self) -> Option<&str> {
+        self.reasons.first().map(String::as_str)
     }
 }
 
@@ -319,12 +573,12 @@ pub enum RunOutcome {
     LaunchFailed(String),
 }
 
-/// One placement of a plan: job `job`, run `run`, on `alloc`.
+/// One placement of a plan: job `job`, run `run`, on one allocation per node (a gang).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Placement {
     pub job: JobId,
     pub run: RunNo,
-    pub alloc: Allocation,
+    pub allocs: Vec<Allocation>,
 }
 
 /// Every change to the cluster state is one of these, committed through Raft. Time travels
@@ -343,6 +597,8 @@ pub enum Command {
     LaunchConfirmed { job: JobId, run: RunNo, node: NodeId, instance: InstanceId, now_ms: u64 },
     RunFinished { job: JobId, run: RunNo, node: NodeId, outcome: RunOutcome, now_ms: u64 },
     Cancel { job: JobId, now_ms: u64 },
+    /// Stop a running job and put it back in the queue (keeps its id, counts a restart).
+    Requeue { job: JobId, reason: String, now_ms: u64 },
 }
 
 /// What applying a command answered, returned to the proposer.

@@ -15,3 +15,6 @@ pub const GPUS_PER_JOB_MAX: u32 = 1024;
 pub const CPUS_PER_TASK_MAX: u32 = 4096;
 /// Largest chunk of a job's output returned by one `Logs` request.
 pub const LOG_CHUNK_BYTES_MAX: u32 = 1024 * 1024;
+pub const NODES_PER_JOB_MAX: u32 = 4096;
+pub const TASKS_PER_NODE_MAX: u32 = 1024;
+pub const ARRAY_TASKS_MAX: usize = 100_000;

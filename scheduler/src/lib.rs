@@ -170,7 +170,7 @@ pub fn schedule(view: &ClusterView, _now_ms: u64) -> Plan {
                 if let Some(node) = nodes.get_mut(&node_id) {
                     node.take(&alloc);
                 }
-                plan.placements.push(Placement { job: job.id, run: job.run, alloc });
+                plan.placements.push(Placement { job: job.id, run: job.run, allocs: vec![alloc] });
             }
             None => {
                 plan.pending_reasons.insert(job.id, why_pending(&nodes, job));
@@ -230,9 +230,9 @@ mod tests {
         let v = view(vec![node(1, 8, &[]), node(2, 8, &[0, 1])], vec![job(10, 1), job(11, 8)]);
         let plan = schedule(&v, 0);
         assert_eq!(plan.placements.len(), 2);
-        assert_eq!(plan.placements[0].alloc, Allocation { node: 2, gpus: vec![2], cpus: 1, mem_mib: 1024 });
-        assert_eq!(plan.placements[1].alloc.node, 1);
-        assert_eq!(plan.placements[1].alloc.gpus, (0..8).collect::<Vec<_>>());
+        assert_eq!(plan.placements[0].allocs[0], Allocation { node: 2, gpus: vec![2], cpus: 1, mem_mib: 1024 });
+        assert_eq!(plan.placements[1].allocs[0].node, 1);
+        assert_eq!(plan.placements[1].allocs[0].gpus, (0..8).collect::<Vec<_>>());
     }
 
     #[test]
@@ -241,7 +241,7 @@ mod tests {
         let plan = schedule(&v, 0);
         let ids: Vec<JobId> = plan.placements.iter().map(|p| p.job).collect();
         assert_eq!(ids, vec![1, 3]);
-        assert_eq!(plan.placements[1].alloc.gpus, vec![3]);
+        assert_eq!(plan.placements[1].allocs[0].gpus, vec![3]);
         assert_eq!(plan.pending_reasons[&2], "needs 2x gpu on one node; largest free: 1 on n1");
     }
 
