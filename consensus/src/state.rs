@@ -87,6 +87,10 @@ impl ClusterState {
             Command::RunFinished { job, run, node, outcome, now_ms } => self.run_finished(*job, *run, *node, outcome, *now_ms),
             Command::Cancel { job, now_ms } => self.cancel(*job, *now_ms),
             Command::Requeue { job, reason, now_ms } => self.requeue(*job, reason, *now_ms),
+            Command::GpuHealth { node, gpu, mig_uuid, healthy, reason, now_ms } => {
+                self.gpu_health(*node, *gpu, mig_uuid.as_deref(), *healthy, reason, *now_ms)
+            }
+            Command::UpdateInventory { node, inventory, reason: _, now_ms: _ } => self.update_inventory(*node, inventory),
         };
         self.check_invariants();
         result
@@ -155,11 +159,68 @@ impl ClusterState {
         CommandResult::Ok
     }
 
+    /// Marks one GPU unhealthy (its jobs are lost like on a dead node, and the scheduler stops
+    /// placing work there) or healthy again. A node whose GPUs are all unhealthy is drained;
+    /// it is resumed when one of them is healthy again.
+    fn gpu_health(&mut self, id: NodeId, gpu: u32, mig_uuid: Option<&str>, healthy: bool, reason: &str, now_ms: u64) -> CommandResult {
+        let Some(node) = self.nodes.get_mut(&id) else {
+            return rejected(format!("unknown node {id}"));
+        };
+        let Some(info) = node.inventory.gpus.iter_mut().find(|g| g.index == gpu) else {
+            return rejected(format!("node {} has no gpu {gpu}", node.name));
+        };
+        let what = match mig_uuid {
+            Some(m) => format!("gpu {gpu} (mig {m})"),
+            None => format!("gpu {gpu}"),
+        };
+        info.healthy = healthy;
+        info.health_reason = (!healthy).then(|| reason.to_string());
+        let all_bad = node.inventory.gpus.iter().all(|g| !g.healthy);
+        const ALL_BAD: &str = "all GPUs unhealthy";
+        if all_bad && !node.drained {
+            node.drained = true;
+            node.state_reason = Some(ALL_BAD.into());
+            if node.state == NodeState::Up {
+                node.state = NodeState::Drained;
+                node.state_changed_ms = now_ms;
+            }
+        } else if !all_bad && node.drained && node.state_reason.as_deref() == Some(ALL_BAD) {
+            node.drained = false;
+            node.state_reason = None;
+            if node.state == NodeState::Drained {
+                node.state = NodeState::Up;
+                node.state_changed_ms = now_ms;
+            }
+        }
+        if !healthy {
+            let why = format!("{what} on {} unhealthy: {reason}", node.name);
+            self.lose_parts(|p| p.alloc.node == id && p.alloc.gpus.contains(&gpu), &why, now_ms);
+        }
+        CommandResult::Ok
+    }
+
+    fn update_inventory(&mut self, id: NodeId, inventory: &Inventory) -> CommandResult {
+        let held: BTreeSet<u32> = self.parts_on(id).flat_map(|p| p.alloc.gpus.iter().copied()).collect();
+        let Some(node) = self.nodes.get_mut(&id) else {
+            return rejected(format!("unknown node {id}"));
+        };
+        if let Some(gone) = held.iter().find(|g| !inventory.gpus.iter().any(|i| i.index == **g)) {
+            return rejected(format!("gpu {gone} of node {} is in use and cannot disappear", node.name));
+        }
+        node.inventory = inventory.clone();
+        CommandResult::Ok
+    }
+
     /// Every part on `node` is gone. A running job that lost a part of its current run is
     /// requeued (if it asked for that) or ends NODE_FAIL; its other parts are then stopped.
     fn lose_node_parts(&mut self, node: NodeId, reason: &str, now_ms: u64) {
+        self.lose_parts(|p| p.alloc.node == node, reason, now_ms);
+    }
+
+    /// Every part matching `lost` is gone (its process died with its node or GPU).
+    fn lose_parts(&mut self, lost: impl Fn(&NodeRun) -> bool, reason: &str, now_ms: u64) {
         for job in self.jobs.values_mut() {
-            let Some(pos) = job.parts.iter().position(|p| p.alloc.node == node) else { continue };
+            let Some(pos) = job.parts.iter().position(&lost) else { continue };
             let part = job.parts.remove(pos);
             account(job, &part, now_ms);
             if part.run != job.run || job.state != JobState::Running {
@@ -359,7 +420,7 @@ impl ClusterState {
             return 0;
         };
         let busy: BTreeSet<u32> = self.parts_on(node).flat_map(|p| p.alloc.gpus.iter().copied()).collect();
-        record.inventory.gpus.iter().filter(|g| !busy.contains(&g.index)).count() as u32
+        record.inventory.gpus.iter().filter(|g| g.healthy && !busy.contains(&g.index)).count() as u32
     }
 
     fn parts_on(&self, node: NodeId) -> impl Iterator<Item = &NodeRun> {
@@ -681,6 +742,25 @@ mod tests {
         let pending = submit(&mut s, spec(1, 1));
         s.apply(&Command::Cancel { job: pending, now_ms: 82 });
         assert_eq!(s.jobs[&pending].state, JobState::Cancelled);
+    }
+
+    #[test]
+    fn unhealthy_gpu_loses_its_job_and_all_bad_drains_the_node() {
+        let (mut s, a, b, job) = gang();
+        assert_eq!(s.apply(&Command::GpuHealth { node: a, gpu: 5, mig_uuid: None, healthy: false, reason: "xid 79".into(), now_ms: 40 }), CommandResult::Ok);
+        assert_eq!(s.jobs[&job].state, JobState::Running, "gpu 5 held no part");
+        assert!(s.scheduler_view().nodes[&a].gpus.iter().any(|g| g.index == 5 && g.busy), "unhealthy gpu is not placeable");
+        s.apply(&Command::GpuHealth { node: b, gpu: 1, mig_uuid: None, healthy: false, reason: "uncorrectable ecc".into(), now_ms: 41 });
+        assert_eq!(s.jobs[&job].state, JobState::NodeFail);
+        assert_eq!(s.jobs[&job].reasons, vec!["gpu 1 on b unhealthy: uncorrectable ecc".to_string()]);
+        assert_eq!(s.nodes[&b].state, NodeState::Up, "one bad gpu does not drain the node");
+        for g in 0..8 {
+            s.apply(&Command::GpuHealth { node: b, gpu: g, mig_uuid: None, healthy: false, reason: "fell off the bus".into(), now_ms: 42 });
+        }
+        assert_eq!((s.nodes[&b].state, s.nodes[&b].state_reason.as_deref()), (NodeState::Drained, Some("all GPUs unhealthy")));
+        s.apply(&Command::GpuHealth { node: b, gpu: 0, mig_uuid: None, healthy: true, reason: "operator".into(), now_ms: 43 });
+        assert_eq!(s.nodes[&b].state, NodeState::Up);
+        assert!(matches!(s.apply(&Command::GpuHealth { node: b, gpu: 99, mig_uuid: None, healthy: true, reason: String::new(), now_ms: 44 }), CommandResult::Rejected(_)));
     }
 
     #[test]

@@ -18,7 +18,8 @@ pub fn node_views(state: &ClusterState) -> BTreeMap<NodeId, NodeView> {
                 id: n.id,
                 name: n.name.clone(),
                 schedulable: n.state == NodeState::Up && !n.drained,
-                gpus: n.inventory.gpus.iter().map(|g| GpuSlot { index: g.index, gres_type: g.gres_type.clone(), busy: false }).collect(),
+                // An unhealthy GPU is never placeable: it counts as busy.
+                gpus: n.inventory.gpus.iter().map(|g| GpuSlot { index: g.index, gres_type: g.gres_type.clone(), busy: !g.healthy }).collect(),
                 cpus_total: n.inventory.cpus,
                 cpus_used: 0,
                 mem_total_mib: n.inventory.memory_mib,

@@ -339,6 +339,26 @@ impl Node {
                 }
                 Ok(Reply::Ok)
             }
+            Request::ReportGpuHealth { node, gpu, mig_uuid, healthy, reason } => {
+                warn!(node, gpu, healthy, reason = %reason, "gpu health reported");
+                let cmd = Command::GpuHealth { node, gpu, mig_uuid, healthy, reason, now_ms: now };
+                self.propose(cmd).await.and_then(ok_or_rejected)
+            }
+            Request::SetGpuHealth { node, gpu, healthy, reason } => {
+                let id = self.node_id_by_name(&node)?;
+                info!(node = %node, gpu, healthy, "operator sets gpu health");
+                let cmd = Command::GpuHealth { node: id, gpu, mig_uuid: None, healthy, reason, now_ms: now };
+                self.propose(cmd).await.and_then(ok_or_rejected)
+            }
+            Request::ReportInventory { node, inventory, reason } => {
+                self.propose(Command::UpdateInventory { node, inventory, reason, now_ms: now }).await.and_then(ok_or_rejected)
+            }
+            Request::Requeue { job } => {
+                let cmd = Command::Requeue { job, reason: "requeued on request".into(), now_ms: now };
+                let result = self.propose(cmd).await.and_then(ok_or_rejected);
+                self.kick.notify_one();
+                result
+            }
             other => Err(ApiError::Invalid(format!("not a leader request: {other:?}"))),
         }
     }

@@ -599,6 +599,10 @@ pub enum Command {
     Cancel { job: JobId, now_ms: u64 },
     /// Stop a running job and put it back in the queue (keeps its id, counts a restart).
     Requeue { job: JobId, reason: String, now_ms: u64 },
+    /// A GPU (or one MIG instance of it) turned unhealthy, or an operator marked it healthy.
+    GpuHealth { node: NodeId, gpu: u32, mig_uuid: Option<String>, healthy: bool, reason: String, now_ms: u64 },
+    /// The node's inventory changed (e.g. a MIG layout was applied to an idle GPU).
+    UpdateInventory { node: NodeId, inventory: Inventory, reason: String, now_ms: u64 },
 }
 
 /// What applying a command answered, returned to the proposer.
@@ -641,6 +645,14 @@ pub enum Request {
     Heartbeat { node: NodeId, instance: InstanceId, running: Vec<(JobId, RunNo)> },
     ReportRun { job: JobId, run: RunNo, node: NodeId, outcome: RunOutcome },
     Launch { job: Box<Job> },
+    /// An agent reports a GPU health change (XID, ECC, fell off the bus) for its node.
+    ReportGpuHealth { node: NodeId, gpu: u32, mig_uuid: Option<String>, healthy: bool, reason: String },
+    /// An operator marks a GPU healthy (or unhealthy) again.
+    SetGpuHealth { node: String, gpu: u32, healthy: bool, reason: String },
+    /// An agent reports its inventory changed (MIG layout applied).
+    ReportInventory { node: NodeId, inventory: Inventory, reason: String },
+    /// Stop a running job and queue it again.
+    Requeue { job: JobId },
     Kill { job: JobId, run: RunNo },
     /// An openraft RPC, encoded by the consensus crate: proto does not know openraft's types.
     Raft { kind: RaftRpcKind, payload: Vec<u8> },
@@ -658,6 +670,10 @@ impl Request {
                 | Request::Join { .. }
                 | Request::Heartbeat { .. }
                 | Request::ReportRun { .. }
+                | Request::ReportGpuHealth { .. }
+                | Request::SetGpuHealth { .. }
+                | Request::ReportInventory { .. }
+                | Request::Requeue { .. }
         )
     }
 }
