@@ -241,6 +241,8 @@ impl Node {
             term: st.term,
             commit_index: st.commit_index.unwrap_or(0),
             applied_index: st.applied_index.unwrap_or(0),
+            snapshot_index: st.snapshot_index,
+            purged_index: st.purged_index,
             answered_by: self.config.name.clone(),
             members,
         }

@@ -711,6 +711,9 @@ pub struct ClusterInfo {
     pub term: u64,
     pub commit_index: u64,
     pub applied_index: u64,
+    /// Last log index covered by this node's latest snapshot, and last index purged from its log.
+    pub snapshot_index: Option<u64>,
+    pub purged_index: Option<u64>,
     pub answered_by: String,
     pub members: Vec<ClusterMember>,
 }

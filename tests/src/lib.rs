@@ -1,1 +1,162 @@
-//! placeholder
+//! End-to-end test harness: real `corrald` processes on 127.0.0.1 driven through the real
+//! `corral` binary. Nothing is simulated here but the GPUs.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Directory holding the built `corral` and `corrald` (the test executable lives in its `deps/`).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("locate the test executable");
+    let deps = exe.parent().expect("test executable has a directory");
+    let dir = if deps.ends_with("deps") { deps.parent().expect("deps has a parent").to_path_buf() } else { deps.to_path_buf() };
+    for bin in ["corral", "corrald"] {
+        assert!(dir.join(bin).exists(), "{} is missing: run `cargo build --bins` before the end-to-end tests", dir.join(bin).display());
+    }
+    dir
+}
+
+pub fn corral_bin() -> PathBuf {
+    bin_dir().join("corral")
+}
+
+/// A local cluster in a temporary directory, stopped when dropped.
+pub struct TestCluster {
+    pub dir: tempfile::TempDir,
+    pub work: PathBuf,
+}
+
+impl TestCluster {
+    /// `corral dev up` with `extra` options (e.g. `--nodes 3 --gpus h100:8`).
+    pub fn up(extra: &[&str]) -> TestCluster {
+        let dir = tempfile::Builder::new().prefix("corral-e2e-").tempdir().expect("create temp dir");
+        let work = dir.path().join("work");
+        std::fs::create_dir_all(&work).expect("create work dir");
+        let c = TestCluster { dir, work };
+        let mut args = vec!["dev", "up", "--dir", c.path_str()];
+        args.extend_from_slice(extra);
+        let out = c.raw(&args);
+        assert!(out.status.success(), "dev up failed: {}\n{}", String::from_utf8_lossy(&out.stderr), c.logs());
+        c
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn path_str(&self) -> &str {
+        self.dir.path().to_str().expect("utf-8 temp path")
+    }
+
+    /// Runs `corral ARGS` with no cluster flag added.
+    pub fn raw(&self, args: &[&str]) -> Output {
+        Command::new(corral_bin())
+            .args(args)
+            .env("CORRALD", bin_dir().join("corrald"))
+            .current_dir(&self.work)
+            .output()
+            .expect("run corral")
+    }
+
+    /// Runs `corral --cluster DIR ARGS`.
+    pub fn corral(&self, args: &[&str]) -> Output {
+        let mut all = vec!["--cluster", self.path_str()];
+        all.extend_from_slice(args);
+        self.raw(&all)
+    }
+
+    /// Runs `corral --cluster DIR --json ARGS`, asserts success, parses stdout.
+    pub fn json(&self, args: &[&str]) -> Value {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        let out = self.corral(&all);
+        assert!(out.status.success(), "corral {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("corral {args:?} printed no JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+    }
+
+    /// Submits `-- CMD...` with `opts` before it; returns the job id.
+    pub fn submit(&self, opts: &[&str], cmd: &[&str]) -> u64 {
+        let mut args = vec!["submit"];
+        args.extend_from_slice(opts);
+        args.push("--");
+        args.extend_from_slice(cmd);
+        let v = self.json(&args);
+        v["job_id"].as_u64().unwrap_or_else(|| panic!("no job_id in {v}"))
+    }
+
+    pub fn job(&self, id: u64) -> Value {
+        self.json(&["show", &id.to_string()])
+    }
+
+    /// Waits until job `id` reaches a final state; returns its JSON.
+    pub fn wait_final(&self, id: u64, patience: Duration) -> Value {
+        let mut last = Value::Null;
+        wait_until(&format!("job {id} to finish"), patience, || {
+            last = self.job(id);
+            !matches!(last["state"].as_str(), Some("PENDING" | "RUNNING"))
+        });
+        last
+    }
+
+    pub fn leader(&self) -> String {
+        let v = self.json(&["cluster"]);
+        v["leader"].as_str().unwrap_or_else(|| panic!("no leader in {v}")).to_string()
+    }
+
+    /// The QUIC address of node `name`.
+    pub fn addr(&self, name: &str) -> String {
+        let v = self.json(&["cluster"]);
+        v["members"]
+            .as_array()
+            .and_then(|m| m.iter().find(|m| m["name"] == name))
+            .and_then(|m| m["addr"].as_str())
+            .unwrap_or_else(|| panic!("no member {name} in {v}"))
+            .to_string()
+    }
+
+    pub fn signal(&self, node: &str, signal: &str) {
+        let out = self.raw(&["dev", "signal", "--dir", self.path_str(), node, signal]);
+        assert!(out.status.success(), "signal {node}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    pub fn start(&self, node: &str) {
+        let out = self.raw(&["dev", "start", "--dir", self.path_str(), node]);
+        assert!(out.status.success(), "start {node}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// The tail of every node's log, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        if let Ok(entries) = std::fs::read_dir(self.path()) {
+            let mut paths: Vec<PathBuf> = entries.flatten().map(|e| e.path().join("corrald.log")).filter(|p| p.exists()).collect();
+            paths.sort();
+            for p in paths {
+                let text = std::fs::read_to_string(&p).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(30).collect();
+                out.push_str(&format!("--- {}\n", p.display()));
+                for line in tail.into_iter().rev() {
+                    out.push_str(line);
+                    out.push('\n');
+                }
+            }
+        }
+        out
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        let _ = self.raw(&["dev", "down", "--dir", self.path_str()]);
+    }
+}
+
+/// Polls `done` every 50 ms until it holds; panics after `patience`.
+pub fn wait_until(what: &str, patience: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + patience;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out after {:.1} s waiting for {what}", patience.as_secs_f64());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -1,0 +1,198 @@
+//! Issue 2 end to end: real `corrald` processes on loopback, real RocksDB, QUIC and processes.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use corral_tests::{wait_until, TestCluster};
+use serde_json::Value;
+
+/// A job body that records its start and end (with its GPUs) in `spans.log` of the work dir.
+const RECORD: &str = r#"echo start $(date +%s%3N) $CORRAL_JOB_ID $CORRAL_RUN $CORRAL_NODE $CUDA_VISIBLE_DEVICES >> spans.log; sleep $1; echo end $(date +%s%3N) $CORRAL_JOB_ID $CORRAL_RUN $CORRAL_NODE >> spans.log"#;
+
+fn record_cmd(seconds: &str) -> Vec<String> {
+    vec!["sh".into(), "-c".into(), RECORD.into(), "job".into(), seconds.into()]
+}
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn submit_through_a_follower_runs_with_its_gpus_and_reports_exit_codes() {
+    let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:8"]);
+    let leader = c.leader();
+    let follower = ["n1", "n2", "n3"].into_iter().find(|n| *n != leader).expect("a follower");
+    let addr = c.addr(follower);
+    let out = c.corral(&["--server", &addr, "--json", "submit", "--gres", "gpu:h100:2", "--name", "probe", "--", "sh", "-c", "echo CVD=$CUDA_VISIBLE_DEVICES NODE=$CORRAL_NODE JOB=$CORRAL_JOB_ID"]);
+    assert!(out.status.success(), "submit through {follower}: {}", String::from_utf8_lossy(&out.stderr));
+    let id = serde_json::from_slice::<Value>(&out.stdout).expect("json")["job_id"].as_u64().expect("job id");
+    let job = c.wait_final(id, Duration::from_secs(30));
+    assert_eq!(job["state"], "COMPLETED", "{job}\n{}", c.logs());
+    assert_eq!(job["exit_code"], 0);
+    assert_eq!(job["name"], "probe");
+    assert_eq!(job["gpus"].as_array().map(Vec::len), Some(2));
+    let node = job["node"].as_str().expect("node").to_string();
+    let logs = stdout(&c.corral(&["--server", &addr, "logs", &id.to_string()]));
+    let line = logs.lines().next().unwrap_or_default().to_string();
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    let uuids: Vec<&str> = fields[0].trim_start_matches("CVD=").split(',').collect();
+    assert_eq!(uuids.len(), 2, "{line}");
+    assert!(uuids.iter().all(|u| u.starts_with("GPU-") && u.len() == 40), "{line}");
+    assert_ne!(uuids[0], uuids[1]);
+    assert_eq!(fields[1], format!("NODE={node}"));
+    assert_eq!(fields[2], format!("JOB={id}"));
+
+    // `corral wait` exits with the job's exit code.
+    let failing = c.submit(&[], &["sh", "-c", "exit 3"]);
+    let out = c.corral(&["wait", &failing.to_string(), "--timeout", "30"]);
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(c.job(failing)["state"], "FAILED");
+    let slow = c.submit(&[], &["sleep", "30"]);
+    let out = c.corral(&["wait", &slow.to_string(), "--timeout", "0.3"]);
+    assert_eq!(out.status.code(), Some(124));
+}
+
+#[test]
+fn two_jobs_never_share_a_gpu_and_work_queues_when_gpus_run_out() {
+    let c = TestCluster::up(&["--nodes", "2", "--gpus", "h100:4", "--voters-max", "1"]);
+    let cmd = record_cmd("0.4");
+    let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
+    let ids: Vec<u64> = (0..10).map(|_| c.submit(&["--gres", "gpu:3"], &cmd)).collect();
+    let queue = c.json(&["queue"]);
+    let pending = queue.as_array().expect("array").iter().filter(|j| j["state"] == "PENDING").count();
+    assert!(pending > 0, "30 GPUs of work on 8 GPUs must queue: {queue}");
+    let why = queue.as_array().expect("array").iter().find(|j| j["state"] == "PENDING").map(|j| j["reason"].clone());
+    assert!(why.as_ref().and_then(|r| r.as_str()).is_some_and(|r| r.contains("gpu")), "pending reason: {why:?}");
+    for id in &ids {
+        assert_eq!(c.wait_final(*id, Duration::from_secs(60))["state"], "COMPLETED");
+    }
+    let spans = chaos::parse_spans(&std::fs::read_to_string(c.work.join("spans.log")).expect("spans.log"));
+    assert_eq!(spans.len(), 10);
+    assert!(spans.iter().all(|s| s.end_ms.is_some() && s.gpus.len() == 3));
+    let violations = chaos::check_exclusive_gpus(&spans);
+    assert!(violations.is_empty(), "{violations:?}");
+}
+
+#[test]
+fn leader_sigkill_new_leader_takes_submissions_within_2s_and_other_jobs_finish() {
+    let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:8", "--node-down-after-ms", "2000"]);
+    let cmd = record_cmd("3");
+    let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
+    let ids: Vec<u64> = (0..3).map(|_| c.submit(&["--gres", "gpu:8"], &cmd)).collect();
+    wait_until("three whole-node jobs running", Duration::from_secs(20), || {
+        std::fs::read_to_string(c.work.join("spans.log")).map(|t| t.lines().filter(|l| l.starts_with("start")).count() == 3).unwrap_or(false)
+    });
+    let leader = c.leader();
+    let survivor = ["n1", "n2", "n3"].into_iter().find(|n| *n != leader).expect("survivor");
+    let addr = c.addr(survivor);
+    c.signal(&leader, "KILL");
+    let killed = Instant::now();
+    let out = c.corral(&["--server", &addr, "--json", "submit", "--", "true"]);
+    let failover = killed.elapsed();
+    assert!(out.status.success(), "submit after failover: {}\n{}", String::from_utf8_lossy(&out.stderr), c.logs());
+    assert!(failover < Duration::from_secs(2), "new leader took {failover:?}");
+    let new_leader = c.json(&["--server", &addr, "cluster"])["leader"].as_str().unwrap_or_default().to_string();
+    assert_ne!(new_leader, leader);
+    for id in ids {
+        let job = c.wait_final(id, Duration::from_secs(30));
+        if job["node"] == leader.as_str() {
+            assert_eq!(job["state"], "NODE_FAIL", "{job}");
+        } else {
+            assert_eq!(job["state"], "COMPLETED", "{job}");
+        }
+    }
+}
+
+#[test]
+fn whole_cluster_restart_keeps_every_acked_job_in_its_state() {
+    let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:8"]);
+    let done: Vec<u64> = (0..5).map(|_| c.submit(&["--gres", "gpu:1"], &["true"])).collect();
+    let pending: Vec<u64> = (0..5).map(|_| c.submit(&["--gres", "gpu:9"], &["true"])).collect();
+    for id in &done {
+        assert_eq!(c.wait_final(*id, Duration::from_secs(30))["state"], "COMPLETED");
+    }
+    let before = c.json(&["queue", "--all"]);
+    let out = c.raw(&["dev", "down", "--dir", c.path_str()]);
+    assert!(out.status.success());
+    let out = c.raw(&["dev", "up", "--dir", c.path_str(), "--nodes", "3"]);
+    assert!(out.status.success(), "restart: {}\n{}", String::from_utf8_lossy(&out.stderr), c.logs());
+    let after = c.json(&["queue", "--all"]);
+    let summary = |v: &Value| -> Vec<(u64, String)> {
+        v.as_array().expect("array").iter().map(|j| (j["id"].as_u64().unwrap_or(0), j["state"].as_str().unwrap_or("").to_string())).collect()
+    };
+    assert_eq!(summary(&before), summary(&after));
+    assert_eq!(summary(&after).len(), 10);
+    for id in pending {
+        assert_eq!(c.job(id)["state"], "PENDING");
+    }
+    // And the restarted cluster still runs work.
+    let id = c.submit(&[], &["true"]);
+    assert_eq!(c.wait_final(id, Duration::from_secs(30))["state"], "COMPLETED");
+}
+
+#[test]
+fn a_late_joiner_catches_up_from_a_snapshot() {
+    let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:8", "--voters-max", "5", "--snapshot-logs", "20"]);
+    let ids: Vec<u64> = (0..60).map(|_| c.submit(&["--gres", "gpu:9"], &["true"])).collect();
+    let leader_view = c.json(&["cluster"]);
+    assert!(leader_view["purged_index"].as_u64().is_some(), "the log was purged after a snapshot: {leader_view}");
+    let out = c.raw(&["dev", "up", "--dir", c.path_str(), "--nodes", "4", "--voters-max", "5", "--snapshot-logs", "20"]);
+    assert!(out.status.success(), "add n4: {}", String::from_utf8_lossy(&out.stderr));
+    wait_until("n4 to become a voter", Duration::from_secs(30), || {
+        c.json(&["cluster"])["members"].as_array().is_some_and(|m| m.iter().any(|m| m["name"] == "n4" && m["role"] == "voter"))
+    });
+    let addr = c.addr("n4");
+    let mut n4_view = Value::Null;
+    wait_until("n4 to hold every job", Duration::from_secs(30), || {
+        n4_view = c.json(&["--server", &addr, "cluster"]);
+        let jobs = c.json(&["--server", &addr, "queue", "--all"]);
+        n4_view["answered_by"] == "n4" && jobs.as_array().map(Vec::len) == Some(ids.len())
+    });
+    assert!(n4_view["snapshot_index"].as_u64().is_some(), "n4 installed a snapshot: {n4_view}");
+}
+
+#[test]
+fn cancel_kills_the_process_group_and_time_limits_end_in_timeout() {
+    let c = TestCluster::up(&["--nodes", "1", "--voters-max", "1", "--gpus", "h100:2", "--kill-grace-ms", "500"]);
+    let id = c.submit(&[], &["sh", "-c", "sleep 60 & echo $! > child.pid; wait"]);
+    let pid_file = c.work.join("child.pid");
+    wait_until("the job's child to start", Duration::from_secs(20), || std::fs::read_to_string(&pid_file).is_ok_and(|t| !t.trim().is_empty()));
+    let child: i32 = std::fs::read_to_string(&pid_file).expect("pid").trim().parse().expect("pid number");
+    let out = c.corral(&["cancel", &id.to_string()]);
+    assert!(out.status.success());
+    assert_eq!(c.wait_final(id, Duration::from_secs(10))["state"], "CANCELLED");
+    // SAFETY: signal 0 only checks whether the process exists.
+    wait_until("the whole process group to be gone", Duration::from_secs(10), || unsafe { libc::kill(child, 0) } != 0);
+    wait_until("the GPUs to be free again", Duration::from_secs(10), || c.json(&["nodes"])[0]["gpus_free"] == 2);
+
+    let started = Instant::now();
+    let id = c.submit(&["--time", "0:01"], &["sh", "-c", "trap '' TERM; sleep 60"]);
+    let job = c.wait_final(id, Duration::from_secs(20));
+    assert_eq!(job["state"], "TIMEOUT", "{job}");
+    assert!(started.elapsed() >= Duration::from_secs(1));
+}
+
+#[test]
+fn a_dead_voter_is_replaced_by_a_healthy_agent() {
+    let c = TestCluster::up(&["--nodes", "4", "--gpus", "h100:1", "--node-down-after-ms", "1500", "--voter-replace-after-ms", "1500"]);
+    let voters = |c: &TestCluster| -> BTreeSet<String> {
+        c.json(&["cluster"])["members"]
+            .as_array()
+            .map(|m| m.iter().filter(|m| m["role"] == "voter" || m["role"] == "leader").filter_map(|m| m["name"].as_str().map(String::from)).collect())
+            .unwrap_or_default()
+    };
+    wait_until("three voters", Duration::from_secs(20), || voters(&c).len() == 3);
+    let before = voters(&c);
+    let leader = c.leader();
+    let victim = before.iter().find(|v| **v != leader).expect("a follower voter").clone();
+    c.signal(&victim, "KILL");
+    wait_until("the dead voter to be replaced", Duration::from_secs(30), || {
+        let now = voters(&c);
+        now.len() == 3 && !now.contains(&victim)
+    });
+    let after = voters(&c);
+    assert!(after.contains("n4") || before.contains("n4"), "{before:?} -> {after:?}");
+    let nodes = c.json(&["nodes"]);
+    let dead = nodes.as_array().and_then(|n| n.iter().find(|n| n["name"] == victim.as_str())).cloned().unwrap_or_default();
+    assert_eq!(dead["state"], "DOWN");
+}

@@ -1,0 +1,57 @@
+//! The transport refuses strangers and bad frames while it keeps serving everyone else.
+
+use std::time::Duration;
+
+use corral_tests::TestCluster;
+use proto::{ApiError, Envelope, Reply, Request};
+use transport::pki;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
+}
+
+#[test]
+fn garbage_frames_and_foreign_certificates_are_refused_while_the_node_keeps_serving() {
+    let c = TestCluster::up(&["--nodes", "1", "--voters-max", "1"]);
+    let addr = c.addr("n1");
+    let dir = c.path();
+    let ours = pki::TlsIdentity::from_pems(
+        &std::fs::read_to_string(dir.join("ca.crt")).expect("ca"),
+        &std::fs::read_to_string(dir.join("client.crt")).expect("cert"),
+        &std::fs::read_to_string(dir.join("client.key")).expect("key"),
+    )
+    .expect("our identity");
+    let other_ca = pki::generate_ca("stranger").expect("ca");
+    let stranger = pki::issue_client_cert(&other_ca, "mallory").expect("cert");
+    // The stranger trusts our CA (so it can verify the server) but holds a foreign certificate.
+    let theirs = pki::TlsIdentity::from_pems(&std::fs::read_to_string(dir.join("ca.crt")).expect("ca"), &stranger.cert_pem, &stranger.key_pem).expect("identity");
+    runtime().block_on(async {
+        let ask = Envelope { hops: 0, request: Request::ClusterInfo };
+        let foreign = transport::Client::new(transport::endpoint("127.0.0.1:0".parse().expect("addr"), &theirs, false).expect("endpoint"));
+        let refused = foreign.call(&addr, &ask, Duration::from_secs(3)).await;
+        assert!(refused.is_err(), "a foreign certificate was accepted: {refused:?}");
+
+        let endpoint = transport::endpoint("127.0.0.1:0".parse().expect("addr"), &ours, false).expect("endpoint");
+        let target = addr.parse().expect("socket addr");
+        let conn = endpoint.connect(target, transport::pki::SERVER_NAME).expect("connect").await.expect("handshake");
+        for junk in [vec![proto::PROTOCOL_VERSION, 0xff, 0xff, 0xff, 0xff, 0x0f], vec![99, 1, 2, 3], vec![]] {
+            let (mut send, mut recv) = conn.open_bi().await.expect("stream");
+            transport::write_frame(&mut send, &junk).await.expect("write junk");
+            let _ = send.finish();
+            let reply = transport::read_frame(&mut recv, 1 << 20).await.expect("an error reply");
+            let response: proto::Response = proto::decode(&reply, 1 << 20).expect("decodable reply");
+            assert!(matches!(response, Err(ApiError::Invalid(_) | ApiError::Version { .. })), "{response:?}");
+        }
+        // An oversized length prefix is refused without reading the body.
+        let (mut send, mut recv) = conn.open_bi().await.expect("stream");
+        send.write_all(&(u32::MAX).to_be_bytes()).await.expect("write prefix");
+        let reply = transport::read_frame(&mut recv, 1 << 20).await;
+        assert!(reply.map(|r| proto::decode::<proto::Response>(&r, 1 << 20).map(|r| r.is_err()).unwrap_or(true)).unwrap_or(true));
+
+        let good = transport::Client::new(endpoint.clone());
+        match good.call(&addr, &ask, Duration::from_secs(3)).await {
+            Ok(Ok(Reply::Cluster(info))) => assert_eq!(info.answered_by, "n1"),
+            other => panic!("the node stopped serving: {other:?}"),
+        }
+    });
+}
