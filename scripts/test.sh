@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The test command: installs build dependencies, builds every binary, runs every test.
+# A warm target directory outside the clone (CARGO_TARGET_DIR) spares rebuilding RocksDB.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/corral-target}"
+export CARGO_TERM_COLOR=never
+cargo build --workspace --bins
+cargo test --workspace -- --test-threads 2
