@@ -176,12 +176,19 @@ async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
         }
     }
     let starts = sorted(starts);
-    println!("submit to RUNNING ({} samples): p50 {:.0} ms  p99 {:.0} ms", starts.len(), percentile(&starts, 0.5), percentile(&starts, 0.99));
+    println!(
+        "submit to RUNNING ({} samples): p50 {:.0} ms  p99 {:.0} ms",
+        starts.len(),
+        percentile(&starts, 0.5),
+        percentile(&starts, 0.99)
+    );
 
     // Failover: SIGKILL the leader, time until a submission is committed again.
     let mut failovers = Vec::new();
     for round in 0..args.failovers {
-        let Reply::Cluster(info) = cluster.call_patiently(Request::ClusterInfo, Duration::from_secs(20)).await? else { bail!("unexpected reply") };
+        let Reply::Cluster(info) = cluster.call_patiently(Request::ClusterInfo, Duration::from_secs(20)).await? else {
+            bail!("unexpected reply")
+        };
         let leader = info.leader.context("no leader")?;
         dev::signal_node(dir, &leader, "KILL")?;
         let t = Instant::now();
@@ -194,7 +201,12 @@ async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
         dev::wait_ready(dir, 3, Duration::from_secs(60)).await?;
     }
     let failovers = sorted(failovers);
-    println!("failover ({} SIGKILLs of the leader): p50 {:.0} ms  p99 {:.0} ms", failovers.len(), percentile(&failovers, 0.5), percentile(&failovers, 0.99));
+    println!(
+        "failover ({} SIGKILLs of the leader): p50 {:.0} ms  p99 {:.0} ms",
+        failovers.len(),
+        percentile(&failovers, 0.5),
+        percentile(&failovers, 0.99)
+    );
     println!(
         "SUMMARY fdatasync_p50_ms={sync_p50:.3} submit_seq_per_s={seq_rate:.0} submit_p50_ms={p50:.2} submit_p50_over_fdatasync={:.2} submit_to_running_p50_ms={:.0} failover_p50_ms={:.0} failover_p99_ms={:.0}",
         p50 / sync_p50,

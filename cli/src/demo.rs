@@ -104,7 +104,8 @@ async fn demo(dir: &std::path::Path) -> anyhow::Result<()> {
 
     let deadline = Instant::now() + Duration::from_secs(120);
     let finals = loop {
-        let Reply::Jobs(all) = survivors.call_patiently(Request::ListJobs { include_finished: true }, Duration::from_secs(15)).await? else {
+        let Reply::Jobs(all) = survivors.call_patiently(Request::ListJobs { include_finished: true }, Duration::from_secs(15)).await?
+        else {
             bail!("unexpected reply");
         };
         let ours: Vec<_> = all.into_iter().filter(|j| jobs.contains(&j.id)).collect();
@@ -112,7 +113,10 @@ async fn demo(dir: &std::path::Path) -> anyhow::Result<()> {
             break ours;
         }
         if Instant::now() > deadline {
-            bail!("jobs still not finished after 120 s: {:?}", ours.iter().filter(|j| !j.state.is_final()).map(|j| j.id).collect::<Vec<_>>());
+            bail!(
+                "jobs still not finished after 120 s: {:?}",
+                ours.iter().filter(|j| !j.state.is_final()).map(|j| j.id).collect::<Vec<_>>()
+            );
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     };

@@ -151,10 +151,7 @@ fn write_client_toml(dir: &Path) -> anyhow::Result<()> {
     for nd in node_dirs(dir)? {
         servers.push(read_listen(&nd)?);
     }
-    let config = ClientConfig {
-        servers,
-        tls: TlsPaths { ca_cert: "ca.crt".into(), cert: "client.crt".into(), key: "client.key".into() },
-    };
+    let config = ClientConfig { servers, tls: TlsPaths { ca_cert: "ca.crt".into(), cert: "client.crt".into(), key: "client.key".into() } };
     let text = toml::to_string(&config).context("encode client.toml")?;
     std::fs::write(dir.join("client.toml"), text).with_context(|| format!("write {}/client.toml", dir.display()))
 }
@@ -166,7 +163,8 @@ fn start_node(node_dir: &Path) -> anyhow::Result<i32> {
         }
     }
     let log_path = node_dir.join("corrald.log");
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path).with_context(|| format!("open {}", log_path.display()))?;
+    let log =
+        std::fs::OpenOptions::new().create(true).append(true).open(&log_path).with_context(|| format!("open {}", log_path.display()))?;
     let log2 = log.try_clone().context("duplicate log handle")?;
     let mut cmd = std::process::Command::new(corrald_binary());
     cmd.arg("--config").arg(node_dir.join("node.toml")).stdin(Stdio::null()).stdout(log).stderr(log2);
@@ -182,7 +180,8 @@ fn start_node(node_dir: &Path) -> anyhow::Result<i32> {
     }
     let child = cmd.spawn().with_context(|| format!("start {} (set CORRALD to its path)", corrald_binary().display()))?;
     let pid = child.id() as i32;
-    std::fs::write(node_dir.join("corrald.pid"), format!("{pid}\n")).with_context(|| format!("write {}/corrald.pid", node_dir.display()))?;
+    std::fs::write(node_dir.join("corrald.pid"), format!("{pid}\n"))
+        .with_context(|| format!("write {}/corrald.pid", node_dir.display()))?;
     Ok(pid)
 }
 
@@ -254,6 +253,18 @@ pub async fn wait_ready(dir: &Path, nodes: usize, patience: Duration) -> anyhow:
     let started = Instant::now();
     let mut last = String::from("no answer yet");
     while started.elapsed() < patience {
+        for node_dir in node_dirs(dir)? {
+            if let Some(pid) = read_pid(&node_dir) {
+                // Reap it if it is our child; harmless otherwise.
+                // SAFETY: waitpid with WNOHANG on a pid we started.
+                unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) };
+                if !alive(pid) {
+                    let log = std::fs::read_to_string(node_dir.join("corrald.log")).unwrap_or_default();
+                    let tail: Vec<&str> = log.lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect();
+                    bail!("corrald in {} exited during start:\n{}", node_dir.display(), tail.join("\n"));
+                }
+            }
+        }
         match cluster.call(Request::ListNodes).await {
             Ok(Ok(Reply::Nodes(list))) => {
                 let up = list.iter().filter(|n| n.state == NodeState::Up).count();

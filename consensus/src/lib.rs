@@ -20,10 +20,7 @@ use openraft::error::{ClientWriteError, RaftError};
 use openraft::SnapshotPolicy;
 use proto::{ApiError, Command, CommandResult, NodeId};
 
-pub use network::{
-    handle_raft_rpc, NetworkFactory, PeerClient, RaftTransport, TransportError,
-    RAFT_PAYLOAD_BYTES_MAX,
-};
+pub use network::{handle_raft_rpc, NetworkFactory, PeerClient, RaftTransport, TransportError, RAFT_PAYLOAD_BYTES_MAX};
 pub use state::ClusterState;
 pub use store::{open_store, LogStore, StateHandle, StateMachine};
 pub use types::{LogCommand, LogId, MemberNode, Raft, SnapshotData, TypeConfig};
@@ -77,15 +74,8 @@ pub fn raft_config(t: &RaftTimings) -> openraft::Config {
 ///
 /// A fresh directory gives an uninitialized node: call `raft.initialize(..)` on exactly one node
 /// of a new cluster, or have the leader add this node with `add_learner`.
-pub async fn open_raft<T: RaftTransport>(
-    id: NodeId,
-    dir: &Path,
-    transport: T,
-    config: RaftTimings,
-) -> anyhow::Result<(Raft, StateHandle)> {
-    let config = raft_config(&config)
-        .validate()
-        .context("validate raft timings")?;
+pub async fn open_raft<T: RaftTransport>(id: NodeId, dir: &Path, transport: T, config: RaftTimings) -> anyhow::Result<(Raft, StateHandle)> {
+    let config = raft_config(&config).validate().context("validate raft timings")?;
     let path = dir.to_path_buf();
     let (log_store, state_machine) = tokio::task::spawn_blocking(move || open_store(&path))
         .await
@@ -93,9 +83,7 @@ pub async fn open_raft<T: RaftTransport>(
         .with_context(|| format!("open raft store at {}", dir.display()))?;
     let handle = state_machine.handle();
     let network = NetworkFactory::new(id, transport);
-    let raft = Raft::new(id, Arc::new(config), network, log_store, state_machine)
-        .await
-        .with_context(|| format!("start raft node {id}"))?;
+    let raft = Raft::new(id, Arc::new(config), network, log_store, state_machine).await.with_context(|| format!("start raft node {id}"))?;
     Ok((raft, handle))
 }
 
@@ -104,18 +92,10 @@ pub async fn open_raft<T: RaftTransport>(
 pub enum ProposeError {
     /// This node is not the leader; nothing was appended. Retry at `leader`.
     #[error("not the leader (leader: {leader:?})")]
-    NotLeader {
-        leader: Option<NodeId>,
-        leader_node: Option<MemberNode>,
-    },
+    NotLeader { leader: Option<NodeId>, leader_node: Option<MemberNode> },
     /// The entry was appended here but discarded on a leader change: it may or may not commit.
-    #[error(
-        "leadership changed; the command may or may not have been applied (leader: {leader:?})"
-    )]
-    Unknown {
-        leader: Option<NodeId>,
-        leader_node: Option<MemberNode>,
-    },
+    #[error("leadership changed; the command may or may not have been applied (leader: {leader:?})")]
+    Unknown { leader: Option<NodeId>, leader_node: Option<MemberNode> },
     /// Raft stopped, or rejected the proposal for another reason.
     #[error("raft failed: {0}")]
     Raft(String),
@@ -125,13 +105,7 @@ impl From<ProposeError> for ApiError {
     fn from(e: ProposeError) -> ApiError {
         match e {
             ProposeError::NotLeader { leader: None, .. } => ApiError::NoLeader,
-            ProposeError::NotLeader {
-                leader,
-                leader_node,
-            } => ApiError::NotLeader {
-                leader,
-                leader_addr: leader_node.map(|n| n.addr),
-            },
+            ProposeError::NotLeader { leader, leader_node } => ApiError::NotLeader { leader, leader_addr: leader_node.map(|n| n.addr) },
             ProposeError::Unknown { .. } => ApiError::Unavailable(e.to_string()),
             ProposeError::Raft(msg) => ApiError::Unavailable(msg),
         }
@@ -144,16 +118,10 @@ pub async fn propose(raft: &Raft, cmd: Command) -> Result<(u64, CommandResult), 
     match raft.client_write(LogCommand(cmd)).await {
         Ok(resp) => Ok((resp.log_id.index(), resp.data)),
         Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-            Err(ProposeError::NotLeader {
-                leader: f.leader_id,
-                leader_node: f.leader_node,
-            })
+            Err(ProposeError::NotLeader { leader: f.leader_id, leader_node: f.leader_node })
         }
         Err(RaftError::APIError(ClientWriteError::LogEntryDiscarded(f))) => {
-            Err(ProposeError::Unknown {
-                leader: f.leader_id,
-                leader_node: f.leader_node,
-            })
+            Err(ProposeError::Unknown { leader: f.leader_id, leader_node: f.leader_node })
         }
         Err(e) => Err(ProposeError::Raft(e.to_string())),
     }

@@ -10,13 +10,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::error::{
-    NetworkError, RPCError, ReplicationClosed, StreamingError, Timeout, Unreachable,
-};
+use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Timeout, Unreachable};
 use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
-    TransferLeaderResponse, VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest, TransferLeaderResponse, VoteRequest, VoteResponse,
 };
 use openraft::RPCTypes;
 use proto::{ApiError, NodeId, RaftRpcKind};
@@ -67,10 +64,7 @@ pub struct NetworkFactory<T> {
 impl<T: RaftTransport> NetworkFactory<T> {
     /// `id` is this node, named in timeout errors.
     pub fn new(id: NodeId, transport: T) -> Self {
-        NetworkFactory {
-            id,
-            transport: Arc::new(transport),
-        }
+        NetworkFactory { id, transport: Arc::new(transport) }
     }
 }
 
@@ -78,12 +72,7 @@ impl<T: RaftTransport> RaftNetworkFactory<TypeConfig> for NetworkFactory<T> {
     type Network = PeerClient<T>;
 
     async fn new_client(&mut self, target: NodeId, node: &MemberNode) -> PeerClient<T> {
-        PeerClient {
-            id: self.id,
-            target,
-            node: node.clone(),
-            transport: self.transport.clone(),
-        }
+        PeerClient { id: self.id, target, node: node.clone(), transport: self.transport.clone() }
     }
 }
 
@@ -109,8 +98,7 @@ impl<T: RaftTransport> PeerClient<T> {
         request: &Req,
         timeout: Duration,
     ) -> Result<Resp, CallError> {
-        self.call_encoded(kind, proto::encode(request), timeout)
-            .await
+        self.call_encoded(kind, proto::encode(request), timeout).await
     }
 
     async fn call_encoded<Resp: DeserializeOwned>(
@@ -132,21 +120,14 @@ impl<T: RaftTransport> PeerClient<T> {
             Ok(Err(TransportError::Remote(e))) => return Err(CallError::Network(e)),
             Ok(Ok(bytes)) => bytes,
         };
-        let reply: RpcReply<Resp> = proto::decode(&bytes, proto::limits::FRAME_BYTES_MAX)
-            .map_err(|e| CallError::Network(format!("decode {kind:?} reply: {e}")))?;
-        reply.map_err(|e| {
-            CallError::Unreachable(format!("raft on node {} failed: {e}", self.target))
-        })
+        let reply: RpcReply<Resp> =
+            proto::decode(&bytes, proto::limits::FRAME_BYTES_MAX).map_err(|e| CallError::Network(format!("decode {kind:?} reply: {e}")))?;
+        reply.map_err(|e| CallError::Unreachable(format!("raft on node {} failed: {e}", self.target)))
     }
 
     fn rpc_error(&self, action: RPCTypes, e: CallError) -> RPCError<TypeConfig> {
         match e {
-            CallError::Timeout(timeout) => RPCError::Timeout(Timeout {
-                action,
-                id: self.id,
-                target: self.target,
-                timeout,
-            }),
+            CallError::Timeout(timeout) => RPCError::Timeout(Timeout { action, id: self.id, target: self.target, timeout }),
             CallError::Unreachable(e) => RPCError::Unreachable(Unreachable::from_string(e)),
             CallError::Network(e) => RPCError::Network(NetworkError::from_string(e)),
         }
@@ -154,12 +135,9 @@ impl<T: RaftTransport> PeerClient<T> {
 
     fn streaming_error(&self, e: CallError) -> StreamingError<TypeConfig> {
         match e {
-            CallError::Timeout(timeout) => StreamingError::Timeout(Timeout {
-                action: RPCTypes::InstallSnapshot,
-                id: self.id,
-                target: self.target,
-                timeout,
-            }),
+            CallError::Timeout(timeout) => {
+                StreamingError::Timeout(Timeout { action: RPCTypes::InstallSnapshot, id: self.id, target: self.target, timeout })
+            }
             CallError::Unreachable(e) => StreamingError::Unreachable(Unreachable::from_string(e)),
             CallError::Network(e) => StreamingError::Network(NetworkError::from_string(e)),
         }
@@ -188,32 +166,20 @@ impl<T: RaftTransport> RaftNetworkV2<TypeConfig> for PeerClient<T> {
         }
         let last_sent = rpc.entries.last().map(|e| e.log_id);
         if truncated {
-            debug!(
-                target = self.target,
-                entries = rpc.entries.len(),
-                "append entries split to fit a frame"
-            );
+            debug!(target = self.target, entries = rpc.entries.len(), "append entries split to fit a frame");
         }
         let resp: AppendEntriesResponse<TypeConfig> = self
             .call_encoded(RaftRpcKind::AppendEntries, payload, option.hard_ttl())
             .await
             .map_err(|e| self.rpc_error(RPCTypes::AppendEntries, e))?;
         Ok(match resp {
-            AppendEntriesResponse::Success if truncated => {
-                AppendEntriesResponse::PartialSuccess(last_sent)
-            }
+            AppendEntriesResponse::Success if truncated => AppendEntriesResponse::PartialSuccess(last_sent),
             other => other,
         })
     }
 
-    async fn vote(
-        &mut self,
-        rpc: VoteRequest<TypeConfig>,
-        option: RPCOption,
-    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        self.call(RaftRpcKind::Vote, &rpc, option.hard_ttl())
-            .await
-            .map_err(|e| self.rpc_error(RPCTypes::Vote, e))
+    async fn vote(&mut self, rpc: VoteRequest<TypeConfig>, option: RPCOption) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call(RaftRpcKind::Vote, &rpc, option.hard_ttl()).await.map_err(|e| self.rpc_error(RPCTypes::Vote, e))
     }
 
     async fn pre_vote(
@@ -221,9 +187,7 @@ impl<T: RaftTransport> RaftNetworkV2<TypeConfig> for PeerClient<T> {
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        self.call(RaftRpcKind::PreVote, &rpc, option.hard_ttl())
-            .await
-            .map_err(|e| self.rpc_error(RPCTypes::Vote, e))
+        self.call(RaftRpcKind::PreVote, &rpc, option.hard_ttl()).await.map_err(|e| self.rpc_error(RPCTypes::Vote, e))
     }
 
     async fn full_snapshot(
@@ -235,11 +199,7 @@ impl<T: RaftTransport> RaftNetworkV2<TypeConfig> for PeerClient<T> {
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
         let bytes = snapshot.snapshot.len();
         let request: FullSnapshotRequest = (vote, snapshot.meta, snapshot.snapshot);
-        let send = self.call::<_, SnapshotResponse<TypeConfig>>(
-            RaftRpcKind::FullSnapshot,
-            &request,
-            option.hard_ttl(),
-        );
+        let send = self.call::<_, SnapshotResponse<TypeConfig>>(RaftRpcKind::FullSnapshot, &request, option.hard_ttl());
         tokio::select! {
             closed = cancel => Err(StreamingError::Closed(closed)),
             reply = send => reply.map_err(|e| {
@@ -254,15 +214,12 @@ impl<T: RaftTransport> RaftNetworkV2<TypeConfig> for PeerClient<T> {
         req: TransferLeaderRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
-        self.call(RaftRpcKind::TransferLeader, &req, option.hard_ttl())
-            .await
-            .map_err(|e| self.rpc_error(RPCTypes::TransferLeader, e))
+        self.call(RaftRpcKind::TransferLeader, &req, option.hard_ttl()).await.map_err(|e| self.rpc_error(RPCTypes::TransferLeader, e))
     }
 }
 
 fn decode_request<T: DeserializeOwned>(kind: RaftRpcKind, payload: &[u8]) -> Result<T, ApiError> {
-    proto::decode(payload, proto::limits::FRAME_BYTES_MAX)
-        .map_err(|e| ApiError::Invalid(format!("decode {kind:?} request: {e}")))
+    proto::decode(payload, proto::limits::FRAME_BYTES_MAX).map_err(|e| ApiError::Invalid(format!("decode {kind:?} request: {e}")))
 }
 
 fn encode_reply<T: Serialize, E: std::fmt::Display>(reply: Result<T, E>) -> Vec<u8> {
@@ -272,11 +229,7 @@ fn encode_reply<T: Serialize, E: std::fmt::Display>(reply: Result<T, E>) -> Vec<
 
 /// Serves one Raft RPC that arrived from a peer: decodes `payload`, calls `raft`, and returns the
 /// encoded reply for the peer's [`NetworkFactory`]. `Err` only for a payload that does not decode.
-pub async fn handle_raft_rpc(
-    raft: &Raft,
-    kind: RaftRpcKind,
-    payload: &[u8],
-) -> Result<Vec<u8>, ApiError> {
+pub async fn handle_raft_rpc(raft: &Raft, kind: RaftRpcKind, payload: &[u8]) -> Result<Vec<u8>, ApiError> {
     Ok(match kind {
         RaftRpcKind::AppendEntries => {
             let req: AppendEntriesRequest<TypeConfig> = decode_request(kind, payload)?;
@@ -292,16 +245,7 @@ pub async fn handle_raft_rpc(
         }
         RaftRpcKind::FullSnapshot => {
             let (vote, meta, data): FullSnapshotRequest = decode_request(kind, payload)?;
-            encode_reply(
-                raft.install_full_snapshot(
-                    vote,
-                    Snapshot {
-                        meta,
-                        snapshot: data,
-                    },
-                )
-                .await,
-            )
+            encode_reply(raft.install_full_snapshot(vote, Snapshot { meta, snapshot: data }).await)
         }
         RaftRpcKind::TransferLeader => {
             let req: TransferLeaderRequest<TypeConfig> = decode_request(kind, payload)?;

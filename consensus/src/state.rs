@@ -11,8 +11,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use proto::{
-    Command, CommandResult, InstanceId, Inventory, Job, JobId, JobSpec, JobState, NodeId, NodeRecord,
-    NodeRun, NodeState, Placement, RunNo, RunOutcome,
+    ArrayTask, Command, CommandResult, InstanceId, Inventory, Job, JobId, JobSpec, JobState, NodeId, NodeRecord, NodeRun, NodeState,
+    Placement, RunNo, RunOutcome,
 };
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -80,10 +80,8 @@ impl ClusterState {
             Command::Drain { node, reason, now_ms } => self.drain(*node, reason, *now_ms),
             Command::Resume { node, now_ms } => self.resume(*node, *now_ms),
             Command::Submit { spec, now_ms } => self.submit(spec, *now_ms),
-            Command::Plan { placements, now_ms } => self.plan(placements, *now_ms),
-            Command::LaunchConfirmed { job, run, node, instance, now_ms } => {
-                self.launch_confirmed(*job, *run, *node, *instance, *now_ms)
-            }
+            Command::Plan { placements, array_tasks, now_ms } => self.plan(placements, array_tasks, *now_ms),
+            Command::LaunchConfirmed { job, run, node, instance, now_ms } => self.launch_confirmed(*job, *run, *node, *instance, *now_ms),
             Command::RunFinished { job, run, node, outcome, now_ms } => self.run_finished(*job, *run, *node, outcome, *now_ms),
             Command::Cancel { job, now_ms } => self.cancel(*job, *now_ms),
             Command::Requeue { job, reason, now_ms } => self.requeue(*job, reason, *now_ms),
@@ -120,8 +118,7 @@ impl ClusterState {
         };
         let instance_changed = self.nodes.get(&id).is_some_and(|n| n.instance != instance);
         if instance_changed {
-            // The old process is gone, and its jobs died with it (parent-death signal).
-            self.lose_node_parts(id, "node restarted", now_ms);
+            self.lose_parts_of_other_instances(id, instance, now_ms);
         }
         if let Some(node) = self.nodes.get_mut(&id) {
             node.addr = addr.to_string();
@@ -141,8 +138,15 @@ impl ClusterState {
             return CommandResult::Ok;
         }
         node.instance = instance;
-        self.lose_node_parts(id, "node restarted", now_ms);
+        self.lose_parts_of_other_instances(id, instance, now_ms);
         CommandResult::Ok
+    }
+
+    /// A new instance of `node` is up: parts another instance confirmed died with it (parent
+    /// death signal). Unconfirmed parts stay: the new instance either confirms them or, if an
+    /// earlier one had started them, reports them lost.
+    fn lose_parts_of_other_instances(&mut self, node: NodeId, instance: InstanceId, now_ms: u64) {
+        self.lose_parts(|p| p.alloc.node == node && p.launched_by.is_some_and(|i| i != instance), "node restarted", now_ms);
     }
 
     fn node_down(&mut self, id: NodeId, reason: &str, now_ms: u64) -> CommandResult {
@@ -288,31 +292,22 @@ impl ClusterState {
                 restart_count: 0,
                 reasons: Vec::new(),
                 gpu_seconds: 0,
+                master_port: None,
             },
         );
         CommandResult::Submitted { job: id }
     }
 
-    fn plan(&mut self, placements: &[Placement], now_ms: u64) -> CommandResult {
+    fn plan(&mut self, placements: &[Placement], array_tasks: &[(u32, u32)], now_ms: u64) -> CommandResult {
         // One view for the whole plan, updated as placements are accepted, so two placements of
         // one plan can never take the same GPU.
         let mut nodes = view::node_views(self);
+        let tasks: BTreeMap<usize, u32> = array_tasks.iter().map(|(i, t)| (*i as usize, *t)).collect();
         let mut accepted = Vec::new();
         let mut rejected = Vec::new();
-        for placement in placements {
-            let check = self.jobs.get(&placement.job).ok_or_else(|| format!("job {} does not exist", placement.job)).and_then(|job| {
-                if job.state != JobState::Pending {
-                    return Err(format!("job {} is {}, not PENDING", job.id, job.state));
-                }
-                if !job.parts.is_empty() {
-                    return Err(format!("job {} still has parts of run {} stopping", job.id, job.run));
-                }
-                let next_run = job.run.saturating_add(1);
-                if placement.run != next_run {
-                    return Err(format!("stale plan: run {} but the next run is {next_run}", placement.run));
-                }
-                view::check_gang(&nodes, job, &placement.allocs)
-            });
+        for (i, placement) in placements.iter().enumerate() {
+            let task = tasks.get(&i).copied();
+            let check = self.check_placement(&nodes, placement, task);
             match check {
                 Ok(()) => {
                     for alloc in &placement.allocs {
@@ -320,24 +315,101 @@ impl ClusterState {
                             view::take(v, alloc);
                         }
                     }
-                    if let Some(job) = self.jobs.get_mut(&placement.job) {
-                        job.state = JobState::Running;
-                        job.run = placement.run;
-                        job.parts = placement.allocs.iter().map(|a| NodeRun { run: placement.run, alloc: a.clone(), launched_by: None }).collect();
-                        job.outcomes.clear();
-                        job.last_nodes = placement.allocs.iter().map(|a| a.node).collect();
-                        job.last_gpus = placement.allocs.iter().map(|a| a.gpus.clone()).collect();
-                        job.start_ms = Some(now_ms);
-                        job.end_ms = None;
-                        job.exit_code = None;
-                        job.reasons.clear();
-                    }
-                    accepted.push(placement.job);
+                    let id = match task {
+                        Some(t) => self.start_array_task(placement.job, t),
+                        None => placement.job,
+                    };
+                    self.start_run(id, placement, now_ms);
+                    accepted.push(id);
                 }
                 Err(reason) => rejected.push((placement.job, reason)),
             }
         }
         CommandResult::Planned { accepted, rejected }
+    }
+
+    /// Why `placement` (of array task `task`, if any) cannot start now, if it cannot.
+    fn check_placement(
+        &self,
+        nodes: &BTreeMap<NodeId, scheduler::NodeView>,
+        placement: &Placement,
+        task: Option<u32>,
+    ) -> Result<(), String> {
+        let job = self.jobs.get(&placement.job).ok_or_else(|| format!("job {} does not exist", placement.job))?;
+        if job.state != JobState::Pending {
+            return Err(format!("job {} is {}, not PENDING", job.id, job.state));
+        }
+        if !job.parts.is_empty() {
+            return Err(format!("job {} still has parts of run {} stopping", job.id, job.run));
+        }
+        let next_run = job.run.saturating_add(1);
+        if placement.run != next_run {
+            return Err(format!("stale plan: run {} but the next run is {next_run}", placement.run));
+        }
+        let is_array = job.spec.array.is_some() && job.array.is_none();
+        match (is_array, task) {
+            (false, Some(t)) => return Err(format!("job {} is not an array, so it has no task {t}", job.id)),
+            (true, None) => return Err(format!("job {} is an array: a placement must name a task", job.id)),
+            (true, Some(t)) => {
+                let spec = job.spec.array.as_ref().ok_or("array without tasks")?;
+                if !spec.tasks.contains(&t) {
+                    return Err(format!("array {} has no task {t}", job.id));
+                }
+                if self.array_task_ids(job.id).any(|(task, _)| task == t) {
+                    return Err(format!("task {t} of array {} already started", job.id));
+                }
+                if let Some(limit) = spec.throttle {
+                    let running =
+                        self.array_task_ids(job.id).filter(|(_, id)| self.jobs.get(id).is_some_and(|j| !j.state.is_final())).count();
+                    if running >= limit as usize {
+                        return Err(format!("array {} already runs {running} tasks (throttle {limit})", job.id));
+                    }
+                }
+            }
+            (false, None) => {}
+        }
+        view::check_gang(nodes, job, &placement.allocs)
+    }
+
+    /// Tasks of array `array` that exist as jobs: (task, job id).
+    fn array_task_ids(&self, array: JobId) -> impl Iterator<Item = (u32, JobId)> + '_ {
+        self.jobs.values().filter_map(move |j| j.array.as_ref().filter(|a| a.array_job == array).map(|a| (a.task, j.id)))
+    }
+
+    /// Creates the job of task `task` of array `array` and returns its id. The last task to
+    /// start takes over the array's own record and id, as in Slurm.
+    fn start_array_task(&mut self, array: JobId, task: u32) -> JobId {
+        let started: BTreeSet<u32> = self.array_task_ids(array).map(|(t, _)| t).collect();
+        let Some(parent) = self.jobs.get_mut(&array) else { return array };
+        let remaining = parent.spec.array.as_ref().map_or(0, |a| a.tasks.iter().filter(|t| !started.contains(t)).count());
+        if remaining <= 1 {
+            parent.array = Some(ArrayTask { array_job: array, task });
+            return array;
+        }
+        let mut job = parent.clone();
+        job.array = Some(ArrayTask { array_job: array, task });
+        let id = self.next_job_id;
+        self.next_job_id += 1;
+        job.id = id;
+        self.jobs.insert(id, job);
+        id
+    }
+
+    fn start_run(&mut self, id: JobId, placement: &Placement, now_ms: u64) {
+        let master_port = placement.allocs.first().and_then(|a| self.free_master_port(a.node));
+        if let Some(job) = self.jobs.get_mut(&id) {
+            job.state = JobState::Running;
+            job.run = placement.run;
+            job.parts = placement.allocs.iter().map(|a| NodeRun { run: placement.run, alloc: a.clone(), launched_by: None }).collect();
+            job.outcomes.clear();
+            job.last_nodes = placement.allocs.iter().map(|a| a.node).collect();
+            job.last_gpus = placement.allocs.iter().map(|a| a.gpus.clone()).collect();
+            job.start_ms = Some(now_ms);
+            job.end_ms = None;
+            job.exit_code = None;
+            job.reasons.clear();
+            job.master_port = master_port;
+        }
     }
 
     fn launch_confirmed(&mut self, id: JobId, run: RunNo, node: NodeId, instance: InstanceId, now_ms: u64) -> CommandResult {
@@ -366,6 +438,18 @@ impl ClusterState {
         account(job, &part, now_ms);
         if run != job.run || job.state != JobState::Running {
             // A part of a cancelled, failed or requeued run is gone: only its resources return.
+            return CommandResult::Ok;
+        }
+        if let RunOutcome::Lost(why) = outcome {
+            let reason = format!("node {node}: {why}");
+            if job.spec.requeue {
+                requeue_job(job, &reason);
+            } else {
+                job.state = JobState::NodeFail;
+                job.exit_code = None;
+                job.end_ms = Some(now_ms);
+                job.reasons = vec![reason];
+            }
             return CommandResult::Ok;
         }
         job.outcomes.push((node, outcome.clone()));
@@ -412,6 +496,13 @@ impl ClusterState {
     /// The scheduler's input built from this state (see [`view::scheduler_view`]).
     pub fn scheduler_view(&self) -> scheduler::ClusterView {
         view::scheduler_view(self)
+    }
+
+    /// The lowest rendezvous port no job with a part on `node` (as its first node) uses.
+    fn free_master_port(&self, node: NodeId) -> Option<u16> {
+        let used: BTreeSet<u16> =
+            self.jobs.values().filter(|j| j.parts.first().is_some_and(|p| p.alloc.node == node)).filter_map(|j| j.master_port).collect();
+        (proto::MASTER_PORT_FIRST..proto::MASTER_PORT_FIRST + proto::MASTER_PORT_COUNT).find(|p| !used.contains(p))
     }
 
     /// GPUs of `node` that no part holds; 0 for an unknown node.
@@ -503,7 +594,15 @@ mod tests {
     fn inventory(gpus: u32) -> Inventory {
         Inventory {
             gpus: (0..gpus)
-                .map(|i| GpuInfo { index: i, uuid: format!("GPU-{i}"), model: "H100".into(), gres_type: "h100".into(), memory_mib: 81_559, healthy: true, ..GpuInfo::default() })
+                .map(|i| GpuInfo {
+                    index: i,
+                    uuid: format!("GPU-{i}"),
+                    model: "H100".into(),
+                    gres_type: "h100".into(),
+                    memory_mib: 81_559,
+                    healthy: true,
+                    ..GpuInfo::default()
+                })
                 .collect(),
             cpus: 64,
             memory_mib: 512 * 1024,
@@ -538,7 +637,7 @@ mod tests {
     }
 
     fn plan(s: &mut ClusterState, job: JobId, run: RunNo, allocs: Vec<Allocation>) -> CommandResult {
-        s.apply(&Command::Plan { placements: vec![Placement { job, run, allocs }], now_ms: 20 })
+        s.apply(&Command::Plan { placements: vec![Placement { job, run, allocs }], array_tasks: vec![], now_ms: 20 })
     }
 
     fn confirm(s: &mut ClusterState, job: JobId, run: RunNo, node: NodeId, instance: InstanceId) -> CommandResult {
@@ -555,7 +654,10 @@ mod tests {
         let a = register(&mut s, "a", 100);
         let b = register(&mut s, "b", 200);
         let job = submit(&mut s, spec(2, 2));
-        assert_eq!(plan(&mut s, job, 1, vec![alloc(a, &[0, 1]), alloc(b, &[0, 1])]), CommandResult::Planned { accepted: vec![job], rejected: vec![] });
+        assert_eq!(
+            plan(&mut s, job, 1, vec![alloc(a, &[0, 1]), alloc(b, &[0, 1])]),
+            CommandResult::Planned { accepted: vec![job], rejected: vec![] }
+        );
         assert_eq!(confirm(&mut s, job, 1, a, 100), CommandResult::Ok);
         assert_eq!(confirm(&mut s, job, 1, b, 200), CommandResult::Ok);
         (s, a, b, job)
@@ -586,6 +688,15 @@ mod tests {
         assert_eq!((j.state, j.exit_code, j.end_ms), (JobState::Completed, Some(0), Some(5_030)));
         assert_eq!(j.gpu_seconds, 2 * 5 + 2 * 5);
         assert!(j.parts.is_empty());
+    }
+
+    #[test]
+    fn master_ports_are_never_shared_on_a_first_node() {
+        let (mut s, a, _b, first) = gang();
+        let second = submit(&mut s, spec(1, 1));
+        plan(&mut s, second, 1, vec![alloc(a, &[4])]);
+        assert_eq!(s.jobs[&first].master_port, Some(proto::MASTER_PORT_FIRST));
+        assert_eq!(s.jobs[&second].master_port, Some(proto::MASTER_PORT_FIRST + 1));
     }
 
     #[test]
@@ -621,18 +732,27 @@ mod tests {
             Placement { job: j3, run: 1, allocs: vec![alloc(b, &[0])] },
             Placement { job: 99, run: 1, allocs: vec![alloc(b, &[1])] },
         ];
-        let CommandResult::Planned { accepted, rejected } = s.apply(&Command::Plan { placements, now_ms: 5 }) else { panic!("not planned") };
+        let CommandResult::Planned { accepted, rejected } = s.apply(&Command::Plan { placements, array_tasks: vec![], now_ms: 5 }) else {
+            panic!("not planned")
+        };
         assert_eq!(accepted, vec![j1]);
         let reasons: BTreeMap<JobId, String> = rejected.into_iter().collect();
-        assert_eq!(reasons[&j2], "node a: gpu 3 is busy");
-        assert_eq!(reasons[&j3], "job 3 needs 2 nodes, plan gives 1");
         assert_eq!(reasons[&99], "job 99 does not exist");
-        assert_eq!(plan(&mut s, j2, 2, vec![alloc(b, &[0, 1, 2, 3])]), CommandResult::Planned { accepted: vec![], rejected: vec![(j2, "stale plan: run 2 but the next run is 1".into())] });
+        assert_eq!(reasons.len(), 3, "{reasons:?}");
+        assert!(reasons[&j2].contains("gpu 3 is busy"), "{}", reasons[&j2]);
+        assert!(reasons[&j3].contains('2') && reasons[&j3].contains("node"), "{}", reasons[&j3]);
+        assert_eq!(
+            plan(&mut s, j2, 2, vec![alloc(b, &[0, 1, 2, 3])]),
+            CommandResult::Planned { accepted: vec![], rejected: vec![(j2, "stale plan: run 2 but the next run is 1".into())] }
+        );
         assert_eq!(
             plan(&mut s, j3, 1, vec![alloc(b, &[0]), alloc(b, &[1])]),
-            CommandResult::Planned { accepted: vec![], rejected: vec![(j3, "job 3 placed twice on one node".into())] }
+            CommandResult::Planned { accepted: vec![], rejected: vec![(j3, "node 2 listed twice".into())] }
         );
-        assert_eq!(plan(&mut s, j1, 2, vec![alloc(b, &[0, 1, 2, 3])]).clone(), CommandResult::Planned { accepted: vec![], rejected: vec![(j1, "job 1 is RUNNING, not PENDING".into())] });
+        assert_eq!(
+            plan(&mut s, j1, 2, vec![alloc(b, &[0, 1, 2, 3])]).clone(),
+            CommandResult::Planned { accepted: vec![], rejected: vec![(j1, "job 1 is RUNNING, not PENDING".into())] }
+        );
     }
 
     #[test]
@@ -686,7 +806,8 @@ mod tests {
         let j = &s.jobs[&job];
         assert_eq!((j.state, j.restart_count, j.run), (JobState::Pending, 1, 1));
         assert_eq!(j.reasons, vec!["requeued: node b down: no heartbeat".to_string()]);
-        assert!(s.scheduler_view().pending.is_empty(), "not placeable while run 1 still runs on a");
+        assert!(!view::placeable(&s.jobs[&job]), "not placeable while run 1 still runs on a");
+        assert!(scheduler::schedule(&s.scheduler_view(), 50).placements.is_empty());
         let c = register(&mut s, "c", 3);
         assert_eq!(
             plan(&mut s, job, 2, vec![alloc(c, &[0, 1]), alloc(a, &[2, 3])]),
@@ -694,7 +815,10 @@ mod tests {
         );
         finish(&mut s, job, 1, a, RunOutcome::Killed);
         assert_eq!(s.jobs[&job].state, JobState::Pending, "a report of the old run does not end the job");
-        assert_eq!(plan(&mut s, job, 2, vec![alloc(c, &[0, 1]), alloc(a, &[0, 1])]), CommandResult::Planned { accepted: vec![job], rejected: vec![] });
+        assert_eq!(
+            plan(&mut s, job, 2, vec![alloc(c, &[0, 1]), alloc(a, &[0, 1])]),
+            CommandResult::Planned { accepted: vec![job], rejected: vec![] }
+        );
         assert_eq!(s.jobs[&job].run, 2);
     }
 
@@ -722,6 +846,25 @@ mod tests {
         assert_eq!(s.jobs[&job].state, JobState::NodeFail);
     }
 
+    #[test]
+    fn a_new_instance_may_confirm_a_launch_before_it_registers() {
+        let mut s = ClusterState::default();
+        let a = register(&mut s, "a", 100);
+        let job = submit(&mut s, spec(1, 1));
+        plan(&mut s, job, 1, vec![alloc(a, &[0])]);
+        assert_eq!(confirm(&mut s, job, 1, a, 101), CommandResult::Ok, "instance 101 launched it");
+        register_again(&mut s, "a", 101);
+        assert_eq!(s.jobs[&job].state, JobState::Running, "registering the instance that runs it loses nothing");
+        let other = submit(&mut s, spec(1, 1));
+        plan(&mut s, other, 1, vec![alloc(a, &[1])]);
+        register_again(&mut s, "a", 102);
+        assert_eq!(s.jobs[&job].state, JobState::NodeFail, "confirmed by 101, gone with it");
+        assert_eq!(s.jobs[&other].state, JobState::Running, "unconfirmed: 102 decides");
+        assert_eq!(finish(&mut s, other, 1, a, RunOutcome::Lost("started by an earlier instance".into())), CommandResult::Ok);
+        assert_eq!(s.jobs[&other].state, JobState::NodeFail);
+        assert_eq!(s.jobs[&other].reasons, vec!["node 1: started by an earlier instance".to_string()]);
+    }
+
     fn register_again(s: &mut ClusterState, name: &str, instance: InstanceId) {
         s.apply(&Command::RegisterNode { name: name.into(), addr: format!("{name}:1"), inventory: inventory(8), instance, now_ms: 70 });
     }
@@ -747,9 +890,12 @@ mod tests {
     #[test]
     fn unhealthy_gpu_loses_its_job_and_all_bad_drains_the_node() {
         let (mut s, a, b, job) = gang();
-        assert_eq!(s.apply(&Command::GpuHealth { node: a, gpu: 5, mig_uuid: None, healthy: false, reason: "xid 79".into(), now_ms: 40 }), CommandResult::Ok);
+        assert_eq!(
+            s.apply(&Command::GpuHealth { node: a, gpu: 5, mig_uuid: None, healthy: false, reason: "xid 79".into(), now_ms: 40 }),
+            CommandResult::Ok
+        );
         assert_eq!(s.jobs[&job].state, JobState::Running, "gpu 5 held no part");
-        assert!(s.scheduler_view().nodes[&a].gpus.iter().any(|g| g.index == 5 && g.busy), "unhealthy gpu is not placeable");
+        assert!(s.scheduler_view().nodes[&a].gpus.iter().any(|g| g.index == 5 && !g.free()), "unhealthy gpu is not placeable");
         s.apply(&Command::GpuHealth { node: b, gpu: 1, mig_uuid: None, healthy: false, reason: "uncorrectable ecc".into(), now_ms: 41 });
         assert_eq!(s.jobs[&job].state, JobState::NodeFail);
         assert_eq!(s.jobs[&job].reasons, vec!["gpu 1 on b unhealthy: uncorrectable ecc".to_string()]);
@@ -760,7 +906,10 @@ mod tests {
         assert_eq!((s.nodes[&b].state, s.nodes[&b].state_reason.as_deref()), (NodeState::Drained, Some("all GPUs unhealthy")));
         s.apply(&Command::GpuHealth { node: b, gpu: 0, mig_uuid: None, healthy: true, reason: "operator".into(), now_ms: 43 });
         assert_eq!(s.nodes[&b].state, NodeState::Up);
-        assert!(matches!(s.apply(&Command::GpuHealth { node: b, gpu: 99, mig_uuid: None, healthy: true, reason: String::new(), now_ms: 44 }), CommandResult::Rejected(_)));
+        assert!(matches!(
+            s.apply(&Command::GpuHealth { node: b, gpu: 99, mig_uuid: None, healthy: true, reason: String::new(), now_ms: 44 }),
+            CommandResult::Rejected(_)
+        ));
     }
 
     #[test]
@@ -797,8 +946,11 @@ mod tests {
         }
         let p1 = scheduler::schedule(&s.scheduler_view(), 0);
         // The same stale plan applied twice: the second time every placement is rejected.
-        s.apply(&Command::Plan { placements: p1.placements.clone(), now_ms: 1 });
-        let CommandResult::Planned { accepted, .. } = s.apply(&Command::Plan { placements: p1.placements, now_ms: 2 }) else { panic!() };
+        s.apply(&Command::Plan { placements: p1.placements.clone(), array_tasks: vec![], now_ms: 1 });
+        let CommandResult::Planned { accepted, .. } = s.apply(&Command::Plan { placements: p1.placements, array_tasks: vec![], now_ms: 2 })
+        else {
+            panic!()
+        };
         assert!(accepted.is_empty());
         assert_eq!(s.gpus_free(a), 0);
         assert_eq!(s.jobs.values().filter(|j| j.state == JobState::Running).count(), 8);

@@ -23,20 +23,14 @@ use openraft::entry::RaftEntry;
 use openraft::storage::{EntryResponder, IOFlushed, LogState, RaftLogStorage, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftLogReader, RaftSnapshotBuilder};
 use proto::CommandResult;
-use rocksdb::{
-    ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, Options, WriteBatch,
-    WriteOptions, DB,
-};
+use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, Options, WriteBatch, WriteOptions, DB};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
 use crate::state::ClusterState;
-use crate::types::{
-    Entry, LogCommand, LogId, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig,
-    Vote,
-};
+use crate::types::{Entry, LogCommand, LogId, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig, Vote};
 
 const CF_LOGS: &str = "logs";
 const CF_META: &str = "meta";
@@ -66,8 +60,7 @@ fn encode<T: Serialize>(value: &T) -> Vec<u8> {
 }
 
 fn decode<T: DeserializeOwned>(bytes: &[u8], what: &str) -> io::Result<T> {
-    proto::decode(bytes, DISK_VALUE_BYTES_MAX)
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("decode {what}: {e}")))
+    proto::decode(bytes, DISK_VALUE_BYTES_MAX).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("decode {what}: {e}")))
 }
 
 fn index_key(index: u64) -> [u8; 8] {
@@ -75,18 +68,13 @@ fn index_key(index: u64) -> [u8; 8] {
 }
 
 fn key_index(key: &[u8]) -> io::Result<u64> {
-    let bytes: [u8; 8] = key.try_into().map_err(|_| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("log key of {} bytes, not 8", key.len()),
-        )
-    })?;
+    let bytes: [u8; 8] =
+        key.try_into().map_err(|_| io::Error::new(io::ErrorKind::InvalidData, format!("log key of {} bytes, not 8", key.len())))?;
     Ok(u64::from_be_bytes(bytes))
 }
 
 fn cf<'a>(db: &'a DB, name: &str) -> io::Result<&'a ColumnFamily> {
-    db.cf_handle(name)
-        .ok_or_else(|| io::Error::other(format!("column family '{name}' is missing")))
+    db.cf_handle(name).ok_or_else(|| io::Error::other(format!("column family '{name}' is missing")))
 }
 
 fn synced() -> WriteOptions {
@@ -97,9 +85,7 @@ fn synced() -> WriteOptions {
 
 fn read_meta<T: DeserializeOwned>(db: &DB, key: &[u8]) -> io::Result<Option<T>> {
     let what = String::from_utf8_lossy(key);
-    let bytes = db
-        .get_cf(cf(db, CF_META)?, key)
-        .map_err(|e| io_other(&format!("read {what}"), e))?;
+    let bytes = db.get_cf(cf(db, CF_META)?, key).map_err(|e| io_other(&format!("read {what}"), e))?;
     bytes.map(|b| decode(&b, &what)).transpose()
 }
 
@@ -118,16 +104,12 @@ fn open_db(dir: &Path) -> io::Result<DB> {
     opts.create_missing_column_families(true);
     let started = Instant::now();
     loop {
-        let cfs = [CF_LOGS, CF_META, CF_SM]
-            .map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
+        let cfs = [CF_LOGS, CF_META, CF_SM].map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
         match DB::open_cf_descriptors(&opts, dir, cfs) {
             Ok(db) => return Ok(db),
             // A previous handle of this process may still be closing (its flusher thread ends
             // after the Raft that owned it shut down).
-            Err(e)
-                if e.to_string().contains("lock")
-                    && started.elapsed() < Duration::from_millis(OPEN_LOCK_WAIT_MS) =>
-            {
+            Err(e) if e.to_string().contains("lock") && started.elapsed() < Duration::from_millis(OPEN_LOCK_WAIT_MS) => {
                 debug!(dir = %dir.display(), error = %e, "database locked, retrying");
                 std::thread::sleep(Duration::from_millis(50));
             }
@@ -159,11 +141,7 @@ impl LogStore {
             .name("corral-wal-sync".into())
             .spawn(move || run_flusher(flusher_db, flush_rx, flusher_syncs))
             .map_err(|e| io_other("spawn wal sync thread", e))?;
-        Ok(LogStore {
-            db,
-            flush_tx,
-            wal_syncs,
-        })
+        Ok(LogStore { db, flush_tx, wal_syncs })
     }
 
     /// WAL syncs done for appends so far (at most one per append; fewer when they batch).
@@ -174,11 +152,7 @@ impl LogStore {
 
 /// Group commit: waits for a queued append, takes all queued after it, syncs the WAL once and
 /// completes them all, in order. Ends when the log store is dropped.
-fn run_flusher(
-    db: Arc<DB>,
-    mut rx: mpsc::Receiver<IOFlushed<TypeConfig>>,
-    wal_syncs: Arc<AtomicU64>,
-) {
+fn run_flusher(db: Arc<DB>, mut rx: mpsc::Receiver<IOFlushed<TypeConfig>>, wal_syncs: Arc<AtomicU64>) {
     let mut pending = Vec::new();
     while let Some(first) = rx.blocking_recv() {
         pending.push(first);
@@ -191,11 +165,7 @@ fn run_flusher(
             warn!(error = %e, appends = pending.len(), "wal sync failed");
         }
         for callback in pending.drain(..) {
-            callback.io_completed(
-                result
-                    .clone()
-                    .map_err(|e| io::Error::other(format!("sync wal: {e}"))),
-            );
+            callback.io_completed(result.clone().map_err(|e| io::Error::other(format!("sync wal: {e}"))));
         }
     }
     debug!("wal sync thread stopped");
@@ -220,10 +190,7 @@ impl LogReader {
         let logs = cf(&self.db, CF_LOGS)?;
         let key = index_key(start);
         let mut entries = Vec::new();
-        for item in self
-            .db
-            .iterator_cf(logs, IteratorMode::From(&key, Direction::Forward))
-        {
+        for item in self.db.iterator_cf(logs, IteratorMode::From(&key, Direction::Forward)) {
             let (key, value) = item.map_err(|e| io_other("read log", e))?;
             let index = key_index(&key)?;
             if !range.contains(&index) {
@@ -231,10 +198,7 @@ impl LogReader {
             }
             let entry: Entry = decode(&value, "log entry")?;
             if entry.index() != index {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("log entry under key {index} has index {}", entry.index()),
-                ));
+                return Err(io::Error::new(io::ErrorKind::InvalidData, format!("log entry under key {index} has index {}", entry.index())));
             }
             entries.push(entry);
         }
@@ -260,10 +224,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, io::Error> {
-        LogReader {
-            db: self.db.clone(),
-        }
-        .entries(range)
+        LogReader { db: self.db.clone() }.entries(range)
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
@@ -276,10 +237,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
         let last_purged_log_id: Option<LogId> = read_meta(&self.db, KEY_LAST_PURGED)?;
-        let last = self
-            .db
-            .iterator_cf(cf(&self.db, CF_LOGS)?, IteratorMode::End)
-            .next();
+        let last = self.db.iterator_cf(cf(&self.db, CF_LOGS)?, IteratorMode::End).next();
         let last_log_id = match last {
             Some(item) => {
                 let (_, value) = item.map_err(|e| io_other("read last log entry", e))?;
@@ -288,24 +246,18 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             }
             None => last_purged_log_id,
         };
-        Ok(LogState {
-            last_purged_log_id,
-            last_log_id,
-        })
+        Ok(LogState { last_purged_log_id, last_log_id })
     }
 
     async fn get_log_reader(&mut self) -> LogReader {
-        LogReader {
-            db: self.db.clone(),
-        }
+        LogReader { db: self.db.clone() }
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
         let db = self.db.clone();
         let bytes = encode(vote);
         tokio::task::spawn_blocking(move || {
-            db.put_cf_opt(cf(&db, CF_META)?, KEY_VOTE, bytes, &synced())
-                .map_err(|e| io_other("save vote", e))
+            db.put_cf_opt(cf(&db, CF_META)?, KEY_VOTE, bytes, &synced()).map_err(|e| io_other("save vote", e))
         })
         .await
         .map_err(|e| io_other("save vote", e))?
@@ -314,20 +266,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
         // Not synced: a lost update only means re-applying less after a crash; the next append's
         // sync makes it durable anyway.
-        self.db
-            .put_cf(cf(&self.db, CF_META)?, KEY_COMMITTED, encode(&committed))
-            .map_err(|e| io_other("save committed", e))
+        self.db.put_cf(cf(&self.db, CF_META)?, KEY_COMMITTED, encode(&committed)).map_err(|e| io_other("save committed", e))
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {
         Ok(read_meta::<Option<LogId>>(&self.db, KEY_COMMITTED)?.flatten())
     }
 
-    async fn append<I>(
-        &mut self,
-        entries: I,
-        callback: IOFlushed<TypeConfig>,
-    ) -> Result<(), io::Error>
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> Result<(), io::Error>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
@@ -338,37 +284,24 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             batch.put_cf(logs, index_key(entry.index()), encode(&entry));
         }
         // Readable once written; durable once the flusher synced the WAL and called back.
-        self.db
-            .write(batch)
-            .map_err(|e| io_other("append log", e))?;
-        self.flush_tx
-            .send(callback)
-            .await
-            .map_err(|_| io::Error::other("wal sync thread stopped"))
+        self.db.write(batch).map_err(|e| io_other("append log", e))?;
+        self.flush_tx.send(callback).await.map_err(|_| io::Error::other("wal sync thread stopped"))
     }
 
     async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
         let from = last_log_id.map_or(0, |id| id.index() + 1);
         debug!(from, "truncate log");
         // One range delete removes the whole tail at once: no hole is ever visible.
-        self.db
-            .delete_range_cf(cf(&self.db, CF_LOGS)?, index_key(from), index_key(u64::MAX))
-            .map_err(|e| io_other("truncate log", e))?;
+        self.db.delete_range_cf(cf(&self.db, CF_LOGS)?, index_key(from), index_key(u64::MAX)).map_err(|e| io_other("truncate log", e))?;
         // Entry u64::MAX is outside the range above; it cannot exist in practice, but be exact.
-        self.db
-            .delete_cf(cf(&self.db, CF_LOGS)?, index_key(u64::MAX))
-            .map_err(|e| io_other("truncate log", e))
+        self.db.delete_cf(cf(&self.db, CF_LOGS)?, index_key(u64::MAX)).map_err(|e| io_other("truncate log", e))
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
         debug!(upto = log_id.index(), "purge log");
         let mut batch = WriteBatch::default();
         batch.put_cf(cf(&self.db, CF_META)?, KEY_LAST_PURGED, encode(&log_id));
-        batch.delete_range_cf(
-            cf(&self.db, CF_LOGS)?,
-            index_key(0),
-            index_key(log_id.index() + 1),
-        );
+        batch.delete_range_cf(cf(&self.db, CF_LOGS)?, index_key(0), index_key(log_id.index() + 1));
         self.db.write(batch).map_err(|e| io_other("purge log", e))
     }
 }
@@ -437,11 +370,7 @@ impl StateMachine {
         let (last_applied, membership, state) = match stored {
             Some((meta, data)) => {
                 let (last_applied, membership, state) = decode_content(&meta, &data)?;
-                info!(
-                    last_applied = last_applied.map(|l| l.index()),
-                    jobs = state.jobs.len(),
-                    "loaded snapshot"
-                );
+                info!(last_applied = last_applied.map(|l| l.index()), jobs = state.jobs.len(), "loaded snapshot");
                 (last_applied, membership, state)
             }
             None => (None, StoredMembership::default(), ClusterState::default()),
@@ -460,40 +389,26 @@ impl StateMachine {
 
     /// A read handle on the applied state.
     pub fn handle(&self) -> StateHandle {
-        StateHandle {
-            state: self.state.clone(),
-            applied: self.applied_rx.clone(),
-        }
+        StateHandle { state: self.state.clone(), applied: self.applied_rx.clone() }
     }
 
     fn write_state(&self) -> io::Result<RwLockWriteGuard<'_, ClusterState>> {
-        self.state
-            .write()
-            .map_err(|_| io::Error::other("state machine poisoned by a failed apply"))
+        self.state.write().map_err(|_| io::Error::other("state machine poisoned by a failed apply"))
     }
 
     fn set_applied(&mut self, log_id: Option<LogId>) {
         self.last_applied = log_id;
-        self.applied_tx
-            .send_replace(log_id.map_or(0, |l| l.index()));
+        self.applied_tx.send_replace(log_id.map_or(0, |l| l.index()));
     }
 }
 
 fn read_snapshot(db: &DB) -> io::Result<Option<(SnapshotMeta, SnapshotData)>> {
-    let bytes = db
-        .get_cf(cf(db, CF_SM)?, KEY_SNAPSHOT)
-        .map_err(|e| io_other("read snapshot", e))?;
+    let bytes = db.get_cf(cf(db, CF_SM)?, KEY_SNAPSHOT).map_err(|e| io_other("read snapshot", e))?;
     bytes.map(|b| decode(&b, "stored snapshot")).transpose()
 }
 
 /// Stores `meta` and `data` as the latest snapshot, synced, unless a newer one is stored already.
-fn write_snapshot(
-    db: &DB,
-    lock: &Mutex<()>,
-    meta: &SnapshotMeta,
-    data: &SnapshotData,
-    force: bool,
-) -> io::Result<()> {
+fn write_snapshot(db: &DB, lock: &Mutex<()>, meta: &SnapshotMeta, data: &SnapshotData, force: bool) -> io::Result<()> {
     let _guard = lock.lock().unwrap_or_else(PoisonError::into_inner);
     if !force {
         if let Some((stored, _)) = read_snapshot(db)? {
@@ -503,13 +418,7 @@ fn write_snapshot(
             }
         }
     }
-    db.put_cf_opt(
-        cf(db, CF_SM)?,
-        KEY_SNAPSHOT,
-        encode(&(meta, data)),
-        &synced(),
-    )
-    .map_err(|e| io_other("save snapshot", e))
+    db.put_cf_opt(cf(db, CF_SM)?, KEY_SNAPSHOT, encode(&(meta, data)), &synced()).map_err(|e| io_other("save snapshot", e))
 }
 
 fn decode_content(meta: &SnapshotMeta, data: &SnapshotData) -> io::Result<SnapshotContent> {
@@ -517,10 +426,7 @@ fn decode_content(meta: &SnapshotMeta, data: &SnapshotData) -> io::Result<Snapsh
     if content.0 != meta.last_log_id {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!(
-                "snapshot holds state up to {:?} but its meta says {:?}",
-                content.0, meta.last_log_id
-            ),
+            format!("snapshot holds state up to {:?} but its meta says {:?}", content.0, meta.last_log_id),
         ));
     }
     Ok(content)
@@ -542,20 +448,11 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let lock = self.snapshot_write.clone();
         let meta = self.meta.clone();
         let data = std::mem::take(&mut self.data);
-        let (meta, data) = tokio::task::spawn_blocking(move || {
-            write_snapshot(&db, &lock, &meta, &data, false).map(|()| (meta, data))
-        })
-        .await
-        .map_err(|e| io_other("build snapshot", e))??;
-        info!(
-            last_log = meta.last_log_id.map(|l| l.index()),
-            bytes = data.len(),
-            "built snapshot"
-        );
-        Ok(Snapshot {
-            meta,
-            snapshot: data,
-        })
+        let (meta, data) = tokio::task::spawn_blocking(move || write_snapshot(&db, &lock, &meta, &data, false).map(|()| (meta, data)))
+            .await
+            .map_err(|e| io_other("build snapshot", e))??;
+        info!(last_log = meta.last_log_id.map(|l| l.index()), bytes = data.len(), "built snapshot");
+        Ok(Snapshot { meta, snapshot: data })
     }
 }
 
@@ -590,44 +487,23 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
-        let meta = SnapshotMeta {
-            last_log_id: self.last_applied,
-            last_membership: self.membership.clone(),
-        };
-        let data = encode(&(
-            &self.last_applied,
-            &self.membership,
-            &*read_lock(&self.state),
-        ));
-        SnapshotBuilder {
-            db: self.db.clone(),
-            meta,
-            data,
-            snapshot_write: self.snapshot_write.clone(),
-        }
+        let meta = SnapshotMeta { last_log_id: self.last_applied, last_membership: self.membership.clone() };
+        let data = encode(&(&self.last_applied, &self.membership, &*read_lock(&self.state)));
+        SnapshotBuilder { db: self.db.clone(), meta, data, snapshot_write: self.snapshot_write.clone() }
     }
 
-    async fn install_snapshot(
-        &mut self,
-        meta: &SnapshotMeta,
-        snapshot: SnapshotData,
-    ) -> Result<(), io::Error> {
+    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: SnapshotData) -> Result<(), io::Error> {
         let (_, _, state) = decode_content(meta, &snapshot)?;
         let db = self.db.clone();
         let lock = self.snapshot_write.clone();
         let stored_meta = meta.clone();
-        tokio::task::spawn_blocking(move || {
-            write_snapshot(&db, &lock, &stored_meta, &snapshot, true)
-        })
-        .await
-        .map_err(|e| io_other("install snapshot", e))??;
+        tokio::task::spawn_blocking(move || write_snapshot(&db, &lock, &stored_meta, &snapshot, true))
+            .await
+            .map_err(|e| io_other("install snapshot", e))??;
         *self.write_state()? = state;
         self.membership = meta.last_membership.clone();
         self.set_applied(meta.last_log_id);
-        info!(
-            last_log = meta.last_log_id.map(|l| l.index()),
-            "installed snapshot"
-        );
+        info!(last_log = meta.last_log_id.map(|l| l.index()), "installed snapshot");
         Ok(())
     }
 
@@ -650,13 +526,9 @@ mod tests {
     struct TempStoreBuilder;
 
     impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for TempStoreBuilder {
-        async fn build(
-            &self,
-        ) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError<TypeConfig>> {
-            let dir = tempfile::tempdir()
-                .map_err(|e| StorageError::read(TypeConfig::err_from_error(&e)))?;
-            let (log, sm) = open_store(dir.path())
-                .map_err(|e| StorageError::read(TypeConfig::err_from_error(&e)))?;
+        async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError<TypeConfig>> {
+            let dir = tempfile::tempdir().map_err(|e| StorageError::read(TypeConfig::err_from_error(&e)))?;
+            let (log, sm) = open_store(dir.path()).map_err(|e| StorageError::read(TypeConfig::err_from_error(&e)))?;
             Ok((dir, log, sm))
         }
     }
@@ -675,9 +547,7 @@ mod tests {
             for index in 0..appends {
                 let (tx, rx) = TypeConfig::oneshot();
                 let entry = Entry::new_blank(log_id(index));
-                log.append([entry], IOFlushed::signal(tx))
-                    .await
-                    .expect("append");
+                log.append([entry], IOFlushed::signal(tx)).await.expect("append");
                 flushed.push(rx);
             }
             for rx in flushed {
@@ -690,9 +560,7 @@ mod tests {
         let entries = log.try_get_log_entries(..).await.expect("read log");
         assert_eq!(entries.len() as u64, appends);
         assert_eq!(entries.last().map(|e| e.log_id), Some(log_id(appends - 1)));
-        log.truncate_after(Some(log_id(99)))
-            .await
-            .expect("truncate");
+        log.truncate_after(Some(log_id(99))).await.expect("truncate");
         log.purge(log_id(9)).await.expect("purge");
         let state = log.get_log_state().await.expect("log state");
         assert_eq!(state.last_purged_log_id, Some(log_id(9)));
@@ -711,8 +579,6 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn passes_the_openraft_storage_suite() {
-        Suite::test_all(TempStoreBuilder)
-            .await
-            .expect("storage suite");
+        Suite::test_all(TempStoreBuilder).await.expect("storage suite");
     }
 }

@@ -1,10 +1,10 @@
 //! The bridge from the replicated state to the pure scheduler: the `ClusterView` it plans on,
 //! and the re-check of a committed plan against the state it is applied to.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use proto::{Allocation, Job, JobState, NodeId, NodeState};
-use scheduler::{ClusterView, GpuSlot, JobRequest, NodeView};
+use scheduler::{ClusterView, NodeView};
 
 use crate::state::ClusterState;
 
@@ -13,20 +13,7 @@ pub fn node_views(state: &ClusterState) -> BTreeMap<NodeId, NodeView> {
     let mut views: BTreeMap<NodeId, NodeView> = state
         .nodes
         .values()
-        .map(|n| {
-            let view = NodeView {
-                id: n.id,
-                name: n.name.clone(),
-                schedulable: n.state == NodeState::Up && !n.drained,
-                // An unhealthy GPU is never placeable: it counts as busy.
-                gpus: n.inventory.gpus.iter().map(|g| GpuSlot { index: g.index, gres_type: g.gres_type.clone(), busy: !g.healthy }).collect(),
-                cpus_total: n.inventory.cpus,
-                cpus_used: 0,
-                mem_total_mib: n.inventory.memory_mib,
-                mem_used_mib: 0,
-            };
-            (n.id, view)
-        })
+        .map(|n| (n.id, scheduler::node_view(n.id, &n.name, &n.inventory, n.state == NodeState::Up && !n.drained)))
         .collect();
     for part in state.jobs.values().flat_map(|j| j.parts.iter()) {
         if let Some(view) = views.get_mut(&part.alloc.node) {
@@ -36,54 +23,38 @@ pub fn node_views(state: &ClusterState) -> BTreeMap<NodeId, NodeView> {
     views
 }
 
-/// Marks `alloc`'s resources used on `view`.
+/// Marks `alloc`'s resources used on `view`. The state never holds a GPU twice (`apply`
+/// asserts it after every command), so a misfit here can only be a GPU marked unhealthy or
+/// removed while a part holds it; the view stays conservative either way (everything named is
+/// marked used).
 pub fn take(view: &mut NodeView, alloc: &Allocation) {
-    view.take(alloc);
-}
-
-/// What a pending job asks of each of its nodes for its next run.
-pub fn job_request(job: &Job) -> JobRequest {
-    JobRequest {
-        id: job.id,
-        run: job.run.saturating_add(1),
-        gpus: job.spec.gpus(),
-        gpu_type: job.spec.gres.as_ref().and_then(|g| g.gpu_type.clone()),
-        cpus: job.spec.cpus_per_task.saturating_mul(job.spec.ntasks_per_node),
-        mem_mib: job.spec.mem_mib,
-    }
+    let _conservative = view.take(alloc);
 }
 
 /// Whether `allocs` (one per node) can start `job` on the nodes as they are now.
 pub fn check_gang(nodes: &BTreeMap<NodeId, NodeView>, job: &Job, allocs: &[Allocation]) -> Result<(), String> {
-    if allocs.len() != job.spec.nodes as usize {
-        return Err(format!("job {} needs {} nodes, plan gives {}", job.id, job.spec.nodes, allocs.len()));
-    }
-    let distinct: BTreeSet<NodeId> = allocs.iter().map(|a| a.node).collect();
-    if distinct.len() != allocs.len() {
-        return Err(format!("job {} placed twice on one node", job.id));
-    }
-    let request = job_request(job);
-    for alloc in allocs {
-        let node = nodes.get(&alloc.node).ok_or_else(|| format!("node {} does not exist", alloc.node))?;
-        if alloc.cpus != request.cpus || alloc.mem_mib != request.mem_mib {
-            return Err(format!(
-                "allocation of {} cpus and {} MiB on node {} does not match the request of {} cpus and {} MiB",
-                alloc.cpus, alloc.mem_mib, node.name, request.cpus, request.mem_mib
-            ));
-        }
-        scheduler::fits(node, &request, &alloc.gpus).map_err(|m| format!("node {}: {m}", node.name))?;
-    }
-    Ok(())
+    let mut request = scheduler::job_request(job);
+    // A task of an array is checked as the single job it becomes.
+    request.array = None;
+    scheduler::fits_gang(nodes, &request, allocs).map_err(|m| m.to_string())
 }
 
-/// What the scheduler needs: nodes with their free resources and the jobs it may place now
-/// (pending, and no part of an earlier run still stopping), in id order.
+/// What the scheduler needs: nodes with their free resources, every job (pending and running
+/// ones to place or preempt, finished ones for dependencies) and each user's GPU usage.
 pub fn scheduler_view(state: &ClusterState) -> ClusterView {
-    let pending = state
-        .jobs
-        .values()
-        .filter(|j| j.state == JobState::Pending && j.parts.is_empty() && j.spec.nodes == 1)
-        .map(job_request)
-        .collect();
-    ClusterView { nodes: node_views(state), pending }
+    let mut usage: BTreeMap<String, f64> = BTreeMap::new();
+    for job in state.jobs.values() {
+        let seconds = job.gpu_seconds as f64;
+        *usage.entry(scheduler::usage_key_user(&job.spec.user)).or_default() += seconds;
+        if let Some(account) = &job.spec.account {
+            *usage.entry(scheduler::usage_key_account(account)).or_default() += seconds;
+        }
+    }
+    let jobs = state.jobs.values().map(scheduler::job_request).collect();
+    ClusterView { nodes: node_views(state), jobs, partitions: BTreeMap::new(), usage, config: Default::default() }
+}
+
+/// Jobs the scheduler may place now: pending, with no part of an earlier run still stopping.
+pub fn placeable(job: &Job) -> bool {
+    job.state == JobState::Pending && job.parts.is_empty()
 }

@@ -6,8 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use consensus::{
-    handle_raft_rpc, open_raft, propose, raft_status, MemberNode, Raft, RaftTimings, RaftTransport,
-    StateHandle, TransportError,
+    handle_raft_rpc, open_raft, propose, raft_status, MemberNode, Raft, RaftTimings, RaftTransport, StateHandle, TransportError,
 };
 use corral_consensus as consensus;
 use proto::{Command, CommandResult, JobSpec, NodeId, RaftRpcKind};
@@ -38,27 +37,16 @@ impl RaftTransport for Router {
         kind: RaftRpcKind,
         payload: Vec<u8>,
     ) -> impl Future<Output = Result<Vec<u8>, TransportError>> + Send {
-        let raft = self
-            .nodes
-            .lock()
-            .expect("router lock")
-            .get(&target)
-            .cloned();
+        let raft = self.nodes.lock().expect("router lock").get(&target).cloned();
         async move {
-            let raft =
-                raft.ok_or_else(|| TransportError::Unreachable(format!("node {target} is down")))?;
-            handle_raft_rpc(&raft, kind, &payload)
-                .await
-                .map_err(|e| TransportError::Remote(e.to_string()))
+            let raft = raft.ok_or_else(|| TransportError::Unreachable(format!("node {target} is down")))?;
+            handle_raft_rpc(&raft, kind, &payload).await.map_err(|e| TransportError::Remote(e.to_string()))
         }
     }
 }
 
 fn member(id: NodeId) -> MemberNode {
-    MemberNode {
-        name: format!("n{id}"),
-        addr: format!("127.0.0.1:{}", 7000 + id),
-    }
+    MemberNode { name: format!("n{id}"), addr: format!("127.0.0.1:{}", 7000 + id) }
 }
 
 fn timings() -> RaftTimings {
@@ -103,15 +91,7 @@ async fn wait_leader(rafts: &BTreeMap<NodeId, Raft>) -> NodeId {
 }
 
 async fn submit(raft: &Raft, n: u32) -> (u64, u64) {
-    match propose(
-        raft,
-        Command::Submit {
-            spec: spec(n),
-            now_ms: 1_000 + u64::from(n),
-        },
-    )
-    .await
-    {
+    match propose(raft, Command::Submit { spec: spec(n), now_ms: 1_000 + u64::from(n) }).await {
         Ok((index, CommandResult::Submitted { job })) => (index, job),
         other => panic!("submit {n} failed: {other:?}"),
     }
@@ -120,10 +100,7 @@ async fn submit(raft: &Raft, n: u32) -> (u64, u64) {
 /// Waits until every handle applied `index` and all digests are equal; returns the digest.
 async fn wait_converged(handles: &[&StateHandle], index: u64) -> String {
     for h in handles {
-        assert!(
-            h.wait_applied(index, Duration::from_millis(WAIT_MS)).await,
-            "apply of {index} timed out"
-        );
+        assert!(h.wait_applied(index, Duration::from_millis(WAIT_MS)).await, "apply of {index} timed out");
     }
     let mut digest = String::new();
     wait_until("equal digests", || {
@@ -138,40 +115,24 @@ async fn wait_converged(handles: &[&StateHandle], index: u64) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_nodes_replicate_fail_over_and_a_late_node_catches_up_by_snapshot() {
     let router = Router::default();
-    let dirs: BTreeMap<NodeId, tempfile::TempDir> = (1..=4)
-        .map(|id| (id, tempfile::tempdir().expect("tempdir")))
-        .collect();
+    let dirs: BTreeMap<NodeId, tempfile::TempDir> = (1..=4).map(|id| (id, tempfile::tempdir().expect("tempdir"))).collect();
     let mut rafts = BTreeMap::new();
     let mut handles = BTreeMap::new();
     for id in 1..=3 {
-        let (raft, handle) = open_raft(id, dirs[&id].path(), router.clone(), timings())
-            .await
-            .expect("open raft");
+        let (raft, handle) = open_raft(id, dirs[&id].path(), router.clone(), timings()).await.expect("open raft");
         router.add(id, raft.clone());
         rafts.insert(id, raft);
         handles.insert(id, handle);
     }
 
-    rafts[&1]
-        .initialize(BTreeMap::from([(1, member(1))]))
-        .await
-        .expect("initialize");
+    rafts[&1].initialize(BTreeMap::from([(1, member(1))])).await.expect("initialize");
     wait_until("node 1 leads", || raft_status(&rafts[&1]).is_leader).await;
     for id in [2, 3] {
-        rafts[&1]
-            .add_learner(id, member(id), true)
-            .await
-            .expect("add learner");
+        rafts[&1].add_learner(id, member(id), true).await.expect("add learner");
     }
-    rafts[&1]
-        .change_membership(BTreeSet::from([1, 2, 3]), false)
-        .await
-        .expect("change membership");
+    rafts[&1].change_membership(BTreeSet::from([1, 2, 3]), false).await.expect("change membership");
     let status = raft_status(&rafts[&1]);
-    assert_eq!(
-        status.voters.iter().map(|v| v.0).collect::<Vec<_>>(),
-        vec![1, 2, 3]
-    );
+    assert_eq!(status.voters.iter().map(|v| v.0).collect::<Vec<_>>(), vec![1, 2, 3]);
     assert!(status.learners.is_empty());
 
     let mut last_index = 0;
@@ -186,10 +147,7 @@ async fn three_nodes_replicate_fail_over_and_a_late_node_catches_up_by_snapshot(
 
     // A follower refuses writes and names the leader.
     match propose(&rafts[&2], Command::Cancel { job: 1, now_ms: 0 }).await {
-        Err(consensus::ProposeError::NotLeader {
-            leader: Some(1),
-            leader_node: Some(node),
-        }) => {
+        Err(consensus::ProposeError::NotLeader { leader: Some(1), leader_node: Some(node) }) => {
             assert_eq!(node, member(1))
         }
         other => panic!("expected NotLeader, got {other:?}"),
@@ -212,27 +170,16 @@ async fn three_nodes_replicate_fail_over_and_a_late_node_catches_up_by_snapshot(
     assert_ne!(digest_after, digest);
 
     // Snapshots were built and the log purged, so a new node can only catch up by snapshot.
-    wait_until("leader purged its log", || {
-        raft_status(&rafts[&leader]).purged_index.is_some()
-    })
-    .await;
-    let (raft4, handle4) = open_raft(4, dirs[&4].path(), router.clone(), timings())
-        .await
-        .expect("open raft 4");
+    wait_until("leader purged its log", || raft_status(&rafts[&leader]).purged_index.is_some()).await;
+    let (raft4, handle4) = open_raft(4, dirs[&4].path(), router.clone(), timings()).await.expect("open raft 4");
     router.add(4, raft4.clone());
-    rafts[&leader]
-        .add_learner(4, member(4), true)
-        .await
-        .expect("add learner 4");
+    rafts[&leader].add_learner(4, member(4), true).await.expect("add learner 4");
     let (index, _) = submit(&rafts[&leader], 40).await;
     let alive: Vec<&StateHandle> = handles.values().chain([&handle4]).collect();
     let digest4 = wait_converged(&alive, index).await;
     assert_eq!(handle4.read(|s| s.jobs.len()), 41);
     assert_eq!(handle4.read(|s| s.digest()), digest4);
-    assert!(
-        raft_status(&raft4).snapshot_index.is_some(),
-        "node 4 installed a snapshot"
-    );
+    assert!(raft_status(&raft4).snapshot_index.is_some(), "node 4 installed a snapshot");
 
     for raft in rafts.values().chain([&raft4]) {
         raft.shutdown().await.expect("shutdown");
@@ -244,58 +191,31 @@ async fn a_restarted_node_keeps_its_state() {
     let dir = tempfile::tempdir().expect("tempdir");
     let router = Router::default();
     // Few logs per snapshot so the restart goes through snapshot + re-applied log.
-    let timings = RaftTimings {
-        snapshot_logs_since_last: 7,
-        max_in_snapshot_log_to_keep: 2,
-        ..timings()
-    };
-    let (raft, handle) = open_raft(1, dir.path(), router.clone(), timings.clone())
-        .await
-        .expect("open raft");
+    let timings = RaftTimings { snapshot_logs_since_last: 7, max_in_snapshot_log_to_keep: 2, ..timings() };
+    let (raft, handle) = open_raft(1, dir.path(), router.clone(), timings.clone()).await.expect("open raft");
     router.add(1, raft.clone());
-    raft.initialize(BTreeMap::from([(1, member(1))]))
-        .await
-        .expect("initialize");
+    raft.initialize(BTreeMap::from([(1, member(1))])).await.expect("initialize");
     wait_until("node 1 leads", || raft_status(&raft).is_leader).await;
     let mut last_index = 0;
     for n in 0..20 {
         last_index = submit(&raft, n).await.0;
     }
-    assert!(
-        handle
-            .wait_applied(last_index, Duration::from_millis(WAIT_MS))
-            .await
-    );
+    assert!(handle.wait_applied(last_index, Duration::from_millis(WAIT_MS)).await);
     let digest = handle.read(|s| s.digest());
     assert_eq!(handle.read(|s| s.jobs.len()), 20);
     router.remove(1);
     raft.shutdown().await.expect("shutdown");
     drop(raft);
 
-    let (raft, handle) = open_raft(1, dir.path(), router.clone(), timings)
-        .await
-        .expect("reopen raft");
+    let (raft, handle) = open_raft(1, dir.path(), router.clone(), timings).await.expect("reopen raft");
     router.add(1, raft.clone());
-    assert!(
-        handle
-            .wait_applied(last_index, Duration::from_millis(WAIT_MS))
-            .await,
-        "re-applied after restart"
-    );
+    assert!(handle.wait_applied(last_index, Duration::from_millis(WAIT_MS)).await, "re-applied after restart");
     assert_eq!(handle.read(|s| s.digest()), digest);
     wait_until("node 1 leads again", || raft_status(&raft).is_leader).await;
     let (_, job) = submit(&raft, 99).await;
     assert_eq!(job, 21);
     // A peer's garbage is refused, not a panic.
-    let garbage = handle_raft_rpc(
-        &raft,
-        RaftRpcKind::AppendEntries,
-        &[proto::PROTOCOL_VERSION, 0xff],
-    )
-    .await;
-    assert!(
-        matches!(garbage, Err(proto::ApiError::Invalid(_))),
-        "{garbage:?}"
-    );
+    let garbage = handle_raft_rpc(&raft, RaftRpcKind::AppendEntries, &[proto::PROTOCOL_VERSION, 0xff]).await;
+    assert!(matches!(garbage, Err(proto::ApiError::Invalid(_))), "{garbage:?}");
     raft.shutdown().await.expect("shutdown");
 }

@@ -98,13 +98,22 @@ struct Report {
     outcome: RunOutcome,
 }
 
+/// What the agent needs beyond its identity: where jobs live and how they are stopped.
+pub struct AgentSettings {
+    pub jobs_dir: PathBuf,
+    pub checkpoint_root: PathBuf,
+    pub nccl: launcher::NcclEnv,
+    pub stop: launcher::StopTimings,
+    /// Stop every job when no leader answered for this long.
+    pub fence_after_ms: u64,
+}
+
 pub struct Agent {
     pub name: String,
     pub instance: InstanceId,
     node_id: AtomicU64,
     gpus: Vec<GpuInfo>,
-    jobs_dir: PathBuf,
-    kill_grace_ms: u64,
+    settings: AgentSettings,
     running: Mutex<BTreeMap<JobId, Running>>,
     ledger: Mutex<Ledger>,
     reports_tx: mpsc::Sender<Report>,
@@ -116,16 +125,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Agent {
-    pub fn new(name: String, instance: InstanceId, gpus: Vec<GpuInfo>, jobs_dir: PathBuf, kill_grace_ms: u64) -> anyhow::Result<Arc<Agent>> {
-        let ledger = Ledger::open(jobs_dir.join("launched.jsonl"))?;
+    pub fn new(name: String, instance: InstanceId, gpus: Vec<GpuInfo>, settings: AgentSettings) -> anyhow::Result<Arc<Agent>> {
+        let ledger = Ledger::open(settings.jobs_dir.join("launched.jsonl"))?;
         let (reports_tx, reports_rx) = mpsc::channel(REPORT_QUEUE_MAX);
         Ok(Arc::new(Agent {
             name,
             instance,
             node_id: AtomicU64::new(0),
             gpus,
-            jobs_dir,
-            kill_grace_ms,
+            settings,
             running: Mutex::new(BTreeMap::new()),
             ledger: Mutex::new(ledger),
             reports_tx,
@@ -147,7 +155,7 @@ impl Agent {
 
     /// Starts `job`'s current run unless this node already launched it. Answers with this
     /// instance so the leader can commit who runs it.
-    pub fn launch(self: &Arc<Self>, job: Job) -> Result<Reply, ApiError> {
+    pub fn launch(self: &Arc<Self>, job: Job, nodes: &[(String, String)]) -> Result<Reply, ApiError> {
         let me = self.node_id();
         let current: Vec<&proto::NodeRun> = job.parts.iter().filter(|p| p.run == job.run).collect();
         let Some(rank) = current.iter().position(|p| p.alloc.node == me) else {
@@ -155,17 +163,21 @@ impl Agent {
         };
         let alloc = current[rank].alloc.clone();
         let ack = Reply::LaunchAck { job: job.id, run: job.run, instance: self.instance };
-        {
+        let earlier = {
             let ledger = lock(&self.ledger);
-            if let Some(entry) = ledger.entries.get(&(job.id, job.run)) {
-                if entry.instance == self.instance {
-                    return Ok(ack); // a re-sent launch: already started (or ended and reported)
-                }
-                return Err(ApiError::Denied(format!(
-                    "job {} run {} was launched by an earlier instance of this node",
-                    job.id, job.run
-                )));
+            match ledger.entries.get(&(job.id, job.run)) {
+                Some(entry) if entry.instance == self.instance => return Ok(ack), // re-sent: started already
+                Some(_) => true,
+                None => false,
             }
+        };
+        if earlier {
+            // Started by an earlier instance of this node, and died with it: never start it twice.
+            let why = "started by an earlier instance of this node, which died".to_string();
+            let agent = Arc::clone(self);
+            let (id, run) = (job.id, job.run);
+            tokio::spawn(async move { agent.queue_report(id, run, RunOutcome::Lost(why)).await });
+            return Err(ApiError::Denied(format!("job {} run {} was launched by an earlier instance of this node", job.id, job.run)));
         }
         let uuids: Vec<String> = alloc
             .gpus
@@ -173,7 +185,17 @@ impl Agent {
             .map(|i| self.gpus.iter().find(|g| g.index == *i).map(|g| g.uuid.clone()))
             .collect::<Option<_>>()
             .ok_or_else(|| ApiError::Invalid(format!("job {} names a gpu this node does not have", job.id)))?;
-        let spec = launcher::prepare(&job, &self.name, rank, &alloc.gpus, &uuids, &self.jobs_dir).map_err(|e| ApiError::Internal(format!("{e:#}")))?;
+        let ctx = launcher::LaunchContext {
+            node_name: &self.name,
+            node_rank: rank,
+            nodes,
+            gpu_indices: &alloc.gpus,
+            gpu_uuids: &uuids,
+            jobs_dir: &self.settings.jobs_dir,
+            checkpoint_root: &self.settings.checkpoint_root,
+            nccl: &self.settings.nccl,
+        };
+        let spec = launcher::prepare(&job, &ctx).map_err(|e| ApiError::Internal(format!("{e:#}")))?;
         lock(&self.ledger)
             .record(LedgerEntry {
                 job: job.id,
@@ -192,7 +214,7 @@ impl Agent {
                 let agent = Arc::clone(self);
                 tokio::spawn(
                     async move {
-                        let outcome = launcher::supervise(child, &spec, stop_rx, agent.kill_grace_ms).await;
+                        let outcome = launcher::supervise(child, &spec, stop_rx, agent.settings.stop).await;
                         info!(outcome = ?outcome, "job ended");
                         lock(&agent.running).remove(&spec.job);
                         agent.queue_report(spec.job, spec.run, outcome).await;
@@ -218,13 +240,23 @@ impl Agent {
 
     /// Stops `job` if this node runs that run of it. Stopping an unknown run is not an error:
     /// it already ended, and its report is on the way.
-    pub fn kill(&self, job: JobId, run: RunNo) -> Result<Reply, ApiError> {
+    pub fn kill(&self, job: JobId, run: RunNo, checkpoint: bool) -> Result<Reply, ApiError> {
         let running = lock(&self.running);
         if let Some(r) = running.get(&job).filter(|r| r.run == run) {
+            let reason = if checkpoint { StopReason::Checkpoint } else { StopReason::Cancelled };
             // A full channel means a stop is already under way.
-            let _ = r.stop_tx.try_send(StopReason::Cancelled);
+            let _ = r.stop_tx.try_send(reason);
         }
         Ok(Reply::Ok)
+    }
+
+    /// Stops every job: this node lost the leader and may already be replaced.
+    fn fence(&self) -> usize {
+        let running = lock(&self.running);
+        for r in running.values() {
+            let _ = r.stop_tx.try_send(StopReason::Fenced);
+        }
+        running.len()
     }
 
     /// A chunk of the output of the latest run of `job` on this node.
@@ -243,9 +275,7 @@ impl Agent {
         match std::fs::File::open(&path) {
             Ok(mut f) => {
                 f.seek(SeekFrom::Start(offset)).map_err(|e| ApiError::Internal(format!("seek {}: {e}", path.display())))?;
-                f.take(max_bytes as u64)
-                    .read_to_end(&mut data)
-                    .map_err(|e| ApiError::Internal(format!("read {}: {e}", path.display())))?;
+                f.take(max_bytes as u64).read_to_end(&mut data).map_err(|e| ApiError::Internal(format!("read {}: {e}", path.display())))?;
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(ApiError::Internal(format!("open {}: {e}", path.display()))),
@@ -284,8 +314,20 @@ impl Agent {
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut missed = 0u32;
+        let mut last_ack = std::time::Instant::now();
+        let fence_after = Duration::from_millis(self.settings.fence_after_ms);
+        let mut fenced = false;
         loop {
             ticker.tick().await;
+            if last_ack.elapsed() > fence_after && !self.running().is_empty() {
+                // The leader may declare this node down and start its jobs elsewhere: stop them
+                // first (the timing argument is in ARCHITECTURE.md).
+                let n = self.fence();
+                if !fenced {
+                    warn!(jobs = n, silent_ms = last_ack.elapsed().as_millis() as u64, "no leader reachable, fencing: stopping every job");
+                }
+                fenced = true;
+            }
             let req = Request::Heartbeat { node: self.node_id(), instance: self.instance, running: self.running() };
             match link.call(req, 0).await {
                 Ok(_) => {
@@ -293,6 +335,8 @@ impl Agent {
                         info!(missed, "heartbeat delivered again");
                     }
                     missed = 0;
+                    fenced = false;
+                    last_ack = std::time::Instant::now();
                 }
                 Err(LinkError::Api(ApiError::NotFound(_))) => {
                     warn!("leader does not know this node, joining again");
@@ -302,7 +346,7 @@ impl Agent {
                 }
                 Err(e) => {
                     missed += 1;
-                    if missed == 1 || missed % 10 == 0 {
+                    if missed == 1 || missed.is_multiple_of(10) {
                         warn!(missed, error = %e, "heartbeat not delivered");
                     }
                 }

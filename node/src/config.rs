@@ -54,6 +54,38 @@ pub struct NodeConfig {
     /// `host:port` for Prometheus metrics over HTTP; none to disable.
     #[serde(default)]
     pub metrics_listen: Option<SocketAddr>,
+    /// An agent that has not reached a leader for this long stops its jobs itself, so a job
+    /// requeued elsewhere cannot still run here. Default: as late as is safe (see
+    /// [`NodeConfig::fence_after_ms`]).
+    #[serde(default)]
+    pub fence_after_ms: Option<u64>,
+    /// Time between SIGTERM and SIGKILL when fencing (short: the node may already be replaced).
+    #[serde(default = "default_fence_kill_grace_ms")]
+    pub fence_kill_grace_ms: u64,
+    /// Root of the per-job checkpoint directories (`CORRAL_CHECKPOINT_DIR`); meant for shared
+    /// storage. Default: `data_dir/checkpoints`.
+    #[serde(default)]
+    pub checkpoint_root: Option<PathBuf>,
+    #[serde(default)]
+    pub nccl: NcclConfig,
+    /// Where the node sits in the network (block, rack, leaf switch, NVLink domain).
+    #[serde(default)]
+    pub location: proto::NetworkLocation,
+    /// Features `--constraint` matches.
+    #[serde(default)]
+    pub features: Vec<String>,
+    /// Partitions the node belongs to (none: the default partition).
+    #[serde(default)]
+    pub partitions: Vec<String>,
+}
+
+/// Per-node overrides of the NCCL variables derived from the hardware. A job's own settings win.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NcclConfig {
+    pub socket_ifname: Option<String>,
+    pub ib_hca: Option<String>,
+    pub ib_disable: Option<bool>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -109,6 +141,9 @@ fn default_voter_replace_after_ms() -> u64 {
 fn default_kill_grace_ms() -> u64 {
     5_000
 }
+fn default_fence_kill_grace_ms() -> u64 {
+    500
+}
 fn default_schedule_interval_ms() -> u64 {
     100
 }
@@ -116,8 +151,7 @@ fn default_schedule_interval_ms() -> u64 {
 impl NodeConfig {
     pub fn load(path: &Path) -> anyhow::Result<NodeConfig> {
         let text = std::fs::read_to_string(path).with_context(|| format!("read node config at {}", path.display()))?;
-        let mut config: NodeConfig =
-            toml::from_str(&text).with_context(|| format!("parse node config at {}", path.display()))?;
+        let mut config: NodeConfig = toml::from_str(&text).with_context(|| format!("parse node config at {}", path.display()))?;
         config.resolve_relative(path.parent().unwrap_or(Path::new(".")));
         config.validate()?;
         Ok(config)
@@ -129,6 +163,9 @@ impl NodeConfig {
             if p.is_relative() {
                 *p = base.join(&*p);
             }
+        }
+        if let Some(p) = self.checkpoint_root.as_mut().filter(|p| p.is_relative()) {
+            *p = base.join(&*p);
         }
     }
 
@@ -145,6 +182,17 @@ impl NodeConfig {
         if self.node_down_after_ms <= 2 * self.heartbeat_interval_ms {
             bail!("node_down_after_ms must be more than twice heartbeat_interval_ms");
         }
+        let fence = self.fence_after_ms();
+        if fence < self.heartbeat_interval_ms
+            || fence + self.fence_kill_grace_ms + 2 * self.heartbeat_interval_ms >= self.node_down_after_ms
+        {
+            bail!(
+                "fence_after_ms ({fence}) + fence_kill_grace_ms ({}) + 2 x heartbeat_interval_ms must stay below node_down_after_ms ({}): \
+                 a partitioned node must stop its jobs before they can be started elsewhere",
+                self.fence_kill_grace_ms,
+                self.node_down_after_ms
+            );
+        }
         if self.raft.election_timeout_min_ms >= self.raft.election_timeout_max_ms
             || self.raft.heartbeat_interval_ms >= self.raft.election_timeout_min_ms
         {
@@ -155,6 +203,21 @@ impl NodeConfig {
 
     pub fn advertise_addr(&self) -> String {
         self.advertise.clone().unwrap_or_else(|| self.listen.to_string())
+    }
+
+    /// As late as is safe: a leader (a new one restarts every node's clock) declares this node
+    /// dead no sooner than `node_down_after_ms` after its last heartbeat; the agent notices the
+    /// silence up to a heartbeat late, its last ack may trail the heartbeat by a round trip, and
+    /// stopping takes `fence_kill_grace_ms`. The margin covers the round trip.
+    pub fn fence_after_ms(&self) -> u64 {
+        self.fence_after_ms.unwrap_or_else(|| {
+            let margin_ms = (self.node_down_after_ms / 10).max(200);
+            self.node_down_after_ms.saturating_sub(self.fence_kill_grace_ms + 2 * self.heartbeat_interval_ms + margin_ms)
+        })
+    }
+
+    pub fn checkpoint_root(&self) -> PathBuf {
+        self.checkpoint_root.clone().unwrap_or_else(|| self.data_dir.join("checkpoints"))
     }
 
     /// Where job output, scripts and the launch ledger live.

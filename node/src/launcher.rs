@@ -13,7 +13,7 @@ use anyhow::Context;
 use proto::{Job, JobId, RunNo, RunOutcome};
 use tokio::process::Child;
 use tokio::sync::mpsc;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 /// Everything needed to start one run of a job on this node.
 #[derive(Clone, Debug)]
@@ -27,6 +27,8 @@ pub struct LaunchSpec {
     pub stdout_path: PathBuf,
     pub stderr_path: PathBuf,
     pub time_limit_ms: Option<u64>,
+    /// `--signal=SIG@SECONDS`: sent that long before the time limit, and first on a requeue.
+    pub signal: Option<proto::SignalSpec>,
     /// Later runs append to the output of earlier ones; the first truncates.
     pub append: bool,
 }
@@ -70,13 +72,43 @@ pub fn output_paths(job: &Job) -> (PathBuf, PathBuf) {
     (stdout, stderr)
 }
 
-/// Builds the launch of `job`'s current run: the program (a script written under `jobs_dir`
-/// or the job's argv) and its environment.
-pub fn prepare(job: &Job, node_name: &str, node_rank: usize, gpu_indices: &[u32], gpu_uuids: &[String], jobs_dir: &Path) -> anyhow::Result<LaunchSpec> {
+/// NCCL settings derived from this node's hardware (or its config); a job's own env wins.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NcclEnv {
+    pub socket_ifname: Option<String>,
+    pub ib_hca: Option<String>,
+    pub ib_disable: bool,
+}
+
+/// Where and with what this node runs its part of a job.
+pub struct LaunchContext<'a> {
+    pub node_name: &'a str,
+    /// Index of this node among the run's nodes.
+    pub node_rank: usize,
+    /// Name and address of every node of the run, in rank order.
+    pub nodes: &'a [(String, String)],
+    pub gpu_indices: &'a [u32],
+    pub gpu_uuids: &'a [String],
+    pub jobs_dir: &'a Path,
+    pub checkpoint_root: &'a Path,
+    pub nccl: &'a NcclEnv,
+}
+
+/// The host part of `host:port` (`[v6]:port` too).
+fn host_of(addr: &str) -> String {
+    if let Some(rest) = addr.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest).to_string();
+    }
+    addr.rsplit_once(':').map_or(addr, |(h, _)| h).to_string()
+}
+
+/// Builds the launch of this node's part of `job`'s current run: the program (a script written
+/// under `jobs_dir`, or the job's argv), its environment, hostfile and checkpoint directory.
+pub fn prepare(job: &Job, ctx: &LaunchContext<'_>) -> anyhow::Result<LaunchSpec> {
+    let dir = ctx.jobs_dir.join(job.id.to_string());
+    std::fs::create_dir_all(&dir).with_context(|| format!("create job directory {}", dir.display()))?;
     let (program, args) = match &job.spec.script {
         Some(script) => {
-            let dir = jobs_dir.join(job.id.to_string());
-            std::fs::create_dir_all(&dir).with_context(|| format!("create job directory {}", dir.display()))?;
             let path = dir.join("script");
             std::fs::write(&path, script).with_context(|| format!("write job script {}", path.display()))?;
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
@@ -94,19 +126,49 @@ pub fn prepare(job: &Job, node_name: &str, node_rank: usize, gpu_indices: &[u32]
             (PathBuf::from(first), rest.to_vec())
         }
     };
-    let mut env = job.spec.env.clone();
-    let uuids = gpu_uuids.join(",");
+    let nproc_per_node = job.spec.gpus().max(job.spec.ntasks_per_node).max(1);
+    let hostfile = dir.join("hostfile");
+    let lines: String = ctx.nodes.iter().map(|(name, _)| format!("{name} slots={nproc_per_node}\n")).collect();
+    std::fs::write(&hostfile, lines).with_context(|| format!("write hostfile {}", hostfile.display()))?;
+    let checkpoint_dir = ctx.checkpoint_root.join(format!("job-{}", job.id));
+    std::fs::create_dir_all(&checkpoint_dir).with_context(|| format!("create checkpoint directory {}", checkpoint_dir.display()))?;
+
+    // Hardware-derived defaults first, then the job's environment over them, then what only
+    // Corral can know.
+    let mut env = BTreeMap::new();
+    if let Some(ifname) = &ctx.nccl.socket_ifname {
+        env.insert("NCCL_SOCKET_IFNAME".to_string(), ifname.clone());
+    }
+    if let Some(hca) = &ctx.nccl.ib_hca {
+        env.insert("NCCL_IB_HCA".to_string(), hca.clone());
+    }
+    if ctx.nccl.ib_disable {
+        env.insert("NCCL_IB_DISABLE".to_string(), "1".to_string());
+    }
+    let nnodes = ctx.nodes.len().max(1);
+    let master = ctx.nodes.first().map(|(_, addr)| host_of(addr)).unwrap_or_else(|| "127.0.0.1".into());
+    env.insert("MASTER_ADDR".into(), master);
+    if let Some(port) = job.master_port {
+        env.insert("MASTER_PORT".into(), port.to_string());
+    }
+    env.insert("NNODES".into(), nnodes.to_string());
+    env.insert("NODE_RANK".into(), ctx.node_rank.to_string());
+    env.insert("NPROC_PER_NODE".into(), nproc_per_node.to_string());
+    env.insert("WORLD_SIZE".into(), (nnodes as u32 * nproc_per_node).to_string());
+    env.extend(job.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let uuids = ctx.gpu_uuids.join(",");
     env.insert("CUDA_VISIBLE_DEVICES".into(), uuids.clone());
     env.insert("NVIDIA_VISIBLE_DEVICES".into(), uuids);
     env.insert("CORRAL_JOB_ID".into(), job.id.to_string());
     env.insert("CORRAL_JOB_NAME".into(), job.spec.name.clone());
-    env.insert("CORRAL_NODE".into(), node_name.to_string());
+    env.insert("CORRAL_NODE".into(), ctx.node_name.to_string());
     env.insert("CORRAL_RUN".into(), job.run.to_string());
     env.insert("CORRAL_RESTART_COUNT".into(), job.restart_count.to_string());
-    env.insert("CORRAL_GPU_INDICES".into(), gpu_indices.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(","));
-    let nodes = job.nodes_of_current_run();
-    env.insert("CORRAL_NNODES".into(), nodes.len().to_string());
-    env.insert("CORRAL_NODE_RANK".into(), node_rank.to_string());
+    env.insert("CORRAL_GPU_INDICES".into(), ctx.gpu_indices.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(","));
+    env.insert("CORRAL_NNODES".into(), nnodes.to_string());
+    env.insert("CORRAL_NODE_RANK".into(), ctx.node_rank.to_string());
+    env.insert("CORRAL_HOSTFILE".into(), hostfile.display().to_string());
+    env.insert("CORRAL_CHECKPOINT_DIR".into(), checkpoint_dir.display().to_string());
     let (stdout_path, stderr_path) = output_paths(job);
     Ok(LaunchSpec {
         job: job.id,
@@ -118,6 +180,7 @@ pub fn prepare(job: &Job, node_name: &str, node_rank: usize, gpu_indices: &[u32]
         stdout_path,
         stderr_path,
         time_limit_ms: job.spec.time_limit_ms,
+        signal: job.spec.signal.clone(),
         append: job.run > 1 || job.spec.open_append,
     })
 }
@@ -145,13 +208,7 @@ pub fn spawn(spec: &LaunchSpec) -> anyhow::Result<Child> {
         open_output(&spec.stderr_path, spec.append)?
     };
     let mut cmd = std::process::Command::new(&spec.program);
-    cmd.args(&spec.args)
-        .env_clear()
-        .envs(&spec.env)
-        .current_dir(&spec.workdir)
-        .stdin(Stdio::null())
-        .stdout(stdout)
-        .stderr(stderr);
+    cmd.args(&spec.args).env_clear().envs(&spec.env).current_dir(&spec.workdir).stdin(Stdio::null()).stdout(stdout).stderr(stderr);
     // SAFETY: only async-signal-safe calls (setsid, prctl) between fork and exec.
     unsafe {
         cmd.pre_exec(|| {
@@ -174,8 +231,16 @@ pub fn spawn(spec: &LaunchSpec) -> anyhow::Result<Child> {
 /// Why the agent stops a running job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StopReason {
+    /// Cancelled, or its gang failed: SIGTERM, grace, SIGKILL.
     Cancelled,
+    /// Requeued: the job's `--signal` first and the time it asked for, then as cancelled.
+    Checkpoint,
+    /// This node lost the leader: stop fast, the job may be started elsewhere soon.
+    Fenced,
 }
+
+/// Longest wait for a job to write its checkpoint after its signal on a requeue.
+const CHECKPOINT_WAIT_MS_MAX: u64 = 300_000;
 
 fn signal_group(pgid: i32, signal: i32) {
     // SAFETY: kill(2) on a process group we created; errors (ESRCH: already gone) are harmless.
@@ -185,9 +250,26 @@ fn signal_group(pgid: i32, signal: i32) {
     }
 }
 
-/// Waits for the run to end, enforcing its time limit and stop requests, and returns how it
-/// ended. Whatever is left of the process group afterwards is killed.
-pub async fn supervise(mut child: Child, spec: &LaunchSpec, mut stop_rx: mpsc::Receiver<StopReason>, kill_grace_ms: u64) -> RunOutcome {
+/// Sends the job's `--signal` to its whole process group, or only to the batch shell (`B:`).
+fn send_job_signal(pgid: i32, sig: &proto::SignalSpec) {
+    if sig.batch_only {
+        // SAFETY: kill(2) on the batch shell we started.
+        unsafe { libc::kill(pgid, sig.signal) };
+    } else {
+        signal_group(pgid, sig.signal);
+    }
+}
+
+/// Timings of the stop sequences.
+#[derive(Clone, Copy, Debug)]
+pub struct StopTimings {
+    pub kill_grace_ms: u64,
+    pub fence_kill_grace_ms: u64,
+}
+
+/// Waits for the run to end, enforcing its time limit (with the early `--signal`) and stop
+/// requests, and returns how it ended. Whatever is left of the process group is killed.
+pub async fn supervise(mut child: Child, spec: &LaunchSpec, mut stop_rx: mpsc::Receiver<StopReason>, timings: StopTimings) -> RunOutcome {
     let Some(pid) = child.id() else {
         return RunOutcome::LaunchFailed("process exited before it could be supervised".into());
     };
@@ -198,23 +280,59 @@ pub async fn supervise(mut child: Child, spec: &LaunchSpec, mut stop_rx: mpsc::R
             None => std::future::pending().await,
         }
     };
-    let outcome = tokio::select! {
-        status = child.wait() => match status {
-            Ok(s) => match (s.code(), s.signal()) {
-                (Some(code), _) => RunOutcome::Exited(code),
-                (None, Some(sig)) => RunOutcome::Signaled(sig),
-                (None, None) => RunOutcome::Exited(-1),
-            },
-            Err(e) => RunOutcome::LaunchFailed(format!("wait for process: {e}")),
-        },
-        () = limit => {
-            warn!(job = spec.job, run = spec.run, "time limit reached, stopping job");
-            stop(&mut child, pgid, kill_grace_ms).await;
-            RunOutcome::TimedOut
+    let warn_at = spec
+        .time_limit_ms
+        .zip(spec.signal.clone())
+        .map(|(limit_ms, sig)| (limit_ms.saturating_sub(u64::from(sig.before_end_s) * 1000), sig));
+    let warning = async {
+        match &warn_at {
+            Some((at_ms, sig)) => {
+                tokio::time::sleep(Duration::from_millis(*at_ms)).await;
+                sig.clone()
+            }
+            None => std::future::pending().await,
         }
-        Some(StopReason::Cancelled) = stop_rx.recv() => {
-            stop(&mut child, pgid, kill_grace_ms).await;
-            RunOutcome::Killed
+    };
+    tokio::pin!(limit, warning);
+    let mut warned = false;
+    let outcome = loop {
+        tokio::select! {
+            status = child.wait() => break match status {
+                Ok(s) => match (s.code(), s.signal()) {
+                    (Some(code), _) => RunOutcome::Exited(code),
+                    (None, Some(sig)) => RunOutcome::Signaled(sig),
+                    (None, None) => RunOutcome::Exited(-1),
+                },
+                Err(e) => RunOutcome::LaunchFailed(format!("wait for process: {e}")),
+            },
+            sig = &mut warning, if !warned => {
+                warned = true;
+                info!(job = spec.job, signal = sig.signal, before_end_s = sig.before_end_s, "signalling job before its time limit");
+                send_job_signal(pgid, &sig);
+            }
+            () = &mut limit => {
+                warn!(job = spec.job, run = spec.run, "time limit reached, stopping job");
+                stop(&mut child, pgid, timings.kill_grace_ms).await;
+                break RunOutcome::TimedOut;
+            }
+            Some(reason) = stop_rx.recv() => {
+                match reason {
+                    StopReason::Cancelled => stop(&mut child, pgid, timings.kill_grace_ms).await,
+                    StopReason::Fenced => stop(&mut child, pgid, timings.fence_kill_grace_ms).await,
+                    StopReason::Checkpoint => {
+                        if let Some(sig) = &spec.signal {
+                            send_job_signal(pgid, sig);
+                            let wait_ms = (u64::from(sig.before_end_s) * 1000).min(CHECKPOINT_WAIT_MS_MAX);
+                            if tokio::time::timeout(Duration::from_millis(wait_ms), child.wait()).await.is_err() {
+                                stop(&mut child, pgid, timings.kill_grace_ms).await;
+                            }
+                        } else {
+                            stop(&mut child, pgid, timings.kill_grace_ms).await;
+                        }
+                    }
+                }
+                break RunOutcome::Killed;
+            }
         }
     };
     signal_group(pgid, libc::SIGKILL);
@@ -228,5 +346,18 @@ async fn stop(child: &mut Child, pgid: i32, kill_grace_ms: u64) {
         if let Err(e) = child.wait().await {
             warn!(pgid, error = %e, "wait for killed process");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_of_strips_ports() {
+        assert_eq!(host_of("10.0.0.1:7100"), "10.0.0.1");
+        assert_eq!(host_of("[::1]:7100"), "::1");
+        assert_eq!(host_of("gpu01:7100"), "gpu01");
+        assert_eq!(host_of("gpu01"), "gpu01");
     }
 }

@@ -4,8 +4,10 @@
 
 pub mod agent;
 pub mod config;
+pub mod gpu;
 pub mod launcher;
 pub mod link;
 pub mod metrics;
+pub mod nccl;
 pub mod probe;
 pub mod server;

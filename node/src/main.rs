@@ -18,6 +18,7 @@ fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,openraft=warn,quinn=warn".into()))
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let config = corral_node::config::NodeConfig::load(&args.config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("start async runtime")?;

@@ -1,6 +1,11 @@
-//! Prometheus metrics over HTTP (`GET /metrics`), computed from the node's state at each scrape.
+//! Prometheus metrics over HTTP (`GET /metrics`), computed from the node's state at each scrape:
+//! cluster series (`corral_*`: Raft, jobs, queue depth, GPUs per node) and, for every GPU of this
+//! node, DCGM exporter's series (`DCGM_FI_DEV_*`) labelled with the job holding it, plus
+//! per-job GPU utilization and memory. A scrape is a [`MetricsSnapshot`] rendered as text.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,63 +13,263 @@ use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use proto::{JobState, NodeRole};
+use proto::{JobId, JobState, NodeRole};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tracing::{debug, warn};
 
+use crate::gpu::GpuSample;
 use crate::server::Node;
 
 /// A scrape request larger than this is refused.
 const REQUEST_BYTES_MAX: usize = 8 * 1024;
 
 type Labels = Vec<(String, String)>;
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// Job states listed even when no job is in them.
+const JOB_STATES: [JobState; 7] = [
+    JobState::Pending,
+    JobState::Running,
+    JobState::Completed,
+    JobState::Failed,
+    JobState::Cancelled,
+    JobState::Timeout,
+    JobState::NodeFail,
+];
+
+/// What one scrape shows.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MetricsSnapshot {
+    /// This node's name (DCGM's `Hostname` label).
+    pub hostname: String,
+    pub raft_term: u64,
+    pub raft_is_leader: bool,
+    pub raft_commit_index: u64,
+    pub raft_applied_index: u64,
+    pub agent_running_jobs: u64,
+    /// Cluster-wide series; only on members that hold the replicated state.
+    pub cluster: Option<ClusterSnapshot>,
+    /// This node's GPUs and the job holding each.
+    pub gpus: Vec<(GpuSample, Option<JobId>)>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ClusterSnapshot {
+    pub jobs_by_state: BTreeMap<&'static str, u64>,
+    /// (partition, `pending` | `held` | `running`) → jobs.
+    pub queue_depth: BTreeMap<(String, &'static str), u64>,
+    pub nodes: Vec<NodeSnapshot>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeSnapshot {
+    pub name: String,
+    pub gpus_total: u32,
+    pub gpus_free: u32,
+    pub up: bool,
+    /// Since the leader last heard from it, where this node knows (the leader does).
+    pub heartbeat_age_ms: Option<u64>,
+}
+
+/// GPU index → the job holding it on node `node`, from the jobs' parts.
+pub fn gpu_holders<'a>(jobs: impl IntoIterator<Item = &'a proto::Job>, node: proto::NodeId) -> BTreeMap<u32, JobId> {
+    let mut out = BTreeMap::new();
+    for job in jobs {
+        for part in job.parts.iter().filter(|p| p.alloc.node == node) {
+            for gpu in &part.alloc.gpus {
+                out.insert(*gpu, job.id);
+            }
+        }
+    }
+    out
+}
+
+/// Reads everything a scrape shows from `node`.
+pub fn snapshot(node: &Node) -> MetricsSnapshot {
+    let info = node.cluster_info();
+    let holders = node.state.read(|s| gpu_holders(s.jobs.values(), node.id));
+    let held: BTreeSet<u32> = holders.keys().copied().collect();
+    let sampler = crate::gpu::sampler_for(&node.config.gpus, &node.config.name);
+    let gpus = match sampler.sample(&held) {
+        Ok(samples) => samples
+            .into_iter()
+            .map(|s| {
+                let job = holders.get(&s.gpu).copied();
+                (s, job)
+            })
+            .collect(),
+        Err(e) => {
+            warn!(error = %format!("{e:#}"), "sample gpus");
+            Vec::new()
+        }
+    };
+    let node_infos = node.node_infos();
+    let cluster = node_infos.iter().any(|n| n.id == node.id && n.role != NodeRole::Agent).then(|| {
+        let (jobs_by_state, queue_depth) = node.state.read(|s| {
+            let mut by_state: BTreeMap<&'static str, u64> = JOB_STATES.iter().map(|st| (st.as_str(), 0)).collect();
+            let mut queue: BTreeMap<(String, &'static str), u64> = BTreeMap::new();
+            for j in s.jobs.values() {
+                *by_state.entry(j.state.as_str()).or_default() += 1;
+                let kind = match j.state {
+                    JobState::Pending if j.spec.hold => "held",
+                    JobState::Pending => "pending",
+                    JobState::Running => "running",
+                    _ => continue,
+                };
+                let partition = j.spec.partition.clone().unwrap_or_else(|| "default".into());
+                *queue.entry((partition, kind)).or_default() += 1;
+            }
+            (by_state, queue)
+        });
+        let nodes = node_infos
+            .iter()
+            .map(|n| NodeSnapshot {
+                name: n.name.clone(),
+                gpus_total: n.gpus_total,
+                gpus_free: n.gpus_free,
+                up: n.state == proto::NodeState::Up,
+                heartbeat_age_ms: None,
+            })
+            .collect();
+        ClusterSnapshot { jobs_by_state, queue_depth, nodes }
+    });
+    MetricsSnapshot {
+        hostname: node.config.name.clone(),
+        raft_term: info.term,
+        raft_is_leader: info.leader_id == Some(node.id),
+        raft_commit_index: info.commit_index,
+        raft_applied_index: info.applied_index,
+        agent_running_jobs: node.agent.running().len() as u64,
+        cluster,
+        gpus,
+    }
+}
 
 /// Renders every metric of `node` in the Prometheus text format.
 pub fn render(node: &Node) -> String {
-    let mut registry = Registry::with_prefix("corral");
-    let info = node.cluster_info();
-    let gauge = |registry: &mut Registry, name: &str, help: &str, value: i64| {
-        let g: Gauge = Gauge::default();
-        g.set(value);
-        registry.register(name, help, g);
-    };
-    gauge(&mut registry, "raft_term", "Current Raft term", info.term as i64);
-    gauge(&mut registry, "raft_is_leader", "1 if this node is the leader", i64::from(info.leader_id == Some(node.id)));
-    gauge(&mut registry, "raft_commit_index", "Last committed log index", info.commit_index as i64);
-    gauge(&mut registry, "raft_applied_index", "Last applied log index", info.applied_index as i64);
-    gauge(&mut registry, "agent_running_jobs", "Job processes this node supervises", node.agent.running().len() as i64);
-    if node.node_infos().iter().any(|n| n.id == node.id && n.role != NodeRole::Agent) {
-        let jobs: Family<Labels, Gauge> = Family::default();
-        let counts = node.state.read(|s| {
-            let mut c = std::collections::BTreeMap::new();
-            for j in s.jobs.values() {
-                *c.entry(j.state).or_insert(0i64) += 1;
-            }
-            c
-        });
-        for state in [JobState::Pending, JobState::Running, JobState::Completed, JobState::Failed, JobState::Cancelled, JobState::Timeout, JobState::NodeFail] {
-            jobs.get_or_create(&vec![("state".into(), state.as_str().into())]).set(counts.get(&state).copied().unwrap_or(0));
+    render_snapshot(&snapshot(node))
+}
+
+fn int_gauge(registry: &mut Registry, name: &str, help: &str, value: u64) {
+    let g: Gauge = Gauge::default();
+    g.set(i64::try_from(value).unwrap_or(i64::MAX));
+    registry.register(name, help, g);
+}
+
+fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+/// The text of a scrape.
+pub fn render_snapshot(snap: &MetricsSnapshot) -> String {
+    let mut root = Registry::default();
+    {
+        let corral = root.sub_registry_with_prefix("corral");
+        int_gauge(corral, "raft_term", "Current Raft term", snap.raft_term);
+        int_gauge(corral, "raft_is_leader", "1 if this node is the leader", u64::from(snap.raft_is_leader));
+        int_gauge(corral, "raft_commit_index", "Last committed log index", snap.raft_commit_index);
+        int_gauge(corral, "raft_applied_index", "Last applied log index", snap.raft_applied_index);
+        int_gauge(corral, "agent_running_jobs", "Job processes this node supervises", snap.agent_running_jobs);
+        if let Some(c) = &snap.cluster {
+            register_cluster(corral, c);
         }
-        registry.register("jobs", "Jobs by state", jobs);
-        let gpus_total: Family<Labels, Gauge> = Family::default();
-        let gpus_free: Family<Labels, Gauge> = Family::default();
-        let node_up: Family<Labels, Gauge> = Family::default();
-        for n in node.node_infos() {
-            let l = vec![("node".to_string(), n.name.clone())];
-            gpus_total.get_or_create(&l).set(i64::from(n.gpus_total));
-            gpus_free.get_or_create(&l).set(i64::from(n.gpus_free));
-            node_up.get_or_create(&l).set(i64::from(n.state == proto::NodeState::Up));
-        }
-        registry.register("node_gpus_total", "GPUs of each node", gpus_total);
-        registry.register("node_gpus_free", "Free GPUs of each node", gpus_free);
-        registry.register("node_up", "1 if the node is UP", node_up);
+        register_job_gpu(corral, snap);
     }
+    register_dcgm(&mut root, snap);
     let mut out = String::new();
-    if let Err(e) = encode(&mut out, &registry) {
+    if let Err(e) = encode(&mut out, &root) {
         warn!(error = %e, "encode metrics");
     }
     out
+}
+
+fn register_cluster(corral: &mut Registry, c: &ClusterSnapshot) {
+    let jobs: Family<Labels, Gauge> = Family::default();
+    for (state, n) in &c.jobs_by_state {
+        jobs.get_or_create(&labels(&[("state", state)])).set(*n as i64);
+    }
+    corral.register("jobs", "Jobs by state", jobs);
+    let queue: Family<Labels, Gauge> = Family::default();
+    for ((partition, state), n) in &c.queue_depth {
+        queue.get_or_create(&labels(&[("partition", partition), ("state", state)])).set(*n as i64);
+    }
+    corral.register("queue_depth", "Unfinished jobs by partition and state (pending, held, running)", queue);
+    let gpus_total: Family<Labels, Gauge> = Family::default();
+    let gpus_free: Family<Labels, Gauge> = Family::default();
+    let node_up: Family<Labels, Gauge> = Family::default();
+    let heartbeat_age: Family<Labels, FloatGauge> = Family::default();
+    for n in &c.nodes {
+        let l = labels(&[("node", &n.name)]);
+        gpus_total.get_or_create(&l).set(i64::from(n.gpus_total));
+        gpus_free.get_or_create(&l).set(i64::from(n.gpus_free));
+        node_up.get_or_create(&l).set(i64::from(n.up));
+        if let Some(age_ms) = n.heartbeat_age_ms {
+            heartbeat_age.get_or_create(&l).set(age_ms as f64 / 1000.0);
+        }
+    }
+    corral.register("node_gpus_total", "GPUs of each node", gpus_total);
+    corral.register("node_gpus_free", "Free GPUs of each node", gpus_free);
+    corral.register("node_up", "1 if the node is UP", node_up);
+    if c.nodes.iter().any(|n| n.heartbeat_age_ms.is_some()) {
+        corral.register("node_heartbeat_age_seconds", "Seconds since the leader last heard from each node", heartbeat_age);
+    }
+}
+
+fn register_job_gpu(corral: &mut Registry, snap: &MetricsSnapshot) {
+    let mut by_job: BTreeMap<JobId, Vec<&GpuSample>> = BTreeMap::new();
+    for (s, job) in &snap.gpus {
+        if let Some(job) = job {
+            by_job.entry(*job).or_default().push(s);
+        }
+    }
+    if by_job.is_empty() {
+        return;
+    }
+    let util: Family<Labels, FloatGauge> = Family::default();
+    let mem: Family<Labels, Gauge> = Family::default();
+    for (job, samples) in by_job {
+        let l = labels(&[("job", &job.to_string()), ("node", &snap.hostname)]);
+        let mean = samples.iter().map(|s| f64::from(s.utilization_pct)).sum::<f64>() / samples.len() as f64;
+        util.get_or_create(&l).set(mean);
+        let used_bytes: u64 = samples.iter().map(|s| s.memory_used_mib.saturating_mul(1024 * 1024)).sum();
+        mem.get_or_create(&l).set(i64::try_from(used_bytes).unwrap_or(i64::MAX));
+    }
+    corral.register("job_gpu_utilization", "Mean GPU utilization (%) of a job's GPUs on this node", util);
+    corral.register("job_gpu_memory_used_bytes", "GPU memory a job uses on this node", mem);
+}
+
+/// DCGM exporter's names, units and labels, so existing dashboards work unchanged.
+fn register_dcgm(root: &mut Registry, snap: &MetricsSnapshot) {
+    if snap.gpus.is_empty() {
+        return;
+    }
+    let util: Family<Labels, Gauge> = Family::default();
+    let fb_used: Family<Labels, Gauge> = Family::default();
+    let fb_free: Family<Labels, Gauge> = Family::default();
+    let temp: Family<Labels, Gauge> = Family::default();
+    let power: Family<Labels, FloatGauge> = Family::default();
+    for (s, job) in &snap.gpus {
+        let job = job.map(|j| j.to_string()).unwrap_or_default();
+        let l = labels(&[
+            ("gpu", &s.gpu.to_string()),
+            ("UUID", &s.uuid),
+            ("device", &format!("nvidia{}", s.gpu)),
+            ("modelName", &s.model),
+            ("Hostname", &snap.hostname),
+            ("job", &job),
+        ]);
+        util.get_or_create(&l).set(i64::from(s.utilization_pct));
+        fb_used.get_or_create(&l).set(i64::try_from(s.memory_used_mib).unwrap_or(i64::MAX));
+        fb_free.get_or_create(&l).set(i64::try_from(s.memory_free_mib).unwrap_or(i64::MAX));
+        temp.get_or_create(&l).set(i64::from(s.temperature_c));
+        power.get_or_create(&l).set(s.power_mw as f64 / 1000.0);
+    }
+    root.register("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", util);
+    root.register("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", fb_used);
+    root.register("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", fb_free);
+    root.register("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", temp);
+    root.register("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", power);
 }
 
 pub async fn serve(addr: SocketAddr, node: Arc<Node>) {
@@ -93,7 +298,15 @@ pub async fn serve(addr: SocketAddr, node: Arc<Node>) {
             };
             let request = String::from_utf8_lossy(&buf[..n]);
             let (status, body) = if request.starts_with("GET /metrics") {
-                ("200 OK", render(&node))
+                // NVML sampling blocks for a few milliseconds per GPU.
+                let node = Arc::clone(&node);
+                match tokio::task::spawn_blocking(move || render(&node)).await {
+                    Ok(body) => ("200 OK", body),
+                    Err(e) => {
+                        warn!(error = %e, "render metrics");
+                        ("500 Internal Server Error", "render failed\n".to_string())
+                    }
+                }
             } else {
                 ("404 Not Found", "not found\n".to_string())
             };

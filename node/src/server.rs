@@ -12,8 +12,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context};
 use consensus::{MemberNode, Raft, StateHandle};
 use proto::{
-    ApiError, ClusterInfo, ClusterMember, Command, CommandResult, Envelope, Inventory, Job, JobId, JobState, LogStream, NodeId,
-    NodeInfo, NodeRole, NodeState, Reply, Request, Response, RunNo, FORWARD_HOPS_MAX,
+    ApiError, ClusterInfo, ClusterMember, Command, CommandResult, Envelope, Inventory, Job, JobId, JobState, LogStream, NodeId, NodeInfo,
+    NodeRole, NodeState, Reply, Request, Response, RunNo, FORWARD_HOPS_MAX,
 };
 use tokio::sync::Notify;
 use tracing::{debug, error, info, info_span, warn, Instrument};
@@ -22,7 +22,6 @@ use transport::{Client, Handler, Peer};
 use crate::agent::Agent;
 use crate::config::NodeConfig;
 use crate::link::{LeaderLink, LinkError};
-use crate::probe::{GpuProbe, SimulatedProbe};
 
 pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
@@ -100,8 +99,8 @@ impl Node {
             Request::Raft { kind, payload } => {
                 consensus::handle_raft_rpc(&self.raft, kind, &payload).await.map(|payload| Reply::Raft { payload })
             }
-            Request::Launch { job } => self.agent.launch(*job),
-            Request::Kill { job, run } => self.agent.kill(job, run),
+            Request::Launch { job, nodes } => self.agent.launch(*job, &nodes),
+            Request::Kill { job, run, checkpoint } => self.agent.kill(job, run, checkpoint),
             Request::Logs { job, stream, offset, max_bytes } => self.logs(hops, job, stream, offset, max_bytes).await,
             request if request.needs_leader() => {
                 if self.is_leader() {
@@ -154,7 +153,8 @@ impl Node {
                 jobs.pop().map(|j| Reply::Job(Box::new(j))).ok_or_else(|| ApiError::NotFound(format!("job {job}")))
             }
             Request::ListJobs { include_finished } => {
-                let mut jobs: Vec<Job> = self.state.read(|s| s.jobs.values().filter(|j| include_finished || !j.state.is_final()).cloned().collect());
+                let mut jobs: Vec<Job> =
+                    self.state.read(|s| s.jobs.values().filter(|j| include_finished || !j.state.is_final()).cloned().collect());
                 self.explain_pending(&mut jobs);
                 Ok(Reply::Jobs(jobs))
             }
@@ -172,8 +172,8 @@ impl Node {
         }
         let plan = self.state.read(|s| scheduler::schedule(&s.scheduler_view(), now_ms()));
         for job in jobs.iter_mut().filter(|j| j.state == JobState::Pending) {
-            if let Some(why) = plan.pending_reasons.get(&job.id) {
-                job.reasons.push(why.clone());
+            if let Some(why) = plan.pending.get(&job.id) {
+                job.reasons.extend(why.iter().cloned());
             } else if !job.parts.is_empty() {
                 job.reasons.push(format!("waiting for run {} to stop", job.run));
             } else if plan.placements.iter().any(|p| p.job == job.id) {
@@ -225,12 +225,22 @@ impl Node {
             let mut members: Vec<ClusterMember> = s
                 .nodes
                 .values()
-                .map(|n| ClusterMember { id: n.id, name: n.name.clone(), role: self.role_of(n.id, st.leader, &voters), addr: n.addr.clone() })
+                .map(|n| ClusterMember {
+                    id: n.id,
+                    name: n.name.clone(),
+                    role: self.role_of(n.id, st.leader, &voters),
+                    addr: n.addr.clone(),
+                })
                 .collect();
             // Voters not (yet) registered as nodes still show up.
             for (id, node) in st.voters.iter().chain(st.learners.iter()) {
                 if !s.nodes.contains_key(id) {
-                    members.push(ClusterMember { id: *id, name: node.name.clone(), role: self.role_of(*id, st.leader, &voters), addr: node.addr.clone() });
+                    members.push(ClusterMember {
+                        id: *id,
+                        name: node.name.clone(),
+                        role: self.role_of(*id, st.leader, &voters),
+                        addr: node.addr.clone(),
+                    });
                 }
             }
             (leader_name, members)
@@ -430,18 +440,33 @@ impl Node {
 
     async fn schedule_pass(&self) {
         let view = self.state.read(|s| s.scheduler_view());
-        if view.pending.is_empty() {
+        if !view.jobs.iter().any(|j| j.state == JobState::Pending) {
             return;
         }
         let now = now_ms();
+        let started = Instant::now();
         let plan = scheduler::schedule(&view, now);
+        let pass_ms = started.elapsed().as_millis() as u64;
+        for (job, action) in &plan.preemptions {
+            let cmd = match action {
+                scheduler::PreemptAction::Requeue => Command::Requeue { job: *job, reason: "preempted".into(), now_ms: now },
+                scheduler::PreemptAction::Cancel => Command::Cancel { job: *job, now_ms: now },
+            };
+            info!(job, action = ?action, "preempting job");
+            if let Err(e) = self.propose(cmd).await {
+                warn!(job, error = %e, "preempt job");
+            }
+        }
         if plan.placements.is_empty() {
             return;
         }
-        match self.propose(Command::Plan { placements: plan.placements, now_ms: now }).await {
+        let array_tasks: Vec<(u32, u32)> = plan.array_tasks.iter().map(|a| (a.placement as u32, a.task)).collect();
+        let placements = plan.placements.len();
+        match self.propose(Command::Plan { placements: plan.placements, array_tasks, now_ms: now }).await {
             Ok(CommandResult::Planned { accepted, rejected }) => {
-                if !rejected.is_empty() {
-                    debug!(accepted = accepted.len(), rejected = rejected.len(), "plan partly stale");
+                debug!(placements, accepted = accepted.len(), rejected = rejected.len(), pass_ms, "plan committed");
+                for (job, why) in rejected {
+                    debug!(job, why = %why, "placement rejected as stale");
                 }
             }
             Ok(other) => warn!(result = ?other, "unexpected plan result"),
@@ -458,17 +483,26 @@ impl Node {
             let mut launches = Vec::new();
             let mut kills = Vec::new();
             for j in s.jobs.values() {
-                for part in j.launches_pending() {
-                    launches.push((j.clone(), part.alloc.node, addr_of(part.alloc.node)));
+                if j.launches_pending().next().is_some() {
+                    let nodes: Vec<(String, String)> = j
+                        .nodes_of_current_run()
+                        .into_iter()
+                        .map(|n| s.nodes.get(&n).map(|r| (r.name.clone(), r.addr.clone())).unwrap_or_default())
+                        .collect();
+                    for part in j.launches_pending() {
+                        launches.push((j.clone(), nodes.clone(), part.alloc.node, addr_of(part.alloc.node)));
+                    }
                 }
+                // A requeued job gets its --signal first, to write a checkpoint.
+                let checkpoint = j.state == JobState::Pending && j.spec.signal.is_some();
                 for part in j.parts_to_stop() {
-                    kills.push((j.id, part.run, part.alloc.node, addr_of(part.alloc.node)));
+                    kills.push((j.id, part.run, checkpoint, part.alloc.node, addr_of(part.alloc.node)));
                 }
             }
             (launches, kills)
         });
         let now = Instant::now();
-        for (job, target, addr) in launches {
+        for (job, nodes, target, addr) in launches {
             let key = (job.id, job.run, target);
             {
                 let mut mem = lock(&self.memory);
@@ -479,9 +513,9 @@ impl Node {
             }
             let node = Arc::clone(self);
             let span = info_span!("launch", job = key.0, run = key.1, node = target);
-            tokio::spawn(async move { node.send_launch(job, target, addr).await }.instrument(span));
+            tokio::spawn(async move { node.send_launch(job, nodes, target, addr).await }.instrument(span));
         }
-        for (job, run, target, addr) in kills {
+        for (job, run, checkpoint, target, addr) in kills {
             {
                 let mut mem = lock(&self.memory);
                 if mem.kills_sent.get(&(job, run, target)).is_some_and(|t| now.duration_since(*t) < RESEND_AFTER) {
@@ -492,9 +526,9 @@ impl Node {
             let node = Arc::clone(self);
             tokio::spawn(async move {
                 let result = if target == node.id {
-                    node.agent.kill(job, run)
+                    node.agent.kill(job, run, checkpoint)
                 } else {
-                    let env = Envelope { hops: 0, request: Request::Kill { job, run } };
+                    let env = Envelope { hops: 0, request: Request::Kill { job, run, checkpoint } };
                     node.client.call(&addr, &env, PEER_CALL_TIMEOUT).await.unwrap_or_else(|e| Err(ApiError::Unavailable(e.to_string())))
                 };
                 if let Err(e) = result {
@@ -504,12 +538,12 @@ impl Node {
         }
     }
 
-    async fn send_launch(&self, job: proto::Job, target: NodeId, addr: String) {
+    async fn send_launch(&self, job: proto::Job, nodes: Vec<(String, String)>, target: NodeId, addr: String) {
         let (id, run) = (job.id, job.run);
         let result = if target == self.id {
-            self.agent.launch(job)
+            self.agent.launch(job, &nodes)
         } else {
-            let env = Envelope { hops: 0, request: Request::Launch { job: Box::new(job) } };
+            let env = Envelope { hops: 0, request: Request::Launch { job: Box::new(job), nodes } };
             match self.client.call(&addr, &env, PEER_CALL_TIMEOUT).await {
                 Ok(r) => r,
                 Err(e) => {
@@ -712,17 +746,40 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
     let instance: u64 = rand::random();
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("create data directory {}", config.data_dir.display()))?;
     let identity = config.tls.load().context("load tls identity")?;
-    let endpoint = transport::endpoint(config.listen, &identity, true).with_context(|| format!("bind quic endpoint on {}", config.listen))?;
+    let endpoint =
+        transport::endpoint(config.listen, &identity, true).with_context(|| format!("bind quic endpoint on {}", config.listen))?;
     let client = Arc::new(Client::new(endpoint.clone()));
-    let gpus = SimulatedProbe { node_name: config.name.clone(), spec: config.gpus.clone() }.discover().context("discover gpus")?;
+    let probe: Arc<dyn crate::gpu::GpuProbe> = Arc::from(crate::probe::probe_from_config(&config.gpus, &config.name));
+    let discover_started = Instant::now();
+    let discovered = probe.discover().context("discover gpus")?;
+    info!(probe = probe.kind(), gpus = discovered.gpus.len(), took_ms = discover_started.elapsed().as_millis() as u64, "gpus discovered");
+    let gpus = discovered.gpus.clone();
     let inventory = Inventory {
         gpus: gpus.clone(),
+        topology: discovered.topology,
         cpus: config.cpus.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32)),
         memory_mib: config.memory_mib.unwrap_or_else(host_memory_mib),
-        ..Inventory::default()
+        location: config.location.clone(),
+        features: config.features.clone(),
+        partitions: config.partitions.clone(),
     };
     info!(node = %config.name, gpus = gpus.len(), cpus = inventory.cpus, memory_mib = inventory.memory_mib, "inventory discovered");
-    let agent = Agent::new(config.name.clone(), instance, gpus, config.jobs_dir(), config.kill_grace_ms)?;
+    let settings = crate::agent::AgentSettings {
+        jobs_dir: config.jobs_dir(),
+        checkpoint_root: config.checkpoint_root(),
+        nccl: crate::nccl::derive(&config.nccl, &inventory, &config.advertise_addr()),
+        stop: crate::launcher::StopTimings { kill_grace_ms: config.kill_grace_ms, fence_kill_grace_ms: config.fence_kill_grace_ms },
+        fence_after_ms: config.fence_after_ms(),
+    };
+    info!(nccl = ?settings.nccl, fence_after_ms = settings.fence_after_ms, "agent settings");
+    if settings.fence_after_ms < 2 * config.raft.election_timeout_max_ms {
+        warn!(
+            fence_after_ms = settings.fence_after_ms,
+            election_timeout_max_ms = config.raft.election_timeout_max_ms,
+            "fence_after_ms is shorter than two elections: a leader failover may stop this node's jobs; raise node_down_after_ms"
+        );
+    }
+    let agent = Agent::new(config.name.clone(), instance, gpus, settings)?;
     let api = Arc::new(Api { node: OnceLock::new() });
     tokio::spawn(transport::serve(endpoint.clone(), api.clone()));
 
@@ -807,7 +864,9 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
     // Register this instance (new inventory, new instance id) before taking work.
     match call_until(&agent_link, join.clone(), "register with the cluster", Duration::from_secs(600)).await? {
         Reply::Joined { id: assigned, .. } if assigned == id => {}
-        Reply::Joined { id: assigned, .. } => bail!("cluster knows node '{}' as id {assigned}, but this data directory says {id}", config.name),
+        Reply::Joined { id: assigned, .. } => {
+            bail!("cluster knows node '{}' as id {assigned}, but this data directory says {id}", config.name)
+        }
         other => bail!("register with the cluster: unexpected reply {other:?}"),
     }
     info!(node = %config.name, id, instance, "node is up");
@@ -815,6 +874,7 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
         tokio::spawn(crate::metrics::serve(addr, Arc::clone(&node)));
     }
     tokio::spawn(Arc::clone(&agent).report_loop(Arc::clone(&agent_link)));
+    spawn_gpu_health(probe.as_ref(), id, Arc::clone(&agent_link));
     let heartbeat = Duration::from_millis(config.heartbeat_interval_ms);
     let hb = tokio::spawn(Arc::clone(&agent).heartbeat_loop(agent_link, heartbeat, join));
     match hb.await {
@@ -824,6 +884,38 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
             bail!("heartbeat loop ended: {e}")
         }
     }
+}
+
+/// Forwards GPU health events from the probe to the leader, which commits them.
+fn spawn_gpu_health(probe: &dyn crate::gpu::GpuProbe, node: NodeId, link: Arc<LeaderLink>) {
+    let (tx, mut rx) = tokio::sync::mpsc::channel(crate::gpu::HEALTH_CHANNEL_CAPACITY);
+    match probe.health_monitor() {
+        Ok(monitor) => {
+            tokio::spawn(crate::gpu::run_health_loop(monitor, tx));
+        }
+        Err(e) => {
+            warn!(error = format!("{e:#}"), "gpu health monitor not started");
+            return;
+        }
+    }
+    tokio::spawn(async move {
+        while let Some(ev) = rx.recv().await {
+            let req = Request::ReportGpuHealth {
+                node,
+                gpu: ev.gpu,
+                mig_uuid: ev.mig_uuid.clone(),
+                healthy: ev.healthy,
+                reason: ev.reason.clone(),
+            };
+            // Retry until committed: a lost health event would leave work on a broken GPU.
+            let mut backoff_ms = 100;
+            while let Err(e) = link.call(req.clone(), 0).await {
+                warn!(gpu = ev.gpu, error = %e, "report gpu health, retrying");
+                tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
+                backoff_ms = (backoff_ms * 2).min(5_000);
+            }
+        }
+    });
 }
 
 fn host_memory_mib() -> u64 {

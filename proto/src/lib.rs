@@ -208,10 +208,7 @@ impl GresRequest {
         let bad = || format!("invalid gres '{text}': expected gpu:N or gpu:TYPE:N");
         match parts.as_slice() {
             ["gpu", n] => Ok(GresRequest { gpu_type: None, count: n.parse().map_err(|_| bad())? }),
-            ["gpu", t, n] if !t.is_empty() => Ok(GresRequest {
-                gpu_type: Some((*t).to_string()),
-                count: n.parse().map_err(|_| bad())?,
-            }),
+            ["gpu", t, n] if !t.is_empty() => Ok(GresRequest { gpu_type: Some((*t).to_string()), count: n.parse().map_err(|_| bad())? }),
             _ => Err(bad()),
         }
     }
@@ -525,6 +522,9 @@ pub struct Job {
     pub reasons: Vec<String>,
     /// Accounting, filled in as runs end.
     pub gpu_seconds: u64,
+    /// Rendezvous port of the current run on its first node (`MASTER_PORT`), chosen when the
+    /// run is placed so that no two jobs on that node share it.
+    pub master_port: Option<u16>,
 }
 
 impl Job {
@@ -571,6 +571,8 @@ pub enum RunOutcome {
     Killed,
     /// The process could not be started.
     LaunchFailed(String),
+    /// The process died with an earlier instance of its node before the launch was confirmed.
+    Lost(String),
 }
 
 /// One placement of a plan: job `job`, run `run`, on one allocation per node (a gang).
@@ -583,36 +585,107 @@ pub struct Placement {
 
 /// Every change to the cluster state is one of these, committed through Raft. Time travels
 /// inside the command (`now_ms`, stamped by the leader) so applying it is deterministic.
+// A message decoded once per request or log entry and moved rarely: boxing the large variants
+// would buy nothing but indirection.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
-    RegisterNode { name: String, addr: String, inventory: Inventory, instance: InstanceId, now_ms: u64 },
+    RegisterNode {
+        name: String,
+        addr: String,
+        inventory: Inventory,
+        instance: InstanceId,
+        now_ms: u64,
+    },
     /// A node heartbeats again, or with a new instance.
-    NodeUp { node: NodeId, instance: InstanceId, now_ms: u64 },
-    NodeDown { node: NodeId, reason: String, now_ms: u64 },
-    Drain { node: NodeId, reason: String, now_ms: u64 },
-    Resume { node: NodeId, now_ms: u64 },
-    Submit { spec: JobSpec, now_ms: u64 },
+    NodeUp {
+        node: NodeId,
+        instance: InstanceId,
+        now_ms: u64,
+    },
+    NodeDown {
+        node: NodeId,
+        reason: String,
+        now_ms: u64,
+    },
+    Drain {
+        node: NodeId,
+        reason: String,
+        now_ms: u64,
+    },
+    Resume {
+        node: NodeId,
+        now_ms: u64,
+    },
+    Submit {
+        spec: JobSpec,
+        now_ms: u64,
+    },
     /// Placements chosen by the scheduler; apply re-checks each and rejects the stale ones.
-    Plan { placements: Vec<Placement>, now_ms: u64 },
-    LaunchConfirmed { job: JobId, run: RunNo, node: NodeId, instance: InstanceId, now_ms: u64 },
-    RunFinished { job: JobId, run: RunNo, node: NodeId, outcome: RunOutcome, now_ms: u64 },
-    Cancel { job: JobId, now_ms: u64 },
+    /// `array_tasks`: (index into `placements`, task id) for placements that start a task of
+    /// an array (the placement names the array job).
+    Plan {
+        placements: Vec<Placement>,
+        array_tasks: Vec<(u32, u32)>,
+        now_ms: u64,
+    },
+    LaunchConfirmed {
+        job: JobId,
+        run: RunNo,
+        node: NodeId,
+        instance: InstanceId,
+        now_ms: u64,
+    },
+    RunFinished {
+        job: JobId,
+        run: RunNo,
+        node: NodeId,
+        outcome: RunOutcome,
+        now_ms: u64,
+    },
+    Cancel {
+        job: JobId,
+        now_ms: u64,
+    },
     /// Stop a running job and put it back in the queue (keeps its id, counts a restart).
-    Requeue { job: JobId, reason: String, now_ms: u64 },
+    Requeue {
+        job: JobId,
+        reason: String,
+        now_ms: u64,
+    },
     /// A GPU (or one MIG instance of it) turned unhealthy, or an operator marked it healthy.
-    GpuHealth { node: NodeId, gpu: u32, mig_uuid: Option<String>, healthy: bool, reason: String, now_ms: u64 },
+    GpuHealth {
+        node: NodeId,
+        gpu: u32,
+        mig_uuid: Option<String>,
+        healthy: bool,
+        reason: String,
+        now_ms: u64,
+    },
     /// The node's inventory changed (e.g. a MIG layout was applied to an idle GPU).
-    UpdateInventory { node: NodeId, inventory: Inventory, reason: String, now_ms: u64 },
+    UpdateInventory {
+        node: NodeId,
+        inventory: Inventory,
+        reason: String,
+        now_ms: u64,
+    },
 }
 
 /// What applying a command answered, returned to the proposer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CommandResult {
     Ok,
-    NodeRegistered { id: NodeId },
-    Submitted { job: JobId },
+    NodeRegistered {
+        id: NodeId,
+    },
+    Submitted {
+        job: JobId,
+    },
     /// Jobs of the plan that were placed, and those rejected with the reason.
-    Planned { accepted: Vec<JobId>, rejected: Vec<(JobId, String)> },
+    Planned {
+        accepted: Vec<JobId>,
+        rejected: Vec<(JobId, String)>,
+    },
     /// The command was valid on the wire but not in the current state (e.g. cancel of an
     /// unknown job). Nothing changed.
     Rejected(String),
@@ -628,34 +701,100 @@ pub enum LogStream {
 }
 
 /// Everything a node answers on its QUIC port. One request per bidirectional stream.
+// See `Command`: decoded once per stream, never stored in bulk.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Request {
     // client API
-    Submit { spec: JobSpec },
-    Cancel { job: JobId },
-    GetJob { job: JobId },
-    ListJobs { include_finished: bool },
+    Submit {
+        spec: JobSpec,
+    },
+    Cancel {
+        job: JobId,
+    },
+    GetJob {
+        job: JobId,
+    },
+    ListJobs {
+        include_finished: bool,
+    },
     ListNodes,
     ClusterInfo,
-    Drain { node: String, reason: String },
-    Resume { node: String },
-    Logs { job: JobId, stream: LogStream, offset: u64, max_bytes: u32 },
+    Drain {
+        node: String,
+        reason: String,
+    },
+    Resume {
+        node: String,
+    },
+    Logs {
+        job: JobId,
+        stream: LogStream,
+        offset: u64,
+        max_bytes: u32,
+    },
     // node to node
-    Join { token: String, name: String, addr: String, inventory: Inventory, instance: InstanceId },
-    Heartbeat { node: NodeId, instance: InstanceId, running: Vec<(JobId, RunNo)> },
-    ReportRun { job: JobId, run: RunNo, node: NodeId, outcome: RunOutcome },
-    Launch { job: Box<Job> },
+    Join {
+        token: String,
+        name: String,
+        addr: String,
+        inventory: Inventory,
+        instance: InstanceId,
+    },
+    Heartbeat {
+        node: NodeId,
+        instance: InstanceId,
+        running: Vec<(JobId, RunNo)>,
+    },
+    ReportRun {
+        job: JobId,
+        run: RunNo,
+        node: NodeId,
+        outcome: RunOutcome,
+    },
+    /// Start this node's part of `job`'s current run. `nodes`: name and address of every node
+    /// of the run, in rank order (rank 0 hosts the rendezvous).
+    Launch {
+        job: Box<Job>,
+        nodes: Vec<(String, String)>,
+    },
     /// An agent reports a GPU health change (XID, ECC, fell off the bus) for its node.
-    ReportGpuHealth { node: NodeId, gpu: u32, mig_uuid: Option<String>, healthy: bool, reason: String },
+    ReportGpuHealth {
+        node: NodeId,
+        gpu: u32,
+        mig_uuid: Option<String>,
+        healthy: bool,
+        reason: String,
+    },
     /// An operator marks a GPU healthy (or unhealthy) again.
-    SetGpuHealth { node: String, gpu: u32, healthy: bool, reason: String },
+    SetGpuHealth {
+        node: String,
+        gpu: u32,
+        healthy: bool,
+        reason: String,
+    },
     /// An agent reports its inventory changed (MIG layout applied).
-    ReportInventory { node: NodeId, inventory: Inventory, reason: String },
+    ReportInventory {
+        node: NodeId,
+        inventory: Inventory,
+        reason: String,
+    },
     /// Stop a running job and queue it again.
-    Requeue { job: JobId },
-    Kill { job: JobId, run: RunNo },
+    Requeue {
+        job: JobId,
+    },
+    /// Stop a part. `checkpoint`: the job is being requeued, so send its `--signal` first
+    /// and give it the time it asked for to write a checkpoint.
+    Kill {
+        job: JobId,
+        run: RunNo,
+        checkpoint: bool,
+    },
     /// An openraft RPC, encoded by the consensus crate: proto does not know openraft's types.
-    Raft { kind: RaftRpcKind, payload: Vec<u8> },
+    Raft {
+        kind: RaftRpcKind,
+        payload: Vec<u8>,
+    },
 }
 
 impl Request {
@@ -695,6 +834,10 @@ pub struct Envelope {
 }
 
 pub const FORWARD_HOPS_MAX: u8 = 3;
+
+/// Ports handed out as `MASTER_PORT`, one per job per first node.
+pub const MASTER_PORT_FIRST: u16 = 29_500;
+pub const MASTER_PORT_COUNT: u16 = 1_000;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterMember {

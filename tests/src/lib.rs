@@ -73,7 +73,8 @@ impl TestCluster {
         all.extend_from_slice(args);
         let out = self.corral(&all);
         assert!(out.status.success(), "corral {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("corral {args:?} printed no JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("corral {args:?} printed no JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
     }
 
     /// Submits `-- CMD...` with `opts` before it; returns the job id.
@@ -134,7 +135,7 @@ impl TestCluster {
             paths.sort();
             for p in paths {
                 let text = std::fs::read_to_string(&p).unwrap_or_default();
-                let tail: Vec<&str> = text.lines().rev().take(30).collect();
+                let tail: Vec<&str> = text.lines().rev().take(40).collect();
                 out.push_str(&format!("--- {}\n", p.display()));
                 for line in tail.into_iter().rev() {
                     out.push_str(line);
@@ -148,6 +149,9 @@ impl TestCluster {
 
 impl Drop for TestCluster {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("node logs of the failed test:\n{}", self.logs());
+        }
         let _ = self.raw(&["dev", "down", "--dir", self.path_str()]);
     }
 }

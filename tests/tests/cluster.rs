@@ -23,7 +23,20 @@ fn submit_through_a_follower_runs_with_its_gpus_and_reports_exit_codes() {
     let leader = c.leader();
     let follower = ["n1", "n2", "n3"].into_iter().find(|n| *n != leader).expect("a follower");
     let addr = c.addr(follower);
-    let out = c.corral(&["--server", &addr, "--json", "submit", "--gres", "gpu:h100:2", "--name", "probe", "--", "sh", "-c", "echo CVD=$CUDA_VISIBLE_DEVICES NODE=$CORRAL_NODE JOB=$CORRAL_JOB_ID"]);
+    let out = c.corral(&[
+        "--server",
+        &addr,
+        "--json",
+        "submit",
+        "--gres",
+        "gpu:h100:2",
+        "--name",
+        "probe",
+        "--",
+        "sh",
+        "-c",
+        "echo CVD=$CUDA_VISIBLE_DEVICES NODE=$CORRAL_NODE JOB=$CORRAL_JOB_ID",
+    ]);
     assert!(out.status.success(), "submit through {follower}: {}", String::from_utf8_lossy(&out.stderr));
     let id = serde_json::from_slice::<Value>(&out.stdout).expect("json")["job_id"].as_u64().expect("job id");
     let job = c.wait_final(id, Duration::from_secs(30));
@@ -75,12 +88,14 @@ fn two_jobs_never_share_a_gpu_and_work_queues_when_gpus_run_out() {
 
 #[test]
 fn leader_sigkill_new_leader_takes_submissions_within_2s_and_other_jobs_finish() {
-    let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:8", "--node-down-after-ms", "2000"]);
+    let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:8", "--node-down-after-ms", "4000"]);
     let cmd = record_cmd("3");
     let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
     let ids: Vec<u64> = (0..3).map(|_| c.submit(&["--gres", "gpu:8"], &cmd)).collect();
     wait_until("three whole-node jobs running", Duration::from_secs(20), || {
-        std::fs::read_to_string(c.work.join("spans.log")).map(|t| t.lines().filter(|l| l.starts_with("start")).count() == 3).unwrap_or(false)
+        std::fs::read_to_string(c.work.join("spans.log"))
+            .map(|t| t.lines().filter(|l| l.starts_with("start")).count() == 3)
+            .unwrap_or(false)
     });
     let leader = c.leader();
     let survivor = ["n1", "n2", "n3"].into_iter().find(|n| *n != leader).expect("survivor");
@@ -118,7 +133,11 @@ fn whole_cluster_restart_keeps_every_acked_job_in_its_state() {
     assert!(out.status.success(), "restart: {}\n{}", String::from_utf8_lossy(&out.stderr), c.logs());
     let after = c.json(&["queue", "--all"]);
     let summary = |v: &Value| -> Vec<(u64, String)> {
-        v.as_array().expect("array").iter().map(|j| (j["id"].as_u64().unwrap_or(0), j["state"].as_str().unwrap_or("").to_string())).collect()
+        v.as_array()
+            .expect("array")
+            .iter()
+            .map(|j| (j["id"].as_u64().unwrap_or(0), j["state"].as_str().unwrap_or("").to_string()))
+            .collect()
     };
     assert_eq!(summary(&before), summary(&after));
     assert_eq!(summary(&after).len(), 10);
@@ -156,7 +175,9 @@ fn cancel_kills_the_process_group_and_time_limits_end_in_timeout() {
     let c = TestCluster::up(&["--nodes", "1", "--voters-max", "1", "--gpus", "h100:2", "--kill-grace-ms", "500"]);
     let id = c.submit(&[], &["sh", "-c", "sleep 60 & echo $! > child.pid; wait"]);
     let pid_file = c.work.join("child.pid");
-    wait_until("the job's child to start", Duration::from_secs(20), || std::fs::read_to_string(&pid_file).is_ok_and(|t| !t.trim().is_empty()));
+    wait_until("the job's child to start", Duration::from_secs(20), || {
+        std::fs::read_to_string(&pid_file).is_ok_and(|t| !t.trim().is_empty())
+    });
     let child: i32 = std::fs::read_to_string(&pid_file).expect("pid").trim().parse().expect("pid number");
     let out = c.corral(&["cancel", &id.to_string()]);
     assert!(out.status.success());
@@ -178,7 +199,12 @@ fn a_dead_voter_is_replaced_by_a_healthy_agent() {
     let voters = |c: &TestCluster| -> BTreeSet<String> {
         c.json(&["cluster"])["members"]
             .as_array()
-            .map(|m| m.iter().filter(|m| m["role"] == "voter" || m["role"] == "leader").filter_map(|m| m["name"].as_str().map(String::from)).collect())
+            .map(|m| {
+                m.iter()
+                    .filter(|m| m["role"] == "voter" || m["role"] == "leader")
+                    .filter_map(|m| m["name"].as_str().map(String::from))
+                    .collect()
+            })
             .unwrap_or_default()
     };
     wait_until("three voters", Duration::from_secs(20), || voters(&c).len() == 3);

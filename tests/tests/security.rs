@@ -24,7 +24,9 @@ fn garbage_frames_and_foreign_certificates_are_refused_while_the_node_keeps_serv
     let other_ca = pki::generate_ca("stranger").expect("ca");
     let stranger = pki::issue_client_cert(&other_ca, "mallory").expect("cert");
     // The stranger trusts our CA (so it can verify the server) but holds a foreign certificate.
-    let theirs = pki::TlsIdentity::from_pems(&std::fs::read_to_string(dir.join("ca.crt")).expect("ca"), &stranger.cert_pem, &stranger.key_pem).expect("identity");
+    let theirs =
+        pki::TlsIdentity::from_pems(&std::fs::read_to_string(dir.join("ca.crt")).expect("ca"), &stranger.cert_pem, &stranger.key_pem)
+            .expect("identity");
     runtime().block_on(async {
         let ask = Envelope { hops: 0, request: Request::ClusterInfo };
         let foreign = transport::Client::new(transport::endpoint("127.0.0.1:0".parse().expect("addr"), &theirs, false).expect("endpoint"));

@@ -29,8 +29,7 @@ use tokio::sync::Semaphore;
 use tracing::{debug, warn};
 
 pub use pki::{
-    ca_fingerprint, generate_ca, issue_client_cert, issue_node_cert, write_pem_pair, PemPair,
-    TlsIdentity, TlsPaths, SERVER_NAME,
+    ca_fingerprint, generate_ca, issue_client_cert, issue_node_cert, write_pem_pair, PemPair, TlsIdentity, TlsPaths, SERVER_NAME,
 };
 
 /// The one application protocol spoken over the QUIC connections.
@@ -57,16 +56,13 @@ const CODE_TIMEOUT: u32 = 2;
 /// as the process default.
 pub(crate) fn crypto_provider() -> Arc<CryptoProvider> {
     static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
-    PROVIDER
-        .get_or_init(|| Arc::new(rustls::crypto::ring::default_provider()))
-        .clone()
+    PROVIDER.get_or_init(|| Arc::new(rustls::crypto::ring::default_provider())).clone()
 }
 
 fn transport_config() -> anyhow::Result<Arc<TransportConfig>> {
     let mut config = TransportConfig::default();
     config.keep_alive_interval(Some(Duration::from_millis(KEEP_ALIVE_INTERVAL_MS)));
-    let idle = IdleTimeout::try_from(Duration::from_millis(IDLE_TIMEOUT_MS))
-        .context("set idle timeout")?;
+    let idle = IdleTimeout::try_from(Duration::from_millis(IDLE_TIMEOUT_MS)).context("set idle timeout")?;
     config.max_idle_timeout(Some(idle));
     config.max_concurrent_bidi_streams(VarInt::from_u32(STREAMS_PER_CONNECTION_MAX));
     config.max_concurrent_uni_streams(VarInt::from_u32(0));
@@ -75,18 +71,15 @@ fn transport_config() -> anyhow::Result<Arc<TransportConfig>> {
 
 fn roots(id: &TlsIdentity) -> anyhow::Result<Arc<RootCertStore>> {
     let mut roots = RootCertStore::empty();
-    roots
-        .add(id.ca_der.clone())
-        .context("add cluster CA to the trusted roots")?;
+    roots.add(id.ca_der.clone()).context("add cluster CA to the trusted roots")?;
     Ok(Arc::new(roots))
 }
 
 fn client_config(id: &TlsIdentity) -> anyhow::Result<quinn::ClientConfig> {
     let provider = crypto_provider();
-    let verifier =
-        rustls::client::WebPkiServerVerifier::builder_with_provider(roots(id)?, provider.clone())
-            .build()
-            .context("build server certificate verifier")?;
+    let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(roots(id)?, provider.clone())
+        .build()
+        .context("build server certificate verifier")?;
     let mut tls = rustls::ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .context("select TLS 1.3")?
@@ -102,9 +95,8 @@ fn client_config(id: &TlsIdentity) -> anyhow::Result<quinn::ClientConfig> {
 
 fn server_config(id: &TlsIdentity) -> anyhow::Result<quinn::ServerConfig> {
     let provider = crypto_provider();
-    let verifier = WebPkiClientVerifier::builder_with_provider(roots(id)?, provider.clone())
-        .build()
-        .context("build client certificate verifier")?;
+    let verifier =
+        WebPkiClientVerifier::builder_with_provider(roots(id)?, provider.clone()).build().context("build client certificate verifier")?;
     let mut tls = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .context("select TLS 1.3")?
@@ -122,14 +114,9 @@ fn server_config(id: &TlsIdentity) -> anyhow::Result<quinn::ServerConfig> {
 /// certificate from the cluster CA (and no others); it can always dial out, proving its own
 /// certificate and trusting servers of the cluster CA only. Must be called inside a Tokio
 /// runtime.
-pub fn endpoint(
-    bind: SocketAddr,
-    id: &TlsIdentity,
-    serve: bool,
-) -> anyhow::Result<quinn::Endpoint> {
+pub fn endpoint(bind: SocketAddr, id: &TlsIdentity, serve: bool) -> anyhow::Result<quinn::Endpoint> {
     let mut endpoint = if serve {
-        quinn::Endpoint::server(server_config(id)?, bind)
-            .with_context(|| format!("bind QUIC server on {bind}"))?
+        quinn::Endpoint::server(server_config(id)?, bind).with_context(|| format!("bind QUIC server on {bind}"))?
     } else {
         quinn::Endpoint::client(bind).with_context(|| format!("bind QUIC client on {bind}"))?
     };
@@ -166,23 +153,15 @@ fn write_error(e: WriteError) -> FrameError {
 
 /// Writes one frame: the length as a big-endian `u32`, then the bytes.
 pub async fn write_frame(send: &mut quinn::SendStream, bytes: &[u8]) -> Result<(), FrameError> {
-    let len = u32::try_from(bytes.len()).map_err(|_| FrameError::TooLarge {
-        len: bytes.len(),
-        max: u32::MAX as usize,
-    })?;
-    send.write_all(&len.to_be_bytes())
-        .await
-        .map_err(write_error)?;
+    let len = u32::try_from(bytes.len()).map_err(|_| FrameError::TooLarge { len: bytes.len(), max: u32::MAX as usize })?;
+    send.write_all(&len.to_be_bytes()).await.map_err(write_error)?;
     send.write_all(bytes).await.map_err(write_error)
 }
 
 /// Reads one frame of at most `max_bytes`. The length is checked before anything is allocated,
 /// and the buffer then grows only as bytes arrive. A stream that ends before the first byte of
 /// the length is [`FrameError::Closed`].
-pub async fn read_frame(
-    recv: &mut quinn::RecvStream,
-    max_bytes: usize,
-) -> Result<Vec<u8>, FrameError> {
+pub async fn read_frame(recv: &mut quinn::RecvStream, max_bytes: usize) -> Result<Vec<u8>, FrameError> {
     /// Most memory reserved ahead of the bytes that fill it.
     const RESERVE_BYTES_MAX: usize = 64 * 1024;
     let mut prefix = [0u8; 4];
@@ -190,28 +169,20 @@ pub async fn read_frame(
         Ok(()) => {}
         Err(ReadExactError::FinishedEarly(0)) => return Err(FrameError::Closed),
         Err(ReadExactError::FinishedEarly(n)) => {
-            return Err(FrameError::Io(format!(
-                "stream finished after {n} bytes of the length prefix"
-            )))
+            return Err(FrameError::Io(format!("stream finished after {n} bytes of the length prefix")))
         }
         Err(ReadExactError::ReadError(e)) => return Err(read_error(e)),
     }
     let len = u32::from_be_bytes(prefix) as usize;
     if len > max_bytes {
-        return Err(FrameError::TooLarge {
-            len,
-            max: max_bytes,
-        });
+        return Err(FrameError::TooLarge { len, max: max_bytes });
     }
     let mut buf = Vec::with_capacity(len.min(RESERVE_BYTES_MAX));
     while buf.len() < len {
         match recv.read_chunk(len - buf.len(), true).await {
             Ok(Some(chunk)) => buf.extend_from_slice(&chunk.bytes),
             Ok(None) => {
-                return Err(FrameError::Io(format!(
-                    "stream finished after {} of {len} frame bytes",
-                    buf.len()
-                )));
+                return Err(FrameError::Io(format!("stream finished after {} of {len} frame bytes", buf.len())));
             }
             Err(e) => return Err(read_error(e)),
         }
@@ -233,21 +204,14 @@ pub struct Peer {
 
 /// Answers requests. Called once per stream, concurrently; the future must not borrow `self`.
 pub trait Handler: Send + Sync + 'static {
-    fn handle(
-        &self,
-        peer: Peer,
-        envelope: Envelope,
-    ) -> Pin<Box<dyn Future<Output = Response> + Send + 'static>>;
+    fn handle(&self, peer: Peer, envelope: Envelope) -> Pin<Box<dyn Future<Output = Response> + Send + 'static>>;
 }
 
 fn peer_of(conn: &quinn::Connection) -> Option<Peer> {
     let identity = conn.peer_identity()?;
     let chain = identity.downcast::<Vec<CertificateDer<'static>>>().ok()?;
     let leaf = chain.first()?;
-    Some(Peer {
-        remote: conn.remote_address(),
-        common_name: pki::peer_name(leaf),
-    })
+    Some(Peer { remote: conn.remote_address(), common_name: pki::peer_name(leaf) })
 }
 
 /// Accepts connections on `endpoint` until it is closed, answering every request with
@@ -313,17 +277,8 @@ fn codec_error(e: CodecError) -> ApiError {
     }
 }
 
-async fn serve_stream(
-    mut send: quinn::SendStream,
-    mut recv: quinn::RecvStream,
-    peer: Peer,
-    handler: Arc<dyn Handler>,
-) {
-    let read = tokio::time::timeout(
-        Duration::from_millis(REQUEST_READ_TIMEOUT_MS),
-        read_frame(&mut recv, FRAME_BYTES_MAX),
-    )
-    .await;
+async fn serve_stream(mut send: quinn::SendStream, mut recv: quinn::RecvStream, peer: Peer, handler: Arc<dyn Handler>) {
+    let read = tokio::time::timeout(Duration::from_millis(REQUEST_READ_TIMEOUT_MS), read_frame(&mut recv, FRAME_BYTES_MAX)).await;
     let response: Response = match read {
         Err(_elapsed) => {
             debug!(peer = %peer.remote, name = %peer.common_name, timeout_ms = REQUEST_READ_TIMEOUT_MS, "stream refused: request too slow");
@@ -430,9 +385,7 @@ pub struct Client {
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Client")
-            .field("local_addr", &self.inner.endpoint.local_addr().ok())
-            .finish()
+        f.debug_struct("Client").field("local_addr", &self.inner.endpoint.local_addr().ok()).finish()
     }
 }
 
@@ -440,12 +393,7 @@ impl Client {
     /// A client dialing from `endpoint`, which must have a default client config (as
     /// [`endpoint`] gives it).
     pub fn new(endpoint: quinn::Endpoint) -> Client {
-        Client {
-            inner: Arc::new(ClientInner {
-                endpoint,
-                connections: Mutex::new(HashMap::new()),
-            }),
-        }
+        Client { inner: Arc::new(ClientInner { endpoint, connections: Mutex::new(HashMap::new()) }) }
     }
 
     pub fn endpoint(&self) -> &quinn::Endpoint {
@@ -461,19 +409,13 @@ impl Client {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, quinn::Connection>> {
         // The map holds no invariant a panicking holder could break.
-        self.inner
-            .connections
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner.connections.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Drops `conn` from the cache if it is still the one cached for `addr`.
     fn drop_cached(&self, addr: &str, conn: &quinn::Connection) {
         let mut map = self.lock();
-        if map
-            .get(addr)
-            .is_some_and(|c| c.stable_id() == conn.stable_id())
-        {
+        if map.get(addr).is_some_and(|c| c.stable_id() == conn.stable_id()) {
             map.remove(addr);
         }
     }
@@ -484,18 +426,10 @@ impl Client {
     ///
     /// A cached connection found dead, or on which no stream can be opened, is replaced once by
     /// a new one. A request that may have reached the peer is never sent twice.
-    pub async fn call(
-        &self,
-        addr: &str,
-        envelope: &Envelope,
-        timeout: Duration,
-    ) -> Result<Response, CallError> {
+    pub async fn call(&self, addr: &str, envelope: &Envelope, timeout: Duration) -> Result<Response, CallError> {
         let request = proto::encode(envelope);
         if request.len() > FRAME_BYTES_MAX {
-            return Err(CallError::Codec(format!(
-                "request of {} bytes exceeds the frame limit of {FRAME_BYTES_MAX}",
-                request.len()
-            )));
+            return Err(CallError::Codec(format!("request of {} bytes exceeds the frame limit of {FRAME_BYTES_MAX}", request.len())));
         }
         match tokio::time::timeout(timeout, self.call_inner(addr, &request)).await {
             Ok(result) => result,
@@ -544,10 +478,7 @@ impl Client {
                 map.remove(addr);
             }
         }
-        let conn = self
-            .dial(addr)
-            .await
-            .map_err(|e| CallError::Connect(format!("{e:#}")))?;
+        let conn = self.dial(addr).await.map_err(|e| CallError::Connect(format!("{e:#}")))?;
         // Should another call have dialed at the same time, its connection is replaced here;
         // its callers keep their handle until they are done, and then it closes.
         self.lock().insert(addr.to_string(), conn.clone());
@@ -556,11 +487,7 @@ impl Client {
 
     async fn dial(&self, addr: &str) -> anyhow::Result<quinn::Connection> {
         let target = resolve(addr, self.inner.endpoint.local_addr().ok()).await?;
-        let connecting = self
-            .inner
-            .endpoint
-            .connect(target, SERVER_NAME)
-            .with_context(|| format!("dial {addr}"))?;
+        let connecting = self.inner.endpoint.connect(target, SERVER_NAME).with_context(|| format!("dial {addr}"))?;
         // A dead peer never answers a handshake: give up early, before anything was sent, so
         // the caller can try another member at once.
         let conn = tokio::time::timeout(Duration::from_millis(CONNECT_TIMEOUT_MS), connecting)
@@ -574,10 +501,7 @@ impl Client {
 
 /// The first address `addr` resolves to, preferring the family of the local socket.
 async fn resolve(addr: &str, local: Option<SocketAddr>) -> anyhow::Result<SocketAddr> {
-    let candidates: Vec<SocketAddr> = tokio::net::lookup_host(addr)
-        .await
-        .with_context(|| format!("resolve {addr}"))?
-        .collect();
+    let candidates: Vec<SocketAddr> = tokio::net::lookup_host(addr).await.with_context(|| format!("resolve {addr}"))?.collect();
     let want_v4 = local.is_some_and(|l| l.is_ipv4());
     candidates
         .iter()
@@ -587,10 +511,7 @@ async fn resolve(addr: &str, local: Option<SocketAddr>) -> anyhow::Result<Socket
         .ok_or_else(|| anyhow!("resolve {addr}: no addresses"))
 }
 
-async fn exchange(
-    (mut send, mut recv): (quinn::SendStream, quinn::RecvStream),
-    request: &[u8],
-) -> Result<Response, CallError> {
+async fn exchange((mut send, mut recv): (quinn::SendStream, quinn::RecvStream), request: &[u8]) -> Result<Response, CallError> {
     write_frame(&mut send, request).await?;
     // Finishing only fails on a stream already closed, which the read below reports.
     let _ = send.finish();

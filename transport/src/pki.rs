@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, SanType,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+    SanType,
 };
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -40,10 +40,7 @@ pub struct PemPair {
 
 impl fmt::Debug for PemPair {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PemPair")
-            .field("cert_pem", &self.cert_pem)
-            .field("key_pem", &"[elided]")
-            .finish()
+        f.debug_struct("PemPair").field("cert_pem", &self.cert_pem).field("key_pem", &"[elided]").finish()
     }
 }
 
@@ -74,39 +71,21 @@ pub fn generate_ca(cluster_name: &str) -> anyhow::Result<PemPair> {
     let mut params = CertificateParams::new(Vec::<String>::new()).context("build CA parameters")?;
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, format!("corral CA {cluster_name}"));
-    dn.push(
-        DnType::OrganizationName,
-        format!("corral cluster {cluster_name}"),
-    );
+    dn.push(DnType::OrganizationName, format!("corral cluster {cluster_name}"));
     params.distinguished_name = dn;
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
     validity(&mut params, CA_VALIDITY_DAYS);
     new_serial(&mut params, cluster_name.as_bytes());
-    let cert = params
-        .self_signed(&key)
-        .context("self-sign CA certificate")?;
-    Ok(PemPair {
-        cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
-    })
+    let cert = params.self_signed(&key).context("self-sign CA certificate")?;
+    Ok(PemPair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
 }
 
-fn leaf(
-    ca: &PemPair,
-    common_name: &str,
-    sans: Vec<SanType>,
-    ekus: Vec<ExtendedKeyUsagePurpose>,
-) -> anyhow::Result<PemPair> {
+fn leaf(ca: &PemPair, common_name: &str, sans: Vec<SanType>, ekus: Vec<ExtendedKeyUsagePurpose>) -> anyhow::Result<PemPair> {
     let ca_key = KeyPair::from_pem(&ca.key_pem).context("parse CA key")?;
     let issuer = Issuer::from_ca_cert_pem(&ca.cert_pem, &ca_key).context("parse CA certificate")?;
     let key = KeyPair::generate().context("generate key")?;
-    let mut params =
-        CertificateParams::new(Vec::<String>::new()).context("build certificate parameters")?;
+    let mut params = CertificateParams::new(Vec::<String>::new()).context("build certificate parameters")?;
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, common_name);
     params.distinguished_name = dn;
@@ -117,20 +96,12 @@ fn leaf(
     params.use_authority_key_identifier_extension = true;
     validity(&mut params, LEAF_VALIDITY_DAYS);
     new_serial(&mut params, common_name.as_bytes());
-    let cert = params
-        .signed_by(&key, &issuer)
-        .with_context(|| format!("sign certificate for {common_name}"))?;
-    Ok(PemPair {
-        cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
-    })
+    let cert = params.signed_by(&key, &issuer).with_context(|| format!("sign certificate for {common_name}"))?;
+    Ok(PemPair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
 }
 
 fn dns_san(name: &str) -> anyhow::Result<SanType> {
-    let ia5 = name
-        .to_string()
-        .try_into()
-        .with_context(|| format!("use '{name}' as a DNS name"))?;
+    let ia5 = name.to_string().try_into().with_context(|| format!("use '{name}' as a DNS name"))?;
     Ok(SanType::DnsName(ia5))
 }
 
@@ -157,15 +128,7 @@ pub fn issue_node_cert(ca: &PemPair, node_name: &str, hosts: &[String]) -> anyho
             Err(_) => push(dns_san(host)?),
         }
     }
-    leaf(
-        ca,
-        node_name,
-        sans,
-        vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ],
-    )
+    leaf(ca, node_name, sans, vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth])
 }
 
 /// Issues a user's client certificate, common name `user:<user>`.
@@ -173,17 +136,11 @@ pub fn issue_client_cert(ca: &PemPair, user: &str) -> anyhow::Result<PemPair> {
     if user.is_empty() {
         bail!("a user needs a non-empty name");
     }
-    leaf(
-        ca,
-        &format!("{USER_CN_PREFIX}{user}"),
-        Vec::new(),
-        vec![ExtendedKeyUsagePurpose::ClientAuth],
-    )
+    leaf(ca, &format!("{USER_CN_PREFIX}{user}"), Vec::new(), vec![ExtendedKeyUsagePurpose::ClientAuth])
 }
 
 fn first_cert_der(cert_pem: &str) -> anyhow::Result<CertificateDer<'static>> {
-    CertificateDer::from_pem_slice(cert_pem.as_bytes())
-        .map_err(|e| anyhow!("parse PEM certificate: {e}"))
+    CertificateDer::from_pem_slice(cert_pem.as_bytes()).map_err(|e| anyhow!("parse PEM certificate: {e}"))
 }
 
 /// Hex SHA-256 of the DER of a certificate: what an operator compares to trust a CA.
@@ -201,11 +158,9 @@ pub(crate) fn der_fingerprint(der: &[u8]) -> String {
 pub fn write_pem_pair(dir: &Path, stem: &str, pair: &PemPair) -> anyhow::Result<()> {
     fs::create_dir_all(dir).with_context(|| format!("create directory {}", dir.display()))?;
     let cert_path = dir.join(format!("{stem}.crt"));
-    fs::write(&cert_path, &pair.cert_pem)
-        .with_context(|| format!("write certificate at {}", cert_path.display()))?;
+    fs::write(&cert_path, &pair.cert_pem).with_context(|| format!("write certificate at {}", cert_path.display()))?;
     let key_path = dir.join(format!("{stem}.key"));
-    write_private(&key_path, pair.key_pem.as_bytes())
-        .with_context(|| format!("write key at {}", key_path.display()))
+    write_private(&key_path, pair.key_pem.as_bytes()).with_context(|| format!("write key at {}", key_path.display()))
 }
 
 fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -239,19 +194,11 @@ pub struct TlsPaths {
 
 impl TlsPaths {
     pub fn load(&self) -> anyhow::Result<TlsIdentity> {
-        let ca = fs::read_to_string(&self.ca_cert)
-            .with_context(|| format!("read CA certificate at {}", self.ca_cert.display()))?;
-        let cert = fs::read_to_string(&self.cert)
-            .with_context(|| format!("read certificate at {}", self.cert.display()))?;
-        let key = fs::read_to_string(&self.key)
-            .with_context(|| format!("read key at {}", self.key.display()))?;
+        let ca = fs::read_to_string(&self.ca_cert).with_context(|| format!("read CA certificate at {}", self.ca_cert.display()))?;
+        let cert = fs::read_to_string(&self.cert).with_context(|| format!("read certificate at {}", self.cert.display()))?;
+        let key = fs::read_to_string(&self.key).with_context(|| format!("read key at {}", self.key.display()))?;
         TlsIdentity::from_pems(&ca, &cert, &key).with_context(|| {
-            format!(
-                "load TLS identity from {}, {} and {}",
-                self.ca_cert.display(),
-                self.cert.display(),
-                self.key.display()
-            )
+            format!("load TLS identity from {}, {} and {}", self.ca_cert.display(), self.cert.display(), self.key.display())
         })
     }
 }
@@ -266,11 +213,7 @@ pub struct TlsIdentity {
 
 impl Clone for TlsIdentity {
     fn clone(&self) -> Self {
-        TlsIdentity {
-            ca_der: self.ca_der.clone(),
-            chain: self.chain.clone(),
-            key: self.key.clone_key(),
-        }
+        TlsIdentity { ca_der: self.ca_der.clone(), chain: self.chain.clone(), key: self.key.clone_key() }
     }
 }
 
@@ -294,8 +237,7 @@ impl TlsIdentity {
         if chain.is_empty() {
             bail!("no certificate in the certificate PEM");
         }
-        let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
-            .map_err(|e| anyhow!("parse PEM key: {e}"))?;
+        let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| anyhow!("parse PEM key: {e}"))?;
         let provider = crate::crypto_provider();
         rustls::sign::CertifiedKey::from_der(chain.clone(), key.clone_key(), &provider)
             .map_err(|e| anyhow!("check key against certificate: {e}"))?;
@@ -340,38 +282,22 @@ mod tests {
         let ca = generate_ca("test").expect("generate CA");
         let first = ca_fingerprint(&ca.cert_pem).expect("fingerprint");
         assert_eq!(first.len(), 64);
-        assert_eq!(
-            first,
-            ca_fingerprint(&ca.cert_pem).expect("fingerprint again")
-        );
+        assert_eq!(first, ca_fingerprint(&ca.cert_pem).expect("fingerprint again"));
         let other = generate_ca("test").expect("generate second CA");
-        assert_ne!(
-            first,
-            ca_fingerprint(&other.cert_pem).expect("fingerprint other")
-        );
+        assert_ne!(first, ca_fingerprint(&other.cert_pem).expect("fingerprint other"));
         assert!(ca_fingerprint("not a pem").is_err());
     }
 
     #[test]
     fn issued_certificates_carry_names() {
         let ca = generate_ca("test").expect("generate CA");
-        let node = issue_node_cert(
-            &ca,
-            "gpu-01",
-            &["127.0.0.1".into(), "gpu-01.lan".into(), "[::1]".into()],
-        )
-        .expect("issue node cert");
-        let id = TlsIdentity::from_pems(&ca.cert_pem, &node.cert_pem, &node.key_pem)
-            .expect("node identity");
+        let node = issue_node_cert(&ca, "gpu-01", &["127.0.0.1".into(), "gpu-01.lan".into(), "[::1]".into()]).expect("issue node cert");
+        let id = TlsIdentity::from_pems(&ca.cert_pem, &node.cert_pem, &node.key_pem).expect("node identity");
         assert_eq!(id.common_name(), "gpu-01");
-        assert_eq!(
-            id.ca_fingerprint(),
-            ca_fingerprint(&ca.cert_pem).expect("fingerprint")
-        );
+        assert_eq!(id.ca_fingerprint(), ca_fingerprint(&ca.cert_pem).expect("fingerprint"));
 
         let user = issue_client_cert(&ca, "alice").expect("issue client cert");
-        let id = TlsIdentity::from_pems(&ca.cert_pem, &user.cert_pem, &user.key_pem)
-            .expect("user identity");
+        let id = TlsIdentity::from_pems(&ca.cert_pem, &user.cert_pem, &user.key_pem).expect("user identity");
         assert_eq!(id.common_name(), "user:alice");
 
         // A key that is not the certificate's is refused.
@@ -389,24 +315,14 @@ mod tests {
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
-            let mode = fs::metadata(dir.path().join("node.key"))
-                .expect("stat key")
-                .permissions()
-                .mode();
+            let mode = fs::metadata(dir.path().join("node.key")).expect("stat key").permissions().mode();
             assert_eq!(mode & 0o777, 0o600);
         }
-        let paths = TlsPaths {
-            ca_cert: dir.path().join("ca.crt"),
-            cert: dir.path().join("node.crt"),
-            key: dir.path().join("node.key"),
-        };
+        let paths = TlsPaths { ca_cert: dir.path().join("ca.crt"), cert: dir.path().join("node.crt"), key: dir.path().join("node.key") };
         let id = paths.load().expect("load");
         assert_eq!(id.common_name(), "n1");
 
-        let missing = TlsPaths {
-            ca_cert: dir.path().join("nope.crt"),
-            ..paths
-        };
+        let missing = TlsPaths { ca_cert: dir.path().join("nope.crt"), ..paths };
         let err = format!("{:#}", missing.load().expect_err("missing CA"));
         assert!(err.contains("read CA certificate at"), "{err}");
     }

@@ -19,19 +19,12 @@ struct TestHandler {
 }
 
 impl Handler for TestHandler {
-    fn handle(
-        &self,
-        peer: Peer,
-        envelope: Envelope,
-    ) -> Pin<Box<dyn Future<Output = Response> + Send + 'static>> {
+    fn handle(&self, peer: Peer, envelope: Envelope) -> Pin<Box<dyn Future<Output = Response> + Send + 'static>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         Box::pin(async move {
             match envelope.request {
                 Request::Cancel { job } => Ok(Reply::Submitted { job }),
-                Request::ListNodes => Ok(Reply::Joined {
-                    id: 0,
-                    name: peer.common_name,
-                }),
+                Request::ListNodes => Ok(Reply::Joined { id: 0, name: peer.common_name }),
                 Request::ClusterInfo => std::future::pending().await,
                 Request::Resume { node } => panic!("handler asked to panic for {node}"),
                 _ => Err(ApiError::Invalid("not in this test".into())),
@@ -49,22 +42,17 @@ impl Cluster {
     fn new() -> Cluster {
         let ca = generate_ca("test").expect("generate CA");
         let node = issue_node_cert(&ca, "node-a", &["127.0.0.1".into()]).expect("issue node cert");
-        let server_id = TlsIdentity::from_pems(&ca.cert_pem, &node.cert_pem, &node.key_pem)
-            .expect("server identity");
+        let server_id = TlsIdentity::from_pems(&ca.cert_pem, &node.cert_pem, &node.key_pem).expect("server identity");
         Cluster { ca, server_id }
     }
 
     fn user(&self, name: &str) -> TlsIdentity {
         let pair = issue_client_cert(&self.ca, name).expect("issue client cert");
-        TlsIdentity::from_pems(&self.ca.cert_pem, &pair.cert_pem, &pair.key_pem)
-            .expect("user identity")
+        TlsIdentity::from_pems(&self.ca.cert_pem, &pair.cert_pem, &pair.key_pem).expect("user identity")
     }
 
     fn client(&self, name: &str) -> Client {
-        Client::new(
-            endpoint(LOOPBACK.parse().expect("addr"), &self.user(name), false)
-                .expect("client endpoint"),
-        )
+        Client::new(endpoint(LOOPBACK.parse().expect("addr"), &self.user(name), false).expect("client endpoint"))
     }
 }
 
@@ -78,16 +66,9 @@ struct Server {
 fn start_server(id: &TlsIdentity, bind: SocketAddr) -> Server {
     let endpoint = endpoint(bind, id, true).expect("server endpoint");
     let addr = endpoint.local_addr().expect("local addr");
-    let handler = Arc::new(TestHandler {
-        calls: AtomicUsize::new(0),
-    });
+    let handler = Arc::new(TestHandler { calls: AtomicUsize::new(0) });
     let task = tokio::spawn(serve(endpoint.clone(), handler.clone()));
-    Server {
-        endpoint,
-        addr,
-        handler,
-        task,
-    }
+    Server { endpoint, addr, handler, task }
 }
 
 fn envelope(request: Request) -> Envelope {
@@ -95,30 +76,18 @@ fn envelope(request: Request) -> Envelope {
 }
 
 async fn cancel(client: &Client, addr: &str, job: u64) -> Result<Response, CallError> {
-    client
-        .call(addr, &envelope(Request::Cancel { job }), CALL_TIMEOUT)
-        .await
+    client.call(addr, &envelope(Request::Cancel { job }), CALL_TIMEOUT).await
 }
 
 /// A raw connection from a good client, for writing frames by hand.
 async fn raw_connection(cluster: &Cluster, addr: SocketAddr) -> quinn::Connection {
-    let ep = endpoint(LOOPBACK.parse().expect("addr"), &cluster.user("raw"), false)
-        .expect("raw endpoint");
-    ep.connect(addr, SERVER_NAME)
-        .expect("dial")
-        .await
-        .expect("handshake")
+    let ep = endpoint(LOOPBACK.parse().expect("addr"), &cluster.user("raw"), false).expect("raw endpoint");
+    ep.connect(addr, SERVER_NAME).expect("dial").await.expect("handshake")
 }
 
-async fn raw_exchange(
-    conn: &quinn::Connection,
-    frame: &[u8],
-    finish: bool,
-) -> Result<Vec<u8>, FrameError> {
+async fn raw_exchange(conn: &quinn::Connection, frame: &[u8], finish: bool) -> Result<Vec<u8>, FrameError> {
     let (mut send, mut recv) = conn.open_bi().await.expect("open stream");
-    send.write_all(frame)
-        .await
-        .map_err(|e| FrameError::Io(e.to_string()))?;
+    send.write_all(frame).await.map_err(|e| FrameError::Io(e.to_string()))?;
     if finish {
         send.finish().expect("finish");
     }
@@ -138,50 +107,16 @@ async fn request_round_trips_and_names_the_peer() {
     let addr = server.addr.to_string();
     let client = cluster.client("alice");
 
-    assert_eq!(
-        cancel(&client, &addr, 7).await.expect("call"),
-        Ok(Reply::Submitted { job: 7 })
-    );
-    let named = client
-        .call(&addr, &envelope(Request::ListNodes), CALL_TIMEOUT)
-        .await
-        .expect("call");
-    assert_eq!(
-        named,
-        Ok(Reply::Joined {
-            id: 0,
-            name: "user:alice".into()
-        })
-    );
-    let refused = client
-        .call(
-            &addr,
-            &envelope(Request::ListJobs {
-                include_finished: true,
-            }),
-            CALL_TIMEOUT,
-        )
-        .await;
-    assert_eq!(
-        refused.expect("call"),
-        Err(ApiError::Invalid("not in this test".into()))
-    );
+    assert_eq!(cancel(&client, &addr, 7).await.expect("call"), Ok(Reply::Submitted { job: 7 }));
+    let named = client.call(&addr, &envelope(Request::ListNodes), CALL_TIMEOUT).await.expect("call");
+    assert_eq!(named, Ok(Reply::Joined { id: 0, name: "user:alice".into() }));
+    let refused = client.call(&addr, &envelope(Request::ListJobs { include_finished: true }), CALL_TIMEOUT).await;
+    assert_eq!(refused.expect("call"), Err(ApiError::Invalid("not in this test".into())));
 
     // A node dialing with its own certificate is named by it.
-    let node_client = Client::new(
-        endpoint(LOOPBACK.parse().expect("addr"), &cluster.server_id, false).expect("ep"),
-    );
-    let named = node_client
-        .call(&addr, &envelope(Request::ListNodes), CALL_TIMEOUT)
-        .await
-        .expect("call");
-    assert_eq!(
-        named,
-        Ok(Reply::Joined {
-            id: 0,
-            name: "node-a".into()
-        })
-    );
+    let node_client = Client::new(endpoint(LOOPBACK.parse().expect("addr"), &cluster.server_id, false).expect("ep"));
+    let named = node_client.call(&addr, &envelope(Request::ListNodes), CALL_TIMEOUT).await.expect("call");
+    assert_eq!(named, Ok(Reply::Joined { id: 0, name: "node-a".into() }));
 
     // Many calls at once share one connection.
     let calls = (0..64u64).map(|job| {
@@ -198,10 +133,7 @@ async fn request_round_trips_and_names_the_peer() {
 
     // "localhost:port" resolves too.
     let by_name = format!("localhost:{}", server.addr.port());
-    assert_eq!(
-        cancel(&client, &by_name, 1).await.expect("call by name"),
-        Ok(Reply::Submitted { job: 1 })
-    );
+    assert_eq!(cancel(&client, &by_name, 1).await.expect("call by name"), Ok(Reply::Submitted { job: 1 }));
 }
 
 #[tokio::test]
@@ -213,33 +145,20 @@ async fn client_of_another_ca_is_refused_and_server_goes_on() {
     // Trusts our CA but proves a certificate from another one: the server refuses it.
     let other_ca = generate_ca("other").expect("other CA");
     let mallory = issue_client_cert(&other_ca, "mallory").expect("issue");
-    let id = TlsIdentity::from_pems(&cluster.ca.cert_pem, &mallory.cert_pem, &mallory.key_pem)
-        .expect("identity");
+    let id = TlsIdentity::from_pems(&cluster.ca.cert_pem, &mallory.cert_pem, &mallory.key_pem).expect("identity");
     let bad = Client::new(endpoint(LOOPBACK.parse().expect("addr"), &id, false).expect("endpoint"));
-    let err = cancel(&bad, &addr, 1)
-        .await
-        .expect_err("foreign client must be refused");
-    assert!(
-        matches!(err, CallError::Io(_) | CallError::Connect(_)),
-        "{err:?}"
-    );
+    let err = cancel(&bad, &addr, 1).await.expect_err("foreign client must be refused");
+    assert!(matches!(err, CallError::Io(_) | CallError::Connect(_)), "{err:?}");
 
     // Wholly of the other cluster: it does not trust our server either.
-    let id = TlsIdentity::from_pems(&other_ca.cert_pem, &mallory.cert_pem, &mallory.key_pem)
-        .expect("identity");
-    let foreign =
-        Client::new(endpoint(LOOPBACK.parse().expect("addr"), &id, false).expect("endpoint"));
-    let err = cancel(&foreign, &addr, 1)
-        .await
-        .expect_err("foreign cluster must fail");
+    let id = TlsIdentity::from_pems(&other_ca.cert_pem, &mallory.cert_pem, &mallory.key_pem).expect("identity");
+    let foreign = Client::new(endpoint(LOOPBACK.parse().expect("addr"), &id, false).expect("endpoint"));
+    let err = cancel(&foreign, &addr, 1).await.expect_err("foreign cluster must fail");
     assert!(matches!(err, CallError::Connect(_)), "{err:?}");
 
     assert_eq!(server.handler.calls.load(Ordering::SeqCst), 0);
     let good = cluster.client("alice");
-    assert_eq!(
-        cancel(&good, &addr, 2).await.expect("good call"),
-        Ok(Reply::Submitted { job: 2 })
-    );
+    assert_eq!(cancel(&good, &addr, 2).await.expect("good call"), Ok(Reply::Submitted { job: 2 }));
 }
 
 #[tokio::test]
@@ -251,39 +170,21 @@ async fn bad_frames_fail_their_stream_only() {
     // A valid length and a body of junk.
     let mut junk = vec![PROTOCOL_VERSION];
     junk.extend_from_slice(&[0xff; 40]);
-    let reply = raw_exchange(&conn, &framed(&junk), true)
-        .await
-        .expect("reply to junk");
+    let reply = raw_exchange(&conn, &framed(&junk), true).await.expect("reply to junk");
     let response: Response = proto::decode(&reply, FRAME_BYTES_MAX).expect("decode reply");
-    assert!(
-        matches!(response, Err(ApiError::Invalid(_))),
-        "{response:?}"
-    );
+    assert!(matches!(response, Err(ApiError::Invalid(_))), "{response:?}");
 
     // Another protocol version.
     let mut other_version = proto::encode(&envelope(Request::Cancel { job: 1 }));
     other_version[0] = PROTOCOL_VERSION.wrapping_add(98);
-    let reply = raw_exchange(&conn, &framed(&other_version), true)
-        .await
-        .expect("reply to other version");
+    let reply = raw_exchange(&conn, &framed(&other_version), true).await.expect("reply to other version");
     let response: Response = proto::decode(&reply, FRAME_BYTES_MAX).expect("decode reply");
-    assert_eq!(
-        response,
-        Err(ApiError::Version {
-            ours: PROTOCOL_VERSION,
-            theirs: PROTOCOL_VERSION.wrapping_add(98)
-        })
-    );
+    assert_eq!(response, Err(ApiError::Version { ours: PROTOCOL_VERSION, theirs: PROTOCOL_VERSION.wrapping_add(98) }));
 
     // An empty frame and a stream cut inside its frame: an error reply or a closed stream.
-    let reply = raw_exchange(&conn, &framed(&[]), true)
-        .await
-        .expect("reply to empty frame");
+    let reply = raw_exchange(&conn, &framed(&[]), true).await.expect("reply to empty frame");
     let response: Response = proto::decode(&reply, FRAME_BYTES_MAX).expect("decode reply");
-    assert!(
-        matches!(response, Err(ApiError::Invalid(_))),
-        "{response:?}"
-    );
+    assert!(matches!(response, Err(ApiError::Invalid(_))), "{response:?}");
     let cut = framed(&[PROTOCOL_VERSION; 10]);
     assert!(raw_exchange(&conn, &cut[..8], true).await.is_err());
 
@@ -300,51 +201,28 @@ async fn bad_frames_fail_their_stream_only() {
     }
 
     // A panicking handler answers with an internal error.
-    let panic_frame = framed(&proto::encode(&envelope(Request::Resume {
-        node: "x".into(),
-    })));
-    let reply = raw_exchange(&conn, &panic_frame, true)
-        .await
-        .expect("reply to panic");
+    let panic_frame = framed(&proto::encode(&envelope(Request::Resume { node: "x".into() })));
+    let reply = raw_exchange(&conn, &panic_frame, true).await.expect("reply to panic");
     let response: Response = proto::decode(&reply, FRAME_BYTES_MAX).expect("decode reply");
-    assert!(
-        matches!(response, Err(ApiError::Internal(_))),
-        "{response:?}"
-    );
+    assert!(matches!(response, Err(ApiError::Internal(_))), "{response:?}");
 
     // The same connection and the server still answer good requests.
     let good = framed(&proto::encode(&envelope(Request::Cancel { job: 9 })));
-    let reply = raw_exchange(&conn, &good, true)
-        .await
-        .expect("reply to good frame");
-    assert_eq!(
-        proto::decode::<Response>(&reply, FRAME_BYTES_MAX),
-        Ok(Ok(Reply::Submitted { job: 9 }))
-    );
+    let reply = raw_exchange(&conn, &good, true).await.expect("reply to good frame");
+    assert_eq!(proto::decode::<Response>(&reply, FRAME_BYTES_MAX), Ok(Ok(Reply::Submitted { job: 9 })));
     assert!(conn.close_reason().is_none());
     let client = cluster.client("alice");
-    assert_eq!(
-        cancel(&client, &server.addr.to_string(), 3)
-            .await
-            .expect("call"),
-        Ok(Reply::Submitted { job: 3 })
-    );
+    assert_eq!(cancel(&client, &server.addr.to_string(), 3).await.expect("call"), Ok(Reply::Submitted { job: 3 }));
 }
 
 #[tokio::test]
 async fn read_frame_refuses_a_long_length_before_reading() {
     let cluster = Cluster::new();
     // A bare endpoint, no serve loop: this test reads the stream itself.
-    let server =
-        endpoint(LOOPBACK.parse().expect("addr"), &cluster.server_id, true).expect("endpoint");
+    let server = endpoint(LOOPBACK.parse().expect("addr"), &cluster.server_id, true).expect("endpoint");
     let server_addr = server.local_addr().expect("addr");
     let accept = tokio::spawn(async move {
-        let conn = server
-            .accept()
-            .await
-            .expect("incoming")
-            .await
-            .expect("handshake");
+        let conn = server.accept().await.expect("incoming").await.expect("handshake");
         let (_send, mut recv) = conn.accept_bi().await.expect("stream");
         let first = read_frame(&mut recv, 1024).await;
         (first, conn, server)
@@ -352,35 +230,18 @@ async fn read_frame_refuses_a_long_length_before_reading() {
     let conn = raw_connection(&cluster, server_addr).await;
     let (mut send, _recv) = conn.open_bi().await.expect("open");
     // Only the prefix is ever sent: a reader that waited for the body would never return.
-    send.write_all(&1_000_000u32.to_be_bytes())
-        .await
-        .expect("write prefix");
-    let (first, _conn, _server) = tokio::time::timeout(CALL_TIMEOUT, accept)
-        .await
-        .expect("in time")
-        .expect("join");
-    assert_eq!(
-        first,
-        Err(FrameError::TooLarge {
-            len: 1_000_000,
-            max: 1024
-        })
-    );
+    send.write_all(&1_000_000u32.to_be_bytes()).await.expect("write prefix");
+    let (first, _conn, _server) = tokio::time::timeout(CALL_TIMEOUT, accept).await.expect("in time").expect("join");
+    assert_eq!(first, Err(FrameError::TooLarge { len: 1_000_000, max: 1024 }));
 }
 
 #[tokio::test]
 async fn frames_round_trip_and_closed_streams_are_told_apart() {
     let cluster = Cluster::new();
-    let server =
-        endpoint(LOOPBACK.parse().expect("addr"), &cluster.server_id, true).expect("endpoint");
+    let server = endpoint(LOOPBACK.parse().expect("addr"), &cluster.server_id, true).expect("endpoint");
     let server_addr = server.local_addr().expect("addr");
     let accept = tokio::spawn(async move {
-        let conn = server
-            .accept()
-            .await
-            .expect("incoming")
-            .await
-            .expect("handshake");
+        let conn = server.accept().await.expect("incoming").await.expect("handshake");
         let mut frames = Vec::new();
         for _ in 0..2 {
             let (_send, mut recv) = conn.accept_bi().await.expect("stream");
@@ -398,17 +259,10 @@ async fn frames_round_trip_and_closed_streams_are_told_apart() {
     write_frame(&mut send, b"").await.expect("write empty");
     send.write_all(&[0, 0]).await.expect("half a prefix");
     send.finish().expect("finish");
-    let (frames, _conn, _server) = tokio::time::timeout(CALL_TIMEOUT, accept)
-        .await
-        .expect("in time")
-        .expect("join");
+    let (frames, _conn, _server) = tokio::time::timeout(CALL_TIMEOUT, accept).await.expect("in time").expect("join");
     assert_eq!(frames[0], (Ok(b"hello".to_vec()), Err(FrameError::Closed)));
     assert_eq!(frames[1].0, Ok(Vec::new()));
-    assert!(
-        matches!(frames[1].1, Err(FrameError::Io(_))),
-        "{:?}",
-        frames[1].1
-    );
+    assert!(matches!(frames[1].1, Err(FrameError::Io(_))), "{:?}", frames[1].1);
 }
 
 #[tokio::test]
@@ -418,66 +272,37 @@ async fn call_times_out_and_dead_connections_are_replaced() {
     let addr = server.addr.to_string();
     let client = cluster.client("alice");
 
-    let slow = client
-        .call(
-            &addr,
-            &envelope(Request::ClusterInfo),
-            Duration::from_millis(200),
-        )
-        .await;
+    let slow = client.call(&addr, &envelope(Request::ClusterInfo), Duration::from_millis(200)).await;
     assert_eq!(slow, Err(CallError::Timeout));
-    assert_eq!(
-        cancel(&client, &addr, 1).await.expect("call after timeout"),
-        Ok(Reply::Submitted { job: 1 })
-    );
+    assert_eq!(cancel(&client, &addr, 1).await.expect("call after timeout"), Ok(Reply::Submitted { job: 1 }));
 
     // A cached connection that died is replaced by a new one.
     let first = client.lock().get(&addr).cloned().expect("cached");
     first.close(VarInt::from_u32(0), b"test");
-    assert_eq!(
-        cancel(&client, &addr, 2).await.expect("call after close"),
-        Ok(Reply::Submitted { job: 2 })
-    );
+    assert_eq!(cancel(&client, &addr, 2).await.expect("call after close"), Ok(Reply::Submitted { job: 2 }));
     let second = client.lock().get(&addr).cloned().expect("cached again");
     assert_ne!(first.stable_id(), second.stable_id());
 
     // forget drops it.
     client.forget(&addr);
     assert!(client.lock().is_empty());
-    assert_eq!(
-        cancel(&client, &addr, 3).await.expect("call after forget"),
-        Ok(Reply::Submitted { job: 3 })
-    );
+    assert_eq!(cancel(&client, &addr, 3).await.expect("call after forget"), Ok(Reply::Submitted { job: 3 }));
 
     // The server restarts on the same port: the old connection is closed, the next call dials anew.
     let port_addr = server.addr;
     server.endpoint.close(VarInt::from_u32(0), b"restart");
     let cached = client.lock().get(&addr).cloned().expect("cached");
-    tokio::time::timeout(CALL_TIMEOUT, cached.closed())
-        .await
-        .expect("client sees the close");
-    tokio::time::timeout(CALL_TIMEOUT, server.task)
-        .await
-        .expect("serve ends")
-        .expect("join");
+    tokio::time::timeout(CALL_TIMEOUT, cached.closed()).await.expect("client sees the close");
+    tokio::time::timeout(CALL_TIMEOUT, server.task).await.expect("serve ends").expect("join");
     server.endpoint.wait_idle().await;
     drop(server.endpoint);
     let restarted = rebind(&cluster, port_addr).await;
-    assert_eq!(
-        cancel(&client, &addr, 4).await.expect("call after restart"),
-        Ok(Reply::Submitted { job: 4 })
-    );
+    assert_eq!(cancel(&client, &addr, 4).await.expect("call after restart"), Ok(Reply::Submitted { job: 4 }));
     assert_eq!(restarted.handler.calls.load(Ordering::SeqCst), 1);
 
     // Nobody listening: the call fails within its timeout.
     restarted.endpoint.close(VarInt::from_u32(0), b"stop");
-    let err = client
-        .call(
-            &addr,
-            &envelope(Request::Cancel { job: 5 }),
-            Duration::from_millis(500),
-        )
-        .await;
+    let err = client.call(&addr, &envelope(Request::Cancel { job: 5 }), Duration::from_millis(500)).await;
     assert!(err.is_err(), "{err:?}");
 }
 
@@ -487,16 +312,9 @@ async fn rebind(cluster: &Cluster, addr: SocketAddr) -> Server {
     loop {
         match endpoint(addr, &cluster.server_id, true) {
             Ok(ep) => {
-                let handler = Arc::new(TestHandler {
-                    calls: AtomicUsize::new(0),
-                });
+                let handler = Arc::new(TestHandler { calls: AtomicUsize::new(0) });
                 let task = tokio::spawn(serve(ep.clone(), handler.clone()));
-                return Server {
-                    endpoint: ep,
-                    addr,
-                    handler,
-                    task,
-                };
+                return Server { endpoint: ep, addr, handler, task };
             }
             Err(e) if tokio::time::Instant::now() < deadline => {
                 debug!(error = %format!("{e:#}"), "port still held, retrying");

@@ -1,0 +1,213 @@
+//! MIG profiles and layouts: the profile table of a GPU (from `nvidia-smi mig -lgip` and
+//! `-lgipp`, or built in for simulated models), placing a requested layout on the memory
+//! slices, and the one flow every probe uses to change a GPU's layout: refuse unless MIG mode
+//! is on and the GPU idle, destroy the old instances, create the new ones, rediscover.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use proto::GpuInfo;
+use tracing::info;
+
+use super::{GpuError, GpuInventory};
+
+/// One GPU instance profile as `nvidia-smi mig -lgip` lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MigProfile {
+    /// e.g. `1g.18gb`, `1g.18gb+me`.
+    pub name: String,
+    /// NVML's GPU instance profile id (`-cgi` takes it).
+    pub id: u32,
+    pub instances_max: u32,
+    pub memory_mib: u64,
+    pub sm_count: u32,
+    /// Memory slices one instance occupies (`:4` in `-lgipp`).
+    pub size_slices: u32,
+    /// First slices an instance may start at (`{0,4}` in `-lgipp`).
+    pub placements: Vec<u32>,
+}
+
+/// Memory slices of a MIG-capable GPU (A100, H100, H200).
+pub const MIG_SLICES: u32 = 8;
+
+/// The H200's table, as `nvidia-smi mig -lgip`/`-lgipp` print it on an H200 (141 GB).
+pub fn h200_profiles() -> Vec<MigProfile> {
+    let p = |name: &str, id, instances_max, memory_mib, sm_count, size_slices, placements: &[u32]| MigProfile {
+        name: name.to_string(),
+        id,
+        instances_max,
+        memory_mib,
+        sm_count,
+        size_slices,
+        placements: placements.to_vec(),
+    };
+    vec![
+        p("1g.18gb", 19, 7, 16_384, 16, 1, &[0, 1, 2, 3, 4, 5, 6]),
+        p("1g.18gb+me", 20, 1, 16_384, 16, 1, &[0, 1, 2, 3, 4, 5, 6]),
+        p("1g.35gb", 15, 4, 33_280, 26, 2, &[0, 2, 4, 6]),
+        p("2g.35gb", 14, 3, 33_280, 32, 2, &[0, 2, 4]),
+        p("3g.71gb", 9, 2, 71_424, 60, 4, &[0, 4]),
+        p("4g.71gb", 5, 1, 71_424, 64, 4, &[0]),
+        p("7g.141gb", 0, 1, 143_360, 132, 8, &[0]),
+    ]
+}
+
+/// The built-in table for a GRES type, for simulated GPUs.
+pub fn builtin_profiles(gres_type: &str) -> Option<Vec<MigProfile>> {
+    match gres_type {
+        "h200" => Some(h200_profiles()),
+        _ => None,
+    }
+}
+
+fn parse_err(line: usize, what: &str) -> anyhow::Error {
+    anyhow::anyhow!("parse mig profiles, line {line}: {what}")
+}
+
+/// Parses `nvidia-smi mig -lgip` and `nvidia-smi mig -lgipp` into each GPU's profiles, in the
+/// order `-lgip` lists them.
+pub fn parse_mig_profiles(lgip: &str, lgipp: &str) -> anyhow::Result<BTreeMap<u32, Vec<MigProfile>>> {
+    let mut out: BTreeMap<u32, Vec<MigProfile>> = BTreeMap::new();
+    for (n, line) in lgip.lines().enumerate() {
+        let cells: Vec<&str> = line.trim().trim_matches('|').split_whitespace().collect();
+        // |   0  MIG 1g.18gb   19   7/7   16.00   No   16   1   0   |
+        if cells.len() < 9 || cells[1] != "MIG" {
+            continue;
+        }
+        let gpu: u32 = cells[0].parse().map_err(|_| parse_err(n + 1, "gpu index"))?;
+        let id: u32 = cells[3].parse().map_err(|_| parse_err(n + 1, "profile id"))?;
+        let instances_max: u32 =
+            cells[4].split_once('/').and_then(|(_, total)| total.parse().ok()).ok_or_else(|| parse_err(n + 1, "instances free/total"))?;
+        let memory_gib: f64 = cells[5].parse().map_err(|_| parse_err(n + 1, "memory GiB"))?;
+        let sm_count: u32 = cells[7].parse().map_err(|_| parse_err(n + 1, "SM count"))?;
+        out.entry(gpu).or_default().push(MigProfile {
+            name: cells[2].to_string(),
+            id,
+            instances_max,
+            memory_mib: (memory_gib * 1024.0).round() as u64,
+            sm_count,
+            size_slices: 0,
+            placements: Vec::new(),
+        });
+    }
+    for (n, line) in lgipp.lines().enumerate() {
+        // GPU  0 Profile ID 19 Placements: {0,1,2,3,4,5,6}:1
+        let Some(rest) = line.trim().strip_prefix("GPU") else { continue };
+        let (gpu_part, rest) = rest.split_once("Profile ID").ok_or_else(|| parse_err(n + 1, "no 'Profile ID'"))?;
+        let (id_part, rest) = rest.split_once(':').ok_or_else(|| parse_err(n + 1, "no ':' after placements"))?;
+        let gpu: u32 = gpu_part.trim().parse().map_err(|_| parse_err(n + 1, "gpu index"))?;
+        let id: u32 = id_part.split_whitespace().next().and_then(|t| t.parse().ok()).ok_or_else(|| parse_err(n + 1, "profile id"))?;
+        let (set, size) = rest.trim().rsplit_once(':').ok_or_else(|| parse_err(n + 1, "no ':SIZE'"))?;
+        let size: u32 = size.trim().parse().map_err(|_| parse_err(n + 1, "placement size"))?;
+        let starts: Vec<u32> = set
+            .trim()
+            .trim_start_matches('{')
+            .trim_end_matches('}')
+            .split(',')
+            .map(|s| s.trim().parse().map_err(|_| parse_err(n + 1, "placement start")))
+            .collect::<anyhow::Result<_>>()?;
+        let profile = out
+            .get_mut(&gpu)
+            .and_then(|ps| ps.iter_mut().find(|p| p.id == id))
+            .ok_or_else(|| parse_err(n + 1, &format!("placements for gpu {gpu} profile {id} not in -lgip")))?;
+        profile.size_slices = size;
+        profile.placements = starts;
+    }
+    Ok(out)
+}
+
+/// One instance of a planned layout.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedInstance {
+    pub profile: MigProfile,
+    pub start_slice: u32,
+}
+
+/// Places `layout` on an empty GPU: biggest profiles first, each at its first free allowed start.
+/// Returns the instances in slice order.
+pub fn plan_layout(gpu: u32, table: &[MigProfile], layout: &[String]) -> Result<Vec<PlannedInstance>, GpuError> {
+    let mut wanted: Vec<&MigProfile> = layout
+        .iter()
+        .map(|name| table.iter().find(|p| p.name == *name).ok_or_else(|| GpuError::UnknownProfile { gpu, profile: name.clone() }))
+        .collect::<Result<_, _>>()?;
+    wanted.sort_by_key(|p| std::cmp::Reverse(p.size_slices));
+    let mut used = [false; MIG_SLICES as usize];
+    let mut planned = Vec::new();
+    for p in wanted {
+        let count = planned.iter().filter(|q: &&PlannedInstance| q.profile.id == p.id).count() as u32;
+        let fits = |start: u32| {
+            let end = start + p.size_slices;
+            end <= MIG_SLICES && (start..end).all(|s| !used[s as usize])
+        };
+        let start = (count < p.instances_max).then(|| p.placements.iter().copied().find(|&s| fits(s))).flatten();
+        let Some(start) = start else {
+            return Err(GpuError::LayoutDoesNotFit { gpu, layout: layout.to_vec() });
+        };
+        for s in start..start + p.size_slices {
+            used[s as usize] = true;
+        }
+        planned.push(PlannedInstance { profile: p.clone(), start_slice: start });
+    }
+    planned.sort_by_key(|q| q.start_slice);
+    Ok(planned)
+}
+
+/// What a probe does to a GPU's MIG instances. The checks around it are [`apply_layout`]'s.
+pub trait MigBackend {
+    fn discover(&self) -> anyhow::Result<GpuInventory>;
+    /// The profile table of GPU `gpu`.
+    fn profiles(&self, gpu: &GpuInfo) -> Result<Vec<MigProfile>, GpuError>;
+    /// Why GPU `gpu` is not idle (processes on it or its instances), or `None`.
+    fn busy_reason(&self, gpu: &GpuInfo) -> anyhow::Result<Option<String>>;
+    /// Destroys every compute and GPU instance of `gpu`.
+    fn destroy_all(&self, gpu: &GpuInfo) -> anyhow::Result<()>;
+    /// Creates each planned GPU instance with one compute instance spanning it.
+    fn create(&self, gpu: &GpuInfo, planned: &[PlannedInstance]) -> anyhow::Result<()>;
+}
+
+/// One layout change at a time on this node.
+static LAYOUT_LOCK: Mutex<()> = Mutex::new(());
+
+/// Changes GPU `gpu_index` to `layout` through `backend` and returns the inventory afterwards.
+pub fn apply_layout(backend: &dyn MigBackend, gpu_index: u32, layout: &[String]) -> Result<GpuInventory, GpuError> {
+    let _one_at_a_time = LAYOUT_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let before = backend.discover()?;
+    let gpu = before.gpus.iter().find(|g| g.index == gpu_index).ok_or(GpuError::NoSuchGpu(gpu_index))?;
+    if !gpu.mig_enabled {
+        return Err(GpuError::MigModeOff { gpu: gpu_index });
+    }
+    let table = backend.profiles(gpu)?;
+    let planned = plan_layout(gpu_index, &table, layout)?;
+    if let Some(reason) = backend.busy_reason(gpu)? {
+        return Err(GpuError::Busy { gpu: gpu_index, reason });
+    }
+    let old: Vec<&str> = gpu.mig.iter().map(|m| m.profile.as_str()).collect();
+    info!(gpu = gpu_index, old = ?old, new = ?layout, "changing mig layout");
+    backend.destroy_all(gpu)?;
+    backend.create(gpu, &planned)?;
+    Ok(backend.discover()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn plans_biggest_first_on_allowed_starts() {
+        let t = h200_profiles();
+        let plan = plan_layout(0, &t, &names(&["1g.18gb", "3g.71gb", "2g.35gb"])).expect("fits");
+        let got: Vec<(&str, u32)> = plan.iter().map(|p| (p.profile.name.as_str(), p.start_slice)).collect();
+        assert_eq!(got, vec![("3g.71gb", 0), ("2g.35gb", 4), ("1g.18gb", 6)]);
+        let seven = plan_layout(0, &t, &names(&["1g.18gb"; 7])).expect("seven 1g");
+        assert_eq!(seven.iter().map(|p| p.start_slice).collect::<Vec<_>>(), vec![0, 1, 2, 3, 4, 5, 6]);
+        assert!(matches!(plan_layout(0, &t, &names(&["1g.18gb"; 8])), Err(GpuError::LayoutDoesNotFit { .. })));
+        assert!(matches!(plan_layout(0, &t, &names(&["7g.141gb", "1g.18gb"])), Err(GpuError::LayoutDoesNotFit { .. })));
+        assert!(matches!(plan_layout(0, &t, &names(&["4g.71gb", "4g.71gb"])), Err(GpuError::LayoutDoesNotFit { .. })));
+        assert!(matches!(plan_layout(0, &t, &names(&["9g.1tb"])), Err(GpuError::UnknownProfile { .. })));
+        assert!(plan_layout(0, &t, &[]).expect("empty layout").is_empty());
+    }
+}

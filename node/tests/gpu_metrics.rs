@@ -1,0 +1,112 @@
+//! A scrape's text parsed back: DCGM names and labels for every GPU with the job holding it,
+//! per-job series, cluster series.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use corral_node::gpu::probe_from_config;
+use corral_node::metrics::{render_snapshot, ClusterSnapshot, MetricsSnapshot, NodeSnapshot};
+
+/// (name, labels) → value for every sample line.
+fn parse(text: &str) -> BTreeMap<(String, BTreeMap<String, String>), f64> {
+    let mut out = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+        let (series, value) = line.rsplit_once(' ').expect("value");
+        let (name, labels) = match series.split_once('{') {
+            Some((n, rest)) => {
+                let body = rest.strip_suffix('}').expect("closing brace");
+                let labels = body
+                    .split("\",")
+                    .filter(|kv| !kv.is_empty())
+                    .map(|kv| {
+                        let (k, v) = kv.split_once("=\"").expect("k=\"v\"");
+                        (k.to_string(), v.trim_end_matches('"').to_string())
+                    })
+                    .collect();
+                (n.to_string(), labels)
+            }
+            None => (series.to_string(), BTreeMap::new()),
+        };
+        out.insert((name, labels), value.parse().expect("number"));
+    }
+    out
+}
+
+#[test]
+fn scrape_parses_with_dcgm_names_and_job_labels() {
+    let probe = probe_from_config("sxm-h100x8", "gpu-node-1");
+    let held: BTreeSet<u32> = [0, 1].into_iter().collect();
+    let samples = probe.sampler().sample(&held).expect("sample");
+    let gpus = samples.into_iter().map(|s| {
+        let job = held.contains(&s.gpu).then_some(42);
+        (s, job)
+    });
+    let snap = MetricsSnapshot {
+        hostname: "gpu-node-1".into(),
+        raft_term: 3,
+        raft_is_leader: true,
+        raft_commit_index: 17,
+        raft_applied_index: 16,
+        agent_running_jobs: 1,
+        cluster: Some(ClusterSnapshot {
+            jobs_by_state: [("PENDING", 2), ("RUNNING", 1)].into_iter().collect(),
+            queue_depth: [(("default".to_string(), "pending"), 2), (("default".to_string(), "running"), 1)].into_iter().collect(),
+            nodes: vec![NodeSnapshot { name: "gpu-node-1".into(), gpus_total: 8, gpus_free: 6, up: true, heartbeat_age_ms: Some(1500) }],
+        }),
+        gpus: gpus.collect(),
+    };
+    let text = render_snapshot(&snap);
+    let m = parse(&text);
+    let get = |name: &str, labels: &[(&str, &str)]| -> f64 {
+        let want: BTreeMap<String, String> = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        *m.get(&(name.to_string(), want.clone())).unwrap_or_else(|| panic!("{name} {want:?} in\n{text}"))
+    };
+    assert_eq!(get("corral_raft_term", &[]), 3.0);
+    assert_eq!(get("corral_raft_is_leader", &[]), 1.0);
+    assert_eq!(get("corral_raft_commit_index", &[]), 17.0);
+    assert_eq!(get("corral_jobs", &[("state", "PENDING")]), 2.0);
+    assert_eq!(get("corral_queue_depth", &[("partition", "default"), ("state", "pending")]), 2.0);
+    assert_eq!(get("corral_node_gpus_free", &[("node", "gpu-node-1")]), 6.0);
+    assert_eq!(get("corral_node_heartbeat_age_seconds", &[("node", "gpu-node-1")]), 1.5);
+
+    let inv = probe.discover().expect("discover");
+    let mut util_sum = 0.0;
+    let mut used_bytes = 0.0;
+    for g in &inv.gpus {
+        let job = if g.index < 2 { "42" } else { "" };
+        let idx = g.index.to_string();
+        let dev = format!("nvidia{}", g.index);
+        let l = [
+            ("gpu", idx.as_str()),
+            ("UUID", g.uuid.as_str()),
+            ("device", &dev),
+            ("modelName", "NVIDIA H100 80GB HBM3"),
+            ("Hostname", "gpu-node-1"),
+            ("job", job),
+        ];
+        let util = get("DCGM_FI_DEV_GPU_UTIL", &l);
+        let used = get("DCGM_FI_DEV_FB_USED", &l);
+        let free = get("DCGM_FI_DEV_FB_FREE", &l);
+        assert_eq!(used + free, g.memory_mib as f64, "gpu {}", g.index);
+        let temp = get("DCGM_FI_DEV_GPU_TEMP", &l);
+        let power = get("DCGM_FI_DEV_POWER_USAGE", &l);
+        assert!((20.0..100.0).contains(&temp) && (50.0..700.0).contains(&power), "gpu {}: {temp} C, {power} W", g.index);
+        if g.index < 2 {
+            assert!(util >= 60.0 && used > 0.0, "a held gpu is busy");
+            util_sum += util;
+            used_bytes += used * 1024.0 * 1024.0;
+        } else {
+            assert_eq!((util, used), (0.0, 0.0), "an idle gpu is idle");
+        }
+    }
+    let job = [("job", "42"), ("node", "gpu-node-1")];
+    assert_eq!(get("corral_job_gpu_utilization", &job), util_sum / 2.0);
+    assert_eq!(get("corral_job_gpu_memory_used_bytes", &job), used_bytes);
+    assert!(text.contains("# TYPE DCGM_FI_DEV_GPU_UTIL gauge"), "{text}");
+}
+
+#[test]
+fn a_node_without_gpus_has_no_dcgm_series() {
+    let text = render_snapshot(&MetricsSnapshot { hostname: "cpu-node".into(), ..MetricsSnapshot::default() });
+    assert!(!text.contains("DCGM_"), "{text}");
+    assert!(text.contains("corral_raft_term 0"), "{text}");
+}
