@@ -13,6 +13,8 @@ pub struct ProcessSpan {
     pub start_ms: u64,
     /// None: still running (or died without recording its end).
     pub end_ms: Option<u64>,
+    /// Process id of the job's shell, to check a span without an end is really gone.
+    pub pid: Option<i32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -93,7 +95,8 @@ pub fn check_one_leader_per_term(observations: &[(u64, String)]) -> Vec<Violatio
     out
 }
 
-/// Parses the lines a test job writes: `start MS JOB RUN NODE GPU,GPU` and `end MS JOB RUN NODE`.
+/// Parses the lines a test job writes: `start MS JOB RUN NODE GPUS PID` and `end MS JOB RUN
+/// NODE ...` (GPUS is a comma list, `-` for none; PID is optional).
 pub fn parse_spans(text: &str) -> Vec<ProcessSpan> {
     let mut spans: Vec<ProcessSpan> = Vec::new();
     for line in text.lines() {
@@ -101,10 +104,11 @@ pub fn parse_spans(text: &str) -> Vec<ProcessSpan> {
         match f.as_slice() {
             ["start", ms, job, run, node, rest @ ..] => {
                 let (Ok(ms), Ok(job), Ok(run)) = (ms.parse(), job.parse(), run.parse()) else { continue };
-                let gpus = rest.first().map(|g| g.split(',').filter(|s| !s.is_empty()).map(String::from).collect()).unwrap_or_default();
-                spans.push(ProcessSpan { job, run, node: node.to_string(), gpus, start_ms: ms, end_ms: None });
+                let gpus = rest.first().map(|g| g.split(',').filter(|s| !s.is_empty() && *s != "-").map(String::from).collect()).unwrap_or_default();
+                let pid = rest.get(1).and_then(|p| p.parse().ok());
+                spans.push(ProcessSpan { job, run, node: node.to_string(), gpus, start_ms: ms, end_ms: None, pid });
             }
-            ["end", ms, job, run, node] => {
+            ["end", ms, job, run, node, ..] => {
                 let (Ok(ms), Ok(job), Ok(run)) = (ms.parse::<u64>(), job.parse::<u64>(), run.parse::<u32>()) else { continue };
                 if let Some(s) = spans.iter_mut().rev().find(|s| s.job == job && s.run == run && s.node == *node && s.end_ms.is_none()) {
                     s.end_ms = Some(ms);
@@ -121,7 +125,7 @@ mod tests {
     use super::*;
 
     fn span(job: u64, run: u32, node: &str, gpus: &[&str], start_ms: u64, end_ms: Option<u64>) -> ProcessSpan {
-        ProcessSpan { job, run, node: node.into(), gpus: gpus.iter().map(|g| g.to_string()).collect(), start_ms, end_ms }
+        ProcessSpan { job, run, node: node.into(), gpus: gpus.iter().map(|g| g.to_string()).collect(), start_ms, end_ms, pid: None }
     }
 
     #[test]
@@ -147,7 +151,9 @@ mod tests {
     fn leaders_and_span_parsing() {
         assert!(check_one_leader_per_term(&[(1, "a".into()), (1, "a".into()), (2, "b".into())]).is_empty());
         assert_eq!(check_one_leader_per_term(&[(3, "a".into()), (3, "b".into())]).len(), 1);
-        let spans = parse_spans("start 10 7 1 n1 GPU-a,GPU-b\nnoise\nend 20 7 1 n1\nstart 30 8 2 n2\n");
-        assert_eq!(spans, vec![span(7, 1, "n1", &["GPU-a", "GPU-b"], 10, Some(20)), span(8, 2, "n2", &[], 30, None)]);
+        let spans = parse_spans("start 10 7 1 n1 GPU-a,GPU-b 4242\nnoise\nend 20 7 1 n1 GPU-a,GPU-b 4242\nstart 30 8 2 n2 -\n");
+        let mut first = span(7, 1, "n1", &["GPU-a", "GPU-b"], 10, Some(20));
+        first.pid = Some(4242);
+        assert_eq!(spans, vec![first, span(8, 2, "n2", &[], 30, None)]);
     }
 }

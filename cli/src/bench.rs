@@ -106,6 +106,7 @@ async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
         voter_replace_after_ms: 600_000,
         kill_grace_ms: 1_000,
         snapshot_logs: 1_000,
+        checkpoint_root: None,
         wait_s: 60,
     };
     dev::up(dir, &opts).await?;

@@ -45,8 +45,8 @@ impl Cluster {
     pub fn connect(cluster_dir: &Path, server: Option<&str>) -> anyhow::Result<Cluster> {
         let config = ClientConfig::load(&cluster_dir.join("client.toml"))?;
         let identity = config.tls.load().context("load client certificate")?;
-        let endpoint = transport::endpoint("0.0.0.0:0".parse().context("parse bind address")?, &identity, false)
-            .context("open client endpoint")?;
+        let endpoint =
+            transport::endpoint("0.0.0.0:0".parse().context("parse bind address")?, &identity, false).context("open client endpoint")?;
         let servers = match server {
             Some(s) => vec![s.to_string()],
             None => config.servers,
@@ -107,7 +107,5 @@ impl Cluster {
 
 /// The directory named by `--cluster`, `$CORRAL_CLUSTER`, or `/etc/corral`.
 pub fn cluster_dir(flag: Option<&PathBuf>) -> PathBuf {
-    flag.cloned()
-        .or_else(|| std::env::var_os("CORRAL_CLUSTER").map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from("/etc/corral"))
+    flag.cloned().or_else(|| std::env::var_os("CORRAL_CLUSTER").map(PathBuf::from)).unwrap_or_else(|| PathBuf::from("/etc/corral"))
 }

@@ -65,6 +65,7 @@ async fn demo(dir: &std::path::Path) -> anyhow::Result<()> {
         voter_replace_after_ms: 10_000,
         kill_grace_ms: 2_000,
         snapshot_logs: 1_000,
+        checkpoint_root: None,
         wait_s: 60,
     };
     let t0 = Instant::now();

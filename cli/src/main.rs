@@ -5,6 +5,7 @@ mod bench;
 mod client;
 mod demo;
 mod dev;
+mod slurm;
 mod units;
 
 use std::collections::BTreeMap;
@@ -85,6 +86,9 @@ enum Cmd {
     },
     /// Benchmark a local 3-node cluster: submit throughput, submit-to-running latency, failover.
     Bench(bench::BenchArgs),
+    /// Create sbatch, srun, squeue, scancel, sinfo, scontrol and sacct in DIR as symlinks to
+    /// this binary, which then behaves as those Slurm commands.
+    InstallSlurmShims { dir: PathBuf },
 }
 
 #[derive(Subcommand)]
@@ -212,7 +216,7 @@ pub fn build_spec(args: &SubmitArgs) -> anyhow::Result<JobSpec> {
     };
     let workdir = std::path::absolute(&workdir).with_context(|| format!("resolve {}", workdir.display()))?;
     let first = PathBuf::from(&args.command[0]);
-    let as_script = args.command.len() >= 1 && first.is_file() && !is_executable_binary(&first);
+    let as_script = first.is_file() && !is_executable_binary(&first);
     let (argv, script, default_name) = if as_script {
         let text = std::fs::read_to_string(&first).with_context(|| format!("read script {}", first.display()))?;
         let name = first.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "script".into());
@@ -221,6 +225,9 @@ pub fn build_spec(args: &SubmitArgs) -> anyhow::Result<JobSpec> {
         let name = first.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "job".into());
         (args.command.clone(), None, name)
     };
+    if let Some(text) = script.as_deref().filter(|t| !slurm::sbatch::directives(t, "#SBATCH").is_empty()) {
+        return slurm::sbatch::spec_from_directives(text, &default_name, argv, &sbatch_overrides(args)).map_err(|e| anyhow::anyhow!("{e}"));
+    }
     let gres = args.gres.as_deref().map(GresRequest::parse).transpose().map_err(anyhow::Error::msg)?;
     let time_limit_ms = args.time.as_deref().map(units::parse_time_limit_ms).transpose().map_err(anyhow::Error::msg)?;
     let env: BTreeMap<String, String> = std::env::vars().collect();
@@ -239,6 +246,32 @@ pub fn build_spec(args: &SubmitArgs) -> anyhow::Result<JobSpec> {
     spec.submit_host = hostname();
     spec.validate().map_err(anyhow::Error::msg)?;
     Ok(spec)
+}
+
+/// The options of `corral submit` given explicitly, as sbatch options (they override the
+/// script's `#SBATCH` lines; options left at their defaults do not).
+fn sbatch_overrides(args: &SubmitArgs) -> Vec<(&'static str, Option<String>)> {
+    let mut out = Vec::new();
+    let mut put = |name: &'static str, value: Option<String>| out.push((name, value));
+    args.gres.clone().into_iter().for_each(|v| put("gres", Some(v)));
+    args.time.clone().into_iter().for_each(|v| put("time", Some(v)));
+    args.name.clone().into_iter().for_each(|v| put("job-name", Some(v)));
+    args.output.clone().into_iter().for_each(|v| put("output", Some(v)));
+    args.error.clone().into_iter().for_each(|v| put("error", Some(v)));
+    args.chdir.iter().for_each(|d| put("chdir", Some(d.display().to_string())));
+    if args.cpus_per_task != 1 {
+        put("cpus-per-task", Some(args.cpus_per_task.to_string()));
+    }
+    if args.mem != "1G" {
+        put("mem", Some(args.mem.clone()));
+    }
+    if args.nodes != 1 {
+        put("nodes", Some(args.nodes.to_string()));
+    }
+    if args.requeue {
+        put("requeue", None);
+    }
+    out
 }
 
 /// A text file (a script) rather than a compiled program: ELF files are run as commands.
@@ -395,13 +428,20 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Cluster => {
             let Reply::Cluster(info) = connect()?.call_patiently(Request::ClusterInfo, patience).await? else { bail!("unexpected reply") };
             if cli.json {
-                let members: Vec<_> = info.members.iter().map(|m| json!({"name": m.name, "role": m.role.as_str(), "addr": m.addr})).collect();
+                let members: Vec<_> =
+                    info.members.iter().map(|m| json!({"name": m.name, "role": m.role.as_str(), "addr": m.addr})).collect();
                 println!(
                     "{}",
-                    json!({"leader": info.leader, "term": info.term, "commit_index": info.commit_index, "applied_index": info.applied_index, "answered_by": info.answered_by, "members": members})
+                    json!({"leader": info.leader, "term": info.term, "commit_index": info.commit_index, "applied_index": info.applied_index, "snapshot_index": info.snapshot_index, "purged_index": info.purged_index, "answered_by": info.answered_by, "members": members})
                 );
             } else {
-                println!("leader: {}  term: {}  commit index: {}  (answered by {})", info.leader.as_deref().unwrap_or("-"), info.term, info.commit_index, info.answered_by);
+                println!(
+                    "leader: {}  term: {}  commit index: {}  (answered by {})",
+                    info.leader.as_deref().unwrap_or("-"),
+                    info.term,
+                    info.commit_index,
+                    info.answered_by
+                );
                 for m in &info.members {
                     println!("  {:<10} {:<7} {}", m.name, m.role.as_str(), m.addr);
                 }
@@ -424,6 +464,12 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Demo { dir } => demo::run(dir).await?,
         Cmd::Bench(args) => bench::run(args).await?,
+        Cmd::InstallSlurmShims { dir } => {
+            let exe = std::env::current_exe().context("find the corral binary")?;
+            for link in slurm::install_shims(&dir, &exe)? {
+                println!("{} -> {}", link.display(), exe.display());
+            }
+        }
     }
     Ok(0)
 }
@@ -441,6 +487,13 @@ fn truncate(s: &str, n: usize) -> String {
 }
 
 fn main() {
+    // Called as sbatch, srun, ... (a symlink made by `install-slurm-shims`): behave as Slurm.
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    let name = std::path::Path::new(&argv0).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    if slurm::COMMANDS.contains(&name.as_str()) {
+        let args = std::env::args_os().skip(1).map(|a| a.to_string_lossy().into_owned()).collect();
+        std::process::exit(slurm::main(&name, args));
+    }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("CORRAL_LOG").unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)

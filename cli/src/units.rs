@@ -63,10 +63,7 @@ mod tests {
         for bad in ["", "x", "1:2:3:4", "-1", "1-", "1-2:3:4:5", "0", "1:-2"] {
             assert!(parse_time_limit_ms(bad).is_err(), "{bad} should be refused");
         }
-        assert_eq!(
-            parse_time_limit_ms("abc"),
-            Err("invalid time limit 'abc': expected M, M:S, H:M:S, D-H, D-H:M or D-H:M:S".to_string())
-        );
+        assert_eq!(parse_time_limit_ms("abc"), Err("invalid time limit 'abc': expected M, M:S, H:M:S, D-H, D-H:M or D-H:M:S".to_string()));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 pub mod agent;
 pub mod config;
+pub mod fault;
 pub mod gpu;
 pub mod launcher;
 pub mod link;

@@ -332,6 +332,9 @@ impl Node {
                 }
             }
             Request::Heartbeat { node, instance, running: _ } => {
+                // An ack tells the agent a leader still counts it alive; a leader cut off from its
+                // quorum must not give one, or its own agent would never fence.
+                self.check_leader_lease()?;
                 let known = self.state.read(|s| s.nodes.get(&node).map(|n| (n.state, n.instance)));
                 let Some((state, recorded_instance)) = known else {
                     return Err(ApiError::NotFound(format!("node {node}")));
@@ -372,6 +375,19 @@ impl Node {
                 result
             }
             other => Err(ApiError::Invalid(format!("not a leader request: {other:?}"))),
+        }
+    }
+
+    /// Fails unless a quorum acknowledged this leader within the minimum election timeout (no
+    /// other leader can have been elected since).
+    fn check_leader_lease(&self) -> Result<(), ApiError> {
+        use openraft::async_runtime::watch::WatchReceiver;
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow_watched();
+        let lease_ms = self.config.raft.election_timeout_min_ms;
+        match m.millis_since_quorum_ack {
+            Some(ms) if ms < lease_ms => Ok(()),
+            other => Err(ApiError::Unavailable(format!("leader has no quorum acknowledgement within {lease_ms} ms (last: {other:?} ms ago)"))),
         }
     }
 
@@ -664,10 +680,14 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 /// open it answers `Unavailable`.
 pub struct Api {
     node: OnceLock<Arc<Node>>,
+    fault: Arc<crate::fault::FaultSwitch>,
 }
 
 impl Handler for Api {
-    fn handle(&self, _peer: Peer, envelope: Envelope) -> Pin<Box<dyn Future<Output = Response> + Send + 'static>> {
+    fn handle(&self, peer: Peer, envelope: Envelope) -> Pin<Box<dyn Future<Output = Response> + Send + 'static>> {
+        if self.fault.refuses(&peer.common_name) {
+            return Box::pin(async { Err(ApiError::Unavailable("partitioned (fault injection)".into())) });
+        }
         match self.node.get() {
             Some(node) => Box::pin(Arc::clone(node).handle(envelope)),
             None => Box::pin(async { Err(ApiError::Unavailable("node is starting".into())) }),
@@ -780,7 +800,9 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
         );
     }
     let agent = Agent::new(config.name.clone(), instance, gpus, settings)?;
-    let api = Arc::new(Api { node: OnceLock::new() });
+    let fault = Arc::new(crate::fault::FaultSwitch::default());
+    tokio::spawn(Arc::clone(&fault).watch(config.data_dir.join("fault-partition"), Arc::clone(&client)));
+    let api = Arc::new(Api { node: OnceLock::new(), fault });
     tokio::spawn(transport::serve(endpoint.clone(), api.clone()));
 
     let advertise = config.advertise_addr();

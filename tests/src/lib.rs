@@ -164,3 +164,35 @@ pub fn wait_until(what: &str, patience: Duration, mut done: impl FnMut() -> bool
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// The shell function job bodies use to record their spans for the `chaos` checkers.
+pub const REC: &str = r#"rec() { echo "$1 $(date +%s%3N) $CORRAL_JOB_ID $CORRAL_RUN $CORRAL_NODE ${CUDA_VISIBLE_DEVICES:--} $$" >> spans.log; }"#;
+
+/// Milliseconds since the Unix epoch, as the job bodies' `date +%s%3N` reports.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// Right after `node` was SIGKILLed: its job processes cannot record their end (the parent
+/// death signal is SIGKILL too). Waits until each recorded process of `node` without an end is
+/// gone and returns when it was first seen gone, an upper bound on when it died, by pid.
+pub fn observe_deaths(spans_log: &Path, node: &str, patience: Duration) -> std::collections::BTreeMap<i32, u64> {
+    let spans = chaos::parse_spans(&std::fs::read_to_string(spans_log).unwrap_or_default());
+    let mut deaths = std::collections::BTreeMap::new();
+    for span in spans.iter().filter(|s| s.node == node && s.end_ms.is_none()) {
+        let pid = span.pid.unwrap_or_else(|| panic!("span without pid: {span:?}"));
+        // SAFETY: signal 0 only checks whether the process exists.
+        wait_until(&format!("process {pid} of job {} to be gone", span.job), patience, || unsafe { libc::kill(pid, 0) } != 0);
+        deaths.insert(pid, now_ms());
+    }
+    deaths
+}
+
+/// Closes the spans of killed processes with the death times [`observe_deaths`] saw.
+pub fn close_spans(spans: &mut [chaos::ProcessSpan], deaths: &std::collections::BTreeMap<i32, u64>) {
+    for span in spans.iter_mut().filter(|s| s.end_ms.is_none()) {
+        if let Some(ms) = span.pid.and_then(|p| deaths.get(&p)) {
+            span.end_ms = Some(*ms);
+        }
+    }
+}

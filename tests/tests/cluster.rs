@@ -7,10 +7,9 @@ use corral_tests::{wait_until, TestCluster};
 use serde_json::Value;
 
 /// A job body that records its start and end (with its GPUs) in `spans.log` of the work dir.
-const RECORD: &str = r#"echo start $(date +%s%3N) $CORRAL_JOB_ID $CORRAL_RUN $CORRAL_NODE $CUDA_VISIBLE_DEVICES >> spans.log; sleep $1; echo end $(date +%s%3N) $CORRAL_JOB_ID $CORRAL_RUN $CORRAL_NODE >> spans.log"#;
-
 fn record_cmd(seconds: &str) -> Vec<String> {
-    vec!["sh".into(), "-c".into(), RECORD.into(), "job".into(), seconds.into()]
+    let body = format!("{}; rec start; sleep $1; rec end", corral_tests::REC);
+    vec!["sh".into(), "-c".into(), body, "job".into(), seconds.into()]
 }
 
 fn stdout(out: &std::process::Output) -> String {

@@ -374,6 +374,8 @@ struct ClientInner {
     endpoint: quinn::Endpoint,
     /// One connection per address as given to [`Client::call`].
     connections: Mutex<HashMap<String, quinn::Connection>>,
+    /// Fault injection: addresses this client cannot reach (`*` for all), as if partitioned.
+    blocked: std::sync::RwLock<Vec<String>>,
 }
 
 /// Calls peers over one endpoint, keeping one connection per address. Clones share the
@@ -393,7 +395,29 @@ impl Client {
     /// A client dialing from `endpoint`, which must have a default client config (as
     /// [`endpoint`] gives it).
     pub fn new(endpoint: quinn::Endpoint) -> Client {
-        Client { inner: Arc::new(ClientInner { endpoint, connections: Mutex::new(HashMap::new()) }) }
+        Client {
+            inner: Arc::new(ClientInner {
+                endpoint,
+                connections: Mutex::new(HashMap::new()),
+                blocked: std::sync::RwLock::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// Fault injection for tests and the chaos harness: calls to these addresses (`*`: every
+    /// address) fail at once as unreachable, and their cached connections are dropped.
+    pub fn set_blocked(&self, addrs: Vec<String>) {
+        let all = addrs.iter().any(|a| a == "*");
+        {
+            let mut map = self.lock();
+            map.retain(|addr, _| !(all || addrs.contains(addr)));
+        }
+        *self.inner.blocked.write().unwrap_or_else(|p| p.into_inner()) = addrs;
+    }
+
+    fn is_blocked(&self, addr: &str) -> bool {
+        let blocked = self.inner.blocked.read().unwrap_or_else(|p| p.into_inner());
+        blocked.iter().any(|b| b == "*" || b == addr)
     }
 
     pub fn endpoint(&self) -> &quinn::Endpoint {
@@ -427,6 +451,9 @@ impl Client {
     /// A cached connection found dead, or on which no stream can be opened, is replaced once by
     /// a new one. A request that may have reached the peer is never sent twice.
     pub async fn call(&self, addr: &str, envelope: &Envelope, timeout: Duration) -> Result<Response, CallError> {
+        if self.is_blocked(addr) {
+            return Err(CallError::Connect(format!("{addr} is cut off (fault injection)")));
+        }
         let request = proto::encode(envelope);
         if request.len() > FRAME_BYTES_MAX {
             return Err(CallError::Codec(format!("request of {} bytes exceeds the frame limit of {FRAME_BYTES_MAX}", request.len())));

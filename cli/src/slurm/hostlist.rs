@@ -32,10 +32,8 @@ pub fn expand(text: &str) -> Result<Vec<String>, String> {
                     if literal.contains(']') {
                         return Err(format!("invalid hostlist '{text}': unbalanced ']'"));
                     }
-                    let close = rest[open..]
-                        .find(']')
-                        .map(|c| c + open)
-                        .ok_or_else(|| format!("invalid hostlist '{text}': unbalanced '['"))?;
+                    let close =
+                        rest[open..].find(']').map(|c| c + open).ok_or_else(|| format!("invalid hostlist '{text}': unbalanced '['"))?;
                     let numbers = expand_ranges(&rest[open + 1..close]).map_err(|e| format!("invalid hostlist '{text}': {e}"))?;
                     if partial.len().saturating_mul(numbers.len()).saturating_add(hosts.len()) > HOSTS_MAX {
                         return Err(format!("invalid hostlist '{text}': more than {HOSTS_MAX} hosts"));

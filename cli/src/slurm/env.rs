@@ -1,0 +1,242 @@
+//! The environment Slurm gives a batch job, computed from a Corral [`proto::Job`].
+//!
+//! Self-contained on purpose: this file uses only `std` and `proto` (and its sibling
+//! `hostlist.rs`, pulled in by `#[path]` below), never `crate::` paths, so the node crate's
+//! launcher can include it with `#[path = ".../cli/src/slurm/env.rs"] mod slurm_env;`.
+//! Everything here is a pure function of its arguments: no clock, no IO, no process state.
+
+#[path = "hostlist.rs"]
+pub mod hostlist;
+
+use std::collections::BTreeMap;
+
+use proto::{Job, JobSpec};
+
+/// Name of the partition a job without `--partition` runs in (and that nodes without a
+/// partition belong to).
+pub const DEFAULT_PARTITION: &str = "default";
+
+/// Keys of [`JobSpec::extra`] that `sbatch`/`srun` fill in and this module reads.
+pub mod extra {
+    /// `-n/--ntasks` as given (the total over all nodes), when it was given.
+    pub const NTASKS: &str = "ntasks";
+    /// `-N MIN-MAX` as given, when a range was asked for.
+    pub const NODES_RANGE: &str = "nodes";
+    /// Directory `sbatch` ran in (`SLURM_SUBMIT_DIR`); `-D` only changes the working directory.
+    pub const SUBMIT_DIR: &str = "submit-dir";
+    /// `-c/--cpus-per-task` was given explicitly (then `SLURM_CPUS_PER_TASK` is set).
+    pub const CPUS_PER_TASK: &str = "cpus-per-task";
+    /// `--gpus/-G` as given (then `SLURM_GPUS` is set).
+    pub const GPUS: &str = "gpus";
+    pub const GPUS_PER_NODE: &str = "gpus-per-node";
+    pub const GPUS_PER_TASK: &str = "gpus-per-task";
+    pub const CPUS_PER_GPU: &str = "cpus-per-gpu";
+    /// `--mem-per-cpu` / `--mem-per-gpu` in MiB, as given.
+    pub const MEM_PER_CPU: &str = "mem-per-cpu";
+    pub const MEM_PER_GPU: &str = "mem-per-gpu";
+    /// `--array` text as given (`1-100%4`), for display.
+    pub const ARRAY: &str = "array";
+}
+
+/// Slurm's stand-in for "no array index" (`NO_VAL`), which `%a` expands to outside arrays.
+pub const NO_ARRAY_INDEX: &str = "4294967294";
+
+/// Tasks on each of `nodes` nodes: `ntasks_per_node` each, or `-n N` spread the way Slurm's
+/// block distribution does (the first `N % nodes` nodes get one more).
+pub fn tasks_per_node(spec: &JobSpec, nodes: usize) -> Vec<u32> {
+    let nodes_u32 = u32::try_from(nodes.max(1)).unwrap_or(u32::MAX);
+    match spec.extra.get(extra::NTASKS).and_then(|n| n.parse::<u32>().ok()) {
+        Some(total) if total >= nodes_u32 => {
+            let base = total / nodes_u32;
+            let more = (total % nodes_u32) as usize;
+            (0..nodes).map(|i| base + u32::from(i < more)).collect()
+        }
+        _ => vec![spec.ntasks_per_node; nodes],
+    }
+}
+
+/// CPUs allocated on each node of the current run, in `node_names` order; when the
+/// allocation is not known (or does not match), what the spec asks for.
+fn cpus_per_node(job: &Job, tasks: &[u32]) -> Vec<u32> {
+    let parts: Vec<u32> = job.parts.iter().filter(|p| p.run == job.run).map(|p| p.alloc.cpus).collect();
+    if parts.len() == tasks.len() && parts.iter().all(|&c| c > 0) {
+        parts
+    } else {
+        tasks.iter().map(|t| t.saturating_mul(job.spec.cpus_per_task)).collect()
+    }
+}
+
+/// Step between array indices: the common difference when the ids are evenly spaced, else 1.
+fn array_step(tasks: &[u32]) -> u32 {
+    let diffs: Vec<u32> = tasks.windows(2).map(|w| w[1].saturating_sub(w[0])).collect();
+    match diffs.first() {
+        Some(&d) if d > 0 && diffs.iter().all(|&x| x == d) => d,
+        _ => 1,
+    }
+}
+
+/// Every `SLURM_*` variable (and `GPU_DEVICE_ORDINAL`) Slurm sets for the batch script of
+/// `job` on its `node_index`-th node. `node_names` are the job's nodes in allocation order;
+/// `gpu_indices_on_node` the GPUs this node gave it. `CUDA_VISIBLE_DEVICES` is left to the
+/// launcher. Differences from Slurm 22.05, on purpose: `SLURM_RESTART_COUNT` is set (0) on the
+/// first run, and `SLURM_NTASKS`, `SLURM_NPROCS`, `SLURM_NTASKS_PER_NODE` and
+/// `SLURM_MEM_PER_NODE` are always set.
+#[allow(dead_code)] // Called by the node crate's launcher; the CLI only tests it.
+pub fn slurm_env(
+    job: &Job,
+    node_names: &[String],
+    node_index: usize,
+    cluster_name: &str,
+    gpu_indices_on_node: &[u32],
+) -> BTreeMap<String, String> {
+    let spec = &job.spec;
+    let mut env = BTreeMap::new();
+    let mut set = |k: &str, v: String| {
+        env.insert(k.to_string(), v);
+    };
+    let nodelist = hostlist::compress(node_names);
+    let nnodes = node_names.len().max(1);
+    let tasks = tasks_per_node(spec, nnodes);
+    let ntasks: u32 = tasks.iter().sum();
+    let cpus = cpus_per_node(job, &tasks);
+    let here = node_index.min(nnodes - 1);
+    let first_rank: u32 = tasks[..here].iter().sum();
+
+    set("SLURM_JOB_ID", job.id.to_string());
+    set("SLURM_JOBID", job.id.to_string());
+    set("SLURM_JOB_NAME", spec.name.clone());
+    set("SLURM_JOB_NODELIST", nodelist.clone());
+    set("SLURM_NODELIST", nodelist);
+    set("SLURM_JOB_NUM_NODES", nnodes.to_string());
+    set("SLURM_NNODES", nnodes.to_string());
+    set("SLURM_NTASKS", ntasks.to_string());
+    set("SLURM_NPROCS", ntasks.to_string());
+    set("SLURM_NTASKS_PER_NODE", spec.ntasks_per_node.to_string());
+    set("SLURM_TASKS_PER_NODE", hostlist::compress_counts(&tasks));
+    if spec.extra.contains_key(extra::CPUS_PER_TASK) || spec.cpus_per_task != 1 {
+        set("SLURM_CPUS_PER_TASK", spec.cpus_per_task.to_string());
+    }
+    set("SLURM_CPUS_ON_NODE", cpus[here].to_string());
+    set("SLURM_JOB_CPUS_PER_NODE", hostlist::compress_counts(&cpus));
+    set("SLURM_MEM_PER_NODE", spec.mem_mib.to_string());
+    for (key, var) in [(extra::MEM_PER_CPU, "SLURM_MEM_PER_CPU"), (extra::MEM_PER_GPU, "SLURM_MEM_PER_GPU")] {
+        if let Some(v) = spec.extra.get(key) {
+            set(var, v.clone());
+        }
+    }
+    set("SLURM_JOB_PARTITION", spec.partition.clone().unwrap_or_else(|| DEFAULT_PARTITION.to_string()));
+    if let Some(a) = &spec.account {
+        set("SLURM_JOB_ACCOUNT", a.clone());
+    }
+    if let Some(q) = &spec.qos {
+        set("SLURM_JOB_QOS", q.clone());
+    }
+    set("SLURM_JOB_USER", spec.user.clone());
+    if let Some(uid) = spec.uid {
+        set("SLURM_JOB_UID", uid.to_string());
+    }
+    if let Some(gid) = spec.gid {
+        set("SLURM_JOB_GID", gid.to_string());
+    }
+    set("SLURM_SUBMIT_DIR", spec.extra.get(extra::SUBMIT_DIR).cloned().unwrap_or_else(|| spec.workdir.clone()));
+    set("SLURM_SUBMIT_HOST", spec.submit_host.clone());
+    set("SLURM_CLUSTER_NAME", cluster_name.to_string());
+    let node_name = node_names.get(here).cloned().unwrap_or_default();
+    set("SLURMD_NODENAME", node_name.clone());
+    set("SLURM_TOPOLOGY_ADDR", node_name);
+    set("SLURM_TOPOLOGY_ADDR_PATTERN", "node".to_string());
+    set("SLURM_NODEID", here.to_string());
+    set("SLURM_PROCID", first_rank.to_string());
+    set("SLURM_LOCALID", "0".to_string());
+    set("SLURM_GTIDS", (first_rank..first_rank + tasks[here].max(1)).map(|r| r.to_string()).collect::<Vec<_>>().join(","));
+    set("SLURM_RESTART_COUNT", job.restart_count.to_string());
+    if let Some(task) = &job.array {
+        let ids: Vec<u32> = spec.array.as_ref().map(|a| a.tasks.clone()).unwrap_or_else(|| vec![task.task]);
+        set("SLURM_ARRAY_JOB_ID", task.array_job.to_string());
+        set("SLURM_ARRAY_TASK_ID", task.task.to_string());
+        set("SLURM_ARRAY_TASK_COUNT", ids.len().to_string());
+        set("SLURM_ARRAY_TASK_MIN", ids.first().copied().unwrap_or(task.task).to_string());
+        set("SLURM_ARRAY_TASK_MAX", ids.last().copied().unwrap_or(task.task).to_string());
+        set("SLURM_ARRAY_TASK_STEP", array_step(&ids).to_string());
+    }
+    if !gpu_indices_on_node.is_empty() {
+        let list = gpu_indices_on_node.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(",");
+        set("SLURM_GPUS_ON_NODE", gpu_indices_on_node.len().to_string());
+        set("SLURM_JOB_GPUS", list.clone());
+        set("GPU_DEVICE_ORDINAL", list);
+    }
+    if let Some(g) = spec.extra.get(extra::GPUS) {
+        set("SLURM_GPUS", g.clone());
+    }
+    for (key, var) in [
+        (extra::GPUS_PER_NODE, "SLURM_GPUS_PER_NODE"),
+        (extra::GPUS_PER_TASK, "SLURM_GPUS_PER_TASK"),
+        (extra::CPUS_PER_GPU, "SLURM_CPUS_PER_GPU"),
+    ] {
+        if let Some(v) = spec.extra.get(key) {
+            set(var, v.clone());
+        }
+    }
+    if let Some(start_ms) = job.start_ms {
+        set("SLURM_JOB_START_TIME", (start_ms / 1000).to_string());
+        if let Some(limit_ms) = spec.time_limit_ms {
+            set("SLURM_JOB_END_TIME", (start_ms.saturating_add(limit_ms) / 1000).to_string());
+        }
+    }
+    env
+}
+
+/// Expands an `--output`/`--error` pattern the way slurmd does for a batch job: `%j` job id,
+/// `%J` job id (the batch step), `%A` array job id (the job id outside arrays), `%a` array task
+/// id, `%x` job name, `%u` user, `%N` the first node's name, `%n` node index (0), `%t` task
+/// rank (0), `%s` step (`batch`), `%%` a percent sign. A number between `%` and the letter
+/// zero-pads numeric fields (`%4a`). The result is relative to the working directory unless
+/// absolute; unknown `%` sequences are left as they are.
+pub fn output_path(pattern: &str, job: &Job, node_names: &[String], node_index: usize) -> String {
+    let mut out = String::with_capacity(pattern.len() + 16);
+    let chars: Vec<char> = pattern.chars().collect();
+    let mut i = 0;
+    while i < chars.len() {
+        if chars[i] != '%' {
+            out.push(chars[i]);
+            i += 1;
+            continue;
+        }
+        let mut j = i + 1;
+        while j < chars.len() && chars[j].is_ascii_digit() {
+            j += 1;
+        }
+        let width: usize = chars[i + 1..j].iter().collect::<String>().parse().unwrap_or(0).min(10);
+        let numeric = |n: String| {
+            if n.len() < width {
+                format!("{n:0>width$}")
+            } else {
+                n
+            }
+        };
+        let expansion = match chars.get(j) {
+            Some('%') if j == i + 1 => Some("%".to_string()),
+            Some('j') | Some('J') => Some(numeric(job.id.to_string())),
+            Some('A') => Some(numeric(job.array.as_ref().map_or(job.id, |a| a.array_job).to_string())),
+            Some('a') => Some(numeric(job.array.as_ref().map_or(NO_ARRAY_INDEX.to_string(), |a| a.task.to_string()))),
+            Some('x') => Some(job.spec.name.clone()),
+            Some('u') => Some(job.spec.user.clone()),
+            Some('N') => Some(node_names.first().cloned().unwrap_or_default()),
+            Some('n') => Some(numeric(node_index.to_string())),
+            Some('t') => Some(numeric("0".to_string())),
+            Some('s') => Some("batch".to_string()),
+            _ => None,
+        };
+        match expansion {
+            Some(text) => {
+                out.push_str(&text);
+                i = j + 1;
+            }
+            None => {
+                out.push('%');
+                i += 1;
+            }
+        }
+    }
+    out
+}

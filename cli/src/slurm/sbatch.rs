@@ -1,0 +1,1059 @@
+//! `sbatch`: `#SBATCH` directives, overridden by `SBATCH_*` variables, overridden by the
+//! command line, turned into a [`JobSpec`].
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use proto::{ArraySpec, Dependency, DependencyKind, GresRequest, JobSpec, Reply, Request, SignalSpec};
+
+use super::env::extra;
+use super::opts::{self, opt, Arg, OptDef, Parsed};
+use super::{hostlist, time, SlurmError};
+
+pub const PROG: &str = "sbatch";
+
+/// Every option sbatch knows. Those without a [`JobSpec`] field are kept in `extra`.
+pub const OPTIONS: &[OptDef] = &[
+    opt("account", Some('A'), Arg::Required),
+    opt("acctg-freq", None, Arg::Required),
+    opt("array", Some('a'), Arg::Required),
+    opt("batch", None, Arg::Required),
+    opt("begin", Some('b'), Arg::Required),
+    opt("chdir", Some('D'), Arg::Required),
+    opt("cluster-constraint", None, Arg::Required),
+    opt("clusters", Some('M'), Arg::Required),
+    opt("comment", None, Arg::Required),
+    opt("constraint", Some('C'), Arg::Required),
+    opt("container", None, Arg::Required),
+    opt("contiguous", None, Arg::No),
+    opt("core-spec", Some('S'), Arg::Required),
+    opt("cores-per-socket", None, Arg::Required),
+    opt("cpu-freq", None, Arg::Required),
+    opt("cpus-per-gpu", None, Arg::Required),
+    opt("cpus-per-task", Some('c'), Arg::Required),
+    opt("deadline", None, Arg::Required),
+    opt("delay-boot", None, Arg::Required),
+    opt("dependency", Some('d'), Arg::Required),
+    opt("distribution", Some('m'), Arg::Required),
+    opt("error", Some('e'), Arg::Required),
+    opt("exclude", Some('x'), Arg::Required),
+    opt("exclusive", None, Arg::Optional),
+    opt("export", None, Arg::Required),
+    opt("export-file", None, Arg::Required),
+    opt("extra-node-info", Some('B'), Arg::Required),
+    opt("get-user-env", None, Arg::Optional),
+    opt("gid", None, Arg::Required),
+    opt("gpu-bind", None, Arg::Required),
+    opt("gpu-freq", None, Arg::Required),
+    opt("gpus", Some('G'), Arg::Required),
+    opt("gpus-per-node", None, Arg::Required),
+    opt("gpus-per-socket", None, Arg::Required),
+    opt("gpus-per-task", None, Arg::Required),
+    opt("gres", None, Arg::Required),
+    opt("gres-flags", None, Arg::Required),
+    opt("help", Some('h'), Arg::No),
+    opt("hint", None, Arg::Required),
+    opt("hold", Some('H'), Arg::No),
+    opt("ignore-pbs", None, Arg::No),
+    opt("input", Some('i'), Arg::Required),
+    opt("job-name", Some('J'), Arg::Required),
+    opt("kill-on-invalid-dep", None, Arg::Required),
+    opt("licenses", Some('L'), Arg::Required),
+    opt("mail-type", None, Arg::Required),
+    opt("mail-user", None, Arg::Required),
+    opt("mcs-label", None, Arg::Required),
+    opt("mem", None, Arg::Required),
+    opt("mem-bind", None, Arg::Required),
+    opt("mem-per-cpu", None, Arg::Required),
+    opt("mem-per-gpu", None, Arg::Required),
+    opt("mincpus", None, Arg::Required),
+    opt("network", None, Arg::Required),
+    opt("nice", None, Arg::Optional),
+    opt("no-kill", Some('k'), Arg::Optional),
+    opt("no-requeue", None, Arg::No),
+    opt("nodefile", Some('F'), Arg::Required),
+    opt("nodelist", Some('w'), Arg::Required),
+    opt("nodes", Some('N'), Arg::Required),
+    opt("ntasks", Some('n'), Arg::Required),
+    opt("ntasks-per-core", None, Arg::Required),
+    opt("ntasks-per-gpu", None, Arg::Required),
+    opt("ntasks-per-node", None, Arg::Required),
+    opt("ntasks-per-socket", None, Arg::Required),
+    opt("open-mode", None, Arg::Required),
+    opt("output", Some('o'), Arg::Required),
+    opt("overcommit", Some('O'), Arg::No),
+    opt("oversubscribe", Some('s'), Arg::No),
+    opt("parsable", None, Arg::No),
+    opt("partition", Some('p'), Arg::Required),
+    opt("power", None, Arg::Required),
+    opt("prefer", None, Arg::Required),
+    opt("priority", None, Arg::Required),
+    opt("profile", None, Arg::Required),
+    opt("propagate", None, Arg::Optional),
+    opt("qos", Some('q'), Arg::Required),
+    opt("quiet", Some('Q'), Arg::No),
+    opt("reboot", None, Arg::No),
+    opt("requeue", None, Arg::No),
+    opt("reservation", None, Arg::Required),
+    opt("signal", None, Arg::Required),
+    opt("sockets-per-node", None, Arg::Required),
+    opt("spread-job", None, Arg::No),
+    opt("switches", None, Arg::Required),
+    opt("test-only", None, Arg::No),
+    opt("thread-spec", None, Arg::Required),
+    opt("threads-per-core", None, Arg::Required),
+    opt("time", Some('t'), Arg::Required),
+    opt("time-min", None, Arg::Required),
+    opt("tmp", None, Arg::Required),
+    opt("uid", None, Arg::Required),
+    opt("usage", None, Arg::No),
+    opt("verbose", Some('v'), Arg::No),
+    opt("version", Some('V'), Arg::No),
+    opt("wait", Some('W'), Arg::No),
+    opt("wait-all-nodes", None, Arg::Required),
+    opt("wckey", None, Arg::Required),
+    opt("wrap", None, Arg::Required),
+];
+
+/// Input variables and the option each stands for (flags: set when empty, `yes` or a
+/// non-zero number).
+pub const INPUT_ENV: &[(&str, &str)] = &[
+    ("SBATCH_ACCOUNT", "account"),
+    ("SBATCH_ARRAY_INX", "array"),
+    ("SBATCH_CLUSTERS", "clusters"),
+    ("SBATCH_CONSTRAINT", "constraint"),
+    ("SBATCH_CPUS_PER_GPU", "cpus-per-gpu"),
+    ("SBATCH_DISTRIBUTION", "distribution"),
+    ("SBATCH_ERROR", "error"),
+    ("SBATCH_EXCLUSIVE", "exclusive"),
+    ("SBATCH_EXPORT", "export"),
+    ("SBATCH_GPU_BIND", "gpu-bind"),
+    ("SBATCH_GPU_FREQ", "gpu-freq"),
+    ("SBATCH_GPUS", "gpus"),
+    ("SBATCH_GPUS_PER_NODE", "gpus-per-node"),
+    ("SBATCH_GPUS_PER_TASK", "gpus-per-task"),
+    ("SBATCH_GRES", "gres"),
+    ("SBATCH_GRES_FLAGS", "gres-flags"),
+    ("SBATCH_HINT", "hint"),
+    ("SBATCH_INPUT", "input"),
+    ("SBATCH_JOB_NAME", "job-name"),
+    ("SBATCH_MEM_BIND", "mem-bind"),
+    ("SBATCH_MEM_PER_CPU", "mem-per-cpu"),
+    ("SBATCH_MEM_PER_GPU", "mem-per-gpu"),
+    ("SBATCH_MEM_PER_NODE", "mem"),
+    ("SBATCH_NO_KILL", "no-kill"),
+    ("SBATCH_NO_REQUEUE", "no-requeue"),
+    ("SBATCH_OPEN_MODE", "open-mode"),
+    ("SBATCH_OUTPUT", "output"),
+    ("SBATCH_OVERCOMMIT", "overcommit"),
+    ("SBATCH_PARTITION", "partition"),
+    ("SBATCH_QOS", "qos"),
+    ("SBATCH_REQUEUE", "requeue"),
+    ("SBATCH_RESERVATION", "reservation"),
+    ("SBATCH_SIGNAL", "signal"),
+    ("SBATCH_SPREAD_JOB", "spread-job"),
+    ("SBATCH_TIMELIMIT", "time"),
+    ("SBATCH_WAIT", "wait"),
+    ("SBATCH_WCKEY", "wckey"),
+];
+
+/// Options recorded in `extra` as given, with no other effect.
+const KEPT_IN_EXTRA: &[&str] = &[
+    "acctg-freq",
+    "batch",
+    "cluster-constraint",
+    "clusters",
+    "comment",
+    "container",
+    "contiguous",
+    "core-spec",
+    "cores-per-socket",
+    "cpu-freq",
+    "deadline",
+    "delay-boot",
+    "distribution",
+    "extra-node-info",
+    "get-user-env",
+    "gpu-bind",
+    "gpu-freq",
+    "gpus-per-socket",
+    "gres-flags",
+    "hint",
+    "ignore-pbs",
+    "input",
+    "kill-on-invalid-dep",
+    "licenses",
+    "mail-type",
+    "mail-user",
+    "mcs-label",
+    "mem-bind",
+    "mincpus",
+    "network",
+    "nice",
+    "no-kill",
+    "ntasks-per-core",
+    "ntasks-per-gpu",
+    "ntasks-per-socket",
+    "overcommit",
+    "oversubscribe",
+    "power",
+    "prefer",
+    "priority",
+    "profile",
+    "propagate",
+    "reboot",
+    "reservation",
+    "sockets-per-node",
+    "spread-job",
+    "thread-spec",
+    "threads-per-core",
+    "time-min",
+    "tmp",
+    "wait-all-nodes",
+    "wckey",
+];
+
+/// What sbatch runs in: the parts of the process a submission reads, so tests can supply them.
+#[derive(Clone, Debug)]
+pub struct Context {
+    pub cwd: PathBuf,
+    pub env: BTreeMap<String, String>,
+    pub user: String,
+    pub host: String,
+    pub now_s: i64,
+}
+
+impl Context {
+    pub fn current() -> Result<Context, SlurmError> {
+        Ok(Context {
+            cwd: std::env::current_dir().map_err(|e| SlurmError::fatal(PROG, format!("getcwd failed: {e}")))?,
+            env: std::env::vars().collect(),
+            user: super::current_user(),
+            host: super::host_name(),
+            now_s: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64),
+        })
+    }
+}
+
+/// Where the batch script comes from.
+pub enum ScriptSource<'a> {
+    /// Read this file (relative to the context's cwd).
+    File,
+    /// The script text given directly (stdin or a test).
+    Text(&'a str),
+}
+
+/// The outcome of sbatch's option processing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Submission {
+    pub spec: JobSpec,
+    pub parsable: bool,
+    pub wait: bool,
+    pub quiet: bool,
+    pub test_only: bool,
+}
+
+/// What to do for a command line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    Submit(Box<Submission>),
+    /// Print this text to stdout and exit 0 (`--help`, `--usage`, `--version`).
+    Print(String),
+}
+
+/// The `#SBATCH` directives of `script` (or of another prefix, e.g. `#SRUN`): arguments from
+/// every line that starts with the prefix and whitespace, up to the first line that is neither
+/// blank nor a comment. Quotes group, a backslash escapes, and an unquoted `#` starts a comment.
+pub fn directives(script: &str, prefix: &str) -> Vec<String> {
+    let mut args = Vec::new();
+    for line in script.lines() {
+        if let Some(rest) = line.strip_prefix(prefix) {
+            if rest.is_empty() || !rest.starts_with(|c: char| c.is_whitespace()) {
+                continue;
+            }
+            args.extend(split_directive(rest));
+            continue;
+        }
+        let t = line.trim_start();
+        if !t.is_empty() && !t.starts_with('#') {
+            break;
+        }
+    }
+    args
+}
+
+fn split_directive(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut have = false;
+    let mut quote: Option<char> = None;
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        match (quote, c) {
+            (_, '\\') => {
+                if let Some(n) = chars.next() {
+                    cur.push(n);
+                    have = true;
+                }
+            }
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => cur.push(c),
+            (None, '"' | '\'') => {
+                quote = Some(c);
+                have = true;
+            }
+            (None, '#') => break,
+            (None, c) if c.is_whitespace() => {
+                if have {
+                    out.push(std::mem::take(&mut cur));
+                    have = false;
+                }
+            }
+            (None, c) => {
+                cur.push(c);
+                have = true;
+            }
+        }
+    }
+    if have {
+        out.push(cur);
+    }
+    out
+}
+
+/// Options that `SBATCH_*` variables of `env` set, in [`INPUT_ENV`] order.
+pub fn env_options(env: &BTreeMap<String, String>) -> Vec<(&'static str, Option<String>)> {
+    let mut out = Vec::new();
+    for (var, name) in INPUT_ENV {
+        let Some(value) = env.get(*var) else { continue };
+        let Some(def) = OPTIONS.iter().find(|d| d.long == *name) else {
+            continue;
+        };
+        match def.arg {
+            Arg::No => {
+                let v = value.trim();
+                let on = v.is_empty() || v.eq_ignore_ascii_case("yes") || v.parse::<i64>().is_ok_and(|n| n != 0);
+                if on {
+                    out.push((def.long, None));
+                }
+            }
+            Arg::Optional => out.push((def.long, (!value.is_empty()).then(|| value.clone()))),
+            Arg::Required => out.push((def.long, Some(value.clone()))),
+        }
+    }
+    out
+}
+
+/// Processes sbatch's command line: reads the script, applies its directives, then the
+/// `SBATCH_*` variables, then the command line, each overriding the one before.
+pub fn parse(args: &[String], ctx: &Context, source: ScriptSource<'_>) -> Result<Action, SlurmError> {
+    let cli = opts::parse(PROG, OPTIONS, args, true)?;
+    if cli.has("help") || cli.has("usage") {
+        return Ok(Action::Print(usage()));
+    }
+    if cli.has("version") {
+        return Ok(Action::Print(format!("slurm {}\n", super::SLURM_VERSION)));
+    }
+    // The script: --wrap, a file, or stdin.
+    let wrap = cli.last("wrap").map(str::to_string);
+    let (script, script_args, default_name) = if let Some(cmd) = &wrap {
+        if !cli.operands.is_empty() {
+            return Err(SlurmError::fatal(PROG, "Script arguments not permitted with --wrap option"));
+        }
+        (format!("#!/bin/sh\n# This script was created by sbatch --wrap.\n\n{cmd}\n"), Vec::new(), "wrap".to_string())
+    } else {
+        match (&source, cli.operands.split_first()) {
+            (ScriptSource::Text(text), first) => {
+                let name = first.map(|(f, _)| file_name(f)).unwrap_or_else(|| "sbatch".to_string());
+                let rest = first.map(|(_, r)| r.to_vec()).unwrap_or_default();
+                (text.to_string(), rest, name)
+            }
+            (ScriptSource::File, Some((file, rest))) => {
+                let path = ctx.cwd.join(file);
+                let text = std::fs::read(&path).map_err(|_| SlurmError::fatal(PROG, format!("Unable to open file {file}")))?;
+                if text.is_empty() {
+                    return Err(SlurmError::fatal(PROG, "Batch script is empty!"));
+                }
+                let text =
+                    String::from_utf8(text).map_err(|_| SlurmError::fatal(PROG, "Batch script contains DOS line breaks (\\r\\n)"))?;
+                (text, rest.to_vec(), file_name(file))
+            }
+            (ScriptSource::File, None) => return Err(SlurmError::fatal(PROG, "no batch script given and standard input is a terminal")),
+        }
+    };
+    check_script(&script)?;
+
+    let from_script = opts::parse(PROG, OPTIONS, &directives(&script, "#SBATCH"), true)?;
+    if let Some(first) = from_script.operands.first() {
+        return Err(SlurmError::fatal(PROG, format!("Invalid directive found in batch script: {first}")));
+    }
+    let mut all = Parsed::default();
+    all.opts.extend(from_script.opts);
+    all.opts.extend(env_options(&ctx.env));
+    all.opts.extend(cli.opts);
+
+    let mut b = Builder::new(PROG, ctx);
+    for (name, value) in &all.opts {
+        b.apply(name, value.as_deref())?;
+    }
+    let submission = b.finish(Some(script), script_args, default_name)?;
+    Ok(Action::Submit(Box::new(submission)))
+}
+
+fn file_name(path: &str) -> String {
+    Path::new(path).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| path.to_string())
+}
+
+/// Slurm refuses scripts without an interpreter line and with DOS line breaks.
+pub fn check_script(script: &str) -> Result<(), SlurmError> {
+    if !script.starts_with("#!") {
+        return Err(SlurmError::fatal_lines(
+            PROG,
+            &[
+                "This does not look like a batch script.  The first",
+                "line must start with #! followed by the path to an interpreter.",
+                "For instance: #!/bin/sh",
+            ],
+        ));
+    }
+    if script.contains("\r\n") {
+        return Err(SlurmError::fatal(PROG, "Batch script contains DOS line breaks (\\r\\n)"));
+    }
+    Ok(())
+}
+
+fn usage() -> String {
+    "Usage: sbatch [OPTIONS(0)...] [ : [OPTIONS(N)...]] script(0) [args(0)...]\n\
+     \n\
+     Corral implements sbatch's options: -J -p -N -n -c --ntasks-per-node --mem --mem-per-cpu\n\
+     --mem-per-gpu -t -o -e --open-mode --gres --gpus -G --gpus-per-node --gpus-per-task\n\
+     --cpus-per-gpu -a --requeue --no-requeue --signal --exclusive -A -q -C -d -w -x -D --export\n\
+     --begin -H --wait --parsable --wrap; others are recorded with the job.\n"
+        .to_string()
+}
+
+/// `[TYPE:]N` of `--gpus`, `--gpus-per-node`, `--gpus-per-task`.
+fn parse_gpu_count(text: &str) -> Option<(Option<String>, u32)> {
+    let t = text.strip_prefix("gpu:").unwrap_or(text);
+    match t.rsplit_once(':') {
+        Some((ty, n)) if !ty.is_empty() && !ty.contains(':') => Some((Some(ty.to_string()), n.parse().ok().filter(|&n| n > 0)?)),
+        Some(_) => None,
+        None => Some((None, t.parse().ok().filter(|&n| n > 0)?)),
+    }
+}
+
+/// `--gres`: `gpu`, `gpu:N`, `gpu:TYPE`, `gpu:TYPE:N` (also `gres/gpu...`), comma-separated.
+/// Only GPUs can be scheduled; anything else is refused as Slurm refuses unknown GRES.
+pub fn parse_gres(text: &str) -> Result<Option<GresRequest>, String> {
+    let bad = || "Batch job submission failed: Invalid generic resource (gres) specification".to_string();
+    let mut found: Option<GresRequest> = None;
+    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let item = item.strip_prefix("gres/").unwrap_or(item);
+        let item = item.strip_prefix("gres:").unwrap_or(item);
+        if item.eq_ignore_ascii_case("none") {
+            continue;
+        }
+        let parts: Vec<&str> = item.split(':').collect();
+        let req = match parts.as_slice() {
+            ["gpu"] => GresRequest { gpu_type: None, count: 1 },
+            ["gpu", n] if n.bytes().all(|b| b.is_ascii_digit()) => GresRequest { gpu_type: None, count: n.parse().map_err(|_| bad())? },
+            ["gpu", t] => GresRequest { gpu_type: Some((*t).to_string()), count: 1 },
+            ["gpu", t, n] if !t.is_empty() => GresRequest { gpu_type: Some((*t).to_string()), count: n.parse().map_err(|_| bad())? },
+            _ => return Err(bad()),
+        };
+        if req.count == 0 || found.is_some() {
+            return Err(bad());
+        }
+        found = Some(req);
+    }
+    Ok(found)
+}
+
+/// Largest array index (Slurm's largest `MaxArraySize` less one).
+pub const ARRAY_TASK_ID_MAX: u32 = 4_000_000;
+
+/// `--array`: `1-100`, `0-15:4`, `1,3,7`, any mix, with an optional `%N` throttle.
+pub fn parse_array(text: &str) -> Option<ArraySpec> {
+    let (list, throttle) = match text.split_once('%') {
+        Some((l, t)) => (l, Some(t.parse::<u32>().ok().filter(|&t| t > 0)?)),
+        None => (text, None),
+    };
+    let mut tasks = Vec::new();
+    for item in list.split(',') {
+        let (range, step) = match item.split_once(':') {
+            Some((r, s)) => (r, s.parse::<u32>().ok().filter(|&s| s > 0)?),
+            None => (item, 1),
+        };
+        let (lo, hi) = match range.split_once('-') {
+            Some((lo, hi)) => (lo.parse::<u32>().ok()?, hi.parse::<u32>().ok()?),
+            None => {
+                let n = range.parse::<u32>().ok()?;
+                (n, n)
+            }
+        };
+        if hi < lo || hi > ARRAY_TASK_ID_MAX || tasks.len() + ((hi - lo) / step) as usize >= proto::limits::ARRAY_TASKS_MAX {
+            return None;
+        }
+        tasks.extend((lo..=hi).step_by(step as usize));
+    }
+    tasks.sort_unstable();
+    tasks.dedup();
+    (!tasks.is_empty()).then_some(ArraySpec { tasks, throttle })
+}
+
+/// Signal names and numbers `--signal` and `scancel --signal` accept.
+pub fn parse_signal_name(text: &str) -> Option<i32> {
+    if let Ok(n) = text.parse::<i32>() {
+        return (1..=64).contains(&n).then_some(n);
+    }
+    let upper = text.to_ascii_uppercase();
+    let name = upper.strip_prefix("SIG").unwrap_or(&upper);
+    Some(match name {
+        "HUP" => libc::SIGHUP,
+        "INT" => libc::SIGINT,
+        "QUIT" => libc::SIGQUIT,
+        "ABRT" => libc::SIGABRT,
+        "KILL" => libc::SIGKILL,
+        "ALRM" => libc::SIGALRM,
+        "TERM" => libc::SIGTERM,
+        "USR1" => libc::SIGUSR1,
+        "USR2" => libc::SIGUSR2,
+        "URG" => libc::SIGURG,
+        "CONT" => libc::SIGCONT,
+        "STOP" => libc::SIGSTOP,
+        "TSTP" => libc::SIGTSTP,
+        "TTIN" => libc::SIGTTIN,
+        "TTOU" => libc::SIGTTOU,
+        "XCPU" => libc::SIGXCPU,
+        _ => return None,
+    })
+}
+
+/// `--signal=[{R|B}:]SIG[@SECONDS]` (60 s by default).
+pub fn parse_signal(text: &str) -> Option<SignalSpec> {
+    let (batch_only, rest) = match text.split_once(':') {
+        Some(("B", r)) => (true, r),
+        Some(("R", r)) | Some(("RB", r)) | Some(("BR", r)) => (text.starts_with('B') || text.starts_with("RB"), r),
+        Some(_) => return None,
+        None => (false, text),
+    };
+    let (sig, secs) = match rest.split_once('@') {
+        Some((s, t)) => (s, t.parse::<u32>().ok().filter(|&t| t <= 0xffff)?),
+        None => (rest, 60),
+    };
+    Some(SignalSpec { signal: parse_signal_name(sig)?, before_end_s: secs, batch_only })
+}
+
+/// `--dependency`: `after|afterok|afternotok|afterany:ID[:ID...]` and `singleton`, joined by
+/// `,` (all must hold). A bare id means `afterany`.
+pub fn parse_dependencies(text: &str) -> Option<Vec<Dependency>> {
+    if text.contains('?') {
+        return None;
+    }
+    let mut out = Vec::new();
+    for item in text.split(',').filter(|s| !s.is_empty()) {
+        if item.eq_ignore_ascii_case("singleton") {
+            out.push(Dependency { kind: DependencyKind::Singleton, job: None });
+            continue;
+        }
+        let mut parts = item.split(':');
+        let first = parts.next()?;
+        let (kind, ids): (DependencyKind, Vec<&str>) = match first.to_ascii_lowercase().as_str() {
+            "after" => (DependencyKind::After, parts.collect()),
+            "afterok" => (DependencyKind::AfterOk, parts.collect()),
+            "afternotok" => (DependencyKind::AfterNotOk, parts.collect()),
+            "afterany" => (DependencyKind::AfterAny, parts.collect()),
+            _ if first.bytes().all(|b| b.is_ascii_digit()) => (DependencyKind::AfterAny, std::iter::once(first).chain(parts).collect()),
+            _ => return None,
+        };
+        if ids.is_empty() {
+            return None;
+        }
+        for id in ids {
+            let id: u64 = id.parse().ok().filter(|&n| n > 0)?;
+            out.push(Dependency { kind, job: Some(id) });
+        }
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+/// `--nodes`: `N` or `MIN-MAX`.
+fn parse_nodes(text: &str) -> Result<(u32, u32), String> {
+    let one = |s: &str| -> Result<u32, String> {
+        let t = s.trim();
+        let (digits, mult) = match t.strip_suffix(['k', 'K']) {
+            Some(d) => (d, 1024),
+            None => (t, 1),
+        };
+        digits.parse::<u32>().ok().and_then(|n| n.checked_mul(mult)).ok_or_else(|| format!("\"{s}\" is not a valid node count"))
+    };
+    let (min, max) = match text.split_once('-') {
+        Some((lo, hi)) => (one(lo)?.max(1), one(hi)?),
+        None => {
+            let n = one(text)?;
+            (n, n)
+        }
+    };
+    if max < min {
+        return Err(format!("Maximum node count {max} is less than minimum node count {min}"));
+    }
+    Ok((min, max))
+}
+
+/// Slurm's `parse_int`: a positive integer.
+pub fn parse_int(prog: &str, name: &str, text: &str) -> Result<u32, SlurmError> {
+    match text.trim().parse::<i64>() {
+        Ok(n) if n > 0 && n <= i64::from(i32::MAX) => Ok(n as u32),
+        Ok(n) if n > i64::from(i32::MAX) => Err(SlurmError::fatal(prog, format!("Numeric argument ({n}) too large for {name}."))),
+        _ => Err(SlurmError::fatal(prog, format!("Invalid numeric value \"{text}\" for {name}."))),
+    }
+}
+
+/// Memory sizes: a number with an optional K, M, G or T suffix; MiB when bare.
+pub fn parse_mem_mib(text: &str) -> Option<u64> {
+    crate::units::parse_mem_mib(text).ok()
+}
+
+/// Host names of `-w`/`-x`: a host list, or a file of names when it holds a `/`.
+fn parse_hosts(prog: &str, text: &str, cwd: &Path) -> Result<Vec<String>, SlurmError> {
+    let bad = || SlurmError::fatal(prog, "Batch job submission failed: Invalid node name specified");
+    if text.contains('/') {
+        let body = std::fs::read_to_string(cwd.join(text)).map_err(|_| bad())?;
+        let joined = body.split_whitespace().collect::<Vec<_>>().join(",");
+        return hostlist::expand(&joined).map_err(|_| bad());
+    }
+    hostlist::expand(text).map_err(|_| bad())
+}
+
+/// Applies options one by one, checking each as Slurm does (so a bad `#SBATCH` value is an
+/// error even when the command line overrides it).
+pub struct Builder<'a> {
+    prog: &'static str,
+    ctx: &'a Context,
+    name: Option<String>,
+    partition: Option<String>,
+    nodes: Option<(u32, u32)>,
+    ntasks: Option<u32>,
+    ntasks_per_node: Option<u32>,
+    cpus_per_task: Option<u32>,
+    mem_mib: Option<u64>,
+    mem_per_cpu_mib: Option<u64>,
+    mem_per_gpu_mib: Option<u64>,
+    time_limit_s: Option<Option<u64>>,
+    output: Option<String>,
+    error: Option<String>,
+    open_append: bool,
+    gres: Option<GresRequest>,
+    gpus: Option<(Option<String>, u32, String)>,
+    gpus_per_node: Option<(Option<String>, u32, String)>,
+    gpus_per_task: Option<(Option<String>, u32, String)>,
+    cpus_per_gpu: Option<u32>,
+    array: Option<(ArraySpec, String)>,
+    requeue: bool,
+    signal: Option<proto::SignalSpec>,
+    exclusive: bool,
+    account: Option<String>,
+    qos: Option<String>,
+    constraint: Vec<String>,
+    dependencies: Vec<Dependency>,
+    nodelist: Vec<String>,
+    exclude: Vec<String>,
+    chdir: Option<PathBuf>,
+    export: Option<String>,
+    begin_s: Option<i64>,
+    hold: bool,
+    switches: Option<(u32, u64)>,
+    wait: bool,
+    parsable: bool,
+    quiet: bool,
+    test_only: bool,
+    extra: BTreeMap<String, String>,
+}
+
+impl<'a> Builder<'a> {
+    pub fn new(prog: &'static str, ctx: &'a Context) -> Builder<'a> {
+        Builder {
+            prog,
+            ctx,
+            name: None,
+            partition: None,
+            nodes: None,
+            ntasks: None,
+            ntasks_per_node: None,
+            cpus_per_task: None,
+            mem_mib: None,
+            mem_per_cpu_mib: None,
+            mem_per_gpu_mib: None,
+            time_limit_s: None,
+            output: None,
+            error: None,
+            open_append: false,
+            gres: None,
+            gpus: None,
+            gpus_per_node: None,
+            gpus_per_task: None,
+            cpus_per_gpu: None,
+            array: None,
+            requeue: false,
+            signal: None,
+            exclusive: false,
+            account: None,
+            qos: None,
+            constraint: Vec::new(),
+            dependencies: Vec::new(),
+            nodelist: Vec::new(),
+            exclude: Vec::new(),
+            chdir: None,
+            export: None,
+            begin_s: None,
+            hold: false,
+            switches: None,
+            wait: false,
+            parsable: false,
+            quiet: false,
+            test_only: false,
+            extra: BTreeMap::new(),
+        }
+    }
+
+    /// Applies one option (by long name); options the builder does not know are refused.
+    pub fn apply(&mut self, name: &str, value: Option<&str>) -> Result<(), SlurmError> {
+        let v = value.unwrap_or("");
+        let prog = self.prog;
+        let fatal = |msg: &str| SlurmError::fatal(prog, msg);
+        match name {
+            "job-name" => self.name = Some(v.to_string()),
+            "partition" => self.partition = Some(v.to_string()),
+            "nodes" => {
+                let (min, max) = parse_nodes(v).map_err(|m| fatal(&m))?;
+                self.nodes = Some((min, max));
+            }
+            "ntasks" => self.ntasks = Some(parse_int(self.prog, "--ntasks", v)?),
+            "ntasks-per-node" => self.ntasks_per_node = Some(parse_int(self.prog, "--ntasks-per-node", v)?),
+            "cpus-per-task" => self.cpus_per_task = Some(parse_int(self.prog, "--cpus-per-task", v)?),
+            "cpus-per-gpu" => self.cpus_per_gpu = Some(parse_int(self.prog, "--cpus-per-gpu", v)?),
+            "mem" => {
+                self.mem_mib = Some(parse_mem_mib(v).ok_or_else(|| fatal("Invalid --mem specification"))?);
+                self.mem_per_cpu_mib = None;
+                self.mem_per_gpu_mib = None;
+            }
+            "mem-per-cpu" => {
+                self.mem_per_cpu_mib = Some(parse_mem_mib(v).ok_or_else(|| fatal("Invalid --mem-per-cpu specification"))?);
+                self.mem_mib = None;
+                self.mem_per_gpu_mib = None;
+            }
+            "mem-per-gpu" => {
+                self.mem_per_gpu_mib = Some(parse_mem_mib(v).ok_or_else(|| fatal("Invalid --mem-per-gpu specification"))?);
+                self.mem_mib = None;
+                self.mem_per_cpu_mib = None;
+            }
+            "time" => self.time_limit_s = Some(time::parse_limit_s(v).map_err(|()| fatal("Invalid --time specification"))?),
+            "output" => self.output = Some(v.to_string()),
+            "error" => self.error = Some(v.to_string()),
+            "open-mode" => {
+                self.open_append = match v.chars().next() {
+                    Some('a' | 'A') => true,
+                    Some('t' | 'T') => false,
+                    _ => return Err(fatal("Invalid --open-mode specification")),
+                }
+            }
+            "gres" => self.gres = parse_gres(v).map_err(|m| fatal(&m))?,
+            "gpus" | "gpus-per-node" | "gpus-per-task" => {
+                let (ty, n) = parse_gpu_count(v)
+                    .ok_or_else(|| fatal("Batch job submission failed: Invalid generic resource (gres) specification"))?;
+                let slot = match name {
+                    "gpus" => &mut self.gpus,
+                    "gpus-per-node" => &mut self.gpus_per_node,
+                    _ => &mut self.gpus_per_task,
+                };
+                *slot = Some((ty, n, v.to_string()));
+            }
+            "array" => {
+                let spec = parse_array(v).ok_or_else(|| fatal("invalid --array specification"))?;
+                self.array = Some((spec, v.to_string()));
+            }
+            "requeue" => self.requeue = true,
+            "no-requeue" => self.requeue = false,
+            "signal" => self.signal = Some(parse_signal(v).ok_or_else(|| fatal("Invalid --signal specification"))?),
+            "exclusive" => match value {
+                None | Some("user") | Some("mcs") => {
+                    self.exclusive = true;
+                    if let Some(mode) = value {
+                        self.extra.insert("exclusive".into(), mode.to_string());
+                    }
+                }
+                Some(_) => return Err(fatal("Invalid --exclusive specification")),
+            },
+            "account" => self.account = Some(v.to_string()),
+            "qos" => self.qos = Some(v.to_string()),
+            "constraint" => {
+                if v.contains(['|', '[', ']', '*']) {
+                    return Err(fatal("Batch job submission failed: Invalid feature specification"));
+                }
+                self.constraint = v.split(['&', ',']).map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect();
+            }
+            "dependency" => {
+                self.dependencies = parse_dependencies(v).ok_or_else(|| fatal("Batch job submission failed: Job dependency problem"))?;
+            }
+            "nodelist" => self.nodelist = parse_hosts(self.prog, v, &self.ctx.cwd)?,
+            "nodefile" => self.nodelist = parse_hosts(self.prog, &format!("./{}", v.trim_start_matches("./")), &self.ctx.cwd)?,
+            "exclude" => self.exclude = parse_hosts(self.prog, v, &self.ctx.cwd)?,
+            "chdir" => self.chdir = Some(self.ctx.cwd.join(v)),
+            "export" => self.export = Some(v.to_string()),
+            "export-file" => return Err(fatal("--export-file is not supported yet")),
+            "begin" => self.begin_s = Some(time::parse_point(v, self.ctx.now_s).ok_or_else(|| fatal("Invalid --begin specification"))?),
+            "hold" => self.hold = true,
+            "switches" => {
+                let (count, wait) = match v.split_once('@') {
+                    Some((c, w)) => (c, Some(w)),
+                    None => (v, None),
+                };
+                let count: u32 = count.parse().map_err(|_| fatal("Invalid --switches specification"))?;
+                let wait_s = match wait {
+                    Some(w) => time::parse_limit_s(w).map_err(|()| fatal("Invalid --switches specification"))?.unwrap_or(0),
+                    None => 0,
+                };
+                self.switches = Some((count, wait_s.saturating_mul(1000)));
+            }
+            "wait" => self.wait = true,
+            "parsable" => self.parsable = true,
+            "quiet" => self.quiet = true,
+            "test-only" => self.test_only = true,
+            "verbose" | "wrap" | "help" | "usage" | "version" => {}
+            "uid" | "gid" => return Err(fatal(&format!("--{name} is only for root and not supported by Corral"))),
+            other if KEPT_IN_EXTRA.contains(&other) => {
+                self.extra.insert(other.to_string(), v.to_string());
+            }
+            other => return Err(fatal(&format!("option --{other} is not supported"))),
+        }
+        Ok(())
+    }
+
+    /// The job: a batch `script` run with `args`, or (no script) the command `args`.
+    pub fn finish(mut self, script: Option<String>, args: Vec<String>, default_name: String) -> Result<Submission, SlurmError> {
+        let prog = self.prog;
+        let fatal = |msg: &str| SlurmError::fatal(prog, msg);
+        let ctx = self.ctx;
+        let (nodes_min, nodes_max) = self.nodes.unwrap_or((1, 1));
+        if nodes_min != nodes_max {
+            self.extra.insert(extra::NODES_RANGE.into(), format!("{nodes_min}-{nodes_max}"));
+        }
+        let mut nodes = nodes_min.max(1);
+        let ntasks_per_node = match (self.ntasks_per_node, self.ntasks) {
+            (Some(n), _) => n,
+            (None, Some(total)) => {
+                if total < nodes {
+                    // Slurm: "can't run N processes on M nodes, setting nnodes to N".
+                    nodes = total;
+                }
+                total.div_ceil(nodes)
+            }
+            (None, None) => 1,
+        };
+        if let Some(total) = self.ntasks {
+            self.extra.insert(extra::NTASKS.into(), total.to_string());
+        }
+        let tasks_per_node = ntasks_per_node;
+        // GPUs per node, from whichever form was used (--gres first, as Slurm merges them).
+        let gres = if let Some(g) = self.gres.clone() {
+            Some(g)
+        } else if let Some((ty, n, text)) = &self.gpus_per_node {
+            self.extra.insert(extra::GPUS_PER_NODE.into(), text.clone());
+            Some(GresRequest { gpu_type: ty.clone(), count: *n })
+        } else if let Some((ty, n, text)) = &self.gpus_per_task {
+            self.extra.insert(extra::GPUS_PER_TASK.into(), text.clone());
+            Some(GresRequest { gpu_type: ty.clone(), count: n.saturating_mul(tasks_per_node) })
+        } else if let Some((ty, n, text)) = &self.gpus {
+            self.extra.insert(extra::GPUS.into(), text.clone());
+            if n % nodes != 0 {
+                return Err(fatal(&format!(
+                    "--gpus={text} cannot be spread evenly over {nodes} nodes; Corral allocates GPUs per node (use --gpus-per-node)"
+                )));
+            }
+            Some(GresRequest { gpu_type: ty.clone(), count: n / nodes })
+        } else {
+            None
+        };
+        let gpus_per_node = gres.as_ref().map_or(0, |g| g.count);
+        let mut cpus_per_task = self.cpus_per_task.unwrap_or(1);
+        if self.cpus_per_task.is_some() {
+            self.extra.insert(extra::CPUS_PER_TASK.into(), cpus_per_task.to_string());
+        }
+        if let Some(per_gpu) = self.cpus_per_gpu {
+            self.extra.insert(extra::CPUS_PER_GPU.into(), per_gpu.to_string());
+            if gpus_per_node == 0 {
+                return Err(fatal("--cpus-per-gpu is set but no GPUs were requested"));
+            }
+            let wanted = per_gpu.saturating_mul(gpus_per_node).div_ceil(tasks_per_node);
+            cpus_per_task = cpus_per_task.max(wanted);
+        }
+        let mem_mib = if let Some(m) = self.mem_mib {
+            m
+        } else if let Some(per_cpu) = self.mem_per_cpu_mib {
+            self.extra.insert(extra::MEM_PER_CPU.into(), per_cpu.to_string());
+            per_cpu.saturating_mul(u64::from(cpus_per_task) * u64::from(tasks_per_node))
+        } else if let Some(per_gpu) = self.mem_per_gpu_mib {
+            self.extra.insert(extra::MEM_PER_GPU.into(), per_gpu.to_string());
+            if gpus_per_node == 0 {
+                return Err(fatal("--mem-per-gpu is set but no GPUs were requested"));
+            }
+            per_gpu.saturating_mul(u64::from(gpus_per_node))
+        } else {
+            JobSpec::command(vec![String::new()], "/", "x").mem_mib
+        };
+        let workdir = self.chdir.clone().unwrap_or_else(|| ctx.cwd.clone());
+        let env = export_env(self.export.as_deref().unwrap_or("ALL"), &ctx.env);
+        let output =
+            self.output.clone().unwrap_or_else(|| if self.array.is_some() { "slurm-%A_%a.out".into() } else { "slurm-%j.out".into() });
+        self.extra.insert(extra::SUBMIT_DIR.into(), ctx.cwd.display().to_string());
+        if let Some((_, text)) = &self.array {
+            self.extra.insert(extra::ARRAY.into(), text.clone());
+        }
+        if let Some(e) = &self.export {
+            self.extra.insert("export".into(), e.clone());
+        }
+        let mut spec = JobSpec::command(args, &workdir.display().to_string(), &ctx.user);
+        spec.name = self.name.clone().filter(|n| !n.is_empty()).unwrap_or(default_name);
+        spec.script = script;
+        spec.gres = gres;
+        spec.cpus_per_task = cpus_per_task;
+        spec.mem_mib = mem_mib;
+        spec.time_limit_ms = self.time_limit_s.flatten().map(|s| s.saturating_mul(1000));
+        spec.env = env;
+        spec.output = Some(output);
+        spec.error = self.error.clone();
+        spec.requeue = self.requeue;
+        spec.nodes = nodes;
+        spec.ntasks_per_node = tasks_per_node;
+        spec.partition = self.partition.clone();
+        spec.account = self.account.clone();
+        spec.qos = self.qos.clone();
+        spec.constraint = self.constraint.clone();
+        spec.nodelist = self.nodelist.clone();
+        spec.exclude = self.exclude.clone();
+        spec.exclusive = self.exclusive;
+        spec.array = self.array.as_ref().map(|(a, _)| a.clone());
+        spec.dependencies = self.dependencies.clone();
+        spec.begin_ms = self.begin_s.map(|s| (s.max(0) as u64).saturating_mul(1000));
+        spec.hold = self.hold;
+        spec.signal = self.signal.clone();
+        spec.open_append = self.open_append;
+        spec.switches = self.switches;
+        spec.submit_host = ctx.host.clone();
+        spec.extra = std::mem::take(&mut self.extra);
+        spec.validate().map_err(|e| fatal(&format!("Batch job submission failed: {e}")))?;
+        Ok(Submission { spec, parsable: self.parsable, wait: self.wait, quiet: self.quiet, test_only: self.test_only })
+    }
+}
+
+/// The job's environment for `--export`: `ALL` (everything), `NONE` (nothing; the node adds
+/// the `SLURM_*` variables), or a list of names and `NAME=value` pairs, with or without `ALL`.
+pub fn export_env(export: &str, env: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    let items: Vec<&str> = export.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+    let mut out = BTreeMap::new();
+    if items.iter().any(|i| i.eq_ignore_ascii_case("ALL")) || items.is_empty() {
+        out = env.clone();
+    } else {
+        // Slurm passes its own SLURM_* variables in any case.
+        out.extend(env.iter().filter(|(k, _)| k.starts_with("SLURM_")).map(|(k, v)| (k.clone(), v.clone())));
+    }
+    if items.iter().any(|i| i.eq_ignore_ascii_case("NONE") || i.eq_ignore_ascii_case("NIL")) {
+        return out.into_iter().filter(|(k, _)| k.starts_with("SLURM_")).collect();
+    }
+    for item in items {
+        if item.eq_ignore_ascii_case("ALL") {
+            continue;
+        }
+        match item.split_once('=') {
+            Some((k, v)) if !k.is_empty() => {
+                out.insert(k.to_string(), v.to_string());
+            }
+            Some(_) => {}
+            None => {
+                if let Some(v) = env.get(item) {
+                    out.insert(item.to_string(), v.clone());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The `sbatch` command.
+pub fn run(args: &[String]) -> Result<i32, SlurmError> {
+    let ctx = Context::current()?;
+    let stdin_text;
+    let source = if args_have_script(args) {
+        ScriptSource::File
+    } else {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+            .map_err(|e| SlurmError::fatal(PROG, format!("read standard input: {e}")))?;
+        stdin_text = text;
+        ScriptSource::Text(&stdin_text)
+    };
+    let sub = match parse(args, &ctx, source)? {
+        Action::Print(text) => {
+            print!("{text}");
+            return Ok(0);
+        }
+        Action::Submit(sub) => sub,
+    };
+    if sub.test_only {
+        return Err(SlurmError::fatal(PROG, "--test-only is not supported yet"));
+    }
+    submit_and_report(&sub)
+}
+
+/// True when the command line names a script file (or uses `--wrap`): otherwise the script
+/// comes from stdin.
+fn args_have_script(args: &[String]) -> bool {
+    match opts::parse(PROG, OPTIONS, args, true) {
+        Ok(p) => !p.operands.is_empty() || p.has("wrap") || p.has("help") || p.has("usage") || p.has("version"),
+        Err(_) => true,
+    }
+}
+
+fn submit_and_report(sub: &Submission) -> Result<i32, SlurmError> {
+    let cluster = super::connect(PROG)?;
+    super::block_on(PROG, async {
+        let reply = cluster
+            .call_patiently(Request::Submit { spec: sub.spec.clone() }, super::PATIENCE)
+            .await
+            .map_err(|e| SlurmError::fatal(PROG, format!("Batch job submission failed: {}", super::describe_error(&e))))?;
+        let Reply::Submitted { job } = reply else {
+            return Err(SlurmError::fatal(PROG, format!("unexpected reply {reply:?}")));
+        };
+        if sub.parsable {
+            println!("{job}");
+        } else if !sub.quiet {
+            println!("Submitted batch job {job}");
+        }
+        if !sub.wait {
+            return Ok(0);
+        }
+        super::wait_for(PROG, &cluster, job).await
+    })?
+}
+
+/// The job `corral submit SCRIPT` builds when the script holds `#SBATCH` directives: the
+/// directives, then `overrides` (corral's own options given on its command line, as sbatch
+/// option names), exactly as sbatch would combine them. `SBATCH_*` variables are not read.
+pub fn spec_from_directives(
+    script: &str,
+    script_name: &str,
+    script_args: Vec<String>,
+    overrides: &[(&'static str, Option<String>)],
+) -> Result<JobSpec, SlurmError> {
+    let ctx = Context::current()?;
+    check_script(script)?;
+    let from_script = opts::parse(PROG, OPTIONS, &directives(script, "#SBATCH"), true)?;
+    if let Some(first) = from_script.operands.first() {
+        return Err(SlurmError::fatal(PROG, format!("Invalid directive found in batch script: {first}")));
+    }
+    let mut b = Builder::new(PROG, &ctx);
+    for (name, value) in from_script.opts.iter().chain(overrides.iter()) {
+        b.apply(name, value.as_deref())?;
+    }
+    Ok(b.finish(Some(script.to_string()), script_args, script_name.to_string())?.spec)
+}

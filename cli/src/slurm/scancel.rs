@@ -1,0 +1,182 @@
+//! `scancel`: cancel jobs by id (`N`, a whole array `N`, one task `N_3`, tasks `N_[1-3]`) or
+//! by filters (`-u`, `-n`, `-t`, `-p`, `-A`, `-q`, `-w`).
+
+use proto::{Job, JobState, Request};
+
+use super::opts::{self, opt, Arg, OptDef};
+use super::squeue::parse_state;
+use super::{hostlist, SlurmError};
+
+pub const PROG: &str = "scancel";
+
+const OPTIONS: &[OptDef] = &[
+    opt("account", Some('A'), Arg::Required),
+    opt("batch", Some('b'), Arg::No),
+    opt("clusters", Some('M'), Arg::Required),
+    opt("ctld", None, Arg::No),
+    opt("full", Some('f'), Arg::No),
+    opt("help", None, Arg::No),
+    opt("hurry", Some('H'), Arg::No),
+    opt("interactive", Some('i'), Arg::No),
+    opt("jobname", None, Arg::Required),
+    opt("me", None, Arg::No),
+    opt("name", Some('n'), Arg::Required),
+    opt("nodelist", Some('w'), Arg::Required),
+    opt("partition", Some('p'), Arg::Required),
+    opt("qos", Some('q'), Arg::Required),
+    opt("quiet", Some('Q'), Arg::No),
+    opt("reservation", Some('R'), Arg::Required),
+    opt("signal", Some('s'), Arg::Required),
+    opt("state", Some('t'), Arg::Required),
+    opt("usage", None, Arg::No),
+    opt("user", Some('u'), Arg::Required),
+    opt("verbose", Some('v'), Arg::No),
+    opt("version", Some('V'), Arg::No),
+    opt("wckey", None, Arg::Required),
+];
+
+/// One job id argument of scancel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// `N`: a job, or every task of array `N`.
+    Job(u64),
+    /// `N_T` / `N_[1-3,5]`: tasks of array `N`.
+    Tasks(u64, Vec<u32>),
+}
+
+pub fn parse_target(text: &str) -> Option<Target> {
+    match text.split_once('_') {
+        None => text.parse().ok().map(Target::Job),
+        Some((a, t)) => {
+            let array: u64 = a.parse().ok()?;
+            let inner = t.strip_prefix('[').and_then(|x| x.strip_suffix(']')).unwrap_or(t);
+            let spec = super::sbatch::parse_array(inner)?;
+            Some(Target::Tasks(array, spec.tasks))
+        }
+    }
+}
+
+/// Jobs a target names (live or not).
+pub fn select<'a>(jobs: &'a [Job], target: &Target) -> Vec<&'a Job> {
+    match target {
+        Target::Job(id) => super::members_of(jobs, *id),
+        Target::Tasks(id, tasks) => {
+            jobs.iter().filter(|j| j.array.as_ref().is_some_and(|a| a.array_job == *id && tasks.contains(&a.task))).collect()
+        }
+    }
+}
+
+fn split_list(values: Vec<&str>) -> Vec<String> {
+    values.iter().flat_map(|v| v.split(',')).map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect()
+}
+
+pub fn run(args: &[String]) -> Result<i32, SlurmError> {
+    let p = opts::parse(PROG, OPTIONS, args, false)?;
+    if p.has("help") || p.has("usage") {
+        println!("Usage: scancel [-A account] [--batch] [--interactive] [-n job_name] [-p partition] [-Q] [-q qos] [-R reservation] [-s signal | integer] [-t PENDING | RUNNING | SUSPENDED] [--usage] [-u user_name] [-V] [-v] [-w hosts...] [--wckey=wckey] [job_id[_array_id][.step_id]]");
+        return Ok(0);
+    }
+    if p.has("version") {
+        return Ok(super::print_version());
+    }
+    if let Some(sig) = p.last("signal") {
+        if super::sbatch::parse_signal_name(sig).is_none() {
+            return Err(SlurmError::fatal(PROG, format!("Invalid job signal: {sig}")));
+        }
+        return Err(SlurmError::fatal(
+            PROG,
+            "--signal is not supported yet: Corral has no request to signal a job without cancelling it (needs Request::Signal)",
+        ));
+    }
+    let mut targets = Vec::new();
+    for t in p.operands.iter().flat_map(|o| o.split(',')).filter(|s| !s.is_empty()) {
+        if t.contains('.') {
+            return Err(SlurmError::fatal(PROG, format!("Invalid job id {t}: job steps are not supported yet")));
+        }
+        targets.push(parse_target(t).ok_or_else(|| SlurmError::fatal(PROG, format!("Invalid job id {t}")))?);
+    }
+    let mut users = split_list(p.all("user"));
+    if p.has("me") {
+        users.push(super::current_user());
+    }
+    let names: Vec<String> = split_list(p.all("name")).into_iter().chain(split_list(p.all("jobname"))).collect();
+    let partitions = split_list(p.all("partition"));
+    let accounts = split_list(p.all("account"));
+    let qos = split_list(p.all("qos"));
+    let mut nodes = Vec::new();
+    for n in p.all("nodelist") {
+        nodes.extend(hostlist::expand(n).map_err(|e| SlurmError::fatal(PROG, e))?);
+    }
+    let mut states: Option<Vec<JobState>> = None;
+    for s in split_list(p.all("state")) {
+        let st = parse_state(&s).ok_or_else(|| SlurmError::fatal(PROG, format!("Invalid job state specified: {s}")))?;
+        states.get_or_insert_with(Vec::new).extend(st);
+    }
+    let filtered = !users.is_empty()
+        || !names.is_empty()
+        || !partitions.is_empty()
+        || !accounts.is_empty()
+        || !qos.is_empty()
+        || !nodes.is_empty()
+        || states.is_some();
+    if targets.is_empty() && !filtered {
+        return Err(SlurmError::fatal(PROG, "No job identification provided"));
+    }
+    let quiet = p.has("quiet");
+    let cluster = super::connect(PROG)?;
+    super::block_on(PROG, async {
+        let jobs = super::list_jobs(PROG, &cluster, true).await?;
+        let node_names = if nodes.is_empty() { Default::default() } else { super::node_names(&super::list_nodes(PROG, &cluster).await?) };
+        let matches_filters = |j: &Job| {
+            let partition = j.spec.partition.clone().unwrap_or_else(|| super::env::DEFAULT_PARTITION.into());
+            (users.is_empty() || users.contains(&j.spec.user))
+                && (names.is_empty() || names.contains(&j.spec.name))
+                && (partitions.is_empty() || partitions.contains(&partition))
+                && (accounts.is_empty() || j.spec.account.as_ref().is_some_and(|a| accounts.contains(a)))
+                && (qos.is_empty() || j.spec.qos.as_ref().is_some_and(|q| qos.contains(q)))
+                && (nodes.is_empty() || super::job_node_names(j, &node_names).iter().any(|n| nodes.contains(n)))
+                && states.as_ref().is_none_or(|s| s.contains(&j.state))
+        };
+        let mut errors = 0;
+        let mut chosen: Vec<&Job> = Vec::new();
+        if targets.is_empty() {
+            chosen = jobs.iter().filter(|j| !j.state.is_final() && matches_filters(j)).collect();
+        } else {
+            for t in &targets {
+                let found = select(&jobs, t);
+                let label = match t {
+                    Target::Job(id) => id.to_string(),
+                    Target::Tasks(id, tasks) => {
+                        format!("{id}_{}", super::squeue::task_ranges(tasks))
+                    }
+                };
+                if found.is_empty() {
+                    eprintln!("{PROG}: error: Kill job error on job id {label}: Invalid job id specified");
+                    errors += 1;
+                    continue;
+                }
+                let live: Vec<&Job> = found.into_iter().filter(|j| matches_filters(j)).collect();
+                if !live.is_empty() && live.iter().all(|j| j.state.is_final()) && !quiet {
+                    eprintln!("{PROG}: error: Kill job error on job id {label}: Job/step already completing or completed");
+                    errors += 1;
+                }
+                chosen.extend(live.into_iter().filter(|j| !j.state.is_final()));
+            }
+        }
+        chosen.sort_by_key(|j| j.id);
+        chosen.dedup_by_key(|j| j.id);
+        for j in chosen {
+            if let Err(e) = super::call(PROG, &cluster, Request::Cancel { job: j.id }).await {
+                if !quiet {
+                    eprintln!(
+                        "{PROG}: error: Kill job error on job id {}: {}",
+                        super::display_id(j),
+                        e.text.trim_start_matches("scancel: error: ")
+                    );
+                }
+                errors += 1;
+            }
+        }
+        Ok(if errors > 0 { 1 } else { 0 })
+    })?
+}

@@ -1,0 +1,356 @@
+//! `scontrol`: `show hostnames|hostlist|job|node|partition`, `requeue`, and the job changes
+//! `hold`, `release` and `update` (parsed and checked; the protocol has no request for them
+//! yet, so they end with a clear error).
+
+use std::collections::BTreeMap;
+
+use proto::{ApiError, Job, JobState, NodeInfo, Request};
+
+use super::env::DEFAULT_PARTITION;
+use super::squeue::{dependency_text, mem_text, reason_code, run_seconds};
+use super::{hostlist, sinfo, time, SlurmError};
+
+pub const PROG: &str = "scontrol";
+
+/// `show hostnames`: one name per line.
+pub fn hostnames(list: &str) -> Result<String, SlurmError> {
+    let hosts = hostlist::expand(list).map_err(|e| SlurmError::fatal(PROG, e))?;
+    Ok(hosts.iter().map(|h| format!("{h}\n")).collect())
+}
+
+/// `show hostlist`: the compressed form of a list (names, ranges, or both).
+pub fn hostlist_of(list: &str, sorted: bool) -> Result<String, SlurmError> {
+    let mut hosts = hostlist::expand(list).map_err(|e| SlurmError::fatal(PROG, e))?;
+    if sorted {
+        hosts.sort();
+    }
+    Ok(format!("{}\n", hostlist::compress(&hosts)))
+}
+
+fn exit_code_text(job: &Job) -> String {
+    match (job.state, job.exit_code) {
+        (_, Some(code)) if code >= 0 => format!("{code}:0"),
+        (_, Some(code)) => format!("0:{}", -code),
+        (JobState::Timeout | JobState::Cancelled, None) => "0:15".into(),
+        _ => "0:0".into(),
+    }
+}
+
+fn or_null(v: Option<&String>) -> String {
+    v.cloned().unwrap_or_else(|| "(null)".into())
+}
+
+fn time_or_unknown(ms: Option<u64>) -> String {
+    ms.map_or("Unknown".into(), time::datetime)
+}
+
+/// `scontrol show job` for one job, in Slurm's layout (the fields Corral knows).
+pub fn job_text(job: &Job, names: &BTreeMap<u64, String>, now_ms: u64) -> String {
+    let s = &job.spec;
+    let nodes = super::job_node_names(job, names);
+    let nodelist = if nodes.is_empty() { "(null)".to_string() } else { hostlist::compress(&nodes) };
+    let ntasks: u32 = super::env::tasks_per_node(s, s.nodes as usize).iter().sum();
+    let cpus = u64::from(s.cpus_per_task) * u64::from(s.ntasks_per_node) * u64::from(s.nodes);
+    let mut head = format!("JobId={}", job.id);
+    if let Some(a) = &job.array {
+        head.push_str(&format!(" ArrayJobId={} ArrayTaskId={}", a.array_job, a.task));
+    }
+    head.push_str(&format!(" JobName={}", s.name));
+    let uid = s.uid.map_or(String::new(), |u| format!("({u})"));
+    let gid = s.gid.map_or(String::new(), |g| format!("({g})"));
+    let reason = if job.state == JobState::Pending { reason_code(job) } else { "None".into() };
+    let pattern = |p: Option<&String>| {
+        p.map(|p| {
+            let expanded = super::env::output_path(p, job, &nodes, 0);
+            if expanded.starts_with('/') {
+                expanded
+            } else {
+                format!("{}/{expanded}", s.workdir.trim_end_matches('/'))
+            }
+        })
+    };
+    let stdout = pattern(s.output.as_ref()).unwrap_or_else(|| "(null)".into());
+    let stderr = pattern(s.error.as_ref()).unwrap_or_else(|| stdout.clone());
+    let mut tres = format!("cpu={cpus},mem={},node={}", mem_text(s.mem_mib.saturating_mul(u64::from(s.nodes))), s.nodes);
+    if s.gpus() > 0 {
+        tres.push_str(&format!(",gres/gpu={}", s.gpus() * s.nodes));
+    }
+    let lines = [
+        head,
+        format!("UserId={}{uid} GroupId={}{gid} MCS_label=N/A", s.user, s.user),
+        format!("Priority=1 Nice=0 Account={} QOS={}", or_null(s.account.as_ref()), s.qos.clone().unwrap_or_else(|| "normal".into())),
+        format!("JobState={} Reason={reason} Dependency={}", job.state.as_str(), dependency_text(job)),
+        format!(
+            "Requeue={} Restarts={} BatchFlag={} Reboot=0 ExitCode={}",
+            u8::from(s.requeue),
+            job.restart_count,
+            u8::from(s.script.is_some()),
+            exit_code_text(job)
+        ),
+        format!(
+            "RunTime={} TimeLimit={} TimeMin=N/A",
+            time::elapsed(run_seconds(job, now_ms)),
+            s.time_limit_ms.map_or("UNLIMITED".into(), |ms| time::elapsed(ms / 1000))
+        ),
+        format!("SubmitTime={} EligibleTime={}", time::datetime(job.submit_ms), time_or_unknown(s.begin_ms.or(Some(job.submit_ms)))),
+        format!("StartTime={} EndTime={} Deadline=N/A", time_or_unknown(job.start_ms), time_or_unknown(job.end_ms)),
+        format!("Partition={} AllocNode:Sid={}:0", s.partition.clone().unwrap_or_else(|| DEFAULT_PARTITION.into()), s.submit_host),
+        format!(
+            "ReqNodeList={} ExcNodeList={}",
+            if s.nodelist.is_empty() { "(null)".into() } else { hostlist::compress(&s.nodelist) },
+            if s.exclude.is_empty() { "(null)".into() } else { hostlist::compress(&s.exclude) }
+        ),
+        format!("NodeList={nodelist}"),
+        format!("NumNodes={} NumCPUs={cpus} NumTasks={ntasks} CPUs/Task={} ReqB:S:C:T=0:0:*:*", s.nodes, s.cpus_per_task),
+        format!("TRES={tres}"),
+        format!("MinCPUsNode={} MinMemoryNode={} MinTmpDiskNode=0", s.cpus_per_task, mem_text(s.mem_mib)),
+        format!("Features={} DelayBoot=00:00:00", if s.constraint.is_empty() { "(null)".into() } else { s.constraint.join("&") }),
+        format!("OverSubscribe={} Contiguous=0 Licenses=(null) Network=(null)", if s.exclusive { "NO" } else { "OK" }),
+        format!("Command={}", if s.script.is_some() { s.name.clone() } else { s.argv.join(" ") }),
+        format!("WorkDir={}", s.workdir),
+        format!("StdErr={stderr}"),
+        "StdIn=/dev/null".to_string(),
+        format!("StdOut={stdout}"),
+    ];
+    let mut out = String::new();
+    for (i, l) in lines.iter().enumerate() {
+        out.push_str(if i == 0 { "" } else { "   " });
+        out.push_str(l);
+        out.push('\n');
+    }
+    if let Some(g) = &s.gres {
+        out.push_str(&format!("   TresPerNode=gres:{g}\n"));
+    }
+    out.push('\n');
+    out
+}
+
+/// `scontrol show node` for one node.
+pub fn node_text(n: &NodeInfo) -> String {
+    let (_, long) = sinfo::node_state(n);
+    let state = long.to_ascii_uppercase();
+    let used = n.gpus_total.saturating_sub(n.gpus_free);
+    let mut out = format!("NodeName={} CoresPerSocket=N/A\n", n.name);
+    out.push_str("   AvailableFeatures=(null)\n");
+    out.push_str(&format!("   Gres={}\n", sinfo::gres_text(n)));
+    out.push_str(&format!("   NodeAddr={} NodeHostName={}\n", n.addr, n.name));
+    out.push_str(&format!("   State={state}\n"));
+    out.push_str(&format!("   Partitions={DEFAULT_PARTITION}\n"));
+    out.push_str(&format!("   CfgTRES=gres/gpu={}\n", n.gpus_total));
+    out.push_str(&format!("   AllocTRES={}\n", if used > 0 { format!("gres/gpu={used}") } else { String::new() }));
+    out.push_str(&format!("   CorralRole={}\n", n.role.as_str()));
+    if let Some(r) = &n.reason {
+        out.push_str(&format!("   Reason={r}\n"));
+    }
+    out.push('\n');
+    out
+}
+
+/// A parsed `scontrol` command line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    Hostnames(Option<String>),
+    Hostlist(String, bool),
+    ShowJob(Option<String>),
+    ShowNode(Option<String>),
+    ShowPartition(Option<String>),
+    Requeue(Vec<u64>, bool),
+    Hold(Vec<u64>),
+    Release(Vec<u64>),
+    Update { job: u64, time_limit_ms: Option<Option<u64>>, partition: Option<String> },
+    Version,
+}
+
+fn job_ids(args: &[String]) -> Result<Vec<u64>, SlurmError> {
+    let mut out = Vec::new();
+    for a in args.iter().flat_map(|a| a.split(',')).filter(|s| !s.is_empty()) {
+        out.push(a.parse().map_err(|_| SlurmError::fatal(PROG, format!("Invalid job id specified: {a}")))?);
+    }
+    if out.is_empty() {
+        return Err(SlurmError::fatal(PROG, "Invalid job id specified"));
+    }
+    Ok(out)
+}
+
+/// Whether `word` is an abbreviation (at least `min` letters) of `full`.
+fn is(word: &str, full: &str, min: usize) -> bool {
+    let w = word.to_ascii_lowercase();
+    w.len() >= min && full.starts_with(&w)
+}
+
+pub fn parse(args: &[String]) -> Result<Command, SlurmError> {
+    let args: Vec<String> = args
+        .iter()
+        .filter(|a| !matches!(a.as_str(), "-o" | "--oneliner" | "-d" | "--details" | "-a" | "--all" | "-Q" | "--quiet"))
+        .cloned()
+        .collect();
+    let Some((verb, rest)) = args.split_first() else {
+        return Err(SlurmError::fatal(PROG, "no command given; interactive mode is not supported"));
+    };
+    if verb == "-V" || verb == "--version" || is(verb, "version", 4) {
+        return Ok(Command::Version);
+    }
+    if is(verb, "show", 3) {
+        let Some((what, more)) = rest.split_first() else {
+            return Err(SlurmError::fatal(PROG, "too few arguments for keyword:show"));
+        };
+        let arg = more.first().cloned();
+        let w = what.to_ascii_lowercase();
+        return match w.as_str() {
+            "hostnames" | "hostname" => Ok(Command::Hostnames(arg)),
+            "hostlist" | "hostlistsorted" => {
+                let list = arg.ok_or_else(|| SlurmError::fatal(PROG, "host list is empty"))?;
+                Ok(Command::Hostlist(list, w == "hostlistsorted"))
+            }
+            _ if is(&w, "jobs", 3) => Ok(Command::ShowJob(arg)),
+            _ if is(&w, "nodes", 4) => Ok(Command::ShowNode(arg)),
+            _ if is(&w, "partitions", 4) => Ok(Command::ShowPartition(arg)),
+            _ => Err(SlurmError::fatal(PROG, format!("invalid entity:{what} for keyword:show"))),
+        };
+    }
+    if is(verb, "requeue", 3) || is(verb, "requeuehold", 8) {
+        return Ok(Command::Requeue(job_ids(rest)?, verb.eq_ignore_ascii_case("requeuehold")));
+    }
+    if is(verb, "hold", 4) || is(verb, "uhold", 5) {
+        return Ok(Command::Hold(job_ids(rest)?));
+    }
+    if is(verb, "release", 3) {
+        return Ok(Command::Release(job_ids(rest)?));
+    }
+    if is(verb, "update", 1) {
+        let mut job = None;
+        let mut time_limit_ms = None;
+        let mut partition = None;
+        for kv in rest {
+            let (k, v) = kv.split_once('=').ok_or_else(|| SlurmError::fatal(PROG, format!("Invalid input: {kv}")))?;
+            match k.to_ascii_lowercase().as_str() {
+                "jobid" | "job" => job = Some(job_ids(&[v.to_string()])?[0]),
+                "timelimit" => {
+                    let limit = time::parse_limit_s(v).map_err(|()| SlurmError::fatal(PROG, format!("Invalid TimeLimit value: {v}")))?;
+                    time_limit_ms = Some(limit.map(|s| s * 1000));
+                }
+                "partition" => partition = Some(v.to_string()),
+                _ => {
+                    return Err(SlurmError::fatal(
+                        PROG,
+                        format!("Update of {k} is not supported yet; Corral can update TimeLimit and Partition"),
+                    ))
+                }
+            }
+        }
+        let job = job.ok_or_else(|| SlurmError::fatal(PROG, "No JobId given: update needs JobId=N"))?;
+        return Ok(Command::Update { job, time_limit_ms, partition });
+    }
+    Err(SlurmError::fatal(PROG, format!("Invalid keyword: {verb}")))
+}
+
+fn not_supported(what: &str, request: &str) -> SlurmError {
+    SlurmError::fatal(PROG, format!("{what} is not supported yet: the Corral protocol has no {request} request"))
+}
+
+pub fn run(args: &[String]) -> Result<i32, SlurmError> {
+    let cmd = parse(args)?;
+    match cmd {
+        Command::Version => Ok(super::print_version()),
+        Command::Hostnames(list) => {
+            let list = list
+                .or_else(|| super::allocation_env(&std::env::vars().collect()).get("SLURM_JOB_NODELIST").cloned())
+                .filter(|l| !l.is_empty())
+                .ok_or_else(|| SlurmError::fatal(PROG, "host list is empty"))?;
+            print!("{}", hostnames(&list)?);
+            Ok(0)
+        }
+        Command::Hostlist(list, sorted) => {
+            print!("{}", hostlist_of(&list, sorted)?);
+            Ok(0)
+        }
+        Command::ShowJob(id) => {
+            let id = id.map(|i| job_ids(&[i]).map(|v| v[0])).transpose()?;
+            let cluster = super::connect(PROG)?;
+            let (jobs, nodes) = super::block_on(PROG, async {
+                let jobs = super::list_jobs(PROG, &cluster, true).await?;
+                Ok::<_, SlurmError>((jobs, super::list_nodes(PROG, &cluster).await?))
+            })??;
+            let names = super::node_names(&nodes);
+            let now_ms = now_ms();
+            let shown: Vec<&Job> = match id {
+                Some(id) => super::members_of(&jobs, id),
+                None => jobs.iter().collect(),
+            };
+            if shown.is_empty() {
+                return Err(if id.is_some() {
+                    SlurmError::fatal(PROG, "Invalid job id specified")
+                } else {
+                    SlurmError { text: "No jobs in the system".into(), code: 0 }
+                });
+            }
+            for j in shown {
+                print!("{}", job_text(j, &names, now_ms));
+            }
+            Ok(0)
+        }
+        Command::ShowNode(name) => {
+            let cluster = super::connect(PROG)?;
+            let nodes = super::block_on(PROG, super::list_nodes(PROG, &cluster))??;
+            let wanted = match &name {
+                Some(n) => Some(hostlist::expand(n).map_err(|e| SlurmError::fatal(PROG, e))?),
+                None => None,
+            };
+            let shown: Vec<&NodeInfo> = nodes.iter().filter(|n| wanted.as_ref().is_none_or(|w| w.contains(&n.name))).collect();
+            if shown.is_empty() {
+                return Err(SlurmError { text: format!("Node {} not found", name.unwrap_or_default()), code: 1 });
+            }
+            for n in shown {
+                print!("{}", node_text(n));
+            }
+            Ok(0)
+        }
+        Command::ShowPartition(name) => {
+            if name.as_deref().is_some_and(|n| n != DEFAULT_PARTITION) {
+                return Err(SlurmError { text: format!("Partition {} not found", name.unwrap_or_default()), code: 1 });
+            }
+            let cluster = super::connect(PROG)?;
+            let nodes = super::block_on(PROG, super::list_nodes(PROG, &cluster))??;
+            let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+            let gpus: u32 = nodes.iter().map(|n| n.gpus_total).sum();
+            println!("PartitionName={DEFAULT_PARTITION}");
+            println!("   AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL");
+            println!("   Default=YES QoS=N/A");
+            println!("   MaxNodes=UNLIMITED MaxTime=UNLIMITED MinNodes=0");
+            println!("   Nodes={}", if names.is_empty() { "(null)".into() } else { hostlist::compress(&names) });
+            println!("   State=UP TotalNodes={}", nodes.len());
+            println!("   TRES=gres/gpu={gpus}");
+            println!();
+            Ok(0)
+        }
+        Command::Requeue(ids, hold) => {
+            if hold {
+                return Err(not_supported("requeuehold", "Hold { job }"));
+            }
+            let cluster = super::connect(PROG)?;
+            super::block_on(PROG, async {
+                let mut failed = false;
+                for id in ids {
+                    if let Err(e) = cluster.call_patiently(Request::Requeue { job: id }, super::PATIENCE).await {
+                        // Slurm's words, e.g. "Requested operation is presently disabled for job 7".
+                        let why = match e.downcast_ref::<ApiError>() {
+                            Some(ApiError::NotFound(_)) => "Invalid job id specified".to_string(),
+                            Some(ApiError::Denied(m) | ApiError::Invalid(m)) => m.clone(),
+                            _ => super::describe_error(&e),
+                        };
+                        eprintln!("{why} for job {id}");
+                        failed = true;
+                    }
+                }
+                Ok(i32::from(failed))
+            })?
+        }
+        Command::Hold(_) => Err(not_supported("hold", "Hold { job }")),
+        Command::Release(_) => Err(not_supported("release", "Release { job }")),
+        Command::Update { .. } => Err(not_supported("update", "UpdateJob { job, time_limit_ms, partition }")),
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}

@@ -1,0 +1,269 @@
+//! `sinfo`: partitions and node states, with GRES, `-N` node rows and `-o` formats.
+
+use proto::{NodeInfo, NodeState};
+
+use super::env::DEFAULT_PARTITION;
+use super::opts::{self, opt, Arg, OptDef};
+use super::squeue::{parse_format, render, Piece};
+use super::{hostlist, SlurmError};
+
+pub const PROG: &str = "sinfo";
+
+pub const DEFAULT_FORMAT: &str = "%#P %.5a %.10l %.6D %.6t %N";
+pub const NODE_FORMAT: &str = "%#N %.6D %#P %6t";
+pub const LONG_FORMAT: &str = "%#P %.5a %.10l %.6D %.11T %.12G %N";
+pub const REASON_FORMAT: &str = "%20E %9u %19H %N";
+pub const SUMMARY_FORMAT: &str = "%#P %.5a %.10l %.16F  %N";
+
+const OPTIONS: &[OptDef] = &[
+    opt("all", Some('a'), Arg::No),
+    opt("dead", Some('d'), Arg::No),
+    opt("exact", Some('e'), Arg::No),
+    opt("format", Some('o'), Arg::Required),
+    opt("Format", Some('O'), Arg::Required),
+    opt("help", None, Arg::No),
+    opt("hide", None, Arg::No),
+    opt("iterate", Some('i'), Arg::Required),
+    opt("list-reasons", Some('R'), Arg::No),
+    opt("long", Some('l'), Arg::No),
+    opt("Node", Some('N'), Arg::No),
+    opt("noconvert", None, Arg::No),
+    opt("noheader", Some('h'), Arg::No),
+    opt("nodes", Some('n'), Arg::Required),
+    opt("partition", Some('p'), Arg::Required),
+    opt("responding", Some('r'), Arg::No),
+    opt("states", Some('t'), Arg::Required),
+    opt("summarize", Some('s'), Arg::No),
+    opt("usage", None, Arg::No),
+    opt("verbose", Some('v'), Arg::No),
+    opt("version", Some('V'), Arg::No),
+];
+
+/// A node's state the way sinfo abbreviates it (`idle`, `mix`, `alloc`, `drain`, `drng`,
+/// `down*`) and spells it out (`%T`).
+pub fn node_state(n: &NodeInfo) -> (&'static str, &'static str) {
+    let busy = n.gpus_free < n.gpus_total;
+    match n.state {
+        NodeState::Down if n.reason.as_deref().is_some_and(|r| r.contains("drain")) => ("drain*", "drained*"),
+        NodeState::Down => ("down*", "down*"),
+        NodeState::Drained if busy => ("drng", "draining"),
+        NodeState::Drained => ("drain", "drained"),
+        NodeState::Up if n.gpus_total > 0 && n.gpus_free == 0 => ("alloc", "allocated"),
+        NodeState::Up if busy => ("mix", "mixed"),
+        NodeState::Up => ("idle", "idle"),
+    }
+}
+
+/// GRES as sinfo prints it: `gpu:h100:8`, `gpu:8`, `(null)`.
+pub fn gres_text(n: &NodeInfo) -> String {
+    match (n.gpus_total, n.gpu_types.as_slice()) {
+        (0, _) => "(null)".into(),
+        (total, [one]) => format!("gpu:{one}:{total}"),
+        (total, []) => format!("gpu:{total}"),
+        (total, many) => format!("gpu:{}:{total}", many.join("+")),
+    }
+}
+
+/// The partitions a node is in. `NodeInfo` does not carry partitions yet, so every node is
+/// in the default partition.
+fn partitions_of(_n: &NodeInfo) -> Vec<String> {
+    vec![DEFAULT_PARTITION.to_string()]
+}
+
+struct Row {
+    partition: String,
+    nodes: Vec<NodeInfo>,
+}
+
+fn value(row: &Row, code: char) -> String {
+    let first = &row.nodes[0];
+    let names: Vec<String> = row.nodes.iter().map(|n| n.name.clone()).collect();
+    match code {
+        'P' => {
+            if row.partition == DEFAULT_PARTITION {
+                format!("{}*", row.partition)
+            } else {
+                row.partition.clone()
+            }
+        }
+        'R' => row.partition.clone(),
+        'a' => "up".into(),
+        'l' => "infinite".into(),
+        'D' => row.nodes.len().to_string(),
+        't' => node_state(first).0.into(),
+        'T' => node_state(first).1.into(),
+        'N' | 'n' => hostlist::compress(&names),
+        'G' => gres_text(first),
+        'E' => first.reason.clone().unwrap_or_else(|| "none".into()),
+        'u' => "root".into(),
+        'H' => "Unknown".into(),
+        'F' => {
+            let (mut a, mut i, mut o) = (0, 0, 0);
+            for n in &row.nodes {
+                match node_state(n).0 {
+                    "alloc" | "mix" | "drng" => a += 1,
+                    "idle" => i += 1,
+                    _ => o += 1,
+                }
+            }
+            format!("{a}/{i}/{o}/{}", row.nodes.len())
+        }
+        'c' | 'm' | 'C' | 'e' | 'O' => "N/A".into(),
+        'f' => "(null)".into(),
+        _ => String::new(),
+    }
+}
+
+fn head(code: char) -> String {
+    match code {
+        'P' | 'R' => "PARTITION",
+        'a' => "AVAIL",
+        'l' => "TIMELIMIT",
+        'D' => "NODES",
+        't' | 'T' => "STATE",
+        'N' => "NODELIST",
+        'n' => "HOSTNAMES",
+        'G' => "GRES",
+        'E' => "REASON",
+        'u' => "USER",
+        'H' => "TIMESTAMP",
+        'F' => "NODES(A/I/O/T)",
+        'c' => "CPUS",
+        'm' => "MEMORY",
+        'C' => "CPUS(A/I/O/T)",
+        'e' => "FREE_MEM",
+        'O' => "CPU_LOAD",
+        'f' => "AVAIL_FEATURES",
+        _ => "",
+    }
+    .to_string()
+}
+
+/// Which nodes to show.
+#[derive(Clone, Debug, Default)]
+pub struct Filter {
+    pub partitions: Vec<String>,
+    /// Short or long state names (`idle`, `alloc`, `mix`, `down`, `drain`, ...).
+    pub states: Vec<String>,
+    pub nodes: Vec<String>,
+    /// `-R`: only nodes that are down or drained.
+    pub with_reason: bool,
+}
+
+/// Renders sinfo's table: grouped by partition and every shown field (`-N`: one row per node).
+pub fn table(nodes: &[NodeInfo], format: &str, header: bool, node_rows: bool, filter: &Filter) -> String {
+    let mut rows: Vec<Row> = Vec::new();
+    let pieces_raw = parse_format(format);
+    let group_codes: Vec<char> = pieces_raw
+        .iter()
+        .filter_map(|p| match p {
+            Piece::Field { code, .. } if !matches!(code, 'N' | 'n' | 'D' | 'F') => Some(*code),
+            _ => None,
+        })
+        .collect();
+    for n in nodes {
+        let (short, long) = node_state(n);
+        if !filter.states.is_empty()
+            && !filter.states.iter().any(|s| {
+                let s = s.to_ascii_lowercase();
+                let base = short.trim_end_matches('*');
+                s == base
+                    || s == long.trim_end_matches('*')
+                    || (s == "allocated" && base == "alloc")
+                    || (s == "mixed" && base == "mix")
+                    || (s == "drained" && base == "drain")
+                    || (s == "draining" && base == "drng")
+            })
+        {
+            continue;
+        }
+        if !filter.nodes.is_empty() && !filter.nodes.contains(&n.name) {
+            continue;
+        }
+        if filter.with_reason && n.state == NodeState::Up {
+            continue;
+        }
+        for p in partitions_of(n) {
+            if !filter.partitions.is_empty() && !filter.partitions.contains(&p) {
+                continue;
+            }
+            let candidate = Row { partition: p.clone(), nodes: vec![n.clone()] };
+            let key: Vec<String> = group_codes.iter().map(|c| value(&candidate, *c)).collect();
+            let existing = if node_rows {
+                None
+            } else {
+                rows.iter_mut().find(|r| r.partition == p && group_codes.iter().map(|c| value(r, *c)).collect::<Vec<_>>() == key)
+            };
+            match existing {
+                Some(r) => r.nodes.push(n.clone()),
+                None => rows.push(candidate),
+            }
+        }
+    }
+    // `%#X`: as wide as the widest value or header.
+    let format = widen(format, &rows);
+    let pieces = parse_format(&format);
+    render(&pieces, &rows, header, head, value)
+}
+
+fn widen(format: &str, rows: &[Row]) -> String {
+    let mut out = format.to_string();
+    for code in ['P', 'N', 'R', 'n'] {
+        let pat = format!("%#{code}");
+        if out.contains(&pat) {
+            let w = rows.iter().map(|r| value(r, code).chars().count()).chain(std::iter::once(head(code).len())).max().unwrap_or(0);
+            out = out.replace(&pat, &format!("%{w}{code}"));
+        }
+    }
+    out
+}
+
+fn split_list(values: Vec<&str>) -> Vec<String> {
+    values.iter().flat_map(|v| v.split(',')).map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect()
+}
+
+pub fn run(args: &[String]) -> Result<i32, SlurmError> {
+    let p = opts::parse(PROG, OPTIONS, args, false)?;
+    if p.has("help") || p.has("usage") {
+        println!("Usage: sinfo [-adelNRrsTv] [-i seconds] [-t states] [-p partition] [-n nodes] [-S fields] [-o format] [-O Format]");
+        return Ok(0);
+    }
+    if p.has("version") {
+        return Ok(super::print_version());
+    }
+    if p.has("Format") || p.has("iterate") {
+        return Err(SlurmError::fatal(PROG, "--Format and --iterate are not supported yet; use -o"));
+    }
+    let mut filter = Filter { partitions: split_list(p.all("partition")), states: split_list(p.all("states")), ..Filter::default() };
+    for n in p.all("nodes") {
+        filter.nodes.extend(hostlist::expand(n).map_err(|e| SlurmError::fatal(PROG, e))?);
+    }
+    if p.has("dead") {
+        filter.states.extend(["down".to_string(), "drain".to_string()]);
+    }
+    filter.with_reason = p.has("list-reasons");
+    let node_rows = p.has("Node");
+    let format = if let Some(f) = p.last("format") {
+        f.to_string()
+    } else if filter.with_reason {
+        REASON_FORMAT.to_string()
+    } else if p.has("summarize") {
+        SUMMARY_FORMAT.to_string()
+    } else if node_rows {
+        if p.has("long") {
+            "%#N %.6D %#P %.11T %.12G %20E".to_string()
+        } else {
+            NODE_FORMAT.to_string()
+        }
+    } else if p.has("long") {
+        LONG_FORMAT.to_string()
+    } else {
+        std::env::var("SINFO_FORMAT").ok().filter(|s| !s.is_empty()).unwrap_or_else(|| DEFAULT_FORMAT.to_string())
+    };
+    let cluster = super::connect(PROG)?;
+    let nodes = super::block_on(PROG, super::list_nodes(PROG, &cluster))??;
+    let mut nodes = nodes;
+    nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    print!("{}", table(&nodes, &format, !p.has("noheader"), node_rows, &filter));
+    Ok(0)
+}

@@ -1,0 +1,526 @@
+//! `srun`. Inside an allocation (`SLURM_JOB_ID` set) it starts a job step; Corral has no step
+//! protocol yet, so the step's tasks that belong to *this* node run here as child processes
+//! (with `SLURM_STEP_*`, `SLURM_PROCID`, `SLURM_LOCALID`, ...), their output forwarded, SIGINT
+//! and SIGTERM passed on, and the worst exit code returned. Outside an allocation it submits
+//! the command as a job, streams its output and exits with its exit code.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::Duration;
+
+use proto::{LogStream, Reply, Request};
+
+use super::opts::{self, opt, Arg, OptDef, Parsed};
+use super::sbatch::{Builder, Context};
+use super::{hostlist, SlurmError};
+
+pub const PROG: &str = "srun";
+
+pub const OPTIONS: &[OptDef] = &[
+    opt("account", Some('A'), Arg::Required),
+    opt("begin", Some('b'), Arg::Required),
+    opt("chdir", Some('D'), Arg::Required),
+    opt("comment", None, Arg::Required),
+    opt("constraint", Some('C'), Arg::Required),
+    opt("cpu-bind", None, Arg::Required),
+    opt("cpus-per-gpu", None, Arg::Required),
+    opt("cpus-per-task", Some('c'), Arg::Required),
+    opt("dependency", Some('d'), Arg::Required),
+    opt("distribution", Some('m'), Arg::Required),
+    opt("error", Some('e'), Arg::Required),
+    opt("exact", None, Arg::No),
+    opt("exclude", Some('x'), Arg::Required),
+    opt("exclusive", None, Arg::Optional),
+    opt("export", None, Arg::Required),
+    opt("gpu-bind", None, Arg::Required),
+    opt("gpus", Some('G'), Arg::Required),
+    opt("gpus-per-node", None, Arg::Required),
+    opt("gpus-per-task", None, Arg::Required),
+    opt("gres", None, Arg::Required),
+    opt("gres-flags", None, Arg::Required),
+    opt("help", Some('h'), Arg::No),
+    opt("hold", Some('H'), Arg::No),
+    opt("immediate", Some('I'), Arg::Optional),
+    opt("input", Some('i'), Arg::Required),
+    opt("jobid", None, Arg::Required),
+    opt("job-name", Some('J'), Arg::Required),
+    opt("kill-on-bad-exit", Some('K'), Arg::Optional),
+    opt("label", Some('l'), Arg::No),
+    opt("mail-type", None, Arg::Required),
+    opt("mail-user", None, Arg::Required),
+    opt("mem", None, Arg::Required),
+    opt("mem-bind", None, Arg::Required),
+    opt("mem-per-cpu", None, Arg::Required),
+    opt("mem-per-gpu", None, Arg::Required),
+    opt("mpi", None, Arg::Required),
+    opt("nodelist", Some('w'), Arg::Required),
+    opt("nodes", Some('N'), Arg::Required),
+    opt("ntasks", Some('n'), Arg::Required),
+    opt("ntasks-per-node", None, Arg::Required),
+    opt("open-mode", None, Arg::Required),
+    opt("output", Some('o'), Arg::Required),
+    opt("overcommit", Some('O'), Arg::No),
+    opt("overlap", None, Arg::No),
+    opt("partition", Some('p'), Arg::Required),
+    opt("preserve-env", Some('E'), Arg::No),
+    opt("pty", None, Arg::No),
+    opt("qos", Some('q'), Arg::Required),
+    opt("quiet", Some('Q'), Arg::No),
+    opt("requeue", None, Arg::No),
+    opt("no-requeue", None, Arg::No),
+    opt("signal", None, Arg::Required),
+    opt("time", Some('t'), Arg::Required),
+    opt("unbuffered", Some('u'), Arg::No),
+    opt("usage", None, Arg::No),
+    opt("verbose", Some('v'), Arg::No),
+    opt("version", Some('V'), Arg::No),
+    opt("wait", Some('W'), Arg::Required),
+    opt("whole", None, Arg::No),
+];
+
+/// srun-only options: accepted, and without effect on a local step or a submitted job.
+const STEP_ONLY: &[&str] = &[
+    "cpu-bind",
+    "exact",
+    "immediate",
+    "jobid",
+    "kill-on-bad-exit",
+    "label",
+    "mpi",
+    "overlap",
+    "preserve-env",
+    "pty",
+    "quiet",
+    "unbuffered",
+    "verbose",
+    "wait",
+    "whole",
+    "input",
+    "help",
+    "usage",
+    "version",
+];
+
+/// One task of a local step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskPlan {
+    pub rank: u32,
+    pub local_id: u32,
+    pub env: BTreeMap<String, String>,
+}
+
+/// The shape of a step inside an allocation and the tasks this node runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepPlan {
+    pub step_id: u32,
+    pub nodes: Vec<String>,
+    pub tasks_per_node: Vec<u32>,
+    /// Index of this node in `nodes`, if it takes part.
+    pub node_index: Option<usize>,
+    pub tasks: Vec<TaskPlan>,
+}
+
+/// Plans the step from the allocation's variables in `env` and srun's options.
+pub fn plan_step(p: &Parsed, env: &BTreeMap<String, String>, step_id: u32) -> Result<StepPlan, SlurmError> {
+    let fatal = |m: String| SlurmError::fatal(PROG, m);
+    let job_nodes =
+        hostlist::expand(env.get("SLURM_JOB_NODELIST").or(env.get("SLURM_NODELIST")).map_or("", String::as_str)).map_err(fatal)?;
+    let job_nodes =
+        if job_nodes.is_empty() { vec![env.get("SLURMD_NODENAME").cloned().unwrap_or_else(super::host_name)] } else { job_nodes };
+    let here = env.get("SLURMD_NODENAME").cloned().or_else(|| {
+        let id: usize = env.get("SLURM_NODEID")?.parse().ok()?;
+        job_nodes.get(id).cloned()
+    });
+    let mut nodes = job_nodes.clone();
+    if let Some(w) = p.last("nodelist") {
+        let wanted = hostlist::expand(w).map_err(fatal)?;
+        if let Some(bad) = wanted.iter().find(|n| !job_nodes.contains(n)) {
+            return Err(fatal(format!("Requested node configuration is not available: {bad} is not in the allocation")));
+        }
+        nodes = wanted;
+    }
+    if let Some(x) = p.last("exclude") {
+        let excluded = hostlist::expand(x).map_err(fatal)?;
+        nodes.retain(|n| !excluded.contains(n));
+    }
+    let ntasks_opt = p.last("ntasks").map(|n| super::sbatch::parse_int(PROG, "--ntasks", n)).transpose()?;
+    let per_node_opt = p.last("ntasks-per-node").map(|n| super::sbatch::parse_int(PROG, "--ntasks-per-node", n)).transpose()?;
+    if let Some(n) = p.last("nodes") {
+        let count =
+            n.split('-').next().and_then(|c| c.parse::<usize>().ok()).ok_or_else(|| fatal(format!("\"{n}\" is not a valid node count")))?;
+        if count == 0 || count > nodes.len() {
+            return Err(fatal(format!("Only allocated {} nodes asked for {count}", nodes.len())));
+        }
+        nodes.truncate(count);
+    } else if let (Some(total), None) = (ntasks_opt, per_node_opt) {
+        // Fewer tasks than nodes: one node per task.
+        nodes.truncate((total as usize).max(1));
+    }
+    let n = nodes.len().max(1) as u32;
+    let tasks_per_node: Vec<u32> = match (ntasks_opt, per_node_opt) {
+        (_, Some(k)) => vec![k; nodes.len()],
+        (Some(total), None) => (0..n).map(|i| total / n + u32::from(i < total % n)).collect(),
+        (None, None) => {
+            let total: Option<u32> = env.get("SLURM_NTASKS").and_then(|t| t.parse().ok());
+            let per: Option<u32> = env.get("SLURM_NTASKS_PER_NODE").and_then(|t| t.parse().ok());
+            match (per, total) {
+                (Some(k), _) if p.last("nodelist").is_some() || nodes.len() != job_nodes.len() => {
+                    vec![k; nodes.len()]
+                }
+                (_, Some(total)) if nodes.len() == job_nodes.len() && total >= n => {
+                    (0..n).map(|i| total / n + u32::from(i < total % n)).collect()
+                }
+                (Some(k), _) => vec![k; nodes.len()],
+                _ => vec![1; nodes.len()],
+            }
+        }
+    };
+    let total: u32 = tasks_per_node.iter().sum();
+    let node_index =
+        here.as_ref().and_then(|h| nodes.iter().position(|n| n == h)).or_else(|| (nodes.len() == 1 && here.is_none()).then_some(0));
+    let nodelist = hostlist::compress(&nodes);
+    let mut base = BTreeMap::new();
+    let job_id = env.get("SLURM_JOB_ID").cloned().unwrap_or_default();
+    base.insert("SLURM_STEP_ID".to_string(), step_id.to_string());
+    base.insert("SLURM_STEPID".to_string(), step_id.to_string());
+    base.insert("SLURM_STEP_NODELIST".to_string(), nodelist.clone());
+    base.insert("SLURM_STEP_NUM_NODES".to_string(), nodes.len().to_string());
+    base.insert("SLURM_STEP_NUM_TASKS".to_string(), total.to_string());
+    base.insert("SLURM_STEP_TASKS_PER_NODE".to_string(), hostlist::compress_counts(&tasks_per_node));
+    base.insert("SLURM_NTASKS".to_string(), total.to_string());
+    base.insert("SLURM_NPROCS".to_string(), total.to_string());
+    base.insert("SLURM_NNODES".to_string(), nodes.len().to_string());
+    base.insert("SLURM_NODELIST".to_string(), nodelist);
+    base.insert("SLURM_TASKS_PER_NODE".to_string(), hostlist::compress_counts(&tasks_per_node));
+    base.insert("SLURM_JOB_ID".to_string(), job_id.clone());
+    base.insert("SLURM_JOBID".to_string(), job_id);
+    base.insert("SLURM_JOB_NODELIST".to_string(), hostlist::compress(&job_nodes));
+    base.insert("SLURM_JOB_NUM_NODES".to_string(), job_nodes.len().to_string());
+    if let Some(h) = &here {
+        base.insert("SLURMD_NODENAME".to_string(), h.clone());
+    }
+    if let Some(c) = p.last("cpus-per-task") {
+        base.insert("SLURM_CPUS_PER_TASK".to_string(), super::sbatch::parse_int(PROG, "--cpus-per-task", c)?.to_string());
+    }
+    let mut tasks = Vec::new();
+    if let Some(idx) = node_index {
+        let first: u32 = tasks_per_node[..idx].iter().sum();
+        let here_count = tasks_per_node[idx];
+        let gtids = (first..first + here_count).map(|r| r.to_string()).collect::<Vec<_>>().join(",");
+        let gpus_per_task = p.last("gpus-per-task").and_then(|g| g.rsplit(':').next()?.parse::<usize>().ok());
+        let visible: Vec<String> = env
+            .get("CUDA_VISIBLE_DEVICES")
+            .map(|v| v.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect())
+            .unwrap_or_default();
+        for local in 0..here_count {
+            let mut e = base.clone();
+            e.insert("SLURM_NODEID".to_string(), idx.to_string());
+            e.insert("SLURM_PROCID".to_string(), (first + local).to_string());
+            e.insert("SLURM_LOCALID".to_string(), local.to_string());
+            e.insert("SLURM_GTIDS".to_string(), gtids.clone());
+            if let Some(k) = gpus_per_task {
+                let lo = local as usize * k;
+                if k > 0 && lo + k <= visible.len() {
+                    e.insert("CUDA_VISIBLE_DEVICES".to_string(), visible[lo..lo + k].join(","));
+                }
+            }
+            tasks.push(TaskPlan { rank: first + local, local_id: local, env: e });
+        }
+    }
+    Ok(StepPlan { step_id, nodes, tasks_per_node, node_index, tasks })
+}
+
+/// The next step id of job `job` on node `node` (a counter kept in the temp directory; every
+/// node of a job runs the same script, so each counts the same steps).
+fn next_step_id(job: &str, node: &str) -> u32 {
+    let dir = std::env::temp_dir();
+    for n in 0..100_000u32 {
+        let path = dir.join(format!("corral-srun-{job}-{node}-step-{n}"));
+        if std::fs::OpenOptions::new().write(true).create_new(true).open(&path).is_ok() {
+            return n;
+        }
+    }
+    0
+}
+
+static SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    SIGNAL.store(sig, Ordering::SeqCst);
+}
+
+fn catch_signals() {
+    // SAFETY: the handler only stores into an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+}
+
+/// Threads copying labelled output; joined before srun exits so no line is lost.
+type Copiers = Vec<std::thread::JoinHandle<()>>;
+
+fn spawn_task(argv: &[String], task: &TaskPlan, label: bool, workdir: Option<&str>, copiers: &mut Copiers) -> std::io::Result<Child> {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]).envs(&task.env).process_group(0).stdin(if task.rank == 0 { Stdio::inherit() } else { Stdio::null() });
+    if let Some(d) = workdir {
+        cmd.current_dir(d);
+    }
+    if label {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    }
+    let mut child = cmd.spawn()?;
+    if label {
+        let rank = task.rank;
+        if let Some(out) = child.stdout.take() {
+            copiers.push(std::thread::spawn(move || {
+                for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                    let _ = writeln!(std::io::stdout().lock(), "{rank}: {line}");
+                }
+            }));
+        }
+        if let Some(err) = child.stderr.take() {
+            copiers.push(std::thread::spawn(move || {
+                for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                    let _ = writeln!(std::io::stderr().lock(), "{rank}: {line}");
+                }
+            }));
+        }
+    }
+    Ok(child)
+}
+
+/// Runs this node's tasks of a step and returns the worst exit code.
+fn run_local_step(p: &Parsed, env: &BTreeMap<String, String>) -> Result<i32, SlurmError> {
+    let job = env.get("SLURM_JOB_ID").cloned().unwrap_or_default();
+    let node_name = env.get("SLURMD_NODENAME").cloned().unwrap_or_else(super::host_name);
+    let plan = plan_step(p, env, next_step_id(&job, &node_name))?;
+    if plan.tasks.is_empty() {
+        return Ok(0);
+    }
+    catch_signals();
+    let label = p.has("label");
+    let kill_on_bad_exit = p.has("kill-on-bad-exit");
+    let workdir = p.last("chdir");
+    let mut children: Vec<(u32, Option<Child>)> = Vec::new();
+    let mut copiers = Copiers::new();
+    for t in &plan.tasks {
+        match spawn_task(&p.operands, t, label, workdir, &mut copiers) {
+            Ok(c) => children.push((t.rank, Some(c))),
+            Err(e) => {
+                eprintln!("{PROG}: error: {node_name}: task {}: Unable to start {}: {e}", t.rank, p.operands[0]);
+                kill_all(&children, libc::SIGKILL);
+                reap(&mut children);
+                return Ok(if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 });
+            }
+        }
+    }
+    let mut worst = 0;
+    loop {
+        let sig = SIGNAL.swap(0, Ordering::SeqCst);
+        if sig != 0 {
+            kill_all(&children, sig);
+        }
+        let mut running = 0;
+        let mut bad_exit = false;
+        for (rank, slot) in children.iter_mut() {
+            let Some(child) = slot else { continue };
+            match child.try_wait() {
+                Ok(Some(status)) => {
+                    let code = status_code(status);
+                    if code != 0 {
+                        match std::os::unix::process::ExitStatusExt::signal(&status) {
+                            Some(s) => eprintln!("{PROG}: error: {node_name}: task {rank}: {}", signal_words(s)),
+                            None => eprintln!("{PROG}: error: {node_name}: task {rank}: Exited with exit code {code}"),
+                        }
+                        bad_exit = true;
+                    }
+                    worst = worst.max(code);
+                    *slot = None;
+                }
+                Ok(None) => running += 1,
+                Err(_) => *slot = None,
+            }
+        }
+        if bad_exit && kill_on_bad_exit && running > 0 {
+            kill_all(&children, libc::SIGKILL);
+        }
+        if running == 0 {
+            for c in copiers {
+                let _ = c.join();
+            }
+            return Ok(worst);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn kill_all(children: &[(u32, Option<Child>)], sig: i32) {
+    for (_, c) in children {
+        if let Some(c) = c {
+            // SAFETY: kill takes plain integers; the child leads its own process group, so
+            // -pid reaches it and everything it started.
+            unsafe {
+                libc::kill(-(c.id() as i32), sig);
+            }
+        }
+    }
+}
+
+fn reap(children: &mut [(u32, Option<Child>)]) {
+    for (_, c) in children.iter_mut() {
+        if let Some(c) = c {
+            let _ = c.wait();
+        }
+    }
+}
+
+fn status_code(status: std::process::ExitStatus) -> i32 {
+    match (status.code(), std::os::unix::process::ExitStatusExt::signal(&status)) {
+        (Some(c), _) => c,
+        (None, Some(s)) => 128 + s,
+        _ => 1,
+    }
+}
+
+fn signal_words(sig: i32) -> String {
+    match sig {
+        libc::SIGKILL => "Killed".into(),
+        libc::SIGTERM => "Terminated".into(),
+        libc::SIGINT => "Interrupt".into(),
+        libc::SIGSEGV => "Segmentation fault".into(),
+        libc::SIGABRT => "Aborted".into(),
+        other => format!("Killed by signal {other}"),
+    }
+}
+
+/// Outside an allocation: submit the command as a job, stream its output, return its code.
+fn run_as_job(p: &Parsed) -> Result<i32, SlurmError> {
+    let ctx = Context::current()?;
+    let mut b = Builder::new(PROG, &ctx);
+    let mut output_given = false;
+    let mut error_given = false;
+    for (name, value) in &p.opts {
+        if STEP_ONLY.contains(name) {
+            continue;
+        }
+        output_given |= *name == "output";
+        error_given |= *name == "error";
+        b.apply(name, value.as_deref())?;
+    }
+    // Keep stdout and stderr apart so both can be streamed back.
+    if !output_given {
+        b.apply("output", Some(".corral-srun-%j.out"))?;
+    }
+    if !error_given {
+        b.apply("error", Some(".corral-srun-%j.err"))?;
+    }
+    let name = std::path::Path::new(&p.operands[0]).file_name().map_or_else(|| p.operands[0].clone(), |n| n.to_string_lossy().into_owned());
+    let sub = b.finish(None, p.operands.clone(), name)?;
+    catch_signals();
+    let cluster = super::connect(PROG)?;
+    super::block_on(PROG, async {
+        let reply = cluster
+            .call_patiently(Request::Submit { spec: sub.spec.clone() }, super::PATIENCE)
+            .await
+            .map_err(|e| SlurmError::fatal(PROG, format!("Unable to allocate resources: {}", super::describe_error(&e))))?;
+        let Reply::Submitted { job } = reply else {
+            return Err(SlurmError::fatal(PROG, format!("unexpected reply {reply:?}")));
+        };
+        if !p.has("quiet") {
+            eprintln!("{PROG}: job {job} queued and waiting for resources");
+        }
+        let mut offsets = [0u64, 0u64];
+        let mut announced = false;
+        let mut cancelled = false;
+        loop {
+            if SIGNAL.swap(0, Ordering::SeqCst) != 0 && !cancelled {
+                eprintln!("{PROG}: Force Terminated JobId={job}");
+                let _ = cluster.call(Request::Cancel { job }).await;
+                cancelled = true;
+            }
+            let state = match cluster.call(Request::GetJob { job }).await {
+                Ok(Ok(Reply::Job(j))) => Some(*j),
+                _ => None,
+            };
+            if let Some(j) = &state {
+                if !announced && j.state != proto::JobState::Pending {
+                    if !p.has("quiet") {
+                        eprintln!("{PROG}: job {job} has been allocated resources");
+                    }
+                    announced = true;
+                }
+            }
+            let mut progressed = false;
+            let mut finished = [false, false];
+            for (k, stream) in [LogStream::Stdout, LogStream::Stderr].into_iter().enumerate() {
+                if !announced {
+                    break;
+                }
+                let req = Request::Logs { job, stream, offset: offsets[k], max_bytes: proto::limits::LOG_CHUNK_BYTES_MAX };
+                if let Ok(Ok(Reply::LogChunk { data, next_offset, finished: done })) = cluster.call(req).await {
+                    if !data.is_empty() {
+                        progressed = true;
+                        if k == 0 {
+                            let _ = std::io::stdout().write_all(&data);
+                            let _ = std::io::stdout().flush();
+                        } else {
+                            let _ = std::io::stderr().write_all(&data);
+                        }
+                    }
+                    offsets[k] = next_offset;
+                    finished[k] = done;
+                }
+            }
+            if let Some(j) = state {
+                if j.state.is_final() && !progressed && (finished.iter().all(|f| *f) || !announced || j.start_ms.is_none()) {
+                    let code = super::exit_code_of(&j);
+                    if code != 0 && !p.has("quiet") {
+                        eprintln!("{PROG}: error: job {job}: {} with exit code {code}", j.state.as_str());
+                    }
+                    return Ok(code);
+                }
+                if j.state.is_final() && !progressed {
+                    // Output said it is not finished yet; give the node a moment.
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    if let Ok(Ok(Reply::Job(j))) = cluster.call(Request::GetJob { job }).await {
+                        if j.state.is_final() {
+                            return Ok(super::exit_code_of(&j));
+                        }
+                    }
+                }
+            }
+            if !progressed {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    })?
+}
+
+pub fn run(args: &[String]) -> Result<i32, SlurmError> {
+    let p = opts::parse(PROG, OPTIONS, args, true)?;
+    if p.has("help") || p.has("usage") {
+        println!("Usage: srun [OPTIONS(0)... [executable(0) [args(0)...]]]");
+        return Ok(0);
+    }
+    if p.has("version") {
+        return Ok(super::print_version());
+    }
+    if p.operands.is_empty() {
+        return Err(SlurmError::fatal(PROG, "No command given to execute."));
+    }
+    if p.has("pty") {
+        return Err(SlurmError::fatal(PROG, "--pty is not supported yet"));
+    }
+    let env = super::allocation_env(&std::env::vars().collect());
+    if env.get("SLURM_JOB_ID").is_some_and(|j| !j.is_empty()) && !p.has("jobid") {
+        run_local_step(&p, &env)
+    } else if p.has("jobid") {
+        Err(SlurmError::fatal(PROG, "--jobid (a step in another job's allocation) is not supported yet"))
+    } else {
+        run_as_job(&p)
+    }
+}

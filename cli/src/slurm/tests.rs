@@ -1,0 +1,965 @@
+//! Unit tests of the Slurm layer: option parsing and Slurm's messages, formats, and the job
+//! environment compared with what Slurm 22.05 set (shared/peers/slurm/observed_env.txt).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use proto::{
+    Allocation, ArraySpec, ArrayTask, Dependency, DependencyKind, GresRequest, Job, JobSpec, JobState, NodeInfo, NodeRole, NodeRun,
+    NodeState, SignalSpec,
+};
+
+use super::env::{self, extra, slurm_env};
+use super::sbatch::{self, Action, Context, ScriptSource, Submission};
+use super::*;
+
+fn ctx() -> Context {
+    let mut env = BTreeMap::new();
+    env.insert("HOME".to_string(), "/home/alice".to_string());
+    env.insert("PATH".to_string(), "/usr/bin:/bin".to_string());
+    env.insert("FOO".to_string(), "foo".to_string());
+    Context { cwd: PathBuf::from("/work/exp"), env, user: "alice".into(), host: "login1".into(), now_s: 1_800_000_000 }
+}
+
+fn argv(s: &[&str]) -> Vec<String> {
+    s.iter().map(|a| a.to_string()).collect()
+}
+
+const SCRIPT: &str = "#!/bin/bash\necho hi\n";
+
+fn submit_with(ctx: &Context, args: &[&str], script: &str) -> Result<Submission, SlurmError> {
+    let mut a = argv(args);
+    a.push("job.sh".into());
+    match sbatch::parse(&a, ctx, ScriptSource::Text(script))? {
+        Action::Submit(s) => Ok(*s),
+        Action::Print(t) => panic!("unexpected print {t}"),
+    }
+}
+
+fn spec(args: &[&str]) -> JobSpec {
+    submit_with(&ctx(), args, SCRIPT).expect("parses").spec
+}
+
+fn err(args: &[&str]) -> String {
+    submit_with(&ctx(), args, SCRIPT).expect_err("must fail").text
+}
+
+fn script_err(script: &str) -> String {
+    submit_with(&ctx(), &[], script).expect_err("must fail").text
+}
+
+// ---------------------------------------------------------------------------------------------
+// getopt
+
+#[test]
+fn getopt_messages_match_glibc() {
+    assert_eq!(err(&["--foo"]), "sbatch: unrecognized option '--foo'\nTry \"sbatch --help\" for more information");
+    assert_eq!(err(&["--foo=1"]), "sbatch: unrecognized option '--foo=1'\nTry \"sbatch --help\" for more information");
+    assert_eq!(err(&["-Z"]), "sbatch: invalid option -- 'Z'\nTry \"sbatch --help\" for more information");
+    assert_eq!(err(&["--requeue=yes"]), "sbatch: option '--requeue' doesn't allow an argument\nTry \"sbatch --help\" for more information");
+    assert_eq!(
+        err(&["--mem-per"]),
+        "sbatch: option '--mem-per' is ambiguous; possibilities: '--mem-per-cpu' '--mem-per-gpu'\nTry \"sbatch --help\" for more information"
+    );
+    let missing = sbatch::parse(&argv(&["--time"]), &ctx(), ScriptSource::Text(SCRIPT)).expect_err("no value");
+    assert_eq!(missing.text, "sbatch: option '--time' requires an argument\nTry \"sbatch --help\" for more information");
+    let missing = sbatch::parse(&argv(&["-t"]), &ctx(), ScriptSource::Text(SCRIPT)).expect_err("no value");
+    assert_eq!(missing.text, "sbatch: option requires an argument -- 't'\nTry \"sbatch --help\" for more information");
+}
+
+#[test]
+fn getopt_forms_and_prefixes() {
+    let s = spec(&["-J", "a", "--part=gpu", "-c8", "-N", "2", "--ntasks-per-node=4"]);
+    assert_eq!((s.name.as_str(), s.partition.as_deref(), s.cpus_per_task, s.nodes, s.ntasks_per_node), ("a", Some("gpu"), 8, 2, 4));
+    // Options stop at the script; later words are the script's arguments.
+    let sub = sbatch::parse(&argv(&["-J", "x", "train.sh", "--lr", "0.1", "-N", "3"]), &ctx(), ScriptSource::Text(SCRIPT)).unwrap();
+    let Action::Submit(sub) = sub else { panic!() };
+    assert_eq!(sub.spec.argv, argv(&["--lr", "0.1", "-N", "3"]));
+    assert_eq!(sub.spec.nodes, 1);
+    assert_eq!(sub.spec.name, "x");
+}
+
+// ---------------------------------------------------------------------------------------------
+// sbatch options into JobSpec
+
+#[test]
+fn defaults_of_a_plain_script() {
+    let s = spec(&[]);
+    assert_eq!(s.name, "job.sh");
+    assert_eq!(s.script.as_deref(), Some(SCRIPT));
+    assert!(s.argv.is_empty());
+    assert_eq!(s.workdir, "/work/exp");
+    assert_eq!(s.output.as_deref(), Some("slurm-%j.out"));
+    assert_eq!(s.error, None);
+    assert_eq!((s.nodes, s.ntasks_per_node, s.cpus_per_task, s.mem_mib), (1, 1, 1, 1024));
+    assert_eq!(s.user, "alice");
+    assert_eq!(s.submit_host, "login1");
+    assert_eq!(s.env.get("FOO").map(String::as_str), Some("foo"));
+    assert_eq!(s.extra.get(extra::SUBMIT_DIR).map(String::as_str), Some("/work/exp"));
+    assert!(!s.requeue && !s.exclusive && !s.hold && !s.open_append);
+    assert_eq!(s.time_limit_ms, None);
+}
+
+#[test]
+fn every_time_format() {
+    let t = |v: &str| spec(&["-t", v]).time_limit_ms;
+    assert_eq!(t("10"), Some(600_000));
+    assert_eq!(t("10:30"), Some(630_000));
+    assert_eq!(t("1:02:03"), Some(3_723_000));
+    assert_eq!(t("2-3"), Some((2 * 86_400 + 3 * 3600) * 1000));
+    assert_eq!(t("2-3:04"), Some((2 * 86_400 + 3 * 3600 + 240) * 1000));
+    assert_eq!(t("2-3:04:05"), Some((2 * 86_400 + 3 * 3600 + 245) * 1000));
+    assert_eq!(t("UNLIMITED"), None);
+    assert_eq!(t("infinite"), None);
+    assert_eq!(t("0"), None);
+    for bad in ["x", "1:2:3:4", "1-", "-5", "1-2:3:4:5", "1:-2", "", "inf", "10m"] {
+        assert_eq!(err(&["--time", bad]), "sbatch: error: Invalid --time specification", "{bad}");
+    }
+}
+
+#[test]
+fn nodes_tasks_cpus() {
+    let s = spec(&["-N", "2-4"]);
+    assert_eq!(s.nodes, 2);
+    assert_eq!(s.extra.get(extra::NODES_RANGE).map(String::as_str), Some("2-4"));
+    let s = spec(&["-n", "8"]);
+    assert_eq!((s.nodes, s.ntasks_per_node), (1, 8));
+    assert_eq!(s.extra.get(extra::NTASKS).map(String::as_str), Some("8"));
+    let s = spec(&["-N", "2", "-n", "3"]);
+    assert_eq!((s.nodes, s.ntasks_per_node), (2, 2));
+    assert_eq!(env::tasks_per_node(&s, 2), vec![2, 1]);
+    let s = spec(&["-N", "4", "-n", "2"]);
+    assert_eq!((s.nodes, s.ntasks_per_node), (2, 1));
+    assert_eq!(err(&["-N", "x"]), "sbatch: error: \"x\" is not a valid node count");
+    assert_eq!(err(&["-N", "4-2"]), "sbatch: error: Maximum node count 2 is less than minimum node count 4");
+    assert_eq!(err(&["-c", "abc"]), "sbatch: error: Invalid numeric value \"abc\" for --cpus-per-task.");
+    assert_eq!(err(&["-n", "0"]), "sbatch: error: Invalid numeric value \"0\" for --ntasks.");
+    assert_eq!(err(&["--ntasks-per-node=-1"]), "sbatch: error: Invalid numeric value \"-1\" for --ntasks-per-node.");
+    assert!(spec(&["-c", "4"]).extra.contains_key(extra::CPUS_PER_TASK));
+}
+
+#[test]
+fn memory_forms() {
+    assert_eq!(spec(&["--mem=4G"]).mem_mib, 4096);
+    assert_eq!(spec(&["--mem", "500"]).mem_mib, 500);
+    let s = spec(&["--mem-per-cpu=2G", "-c", "4", "--ntasks-per-node=2"]);
+    assert_eq!(s.mem_mib, 16 * 1024);
+    assert_eq!(s.extra.get(extra::MEM_PER_CPU).map(String::as_str), Some("2048"));
+    let s = spec(&["--mem-per-gpu=10G", "--gres=gpu:4"]);
+    assert_eq!(s.mem_mib, 40 * 1024);
+    // The last memory option wins.
+    assert_eq!(spec(&["--mem-per-cpu=2G", "--mem=1G"]).mem_mib, 1024);
+    assert_eq!(err(&["--mem=4X"]), "sbatch: error: Invalid --mem specification");
+    assert_eq!(err(&["--mem-per-cpu=lots"]), "sbatch: error: Invalid --mem-per-cpu specification");
+    assert_eq!(err(&["--mem-per-gpu=1Q"]), "sbatch: error: Invalid --mem-per-gpu specification");
+    assert_eq!(err(&["--mem-per-gpu=1G"]), "sbatch: error: --mem-per-gpu is set but no GPUs were requested");
+}
+
+#[test]
+fn gpus_in_every_form() {
+    let g = |args: &[&str]| spec(args).gres;
+    assert_eq!(g(&["--gres=gpu:h100:8"]), Some(GresRequest { gpu_type: Some("h100".into()), count: 8 }));
+    assert_eq!(g(&["--gres=gpu:2"]), Some(GresRequest { gpu_type: None, count: 2 }));
+    assert_eq!(g(&["--gres=gpu"]), Some(GresRequest { gpu_type: None, count: 1 }));
+    assert_eq!(g(&["--gres=gres/gpu:a100:2"]), Some(GresRequest { gpu_type: Some("a100".into()), count: 2 }));
+    assert_eq!(g(&["--gpus-per-node=h100:4"]), Some(GresRequest { gpu_type: Some("h100".into()), count: 4 }));
+    assert_eq!(g(&["--gpus-per-task=2", "--ntasks-per-node=4"]), Some(GresRequest { gpu_type: None, count: 8 }));
+    let s = spec(&["-G", "16", "-N", "2"]);
+    assert_eq!(s.gres, Some(GresRequest { gpu_type: None, count: 8 }));
+    assert_eq!(s.extra.get(extra::GPUS).map(String::as_str), Some("16"));
+    assert_eq!(g(&["--gpus=h100:2"]), Some(GresRequest { gpu_type: Some("h100".into()), count: 2 }));
+    assert_eq!(
+        err(&["--gpus=3", "-N", "2"]),
+        "sbatch: error: --gpus=3 cannot be spread evenly over 2 nodes; Corral allocates GPUs per node (use --gpus-per-node)"
+    );
+    for bad in ["--gres=nic:1", "--gres=gpu:h100:x", "--gres=gpu:0", "--gpus=x:y:z", "--gpus=0"] {
+        assert_eq!(err(&[bad]), "sbatch: error: Batch job submission failed: Invalid generic resource (gres) specification", "{bad}");
+    }
+    let s = spec(&["--gres=gpu:4", "--cpus-per-gpu=8"]);
+    assert_eq!(s.cpus_per_task, 32);
+    let s = spec(&["--gres=gpu:1", "--gpu-bind=closest", "--gres-flags=enforce-binding"]);
+    assert_eq!(s.extra.get("gpu-bind").map(String::as_str), Some("closest"));
+    assert_eq!(s.extra.get("gres-flags").map(String::as_str), Some("enforce-binding"));
+}
+
+#[test]
+fn arrays() {
+    let a = |v: &str| spec(&["--array", v]).array;
+    assert_eq!(a("1-5"), Some(ArraySpec { tasks: vec![1, 2, 3, 4, 5], throttle: None }));
+    assert_eq!(a("0-15:4"), Some(ArraySpec { tasks: vec![0, 4, 8, 12], throttle: None }));
+    assert_eq!(a("1,3,7"), Some(ArraySpec { tasks: vec![1, 3, 7], throttle: None }));
+    assert_eq!(a("1-100%10").map(|x| (x.tasks.len(), x.throttle)), Some((100, Some(10))));
+    assert_eq!(a("7,1-3"), Some(ArraySpec { tasks: vec![1, 2, 3, 7], throttle: None }));
+    let s = spec(&["-a", "1-3"]);
+    assert_eq!(s.output.as_deref(), Some("slurm-%A_%a.out"));
+    assert_eq!(s.extra.get(extra::ARRAY).map(String::as_str), Some("1-3"));
+    for bad in ["", "x", "5-1", "1-3%0", "1-3:0", "1-", "1-3%x"] {
+        assert_eq!(err(&["--array", bad]), "sbatch: error: invalid --array specification", "{bad:?}");
+    }
+}
+
+#[test]
+fn signals_dependencies_begin() {
+    assert_eq!(spec(&["--signal=USR1@90"]).signal, Some(SignalSpec { signal: libc::SIGUSR1, before_end_s: 90, batch_only: false }));
+    assert_eq!(spec(&["--signal=B:SIGTERM"]).signal, Some(SignalSpec { signal: libc::SIGTERM, before_end_s: 60, batch_only: true }));
+    assert_eq!(spec(&["--signal=R:10@5"]).signal, Some(SignalSpec { signal: 10, before_end_s: 5, batch_only: false }));
+    for bad in ["FOO", "USR1@x", "X:USR1", "0"] {
+        assert_eq!(err(&["--signal", bad]), "sbatch: error: Invalid --signal specification", "{bad}");
+    }
+    let d = |v: &str| spec(&["-d", v]).dependencies;
+    let dep = |kind, job| Dependency { kind, job: Some(job) };
+    assert_eq!(d("afterok:12"), vec![dep(DependencyKind::AfterOk, 12)]);
+    assert_eq!(
+        d("afterok:12:13,afterany:5"),
+        vec![dep(DependencyKind::AfterOk, 12), dep(DependencyKind::AfterOk, 13), dep(DependencyKind::AfterAny, 5)]
+    );
+    assert_eq!(d("after:3"), vec![dep(DependencyKind::After, 3)]);
+    assert_eq!(d("afternotok:4"), vec![dep(DependencyKind::AfterNotOk, 4)]);
+    assert_eq!(d("singleton"), vec![Dependency { kind: DependencyKind::Singleton, job: None }]);
+    assert_eq!(d("42"), vec![dep(DependencyKind::AfterAny, 42)]);
+    for bad in ["afterok", "afterok:x", "aftercorr:1", "afterok:1?afterany:2", "afterok:1_2"] {
+        assert_eq!(err(&["-d", bad]), "sbatch: error: Batch job submission failed: Job dependency problem", "{bad}");
+    }
+    assert_eq!(spec(&["--begin=now+1hour"]).begin_ms, Some((1_800_000_000 + 3600) * 1000));
+    assert_eq!(spec(&["--begin=now+90"]).begin_ms, Some((1_800_000_000 + 90) * 1000));
+    let at = time::from_local(time::Local { year: 2027, month: 3, day: 4, hour: 5, minute: 6, second: 7 });
+    assert_eq!(spec(&["--begin=2027-03-04T05:06:07"]).begin_ms, Some(at as u64 * 1000));
+    assert_eq!(err(&["--begin=someday"]), "sbatch: error: Invalid --begin specification");
+}
+
+#[test]
+fn placement_and_policy_options() {
+    let s = spec(&[
+        "-A",
+        "proj",
+        "-q",
+        "high",
+        "-C",
+        "ib&nvlink",
+        "-w",
+        "gpu[01-02]",
+        "-x",
+        "gpu07",
+        "--exclusive",
+        "-p",
+        "gpu",
+        "--requeue",
+        "-H",
+        "--open-mode=append",
+        "-o",
+        "out-%j.txt",
+        "-e",
+        "err-%j.txt",
+        "-D",
+        "sub",
+        "--switches=2@10:00",
+        "--mail-type=END,FAIL",
+        "--mail-user=a@b",
+        "--comment=hello",
+    ]);
+    assert_eq!(s.account.as_deref(), Some("proj"));
+    assert_eq!(s.qos.as_deref(), Some("high"));
+    assert_eq!(s.constraint, argv(&["ib", "nvlink"]));
+    assert_eq!(s.nodelist, argv(&["gpu01", "gpu02"]));
+    assert_eq!(s.exclude, argv(&["gpu07"]));
+    assert!(s.exclusive && s.requeue && s.hold && s.open_append);
+    assert_eq!(s.partition.as_deref(), Some("gpu"));
+    assert_eq!(s.output.as_deref(), Some("out-%j.txt"));
+    assert_eq!(s.error.as_deref(), Some("err-%j.txt"));
+    assert_eq!(s.workdir, "/work/exp/sub");
+    assert_eq!(s.extra.get(extra::SUBMIT_DIR).map(String::as_str), Some("/work/exp"));
+    assert_eq!(s.switches, Some((2, 600_000)));
+    assert_eq!(s.extra.get("mail-type").map(String::as_str), Some("END,FAIL"));
+    assert_eq!(s.extra.get("mail-user").map(String::as_str), Some("a@b"));
+    assert_eq!(s.extra.get("comment").map(String::as_str), Some("hello"));
+    assert!(!spec(&["--requeue", "--no-requeue"]).requeue);
+    assert_eq!(spec(&["-D", "/abs"]).workdir, "/abs");
+    assert_eq!(err(&["--open-mode=x"]), "sbatch: error: Invalid --open-mode specification");
+    assert_eq!(err(&["-C", "a|b"]), "sbatch: error: Batch job submission failed: Invalid feature specification");
+    assert_eq!(err(&["-w", "gpu[01-"]), "sbatch: error: Batch job submission failed: Invalid node name specified");
+    assert_eq!(err(&["--exclusive=bogus"]), "sbatch: error: Invalid --exclusive specification");
+}
+
+#[test]
+fn export_forms() {
+    let mut c = ctx();
+    c.env.insert("SLURM_CONF".into(), "/etc/slurm.conf".into());
+    let e = |v: &str| sbatch::export_env(v, &c.env);
+    assert_eq!(e("ALL"), c.env);
+    assert_eq!(e("NONE").keys().cloned().collect::<Vec<_>>(), argv(&["SLURM_CONF"]));
+    assert_eq!(
+        e("FOO,BAR=2").into_iter().collect::<Vec<_>>(),
+        vec![
+            ("BAR".to_string(), "2".to_string()),
+            ("FOO".to_string(), "foo".to_string()),
+            ("SLURM_CONF".to_string(), "/etc/slurm.conf".to_string())
+        ]
+    );
+    let all_plus = e("ALL,X=1");
+    assert_eq!(all_plus.get("X").map(String::as_str), Some("1"));
+    assert_eq!(all_plus.get("HOME").map(String::as_str), Some("/home/alice"));
+    let s = submit_with(&c, &["--export=NONE"], SCRIPT).unwrap().spec;
+    assert!(!s.env.contains_key("HOME"));
+}
+
+#[test]
+fn flags_of_the_submission() {
+    let sub = submit_with(&ctx(), &["--parsable", "--wait", "-Q"], SCRIPT).unwrap();
+    assert!(sub.parsable && sub.wait && sub.quiet && !sub.test_only);
+    let print = sbatch::parse(&argv(&["--version"]), &ctx(), ScriptSource::Text(SCRIPT)).unwrap();
+    assert_eq!(print, Action::Print("slurm 22.05.8\n".into()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// #SBATCH directives and precedence
+
+#[test]
+fn directives_stop_at_the_first_command_and_drop_comments() {
+    let script = "#!/bin/bash\n#SBATCH --requeue   # Auto-requeue on node failure\n\n# a comment\n#SBATCH -J 'my job' --time=5\n#SBATCHX --nodes=9\n  #SBATCH --nodes=7\necho start\n#SBATCH --nodes=3\n";
+    assert_eq!(sbatch::directives(script, "#SBATCH"), argv(&["--requeue", "-J", "my job", "--time=5"]));
+    let s = submit_with(&ctx(), &[], script).unwrap().spec;
+    assert!(s.requeue);
+    assert_eq!(s.name, "my job");
+    assert_eq!(s.nodes, 1);
+    assert_eq!(s.time_limit_ms, Some(300_000));
+    assert_eq!(sbatch::directives("#!/bin/sh\n#SBATCH --comment=\"a#b\" x\\ y\n", "#SBATCH"), argv(&["--comment=a#b", "x y"]));
+}
+
+#[test]
+fn command_line_beats_environment_beats_script() {
+    let script = "#!/bin/bash\n#SBATCH --partition=script --time=10 --job-name=fromscript --nodes=2\nsrun true\n";
+    let mut c = ctx();
+    c.env.insert("SBATCH_PARTITION".into(), "env".into());
+    c.env.insert("SBATCH_TIMELIMIT".into(), "20".into());
+    c.env.insert("SBATCH_REQUEUE".into(), "yes".into());
+    c.env.insert("SBATCH_EXCLUSIVE".into(), String::new());
+    c.env.insert("SBATCH_WAIT".into(), "0".into());
+    let sub = submit_with(&c, &["-t", "30"], script).unwrap();
+    assert!(!sub.wait);
+    let s = sub.spec;
+    assert_eq!(s.partition.as_deref(), Some("env"));
+    assert_eq!(s.time_limit_ms, Some(30 * 60_000));
+    assert_eq!(s.name, "fromscript");
+    assert_eq!(s.nodes, 2);
+    assert!(s.requeue);
+    assert!(s.exclusive);
+    let s = submit_with(&c, &["-p", "cli"], script).unwrap().spec;
+    assert_eq!(s.partition.as_deref(), Some("cli"));
+    assert_eq!(s.time_limit_ms, Some(20 * 60_000));
+}
+
+#[test]
+fn script_errors() {
+    assert_eq!(
+        script_err("#!/bin/bash\n#SBATCH --foo\n"),
+        "sbatch: unrecognized option '--foo'\nTry \"sbatch --help\" for more information"
+    );
+    assert_eq!(
+        script_err("#!/bin/bash\n#SBATCH --mail-user=<your e-mail>\n"),
+        "sbatch: error: Invalid directive found in batch script: e-mail>"
+    );
+    assert_eq!(script_err("#!/bin/bash\n#SBATCH --time=abc\n"), "sbatch: error: Invalid --time specification");
+    // A bad directive is an error even when the command line overrides it (as in Slurm).
+    assert_eq!(
+        submit_with(&ctx(), &["-t", "5"], "#!/bin/bash\n#SBATCH --time=abc\n").unwrap_err().text,
+        "sbatch: error: Invalid --time specification"
+    );
+    assert_eq!(
+        script_err("echo no shebang\n"),
+        "sbatch: error: This does not look like a batch script.  The first\nsbatch: error: line must start with #! followed by the path to an interpreter.\nsbatch: error: For instance: #!/bin/sh"
+    );
+    assert_eq!(script_err("#!/bin/sh\r\necho\r\n"), "sbatch: error: Batch script contains DOS line breaks (\\r\\n)");
+}
+
+#[test]
+fn wrap_and_missing_files() {
+    let Action::Submit(sub) = sbatch::parse(&argv(&["--wrap", "echo hi"]), &ctx(), ScriptSource::File).unwrap() else { panic!() };
+    assert_eq!(sub.spec.name, "wrap");
+    assert_eq!(sub.spec.script.as_deref(), Some("#!/bin/sh\n# This script was created by sbatch --wrap.\n\necho hi\n"));
+    let e = sbatch::parse(&argv(&["/nonexistent/x.sh"]), &ctx(), ScriptSource::File).unwrap_err();
+    assert_eq!(e.text, "sbatch: error: Unable to open file /nonexistent/x.sh");
+}
+
+#[test]
+fn seed_scripts_parse_unchanged() {
+    let seeds: &[(&str, &str)] = &[
+        ("train_fsdp.sbatch", "#!/bin/bash\n#SBATCH --partition=gpu\n#SBATCH --nodes=4\n#SBATCH --gres=gpu:h100:8\n#SBATCH --ntasks-per-node=1\n#SBATCH --cpus-per-task=64\n\nexport NCCL_SOCKET_IFNAME=ib0\nexport MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1)\n\nsrun torchrun --nnodes=$SLURM_NNODES --nproc_per_node=8 train_fsdp.py\n"),
+        ("hparam_array.sbatch", "#!/bin/bash\n#SBATCH --array=1-100\n#SBATCH --gres=gpu:h100:1\n\nHPARAMS=\"hparams_${SLURM_ARRAY_TASK_ID}.json\"\npython train.py --config ${HPARAMS}\n"),
+        ("requeue.sbatch", "#!/bin/bash\n#SBATCH --requeue   # Auto-requeue on node failure\n\nif [ -f \"checkpoint_latest.pt\" ]; then\n    python train.py --resume checkpoint_latest.pt\nelse\n    python train.py --from-scratch\nfi\n"),
+        ("deepspeed_zero3.sbatch", "#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --gres=gpu:h100:8\n\ndeepspeed --num_nodes=$SLURM_NNODES --num_gpus=8 train.py \\\n  --deepspeed ds_config_zero3.json\n"),
+    ];
+    let h100 = |n| Some(GresRequest { gpu_type: Some("h100".into()), count: n });
+    for (name, text) in seeds {
+        let Action::Submit(sub) = sbatch::parse(&argv(&[name]), &ctx(), ScriptSource::Text(text)).unwrap() else { panic!() };
+        let s = sub.spec;
+        assert_eq!(s.name, *name);
+        match *name {
+            "train_fsdp.sbatch" => {
+                assert_eq!((s.partition.as_deref(), s.nodes, s.ntasks_per_node, s.cpus_per_task), (Some("gpu"), 4, 1, 64));
+                assert_eq!(s.gres, h100(8));
+            }
+            "hparam_array.sbatch" => {
+                assert_eq!(s.array.as_ref().map(|a| a.tasks.len()), Some(100));
+                assert_eq!(s.gres, h100(1));
+            }
+            "requeue.sbatch" => assert!(s.requeue),
+            _ => {
+                assert_eq!(s.nodes, 2);
+                assert_eq!(s.gres, h100(8));
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The job environment
+
+fn job_of(spec: JobSpec, id: u64) -> Job {
+    Job {
+        id,
+        spec,
+        state: JobState::Running,
+        exit_code: None,
+        run: 1,
+        parts: Vec::new(),
+        outcomes: Vec::new(),
+        last_nodes: Vec::new(),
+        last_gpus: Vec::new(),
+        array: None,
+        submit_ms: 1_800_000_000_000,
+        start_ms: Some(1_800_000_010_000),
+        end_ms: None,
+        restart_count: 0,
+        reasons: Vec::new(),
+        gpu_seconds: 0,
+        master_port: None,
+    }
+}
+
+/// Section 1 of shared/peers/slurm/observed_env.txt: `sbatch --gres=gpu:h100:4 --wrap ...`
+/// on Slurm 22.05.8 (job 3204 on node `vm`, cluster `peer`, submitted from /tmp/slurmpeer/verify).
+const OBSERVED_BATCH_ENV: &str = "GPU_DEVICE_ORDINAL=0,1,2,3
+SLURMD_NODENAME=vm
+SLURM_CLUSTER_NAME=peer
+SLURM_CONF=/tmp/slurmpeer/etc/slurm.conf
+SLURM_CPUS_ON_NODE=1
+SLURM_GPUS_ON_NODE=4
+SLURM_GTIDS=0
+SLURM_JOBID=3204
+SLURM_JOB_CPUS_PER_NODE=1
+SLURM_JOB_GID=0
+SLURM_JOB_GPUS=0,1,2,3
+SLURM_JOB_ID=3204
+SLURM_JOB_NAME=wrap
+SLURM_JOB_NODELIST=vm
+SLURM_JOB_NUM_NODES=1
+SLURM_JOB_PARTITION=gpu
+SLURM_JOB_UID=0
+SLURM_JOB_USER=root
+SLURM_LOCALID=0
+SLURM_NNODES=1
+SLURM_NODEID=0
+SLURM_NODELIST=vm
+SLURM_NODE_ALIASES=(null)
+SLURM_PRIO_PROCESS=0
+SLURM_PROCID=0
+SLURM_SUBMIT_DIR=/tmp/slurmpeer/verify
+SLURM_SUBMIT_HOST=vm
+SLURM_TASKS_PER_NODE=1
+SLURM_TASK_PID=15811
+SLURM_TOPOLOGY_ADDR=vm
+SLURM_TOPOLOGY_ADDR_PATTERN=node
+SLURM_WORKING_CLUSTER=peer:127.0.0.1:6817:9728:109";
+
+/// Variables of the observed environment Corral's function does not produce, and why.
+const NOT_FROM_SLURM_ENV: &[&str] = &[
+    "SLURM_CONF",            // Slurm's config file; Corral has none.
+    "SLURM_NODE_ALIASES",    // cloud-node aliases, always (null) here.
+    "SLURM_PRIO_PROCESS",    // the submitter's nice value.
+    "SLURM_TASK_PID",        // the launcher knows the pid, not this pure function.
+    "SLURM_WORKING_CLUSTER", // slurmctld's address for cross-cluster calls.
+];
+
+fn observed_batch_job() -> Job {
+    let ctx =
+        Context { cwd: PathBuf::from("/tmp/slurmpeer/verify"), env: BTreeMap::new(), user: "root".into(), host: "vm".into(), now_s: 0 };
+    let Action::Submit(sub) = sbatch::parse(&argv(&["--gres=gpu:h100:4", "-p", "gpu", "--wrap", "env"]), &ctx, ScriptSource::File).unwrap()
+    else {
+        panic!()
+    };
+    let mut spec = sub.spec;
+    spec.uid = Some(0);
+    spec.gid = Some(0);
+    let mut job = job_of(spec, 3204);
+    job.parts =
+        vec![NodeRun { run: 1, alloc: Allocation { node: 7, gpus: vec![0, 1, 2, 3], cpus: 1, mem_mib: 1024 }, launched_by: Some(1) }];
+    job
+}
+
+#[test]
+fn batch_env_matches_slurm_field_by_field() {
+    let job = observed_batch_job();
+    let ours = slurm_env(&job, &["vm".to_string()], 0, "peer", &[0, 1, 2, 3]);
+    for line in OBSERVED_BATCH_ENV.lines() {
+        let (k, v) = line.split_once('=').unwrap();
+        if NOT_FROM_SLURM_ENV.contains(&k) {
+            assert!(!ours.contains_key(k), "{k} is documented as not produced");
+            continue;
+        }
+        assert_eq!(ours.get(k).map(String::as_str), Some(v), "{k}");
+    }
+    // What Corral adds on purpose (the issue asks for them), with their values.
+    let observed: Vec<&str> = OBSERVED_BATCH_ENV.lines().filter_map(|l| l.split_once('=').map(|(k, _)| k)).collect();
+    let added: BTreeMap<&str, &str> =
+        ours.iter().filter(|(k, _)| !observed.contains(&k.as_str())).map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let expected: BTreeMap<&str, &str> = [
+        ("SLURM_JOB_START_TIME", "1800000010"),
+        ("SLURM_MEM_PER_NODE", "1024"),
+        ("SLURM_NPROCS", "1"),
+        ("SLURM_NTASKS", "1"),
+        ("SLURM_NTASKS_PER_NODE", "1"),
+        ("SLURM_RESTART_COUNT", "0"),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(added, expected);
+}
+
+#[test]
+fn array_task_env_matches_slurm() {
+    // observed: JOB_ID=3212 ARRAY_JOB_ID=3211 TASK=1 COUNT=5 MIN=1 MAX=5 STEP=1
+    let mut job = observed_batch_job();
+    job.id = 3212;
+    job.spec.array = Some(ArraySpec { tasks: vec![1, 2, 3, 4, 5], throttle: None });
+    job.array = Some(ArrayTask { array_job: 3211, task: 1 });
+    let e = slurm_env(&job, &["vm".to_string()], 0, "peer", &[0]);
+    let got: Vec<(&str, &str)> = [
+        "SLURM_JOB_ID",
+        "SLURM_ARRAY_JOB_ID",
+        "SLURM_ARRAY_TASK_ID",
+        "SLURM_ARRAY_TASK_COUNT",
+        "SLURM_ARRAY_TASK_MIN",
+        "SLURM_ARRAY_TASK_MAX",
+        "SLURM_ARRAY_TASK_STEP",
+        "SLURM_JOB_GPUS",
+        "GPU_DEVICE_ORDINAL",
+        "SLURM_GPUS_ON_NODE",
+    ]
+    .iter()
+    .map(|k| (*k, e.get(*k).map_or("<unset>", String::as_str)))
+    .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("SLURM_JOB_ID", "3212"),
+            ("SLURM_ARRAY_JOB_ID", "3211"),
+            ("SLURM_ARRAY_TASK_ID", "1"),
+            ("SLURM_ARRAY_TASK_COUNT", "5"),
+            ("SLURM_ARRAY_TASK_MIN", "1"),
+            ("SLURM_ARRAY_TASK_MAX", "5"),
+            ("SLURM_ARRAY_TASK_STEP", "1"),
+            ("SLURM_JOB_GPUS", "0"),
+            ("GPU_DEVICE_ORDINAL", "0"),
+            ("SLURM_GPUS_ON_NODE", "1"),
+        ]
+    );
+    job.spec.array = Some(ArraySpec { tasks: vec![0, 4, 8, 12], throttle: None });
+    job.array = Some(ArrayTask { array_job: 3211, task: 8 });
+    let e = slurm_env(&job, &["vm".to_string()], 0, "peer", &[0]);
+    assert_eq!(e.get("SLURM_ARRAY_TASK_STEP").map(String::as_str), Some("4"));
+    assert_eq!(e.get("SLURM_ARRAY_TASK_MAX").map(String::as_str), Some("12"));
+    // Requeued runs count restarts.
+    job.restart_count = 2;
+    assert_eq!(slurm_env(&job, &["vm".to_string()], 0, "peer", &[]).get("SLURM_RESTART_COUNT").map(String::as_str), Some("2"));
+}
+
+#[test]
+fn multi_node_env() {
+    let mut s = spec(&["-N", "4", "--ntasks-per-node=2", "-c", "16", "--gres=gpu:h100:8", "-p", "gpu", "-A", "proj", "-t", "1:00:00"]);
+    s.partition = Some("gpu".into());
+    let mut job = job_of(s, 77);
+    job.parts = (0..4)
+        .map(|i| NodeRun { run: 1, alloc: Allocation { node: i, gpus: (0..8).collect(), cpus: 32, mem_mib: 1024 }, launched_by: None })
+        .collect();
+    let names: Vec<String> = ["gpu01", "gpu02", "gpu03", "gpu04"].iter().map(|s| s.to_string()).collect();
+    let e = slurm_env(&job, &names, 2, "corral", &(0..8).collect::<Vec<_>>());
+    let pick = |k: &str| e.get(k).cloned().unwrap_or_else(|| "<unset>".into());
+    assert_eq!(pick("SLURM_JOB_NODELIST"), "gpu[01-04]");
+    assert_eq!(pick("SLURM_NNODES"), "4");
+    assert_eq!(pick("SLURM_NTASKS"), "8");
+    assert_eq!(pick("SLURM_TASKS_PER_NODE"), "2(x4)");
+    assert_eq!(pick("SLURM_JOB_CPUS_PER_NODE"), "32(x4)");
+    assert_eq!(pick("SLURM_CPUS_ON_NODE"), "32");
+    assert_eq!(pick("SLURM_CPUS_PER_TASK"), "16");
+    assert_eq!(pick("SLURMD_NODENAME"), "gpu03");
+    assert_eq!(pick("SLURM_NODEID"), "2");
+    assert_eq!(pick("SLURM_PROCID"), "4");
+    assert_eq!(pick("SLURM_GTIDS"), "4,5");
+    assert_eq!(pick("SLURM_JOB_ACCOUNT"), "proj");
+    assert_eq!(pick("SLURM_JOB_PARTITION"), "gpu");
+    assert_eq!(pick("SLURM_GPUS_ON_NODE"), "8");
+    assert_eq!(pick("SLURM_JOB_END_TIME"), (1_800_000_010 + 3600).to_string());
+    assert_eq!(pick("SLURM_SUBMIT_DIR"), "/work/exp");
+}
+
+#[test]
+fn output_patterns() {
+    let mut job = observed_batch_job();
+    job.spec.name = "train".into();
+    let names = vec!["gpu01".to_string(), "gpu02".to_string()];
+    assert_eq!(env::output_path("slurm-%j.out", &job, &names, 0), "slurm-3204.out");
+    assert_eq!(env::output_path("%x-%u-%N-%n-%t-%J-%%-%A_%a", &job, &names, 1), "train-root-gpu01-1-0-3204-%-3204_4294967294");
+    job.array = Some(ArrayTask { array_job: 3211, task: 7 });
+    assert_eq!(env::output_path("slurm-%A_%a.out", &job, &names, 0), "slurm-3211_7.out");
+    assert_eq!(env::output_path("t%3a-%q", &job, &names, 0), "t007-%q");
+}
+
+// ---------------------------------------------------------------------------------------------
+// squeue, sacct, sinfo, scontrol
+
+fn listed(id: u64, name: &str, state: JobState) -> Job {
+    let mut s = JobSpec::command(vec!["x".into()], "/w", "alice");
+    s.name = name.into();
+    let mut j = job_of(s, id);
+    j.state = state;
+    j
+}
+
+fn names_map() -> BTreeMap<u64, String> {
+    [(1, "gpu01".to_string()), (2, "gpu02".to_string())].into_iter().collect()
+}
+
+#[test]
+fn squeue_default_columns() {
+    let mut running = listed(12, "train", JobState::Running);
+    running.spec.partition = Some("gpu".into());
+    running.parts = vec![
+        NodeRun { run: 1, alloc: Allocation { node: 1, gpus: vec![], cpus: 1, mem_mib: 1 }, launched_by: Some(1) },
+        NodeRun { run: 1, alloc: Allocation { node: 2, gpus: vec![], cpus: 1, mem_mib: 1 }, launched_by: Some(1) },
+    ];
+    running.start_ms = Some(1_000_000);
+    let mut pending = listed(13, "averyverylongname", JobState::Pending);
+    pending.start_ms = None;
+    pending.reasons = vec!["waiting for 8 free GPUs".into()];
+    let mut held = listed(14, "h", JobState::Pending);
+    held.spec.hold = true;
+    held.start_ms = None;
+    let out = squeue::table(&[running, pending, held], &names_map(), squeue::DEFAULT_FORMAT, true, false, 1_000_000 + 3_723_000);
+    assert_eq!(
+        out,
+        "             JOBID PARTITION     NAME     USER ST       TIME  NODES NODELIST(REASON)\n\
+         \x20               12       gpu    train    alice  R    1:02:03      2 gpu[01-02]\n\
+         \x20               13   default averyver    alice PD       0:00      1 (Resources)\n\
+         \x20               14   default        h    alice PD       0:00      1 (JobHeldUser)\n"
+    );
+}
+
+#[test]
+fn squeue_arrays_formats_and_reasons() {
+    let mut jobs = Vec::new();
+    for t in 1..=5 {
+        let mut j = listed(100 + u64::from(t), "arr", JobState::Pending);
+        j.array = Some(ArrayTask { array_job: 100, task: t });
+        j.spec.array = Some(ArraySpec { tasks: (1..=5).collect(), throttle: Some(2) });
+        j.reasons = vec!["Priority".into()];
+        j.start_ms = None;
+        jobs.push(j);
+    }
+    let out = squeue::table(&jobs, &names_map(), "%i %t %r", false, false, 0);
+    assert_eq!(out, "100_[1-5%2] PD Priority\n");
+    let out = squeue::table(&jobs[..2], &names_map(), "%.10i|%4t|%K|%F", true, true, 0);
+    assert_eq!(out, "     JOBID|ST  |ARRAY_TASK_ID|ARRAY_JOB_ID\n     100_1|PD  |1|100\n     100_2|PD  |2|100\n");
+    let mut j = listed(5, "x", JobState::Pending);
+    for (reason, code) in [
+        ("Dependency", "Dependency"),
+        ("waiting on dependency afterok:4", "Dependency"),
+        ("begin time not reached", "BeginTime"),
+        ("queued behind higher priority jobs", "Priority"),
+        ("BeginTime", "BeginTime"),
+        ("something else entirely", "something else entirely"),
+    ] {
+        j.reasons = vec![reason.into()];
+        assert_eq!(squeue::reason_code(&j), code, "{reason}");
+    }
+    assert_eq!(squeue::long_format_to_format("JobID:10,Name,State:.8").unwrap(), "%10i%20j%.8T");
+}
+
+#[test]
+fn squeue_filters() {
+    let mut a = listed(1, "a", JobState::Running);
+    a.spec.user = "bob".into();
+    let b = listed(2, "b", JobState::Completed);
+    let c = listed(3, "c", JobState::Pending);
+    let f = squeue::Filter { users: vec!["alice".into()], ..Default::default() };
+    let shown: Vec<u64> = [&a, &b, &c].iter().filter(|j| f.matches(j, &names_map())).map(|j| j.id).collect();
+    assert_eq!(shown, vec![3]);
+    let f = squeue::Filter { states: squeue::parse_state("CD"), ..Default::default() };
+    assert!(f.matches(&b, &names_map()) && !f.matches(&c, &names_map()));
+    assert_eq!(squeue::parse_state("bogus"), None);
+}
+
+#[test]
+fn sacct_columns_and_parsable() {
+    let mut done = listed(42, "train_model_long", JobState::Completed);
+    done.spec.gres = Some(GresRequest { gpu_type: Some("h100".into()), count: 4 });
+    done.spec.partition = Some("gpu".into());
+    done.spec.cpus_per_task = 8;
+    done.exit_code = Some(0);
+    done.start_ms = Some(2_000_000);
+    done.end_ms = Some(2_000_000 + 65_000);
+    done.last_nodes = vec![1];
+    let mut failed = listed(43, "f", JobState::Failed);
+    failed.exit_code = Some(3);
+    failed.start_ms = Some(1_000);
+    failed.end_ms = Some(6_000);
+    failed.last_nodes = vec![2];
+    let mut cancelled = listed(44, "c", JobState::Cancelled);
+    cancelled.start_ms = None;
+    let jobs = [&done, &failed, &cancelled];
+    let cols = sacct::parse_fields(sacct::DEFAULT_FIELDS).unwrap();
+    assert_eq!(
+        sacct::table(&jobs, &cols, sacct::Style::Columns, true, &names_map(), 0),
+        "JobID           JobName  Partition    Account  AllocCPUS      State ExitCode \n\
+         ------------ ---------- ---------- ---------- ---------- ---------- -------- \n\
+         42           train_mod+        gpu                     8  COMPLETED      0:0 \n\
+         43                    f    default                     1     FAILED      3:0 \n\
+         44                    c    default                     0  CANCELLED     0:15 \n"
+    );
+    let cols = sacct::parse_fields("JobID,JobName,State,Elapsed,AllocTRES,ExitCode,NodeList").unwrap();
+    assert_eq!(
+        sacct::table(&jobs, &cols, sacct::Style::Parsable2, true, &names_map(), 0),
+        "JobID|JobName|State|Elapsed|AllocTRES|ExitCode|NodeList\n\
+         42|train_model_long|COMPLETED|00:01:05|billing=8,cpu=8,gres/gpu=4,mem=1G,node=1|0:0|gpu01\n\
+         43|f|FAILED|00:00:05|billing=1,cpu=1,mem=1G,node=1|3:0|gpu02\n\
+         44|c|CANCELLED|00:00:00||0:15|None assigned\n"
+    );
+    let cols = sacct::parse_fields("jobid,state").unwrap();
+    assert_eq!(sacct::table(&jobs[..1], &cols, sacct::Style::Parsable, false, &names_map(), 0), "42|COMPLETED|\n");
+    let cols = sacct::parse_fields("JobName%20,JobID%5").unwrap();
+    assert_eq!(cols, vec![sacct::Column { name: "JobName", width: 20 }, sacct::Column { name: "JobID", width: -5 }]);
+    assert_eq!(sacct::parse_fields("Bogus").unwrap_err().text, "sacct: error: Invalid field requested: \"Bogus\"");
+    let mut arr = listed(50, "a", JobState::Completed);
+    arr.array = Some(ArrayTask { array_job: 49, task: 3 });
+    assert_eq!(sacct::value(&arr, "JobID", &names_map(), 0), "49_3");
+    let f = sacct::Filter { jobs: vec!["49".into()], ..Default::default() };
+    assert!(f.matches(&arr, &names_map()));
+    let f = sacct::Filter { start_ms: Some(10_000_000), ..Default::default() };
+    assert!(!f.matches(&failed, &names_map()));
+    assert!(f.matches(&cancelled, &names_map()) || cancelled.end_ms.is_some());
+}
+
+fn node(id: u64, name: &str, state: NodeState, total: u32, free: u32) -> NodeInfo {
+    NodeInfo {
+        id,
+        name: name.into(),
+        addr: format!("127.0.0.1:{}", 7000 + id),
+        state,
+        role: NodeRole::Agent,
+        gpus_total: total,
+        gpus_free: free,
+        gpu_types: vec!["h100".into()],
+        reason: None,
+    }
+}
+
+#[test]
+fn sinfo_partitions_and_nodes() {
+    let nodes = vec![
+        node(1, "gpu01", NodeState::Up, 8, 8),
+        node(2, "gpu02", NodeState::Up, 8, 8),
+        node(3, "gpu03", NodeState::Up, 8, 4),
+        node(4, "gpu04", NodeState::Up, 8, 0),
+        node(5, "gpu05", NodeState::Down, 8, 8),
+        node(6, "gpu06", NodeState::Drained, 8, 8),
+    ];
+    let f = sinfo::Filter::default();
+    assert_eq!(
+        sinfo::table(&nodes, sinfo::DEFAULT_FORMAT, true, false, &f),
+        "PARTITION AVAIL  TIMELIMIT  NODES  STATE NODELIST\n\
+         default*     up   infinite      2   idle gpu[01-02]\n\
+         default*     up   infinite      1    mix gpu03\n\
+         default*     up   infinite      1  alloc gpu04\n\
+         default*     up   infinite      1  down* gpu05\n\
+         default*     up   infinite      1  drain gpu06\n"
+    );
+    assert_eq!(
+        sinfo::table(&nodes[..2], sinfo::NODE_FORMAT, true, true, &f),
+        "NODELIST  NODES PARTITION STATE \ngpu01         1 default*  idle  \ngpu02         1 default*  idle  \n"
+    );
+    assert_eq!(sinfo::table(&nodes[..3], "%N %G", false, false, &f), "gpu[01-03] gpu:h100:8\n");
+    let f = sinfo::Filter { states: vec!["idle".into()], ..Default::default() };
+    assert_eq!(sinfo::table(&nodes, "%D %N", false, false, &f), "2 gpu[01-02]\n");
+}
+
+#[test]
+fn scontrol_commands() {
+    assert_eq!(scontrol::hostnames("gpu[01-02],login").unwrap(), "gpu01\ngpu02\nlogin\n");
+    assert_eq!(scontrol::hostnames("vm").unwrap(), "vm\n");
+    assert_eq!(scontrol::hostlist_of("n3,n1,n2", false).unwrap(), "n[1-3]\n");
+    assert_eq!(scontrol::hostlist_of("gpu01,gpu02,gpu03,gpu04,gpu07", false).unwrap(), "gpu[01-04,07]\n");
+    assert_eq!(scontrol::hostnames("n[1-").unwrap_err().text, "scontrol: error: invalid hostlist 'n[1-': unbalanced '['");
+    use scontrol::Command as C;
+    let p = |a: &[&str]| scontrol::parse(&argv(a));
+    assert_eq!(p(&["show", "hostnames", "n[1-2]"]), Ok(C::Hostnames(Some("n[1-2]".into()))));
+    assert_eq!(p(&["show", "hostnames"]), Ok(C::Hostnames(None)));
+    assert_eq!(p(&["show", "job", "5"]), Ok(C::ShowJob(Some("5".into()))));
+    assert_eq!(p(&["-o", "show", "node", "gpu01"]), Ok(C::ShowNode(Some("gpu01".into()))));
+    assert_eq!(p(&["requeue", "5,6"]), Ok(C::Requeue(vec![5, 6], false)));
+    assert_eq!(p(&["hold", "5"]), Ok(C::Hold(vec![5])));
+    assert_eq!(p(&["release", "5"]), Ok(C::Release(vec![5])));
+    assert_eq!(
+        p(&["update", "JobId=5", "TimeLimit=1:00:00", "Partition=gpu"]),
+        Ok(C::Update { job: 5, time_limit_ms: Some(Some(3_600_000)), partition: Some("gpu".into()) })
+    );
+    assert_eq!(p(&["update", "JobId=5", "TimeLimit=soon"]).unwrap_err().text, "scontrol: error: Invalid TimeLimit value: soon");
+    assert_eq!(p(&["requeue", "x"]).unwrap_err().text, "scontrol: error: Invalid job id specified: x");
+    assert_eq!(p(&["frobnicate"]).unwrap_err().text, "scontrol: error: Invalid keyword: frobnicate");
+    assert_eq!(
+        scontrol::run(&argv(&["hold", "5"])).unwrap_err().text,
+        "scontrol: error: hold is not supported yet: the Corral protocol has no Hold { job } request"
+    );
+}
+
+#[test]
+fn scontrol_show_job_layout() {
+    let mut j = listed(9, "train", JobState::Running);
+    j.spec.gres = Some(GresRequest { gpu_type: Some("h100".into()), count: 8 });
+    j.spec.output = Some("slurm-%j.out".into());
+    j.parts = vec![NodeRun { run: 1, alloc: Allocation { node: 1, gpus: vec![], cpus: 1, mem_mib: 1 }, launched_by: Some(1) }];
+    let text = scontrol::job_text(&j, &names_map(), 1_800_000_070_000);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "JobId=9 JobName=train");
+    assert_eq!(lines[3], "   JobState=RUNNING Reason=None Dependency=(null)");
+    assert_eq!(lines[5], "   RunTime=00:01:00 TimeLimit=UNLIMITED TimeMin=N/A");
+    assert!(lines.contains(&"   NodeList=gpu01"));
+    assert!(lines.contains(&"   StdOut=/w/slurm-9.out"));
+    assert!(lines.contains(&"   TresPerNode=gres:gpu:h100:8"));
+}
+
+#[test]
+fn scancel_targets() {
+    use scancel::Target;
+    assert_eq!(scancel::parse_target("12"), Some(Target::Job(12)));
+    assert_eq!(scancel::parse_target("12_3"), Some(Target::Tasks(12, vec![3])));
+    assert_eq!(scancel::parse_target("12_[1-3,7]"), Some(Target::Tasks(12, vec![1, 2, 3, 7])));
+    assert_eq!(scancel::parse_target("x"), None);
+    let mut jobs = vec![listed(12, "a", JobState::Pending), listed(20, "b", JobState::Running)];
+    for t in 1..=3 {
+        let mut j = listed(12 + u64::from(t), "a", JobState::Pending);
+        j.array = Some(ArrayTask { array_job: 12, task: t });
+        jobs.push(j);
+    }
+    let ids = |t: Target| scancel::select(&jobs, &t).iter().map(|j| j.id).collect::<Vec<_>>();
+    assert_eq!(ids(Target::Job(12)), vec![12, 13, 14, 15]);
+    assert_eq!(ids(Target::Tasks(12, vec![2])), vec![14]);
+    assert_eq!(ids(Target::Job(20)), vec![20]);
+    assert!(ids(Target::Job(99)).is_empty());
+}
+
+#[test]
+fn srun_step_plan() {
+    let mut env = BTreeMap::new();
+    for (k, v) in [
+        ("SLURM_JOB_ID", "7"),
+        ("SLURM_JOB_NODELIST", "gpu[01-04]"),
+        ("SLURMD_NODENAME", "gpu02"),
+        ("SLURM_NODEID", "1"),
+        ("SLURM_NTASKS", "4"),
+        ("SLURM_NTASKS_PER_NODE", "1"),
+        ("CUDA_VISIBLE_DEVICES", "0,1,2,3"),
+    ] {
+        env.insert(k.to_string(), v.to_string());
+    }
+    let parse = |a: &[&str]| opts::parse("srun", srun::OPTIONS, &argv(a), true).unwrap();
+    // `srun torchrun ...` in a 4-node job with one task per node: this node runs rank 1.
+    let plan = srun::plan_step(&parse(&["torchrun", "--nnodes=4"]), &env, 0).unwrap();
+    assert_eq!(plan.nodes.len(), 4);
+    assert_eq!(plan.tasks_per_node, vec![1, 1, 1, 1]);
+    assert_eq!(plan.node_index, Some(1));
+    assert_eq!(plan.tasks.len(), 1);
+    let t = &plan.tasks[0];
+    let pick = |k: &str| t.env.get(k).map(String::as_str);
+    assert_eq!((t.rank, t.local_id), (1, 0));
+    assert_eq!(pick("SLURM_PROCID"), Some("1"));
+    assert_eq!(pick("SLURM_STEP_NODELIST"), Some("gpu[01-04]"));
+    assert_eq!(pick("SLURM_STEP_NUM_NODES"), Some("4"));
+    assert_eq!(pick("SLURM_STEP_NUM_TASKS"), Some("4"));
+    assert_eq!(pick("SLURM_STEP_ID"), Some("0"));
+    assert_eq!(pick("SLURM_NODEID"), Some("1"));
+    // -n 8 --ntasks-per-node=2 with a GPU each: ranks 2 and 3 here.
+    let plan = srun::plan_step(&parse(&["-n", "8", "--ntasks-per-node=2", "--gpus-per-task=2", "python", "x.py"]), &env, 3).unwrap();
+    let ranks: Vec<(u32, u32, Option<&str>)> =
+        plan.tasks.iter().map(|t| (t.rank, t.local_id, t.env.get("CUDA_VISIBLE_DEVICES").map(String::as_str))).collect();
+    assert_eq!(ranks, vec![(2, 0, Some("0,1")), (3, 1, Some("2,3"))]);
+    // -N 1: only the first node takes part, so this node runs nothing.
+    let plan = srun::plan_step(&parse(&["-N", "1", "hostname"]), &env, 1).unwrap();
+    assert_eq!((plan.node_index, plan.tasks.len()), (None, 0));
+    assert_eq!(
+        srun::plan_step(&parse(&["-w", "other", "hostname"]), &env, 1).unwrap_err().text,
+        "srun: error: Requested node configuration is not available: other is not in the allocation"
+    );
+}
+
+#[test]
+fn time_formats() {
+    assert_eq!(time::duration(0), "0:00");
+    assert_eq!(time::duration(65), "1:05");
+    assert_eq!(time::duration(3723), "1:02:03");
+    assert_eq!(time::duration(2 * 86_400 + 3723), "2-01:02:03");
+    assert_eq!(time::elapsed(65), "00:01:05");
+    assert_eq!(time::elapsed(86_400 + 65), "1-00:01:05");
+    let now = 1_800_000_000;
+    assert_eq!(time::parse_point("now", now), Some(now));
+    assert_eq!(time::parse_point("now-2days", now), Some(now - 2 * 86_400));
+    assert_eq!(time::parse_point("now+3weeks", now), Some(now + 3 * 604_800));
+    let l = time::to_local(now);
+    assert_eq!(time::parse_point("today", now), Some(time::from_local(time::Local { hour: 0, minute: 0, second: 0, ..l })));
+    assert_eq!(
+        time::parse_point("2027-01-02", now),
+        Some(time::from_local(time::Local { year: 2027, month: 1, day: 2, hour: 0, minute: 0, second: 0 }))
+    );
+    assert_eq!(time::parse_point("01/02/27", now), time::parse_point("2027-01-02", now));
+    assert_eq!(time::parse_point("010227", now), time::parse_point("2027-01-02", now));
+    assert!(time::parse_point("teatime", now).is_some_and(|t| t > now && t - now <= 86_400));
+    assert!(time::parse_point("25:00", now).is_none());
+    assert!(time::parse_point("2027-13-01", now).is_none());
+}
+
+#[test]
+fn shims_are_symlinks_to_the_binary() {
+    let dir = std::env::temp_dir().join(format!("corral-shims-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let target = PathBuf::from("/usr/local/bin/corral");
+    let made = install_shims(&dir, &target).unwrap();
+    assert_eq!(made.len(), 7);
+    for name in COMMANDS {
+        assert_eq!(std::fs::read_link(dir.join(name)).unwrap(), target);
+    }
+    // Again: replaced, not an error.
+    install_shims(&dir, &target).unwrap();
+    std::fs::remove_file(dir.join("sinfo")).unwrap();
+    std::fs::write(dir.join("sinfo"), "not a link").unwrap();
+    assert!(install_shims(&dir, &target).is_err());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn corral_variables_stand_in_for_missing_slurm_ones() {
+    let dir = std::env::temp_dir().join(format!("corral-alloc-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let hostfile = dir.join("hostfile");
+    std::fs::write(&hostfile, "n1 slots=8\nn2 slots=8\n").unwrap();
+    let mut env = BTreeMap::new();
+    for (k, v) in [("CORRAL_JOB_ID", "9"), ("CORRAL_NODE", "n2"), ("CORRAL_NODE_RANK", "1"), ("CORRAL_NNODES", "2")] {
+        env.insert(k.to_string(), v.to_string());
+    }
+    env.insert("CORRAL_HOSTFILE".to_string(), hostfile.display().to_string());
+    env.insert("SLURM_NNODES".to_string(), "7".to_string());
+    let e = allocation_env(&env);
+    let pick = |k: &str| e.get(k).map(String::as_str);
+    assert_eq!(
+        (pick("SLURM_JOB_ID"), pick("SLURMD_NODENAME"), pick("SLURM_NODEID"), pick("SLURM_JOB_NODELIST"), pick("SLURM_NNODES")),
+        (Some("9"), Some("n2"), Some("1"), Some("n[1-2]"), Some("7"))
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,168 @@
+//! Issue 6 end to end: multi-node gangs with a consistent training environment, requeue from a
+//! checkpoint when a node dies, fencing of a partitioned node, and whole-gang requeue.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use corral_tests::{wait_until, TestCluster};
+use serde_json::Value;
+
+/// A stand-in `torchrun` that records its arguments and the environment a real one would read.
+const TORCHRUN: &str = r#"#!/bin/sh
+out="$PWD/torchrun.$CORRAL_NODE.txt"
+{
+  echo "argv=$*"
+  for v in MASTER_ADDR MASTER_PORT WORLD_SIZE NNODES NODE_RANK NPROC_PER_NODE CUDA_VISIBLE_DEVICES NCCL_SOCKET_IFNAME NCCL_IB_DISABLE NCCL_IB_HCA CORRAL_CHECKPOINT_DIR; do
+    eval "echo $v=\$$v"
+  done
+  echo "hostfile=$(tr '\n' ';' < "$CORRAL_HOSTFILE")"
+} > "$out"
+"#;
+
+/// A job body that records its start and end (also when stopped with SIGTERM) and resumes from
+/// `$CORRAL_CHECKPOINT_DIR/ckpt`.
+const CHECKPOINTED: &str = r#"
+trap 'rec end; exit 143' TERM
+rec start
+if [ -f "$CORRAL_CHECKPOINT_DIR/ckpt" ]; then
+  echo "resumed from $(cat "$CORRAL_CHECKPOINT_DIR/ckpt") at restart $CORRAL_RESTART_COUNT"
+  rec end
+  exit 0
+fi
+echo "step-5 of run $CORRAL_RUN" > "$CORRAL_CHECKPOINT_DIR/ckpt"
+echo "first run on $CORRAL_NODE"
+sleep 60 & wait
+"#;
+
+fn write_exe(path: &Path, text: &str) {
+    std::fs::write(path, text).expect("write stand-in");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod stand-in");
+}
+
+fn fields(text: &str) -> std::collections::BTreeMap<String, String> {
+    text.lines().filter_map(|l| l.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+fn spans(c: &TestCluster) -> Vec<chaos::ProcessSpan> {
+    chaos::parse_spans(&std::fs::read_to_string(c.work.join("spans.log")).unwrap_or_default())
+}
+
+/// Waits until job `id` runs `run` and its process recorded its start; returns the job.
+fn wait_run_started(c: &TestCluster, id: u64, run: u64, patience: Duration) -> Value {
+    let mut job = Value::Null;
+    wait_until(&format!("job {id} run {run} to start"), patience, || {
+        job = c.job(id);
+        job["run"] == run && spans(c).iter().any(|s| s.job == id && u64::from(s.run) == run)
+    });
+    job
+}
+
+#[test]
+fn a_two_node_job_gets_one_consistent_torchrun_environment() {
+    let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:4"]);
+    let bin = c.work.join("bin");
+    std::fs::create_dir_all(&bin).expect("bin dir");
+    write_exe(&bin.join("torchrun"), TORCHRUN);
+    let path = format!("{}:/usr/bin:/bin", bin.display());
+    let script = c.work.join("train.sh");
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\nexport PATH={path}\ntorchrun --nnodes=$NNODES --node_rank=$NODE_RANK --nproc_per_node=$NPROC_PER_NODE --master_addr=$MASTER_ADDR --master_port=$MASTER_PORT train.py\n"),
+    )
+    .expect("write script");
+    let out = c.corral(&["--json", "submit", "-N", "2", "--gres", "gpu:4", script.to_str().expect("path")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let id = serde_json::from_slice::<Value>(&out.stdout).expect("json")["job_id"].as_u64().expect("id");
+    let job = c.wait_final(id, Duration::from_secs(30));
+    assert_eq!(job["state"], "COMPLETED", "{job}");
+    let nodes: Vec<String> = job["nodes"].as_array().expect("nodes").iter().filter_map(|n| n.as_str().map(String::from)).collect();
+    assert_eq!(nodes.len(), 2);
+    let seen: Vec<_> = nodes
+        .iter()
+        .map(|n| fields(&std::fs::read_to_string(c.work.join(format!("torchrun.{n}.txt"))).unwrap_or_else(|e| panic!("no record from {n}: {e}"))))
+        .collect();
+    for (rank, f) in seen.iter().enumerate() {
+        assert_eq!(f["NODE_RANK"], rank.to_string());
+        assert_eq!(f["NNODES"], "2");
+        assert_eq!(f["NPROC_PER_NODE"], "4");
+        assert_eq!(f["WORLD_SIZE"], "8");
+        assert_eq!(f["MASTER_ADDR"], "127.0.0.1");
+        assert_eq!(f["argv"], format!("--nnodes=2 --node_rank={rank} --nproc_per_node=4 --master_addr=127.0.0.1 --master_port={} train.py", f["MASTER_PORT"]));
+        assert_eq!(f["CUDA_VISIBLE_DEVICES"].split(',').count(), 4);
+        assert_eq!(f["NCCL_SOCKET_IFNAME"], "lo");
+        assert_eq!(f["hostfile"], format!("{} slots=4;{} slots=4;", nodes[0], nodes[1]));
+    }
+    assert_eq!(seen[0]["MASTER_PORT"], seen[1]["MASTER_PORT"]);
+    assert!(seen[0]["MASTER_PORT"].parse::<u16>().is_ok_and(|p| p >= 29_500));
+    // Every node of the job sees the same checkpoint directory (the dev cluster's shared root).
+    assert_eq!(seen[0]["CORRAL_CHECKPOINT_DIR"], seen[1]["CORRAL_CHECKPOINT_DIR"]);
+    assert!(seen[0]["CORRAL_CHECKPOINT_DIR"].ends_with(&format!("/job-{id}")));
+}
+
+#[test]
+fn sigkill_of_its_node_restarts_a_requeue_job_elsewhere_from_its_checkpoint() {
+    let down_after_ms = 3_000u64;
+    let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:8", "--node-down-after-ms", "3000"]);
+    let body = format!("{}\n{CHECKPOINTED}", corral_tests::REC);
+    let id = c.submit(&["--requeue", "--gres", "gpu:8", "-o", "train-%j.out"], &["sh", "-c", &body]);
+    let job = wait_run_started(&c, id, 1, Duration::from_secs(20));
+    let victim = job["node"].as_str().expect("node").to_string();
+    c.signal(&victim, "KILL");
+    let killed = Instant::now();
+    let deaths = corral_tests::observe_deaths(&c.work.join("spans.log"), &victim, Duration::from_secs(5));
+    let job = c.wait_final(id, Duration::from_secs(30));
+    let recovered = killed.elapsed();
+    assert_eq!(job["state"], "COMPLETED", "{job}\n{}", c.logs());
+    assert_eq!(job["restart_count"], 1);
+    assert_eq!(job["run"], 2);
+    assert_ne!(job["node"].as_str(), Some(victim.as_str()));
+    assert!(recovered < Duration::from_millis(down_after_ms + 5_000), "requeue took {recovered:?}");
+    let out = std::fs::read_to_string(c.work.join(format!("train-{id}.out"))).expect("output");
+    assert!(out.contains(&format!("first run on {victim}")), "output of run 1 kept: {out}");
+    assert!(out.contains("resumed from step-5 of run 1 at restart 1"), "run 2 resumed from the checkpoint: {out}");
+    let mut spans = spans(&c);
+    corral_tests::close_spans(&mut spans, &deaths);
+    let violations = chaos::check_never_twice(&spans);
+    assert!(violations.is_empty(), "{violations:?}");
+}
+
+#[test]
+fn a_partitioned_node_stops_its_job_before_it_starts_elsewhere() {
+    let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:8", "--node-down-after-ms", "3000"]);
+    let id = c.submit(&["--requeue", "--gres", "gpu:8"], &["sh", "-c", &format!("{}; trap 'rec end; exit 143' TERM; rec start; sleep 8 & wait; rec end", corral_tests::REC)]);
+    let job = wait_run_started(&c, id, 1, Duration::from_secs(20));
+    let victim = job["node"].as_str().expect("node").to_string();
+    std::fs::write(c.path().join(&victim).join("data").join("fault-partition"), "*\n").expect("partition");
+    wait_run_started(&c, id, 2, Duration::from_secs(30));
+    let spans = spans(&c);
+    let first = spans.iter().find(|s| s.job == id && s.run == 1).expect("run 1").clone();
+    let second = spans.iter().find(|s| s.job == id && s.run == 2).expect("run 2").clone();
+    let stopped = first.end_ms.unwrap_or_else(|| panic!("run 1 on {victim} was never stopped: {spans:?}"));
+    assert!(stopped < second.start_ms, "run 1 stopped at {stopped}, run 2 started at {}", second.start_ms);
+    assert!(chaos::check_never_twice(&spans).is_empty());
+    std::fs::remove_file(c.path().join(&victim).join("data").join("fault-partition")).expect("heal");
+    assert_eq!(c.wait_final(id, Duration::from_secs(30))["state"], "COMPLETED");
+}
+
+#[test]
+fn a_gang_that_loses_one_node_is_requeued_whole() {
+    let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:8", "--node-down-after-ms", "3000"]);
+    let body = format!("{}; trap 'rec end; exit 143' TERM; rec start; if [ \"$CORRAL_RUN\" = 1 ]; then sleep 60 & wait; fi; rec end", corral_tests::REC);
+    let id = c.submit(&["--requeue", "-N", "2", "--gres", "gpu:8"], &["sh", "-c", &body]);
+    wait_until("both parts of run 1 started", Duration::from_secs(20), || spans(&c).iter().filter(|s| s.job == id && s.run == 1).count() == 2);
+    let job = c.job(id);
+    let nodes: Vec<String> = job["nodes"].as_array().expect("nodes").iter().filter_map(|n| n.as_str().map(String::from)).collect();
+    c.signal(&nodes[1], "KILL");
+    let deaths = corral_tests::observe_deaths(&c.work.join("spans.log"), &nodes[1], Duration::from_secs(5));
+    let job = c.wait_final(id, Duration::from_secs(40));
+    assert_eq!(job["state"], "COMPLETED", "{job}");
+    assert_eq!(job["restart_count"], 1);
+    let mut spans = spans(&c);
+    corral_tests::close_spans(&mut spans, &deaths);
+    let survivor_part = spans.iter().find(|s| s.job == id && s.run == 1 && s.node == nodes[0]).expect("run 1 on the survivor");
+    assert!(survivor_part.end_ms.is_some(), "the surviving part of run 1 was stopped: {spans:?}");
+    assert_eq!(spans.iter().filter(|s| s.job == id && s.run == 2).count(), 2, "run 2 is a whole gang again: {spans:?}");
+    let violations = chaos::check_never_twice(&spans);
+    assert!(violations.is_empty(), "{violations:?}");
+}
