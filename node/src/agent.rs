@@ -106,6 +106,7 @@ pub struct AgentSettings {
     pub stop: launcher::StopTimings,
     /// Stop every job when no leader answered for this long.
     pub fence_after_ms: u64,
+    pub cluster_name: String,
 }
 
 pub struct Agent {
@@ -194,6 +195,7 @@ impl Agent {
             jobs_dir: &self.settings.jobs_dir,
             checkpoint_root: &self.settings.checkpoint_root,
             nccl: &self.settings.nccl,
+            cluster_name: &self.settings.cluster_name,
         };
         let spec = launcher::prepare(&job, &ctx).map_err(|e| ApiError::Internal(format!("{e:#}")))?;
         lock(&self.ledger)

@@ -11,6 +11,9 @@ use serde::{Deserialize, Serialize};
 pub struct NodeConfig {
     /// Unique node name, e.g. `gpu01`.
     pub name: String,
+    /// `SLURM_CLUSTER_NAME` of jobs.
+    #[serde(default = "default_cluster_name")]
+    pub cluster_name: String,
     /// Address to bind the QUIC port to.
     pub listen: SocketAddr,
     /// Address other nodes and clients reach this node at; defaults to `listen`.
@@ -123,6 +126,9 @@ impl RaftConfig {
     }
 }
 
+fn default_cluster_name() -> String {
+    "corral".into()
+}
 fn default_gpus() -> String {
     "none".into()
 }

@@ -33,28 +33,10 @@ pub struct LaunchSpec {
     pub append: bool,
 }
 
-/// Resolves `%j` (job id), `%x` (job name) and `%%` in an output file pattern, relative to the
-/// job's working directory.
-pub fn output_path(pattern: &str, job: &Job) -> PathBuf {
-    let mut out = String::with_capacity(pattern.len() + 8);
-    let mut chars = pattern.chars();
-    while let Some(c) = chars.next() {
-        if c != '%' {
-            out.push(c);
-            continue;
-        }
-        match chars.next() {
-            Some('j') => out.push_str(&job.id.to_string()),
-            Some('x') => out.push_str(&job.spec.name),
-            Some('%') => out.push('%'),
-            Some(other) => {
-                out.push('%');
-                out.push(other);
-            }
-            None => out.push('%'),
-        }
-    }
-    let path = PathBuf::from(out);
+/// Resolves an output file pattern (Slurm's `%j %J %A %a %x %u %N %n %t %%`) for the part on
+/// node `node_index` of `node_names`, relative to the job's working directory.
+pub fn output_path(pattern: &str, job: &Job, node_names: &[String], node_index: usize) -> PathBuf {
+    let path = PathBuf::from(slurm_compat::env::output_path(pattern, job, node_names, node_index));
     if path.is_absolute() {
         path
     } else {
@@ -63,10 +45,10 @@ pub fn output_path(pattern: &str, job: &Job) -> PathBuf {
 }
 
 /// The files a job's stdout and stderr go to (the same file unless `error` is set).
-pub fn output_paths(job: &Job) -> (PathBuf, PathBuf) {
-    let stdout = output_path(job.spec.output.as_deref().unwrap_or("corral-%j.out"), job);
+pub fn output_paths(job: &Job, node_names: &[String], node_index: usize) -> (PathBuf, PathBuf) {
+    let stdout = output_path(job.spec.output.as_deref().unwrap_or("corral-%j.out"), job, node_names, node_index);
     let stderr = match &job.spec.error {
-        Some(p) => output_path(p, job),
+        Some(p) => output_path(p, job, node_names, node_index),
         None => stdout.clone(),
     };
     (stdout, stderr)
@@ -92,6 +74,8 @@ pub struct LaunchContext<'a> {
     pub jobs_dir: &'a Path,
     pub checkpoint_root: &'a Path,
     pub nccl: &'a NcclEnv,
+    /// `SLURM_CLUSTER_NAME`.
+    pub cluster_name: &'a str,
 }
 
 /// The host part of `host:port` (`[v6]:port` too).
@@ -156,6 +140,9 @@ pub fn prepare(job: &Job, ctx: &LaunchContext<'_>) -> anyhow::Result<LaunchSpec>
     env.insert("NPROC_PER_NODE".into(), nproc_per_node.to_string());
     env.insert("WORLD_SIZE".into(), (nnodes as u32 * nproc_per_node).to_string());
     env.extend(job.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    // What Slurm sets for a job overrides anything of that name in the submitter's environment.
+    let node_names: Vec<String> = ctx.nodes.iter().map(|(name, _)| name.clone()).collect();
+    env.extend(slurm_compat::env::slurm_env(job, &node_names, ctx.node_rank, ctx.cluster_name, ctx.gpu_indices));
     let uuids = ctx.gpu_uuids.join(",");
     env.insert("CUDA_VISIBLE_DEVICES".into(), uuids.clone());
     env.insert("NVIDIA_VISIBLE_DEVICES".into(), uuids);
@@ -169,7 +156,7 @@ pub fn prepare(job: &Job, ctx: &LaunchContext<'_>) -> anyhow::Result<LaunchSpec>
     env.insert("CORRAL_NODE_RANK".into(), ctx.node_rank.to_string());
     env.insert("CORRAL_HOSTFILE".into(), hostfile.display().to_string());
     env.insert("CORRAL_CHECKPOINT_DIR".into(), checkpoint_dir.display().to_string());
-    let (stdout_path, stderr_path) = output_paths(job);
+    let (stdout_path, stderr_path) = output_paths(job, &node_names, ctx.node_rank);
     Ok(LaunchSpec {
         job: job.id,
         run: job.run,
@@ -181,7 +168,8 @@ pub fn prepare(job: &Job, ctx: &LaunchContext<'_>) -> anyhow::Result<LaunchSpec>
         stderr_path,
         time_limit_ms: job.spec.time_limit_ms,
         signal: job.spec.signal.clone(),
-        append: job.run > 1 || job.spec.open_append,
+        // Only rank 0 truncates, on the first run: every node of a gang writes the job's output.
+        append: job.run > 1 || job.spec.open_append || ctx.node_rank > 0,
     })
 }
 

@@ -790,6 +790,7 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
         nccl: crate::nccl::derive(&config.nccl, &inventory, &config.advertise_addr()),
         stop: crate::launcher::StopTimings { kill_grace_ms: config.kill_grace_ms, fence_kill_grace_ms: config.fence_kill_grace_ms },
         fence_after_ms: config.fence_after_ms(),
+        cluster_name: config.cluster_name.clone(),
     };
     info!(nccl = ?settings.nccl, fence_after_ms = settings.fence_after_ms, "agent settings");
     if settings.fence_after_ms < 2 * config.raft.election_timeout_max_ms {

@@ -278,8 +278,13 @@ fn hparam_array_runs_100_tasks_each_with_its_config() {
         seen.insert(task);
     }
     assert_eq!(seen, (1..=100).collect());
-    // squeue has nothing left; sacct shows the array with Slurm's ids.
+    // Nothing of the array is left to run: squeue -j (every state) lists each task as CD, and
+    // the default squeue (pending and running only) lists none.
     let out = s.slurm("squeue", &["-h", "-j", &id.to_string()]);
+    let listed = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(listed.lines().count(), 100, "{listed}");
+    assert!(listed.lines().all(|l| l.split_whitespace().nth(4) == Some("CD")), "{listed}");
+    let out = s.slurm("squeue", &["-h"]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "");
 }
 

@@ -6,7 +6,6 @@
 //! `env.rs` and `hostlist.rs` are self-contained (std + proto only) so the node crate can
 //! include them by `#[path]`.
 
-pub mod env;
 pub mod opts;
 pub mod sacct;
 pub mod sbatch;
@@ -25,7 +24,7 @@ use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
-pub use env::hostlist;
+pub use slurm_compat::{env, hostlist};
 use proto::{ApiError, Job, JobId, JobState, NodeInfo, Reply, Request};
 
 use crate::client::{cluster_dir, Cluster};

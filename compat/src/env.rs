@@ -1,12 +1,7 @@
-//! The environment Slurm gives a batch job, computed from a Corral [`proto::Job`].
-//!
-//! Self-contained on purpose: this file uses only `std` and `proto` (and its sibling
-//! `hostlist.rs`, pulled in by `#[path]` below), never `crate::` paths, so the node crate's
-//! launcher can include it with `#[path = ".../cli/src/slurm/env.rs"] mod slurm_env;`.
-//! Everything here is a pure function of its arguments: no clock, no IO, no process state.
+//! The environment Slurm gives a batch job, computed from a Corral [`proto::Job`]. Everything
+//! here is a pure function of its arguments: no clock, no IO, no process state.
 
-#[path = "hostlist.rs"]
-pub mod hostlist;
+use crate::hostlist;
 
 use std::collections::BTreeMap;
 

@@ -1,7 +1,7 @@
 //! Slurm's compressed host lists (`gpu[01-04,07]`, `n[1-3],login`) in both directions.
 //!
 //! Self-contained on purpose (std only, no `crate::` paths): the node crate's launcher includes
-//! this file by `#[path]` (through `env.rs`), so it must compile anywhere.
+//! this module too.
 
 /// Most hosts one list may expand to; a guard against `n[0-999999999]`.
 pub const HOSTS_MAX: usize = 1 << 20;
