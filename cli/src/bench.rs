@@ -26,6 +26,12 @@ pub struct BenchArgs {
     /// Leader SIGKILLs for the failover figures.
     #[arg(long, default_value_t = 10)]
     pub failovers: usize,
+    /// SIGKILLs of the node of a --requeue job, timing until it runs again elsewhere.
+    #[arg(long, default_value_t = 10)]
+    pub requeue_kills: usize,
+    /// Skip everything but the requeue measurement.
+    #[arg(long)]
+    pub only_requeue: bool,
     /// Keep the cluster directory here.
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -111,6 +117,9 @@ async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
     };
     dev::up(dir, &opts).await?;
     let workdir = dir.display().to_string();
+    if args.only_requeue {
+        return requeue_after_kill(dir, &workdir, args.requeue_kills, opts.node_down_after_ms).await;
+    }
     let sync = sorted(fdatasync_ms(dir, 200)?);
     let sync_p50 = percentile(&sync, 0.5);
     println!("fdatasync (4 KiB, {} samples): p50 {:.3} ms  p99 {:.3} ms", sync.len(), sync_p50, percentile(&sync, 0.99));
@@ -208,12 +217,77 @@ async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
         percentile(&failovers, 0.5),
         percentile(&failovers, 0.99)
     );
+    requeue_after_kill(dir, &workdir, args.requeue_kills, opts.node_down_after_ms).await?;
     println!(
         "SUMMARY fdatasync_p50_ms={sync_p50:.3} submit_seq_per_s={seq_rate:.0} submit_p50_ms={p50:.2} submit_p50_over_fdatasync={:.2} submit_to_running_p50_ms={:.0} failover_p50_ms={:.0} failover_p99_ms={:.0}",
         p50 / sync_p50,
         percentile(&starts, 0.5),
         percentile(&failovers, 0.5),
         percentile(&failovers, 0.99)
+    );
+    Ok(())
+}
+
+/// Whether `job` runs `run` with every part confirmed started.
+async fn running_confirmed(cluster: &Cluster, job: u64, run: u32) -> anyhow::Result<Option<proto::Job>> {
+    match cluster.call_patiently(Request::GetJob { job }, Duration::from_secs(10)).await? {
+        Reply::Job(j) if j.run == run && j.state == proto::JobState::Running && j.launches_pending().next().is_none() => Ok(Some(*j)),
+        _ => Ok(None),
+    }
+}
+
+/// SIGKILL the node of a `--requeue` job, time until the job runs again (all parts confirmed
+/// started) on another node; `kills` times. Slurm's defaults for the same: 300 s to notice the
+/// node plus a 120 s requeue delay.
+async fn requeue_after_kill(dir: &std::path::Path, workdir: &str, kills: usize, node_down_after_ms: u64) -> anyhow::Result<()> {
+    let cluster = Cluster::connect(dir, None)?;
+    let mut took = Vec::new();
+    for round in 0..kills {
+        let mut spec = run_spec(workdir);
+        spec.name = "bench-requeue".into();
+        spec.argv = vec!["sleep".into(), "600".into()];
+        spec.requeue = true;
+        spec.gres = Some(GresRequest { gpu_type: None, count: 8 });
+        let id = submit(&cluster, spec).await?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let job = loop {
+            if let Some(j) = running_confirmed(&cluster, id, 1).await? {
+                break j;
+            }
+            if Instant::now() > deadline {
+                bail!("job {id} did not start");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let Reply::Nodes(nodes) = cluster.call_patiently(Request::ListNodes, Duration::from_secs(10)).await? else { bail!("unexpected reply") };
+        let victim = job.last_nodes.first().and_then(|n| nodes.iter().find(|x| x.id == *n)).map(|n| n.name.clone()).context("job node")?;
+        dev::signal_node(dir, &victim, "KILL")?;
+        let killed = Instant::now();
+        let fresh = Cluster::connect(dir, None)?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if running_confirmed(&fresh, id, 2).await?.is_some() {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("job {id} did not run again within 60 s of killing {victim}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let ms = killed.elapsed().as_secs_f64() * 1000.0;
+        println!("  requeue {}: killed {victim}, job {id} running again elsewhere after {ms:.0} ms", round + 1);
+        took.push(ms);
+        fresh.call_patiently(Request::Cancel { job: id }, Duration::from_secs(10)).await?;
+        dev::start_one(dir, &victim)?;
+        dev::wait_ready(dir, 3, Duration::from_secs(60)).await?;
+    }
+    let took = sorted(took);
+    println!(
+        "requeue after SIGKILL of the node ({} kills, node_down_after_ms={node_down_after_ms}): p50 {:.0} ms  p99 {:.0} ms  (Slurm defaults: 300 s to notice + 120 s requeue delay = 420000 ms; ratio {:.0}x)",
+        took.len(),
+        percentile(&took, 0.5),
+        percentile(&took, 0.99),
+        420_000.0 / percentile(&took, 0.5)
     );
     Ok(())
 }

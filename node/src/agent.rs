@@ -180,12 +180,21 @@ impl Agent {
             tokio::spawn(async move { agent.queue_report(id, run, RunOutcome::Lost(why)).await });
             return Err(ApiError::Denied(format!("job {} run {} was launched by an earlier instance of this node", job.id, job.run)));
         }
+        // Whole GPUs by index, MIG instances by (gpu, start slice): each to the UUID CUDA takes.
         let uuids: Vec<String> = alloc
             .gpus
             .iter()
-            .map(|i| self.gpus.iter().find(|g| g.index == *i).map(|g| g.uuid.clone()))
+            .map(|slot| match scheduler::decode_slot(*slot) {
+                scheduler::Slot::Gpu(i) => self.gpus.iter().find(|g| g.index == i).map(|g| g.uuid.clone()),
+                scheduler::Slot::Mig { gpu, start_slice } => self
+                    .gpus
+                    .iter()
+                    .find(|g| g.index == gpu)
+                    .and_then(|g| g.mig.iter().find(|m| m.start_slice == start_slice))
+                    .map(|m| m.uuid.clone()),
+            })
             .collect::<Option<_>>()
-            .ok_or_else(|| ApiError::Invalid(format!("job {} names a gpu this node does not have", job.id)))?;
+            .ok_or_else(|| ApiError::Invalid(format!("job {} names a gpu or mig instance this node does not have", job.id)))?;
         let ctx = launcher::LaunchContext {
             node_name: &self.name,
             node_rank: rank,

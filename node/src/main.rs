@@ -22,9 +22,40 @@ fn main() -> anyhow::Result<()> {
         .init();
     let config = corral_node::config::NodeConfig::load(&args.config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("start async runtime")?;
-    let result = runtime.block_on(corral_node::server::run(config));
+    // deploy (issue 8): SIGTERM (`systemctl stop`) tells systemd STOPPING=1 and ends the node
+    // like a crash would: its jobs die with it (parent-death signal) and the cluster ends their
+    // parts when it notices. Everything committed is already on disk.
+    let result = runtime.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("handle SIGTERM")?;
+        tokio::select! {
+            result = corral_node::server::run(config) => result,
+            _ = term.recv() => {
+                tracing::info!("SIGTERM: stopping");
+                sd_notify("STOPPING=1");
+                Ok(())
+            }
+        }
+    });
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
     if let Err(e) = &result {
         tracing::error!(error = format!("{e:#}"), "corrald stopped");
     }
     result
+}
+
+/// Tells systemd (`Type=notify`) about a state change; nothing when not run by systemd.
+fn sd_notify(state: &str) {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return };
+    let result = std::os::unix::net::UnixDatagram::unbound().and_then(|sock| {
+        let bytes = std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str());
+        if let Some(name) = bytes.strip_prefix(b"@") {
+            let addr = <std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(name)?;
+            sock.send_to_addr(state.as_bytes(), &addr)
+        } else {
+            sock.send_to(state.as_bytes(), &path)
+        }
+    });
+    if let Err(e) = result {
+        tracing::warn!(error = %e, state, "notify systemd");
+    }
 }

@@ -1,0 +1,1362 @@
+//! The scheduling pass: order, eligibility, placement with indexes of free capacity, EASY
+//! backfill, preemption, array expansion, MIG re-layout and why-pending reasons.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet};
+
+use proto::{Allocation, DependencyKind, JobId, JobState, NodeId, Placement};
+
+use crate::fit::{is_mig_profile, node_matches};
+use crate::mig;
+use crate::topo;
+use crate::view::{cpu_shares, decode_slot, mig_slot, ClusterView, JobRequest, NodeView, PreemptAction, Slot};
+
+/// What one pass decided. The caller commits `placements` (re-checked with `fits_gang`), creates
+/// array tasks for `array_tasks`, sends `preemptions`, reconfigures GPUs per `mig_layouts`, and
+/// stores `pending` as each job's reasons.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// One per started job, one allocation per node of its gang. A placement that starts an
+    /// array task names the ARRAY job id; see `array_tasks`.
+    pub placements: Vec<Placement>,
+    /// Every pending job not placed now, with all the reasons, most important first.
+    pub pending: BTreeMap<JobId, Vec<String>>,
+    /// Running jobs to stop so that a job of a QoS allowed to preempt can start next pass.
+    pub preemptions: Vec<(JobId, PreemptAction)>,
+    /// Idle MIG-mode GPUs to re-partition: (node, gpu index, profiles by start slice).
+    pub mig_layouts: Vec<(NodeId, u32, Vec<String>)>,
+    /// Array tasks started: `placements[placement]` (whose `job` is `array`) is task `task`. The
+    /// state machine creates the task job (new id, `Job::array` set) and places it there.
+    pub array_tasks: Vec<ArrayTaskStart>,
+    /// CPU and NIC binding of every allocation of every placement, in placement order.
+    pub bindings: Vec<Binding>,
+    /// The EASY backfill reservation of the first job that cannot start, if any.
+    pub reservation: Option<Reservation>,
+    /// Pending jobs in the order they were considered, with their priority.
+    pub queue: Vec<(JobId, u64)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArrayTaskStart {
+    pub array: JobId,
+    pub task: u32,
+    /// Index into `Plan::placements`.
+    pub placement: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Binding {
+    /// Index into `Plan::placements`.
+    pub placement: usize,
+    pub node: NodeId,
+    /// `Allocation::gpus` of this allocation.
+    pub gpus: Vec<u32>,
+    /// CPUs per NUMA node: (numa node, cpus), ascending.
+    pub numa_cpus: Vec<(u32, u32)>,
+    /// Nearest NIC to the GPUs (for NCCL_IB_HCA / NCCL_SOCKET_IFNAME).
+    pub nic: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    pub job: JobId,
+    pub start_ms: u64,
+    pub nodes: Vec<NodeId>,
+}
+
+/// Prefix of a reason that no amount of waiting fixes.
+pub const NEVER: &str = "cannot ever run: ";
+/// Type id of "any whole GPU".
+const ANY: u16 = 0;
+/// Bound on nodes one job may try when single-node candidates keep failing their checks.
+const SINGLE_NODE_TRIES_MAX: usize = 1 << 20;
+
+#[derive(Clone, Copy, Debug)]
+struct Spare {
+    gpus: u32,
+    cpus: u32,
+    mem_mib: u64,
+}
+
+struct Resv {
+    job: JobId,
+    start_ms: u64,
+    tid: u16,
+    spare: BTreeMap<usize, Spare>,
+}
+
+/// Nodes of one (partition, type) by free count of that type.
+#[derive(Default)]
+struct Buckets {
+    by_free: Vec<BTreeSet<u32>>,
+}
+
+impl Buckets {
+    fn insert(&mut self, free: u32, n: u32) {
+        let f = free as usize;
+        if self.by_free.len() <= f {
+            self.by_free.resize_with(f + 1, BTreeSet::new);
+        }
+        self.by_free[f].insert(n);
+    }
+    fn remove(&mut self, free: u32, n: u32) {
+        if let Some(b) = self.by_free.get_mut(free as usize) {
+            b.remove(&n);
+        }
+    }
+    fn count_at_least(&self, k: u32) -> usize {
+        self.by_free.iter().skip(k as usize).map(BTreeSet::len).sum()
+    }
+    fn all(&self) -> impl Iterator<Item = u32> + '_ {
+        self.by_free.iter().flat_map(|b| b.iter().copied())
+    }
+}
+
+/// What one node gives a job.
+struct Pick {
+    node: usize,
+    gpus: Vec<usize>,
+    mig: Vec<(usize, usize)>,
+}
+
+enum Fail {
+    Never(String),
+    NoNode,
+    Gang { have: usize },
+    Switches { limit: u32, best: u32, until_ms: u64 },
+    Required(String),
+}
+
+/// (constraint, nodelist, exclude) of a job, interned for the shape cache.
+type NodeLists = (Vec<String>, Vec<String>, Vec<String>);
+
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct ShapeKey {
+    part: u16,
+    tid: u16,
+    gpus: u32,
+    cpus: u32,
+    mem_mib: u64,
+    nodes: u32,
+    exclusive: bool,
+    lists: u32,
+    switch_strict: Option<u32>,
+    unrestricted: bool,
+}
+
+struct Pass<'v> {
+    view: &'v ClusterView,
+    now_ms: u64,
+    nodes: Vec<NodeView>,
+    node_ix: BTreeMap<NodeId, usize>,
+    name_ix: BTreeMap<&'v str, usize>,
+    part_names: Vec<String>,
+    part_ix: BTreeMap<String, u16>,
+    default_part: u16,
+    type_names: Vec<String>,
+    type_ix: BTreeMap<String, u16>,
+    type_is_mig: Vec<bool>,
+    node_parts: Vec<Vec<u16>>,
+    node_keys: Vec<Vec<(u16, u16, u32)>>,
+    index: BTreeMap<(u16, u16), Buckets>,
+    job_ix: BTreeMap<JobId, usize>,
+    prio: Vec<u64>,
+    /// Jobs started in this pass (they count as running for dependencies and singleton).
+    started: BTreeSet<JobId>,
+    preempted: BTreeSet<JobId>,
+    array_active: BTreeMap<JobId, u32>,
+    array_created: BTreeMap<JobId, BTreeSet<u32>>,
+    lists_ix: BTreeMap<NodeLists, u32>,
+    fail_cache: BTreeMap<ShapeKey, Vec<String>>,
+    resv: Option<Resv>,
+    /// (node, end, allocation) of each placement of this pass.
+    placed: Vec<(usize, u64, Allocation)>,
+    timeline: Option<Vec<Vec<(u64, Allocation)>>>,
+    holders: Option<Vec<Vec<(u32, JobId)>>>,
+    plan: Plan,
+}
+
+/// `2024-05-01 14:05:00 UTC` from milliseconds since the epoch (pure arithmetic).
+pub fn fmt_time_ms(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+/// `4:00:00` from milliseconds.
+pub fn fmt_duration_ms(ms: u64) -> String {
+    let s = ms / 1000;
+    format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+}
+
+fn dep_label(kind: DependencyKind) -> &'static str {
+    match kind {
+        DependencyKind::After => "after",
+        DependencyKind::AfterOk => "afterok",
+        DependencyKind::AfterNotOk => "afternotok",
+        DependencyKind::AfterAny => "afterany",
+        DependencyKind::Singleton => "singleton",
+    }
+}
+
+/// Decides where jobs run now. Pure: the same view and `now_ms` give the same plan.
+pub fn schedule(view: &ClusterView, now_ms: u64) -> Plan {
+    let mut pass = Pass::new(view, now_ms);
+    pass.run();
+    pass.plan
+}
+
+impl<'v> Pass<'v> {
+    fn new(view: &'v ClusterView, now_ms: u64) -> Pass<'v> {
+        let nodes: Vec<NodeView> = view.nodes.values().cloned().collect();
+        let node_ix: BTreeMap<NodeId, usize> = view.nodes.keys().enumerate().map(|(i, &id)| (id, i)).collect();
+        let name_ix: BTreeMap<&str, usize> = view.nodes.values().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
+        let default_name =
+            view.partitions.values().find(|p| p.default).map_or_else(|| view.config.default_partition.clone(), |p| p.name.clone());
+        let mut part_names: Vec<String> = Vec::new();
+        let mut part_ix: BTreeMap<String, u16> = BTreeMap::new();
+        let mut intern_part = |name: &str, names: &mut Vec<String>| -> u16 {
+            if let Some(&i) = part_ix.get(name) {
+                return i;
+            }
+            let i = names.len() as u16;
+            names.push(name.to_string());
+            part_ix.insert(name.to_string(), i);
+            i
+        };
+        let default_part = intern_part(&default_name, &mut part_names);
+        for p in view.partitions.keys() {
+            intern_part(p, &mut part_names);
+        }
+        let mut node_parts = Vec::with_capacity(nodes.len());
+        for n in &nodes {
+            let mut ps: Vec<u16> = if n.partitions.is_empty() {
+                vec![default_part]
+            } else {
+                n.partitions.iter().map(|p| intern_part(p, &mut part_names)).collect()
+            };
+            ps.sort_unstable();
+            ps.dedup();
+            node_parts.push(ps);
+        }
+        let mut type_names = vec![String::new()];
+        let mut type_ix: BTreeMap<String, u16> = BTreeMap::new();
+        let mut type_is_mig = vec![false];
+        let mut node_keys = Vec::with_capacity(nodes.len());
+        let mut index: BTreeMap<(u16, u16), Buckets> = BTreeMap::new();
+        for (ni, n) in nodes.iter().enumerate() {
+            let mut tids: Vec<u16> = vec![ANY];
+            for g in &n.gpus {
+                let names: Vec<&str> =
+                    if g.mig_enabled { g.mig.iter().map(|m| m.profile.as_str()).collect() } else { vec![g.gres_type.as_str()] };
+                for t in names {
+                    let id = match type_ix.get(t) {
+                        Some(&id) => id,
+                        None => {
+                            let id = type_names.len() as u16;
+                            type_names.push(t.to_string());
+                            type_is_mig.push(g.mig_enabled);
+                            type_ix.insert(t.to_string(), id);
+                            id
+                        }
+                    };
+                    tids.push(id);
+                }
+            }
+            tids.sort_unstable();
+            tids.dedup();
+            let mut keys = Vec::new();
+            for &p in &node_parts[ni] {
+                for &t in &tids {
+                    let free = free_count(n, t, &type_names, &type_is_mig);
+                    keys.push((p, t, free));
+                    if n.schedulable {
+                        index.entry((p, t)).or_default().insert(free, ni as u32);
+                    }
+                }
+            }
+            node_keys.push(keys);
+        }
+        let job_ix: BTreeMap<JobId, usize> = view.jobs.iter().enumerate().map(|(i, j)| (j.id, i)).collect();
+        let mut array_active: BTreeMap<JobId, u32> = BTreeMap::new();
+        let mut array_created: BTreeMap<JobId, BTreeSet<u32>> = BTreeMap::new();
+        for j in &view.jobs {
+            if let Some(t) = &j.array_task {
+                array_created.entry(t.array_job).or_default().insert(t.task);
+                if j.state == JobState::Running {
+                    *array_active.entry(t.array_job).or_default() += 1;
+                }
+            }
+        }
+        let mut pass = Pass {
+            view,
+            now_ms,
+            nodes,
+            node_ix,
+            name_ix,
+            part_names,
+            part_ix,
+            default_part,
+            type_names,
+            type_ix,
+            type_is_mig,
+            node_parts,
+            node_keys,
+            index,
+            job_ix,
+            prio: Vec::new(),
+            started: BTreeSet::new(),
+            preempted: BTreeSet::new(),
+            array_active,
+            array_created,
+            lists_ix: BTreeMap::new(),
+            fail_cache: BTreeMap::new(),
+            resv: None,
+            placed: Vec::new(),
+            timeline: None,
+            holders: None,
+            plan: Plan::default(),
+        };
+        pass.prio = crate::priority::priorities(view, now_ms);
+        pass
+    }
+
+    fn run(&mut self) {
+        let view = self.view;
+        let mut queue: Vec<usize> = (0..view.jobs.len())
+            .filter(|&i| {
+                let j = &view.jobs[i];
+                j.state == JobState::Pending && (!j.is_array() || self.array_tasks_left(j))
+            })
+            .collect();
+        queue.sort_by_key(|&i| (Reverse(self.prio[i]), view.jobs[i].submit_ms, view.jobs[i].id));
+        self.plan.queue = queue.iter().map(|&i| (view.jobs[i].id, self.prio[i])).collect();
+        for &i in &queue {
+            self.consider(i);
+        }
+        self.mig_relayout();
+    }
+
+    fn array_tasks_left(&self, j: &JobRequest) -> bool {
+        let created = self.array_created.get(&j.id);
+        j.array.as_ref().is_some_and(|a| a.tasks.iter().any(|t| created.is_none_or(|c| !c.contains(t))))
+    }
+
+    fn partition_of(&self, j: &JobRequest) -> Option<u16> {
+        match &j.partition {
+            None => Some(self.default_part),
+            Some(p) => self.part_ix.get(p).copied(),
+        }
+    }
+
+    fn effective_limit_ms(&self, j: &JobRequest) -> Option<u64> {
+        j.time_limit_ms.or_else(|| {
+            let name = j.partition.as_deref().unwrap_or(&self.part_names[self.default_part as usize]);
+            self.view.partitions.get(name).and_then(|p| p.default_time_limit_ms)
+        })
+    }
+
+    fn tid_of(&self, j: &JobRequest) -> Option<u16> {
+        if j.gpus_per_node == 0 {
+            return Some(ANY);
+        }
+        match &j.gpu_type {
+            None => Some(ANY),
+            Some(t) => self.type_ix.get(t).copied(),
+        }
+    }
+
+    fn kind(&self, j: &JobRequest) -> String {
+        match &j.gpu_type {
+            Some(t) if j.gpus_per_node > 0 => format!("gpu:{t}"),
+            _ => "gpu".to_string(),
+        }
+    }
+
+    /// Reasons a pending job may not start whatever the resources: hold, begin time,
+    /// dependencies, partition, array throttle.
+    fn eligibility(&self, j: &JobRequest) -> Vec<String> {
+        let mut reasons = Vec::new();
+        if j.hold {
+            reasons.push("job is held".to_string());
+        }
+        if let Some(b) = j.begin_ms {
+            if b > self.now_ms {
+                reasons.push(format!("begins at {}", fmt_time_ms(b)));
+            }
+        }
+        for d in &j.dependencies {
+            if let Some(r) = self.dependency_unmet(j, d.kind, d.job) {
+                reasons.push(r);
+            }
+        }
+        match &j.partition {
+            Some(p) if !self.part_ix.contains_key(p) => reasons.push(format!("partition {p} does not exist")),
+            _ => {}
+        }
+        let pname = j.partition.as_deref().unwrap_or(&self.part_names[self.default_part as usize]);
+        if let (Some(limit), Some(max)) = (j.time_limit_ms, self.view.partitions.get(pname).and_then(|p| p.max_time_limit_ms)) {
+            if limit > max {
+                reasons.push(format!("time limit {} exceeds the {} of partition {pname}", fmt_duration_ms(limit), fmt_duration_ms(max)));
+            }
+        }
+        let array_id = j.array_task.as_ref().map(|t| t.array_job).or(if j.is_array() { Some(j.id) } else { None });
+        if let Some(a) = array_id {
+            let throttle = if j.is_array() {
+                j.array.as_ref().and_then(|s| s.throttle)
+            } else {
+                self.job_ix.get(&a).and_then(|&i| self.view.jobs[i].array.as_ref()).and_then(|s| s.throttle)
+            };
+            if let Some(t) = throttle {
+                let active = self.array_active.get(&a).copied().unwrap_or(0);
+                if active >= t {
+                    reasons.push(format!("array throttle %{t} reached ({active} tasks running)"));
+                }
+            }
+        }
+        reasons
+    }
+
+    fn dependency_unmet(&self, j: &JobRequest, kind: DependencyKind, on: Option<JobId>) -> Option<String> {
+        let label = dep_label(kind);
+        if kind == DependencyKind::Singleton {
+            // Any other unfinished job of the same name and user submitted earlier, or running.
+            let other = self.view.jobs.iter().find(|o| {
+                o.id != j.id
+                    && o.user == j.user
+                    && o.name == j.name
+                    && !o.state.is_final()
+                    && (o.id < j.id || o.state == JobState::Running || self.started.contains(&o.id))
+            })?;
+            let state = if self.started.contains(&other.id) { JobState::Running } else { other.state };
+            return Some(format!("dependency singleton: job {} of the same name and user is {state}", other.id));
+        }
+        let id = on?;
+        let Some(&oi) = self.job_ix.get(&id) else {
+            return Some(format!("dependency {label}:{id} can never be satisfied (job {id} unknown)"));
+        };
+        let o = &self.view.jobs[oi];
+        let state = if self.started.contains(&id) { JobState::Running } else { o.state };
+        let ok = match kind {
+            DependencyKind::After => state != JobState::Pending,
+            DependencyKind::AfterAny => state.is_final(),
+            DependencyKind::AfterOk => {
+                if state.is_final() && state != JobState::Completed {
+                    return Some(format!("dependency {label}:{id} can never be satisfied (job {id} {state})"));
+                }
+                state == JobState::Completed
+            }
+            DependencyKind::AfterNotOk => {
+                if state == JobState::Completed {
+                    return Some(format!("dependency {label}:{id} can never be satisfied (job {id} COMPLETED)"));
+                }
+                state.is_final()
+            }
+            DependencyKind::Singleton => true,
+        };
+        (!ok).then(|| format!("dependency {label}:{id}"))
+    }
+
+    fn consider(&mut self, i: usize) {
+        let view = self.view;
+        let j = &view.jobs[i];
+        let mut reasons = self.eligibility(j);
+        let part = self.partition_of(j);
+        let tid = self.tid_of(j);
+        let end_ms = self.effective_limit_ms(j).map(|l| self.now_ms.saturating_add(l));
+        let (Some(part), Some(tid)) = (part, tid) else {
+            if let (Some(p), None) = (part, tid) {
+                reasons.push(format!("no node in partition {} has {}", self.part_names[p as usize], self.kind(j)));
+            }
+            self.plan.pending.insert(j.id, reasons);
+            return;
+        };
+        if !reasons.is_empty() {
+            // Not eligible: still tell what the resources would say.
+            if let Err(r) = self.attempt(j, part, tid, end_ms, true) {
+                reasons.extend(r);
+            }
+            self.plan.pending.insert(j.id, reasons);
+            return;
+        }
+        if j.is_array() {
+            self.consider_array(j, part, tid, end_ms);
+            return;
+        }
+        match self.attempt(j, part, tid, end_ms, false) {
+            Ok(()) => {
+                self.started.insert(j.id);
+                if let Some(t) = &j.array_task {
+                    *self.array_active.entry(t.array_job).or_default() += 1;
+                }
+            }
+            Err(mut r) => {
+                self.after_failure(j, i, part, tid, &mut r);
+                self.plan.pending.insert(j.id, r);
+            }
+        }
+    }
+
+    fn consider_array(&mut self, j: &'v JobRequest, part: u16, tid: u16, end_ms: Option<u64>) {
+        let Some(spec) = &j.array else { return };
+        let created = self.array_created.get(&j.id).cloned().unwrap_or_default();
+        let mut left: Vec<u32> = Vec::new();
+        let mut reasons = Vec::new();
+        let mut started = 0u32;
+        let room = spec.throttle.map_or(u32::MAX, |t| t.saturating_sub(self.array_active.get(&j.id).copied().unwrap_or(0)));
+        let mut stop = false;
+        for &task in spec.tasks.iter().filter(|t| !created.contains(t)) {
+            if stop {
+                left.push(task);
+                continue;
+            }
+            if started >= room {
+                let t = spec.throttle.unwrap_or(0);
+                let active = self.array_active.get(&j.id).copied().unwrap_or(0);
+                reasons.push(format!("array throttle %{t} reached ({active} tasks running)"));
+                stop = true;
+                left.push(task);
+                continue;
+            }
+            if started >= self.view.config.array_tasks_per_pass_max {
+                reasons.push("array task start limit of this pass reached".to_string());
+                stop = true;
+                left.push(task);
+                continue;
+            }
+            let before = self.plan.placements.len();
+            match self.attempt(j, part, tid, end_ms, false) {
+                Ok(()) => {
+                    started += 1;
+                    *self.array_active.entry(j.id).or_default() += 1;
+                    self.plan.array_tasks.push(ArrayTaskStart { array: j.id, task, placement: before });
+                }
+                Err(mut r) => {
+                    let i = self.job_ix.get(&j.id).copied().unwrap_or(0);
+                    self.after_failure(j, i, part, tid, &mut r);
+                    reasons.extend(r);
+                    stop = true;
+                    left.push(task);
+                }
+            }
+        }
+        if !left.is_empty() {
+            let mut all = vec![format!("array: {} of {} tasks not started", left.len(), spec.tasks.len())];
+            all.extend(reasons);
+            self.plan.pending.insert(j.id, all);
+        }
+    }
+
+    /// After a failed placement: preempt if the QoS allows, else make the EASY reservation if
+    /// none exists yet.
+    fn after_failure(&mut self, j: &JobRequest, i: usize, part: u16, tid: u16, reasons: &mut Vec<String>) {
+        if reasons.iter().any(|r| r.starts_with("held for backfill")) {
+            return;
+        }
+        if let Some(victims) = self.try_preempt(j, i, part, tid) {
+            let ids: Vec<String> = victims.iter().map(|v| v.to_string()).collect();
+            reasons.push(format!("waiting for preempted jobs {} to stop", ids.join(", ")));
+            return;
+        }
+        if self.view.config.backfill && self.resv.is_none() && !self.type_is_mig[tid as usize] {
+            if reasons.first().is_some_and(|r| r.starts_with(NEVER)) {
+                return;
+            }
+            match self.reserve(j, part, tid) {
+                Some(r) => {
+                    let names: Vec<&str> = r.nodes.iter().filter_map(|n| self.view.nodes.get(n)).map(|n| n.name.as_str()).collect();
+                    reasons.push(format!("top of the queue: reserved to start by {} on {}", fmt_time_ms(r.start_ms), names.join(", ")));
+                    self.plan.reservation = Some(r);
+                }
+                None => reasons.push("no reservation possible: the jobs holding the nodes it needs have no time limit".to_string()),
+            }
+        }
+    }
+
+    fn lists_id(&mut self, j: &JobRequest) -> u32 {
+        if j.constraint.is_empty() && j.nodelist.is_empty() && j.exclude.is_empty() {
+            return 0;
+        }
+        let key = (j.constraint.clone(), j.nodelist.clone(), j.exclude.clone());
+        let next = self.lists_ix.len() as u32 + 1;
+        *self.lists_ix.entry(key).or_insert(next)
+    }
+
+    fn switch_strict(&self, j: &JobRequest) -> Option<u32> {
+        let (limit, wait_ms) = j.switches?;
+        (self.now_ms < j.submit_ms.saturating_add(wait_ms)).then_some(limit)
+    }
+
+    fn restricted(&self, j: &JobRequest, end_ms: Option<u64>) -> bool {
+        match &self.resv {
+            None => false,
+            Some(r) => r.job != j.id && end_ms.is_none_or(|e| e > r.start_ms),
+        }
+    }
+
+    /// Places `j` now (or, with `dry`, only checks); on failure, every resource reason.
+    fn attempt(&mut self, j: &JobRequest, part: u16, tid: u16, end_ms: Option<u64>, dry: bool) -> Result<(), Vec<String>> {
+        let restricted = self.restricted(j, end_ms);
+        let key = ShapeKey {
+            part,
+            tid,
+            gpus: j.gpus_per_node,
+            cpus: j.cpus_per_node,
+            mem_mib: j.mem_per_node_mib,
+            nodes: j.nodes,
+            exclusive: j.exclusive,
+            lists: self.lists_id(j),
+            switch_strict: self.switch_strict(j),
+            unrestricted: !restricted,
+        };
+        if let Some(r) = self.fail_cache.get(&key) {
+            return Err(r.clone());
+        }
+        match self.find(j, part, tid, restricted) {
+            Ok(picks) => {
+                if !dry {
+                    self.commit(j, picks, end_ms);
+                }
+                Ok(())
+            }
+            Err(fail) => {
+                let mut reasons = self.explain(j, part, tid, fail);
+                if restricted && self.find(j, part, tid, false).is_ok() {
+                    if let Some(r) = &self.resv {
+                        reasons = vec![format!("held for backfill reservation of job {} until {}", r.job, fmt_time_ms(r.start_ms))];
+                    }
+                }
+                self.fail_cache.insert(key, reasons.clone());
+                Err(reasons)
+            }
+        }
+    }
+
+    fn node_ok(&self, n: usize, j: &JobRequest, tid: u16, restricted: bool) -> bool {
+        let node = &self.nodes[n];
+        if node_matches(node, j).is_err() {
+            return false;
+        }
+        if j.exclusive && !node.idle() {
+            return false;
+        }
+        if node.cpus_free() < j.cpus_per_node || node.mem_free_mib() < j.mem_per_node_mib {
+            return false;
+        }
+        if restricted {
+            if let Some(r) = &self.resv {
+                if let Some(s) = r.spare.get(&n) {
+                    if j.exclusive {
+                        return false;
+                    }
+                    let conflict = r.tid == ANY || tid == ANY || r.tid == tid;
+                    if (conflict && j.gpus_per_node > s.gpus) || j.cpus_per_node > s.cpus || j.mem_per_node_mib > s.mem_mib {
+                        return false;
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    fn pick(&self, n: usize, j: &JobRequest, tid: u16) -> Option<Pick> {
+        let node = &self.nodes[n];
+        let k = j.gpus_per_node as usize;
+        if self.type_is_mig[tid as usize] {
+            let name = &self.type_names[tid as usize];
+            let free: Vec<(usize, usize)> = node
+                .gpus
+                .iter()
+                .enumerate()
+                .filter(|(_, g)| g.healthy && g.mig_enabled)
+                .flat_map(|(gi, g)| g.mig.iter().enumerate().filter(|(_, m)| !m.busy && &m.profile == name).map(move |(mi, _)| (gi, mi)))
+                .collect();
+            let mig = topo::pick_mig(node, &free, k)?;
+            return Some(Pick { node: n, gpus: Vec::new(), mig });
+        }
+        let free: Vec<usize> = node
+            .gpus
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| g.free() && (tid == ANY || g.gres_type == self.type_names[tid as usize]))
+            .map(|(i, _)| i)
+            .collect();
+        let gpus = topo::pick_gpus(node, &free, k, j.cpus_per_node)?;
+        Some(Pick { node: n, gpus, mig: Vec::new() })
+    }
+
+    fn find(&self, j: &JobRequest, part: u16, tid: u16, restricted: bool) -> Result<Vec<Pick>, Fail> {
+        let need = j.gpus_per_node;
+        let Some(b) = self.index.get(&(part, tid)) else {
+            return Err(Fail::Never(self.never_text(j, part)));
+        };
+        if j.nodes == 1 {
+            if !j.nodelist.is_empty() {
+                for name in &j.nodelist {
+                    let Some(&n) = self.name_ix.get(name.as_str()) else { continue };
+                    if !self.node_parts[n].contains(&part) || !self.nodes[n].schedulable {
+                        continue;
+                    }
+                    if self.node_ok(n, j, tid, restricted) {
+                        if let Some(p) = self.pick(n, j, tid) {
+                            return Ok(vec![p]);
+                        }
+                    }
+                }
+                return Err(Fail::NoNode);
+            }
+            let mut tries = 0usize;
+            for bucket in b.by_free.iter().skip(need as usize) {
+                for &n in bucket {
+                    tries += 1;
+                    if tries > SINGLE_NODE_TRIES_MAX {
+                        return Err(Fail::NoNode);
+                    }
+                    let n = n as usize;
+                    if self.node_ok(n, j, tid, restricted) {
+                        if let Some(p) = self.pick(n, j, tid) {
+                            return Ok(vec![p]);
+                        }
+                    }
+                }
+            }
+            return Err(Fail::NoNode);
+        }
+        let possible = b.count_at_least(need);
+        if possible < j.nodes as usize {
+            return Err(Fail::Gang { have: possible });
+        }
+        let cands: Vec<usize> = b
+            .by_free
+            .iter()
+            .skip(need as usize)
+            .flat_map(|s| s.iter().map(|&n| n as usize))
+            .filter(|&n| self.node_ok(n, j, tid, restricted))
+            .collect();
+        let mut required = Vec::new();
+        if j.nodelist.len() < j.nodes as usize {
+            for name in &j.nodelist {
+                match self.name_ix.get(name.as_str()) {
+                    Some(&n) if cands.contains(&n) => required.push(n),
+                    _ => return Err(Fail::Required(name.clone())),
+                }
+            }
+        }
+        if cands.len() < j.nodes as usize {
+            return Err(Fail::Gang { have: cands.len() });
+        }
+        let chosen = choose_gang(&self.nodes, &cands, j.nodes as usize, &required);
+        if let Some(limit) = self.switch_strict(j) {
+            let mut sw: Vec<Option<&str>> = chosen.iter().map(|&n| self.nodes[n].location.switch.as_deref()).collect();
+            sw.sort_unstable();
+            sw.dedup();
+            let best = sw.len() as u32;
+            if best > limit {
+                let until_ms = j.submit_ms.saturating_add(j.switches.map_or(0, |s| s.1));
+                return Err(Fail::Switches { limit, best, until_ms });
+            }
+        }
+        let mut picks = Vec::with_capacity(chosen.len());
+        for n in chosen {
+            match self.pick(n, j, tid) {
+                Some(p) => picks.push(p),
+                None => return Err(Fail::Gang { have: cands.len() }),
+            }
+        }
+        Ok(picks)
+    }
+
+    /// Why `j` could never fit (capacity, features, partition), or a generic text.
+    fn never_text(&self, j: &JobRequest, part: u16) -> String {
+        let pname = &self.part_names[part as usize];
+        if !self.index.contains_key(&(part, ANY)) {
+            return format!("cannot ever run: partition {pname} has no node up");
+        }
+        format!("cannot ever run: no node up in partition {pname} has {}", self.kind(j))
+    }
+
+    fn capacity_text(&self, j: &JobRequest, part: u16, tid: u16) -> Option<String> {
+        let pname = &self.part_names[part as usize];
+        let b = self.index.get(&(part, tid))?;
+        let mut capable = 0usize;
+        let mut matching = 0usize;
+        let mut best: (u32, u32, u64) = (0, 0, 0);
+        for n in b.all() {
+            let node = &self.nodes[n as usize];
+            if node_matches(node, j).is_err() {
+                continue;
+            }
+            matching += 1;
+            let total = total_count(node, tid, &self.type_names, &self.type_is_mig);
+            best = best.max((total, node.cpus_total, node.mem_total_mib));
+            if total >= j.gpus_per_node && node.cpus_total >= j.cpus_per_node && node.mem_total_mib >= j.mem_per_node_mib {
+                capable += 1;
+            }
+        }
+        if matching == 0 {
+            return Some(format!("cannot ever run: no node up in partition {pname} matches its constraint and node lists"));
+        }
+        if capable >= j.nodes as usize {
+            return None;
+        }
+        Some(format!(
+            "cannot ever run: needs {} node(s) with {}x {}, {} cpus and {} MiB; partition {pname} has {capable} (largest: {}x, {} cpus, {} MiB)",
+            j.nodes,
+            j.gpus_per_node,
+            self.kind(j),
+            j.cpus_per_node,
+            j.mem_per_node_mib,
+            best.0,
+            best.1,
+            best.2
+        ))
+    }
+
+    fn explain(&mut self, j: &JobRequest, part: u16, tid: u16, fail: Fail) -> Vec<String> {
+        if let Fail::Never(s) = fail {
+            return vec![s];
+        }
+        if let Some(s) = self.capacity_text(j, part, tid) {
+            return vec![s];
+        }
+        let kind = self.kind(j);
+        match fail {
+            Fail::Never(s) => vec![s],
+            Fail::Required(name) => vec![format!("required node {name} cannot take it now")],
+            Fail::Switches { limit, best, until_ms } => vec![format!(
+                "needs {} nodes on at most {limit} leaf switch(es); the best free set spans {best} (waits for that until {})",
+                j.nodes,
+                fmt_time_ms(until_ms)
+            )],
+            Fail::Gang { have } => {
+                vec![format!("needs {} nodes with {}x {kind} free each; {have} have them now", j.nodes, j.gpus_per_node)]
+            }
+            Fail::NoNode => {
+                let largest = self.largest_free(j, part, tid);
+                match largest {
+                    None => vec![format!("needs {}x {kind} on one node; none is free", j.gpus_per_node)],
+                    Some((free, n)) if free < j.gpus_per_node => {
+                        let held = self.held_text(n, tid);
+                        let name = &self.nodes[n].name;
+                        vec![format!("needs {}x {kind} on one node; largest free: {free} on {name}{held}", j.gpus_per_node)]
+                    }
+                    Some((_, n)) => {
+                        let node = &self.nodes[n];
+                        let mut v = vec![format!(
+                            "needs {} cpus and {} MiB beside {}x {kind} on one node; {} has {} cpus and {} MiB free",
+                            j.cpus_per_node,
+                            j.mem_per_node_mib,
+                            j.gpus_per_node,
+                            node.name,
+                            node.cpus_free(),
+                            node.mem_free_mib()
+                        )];
+                        if j.exclusive {
+                            v.push("needs an idle node (exclusive)".to_string());
+                        }
+                        v
+                    }
+                }
+            }
+        }
+    }
+
+    /// The matching node with the most free of the type: (free, node).
+    fn largest_free(&self, j: &JobRequest, part: u16, tid: u16) -> Option<(u32, usize)> {
+        let b = self.index.get(&(part, tid))?;
+        for (free, bucket) in b.by_free.iter().enumerate().rev() {
+            if let Some(&n) = bucket.iter().find(|&&n| node_matches(&self.nodes[n as usize], j).is_ok()) {
+                return Some((free as u32, n as usize));
+            }
+        }
+        None
+    }
+
+    /// ` (2 held by job 41, 1 unhealthy)` for the GPUs of type `tid` on node `n` not free.
+    fn held_text(&mut self, n: usize, tid: u16) -> String {
+        self.ensure_holders();
+        let node = &self.nodes[n];
+        let mut by_job: BTreeMap<JobId, u32> = BTreeMap::new();
+        let mut unhealthy = 0;
+        let holders = self.holders.as_ref().map(|h| &h[n]);
+        for g in &node.gpus {
+            if self.type_is_mig[tid as usize] {
+                for m in g.mig.iter().filter(|m| m.profile == self.type_names[tid as usize]) {
+                    if m.busy {
+                        let slot = mig_slot(g.index, m.start_slice);
+                        if let Some(&(_, job)) = holders.and_then(|h| h.iter().find(|(s, _)| *s == slot)) {
+                            *by_job.entry(job).or_default() += 1;
+                        }
+                    }
+                }
+                continue;
+            }
+            if g.mig_enabled || !(tid == ANY || g.gres_type == self.type_names[tid as usize]) {
+                continue;
+            }
+            if !g.healthy {
+                unhealthy += 1;
+            } else if g.busy {
+                if let Some(&(_, job)) = holders.and_then(|h| h.iter().find(|(s, _)| *s == g.index)) {
+                    *by_job.entry(job).or_default() += 1;
+                }
+            }
+        }
+        let mut parts: Vec<String> = by_job.iter().map(|(job, c)| format!("{c} held by job {job}")).collect();
+        if unhealthy > 0 {
+            parts.push(format!("{unhealthy} unhealthy"));
+        }
+        if parts.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", parts.join(", "))
+        }
+    }
+
+    fn ensure_holders(&mut self) {
+        if self.holders.is_some() {
+            return;
+        }
+        let mut h: Vec<Vec<(u32, JobId)>> = vec![Vec::new(); self.nodes.len()];
+        for j in &self.view.jobs {
+            for a in &j.held {
+                if let Some(&n) = self.node_ix.get(&a.node) {
+                    h[n].extend(a.gpus.iter().map(|&s| (s, j.id)));
+                }
+            }
+        }
+        for p in &self.plan.placements {
+            for a in &p.allocs {
+                if let Some(&n) = self.node_ix.get(&a.node) {
+                    h[n].extend(a.gpus.iter().map(|&s| (s, p.job)));
+                }
+            }
+        }
+        self.holders = Some(h);
+    }
+
+    fn commit(&mut self, j: &JobRequest, picks: Vec<Pick>, end_ms: Option<u64>) {
+        let placement = self.plan.placements.len();
+        let mut allocs = Vec::with_capacity(picks.len());
+        let restricted = self.restricted(j, end_ms);
+        for pick in picks {
+            let n = pick.node;
+            let node = &self.nodes[n];
+            let mut gpus: Vec<u32> = pick.gpus.iter().map(|&p| node.gpus[p].index).collect();
+            gpus.extend(pick.mig.iter().map(|&(g, m)| mig_slot(node.gpus[g].index, node.gpus[g].mig[m].start_slice)));
+            gpus.sort_unstable();
+            let (cpus, mem_mib) = if j.exclusive { (node.cpus_free(), node.mem_free_mib()) } else { (j.cpus_per_node, j.mem_per_node_mib) };
+            let alloc = Allocation { node: node.id, gpus, cpus, mem_mib };
+            let numa_cpus = cpu_shares(node, &alloc.gpus, cpus);
+            let mut positions = pick.gpus.clone();
+            positions.extend(pick.mig.iter().map(|&(g, _)| g));
+            let nic = topo::nearest_nic(node, &positions);
+            self.plan.bindings.push(Binding { placement, node: node.id, gpus: alloc.gpus.clone(), numa_cpus, nic });
+            let taken = self.nodes[n].take(&alloc);
+            assert!(taken.is_ok(), "scheduler handed out a held resource on node {}: {taken:?}", alloc.node);
+            self.reindex(n);
+            if restricted {
+                if let Some(r) = &mut self.resv {
+                    if let Some(s) = r.spare.get_mut(&n) {
+                        s.gpus = s.gpus.saturating_sub(alloc.gpus.len() as u32);
+                        s.cpus = s.cpus.saturating_sub(cpus);
+                        s.mem_mib = s.mem_mib.saturating_sub(mem_mib);
+                    }
+                }
+            }
+            let end = end_ms.unwrap_or(u64::MAX);
+            if let Some(t) = &mut self.timeline {
+                t[n].push((end, alloc.clone()));
+                t[n].sort_by_key(|e| e.0);
+            }
+            if let Some(h) = &mut self.holders {
+                h[n].extend(alloc.gpus.iter().map(|&s| (s, j.id)));
+            }
+            self.placed.push((n, end, alloc.clone()));
+            allocs.push(alloc);
+        }
+        self.plan.placements.push(Placement { job: j.id, run: if j.is_array() { 1 } else { j.run }, allocs });
+    }
+
+    fn reindex(&mut self, n: usize) {
+        let node = &self.nodes[n];
+        if !node.schedulable {
+            return;
+        }
+        for k in 0..self.node_keys[n].len() {
+            let (p, t, old) = self.node_keys[n][k];
+            let new = free_count(node, t, &self.type_names, &self.type_is_mig);
+            if new != old {
+                if let Some(b) = self.index.get_mut(&(p, t)) {
+                    b.remove(old, n as u32);
+                    b.insert(new, n as u32);
+                }
+                self.node_keys[n][k].2 = new;
+            }
+        }
+    }
+
+    fn job_end_ms(&self, j: &JobRequest) -> u64 {
+        match self.effective_limit_ms(j) {
+            Some(l) => j.start_ms.unwrap_or(self.now_ms).saturating_add(l).max(self.now_ms),
+            None => u64::MAX,
+        }
+    }
+
+    fn ensure_timeline(&mut self) {
+        if self.timeline.is_some() {
+            return;
+        }
+        let mut t: Vec<Vec<(u64, Allocation)>> = vec![Vec::new(); self.nodes.len()];
+        for j in &self.view.jobs {
+            if j.held.is_empty() {
+                continue;
+            }
+            let end = self.job_end_ms(j);
+            for a in &j.held {
+                if let Some(&n) = self.node_ix.get(&a.node) {
+                    // Parts of an earlier run are stopping: count them free now.
+                    let e = if j.running.contains(a) { end } else { self.now_ms };
+                    t[n].push((e, a.clone()));
+                }
+            }
+        }
+        for (n, end, a) in &self.placed {
+            t[*n].push((*end, a.clone()));
+        }
+        for v in &mut t {
+            v.sort_by_key(|e| e.0);
+        }
+        self.timeline = Some(t);
+    }
+
+    /// The EASY reservation for `j`: the earliest time `j.nodes` matching nodes have what it
+    /// needs once running jobs end at their time limits, and those nodes.
+    fn reserve(&mut self, j: &JobRequest, part: u16, tid: u16) -> Option<Reservation> {
+        self.ensure_timeline();
+        let timeline = self.timeline.as_ref()?;
+        let b = self.index.get(&(part, tid))?;
+        let mut times: Vec<(u64, NodeId, usize, Spare)> = Vec::new();
+        for n in b.all() {
+            let n = n as usize;
+            let node = &self.nodes[n];
+            if node_matches(node, j).is_err() {
+                continue;
+            }
+            let mut free = Spare {
+                gpus: free_count(node, tid, &self.type_names, &self.type_is_mig),
+                cpus: node.cpus_free(),
+                mem_mib: node.mem_free_mib(),
+            };
+            let enough = |f: &Spare, idle: bool| {
+                f.gpus >= j.gpus_per_node && f.cpus >= j.cpus_per_node && f.mem_mib >= j.mem_per_node_mib && (!j.exclusive || idle)
+            };
+            let releases = &timeline[n];
+            let mut at = if enough(&free, releases.is_empty() && node.idle()) { Some(self.now_ms) } else { None };
+            let mut k = 0;
+            while at.is_none() && k < releases.len() {
+                let (end, a) = &releases[k];
+                free.gpus += freed_count(node, a, tid, &self.type_names, &self.type_is_mig);
+                free.cpus += a.cpus;
+                free.mem_mib += a.mem_mib;
+                k += 1;
+                let done = k == releases.len() || releases[k].0 > *end;
+                if done && enough(&free, k == releases.len()) && *end != u64::MAX {
+                    at = Some(*end);
+                }
+            }
+            if let Some(t) = at {
+                times.push((t, node.id, n, free));
+            }
+        }
+        if times.len() < j.nodes as usize {
+            return None;
+        }
+        times.sort_by_key(|e| (e.0, e.1));
+        times.truncate(j.nodes as usize);
+        let start_ms = times.last().map(|e| e.0)?;
+        let mut spare = BTreeMap::new();
+        for (_, _, n, _) in &times {
+            let node = &self.nodes[*n];
+            let mut f = Spare {
+                gpus: free_count(node, tid, &self.type_names, &self.type_is_mig),
+                cpus: node.cpus_free(),
+                mem_mib: node.mem_free_mib(),
+            };
+            for (end, a) in timeline[*n].iter().filter(|e| e.0 <= start_ms) {
+                let _ = end;
+                f.gpus += freed_count(node, a, tid, &self.type_names, &self.type_is_mig);
+                f.cpus += a.cpus;
+                f.mem_mib += a.mem_mib;
+            }
+            let s = if j.exclusive {
+                Spare { gpus: 0, cpus: 0, mem_mib: 0 }
+            } else {
+                Spare {
+                    gpus: f.gpus.saturating_sub(j.gpus_per_node),
+                    cpus: f.cpus.saturating_sub(j.cpus_per_node),
+                    mem_mib: f.mem_mib.saturating_sub(j.mem_per_node_mib),
+                }
+            };
+            spare.insert(*n, s);
+        }
+        let nodes: Vec<NodeId> = times.iter().map(|e| e.1).collect();
+        self.resv = Some(Resv { job: j.id, start_ms, tid, spare });
+        Some(Reservation { job: j.id, start_ms, nodes })
+    }
+
+    /// Chooses running jobs to preempt so `j` fits next pass; `None` when its QoS may not
+    /// preempt or preempting cannot make room.
+    fn try_preempt(&mut self, j: &JobRequest, i: usize, part: u16, tid: u16) -> Option<Vec<JobId>> {
+        let view = self.view;
+        let qos = view.config.qos.get(j.qos.as_deref().unwrap_or("normal"))?;
+        if qos.preempt.is_empty() {
+            return None;
+        }
+        let my_prio = self.prio[i];
+        let b = self.index.get(&(part, tid))?;
+        // Running jobs of a preemptible QoS, by node.
+        let mut victims_on: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (vi, v) in view.jobs.iter().enumerate() {
+            if v.state != JobState::Running || v.running.is_empty() || self.preempted.contains(&v.id) || v.id == j.id {
+                continue;
+            }
+            if !qos.preempt.iter().any(|q| q == v.qos.as_deref().unwrap_or("normal")) {
+                continue;
+            }
+            for a in &v.running {
+                if let Some(&n) = self.node_ix.get(&a.node) {
+                    victims_on.entry(n).or_default().push(vi);
+                }
+            }
+        }
+        let mut options: Vec<(usize, u32, NodeId, usize, Vec<usize>)> = Vec::new();
+        for n in b.all() {
+            let n = n as usize;
+            let node = &self.nodes[n];
+            if node_matches(node, j).is_err() {
+                continue;
+            }
+            let mut vs = victims_on.get(&n).cloned().unwrap_or_default();
+            vs.sort_by_key(|&vi| (self.prio[vi], Reverse(view.jobs[vi].start_ms), view.jobs[vi].id));
+            vs.dedup();
+            let mut free = Spare {
+                gpus: free_count(node, tid, &self.type_names, &self.type_is_mig),
+                cpus: node.cpus_free(),
+                mem_mib: node.mem_free_mib(),
+            };
+            let mut chosen = Vec::new();
+            let mut gpus_taken = 0;
+            let enough = |f: &Spare| f.gpus >= j.gpus_per_node && f.cpus >= j.cpus_per_node && f.mem_mib >= j.mem_per_node_mib;
+            for &vi in &vs {
+                if enough(&free) && !j.exclusive {
+                    break;
+                }
+                if self.prio[vi] >= my_prio {
+                    break;
+                }
+                for a in view.jobs[vi].running.iter().filter(|a| a.node == node.id) {
+                    let g = freed_count(node, a, tid, &self.type_names, &self.type_is_mig);
+                    free.gpus += g;
+                    gpus_taken += g;
+                    free.cpus += a.cpus;
+                    free.mem_mib += a.mem_mib;
+                }
+                chosen.push(vi);
+            }
+            let idle_after = !j.exclusive || (free.cpus == node.cpus_total && free.mem_mib == node.mem_total_mib);
+            if enough(&free) && idle_after {
+                options.push((chosen.len(), gpus_taken, node.id, n, chosen));
+            }
+        }
+        if options.len() < j.nodes as usize {
+            return None;
+        }
+        options.sort_by_key(|o| (o.0, o.1, o.2));
+        let mut victims: BTreeSet<usize> = BTreeSet::new();
+        for o in options.iter().take(j.nodes as usize) {
+            victims.extend(o.4.iter().copied());
+        }
+        if victims.is_empty() {
+            return None;
+        }
+        let mut ids = Vec::new();
+        for vi in victims {
+            let v = &view.jobs[vi];
+            let mode = view.config.qos.get(v.qos.as_deref().unwrap_or("normal")).map_or(PreemptAction::Requeue, |q| q.preempt_mode);
+            let action = if mode == PreemptAction::Requeue && !v.requeue { PreemptAction::Cancel } else { mode };
+            self.preempted.insert(v.id);
+            self.plan.preemptions.push((v.id, action));
+            ids.push(v.id);
+        }
+        ids.sort_unstable();
+        Some(ids)
+    }
+
+    /// Suggests layouts for idle MIG-mode GPUs whose instances serve no pending demand.
+    fn mig_relayout(&mut self) {
+        let mut demand: BTreeMap<String, u32> = BTreeMap::new();
+        let mut demand_parts: BTreeSet<u16> = BTreeSet::new();
+        for (id, reasons) in &self.plan.pending {
+            let Some(&i) = self.job_ix.get(id) else { continue };
+            let j = &self.view.jobs[i];
+            let Some(t) = j.gpu_type.as_deref() else { continue };
+            if !is_mig_profile(t) || !self.eligibility(j).is_empty() || reasons.iter().any(|r| r.starts_with("held for backfill")) {
+                continue;
+            }
+            *demand.entry(t.to_string()).or_default() += j.gpus_per_node.saturating_mul(j.nodes);
+            if let Some(p) = self.partition_of(j) {
+                demand_parts.insert(p);
+            }
+        }
+        if demand.is_empty() {
+            return;
+        }
+        let max = self.view.config.mig_layouts_per_pass_max as usize;
+        for (n, node) in self.nodes.iter().enumerate() {
+            if self.plan.mig_layouts.len() >= max {
+                break;
+            }
+            if !node.schedulable || !self.node_parts[n].iter().any(|p| demand_parts.contains(p)) {
+                continue;
+            }
+            for g in &node.gpus {
+                if self.plan.mig_layouts.len() >= max || demand.values().all(|&c| c == 0) {
+                    break;
+                }
+                let Some(model) = g.model else { continue };
+                if !g.mig_enabled || !g.healthy || g.busy || g.mig.iter().any(|m| m.busy) {
+                    continue;
+                }
+                if g.mig.iter().any(|m| demand.get(&m.profile).is_some_and(|&c| c > 0)) {
+                    continue;
+                }
+                let layout = mig::plan_layout(model, &demand);
+                if layout.instances.is_empty() {
+                    continue;
+                }
+                for p in layout.profiles() {
+                    if let Some(c) = demand.get_mut(&p) {
+                        *c = c.saturating_sub(1);
+                    }
+                }
+                self.plan.mig_layouts.push((node.id, g.index, layout.profiles()));
+            }
+        }
+    }
+}
+
+/// Free units of type `tid` on a node: whole GPUs, or MIG instances of a profile.
+fn free_count(node: &NodeView, tid: u16, names: &[String], is_mig: &[bool]) -> u32 {
+    count(node, tid, names, is_mig, true)
+}
+
+fn total_count(node: &NodeView, tid: u16, names: &[String], is_mig: &[bool]) -> u32 {
+    count(node, tid, names, is_mig, false)
+}
+
+fn count(node: &NodeView, tid: u16, names: &[String], is_mig: &[bool], only_free: bool) -> u32 {
+    let t = tid as usize;
+    if is_mig[t] {
+        node.gpus
+            .iter()
+            .filter(|g| g.healthy && g.mig_enabled)
+            .flat_map(|g| g.mig.iter())
+            .filter(|m| (!only_free || !m.busy) && m.profile == names[t])
+            .count() as u32
+    } else {
+        node.gpus
+            .iter()
+            .filter(|g| g.healthy && !g.mig_enabled && (!only_free || !g.busy) && (tid == ANY || g.gres_type == names[t]))
+            .count() as u32
+    }
+}
+
+/// Units of type `tid` that `alloc` frees on `node` when it ends.
+fn freed_count(node: &NodeView, alloc: &Allocation, tid: u16, names: &[String], is_mig: &[bool]) -> u32 {
+    let t = tid as usize;
+    alloc
+        .gpus
+        .iter()
+        .filter(|&&s| match decode_slot(s) {
+            Slot::Gpu(i) => {
+                !is_mig[t]
+                    && node.gpus.iter().any(|g| g.index == i && g.healthy && !g.mig_enabled && (tid == ANY || g.gres_type == names[t]))
+            }
+            Slot::Mig { gpu, start_slice } => {
+                is_mig[t]
+                    && node
+                        .gpus
+                        .iter()
+                        .any(|g| g.index == gpu && g.mig.iter().any(|m| m.start_slice == start_slice && m.profile == names[t]))
+            }
+        })
+        .count() as u32
+}
+
+/// Picks `n` of `cands` (ordered by free capacity, then id) for a gang: the tightest NVLink
+/// domain, then leaf switch, then block that holds them all (keeping larger ones free), else
+/// the fewest switches across blocks. `required` nodes are always in.
+fn choose_gang(nodes: &[NodeView], cands: &[usize], n: usize, required: &[usize]) -> Vec<usize> {
+    type KeyFn = fn(&NodeView) -> Option<&str>;
+    let levels: [KeyFn; 3] = [|v| v.location.nvlink_domain.as_deref(), |v| v.location.switch.as_deref(), |v| v.location.block.as_deref()];
+    let switch_sizes = group_sizes(nodes, cands, |v| v.location.switch.as_deref());
+    let rank: BTreeMap<usize, usize> = cands.iter().enumerate().map(|(i, &c)| (c, i)).collect();
+    let order_in = |group: &[usize]| -> Vec<usize> {
+        let mut g = group.to_vec();
+        // Fullest switches first (fewest switches), then the candidate order.
+        g.sort_by_key(|&c| {
+            let sw = nodes[c].location.switch.as_deref();
+            (!required.contains(&c), Reverse(switch_sizes.get(&sw).copied().unwrap_or(0)), sw, rank.get(&c).copied())
+        });
+        g.truncate(n);
+        g
+    };
+    for key in levels {
+        let mut groups: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for &c in cands {
+            if let Some(k) = key(&nodes[c]) {
+                groups.entry(k).or_default().push(c);
+            }
+        }
+        let best =
+            groups.iter().filter(|(_, g)| g.len() >= n && required.iter().all(|r| g.contains(r))).min_by_key(|(k, g)| (g.len(), **k));
+        if let Some((_, g)) = best {
+            return order_in(g);
+        }
+    }
+    let block_sizes = group_sizes(nodes, cands, |v| v.location.block.as_deref());
+    let mut all = cands.to_vec();
+    all.sort_by_key(|&c| {
+        let v = &nodes[c];
+        let (b, sw) = (v.location.block.as_deref(), v.location.switch.as_deref());
+        (
+            !required.contains(&c),
+            Reverse(block_sizes.get(&b).copied().unwrap_or(0)),
+            b,
+            Reverse(switch_sizes.get(&sw).copied().unwrap_or(0)),
+            sw,
+            rank.get(&c).copied(),
+        )
+    });
+    all.truncate(n);
+    all
+}
+
+fn group_sizes<'a>(nodes: &'a [NodeView], cands: &[usize], key: fn(&NodeView) -> Option<&str>) -> BTreeMap<Option<&'a str>, usize> {
+    let mut m: BTreeMap<Option<&str>, usize> = BTreeMap::new();
+    for &c in cands {
+        *m.entry(key(&nodes[c])).or_default() += 1;
+    }
+    m
+}

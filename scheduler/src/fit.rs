@@ -1,0 +1,233 @@
+//! Re-checking a placement against the current state: [`fits`] per node, [`fits_gang`] for all
+//! nodes of a job. `ClusterState::apply` uses them to reject stale plans.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use proto::{Allocation, NodeId};
+
+use crate::mig;
+use crate::view::{decode_slot, JobRequest, NodeView, Slot};
+
+/// Why a placement does not fit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Misfit {
+    NodeUnavailable,
+    WrongNode {
+        want: NodeId,
+        got: NodeId,
+    },
+    NotInPartition(String),
+    MissingFeature(String),
+    Excluded(String),
+    NotInNodelist(String),
+    /// An exclusive job needs a node nothing else holds.
+    NotIdle,
+    UnknownGpu(u32),
+    GpuBusy(u32),
+    GpuUnhealthy(u32),
+    /// A GPU in MIG mode is handed out by instance only.
+    GpuInMigMode(u32),
+    WrongGpuType {
+        index: u32,
+        want: String,
+        have: String,
+    },
+    DuplicateGpu(u32),
+    WrongGpuCount {
+        want: u32,
+        got: u32,
+    },
+    UnknownMig {
+        gpu: u32,
+        start_slice: u32,
+    },
+    MigBusy {
+        gpu: u32,
+        start_slice: u32,
+    },
+    WrongMigProfile {
+        gpu: u32,
+        start_slice: u32,
+        want: String,
+        have: String,
+    },
+    /// The allocation gives fewer CPUs or less memory than the job asks.
+    Short {
+        cpus: u32,
+        mem_mib: u64,
+    },
+    Cpus {
+        want: u32,
+        free: u32,
+    },
+    Memory {
+        want_mib: u64,
+        free_mib: u64,
+    },
+    WrongNodeCount {
+        want: u32,
+        got: u32,
+    },
+    DuplicateNode(NodeId),
+    UnknownNode(NodeId),
+    MissingRequiredNode(String),
+    OnNode {
+        node: NodeId,
+        misfit: Box<Misfit>,
+    },
+}
+
+impl fmt::Display for Misfit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Misfit::NodeUnavailable => write!(f, "node is not up"),
+            Misfit::WrongNode { want, got } => write!(f, "allocation names node {got}, checked against node {want}"),
+            Misfit::NotInPartition(p) => write!(f, "node is not in partition {p}"),
+            Misfit::MissingFeature(feat) => write!(f, "node lacks feature {feat}"),
+            Misfit::Excluded(n) => write!(f, "node {n} is excluded"),
+            Misfit::NotInNodelist(n) => write!(f, "node {n} is not in the node list"),
+            Misfit::NotIdle => write!(f, "exclusive job needs an idle node"),
+            Misfit::UnknownGpu(i) => write!(f, "gpu {i} does not exist"),
+            Misfit::GpuBusy(i) => write!(f, "gpu {i} is busy"),
+            Misfit::GpuUnhealthy(i) => write!(f, "gpu {i} is unhealthy"),
+            Misfit::GpuInMigMode(i) => write!(f, "gpu {i} is in MIG mode"),
+            Misfit::WrongGpuType { index, want, have } => write!(f, "gpu {index} is {have}, not {want}"),
+            Misfit::DuplicateGpu(i) => write!(f, "gpu {i} listed twice"),
+            Misfit::WrongGpuCount { want, got } => write!(f, "needs {want} gpus, plan gives {got}"),
+            Misfit::UnknownMig { gpu, start_slice } => write!(f, "gpu {gpu} has no MIG instance at slice {start_slice}"),
+            Misfit::MigBusy { gpu, start_slice } => write!(f, "MIG instance at slice {start_slice} of gpu {gpu} is busy"),
+            Misfit::WrongMigProfile { gpu, start_slice, want, have } => {
+                write!(f, "MIG instance at slice {start_slice} of gpu {gpu} is {have}, not {want}")
+            }
+            Misfit::Short { cpus, mem_mib } => write!(f, "allocation gives less than the job asks ({cpus} cpus, {mem_mib} MiB)"),
+            Misfit::Cpus { want, free } => write!(f, "needs {want} cpus, {free} free"),
+            Misfit::Memory { want_mib, free_mib } => write!(f, "needs {want_mib} MiB, {free_mib} MiB free"),
+            Misfit::WrongNodeCount { want, got } => write!(f, "needs {want} nodes, plan gives {got}"),
+            Misfit::DuplicateNode(n) => write!(f, "node {n} listed twice"),
+            Misfit::UnknownNode(n) => write!(f, "node {n} does not exist"),
+            Misfit::MissingRequiredNode(n) => write!(f, "required node {n} is not in the plan"),
+            Misfit::OnNode { node, misfit } => write!(f, "node {node}: {misfit}"),
+        }
+    }
+}
+
+impl std::error::Error for Misfit {}
+
+/// Whether `gres_type` names a MIG profile of some known model.
+pub fn is_mig_profile(gres_type: &str) -> bool {
+    mig::Model::ALL.iter().any(|m| m.profile(gres_type).is_some())
+}
+
+/// Static checks: everything but free resources (partition by the node's own list only).
+pub(crate) fn node_matches(node: &NodeView, job: &JobRequest) -> Result<(), Misfit> {
+    if !node.schedulable {
+        return Err(Misfit::NodeUnavailable);
+    }
+    if let Some(p) = &job.partition {
+        if !node.partitions.is_empty() && !node.partitions.contains(p) {
+            return Err(Misfit::NotInPartition(p.clone()));
+        }
+    }
+    if let Some(feat) = job.constraint.iter().find(|c| !node.features.contains(c)) {
+        return Err(Misfit::MissingFeature(feat.clone()));
+    }
+    if job.exclude.contains(&node.name) {
+        return Err(Misfit::Excluded(node.name.clone()));
+    }
+    // A node list at least as long as the gang names every node; a shorter one names the
+    // required nodes and the rest are free to choose (checked in `fits_gang`).
+    if !job.nodelist.is_empty() && job.nodelist.len() >= job.nodes as usize && !job.nodelist.contains(&node.name) {
+        return Err(Misfit::NotInNodelist(node.name.clone()));
+    }
+    Ok(())
+}
+
+/// Whether `job` can run on `node` with exactly `alloc`, given what the node holds now.
+pub fn fits(node: &NodeView, job: &JobRequest, alloc: &Allocation) -> Result<(), Misfit> {
+    if alloc.node != node.id {
+        return Err(Misfit::WrongNode { want: node.id, got: alloc.node });
+    }
+    node_matches(node, job)?;
+    if job.exclusive && !node.idle() {
+        return Err(Misfit::NotIdle);
+    }
+    let got = alloc.gpus.len() as u32;
+    if got != job.gpus_per_node {
+        return Err(Misfit::WrongGpuCount { want: job.gpus_per_node, got });
+    }
+    let want_mig = job.gpu_type.as_deref().filter(|t| is_mig_profile(t));
+    for (i, &id) in alloc.gpus.iter().enumerate() {
+        if alloc.gpus[..i].contains(&id) {
+            return Err(Misfit::DuplicateGpu(id));
+        }
+        match decode_slot(id) {
+            Slot::Gpu(index) => {
+                let slot = node.gpus.iter().find(|g| g.index == index).ok_or(Misfit::UnknownGpu(index))?;
+                if !slot.healthy {
+                    return Err(Misfit::GpuUnhealthy(index));
+                }
+                if slot.mig_enabled {
+                    return Err(Misfit::GpuInMigMode(index));
+                }
+                if slot.busy {
+                    return Err(Misfit::GpuBusy(index));
+                }
+                if let Some(want) = &job.gpu_type {
+                    if &slot.gres_type != want {
+                        return Err(Misfit::WrongGpuType { index, want: want.clone(), have: slot.gres_type.clone() });
+                    }
+                }
+            }
+            Slot::Mig { gpu, start_slice } => {
+                let g = node.gpus.iter().find(|g| g.index == gpu).ok_or(Misfit::UnknownGpu(gpu))?;
+                let m = g.mig.iter().find(|m| m.start_slice == start_slice).ok_or(Misfit::UnknownMig { gpu, start_slice })?;
+                if !g.healthy {
+                    return Err(Misfit::GpuUnhealthy(gpu));
+                }
+                if m.busy {
+                    return Err(Misfit::MigBusy { gpu, start_slice });
+                }
+                match want_mig {
+                    Some(want) if want == m.profile => {}
+                    _ => {
+                        let want = job.gpu_type.clone().unwrap_or_else(|| "a whole gpu".to_string());
+                        return Err(Misfit::WrongMigProfile { gpu, start_slice, want, have: m.profile.clone() });
+                    }
+                }
+            }
+        }
+    }
+    if alloc.cpus < job.cpus_per_node || alloc.mem_mib < job.mem_per_node_mib {
+        return Err(Misfit::Short { cpus: alloc.cpus, mem_mib: alloc.mem_mib });
+    }
+    if alloc.cpus > node.cpus_free() {
+        return Err(Misfit::Cpus { want: alloc.cpus, free: node.cpus_free() });
+    }
+    if alloc.mem_mib > node.mem_free_mib() {
+        return Err(Misfit::Memory { want_mib: alloc.mem_mib, free_mib: node.mem_free_mib() });
+    }
+    Ok(())
+}
+
+/// Whether every allocation of a gang fits: one per node, distinct nodes, the job's node count,
+/// every required node of `--nodelist` present.
+pub fn fits_gang(view_nodes: &BTreeMap<NodeId, NodeView>, job: &JobRequest, allocs: &[Allocation]) -> Result<(), Misfit> {
+    let got = allocs.len() as u32;
+    if got != job.nodes {
+        return Err(Misfit::WrongNodeCount { want: job.nodes, got });
+    }
+    for (i, a) in allocs.iter().enumerate() {
+        if allocs[..i].iter().any(|b| b.node == a.node) {
+            return Err(Misfit::DuplicateNode(a.node));
+        }
+        let node = view_nodes.get(&a.node).ok_or(Misfit::UnknownNode(a.node))?;
+        fits(node, job, a).map_err(|m| Misfit::OnNode { node: a.node, misfit: Box::new(m) })?;
+    }
+    for name in &job.nodelist {
+        if !allocs.iter().any(|a| view_nodes.get(&a.node).is_some_and(|n| &n.name == name)) {
+            return Err(Misfit::MissingRequiredNode(name.clone()));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,426 @@
+//! MIG profile tables and the layout planner.
+//!
+//! A MIG-capable GPU has 8 memory slices and 7 compute slices. Each profile takes some of each
+//! and may only start at certain memory slices (`nvidia-smi mig -lgipp`). The H200 table is
+//! taken from the real fixtures in `shared/fixtures/gpu/h200/`:
+//!
+//! ```text
+//! GPU  0 Profile ID 19 Placements: {0,1,2,3,4,5,6}:1   1g.18gb
+//! GPU  0 Profile ID 20 Placements: {0,1,2,3,4,5,6}:1   1g.18gb+me (1 per GPU)
+//! GPU  0 Profile ID 15 Placements: {0,2,4,6}:2         1g.35gb
+//! GPU  0 Profile ID 14 Placements: {0,2,4}:2           2g.35gb
+//! GPU  0 Profile ID  9 Placements: {0,4}:4             3g.71gb
+//! GPU  0 Profile ID  5 Placement : {0}:4               4g.71gb
+//! GPU  0 Profile ID  0 Placement : {0}:8               7g.141gb
+//! ```
+//!
+//! H100 80GB and A100 40/80GB share the same slice geometry with their own memory sizes.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// Memory slices of a MIG-capable GPU.
+pub const MEMORY_SLICES: u32 = 8;
+/// Compute (GPC) slices of a MIG-capable GPU.
+pub const COMPUTE_SLICES: u32 = 7;
+/// Bound on instances on one GPU (7 x 1g plus one spare), so every search is bounded.
+pub const INSTANCES_PER_GPU_MAX: usize = 8;
+
+/// A GPU model with a known MIG profile table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Model {
+    A100Gb40,
+    A100Gb80,
+    H100Gb80,
+    H200Gb141,
+}
+
+/// One MIG GPU-instance profile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Profile {
+    pub name: &'static str,
+    pub compute_slices: u32,
+    pub memory_slices: u32,
+    pub memory_mib: u64,
+    /// Memory slices the instance may start at.
+    pub starts: &'static [u32],
+    /// At most this many instances of the profile on one GPU.
+    pub instances_max: u32,
+}
+
+const fn p(name: &'static str, compute: u32, memory: u32, memory_mib: u64, starts: &'static [u32], max: u32) -> Profile {
+    Profile { name, compute_slices: compute, memory_slices: memory, memory_mib, starts, instances_max: max }
+}
+
+const ANY_1: &[u32] = &[0, 1, 2, 3, 4, 5, 6];
+const EVEN_2: &[u32] = &[0, 2, 4, 6];
+const TWO_G: &[u32] = &[0, 2, 4];
+const HALF: &[u32] = &[0, 4];
+const ZERO: &[u32] = &[0];
+
+static H200: [Profile; 7] = [
+    p("1g.18gb", 1, 1, 16384, ANY_1, 7),
+    p("1g.18gb+me", 1, 1, 16384, ANY_1, 1),
+    p("1g.35gb", 1, 2, 33280, EVEN_2, 4),
+    p("2g.35gb", 2, 2, 33280, TWO_G, 3),
+    p("3g.71gb", 3, 4, 71424, HALF, 2),
+    p("4g.71gb", 4, 4, 71424, ZERO, 1),
+    p("7g.141gb", 7, 8, 143360, ZERO, 1),
+];
+static H100_80: [Profile; 7] = [
+    p("1g.10gb", 1, 1, 9856, ANY_1, 7),
+    p("1g.10gb+me", 1, 1, 9856, ANY_1, 1),
+    p("1g.20gb", 1, 2, 19968, EVEN_2, 4),
+    p("2g.20gb", 2, 2, 19968, TWO_G, 3),
+    p("3g.40gb", 3, 4, 40192, HALF, 2),
+    p("4g.40gb", 4, 4, 40192, ZERO, 1),
+    p("7g.80gb", 7, 8, 80384, ZERO, 1),
+];
+static A100_80: [Profile; 7] = [
+    p("1g.10gb", 1, 1, 9728, ANY_1, 7),
+    p("1g.10gb+me", 1, 1, 9728, ANY_1, 1),
+    p("1g.20gb", 1, 2, 19968, EVEN_2, 4),
+    p("2g.20gb", 2, 2, 19968, TWO_G, 3),
+    p("3g.40gb", 3, 4, 40192, HALF, 2),
+    p("4g.40gb", 4, 4, 40192, ZERO, 1),
+    p("7g.80gb", 7, 8, 80384, ZERO, 1),
+];
+static A100_40: [Profile; 7] = [
+    p("1g.5gb", 1, 1, 4864, ANY_1, 7),
+    p("1g.5gb+me", 1, 1, 4864, ANY_1, 1),
+    p("1g.10gb", 1, 2, 9984, EVEN_2, 4),
+    p("2g.10gb", 2, 2, 9984, TWO_G, 3),
+    p("3g.20gb", 3, 4, 19968, HALF, 2),
+    p("4g.20gb", 4, 4, 19968, ZERO, 1),
+    p("7g.40gb", 7, 8, 40192, ZERO, 1),
+];
+
+impl Model {
+    pub const ALL: [Model; 4] = [Model::A100Gb40, Model::A100Gb80, Model::H100Gb80, Model::H200Gb141];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Model::A100Gb40 => "A100 40GB",
+            Model::A100Gb80 => "A100 80GB",
+            Model::H100Gb80 => "H100 80GB",
+            Model::H200Gb141 => "H200",
+        }
+    }
+
+    pub fn profiles(self) -> &'static [Profile] {
+        match self {
+            Model::A100Gb40 => &A100_40,
+            Model::A100Gb80 => &A100_80,
+            Model::H100Gb80 => &H100_80,
+            Model::H200Gb141 => &H200,
+        }
+    }
+
+    pub fn profile(self, name: &str) -> Option<&'static Profile> {
+        self.profiles().iter().find(|p| p.name == name)
+    }
+
+    /// The model from `nvidia-smi`'s product name and the GPU's memory (A100 comes in two sizes).
+    pub fn detect(product_name: &str, memory_mib: u64) -> Option<Model> {
+        let upper = product_name.to_ascii_uppercase();
+        if upper.contains("H200") {
+            Some(Model::H200Gb141)
+        } else if upper.contains("H100") {
+            Some(Model::H100Gb80)
+        } else if upper.contains("A100") {
+            Some(if memory_mib > 48 * 1024 || upper.contains("80GB") { Model::A100Gb80 } else { Model::A100Gb40 })
+        } else {
+            None
+        }
+    }
+}
+
+impl fmt::Display for Model {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One instance of a layout: a profile at a start slice.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Placed {
+    pub profile: String,
+    pub start_slice: u32,
+    pub size_slices: u32,
+}
+
+/// A set of instances on one GPU, ordered by start slice.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub model: Model,
+    pub instances: Vec<Placed>,
+}
+
+impl Layout {
+    pub fn profiles(&self) -> Vec<String> {
+        self.instances.iter().map(|i| i.profile.clone()).collect()
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MigError {
+    UnknownProfile {
+        model: Model,
+        profile: String,
+    },
+    TooManyInstances {
+        model: Model,
+        profile: String,
+        want: u32,
+        max: u32,
+    },
+    ComputeSlices {
+        model: Model,
+        profiles: Vec<String>,
+        want: u32,
+    },
+    MemorySlices {
+        model: Model,
+        profiles: Vec<String>,
+        want: u32,
+        free: u32,
+    },
+    /// Enough slices in total, but the start-slice rules leave no arrangement.
+    NoArrangement {
+        model: Model,
+        profiles: Vec<String>,
+        taken: Vec<u32>,
+        rules: String,
+    },
+}
+
+/// `3g.71gb: slices 0-3 or 4-7`.
+fn rule_text(p: &Profile) -> String {
+    let spans: Vec<String> =
+        p.starts.iter().map(|s| if p.memory_slices == 1 { format!("{s}") } else { format!("{s}-{}", s + p.memory_slices - 1) }).collect();
+    let word = if p.memory_slices == 1 { "slice" } else { "slices" };
+    format!("{}: {word} {}", p.name, spans.join(" or "))
+}
+
+impl fmt::Display for MigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MigError::UnknownProfile { model, profile } => {
+                let known: Vec<&str> = model.profiles().iter().map(|p| p.name).collect();
+                write!(f, "{model} has no MIG profile {profile} (known: {})", known.join(", "))
+            }
+            MigError::TooManyInstances { model, profile, want, max } => {
+                write!(f, "cannot place {want}x {profile} on one {model}: at most {max} per GPU")
+            }
+            MigError::ComputeSlices { model, profiles, want } => write!(
+                f,
+                "cannot place {} on one {model}: they need {want} compute slices, a GPU has {COMPUTE_SLICES}",
+                profiles.join(", ")
+            ),
+            MigError::MemorySlices { model, profiles, want, free } => write!(
+                f,
+                "cannot place {} on one {model}: they need {want} memory slices, {free} of {MEMORY_SLICES} are free",
+                profiles.join(", ")
+            ),
+            MigError::NoArrangement { model, profiles, taken, rules } => {
+                let taken_text = if taken.is_empty() {
+                    String::new()
+                } else {
+                    let t: Vec<String> = taken.iter().map(u32::to_string).collect();
+                    format!("; slices {} are taken", t.join(", "))
+                };
+                write!(f, "cannot place {} on one {model}: {rules}{taken_text}", profiles.join(", "))
+            }
+        }
+    }
+}
+
+impl std::error::Error for MigError {}
+
+fn mask(start: u32, size: u32) -> u8 {
+    debug_assert!(start + size <= MEMORY_SLICES);
+    (((1u16 << size) - 1) << start) as u8
+}
+
+/// Depth-first search over start slices; `items` sorted largest first. Bounded: at most
+/// `INSTANCES_PER_GPU_MAX` levels, 7 branches each.
+fn search(items: &[&'static Profile], occupied: u8, out: &mut Vec<(usize, u32)>, depth: usize) -> bool {
+    if depth == items.len() {
+        return true;
+    }
+    let p = items[depth];
+    for &start in p.starts {
+        let m = mask(start, p.memory_slices);
+        if occupied & m != 0 {
+            continue;
+        }
+        // Identical profiles in ascending start order only (prunes symmetric branches).
+        if depth > 0 && std::ptr::eq(items[depth - 1], p) && out.last().is_some_and(|&(_, s)| s > start) {
+            continue;
+        }
+        out.push((depth, start));
+        if search(items, occupied | m, out, depth + 1) {
+            return true;
+        }
+        out.pop();
+    }
+    false
+}
+
+/// Whether `profiles` can all live on one idle GPU of `model`; the layout when they can.
+pub fn placeable<S: AsRef<str>>(model: Model, profiles: &[S]) -> Result<Layout, MigError> {
+    placeable_with(model, &[], profiles)
+}
+
+/// Like [`placeable`] on a GPU that already holds `existing` instances (profile, start slice).
+pub fn placeable_with<S: AsRef<str>>(model: Model, existing: &[Placed], profiles: &[S]) -> Result<Layout, MigError> {
+    let names: Vec<String> = profiles.iter().map(|s| s.as_ref().to_string()).collect();
+    let mut items: Vec<&'static Profile> = Vec::with_capacity(names.len());
+    for name in &names {
+        let profile = model.profile(name).ok_or_else(|| MigError::UnknownProfile { model, profile: name.clone() })?;
+        items.push(profile);
+    }
+    let mut occupied = 0u8;
+    let mut compute = 0u32;
+    let mut counts: BTreeMap<&str, u32> = BTreeMap::new();
+    for e in existing {
+        let profile = model.profile(&e.profile).ok_or_else(|| MigError::UnknownProfile { model, profile: e.profile.clone() })?;
+        occupied |= mask(e.start_slice.min(MEMORY_SLICES - 1), e.size_slices.min(MEMORY_SLICES - e.start_slice.min(MEMORY_SLICES - 1)));
+        compute += profile.compute_slices;
+        *counts.entry(profile.name).or_default() += 1;
+    }
+    for p in &items {
+        *counts.entry(p.name).or_default() += 1;
+    }
+    for (name, &want) in &counts {
+        if let Some(p) = model.profile(name) {
+            if want > p.instances_max {
+                return Err(MigError::TooManyInstances { model, profile: name.to_string(), want, max: p.instances_max });
+            }
+        }
+    }
+    compute += items.iter().map(|p| p.compute_slices).sum::<u32>();
+    if compute > COMPUTE_SLICES || items.len() + existing.len() > INSTANCES_PER_GPU_MAX {
+        return Err(MigError::ComputeSlices { model, profiles: names, want: compute });
+    }
+    let memory: u32 = items.iter().map(|p| p.memory_slices).sum();
+    let free = MEMORY_SLICES - occupied.count_ones();
+    if memory > free {
+        return Err(MigError::MemorySlices { model, profiles: names, want: memory, free });
+    }
+    // Largest first, then fewest start choices, then name: a stable, quick search order.
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (pa, pb) = (items[a], items[b]);
+        pb.memory_slices.cmp(&pa.memory_slices).then(pa.starts.len().cmp(&pb.starts.len())).then(pa.name.cmp(pb.name))
+    });
+    let sorted: Vec<&'static Profile> = order.iter().map(|&i| items[i]).collect();
+    let mut out = Vec::with_capacity(sorted.len());
+    if !search(&sorted, occupied, &mut out, 0) {
+        let mut seen: Vec<&str> = Vec::new();
+        let mut rules = Vec::new();
+        for p in &sorted {
+            if !seen.contains(&p.name) {
+                seen.push(p.name);
+                rules.push(rule_text(p));
+            }
+        }
+        let taken: Vec<u32> = (0..MEMORY_SLICES).filter(|s| occupied & (1 << s) != 0).collect();
+        return Err(MigError::NoArrangement { model, profiles: names, taken, rules: rules.join("; ") });
+    }
+    let mut instances: Vec<Placed> = existing.to_vec();
+    for (i, start) in out {
+        let p = sorted[i];
+        instances.push(Placed { profile: p.name.to_string(), start_slice: start, size_slices: p.memory_slices });
+    }
+    instances.sort_by_key(|i| i.start_slice);
+    Ok(Layout { model, instances })
+}
+
+/// The layout an idle GPU of `model` should take to serve as much of `demand` (profile ->
+/// instances wanted) as one GPU can: largest profiles first, each added while it still fits.
+/// Unknown profiles are ignored. Empty demand gives an empty layout.
+pub fn plan_layout(model: Model, demand: &BTreeMap<String, u32>) -> Layout {
+    let mut wanted: Vec<(&'static Profile, u32)> =
+        demand.iter().filter_map(|(name, &n)| model.profile(name).map(|p| (p, n.min(COMPUTE_SLICES)))).collect();
+    wanted.sort_by(|a, b| b.0.compute_slices.cmp(&a.0.compute_slices).then(a.0.name.cmp(b.0.name)));
+    let mut chosen: Vec<&str> = Vec::new();
+    let mut best = Layout { model, instances: Vec::new() };
+    for (profile, count) in wanted {
+        for _ in 0..count {
+            chosen.push(profile.name);
+            match placeable(model, &chosen) {
+                Ok(layout) => best = layout,
+                Err(_) => {
+                    chosen.pop();
+                    break;
+                }
+            }
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn h200_three_g_starts_only_at_zero_or_four() {
+        let l = placeable(Model::H200Gb141, &["3g.71gb", "3g.71gb"]).unwrap();
+        let starts: Vec<u32> = l.instances.iter().map(|i| i.start_slice).collect();
+        assert_eq!(starts, vec![0, 4]);
+        let existing = [Placed { profile: "1g.18gb".into(), start_slice: 1, size_slices: 1 }];
+        let l = placeable_with(Model::H200Gb141, &existing, &["3g.71gb"]).unwrap();
+        assert_eq!(l.instances[1], Placed { profile: "3g.71gb".into(), start_slice: 4, size_slices: 4 });
+    }
+
+    #[test]
+    fn start_rules_make_a_fitting_total_impossible() {
+        let existing = [
+            Placed { profile: "1g.18gb".into(), start_slice: 1, size_slices: 1 },
+            Placed { profile: "1g.18gb".into(), start_slice: 5, size_slices: 1 },
+        ];
+        let err = placeable_with(Model::H200Gb141, &existing, &["3g.71gb"]).unwrap_err();
+        assert_eq!(err.to_string(), "cannot place 3g.71gb on one H200: 3g.71gb: slices 0-3 or 4-7; slices 1, 5 are taken");
+    }
+
+    #[test]
+    fn impossible_sets_name_profiles_and_slices() {
+        let err = placeable(Model::H200Gb141, &["3g.71gb", "3g.71gb", "1g.18gb"]).unwrap_err();
+        assert_eq!(err.to_string(), "cannot place 3g.71gb, 3g.71gb, 1g.18gb on one H200: they need 9 memory slices, 8 of 8 are free");
+        let err = placeable(Model::H200Gb141, &["4g.71gb", "4g.71gb"]).unwrap_err();
+        assert_eq!(err.to_string(), "cannot place 2x 4g.71gb on one H200: at most 1 per GPU");
+        let err = placeable(Model::H200Gb141, &["4g.71gb", "2g.35gb", "2g.35gb"]).unwrap_err();
+        assert_eq!(err.to_string(), "cannot place 4g.71gb, 2g.35gb, 2g.35gb on one H200: they need 8 compute slices, a GPU has 7");
+        let err = placeable(Model::H200Gb141, &["5g.90gb"]).unwrap_err();
+        assert!(err.to_string().starts_with("H200 has no MIG profile 5g.90gb"));
+    }
+
+    #[test]
+    fn mixed_layouts_use_the_allowed_starts() {
+        let l = placeable(Model::H200Gb141, &["3g.71gb", "2g.35gb", "2g.35gb"]).unwrap();
+        let got: Vec<(String, u32)> = l.instances.iter().map(|i| (i.profile.clone(), i.start_slice)).collect();
+        assert_eq!(got, vec![("2g.35gb".into(), 0), ("2g.35gb".into(), 2), ("3g.71gb".into(), 4)]);
+        let l = placeable(Model::H200Gb141, &["1g.18gb"; 7]).unwrap();
+        assert_eq!(l.instances.iter().map(|i| i.start_slice).collect::<Vec<_>>(), (0..7).collect::<Vec<_>>());
+        assert!(placeable(Model::H200Gb141, &["1g.18gb"; 8]).is_err());
+    }
+
+    #[test]
+    fn plan_layout_serves_demand_largest_first() {
+        let demand: BTreeMap<String, u32> = [("3g.71gb".to_string(), 1), ("1g.18gb".to_string(), 10)].into();
+        let l = plan_layout(Model::H200Gb141, &demand);
+        assert_eq!(l.profiles(), vec!["1g.18gb", "1g.18gb", "1g.18gb", "1g.18gb", "3g.71gb"]);
+        let l = plan_layout(Model::A100Gb40, &[("3g.20gb".to_string(), 3)].into());
+        assert_eq!(l.profiles(), vec!["3g.20gb", "3g.20gb"]);
+    }
+
+    #[test]
+    fn detects_models() {
+        assert_eq!(Model::detect("NVIDIA H200", 143771), Some(Model::H200Gb141));
+        assert_eq!(Model::detect("NVIDIA A100-SXM4-40GB", 40960), Some(Model::A100Gb40));
+        assert_eq!(Model::detect("NVIDIA A100-SXM4-80GB", 81920), Some(Model::A100Gb80));
+        assert_eq!(Model::detect("NVIDIA L40S", 46068), None);
+    }
+}

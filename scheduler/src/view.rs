@@ -1,0 +1,447 @@
+//! What the scheduler sees: nodes with what they hold, jobs, partitions, usage and config. Built
+//! by the caller from the replicated state with [`node_view`], [`NodeView::take`] and
+//! [`job_request`].
+
+use std::collections::BTreeMap;
+
+use proto::{Allocation, ArraySpec, ArrayTask, Dependency, Inventory, JobId, JobState, Link, NetworkLocation, Nic, NodeId, RunNo};
+
+use crate::fit::Misfit;
+use crate::mig;
+
+/// Nodes with more GPUs than this are cut to their first 64 (every per-node set is a `u64`).
+pub const GPUS_PER_NODE_MAX: usize = 64;
+
+/// `Allocation::gpus` entries at or above this name a MIG instance, not a whole GPU:
+/// `MIG_SLOT_BASE | gpu_index << 8 | start_slice`. See [`mig_slot`] and [`decode_slot`].
+pub const MIG_SLOT_BASE: u32 = 0x8000_0000;
+
+/// The `Allocation::gpus` entry for the MIG instance starting at `start_slice` of GPU `gpu`.
+pub fn mig_slot(gpu: u32, start_slice: u32) -> u32 {
+    assert!(gpu < (1 << 20) && start_slice < 256, "mig slot out of range: gpu {gpu} slice {start_slice}");
+    MIG_SLOT_BASE | (gpu << 8) | start_slice
+}
+
+/// What an `Allocation::gpus` entry names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Slot {
+    Gpu(u32),
+    Mig { gpu: u32, start_slice: u32 },
+}
+
+pub fn decode_slot(id: u32) -> Slot {
+    if id & MIG_SLOT_BASE != 0 {
+        Slot::Mig { gpu: (id & !MIG_SLOT_BASE) >> 8, start_slice: id & 0xff }
+    } else {
+        Slot::Gpu(id)
+    }
+}
+
+/// One existing MIG instance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MigSlot {
+    pub profile: String,
+    pub start_slice: u32,
+    pub size_slices: u32,
+    pub busy: bool,
+}
+
+/// One GPU of a node as placement sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuSlot {
+    pub index: u32,
+    pub gres_type: String,
+    pub model: Option<mig::Model>,
+    pub numa_node: Option<u32>,
+    pub healthy: bool,
+    /// In MIG mode: only its instances are schedulable, never the whole GPU.
+    pub mig_enabled: bool,
+    pub mig: Vec<MigSlot>,
+    /// Held by a job (running, or stopping and not yet confirmed gone).
+    pub busy: bool,
+}
+
+impl GpuSlot {
+    /// Free as a whole GPU.
+    pub fn free(&self) -> bool {
+        !self.busy && self.healthy && !self.mig_enabled
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NumaView {
+    pub numa: u32,
+    pub cpus_total: u32,
+    pub cpus_used: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeView {
+    pub id: NodeId,
+    pub name: String,
+    /// UP and not drained.
+    pub schedulable: bool,
+    pub gpus: Vec<GpuSlot>,
+    pub cpus_total: u32,
+    pub cpus_used: u32,
+    pub mem_total_mib: u64,
+    pub mem_used_mib: u64,
+    /// CPUs per NUMA node, ascending; one domain 0 holding every CPU when unknown.
+    pub numa: Vec<NumaView>,
+    /// `gpu_links[i][j]` between GPU indices i and j; empty when unknown.
+    pub gpu_links: Vec<Vec<Link>>,
+    pub nics: Vec<Nic>,
+    pub location: NetworkLocation,
+    pub features: Vec<String>,
+    /// Partitions named by the node (empty: the default partition).
+    pub partitions: Vec<String>,
+}
+
+/// A node as placement sees it, from its inventory. Unhealthy GPUs are kept but never handed
+/// out; MIG instances come from `GpuInfo::mig`.
+pub fn node_view(id: NodeId, name: &str, inventory: &Inventory, schedulable: bool) -> NodeView {
+    let gpus: Vec<GpuSlot> = inventory
+        .gpus
+        .iter()
+        .take(GPUS_PER_NODE_MAX)
+        .map(|g| GpuSlot {
+            index: g.index,
+            gres_type: g.gres_type.clone(),
+            model: mig::Model::detect(&g.model, g.memory_mib),
+            numa_node: g.numa_node,
+            healthy: g.healthy,
+            mig_enabled: g.mig_enabled,
+            mig: g
+                .mig
+                .iter()
+                .map(|m| MigSlot { profile: m.profile.clone(), start_slice: m.start_slice, size_slices: m.size_slices, busy: false })
+                .collect(),
+            busy: false,
+        })
+        .collect();
+    let mut numa: Vec<NumaView> =
+        inventory.topology.numa_cpus.iter().map(|(&n, cpus)| NumaView { numa: n, cpus_total: cpus.len() as u32, cpus_used: 0 }).collect();
+    let numa_cpus: u32 = numa.iter().map(|n| n.cpus_total).sum();
+    if numa.is_empty() || numa_cpus != inventory.cpus {
+        numa = vec![NumaView { numa: 0, cpus_total: inventory.cpus, cpus_used: 0 }];
+    }
+    NodeView {
+        id,
+        name: name.to_string(),
+        schedulable,
+        gpus,
+        cpus_total: inventory.cpus,
+        cpus_used: 0,
+        mem_total_mib: inventory.memory_mib,
+        mem_used_mib: 0,
+        numa,
+        gpu_links: inventory.topology.gpu_links.clone(),
+        nics: inventory.topology.nics.clone(),
+        location: inventory.location.clone(),
+        features: inventory.features.clone(),
+        partitions: inventory.partitions.clone(),
+    }
+}
+
+impl NodeView {
+    /// Free whole GPUs.
+    pub fn gpus_free(&self) -> u32 {
+        self.gpus.iter().filter(|g| g.free()).count() as u32
+    }
+
+    pub fn cpus_free(&self) -> u32 {
+        self.cpus_total.saturating_sub(self.cpus_used)
+    }
+
+    pub fn mem_free_mib(&self) -> u64 {
+        self.mem_total_mib.saturating_sub(self.mem_used_mib)
+    }
+
+    /// Nothing on it is held.
+    pub fn idle(&self) -> bool {
+        self.cpus_used == 0 && self.mem_used_mib == 0 && self.gpus.iter().all(|g| !g.busy && g.mig.iter().all(|m| !m.busy))
+    }
+
+    /// Marks an allocation's resources held. Everything it names is marked, even past an error,
+    /// so the view stays conservative; the first problem (a GPU held twice, an unknown GPU or
+    /// instance) is returned for the caller to log: it means the state holds a double booking.
+    pub fn take(&mut self, alloc: &Allocation) -> Result<(), Misfit> {
+        let mut first_err: Option<Misfit> = None;
+        let note = |e: Misfit, first: &mut Option<Misfit>| {
+            if first.is_none() {
+                *first = Some(e);
+            }
+        };
+        for &id in &alloc.gpus {
+            match decode_slot(id) {
+                Slot::Gpu(index) => match self.gpus.iter_mut().find(|g| g.index == index) {
+                    Some(g) => {
+                        if g.busy {
+                            note(Misfit::GpuBusy(index), &mut first_err);
+                        }
+                        g.busy = true;
+                    }
+                    None => note(Misfit::UnknownGpu(index), &mut first_err),
+                },
+                Slot::Mig { gpu, start_slice } => {
+                    let slot =
+                        self.gpus.iter_mut().find(|g| g.index == gpu).and_then(|g| g.mig.iter_mut().find(|m| m.start_slice == start_slice));
+                    match slot {
+                        Some(m) => {
+                            if m.busy {
+                                note(Misfit::MigBusy { gpu, start_slice }, &mut first_err);
+                            }
+                            m.busy = true;
+                        }
+                        None => note(Misfit::UnknownMig { gpu, start_slice }, &mut first_err),
+                    }
+                }
+            }
+        }
+        let shares = cpu_shares(self, &alloc.gpus, alloc.cpus);
+        for (numa, n) in shares {
+            if let Some(d) = self.numa.iter_mut().find(|d| d.numa == numa) {
+                d.cpus_used += n;
+            }
+        }
+        self.cpus_used = self.cpus_used.saturating_add(alloc.cpus);
+        self.mem_used_mib = self.mem_used_mib.saturating_add(alloc.mem_mib);
+        match first_err {
+            None => Ok(()),
+            Some(e) => Err(e),
+        }
+    }
+}
+
+/// NUMA node of an allocation entry (whole GPU or MIG instance).
+pub(crate) fn slot_numa(node: &NodeView, id: u32) -> Option<u32> {
+    let index = match decode_slot(id) {
+        Slot::Gpu(i) => i,
+        Slot::Mig { gpu, .. } => gpu,
+    };
+    node.gpus.iter().find(|g| g.index == index).and_then(|g| g.numa_node)
+}
+
+/// How `cpus` CPUs of an allocation on `gpus` are spread over NUMA nodes: the GPUs' NUMA nodes
+/// first (most GPUs first, then lowest id), then the others by id; each takes what it has free.
+/// Anything left over is charged to the first domain. The same rule is used when placing and in
+/// [`NodeView::take`], so both agree.
+pub fn cpu_shares(node: &NodeView, gpus: &[u32], cpus: u32) -> Vec<(u32, u32)> {
+    let mut weight: BTreeMap<u32, u32> = BTreeMap::new();
+    for &id in gpus {
+        if let Some(n) = slot_numa(node, id) {
+            *weight.entry(n).or_default() += 1;
+        }
+    }
+    let mut order: Vec<(u32, u32)> = node.numa.iter().map(|d| (d.numa, weight.get(&d.numa).copied().unwrap_or(0))).collect();
+    order.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut left = cpus;
+    let mut out: Vec<(u32, u32)> = Vec::new();
+    for (numa, _) in order {
+        if left == 0 {
+            break;
+        }
+        let free = node.numa.iter().find(|d| d.numa == numa).map_or(0, |d| d.cpus_total.saturating_sub(d.cpus_used));
+        let n = free.min(left);
+        if n > 0 {
+            out.push((numa, n));
+            left -= n;
+        }
+    }
+    if left > 0 {
+        let first = node.numa.first().map_or(0, |d| d.numa);
+        match out.iter_mut().find(|(n, _)| *n == first) {
+            Some(e) => e.1 += left,
+            None => out.push((first, left)),
+        }
+    }
+    out.sort();
+    out
+}
+
+/// What one job asks, as placement sees it. Built from a `proto::Job` with [`job_request`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobRequest {
+    pub id: JobId,
+    /// The run a placement starts (the job's next run while pending, its current one otherwise).
+    pub run: RunNo,
+    pub state: JobState,
+    pub name: String,
+    pub user: String,
+    pub account: Option<String>,
+    pub partition: Option<String>,
+    pub qos: Option<String>,
+    /// Nodes of the gang (at least 1).
+    pub nodes: u32,
+    /// Whole GPUs, or MIG instances when `gpu_type` is a MIG profile, on each node.
+    pub gpus_per_node: u32,
+    /// `h100`, `a100`, ... or a MIG profile (`1g.18gb`); `None`: any whole GPU.
+    pub gpu_type: Option<String>,
+    pub cpus_per_node: u32,
+    pub mem_per_node_mib: u64,
+    pub constraint: Vec<String>,
+    pub nodelist: Vec<String>,
+    pub exclude: Vec<String>,
+    pub exclusive: bool,
+    /// Set on an array submission: its tasks are started lazily by the scheduler.
+    pub array: Option<ArraySpec>,
+    /// Set on a task job created from an array.
+    pub array_task: Option<ArrayTask>,
+    pub dependencies: Vec<Dependency>,
+    pub begin_ms: Option<u64>,
+    pub hold: bool,
+    /// At most this many leaf switches, waiting at most this long (ms) from submit.
+    pub switches: Option<(u32, u64)>,
+    pub time_limit_ms: Option<u64>,
+    pub submit_ms: u64,
+    pub start_ms: Option<u64>,
+    pub requeue: bool,
+    /// Allocations of the current run while it runs (what preempting it frees).
+    pub running: Vec<Allocation>,
+    /// Every allocation the job holds (current run and parts still stopping).
+    pub held: Vec<Allocation>,
+}
+
+impl JobRequest {
+    pub fn total_gpus(&self) -> u64 {
+        u64::from(self.gpus_per_node) * u64::from(self.nodes)
+    }
+
+    /// An array submission with tasks still to start.
+    pub fn is_array(&self) -> bool {
+        self.array.is_some() && self.array_task.is_none()
+    }
+}
+
+/// The scheduler's view of a job from the replicated state.
+pub fn job_request(job: &proto::Job) -> JobRequest {
+    let spec = &job.spec;
+    let run = if job.state == JobState::Pending { job.run.saturating_add(1) } else { job.run };
+    let running: Vec<Allocation> = if job.state == JobState::Running {
+        job.parts.iter().filter(|p| p.run == job.run).map(|p| p.alloc.clone()).collect()
+    } else {
+        Vec::new()
+    };
+    JobRequest {
+        id: job.id,
+        run,
+        state: job.state,
+        name: spec.name.clone(),
+        user: spec.user.clone(),
+        account: spec.account.clone(),
+        partition: spec.partition.clone(),
+        qos: spec.qos.clone(),
+        nodes: spec.nodes.max(1),
+        gpus_per_node: spec.gpus(),
+        gpu_type: spec.gres.as_ref().and_then(|g| g.gpu_type.clone()),
+        cpus_per_node: spec.cpus_per_task.saturating_mul(spec.ntasks_per_node.max(1)),
+        mem_per_node_mib: spec.mem_mib,
+        constraint: spec.constraint.clone(),
+        nodelist: spec.nodelist.clone(),
+        exclude: spec.exclude.clone(),
+        exclusive: spec.exclusive,
+        array: if job.array.is_none() { spec.array.clone() } else { None },
+        array_task: job.array.clone(),
+        dependencies: spec.dependencies.clone(),
+        begin_ms: spec.begin_ms,
+        hold: spec.hold,
+        switches: spec.switches,
+        time_limit_ms: spec.time_limit_ms,
+        submit_ms: job.submit_ms,
+        start_ms: job.start_ms,
+        requeue: spec.requeue,
+        running,
+        held: job.parts.iter().map(|p| p.alloc.clone()).collect(),
+    }
+}
+
+/// A partition: time limits and priority tier. Its nodes are those whose inventory names it
+/// (`Inventory::partitions`), plus every node naming no partition when it is the default.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Partition {
+    pub name: String,
+    pub default_time_limit_ms: Option<u64>,
+    pub max_time_limit_ms: Option<u64>,
+    pub priority_tier: u32,
+    /// Jobs without `--partition` go here; nodes that name no partition belong here.
+    pub default: bool,
+}
+
+/// What happens to a job preempted by a QoS allowed to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum PreemptAction {
+    Requeue,
+    Cancel,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Qos {
+    pub priority: u32,
+    /// QoS names whose running jobs this QoS may preempt (a job without QoS is `normal`).
+    pub preempt: Vec<String>,
+    /// What happens to jobs of this QoS when they are preempted. `Requeue` cancels a job
+    /// submitted with `requeue: false`, as Slurm does.
+    pub preempt_mode: PreemptAction,
+}
+
+/// Weights of the multifactor priority; each factor is in [0, 1].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PriorityWeights {
+    pub age: u32,
+    pub job_size: u32,
+    pub partition: u32,
+    pub qos: u32,
+    pub fair_share: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    pub weights: PriorityWeights,
+    /// Age factor reaches 1 after waiting this long.
+    pub age_max_ms: u64,
+    pub qos: BTreeMap<String, Qos>,
+    /// EASY backfill with a reservation for the first job that cannot start.
+    pub backfill: bool,
+    /// Used when no partition is marked default.
+    pub default_partition: String,
+    /// At most this many MIG re-layouts suggested per pass.
+    pub mig_layouts_per_pass_max: u32,
+    /// At most this many tasks of one array started per pass (bounds the work of huge arrays).
+    pub array_tasks_per_pass_max: u32,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            weights: PriorityWeights { age: 1000, job_size: 1000, partition: 10_000, qos: 10_000, fair_share: 10_000 },
+            age_max_ms: 7 * 24 * 3600 * 1000,
+            qos: BTreeMap::new(),
+            backfill: true,
+            default_partition: "default".to_string(),
+            mig_layouts_per_pass_max: 16,
+            array_tasks_per_pass_max: 100_000,
+        }
+    }
+}
+
+/// Key of a user's decayed GPU-seconds in [`ClusterView::usage`].
+pub fn usage_key_user(user: &str) -> String {
+    format!("user:{user}")
+}
+
+/// Key of an account's decayed GPU-seconds in [`ClusterView::usage`].
+pub fn usage_key_account(account: &str) -> String {
+    format!("account:{account}")
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ClusterView {
+    pub nodes: BTreeMap<NodeId, NodeView>,
+    /// Pending and running jobs, in id order; also the finished jobs that pending jobs depend on
+    /// (a dependency on a job not listed here can never be satisfied).
+    pub jobs: Vec<JobRequest>,
+    pub partitions: BTreeMap<String, Partition>,
+    /// Decayed GPU-seconds by `user:NAME` and `account:NAME` (see [`usage_key_user`]).
+    pub usage: BTreeMap<String, f64>,
+    pub config: SchedulerConfig,
+}

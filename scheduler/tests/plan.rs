@@ -1,0 +1,448 @@
+//! Fixture tests: build a cluster, run one pass, assert the exact plan.
+
+use corral_scheduler::testkit::{alloc, at, dgx, h200_mig, pcie_box, spec, Cluster};
+use corral_scheduler::{fits, fits_gang, mig, mig_slot, schedule, Misfit, Partition, PreemptAction, Qos};
+use proto::{ArraySpec, Dependency, DependencyKind, JobState};
+
+const MIN: u64 = 60_000;
+const HOUR: u64 = 3_600_000;
+
+fn gpus_of(plan: &corral_scheduler::Plan, job: u64) -> Vec<(u64, Vec<u32>)> {
+    plan.placements.iter().filter(|p| p.job == job).flat_map(|p| p.allocs.iter().map(|a| (a.node, a.gpus.clone()))).collect()
+}
+
+#[test]
+fn pcie_pairs_stay_under_one_switch_and_singles_fill_broken_pairs() {
+    let mut c = Cluster::new();
+    c.node(1, "n1", pcie_box("l40s"));
+    c.running(1, spec("gpu:1", 1), vec![alloc(1, &[0], 1, 1024)], 0);
+    c.submit(2, spec("gpu:l40s:2", 1), 0).submit(3, spec("gpu:1", 1), 0);
+    let plan = c.schedule(1000);
+    assert_eq!(gpus_of(&plan, 2), vec![(1, vec![2, 3])]);
+    assert_eq!(gpus_of(&plan, 3), vec![(1, vec![1])]);
+    assert!(plan.pending.is_empty());
+}
+
+#[test]
+fn four_gpus_come_from_one_numa_domain_with_its_cpus_and_nic() {
+    let mut c = Cluster::new();
+    c.node(1, "n1", dgx("h100"));
+    c.running(1, spec("gpu:1", 1), vec![alloc(1, &[5], 1, 1024)], 0);
+    let mut s = spec("gpu:h100:4", 1);
+    s.cpus_per_task = 8;
+    s.ntasks_per_node = 4;
+    c.submit(2, s, 0);
+    let plan = c.schedule(1000);
+    // NUMA 1 is partly used (GPU 5), NUMA 0 is whole: the 4-GPU job takes NUMA 0 entire.
+    assert_eq!(gpus_of(&plan, 2), vec![(1, vec![0, 1, 2, 3])]);
+    let b = &plan.bindings[0];
+    assert_eq!(b.numa_cpus, vec![(0, 32)]);
+    assert_eq!(b.nic.as_deref(), Some("mlx5_0"));
+}
+
+#[test]
+fn cpus_follow_the_gpus_numa_node() {
+    let mut c = Cluster::new();
+    c.node(1, "n1", dgx("h100"));
+    c.running(1, spec("gpu:4", 1), vec![alloc(1, &[0, 1, 2, 3], 50, 1024)], 0);
+    let mut s = spec("gpu:2", 1);
+    s.cpus_per_task = 16;
+    c.submit(2, s, 0);
+    let plan = c.schedule(1000);
+    assert_eq!(gpus_of(&plan, 2), vec![(1, vec![4, 5])]);
+    assert_eq!(plan.bindings[0].numa_cpus, vec![(1, 16)]);
+    assert_eq!(plan.bindings[0].nic.as_deref(), Some("mlx5_4"));
+    // Taking the allocation charges the same NUMA node.
+    let mut n = c.view.nodes[&1].clone();
+    n.take(&plan.placements[0].allocs[0]).unwrap();
+    assert_eq!(n.numa[1].cpus_used, 16);
+    assert_eq!(n.numa[0].cpus_used, 50);
+}
+
+fn leafy_cluster() -> Cluster {
+    let mut c = Cluster::new();
+    for id in 1..=12u64 {
+        let (block, sw) = match id {
+            1..=4 => ("b1", "sw1"),
+            5..=8 => ("b1", "sw2"),
+            _ => ("b2", "sw3"),
+        };
+        c.node(id, &format!("n{id}"), at(dgx("h100"), block, sw));
+    }
+    c
+}
+
+#[test]
+fn gangs_take_the_tightest_leaf_switch() {
+    let mut c = leafy_cluster();
+    c.running(1, spec("gpu:8", 1), vec![alloc(1, &[0, 1, 2, 3, 4, 5, 6, 7], 8, 1024)], 0);
+    c.submit(10, spec("gpu:8", 4), 0).submit(11, spec("gpu:8", 3), 0);
+    let plan = c.schedule(1000);
+    let nodes = |job| gpus_of(&plan, job).into_iter().map(|(n, _)| n).collect::<Vec<_>>();
+    assert_eq!(nodes(10), vec![5, 6, 7, 8]);
+    assert_eq!(nodes(11), vec![2, 3, 4]);
+    // A 6-node gang spans the fewest switches of one block when no switch holds it.
+    let mut c = leafy_cluster();
+    c.submit(12, spec("gpu:8", 6), 0);
+    let plan = c.schedule(1000);
+    let got: Vec<u64> = gpus_of(&plan, 12).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(got, vec![1, 2, 3, 4, 5, 6]);
+}
+
+#[test]
+fn switches_limit_waits_then_relaxes() {
+    let mut c = leafy_cluster();
+    for (job, node) in [(1u64, 1u64), (2, 2), (3, 5), (4, 6)] {
+        c.running(job, spec("gpu:8", 1), vec![alloc(node, &[0, 1, 2, 3, 4, 5, 6, 7], 8, 1024)], 0);
+    }
+    for (job, node) in [(5u64, 9u64), (6, 10), (7, 11)] {
+        c.running(job, spec("gpu:8", 1), vec![alloc(node, &[0, 1, 2, 3, 4, 5, 6, 7], 8, 1024)], 0);
+    }
+    let mut s = spec("gpu:8", 4);
+    s.switches = Some((1, 10 * MIN));
+    c.submit(20, s, 0);
+    let plan = c.schedule(MIN);
+    assert!(plan.placements.is_empty());
+    assert_eq!(
+        plan.pending[&20][0],
+        "needs 4 nodes on at most 1 leaf switch(es); the best free set spans 2 (waits for that until 1970-01-01 00:10:00 UTC)"
+    );
+    let plan = c.schedule(11 * MIN);
+    let got: Vec<u64> = gpus_of(&plan, 20).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(got, vec![3, 4, 7, 8]);
+}
+
+#[test]
+fn mig_instances_are_gres_with_start_slices() {
+    let mut c = Cluster::new();
+    c.node(1, "m1", h200_mig(&[&[("3g.71gb", 0), ("3g.71gb", 4)], &[("1g.18gb", 0), ("1g.18gb", 1), ("1g.18gb", 2), ("2g.35gb", 4)], &[]]));
+    c.running(1, spec("gpu:1g.18gb:1", 1), vec![alloc(1, &[mig_slot(1, 0)], 1, 1024)], 0);
+    c.submit(2, spec("gpu:3g.71gb:1", 1), 0).submit(3, spec("gpu:1g.18gb:2", 1), 0).submit(4, spec("gpu:1g.35gb:1", 1), 0);
+    let plan = c.schedule(1000);
+    assert_eq!(gpus_of(&plan, 2), vec![(1, vec![mig_slot(0, 0)])]);
+    assert_eq!(gpus_of(&plan, 3), vec![(1, vec![mig_slot(1, 1), mig_slot(1, 2)])]);
+    assert_eq!(plan.pending[&4], vec!["no node in partition default has gpu:1g.35gb".to_string()]);
+    // The idle MIG GPU 2 is asked to take a layout that serves the pending demand.
+    assert_eq!(plan.mig_layouts, vec![(1, 2, vec!["1g.35gb".to_string()])]);
+    // fits: a whole GPU in MIG mode, a busy instance, a wrong profile.
+    let n = &c.view.nodes[&1];
+    let job = |id| c.view.jobs.iter().find(|j| j.id == id).unwrap().clone();
+    assert_eq!(fits(n, &job(2), &alloc(1, &[0], 1, 1024)), Err(Misfit::GpuInMigMode(0)));
+    assert_eq!(fits(n, &job(3), &alloc(1, &[mig_slot(1, 0), mig_slot(1, 1)], 1, 1024)), Err(Misfit::MigBusy { gpu: 1, start_slice: 0 }));
+    assert_eq!(
+        fits(n, &job(2), &alloc(1, &[mig_slot(1, 4)], 1, 1024)),
+        Err(Misfit::WrongMigProfile { gpu: 1, start_slice: 4, want: "3g.71gb".into(), have: "2g.35gb".into() })
+    );
+}
+
+#[test]
+fn mig_planner_uses_the_real_h200_table() {
+    let layout = mig::placeable(mig::Model::H200Gb141, &["4g.71gb", "3g.71gb"]).unwrap();
+    let got: Vec<(String, u32)> = layout.instances.iter().map(|i| (i.profile.clone(), i.start_slice)).collect();
+    assert_eq!(got, vec![("4g.71gb".into(), 0), ("3g.71gb".into(), 4)]);
+    let err = mig::placeable(mig::Model::H200Gb141, &["7g.141gb", "1g.18gb"]).unwrap_err();
+    assert_eq!(err.to_string(), "cannot place 7g.141gb, 1g.18gb on one H200: they need 8 compute slices, a GPU has 7");
+    let err = mig::placeable(mig::Model::H200Gb141, &["3g.71gb", "3g.71gb", "1g.35gb"]).unwrap_err();
+    assert_eq!(err.to_string(), "cannot place 3g.71gb, 3g.71gb, 1g.35gb on one H200: they need 10 memory slices, 8 of 8 are free");
+}
+
+#[test]
+fn small_jobs_pack_so_a_whole_node_stays_free() {
+    let mut c = Cluster::new();
+    c.node(1, "n1", dgx("h100")).node(2, "n2", dgx("h100"));
+    c.running(1, spec("gpu:2", 1), vec![alloc(2, &[0, 1], 2, 1024)], 0);
+    c.submit(10, spec("gpu:1", 1), 0).submit(11, spec("gpu:1", 1), 0).submit(12, spec("gpu:1", 1), 0).submit(13, spec("gpu:8", 1), 0);
+    let plan = c.schedule(1000);
+    assert_eq!(gpus_of(&plan, 13), vec![(1, (0..8).collect())]);
+    assert_eq!(gpus_of(&plan, 10), vec![(2, vec![2])]);
+    assert_eq!(gpus_of(&plan, 11), vec![(2, vec![3])]);
+    assert_eq!(gpus_of(&plan, 12), vec![(2, vec![4])]);
+}
+
+#[test]
+fn priority_orders_by_fair_share_qos_and_size() {
+    let mut c = Cluster::new();
+    c.node(1, "n1", dgx("h100"));
+    c.running(1, spec("gpu:7", 1), vec![alloc(1, &[0, 1, 2, 3, 4, 5, 6], 1, 1024)], 0);
+    let mut heavy = spec("gpu:1", 1);
+    heavy.user = "alice".into();
+    let mut light = spec("gpu:1", 1);
+    light.user = "bob".into();
+    c.usage("user:alice", 9_000_000.0).usage("user:bob", 1_000_000.0);
+    c.submit(10, heavy, 0).submit(11, light, 0);
+    let plan = c.schedule(1000);
+    assert_eq!(plan.queue.iter().map(|q| q.0).collect::<Vec<_>>(), vec![11, 10]);
+    assert_eq!(gpus_of(&plan, 11), vec![(1, vec![7])]);
+    assert_eq!(
+        plan.pending[&10],
+        vec![
+            "needs 1x gpu on one node; largest free: 0 on n1 (7 held by job 1, 1 held by job 11)",
+            "no reservation possible: the jobs holding the nodes it needs have no time limit",
+        ]
+    );
+    // QoS outweighs fair share.
+    let mut c2 = c.clone();
+    c2.view.config.qos.insert("urgent".into(), Qos { priority: 10, preempt: vec![], preempt_mode: PreemptAction::Requeue });
+    let mut urgent = spec("gpu:1", 1);
+    urgent.user = "alice".into();
+    urgent.qos = Some("urgent".into());
+    c2.submit(12, urgent, 0);
+    let plan = c2.schedule(1000);
+    assert_eq!(plan.queue.iter().map(|q| q.0).collect::<Vec<_>>(), vec![12, 11, 10]);
+}
+
+#[test]
+fn backfill_never_delays_the_top_jobs_reservation() {
+    let mut c = Cluster::new();
+    c.node(1, "n1", dgx("h100"));
+    let mut long = spec("gpu:6", 1);
+    long.time_limit_ms = Some(HOUR);
+    c.running(1, long, vec![alloc(1, &[0, 1, 2, 3, 4, 5], 1, 1024)], 0);
+    let mut top = spec("gpu:8", 1);
+    top.time_limit_ms = Some(HOUR);
+    c.submit(10, top, 0);
+    let mut too_long = spec("gpu:2", 1);
+    too_long.time_limit_ms = Some(2 * HOUR);
+    c.submit(11, too_long, 0);
+    let mut short = spec("gpu:2", 1);
+    short.time_limit_ms = Some(30 * MIN);
+    c.submit(12, short, 0);
+    c.submit(13, spec("gpu:1", 1), 0);
+    let plan = c.schedule(0);
+    assert_eq!(plan.placements.iter().map(|p| p.job).collect::<Vec<_>>(), vec![12]);
+    assert_eq!(plan.reservation, Some(corral_scheduler::Reservation { job: 10, start_ms: HOUR, nodes: vec![1] }));
+    assert_eq!(
+        plan.pending[&10],
+        vec![
+            "needs 8x gpu on one node; largest free: 2 on n1 (6 held by job 1)".to_string(),
+            "top of the queue: reserved to start by 1970-01-01 01:00:00 UTC on n1".to_string(),
+        ]
+    );
+    assert_eq!(plan.pending[&11], vec!["held for backfill reservation of job 10 until 1970-01-01 01:00:00 UTC".to_string()]);
+    assert_eq!(plan.pending[&13], vec!["needs 1x gpu on one node; largest free: 0 on n1 (6 held by job 1, 2 held by job 12)".to_string()]);
+}
+
+#[test]
+fn preemption_frees_room_for_a_qos_allowed_to() {
+    let mut c = Cluster::new();
+    c.node(1, "n1", dgx("h100"));
+    c.view.config.qos.insert("high".into(), Qos { priority: 100, preempt: vec!["normal".into()], preempt_mode: PreemptAction::Cancel });
+    c.view.config.qos.insert("normal".into(), Qos { priority: 0, preempt: vec![], preempt_mode: PreemptAction::Requeue });
+    let mut a = spec("gpu:4", 1);
+    a.requeue = true;
+    c.running(1, a, vec![alloc(1, &[0, 1, 2, 3], 1, 1024)], 0);
+    c.running(2, spec("gpu:4", 1), vec![alloc(1, &[4, 5, 6, 7], 1, 1024)], 1000);
+    let mut hi = spec("gpu:4", 1);
+    hi.qos = Some("high".into());
+    c.submit(3, hi, 2000);
+    let plan = c.schedule(3000);
+    assert!(plan.placements.is_empty());
+    // Job 2 is newer (lower age priority) and not requeueable: it is cancelled.
+    assert_eq!(plan.preemptions, vec![(2, PreemptAction::Cancel)]);
+    assert_eq!(
+        plan.pending[&3],
+        vec![
+            "needs 4x gpu on one node; largest free: 0 on n1 (4 held by job 1, 4 held by job 2)".to_string(),
+            "waiting for preempted jobs 2 to stop".to_string()
+        ]
+    );
+    // A job of a QoS without preempt rights only waits.
+    let mut c2 = c.clone();
+    c2.view.jobs.retain(|j| j.id != 3);
+    c2.submit(4, spec("gpu:4", 1), 2000);
+    assert!(c2.schedule(3000).preemptions.is_empty());
+}
+
+#[test]
+fn arrays_expand_lazily_within_the_throttle() {
+    let mut c = Cluster::new();
+    c.node(1, "n1", dgx("h100"));
+    let mut s = spec("gpu:1", 1);
+    s.array = Some(ArraySpec { tasks: vec![1, 2, 3, 4, 5], throttle: Some(2) });
+    c.submit(5, s, 0);
+    c.array_task(6, 5, 1, vec![alloc(1, &[0], 1, 1024)]);
+    let plan = c.schedule(1000);
+    assert_eq!(plan.array_tasks, vec![corral_scheduler::ArrayTaskStart { array: 5, task: 2, placement: 0 }]);
+    assert_eq!(gpus_of(&plan, 5), vec![(1, vec![1])]);
+    assert_eq!(plan.placements[0].run, 1);
+    assert_eq!(
+        plan.pending[&5],
+        vec!["array: 3 of 5 tasks not started".to_string(), "array throttle %2 reached (2 tasks running)".to_string()]
+    );
+    // Without a throttle every task that fits starts in one pass.
+    let mut c = Cluster::new();
+    c.node(1, "n1", dgx("h100"));
+    let mut s = spec("gpu:2", 1);
+    s.array = Some(ArraySpec { tasks: (0..16).collect(), throttle: None });
+    c.submit(5, s, 0);
+    let plan = c.schedule(1000);
+    assert_eq!(plan.array_tasks.iter().map(|t| t.task).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+    assert_eq!(plan.pending[&5][0], "array: 12 of 16 tasks not started");
+}
+
+#[test]
+fn every_dependency_kind() {
+    let mut c = Cluster::new();
+    c.node(1, "n1", dgx("h100"));
+    c.finished(1, spec("gpu:1", 1), JobState::Completed);
+    c.finished(2, spec("gpu:1", 1), JobState::Failed);
+    c.running(3, spec("gpu:1", 1), vec![alloc(1, &[0], 1, 1024)], 0);
+    let mut held = spec("gpu:1", 1);
+    held.hold = true;
+    c.submit(4, held, 0);
+    let dep = |kind, job| {
+        let mut s = spec("gpu:1", 1);
+        s.dependencies = vec![Dependency { kind, job }];
+        s
+    };
+    use DependencyKind::*;
+    c.submit(10, dep(AfterOk, Some(1)), 0);
+    c.submit(11, dep(AfterOk, Some(2)), 0);
+    c.submit(12, dep(AfterNotOk, Some(2)), 0);
+    c.submit(13, dep(AfterNotOk, Some(1)), 0);
+    c.submit(14, dep(AfterAny, Some(3)), 0);
+    c.submit(15, dep(After, Some(3)), 0);
+    c.submit(16, dep(After, Some(4)), 0);
+    c.submit(17, dep(AfterOk, Some(99)), 0);
+    let mut s18 = dep(Singleton, None);
+    s18.name = "solo".into();
+    let s19 = s18.clone();
+    c.submit(18, s18, 0).submit(19, s19, 0);
+    let plan = c.schedule(1000);
+    let placed: Vec<u64> = plan.placements.iter().map(|p| p.job).collect();
+    assert_eq!(placed, vec![10, 12, 15, 18]);
+    let r = |id: u64| plan.pending[&id].clone();
+    assert_eq!(r(4), vec!["job is held"]);
+    assert_eq!(r(11), vec!["dependency afterok:2 can never be satisfied (job 2 FAILED)"]);
+    assert_eq!(r(13), vec!["dependency afternotok:1 can never be satisfied (job 1 COMPLETED)"]);
+    assert_eq!(r(14), vec!["dependency afterany:3"]);
+    assert_eq!(r(16), vec!["dependency after:4"]);
+    assert_eq!(r(17), vec!["dependency afterok:99 can never be satisfied (job 99 unknown)"]);
+    assert_eq!(r(19), vec!["dependency singleton: job 18 of the same name and user is RUNNING"]);
+}
+
+#[test]
+fn a_pending_job_carries_all_its_reasons() {
+    let mut c = Cluster::new();
+    c.node(1, "n1", dgx("h100"));
+    c.running(3, spec("gpu:2", 1), vec![alloc(1, &[0, 1], 1, 1024)], 0);
+    let mut s = spec("gpu:h100:8", 1);
+    s.hold = true;
+    s.begin_ms = Some(14 * HOUR + 5 * MIN);
+    s.dependencies = vec![Dependency { kind: DependencyKind::AfterOk, job: Some(3) }];
+    c.submit(7, s, 0);
+    let mut never = spec("gpu:16", 1);
+    never.partition = Some("gpu".into());
+    c.partition(Partition { name: "gpu".into(), max_time_limit_ms: Some(4 * HOUR), default: true, ..Partition::default() });
+    never.time_limit_ms = Some(10 * HOUR);
+    c.submit(8, never, 0);
+    let plan = c.schedule(1000);
+    assert_eq!(
+        plan.pending[&7],
+        vec![
+            "job is held",
+            "begins at 1970-01-01 14:05:00 UTC",
+            "dependency afterok:3",
+            "needs 8x gpu:h100 on one node; largest free: 6 on n1 (2 held by job 3)",
+        ]
+    );
+    assert_eq!(
+        plan.pending[&8],
+        vec![
+            "time limit 10:00:00 exceeds the 4:00:00 of partition gpu",
+            "cannot ever run: needs 1 node(s) with 16x gpu, 1 cpus and 1024 MiB; partition gpu has 0 (largest: 8x, 112 cpus, 2097152 MiB)",
+        ]
+    );
+}
+
+#[test]
+fn constraints_lists_and_exclusive() {
+    let mut c = Cluster::new();
+    let mut ib = dgx("h100");
+    ib.features = vec!["ib".into()];
+    c.node(1, "n1", dgx("h100")).node(2, "n2", ib.clone()).node(3, "n3", ib);
+    c.running(1, spec("gpu:1", 1), vec![alloc(3, &[0], 1, 1024)], 0);
+    let mut feat = spec("gpu:1", 1);
+    feat.constraint = vec!["ib".into()];
+    feat.exclude = vec!["n3".into()];
+    c.submit(10, feat, 0);
+    let mut listed = spec("gpu:1", 1);
+    listed.nodelist = vec!["n1".into()];
+    c.submit(11, listed, 0);
+    let mut excl = spec("gpu:1", 1);
+    excl.exclusive = true;
+    c.submit(12, excl, 0);
+    let plan = c.schedule(1000);
+    assert_eq!(gpus_of(&plan, 10), vec![(2, vec![0])]);
+    assert_eq!(gpus_of(&plan, 11), vec![(1, vec![0])]);
+    // Exclusive: n1 and n2 are now used, n3 was: nothing idle is left.
+    assert!(gpus_of(&plan, 12).is_empty());
+    assert_eq!(
+        plan.pending[&12],
+        vec![
+            "needs 1 cpus and 1024 MiB beside 1x gpu on one node; n1 has 111 cpus and 2096128 MiB free".to_string(),
+            "needs an idle node (exclusive)".to_string(),
+            "no reservation possible: the jobs holding the nodes it needs have no time limit".to_string(),
+        ]
+    );
+}
+
+#[test]
+fn fits_rejects_stale_and_wrong_allocations() {
+    let mut c = Cluster::new();
+    let mut ib = dgx("h100");
+    ib.features = vec!["ib".into()];
+    c.node(1, "n1", ib).node(2, "n2", dgx("a100"));
+    c.running(1, spec("gpu:1", 1), vec![alloc(1, &[1], 1, 1024)], 0);
+    c.submit(2, spec("gpu:h100:1", 1), 0);
+    let job = c.view.jobs.iter().find(|j| j.id == 2).unwrap().clone();
+    let n1 = &c.view.nodes[&1];
+    assert_eq!(fits(n1, &job, &alloc(1, &[0], 1, 1024)), Ok(()));
+    assert_eq!(fits(n1, &job, &alloc(1, &[1], 1, 1024)), Err(Misfit::GpuBusy(1)));
+    assert_eq!(fits(n1, &job, &alloc(1, &[9], 1, 1024)), Err(Misfit::UnknownGpu(9)));
+    assert_eq!(fits(n1, &job, &alloc(1, &[0], 200, 1024)), Err(Misfit::Cpus { want: 200, free: 111 }));
+    assert_eq!(fits(n1, &job, &alloc(1, &[0], 1, 1 << 30)), Err(Misfit::Memory { want_mib: 1 << 30, free_mib: 2 * 1024 * 1024 - 1024 }));
+    assert_eq!(fits(n1, &job, &alloc(1, &[0, 2], 1, 1024)), Err(Misfit::WrongGpuCount { want: 1, got: 2 }));
+    let n2 = &c.view.nodes[&2];
+    assert_eq!(fits(n2, &job, &alloc(2, &[0], 1, 1024)), Err(Misfit::WrongGpuType { index: 0, want: "h100".into(), have: "a100".into() }));
+    let mut down = n1.clone();
+    down.schedulable = false;
+    assert_eq!(fits(&down, &job, &alloc(1, &[0], 1, 1024)), Err(Misfit::NodeUnavailable));
+    let mut constrained = job.clone();
+    constrained.constraint = vec!["nvme".into()];
+    assert_eq!(fits(n1, &constrained, &alloc(1, &[0], 1, 1024)), Err(Misfit::MissingFeature("nvme".into())));
+    let mut excluded = job.clone();
+    excluded.exclude = vec!["n1".into()];
+    assert_eq!(fits(n1, &excluded, &alloc(1, &[0], 1, 1024)), Err(Misfit::Excluded("n1".into())));
+    let mut gang = job.clone();
+    gang.nodes = 2;
+    gang.gpu_type = None;
+    assert_eq!(fits_gang(&c.view.nodes, &gang, &[alloc(1, &[0], 1, 1024)]), Err(Misfit::WrongNodeCount { want: 2, got: 1 }));
+    assert_eq!(fits_gang(&c.view.nodes, &gang, &[alloc(1, &[0], 1, 1024), alloc(1, &[2], 1, 1024)]), Err(Misfit::DuplicateNode(1)));
+    assert_eq!(fits_gang(&c.view.nodes, &gang, &[alloc(1, &[0], 1, 1024), alloc(2, &[0], 1, 1024)]), Ok(()));
+    let err = fits_gang(&c.view.nodes, &gang, &[alloc(1, &[1], 1, 1024), alloc(2, &[0], 1, 1024)]).unwrap_err();
+    assert_eq!(err.to_string(), "node 1: gpu 1 is busy");
+}
+
+#[test]
+fn every_plan_passes_fits_and_is_deterministic() {
+    let mut c = leafy_cluster();
+    c.running(1, spec("gpu:3", 1), vec![alloc(2, &[0, 1, 2], 3, 1024)], 0);
+    for id in 10..60u64 {
+        let g = [1, 2, 4, 8][(id % 4) as usize];
+        let nodes = if id % 7 == 0 { 2 } else { 1 };
+        c.submit(id, spec(&format!("gpu:{g}"), nodes), id);
+    }
+    let plan = c.schedule(1000);
+    assert_eq!(plan, c.schedule(1000));
+    let mut nodes = c.view.nodes.clone();
+    for p in &plan.placements {
+        let job = c.view.jobs.iter().find(|j| j.id == p.job).unwrap();
+        fits_gang(&nodes, job, &p.allocs).unwrap();
+        for a in &p.allocs {
+            nodes.get_mut(&a.node).unwrap().take(a).unwrap();
+        }
+    }
+    assert_eq!(plan.placements.len() + plan.pending.len(), 50);
+    let _ = schedule;
+}
