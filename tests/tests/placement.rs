@@ -1,0 +1,33 @@
+//! Issue 3 through the CLI: placement on a real cluster packs small jobs and explains waits.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use corral_tests::{wait_until, TestCluster};
+
+#[test]
+fn one_gpu_jobs_pack_so_a_whole_node_job_starts_at_once_and_waits_are_explained() {
+    let c = TestCluster::up(&["--nodes", "2", "--gpus", "h100:8", "--voters-max", "1"]);
+    let small: Vec<u64> = (0..4).map(|_| c.submit(&["--gres", "gpu:h100:1"], &["sleep", "30"])).collect();
+    wait_until("the 1-GPU jobs to run", Duration::from_secs(20), || small.iter().all(|id| c.job(*id)["state"] == "RUNNING"));
+    let nodes: BTreeSet<String> = small.iter().map(|id| c.job(*id)["node"].as_str().unwrap_or_default().to_string()).collect();
+    assert_eq!(nodes.len(), 1, "1-GPU jobs packed onto one node: {nodes:?}");
+    let big = c.submit(&["--gres", "gpu:h100:8"], &["sleep", "30"]);
+    wait_until("the 8-GPU job to start", Duration::from_secs(10), || c.job(big)["state"] == "RUNNING");
+    assert!(!nodes.contains(c.job(big)["node"].as_str().unwrap_or_default()));
+
+    let waiting = c.submit(&["--gres", "gpu:h100:8"], &["true"]);
+    let mut reasons = Vec::new();
+    wait_until("a pending reason", Duration::from_secs(10), || {
+        let job = c.job(waiting);
+        reasons = job["reasons"].as_array().cloned().unwrap_or_default();
+        job["state"] == "PENDING" && !reasons.is_empty()
+    });
+    let text = reasons.iter().filter_map(|r| r.as_str()).collect::<Vec<_>>().join("; ");
+    assert!(text.contains("8") && text.contains("gpu"), "reasons name the request: {text}");
+    let shown = String::from_utf8_lossy(&c.corral(&["show", &waiting.to_string()]).stdout).into_owned();
+    assert!(shown.contains("PENDING") && shown.contains("gpu"), "corral show explains: {shown}");
+    let out = c.corral(&["cancel", &big.to_string()]);
+    assert!(out.status.success());
+    wait_until("the waiting job to start in the freed node", Duration::from_secs(20), || c.job(waiting)["state"] != "PENDING");
+}
