@@ -89,6 +89,8 @@ impl Ledger {
 
 struct Running {
     run: RunNo,
+    /// GPU indices (MIG instances by their GPU) this run holds.
+    gpus: Vec<u32>,
     stop_tx: mpsc::Sender<StopReason>,
 }
 
@@ -220,7 +222,15 @@ impl Agent {
         match launcher::spawn(&spec) {
             Ok(child) => {
                 let (stop_tx, stop_rx) = mpsc::channel(1);
-                lock(&self.running).insert(job.id, Running { run: job.run, stop_tx });
+                let gpus = alloc
+                    .gpus
+                    .iter()
+                    .map(|slot| match scheduler::decode_slot(*slot) {
+                        scheduler::Slot::Gpu(i) => i,
+                        scheduler::Slot::Mig { gpu, .. } => gpu,
+                    })
+                    .collect();
+                lock(&self.running).insert(job.id, Running { run: job.run, gpus, stop_tx });
                 span.in_scope(|| info!(gpus = %uuids.join(","), "job started"));
                 let agent = Arc::clone(self);
                 tokio::spawn(
@@ -258,6 +268,40 @@ impl Agent {
             // A full channel means a stop is already under way.
             let _ = r.stop_tx.try_send(reason);
         }
+        Ok(Reply::Ok)
+    }
+
+    /// Re-partitions idle MIG GPU `gpu` through the probe (the same code for simulated and real
+    /// GPUs) and reports the new inventory; refuses a GPU a job of this node holds.
+    pub fn apply_mig_layout(
+        self: &Arc<Self>,
+        probe: Arc<dyn crate::gpu::GpuProbe>,
+        base: proto::Inventory,
+        gpu: u32,
+        profiles: Vec<String>,
+        link: Arc<LeaderLink>,
+    ) -> Result<Reply, ApiError> {
+        if lock(&self.running).values().any(|r| r.gpus.contains(&gpu)) {
+            return Err(ApiError::Denied(format!("gpu {gpu} runs a job; a MIG layout is applied only to an idle GPU")));
+        }
+        let node = self.node_id();
+        tokio::spawn(async move {
+            let what = format!("mig layout {} on gpu {gpu}", profiles.join(","));
+            let applied = tokio::task::spawn_blocking(move || probe.apply_layout(gpu, &profiles)).await;
+            match applied {
+                Ok(Ok(gpus)) => {
+                    let mut inventory = base;
+                    gpus.fill(&mut inventory);
+                    info!(gpu, "applied {what}");
+                    let req = Request::ReportInventory { node, inventory, reason: what.clone() };
+                    if let Err(e) = link.call(req, 0).await {
+                        warn!(gpu, error = %e, "report inventory after {what}");
+                    }
+                }
+                Ok(Err(e)) => warn!(gpu, error = %e, "{what} refused"),
+                Err(e) => warn!(gpu, error = %e, "{what} panicked"),
+            }
+        });
         Ok(Reply::Ok)
     }
 

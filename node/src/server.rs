@@ -43,6 +43,7 @@ struct LeaderMemory {
     last_seen: HashMap<NodeId, Instant>,
     launches_sent: HashMap<(JobId, RunNo, NodeId), Instant>,
     kills_sent: HashMap<(JobId, RunNo, NodeId), Instant>,
+    layouts_sent: HashMap<(NodeId, u32), Instant>,
 }
 
 pub struct Node {
@@ -60,6 +61,7 @@ pub struct Node {
     membership_busy: AtomicBool,
     kick: Notify,
     pub inventory: Inventory,
+    probe: Arc<dyn crate::gpu::GpuProbe>,
 }
 
 impl Node {
@@ -101,6 +103,7 @@ impl Node {
             }
             Request::Launch { job, nodes } => self.agent.launch(*job, &nodes),
             Request::Kill { job, run, checkpoint } => self.agent.kill(job, run, checkpoint),
+            Request::ApplyMigLayout { gpu, profiles } => self.apply_mig_layout(gpu, profiles),
             Request::Logs { job, stream, offset, max_bytes } => self.logs(hops, job, stream, offset, max_bytes).await,
             request if request.needs_leader() => {
                 if self.is_leader() {
@@ -162,6 +165,12 @@ impl Node {
             Request::ClusterInfo => Ok(Reply::Cluster(self.cluster_info())),
             other => Err(ApiError::Invalid(format!("not a read request: {other:?}"))),
         }
+    }
+
+    /// Applies a MIG layout on this node, starting from its inventory as the log has it.
+    fn apply_mig_layout(&self, gpu: u32, profiles: Vec<String>) -> Response {
+        let base = self.state.read(|s| s.nodes.get(&self.id).map(|n| n.inventory.clone())).unwrap_or_else(|| self.inventory.clone());
+        self.agent.apply_mig_layout(Arc::clone(&self.probe), base, gpu, profiles, Arc::clone(&self.agent_link))
     }
 
     /// Fills in why each pending job does not start now: the pure scheduler run on this node's
@@ -473,6 +482,7 @@ impl Node {
                 warn!(job, error = %e, "preempt job");
             }
         }
+        self.send_mig_layouts(&plan.mig_layouts);
         if plan.placements.is_empty() {
             return;
         }
@@ -487,6 +497,39 @@ impl Node {
             }
             Ok(other) => warn!(result = ?other, "unexpected plan result"),
             Err(e) => warn!(error = %e, "commit plan"),
+        }
+    }
+
+    /// Asks agents to re-partition idle MIG GPUs as the scheduler suggests, each GPU at most
+    /// once per ten `RESEND_AFTER` (the new inventory comes back through the log).
+    fn send_mig_layouts(&self, layouts: &[(NodeId, u32, Vec<String>)]) {
+        for (target, gpu, profiles) in layouts {
+            {
+                let mut mem = lock(&self.memory);
+                let key = (*target, *gpu);
+                if mem.layouts_sent.get(&key).is_some_and(|t| t.elapsed() < RESEND_AFTER * 10) {
+                    continue;
+                }
+                mem.layouts_sent.insert(key, Instant::now());
+            }
+            info!(node = target, gpu, profiles = ?profiles, "asking for a mig layout");
+            if *target == self.id {
+                if let Err(e) = self.apply_mig_layout(*gpu, profiles.clone()) {
+                    warn!(gpu, error = %e, "mig layout");
+                }
+                continue;
+            }
+            let Some(addr) = self.state.read(|s| s.nodes.get(target).map(|n| n.addr.clone())) else { continue };
+            let client = Arc::clone(&self.client);
+            let env = Envelope { hops: 0, request: Request::ApplyMigLayout { gpu: *gpu, profiles: profiles.clone() } };
+            let gpu = *gpu;
+            tokio::spawn(async move {
+                match client.call(&addr, &env, PEER_CALL_TIMEOUT).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => warn!(gpu, error = %e, "mig layout refused"),
+                    Err(e) => warn!(gpu, error = %e, "mig layout not delivered"),
+                }
+            });
         }
     }
 
@@ -907,6 +950,7 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
         membership_busy: AtomicBool::new(false),
         kick: Notify::new(),
         inventory,
+        probe: Arc::clone(&probe),
     });
     if api.node.set(Arc::clone(&node)).is_err() {
         bail!("node handler set twice");

@@ -783,6 +783,12 @@ pub enum Request {
     Requeue {
         job: JobId,
     },
+    /// Leader to agent: re-partition idle MIG-mode GPU `gpu` into `profiles` (by start slice),
+    /// then report the new inventory.
+    ApplyMigLayout {
+        gpu: u32,
+        profiles: Vec<String>,
+    },
     /// Stop a part. `checkpoint`: the job is being requeued, so send its `--signal` first
     /// and give it the time it asked for to write a checkpoint.
     Kill {

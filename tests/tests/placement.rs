@@ -31,3 +31,21 @@ fn one_gpu_jobs_pack_so_a_whole_node_job_starts_at_once_and_waits_are_explained(
     assert!(out.status.success());
     wait_until("the waiting job to start in the freed node", Duration::from_secs(20), || c.job(waiting)["state"] != "PENDING");
 }
+
+#[test]
+fn mig_instances_are_gres_and_an_idle_gpu_is_repartitioned_for_pending_demand() {
+    let c = TestCluster::up(&["--nodes", "1", "--gpus", "h200-mig", "--voters-max", "1"]);
+    let existing = c.submit(&["--gres", "gpu:1g.18gb:1"], &["sh", "-c", "echo CVD=$CUDA_VISIBLE_DEVICES"]);
+    let job = c.wait_final(existing, Duration::from_secs(20));
+    assert_eq!(job["state"], "COMPLETED", "{job}\n{}", c.logs());
+    let out = String::from_utf8_lossy(&c.corral(&["logs", &existing.to_string()]).stdout).into_owned();
+    assert!(out.trim().starts_with("CVD=MIG-"), "a MIG instance's UUID: {out}");
+
+    // No GPU has a 7g.141gb instance: the scheduler asks for a layout on an idle GPU, the agent
+    // applies it through the probe, the new inventory is committed and the job runs.
+    let whole = c.submit(&["--gres", "gpu:7g.141gb:1"], &["sh", "-c", "echo CVD=$CUDA_VISIBLE_DEVICES"]);
+    let job = c.wait_final(whole, Duration::from_secs(30));
+    assert_eq!(job["state"], "COMPLETED", "{job}\n{}", c.logs());
+    let out = String::from_utf8_lossy(&c.corral(&["logs", &whole.to_string()]).stdout).into_owned();
+    assert!(out.trim().starts_with("CVD=MIG-"), "{out}");
+}
