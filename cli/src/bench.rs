@@ -259,7 +259,9 @@ async fn requeue_after_kill(dir: &std::path::Path, workdir: &str, kills: usize, 
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
-        let Reply::Nodes(nodes) = cluster.call_patiently(Request::ListNodes, Duration::from_secs(10)).await? else { bail!("unexpected reply") };
+        let Reply::Nodes(nodes) = cluster.call_patiently(Request::ListNodes, Duration::from_secs(10)).await? else {
+            bail!("unexpected reply")
+        };
         let victim = job.last_nodes.first().and_then(|n| nodes.iter().find(|x| x.id == *n)).map(|n| n.name.clone()).context("job node")?;
         dev::signal_node(dir, &victim, "KILL")?;
         let killed = Instant::now();

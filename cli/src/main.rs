@@ -3,6 +3,7 @@
 
 mod bench;
 mod client;
+mod cluster_admin; // deploy (issue 8): `corral cluster init|join|issue-node|issue-client|token`
 mod demo;
 mod dev;
 mod slurm;
@@ -65,8 +66,12 @@ enum Cmd {
     },
     /// Nodes with their state, role and GPUs.
     Nodes,
-    /// Members, roles, leader, term and last committed index.
-    Cluster,
+    /// Members, roles, leader, term and last committed index; with a subcommand, set up a
+    /// cluster on real machines (init, join, issue-node, issue-client, token).
+    Cluster {
+        #[command(subcommand)]
+        admin: Option<cluster_admin::ClusterCmd>,
+    },
     /// Stop placing new jobs on a node.
     Drain {
         node: String,
@@ -425,7 +430,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 }
             }
         }
-        Cmd::Cluster => {
+        // deploy (issue 8): cluster set-up subcommands.
+        Cmd::Cluster { admin: Some(admin) } => cluster_admin::run(admin, cli.server.as_deref(), cli.json).await?,
+        Cmd::Cluster { admin: None } => {
             let Reply::Cluster(info) = connect()?.call_patiently(Request::ClusterInfo, patience).await? else { bail!("unexpected reply") };
             if cli.json {
                 let members: Vec<_> =

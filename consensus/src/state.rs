@@ -85,6 +85,9 @@ impl ClusterState {
             Command::RunFinished { job, run, node, outcome, now_ms } => self.run_finished(*job, *run, *node, outcome, *now_ms),
             Command::Cancel { job, now_ms } => self.cancel(*job, *now_ms),
             Command::Requeue { job, reason, now_ms } => self.requeue(*job, reason, *now_ms),
+            Command::UpdateJob { job, hold, time_limit_ms, partition, now_ms: _ } => {
+                self.update_job(*job, *hold, *time_limit_ms, partition.clone())
+            }
             Command::GpuHealth { node, gpu, mig_uuid, healthy, reason, now_ms } => {
                 self.gpu_health(*node, *gpu, mig_uuid.as_deref(), *healthy, reason, *now_ms)
             }
@@ -505,6 +508,28 @@ impl ClusterState {
         (proto::MASTER_PORT_FIRST..proto::MASTER_PORT_FIRST + proto::MASTER_PORT_COUNT).find(|p| !used.contains(p))
     }
 
+    fn update_job(&mut self, id: JobId, hold: Option<bool>, time_limit_ms: Option<Option<u64>>, partition: Option<Option<String>>) -> CommandResult {
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return rejected(format!("unknown job {id}"));
+        };
+        if job.state != JobState::Pending {
+            return rejected(format!("job {id} is {}: only a pending job can be held, released or updated", job.state));
+        }
+        if time_limit_ms == Some(Some(0)) {
+            return rejected("time limit must be positive");
+        }
+        if let Some(h) = hold {
+            job.spec.hold = h;
+        }
+        if let Some(t) = time_limit_ms {
+            job.spec.time_limit_ms = t;
+        }
+        if let Some(p) = partition {
+            job.spec.partition = p;
+        }
+        CommandResult::Ok
+    }
+
     /// GPUs of `node` that no part holds; 0 for an unknown node.
     pub fn gpus_free(&self, node: NodeId) -> u32 {
         let Some(record) = self.nodes.get(&node) else {
@@ -910,6 +935,24 @@ mod tests {
             s.apply(&Command::GpuHealth { node: b, gpu: 99, mig_uuid: None, healthy: true, reason: String::new(), now_ms: 44 }),
             CommandResult::Rejected(_)
         ));
+    }
+
+    #[test]
+    fn hold_release_and_update_only_pending_jobs() {
+        let mut s = ClusterState::default();
+        let a = register(&mut s, "a", 1);
+        let job = submit(&mut s, spec(1, 1));
+        let update = |hold, time_limit_ms, partition| Command::UpdateJob { job, hold, time_limit_ms, partition, now_ms: 5 };
+        assert_eq!(s.apply(&update(Some(true), Some(Some(60_000)), Some(Some("long".into())))), CommandResult::Ok);
+        let j = &s.jobs[&job];
+        assert_eq!((j.spec.hold, j.spec.time_limit_ms, j.spec.partition.as_deref()), (true, Some(60_000), Some("long")));
+        assert!(matches!(s.apply(&update(None, Some(Some(0)), None)), CommandResult::Rejected(_)));
+        s.apply(&update(Some(false), None, Some(None)));
+        plan(&mut s, job, 1, vec![alloc(a, &[0])]);
+        assert_eq!(
+            s.apply(&update(Some(true), None, None)),
+            CommandResult::Rejected("job 1 is RUNNING: only a pending job can be held, released or updated".into())
+        );
     }
 
     #[test]

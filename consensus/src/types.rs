@@ -54,6 +54,7 @@ impl fmt::Display for LogCommand {
             Command::RunFinished { job, run, .. } => write!(f, "run_finished({job}.{run})"),
             Command::Cancel { job, .. } => write!(f, "cancel({job})"),
             Command::Requeue { job, .. } => write!(f, "requeue({job})"),
+            Command::UpdateJob { job, .. } => write!(f, "update_job({job})"),
             Command::GpuHealth { node, gpu, healthy, .. } => write!(f, "gpu_health({node}/{gpu}, healthy {healthy})"),
             Command::UpdateInventory { node, .. } => write!(f, "update_inventory({node})"),
         }

@@ -91,6 +91,8 @@ struct Running {
     run: RunNo,
     /// GPU indices (MIG instances by their GPU) this run holds.
     gpus: Vec<u32>,
+    /// Process group (and pid of the batch shell).
+    pgid: i32,
     stop_tx: mpsc::Sender<StopReason>,
 }
 
@@ -230,7 +232,8 @@ impl Agent {
                         scheduler::Slot::Mig { gpu, .. } => gpu,
                     })
                     .collect();
-                lock(&self.running).insert(job.id, Running { run: job.run, gpus, stop_tx });
+                let pgid = child.id().map_or(0, |p| p as i32);
+                lock(&self.running).insert(job.id, Running { run: job.run, gpus, pgid, stop_tx });
                 span.in_scope(|| info!(gpus = %uuids.join(","), "job started"));
                 let agent = Arc::clone(self);
                 tokio::spawn(
@@ -302,6 +305,23 @@ impl Agent {
                 Err(e) => warn!(gpu, error = %e, "{what} panicked"),
             }
         });
+        Ok(Reply::Ok)
+    }
+
+    /// Sends `signal` to this node's part of `job` run `run`: to its process group, or to the
+    /// batch shell only. An unknown run is not an error (it ended).
+    pub fn signal(&self, job: JobId, run: RunNo, signal: i32, batch_only: bool) -> Result<Reply, ApiError> {
+        if !(1..=64).contains(&signal) {
+            return Err(ApiError::Invalid(format!("signal {signal} out of range")));
+        }
+        let running = lock(&self.running);
+        if let Some(r) = running.get(&job).filter(|r| r.run == run && r.pgid > 0) {
+            let target = if batch_only { r.pgid } else { -r.pgid };
+            // SAFETY: kill(2) on a process (group) this agent started.
+            if unsafe { libc::kill(target, signal) } != 0 {
+                debug!(job, signal, error = %std::io::Error::last_os_error(), "signal job");
+            }
+        }
         Ok(Reply::Ok)
     }
 

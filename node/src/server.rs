@@ -104,6 +104,7 @@ impl Node {
             Request::Launch { job, nodes } => self.agent.launch(*job, &nodes),
             Request::Kill { job, run, checkpoint } => self.agent.kill(job, run, checkpoint),
             Request::ApplyMigLayout { gpu, profiles } => self.apply_mig_layout(gpu, profiles),
+            Request::SignalPart { job, run, signal, batch_only } => self.agent.signal(job, run, signal, batch_only),
             Request::Logs { job, stream, offset, max_bytes } => self.logs(hops, job, stream, offset, max_bytes).await,
             request if request.needs_leader() => {
                 if self.is_leader() {
@@ -383,6 +384,34 @@ impl Node {
                 self.kick.notify_one();
                 result
             }
+            Request::UpdateJob { job, hold, time_limit_ms, partition } => {
+                let cmd = Command::UpdateJob { job, hold, time_limit_ms, partition, now_ms: now };
+                let result = self.propose(cmd).await.and_then(ok_or_rejected);
+                self.kick.notify_one();
+                result
+            }
+            Request::Signal { job, signal, batch_only } => {
+                let parts = self.state.read(|s| {
+                    s.jobs.get(&job).filter(|j| j.state == JobState::Running).map(|j| {
+                        j.parts
+                            .iter()
+                            .filter(|p| p.run == j.run)
+                            .map(|p| (p.run, p.alloc.node, s.nodes.get(&p.alloc.node).map(|n| n.addr.clone()).unwrap_or_default()))
+                            .collect::<Vec<_>>()
+                    })
+                });
+                let parts = parts.ok_or_else(|| ApiError::Invalid(format!("job {job} is not running")))?;
+                for (run, target, addr) in parts {
+                    let result = if target == self.id {
+                        self.agent.signal(job, run, signal, batch_only)
+                    } else {
+                        let env = Envelope { hops: 0, request: Request::SignalPart { job, run, signal, batch_only } };
+                        self.client.call(&addr, &env, PEER_CALL_TIMEOUT).await.unwrap_or_else(|e| Err(ApiError::Unavailable(e.to_string())))
+                    };
+                    result?;
+                }
+                Ok(Reply::Ok)
+            }
             other => Err(ApiError::Invalid(format!("not a leader request: {other:?}"))),
         }
     }
@@ -391,10 +420,12 @@ impl Node {
     /// other leader can have been elected since).
     fn check_leader_lease(&self) -> Result<(), ApiError> {
         use openraft::async_runtime::watch::WatchReceiver;
+        use openraft::Instant as _;
         let metrics = self.raft.metrics();
         let m = metrics.borrow_watched();
         let lease_ms = self.config.raft.election_timeout_min_ms;
-        match m.millis_since_quorum_ack {
+        let since_ms = m.last_quorum_acked.as_ref().map(|at| at.elapsed().as_millis() as u64);
+        match since_ms {
             Some(ms) if ms < lease_ms => Ok(()),
             other => Err(ApiError::Unavailable(format!("leader has no quorum acknowledgement within {lease_ms} ms (last: {other:?} ms ago)"))),
         }
@@ -719,6 +750,23 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// Requests only a node may send (a client's are forwarded by its node, under the node's name).
+fn node_only(request: &Request) -> bool {
+    matches!(
+        request,
+        Request::Raft { .. }
+            | Request::Join { .. }
+            | Request::Heartbeat { .. }
+            | Request::ReportRun { .. }
+            | Request::Launch { .. }
+            | Request::Kill { .. }
+            | Request::ReportGpuHealth { .. }
+            | Request::ReportInventory { .. }
+            | Request::ApplyMigLayout { .. }
+            | Request::SignalPart { .. }
+    )
+}
+
 /// The handler registered with the QUIC server before the node is fully up: until Raft is
 /// open it answers `Unavailable`.
 pub struct Api {
@@ -730,6 +778,12 @@ impl Handler for Api {
     fn handle(&self, peer: Peer, envelope: Envelope) -> Pin<Box<dyn Future<Output = Response> + Send + 'static>> {
         if self.fault.refuses(&peer.common_name) {
             return Box::pin(async { Err(ApiError::Unavailable("partitioned (fault injection)".into())) });
+        }
+        // Only node certificates may speak the node-to-node part of the protocol; a user's
+        // certificate (CN `user:NAME`) is limited to the client API.
+        if peer.common_name.starts_with(transport::pki::USER_CN_PREFIX) && node_only(&envelope.request) {
+            warn!(peer = %peer.common_name, "refused a node-only request from a user certificate");
+            return Box::pin(async { Err(ApiError::Denied("this request is for cluster nodes only".into())) });
         }
         match self.node.get() {
             Some(node) => Box::pin(Arc::clone(node).handle(envelope)),

@@ -653,6 +653,14 @@ pub enum Command {
         reason: String,
         now_ms: u64,
     },
+    /// Change a pending job: hold or release it, its time limit, its partition.
+    UpdateJob {
+        job: JobId,
+        hold: Option<bool>,
+        time_limit_ms: Option<Option<u64>>,
+        partition: Option<Option<String>>,
+        now_ms: u64,
+    },
     /// A GPU (or one MIG instance of it) turned unhealthy, or an operator marked it healthy.
     GpuHealth {
         node: NodeId,
@@ -783,6 +791,26 @@ pub enum Request {
     Requeue {
         job: JobId,
     },
+    /// Hold or release a pending job, change its time limit or partition.
+    UpdateJob {
+        job: JobId,
+        hold: Option<bool>,
+        time_limit_ms: Option<Option<u64>>,
+        partition: Option<Option<String>>,
+    },
+    /// Send a signal to every part of a running job (the batch shell only with `batch_only`).
+    Signal {
+        job: JobId,
+        signal: i32,
+        batch_only: bool,
+    },
+    /// Leader to agent: signal this node's part of `job`'s run `run`.
+    SignalPart {
+        job: JobId,
+        run: RunNo,
+        signal: i32,
+        batch_only: bool,
+    },
     /// Leader to agent: re-partition idle MIG-mode GPU `gpu` into `profiles` (by start slice),
     /// then report the new inventory.
     ApplyMigLayout {
@@ -819,6 +847,8 @@ impl Request {
                 | Request::SetGpuHealth { .. }
                 | Request::ReportInventory { .. }
                 | Request::Requeue { .. }
+                | Request::UpdateJob { .. }
+                | Request::Signal { .. }
         )
     }
 }

@@ -50,6 +50,13 @@ fn garbage_frames_and_foreign_certificates_are_refused_while_the_node_keeps_serv
         let reply = transport::read_frame(&mut recv, 1 << 20).await;
         assert!(reply.map(|r| proto::decode::<proto::Response>(&r, 1 << 20).map(|r| r.is_err()).unwrap_or(true)).unwrap_or(true));
 
+        // A user's certificate reaches the client API but not the node-to-node protocol.
+        let user = transport::Client::new(endpoint.clone());
+        let heartbeat = Envelope { hops: 0, request: Request::Heartbeat { node: 1, instance: 7, running: vec![] } };
+        match user.call(&addr, &heartbeat, Duration::from_secs(3)).await {
+            Ok(Err(ApiError::Denied(why))) => assert!(why.contains("nodes only"), "{why}"),
+            other => panic!("a user certificate sent a heartbeat: {other:?}"),
+        }
         let good = transport::Client::new(endpoint.clone());
         match good.call(&addr, &ask, Duration::from_secs(3)).await {
             Ok(Ok(Reply::Cluster(info))) => assert_eq!(info.answered_by, "n1"),

@@ -24,8 +24,8 @@ use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
-pub use slurm_compat::{env, hostlist};
 use proto::{ApiError, Job, JobId, JobState, NodeInfo, Reply, Request};
+pub use slurm_compat::{env, hostlist};
 
 use crate::client::{cluster_dir, Cluster};
 

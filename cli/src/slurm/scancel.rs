@@ -79,15 +79,11 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     if p.has("version") {
         return Ok(super::print_version());
     }
-    if let Some(sig) = p.last("signal") {
-        if super::sbatch::parse_signal_name(sig).is_none() {
-            return Err(SlurmError::fatal(PROG, format!("Invalid job signal: {sig}")));
-        }
-        return Err(SlurmError::fatal(
-            PROG,
-            "--signal is not supported yet: Corral has no request to signal a job without cancelling it (needs Request::Signal)",
-        ));
-    }
+    let signal = match p.last("signal") {
+        Some(sig) => Some(super::sbatch::parse_signal_name(sig).ok_or_else(|| SlurmError::fatal(PROG, format!("Invalid job signal: {sig}")))?),
+        None => None,
+    };
+    let batch_only = p.has("batch");
     let mut targets = Vec::new();
     for t in p.operands.iter().flat_map(|o| o.split(',')).filter(|s| !s.is_empty()) {
         if t.contains('.') {
@@ -166,7 +162,13 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
         chosen.sort_by_key(|j| j.id);
         chosen.dedup_by_key(|j| j.id);
         for j in chosen {
-            if let Err(e) = super::call(PROG, &cluster, Request::Cancel { job: j.id }).await {
+            // With --signal, scancel signals the job instead of cancelling it (running jobs only).
+            let request = match signal {
+                Some(signal) if j.state == proto::JobState::Running => Request::Signal { job: j.id, signal, batch_only },
+                Some(_) => continue,
+                None => Request::Cancel { job: j.id },
+            };
+            if let Err(e) = super::call(PROG, &cluster, request).await {
                 if !quiet {
                     eprintln!(
                         "{PROG}: error: Kill job error on job id {}: {}",

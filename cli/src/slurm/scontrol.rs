@@ -244,8 +244,49 @@ pub fn parse(args: &[String]) -> Result<Command, SlurmError> {
     Err(SlurmError::fatal(PROG, format!("Invalid keyword: {verb}")))
 }
 
-fn not_supported(what: &str, request: &str) -> SlurmError {
-    SlurmError::fatal(PROG, format!("{what} is not supported yet: the Corral protocol has no {request} request"))
+/// `scontrol requeuehold`: requeue each job, then hold it once it is pending again.
+fn requeue_then_hold(ids: &[u64]) -> Result<i32, SlurmError> {
+    let cluster = super::connect(PROG)?;
+    let failed = super::block_on(PROG, async {
+        let mut failed = false;
+        for &job in ids {
+            let requeued = cluster.call_patiently(Request::Requeue { job }, super::PATIENCE).await;
+            let held = match requeued {
+                Ok(_) => cluster.call_patiently(Request::UpdateJob { job, hold: Some(true), time_limit_ms: None, partition: None }, super::PATIENCE).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = held {
+                eprintln!("{} for job {job}", super::describe_error(&e));
+                failed = true;
+            }
+        }
+        failed
+    })?;
+    Ok(i32::from(failed))
+}
+
+/// Holds, releases or updates pending jobs, printing Slurm's kind of error for each refusal.
+fn update_jobs(ids: Vec<u64>, hold: Option<bool>, time_limit_ms: Option<Option<u64>>, partition: Option<Option<String>>) -> Result<i32, SlurmError> {
+    let cluster = super::connect(PROG)?;
+    super::block_on(PROG, async {
+        let mut failed = false;
+        for job in ids {
+            let req = Request::UpdateJob { job, hold, time_limit_ms, partition: partition.clone() };
+            if let Err(e) = cluster.call_patiently(req, super::PATIENCE).await {
+                let why = match e.downcast_ref::<ApiError>() {
+                    Some(ApiError::NotFound(_)) => "Invalid job id specified".to_string(),
+                    Some(ApiError::Invalid(m) | ApiError::Denied(m)) if m.contains("only a pending job") => {
+                        "Job is no longer pending execution".to_string()
+                    }
+                    Some(ApiError::Invalid(m) | ApiError::Denied(m)) => m.clone(),
+                    _ => super::describe_error(&e),
+                };
+                eprintln!("{why} for job {job}");
+                failed = true;
+            }
+        }
+        i32::from(failed)
+    })
 }
 
 pub fn run(args: &[String]) -> Result<i32, SlurmError> {
@@ -325,7 +366,8 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
         }
         Command::Requeue(ids, hold) => {
             if hold {
-                return Err(not_supported("requeuehold", "Hold { job }"));
+                let code = requeue_then_hold(&ids)?;
+                return Ok(code);
             }
             let cluster = super::connect(PROG)?;
             super::block_on(PROG, async {
@@ -345,9 +387,9 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
                 Ok(i32::from(failed))
             })?
         }
-        Command::Hold(_) => Err(not_supported("hold", "Hold { job }")),
-        Command::Release(_) => Err(not_supported("release", "Release { job }")),
-        Command::Update { .. } => Err(not_supported("update", "UpdateJob { job, time_limit_ms, partition }")),
+        Command::Hold(ids) => update_jobs(ids, Some(true), None, None),
+        Command::Release(ids) => update_jobs(ids, Some(false), None, None),
+        Command::Update { job, time_limit_ms, partition } => update_jobs(vec![job], None, time_limit_ms, partition.map(Some)),
     }
 }
 
