@@ -1,6 +1,9 @@
 //! Fault injection and invariant checkers over recorded histories. Checkers are pure functions
 //! of a history: they read what processes and clients recorded and report every violation.
 
+pub mod runner;
+pub mod sim;
+
 use std::collections::BTreeMap;
 
 /// One job process's use of its GPUs, as the process itself recorded it.
@@ -104,7 +107,10 @@ pub fn parse_spans(text: &str) -> Vec<ProcessSpan> {
         match f.as_slice() {
             ["start", ms, job, run, node, rest @ ..] => {
                 let (Ok(ms), Ok(job), Ok(run)) = (ms.parse(), job.parse(), run.parse()) else { continue };
-                let gpus = rest.first().map(|g| g.split(',').filter(|s| !s.is_empty() && *s != "-").map(String::from).collect()).unwrap_or_default();
+                let gpus = rest
+                    .first()
+                    .map(|g| g.split(',').filter(|s| !s.is_empty() && *s != "-").map(String::from).collect())
+                    .unwrap_or_default();
                 let pid = rest.get(1).and_then(|p| p.parse().ok());
                 spans.push(ProcessSpan { job, run, node: node.to_string(), gpus, start_ms: ms, end_ms: None, pid });
             }

@@ -100,7 +100,7 @@ impl Cluster {
                 Err(e) if started.elapsed() < patience => tracing::debug!(error = %e, "retrying"),
                 Err(e) => return Err(e),
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 }

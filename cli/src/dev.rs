@@ -238,9 +238,9 @@ pub async fn up(dir: &Path, opts: &DevOptions) -> anyhow::Result<()> {
                 None => dir.join("checkpoints").display().to_string(),
             }),
             raft: RaftSection {
-                heartbeat_interval_ms: 100,
-                election_timeout_min_ms: 400,
-                election_timeout_max_ms: 800,
+                heartbeat_interval_ms: 50,
+                election_timeout_min_ms: 200,
+                election_timeout_max_ms: 400,
                 snapshot_logs_since_last: opts.snapshot_logs,
                 max_in_snapshot_log_to_keep: opts.snapshot_logs.min(100),
             },

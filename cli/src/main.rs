@@ -439,7 +439,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                     info.members.iter().map(|m| json!({"name": m.name, "role": m.role.as_str(), "addr": m.addr})).collect();
                 println!(
                     "{}",
-                    json!({"leader": info.leader, "term": info.term, "commit_index": info.commit_index, "applied_index": info.applied_index, "snapshot_index": info.snapshot_index, "purged_index": info.purged_index, "answered_by": info.answered_by, "members": members})
+                    json!({"leader": info.leader, "term": info.term, "commit_index": info.commit_index, "applied_index": info.applied_index, "snapshot_index": info.snapshot_index, "purged_index": info.purged_index, "answered_by": info.answered_by, "state_digest": info.state_digest, "members": members})
                 );
             } else {
                 println!(

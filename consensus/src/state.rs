@@ -416,6 +416,11 @@ impl ClusterState {
     }
 
     fn launch_confirmed(&mut self, id: JobId, run: RunNo, node: NodeId, instance: InstanceId, now_ms: u64) -> CommandResult {
+        // A confirmation from an instance that is no longer the node's came from a process
+        // that died: accepting it would pin the part to nothing.
+        if self.nodes.get(&node).is_some_and(|n| n.instance != instance) {
+            return rejected(format!("launch confirmation for job {id} from a dead instance of node {node}"));
+        }
         let Some(job) = self.jobs.get_mut(&id) else {
             return rejected(format!("unknown job {id}"));
         };
@@ -872,22 +877,26 @@ mod tests {
     }
 
     #[test]
-    fn a_new_instance_may_confirm_a_launch_before_it_registers() {
+    fn only_the_current_instance_may_confirm_a_launch() {
         let mut s = ClusterState::default();
         let a = register(&mut s, "a", 100);
         let job = submit(&mut s, spec(1, 1));
         plan(&mut s, job, 1, vec![alloc(a, &[0])]);
-        assert_eq!(confirm(&mut s, job, 1, a, 101), CommandResult::Ok, "instance 101 launched it");
+        // An agent starts work only after a leader acknowledged its heartbeat, and the leader
+        // commits a new instance before it acknowledges: a confirmation from any other instance
+        // comes from a process that is gone.
+        assert!(matches!(confirm(&mut s, job, 1, a, 101), CommandResult::Rejected(_)));
         register_again(&mut s, "a", 101);
-        assert_eq!(s.jobs[&job].state, JobState::Running, "registering the instance that runs it loses nothing");
+        assert_eq!(s.jobs[&job].state, JobState::Running, "an unconfirmed part waits for the new instance");
+        assert_eq!(confirm(&mut s, job, 1, a, 101), CommandResult::Ok);
         let other = submit(&mut s, spec(1, 1));
         plan(&mut s, other, 1, vec![alloc(a, &[1])]);
         register_again(&mut s, "a", 102);
         assert_eq!(s.jobs[&job].state, JobState::NodeFail, "confirmed by 101, gone with it");
         assert_eq!(s.jobs[&other].state, JobState::Running, "unconfirmed: 102 decides");
-        assert_eq!(finish(&mut s, other, 1, a, RunOutcome::Lost("started by an earlier instance".into())), CommandResult::Ok);
+        assert_eq!(finish(&mut s, other, 1, a, RunOutcome::Lost("stopped before it started".into())), CommandResult::Ok);
         assert_eq!(s.jobs[&other].state, JobState::NodeFail);
-        assert_eq!(s.jobs[&other].reasons, vec!["node 1: started by an earlier instance".to_string()]);
+        assert_eq!(s.jobs[&other].reasons, vec!["node 1: stopped before it started".to_string()]);
     }
 
     fn register_again(s: &mut ClusterState, name: &str, instance: InstanceId) {

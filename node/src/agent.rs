@@ -29,6 +29,9 @@ struct LedgerEntry {
     instance: InstanceId,
     stdout: PathBuf,
     stderr: PathBuf,
+    /// Stopped before its launch arrived: a later launch of this run is refused.
+    #[serde(default)]
+    refused: bool,
 }
 
 /// Every (job, run) this node ever launched, on disk before the process starts, so a run is
@@ -123,6 +126,8 @@ pub struct Agent {
     ledger: Mutex<Ledger>,
     reports_tx: mpsc::Sender<Report>,
     reports_rx: Mutex<Option<mpsc::Receiver<Report>>>,
+    /// When a leader last acknowledged a heartbeat; none yet for a new instance.
+    last_ack: Mutex<Option<std::time::Instant>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -143,6 +148,7 @@ impl Agent {
             ledger: Mutex::new(ledger),
             reports_tx,
             reports_rx: Mutex::new(Some(reports_rx)),
+            last_ack: Mutex::new(None),
         }))
     }
 
@@ -168,9 +174,18 @@ impl Agent {
         };
         let alloc = current[rank].alloc.clone();
         let ack = Reply::LaunchAck { job: job.id, run: job.run, instance: self.instance };
+        // A node out of touch with the leader may already be declared down, and a new instance
+        // is not known to be alive until a leader acknowledged it: start nothing then.
+        let acked_ms = lock(&self.last_ack).map(|t| t.elapsed().as_millis() as u64);
+        if acked_ms.is_none_or(|ms| ms > self.settings.fence_after_ms) {
+            return Err(ApiError::Unavailable(format!("node {} has no recent heartbeat acknowledgement; not starting work", self.name)));
+        }
         let earlier = {
             let ledger = lock(&self.ledger);
             match ledger.entries.get(&(job.id, job.run)) {
+                Some(entry) if entry.refused => {
+                    return Err(ApiError::Denied(format!("job {} run {} was stopped before it started", job.id, job.run)));
+                }
                 Some(entry) if entry.instance == self.instance => return Ok(ack), // re-sent: started already
                 Some(_) => true,
                 None => false,
@@ -218,6 +233,7 @@ impl Agent {
                 instance: self.instance,
                 stdout: spec.stdout_path.clone(),
                 stderr: spec.stderr_path.clone(),
+                refused: false,
             })
             .map_err(|e| ApiError::Internal(format!("{e:#}")))?;
         let span = info_span!("job", job = job.id, run = job.run);
@@ -264,13 +280,28 @@ impl Agent {
 
     /// Stops `job` if this node runs that run of it. Stopping an unknown run is not an error:
     /// it already ended, and its report is on the way.
-    pub fn kill(&self, job: JobId, run: RunNo, checkpoint: bool) -> Result<Reply, ApiError> {
-        let running = lock(&self.running);
-        if let Some(r) = running.get(&job).filter(|r| r.run == run) {
-            let reason = if checkpoint { StopReason::Checkpoint } else { StopReason::Cancelled };
-            // A full channel means a stop is already under way.
-            let _ = r.stop_tx.try_send(reason);
+    pub fn kill(self: &Arc<Self>, job: JobId, run: RunNo, checkpoint: bool) -> Result<Reply, ApiError> {
+        {
+            let running = lock(&self.running);
+            if let Some(r) = running.get(&job).filter(|r| r.run == run) {
+                let reason = if checkpoint { StopReason::Checkpoint } else { StopReason::Cancelled };
+                // A full channel means a stop is already under way.
+                let _ = r.stop_tx.try_send(reason);
+                return Ok(Reply::Ok);
+            }
         }
+        // Not running here. If it never started here, refuse it for good and report it gone, or
+        // its resources would stay held: a launch may still be on its way.
+        let mut ledger = lock(&self.ledger);
+        if ledger.entries.contains_key(&(job, run)) {
+            return Ok(Reply::Ok); // it ran and ended; its report is on its way
+        }
+        let entry = LedgerEntry { job, run, instance: self.instance, stdout: PathBuf::new(), stderr: PathBuf::new(), refused: true };
+        ledger.record(entry).map_err(|e| ApiError::Internal(format!("{e:#}")))?;
+        drop(ledger);
+        info!(job, run, "stopped before it started here");
+        let agent = Arc::clone(self);
+        tokio::spawn(async move { agent.queue_report(job, run, RunOutcome::Lost("stopped before it started".into())).await });
         Ok(Reply::Ok)
     }
 
@@ -412,6 +443,7 @@ impl Agent {
                     missed = 0;
                     fenced = false;
                     last_ack = std::time::Instant::now();
+                    *lock(&self.last_ack) = Some(last_ack);
                 }
                 Err(LinkError::Api(ApiError::NotFound(_))) => {
                     warn!("leader does not know this node, joining again");

@@ -306,7 +306,13 @@ pub async fn supervise(mut child: Child, spec: &LaunchSpec, mut stop_rx: mpsc::R
             Some(reason) = stop_rx.recv() => {
                 match reason {
                     StopReason::Cancelled => stop(&mut child, pgid, timings.kill_grace_ms).await,
-                    StopReason::Fenced => stop(&mut child, pgid, timings.fence_kill_grace_ms).await,
+                    StopReason::Fenced => {
+                        stop(&mut child, pgid, timings.fence_kill_grace_ms).await;
+                        signal_group(pgid, libc::SIGKILL);
+                        // Not a cancel: the node lost the cluster, so the job is requeued or
+                        // ends NODE_FAIL like on a dead node.
+                        break RunOutcome::Lost("stopped by fencing: the node lost contact with the leader".into());
+                    }
                     StopReason::Checkpoint => {
                         if let Some(sig) = &spec.signal {
                             send_job_signal(pgid, sig);

@@ -114,10 +114,16 @@ impl Node {
                 }
             }
             request => {
-                if self.is_member() {
-                    self.read(request)
-                } else {
-                    self.forward(hops, request).await
+                if !self.is_member() {
+                    return self.forward(hops, request).await;
+                }
+                match self.read(request.clone()) {
+                    // A follower may not have applied a job its client just submitted through the
+                    // leader: ask the leader rather than deny the job exists.
+                    Err(ApiError::NotFound(_)) if !self.is_leader() && matches!(request, Request::GetJob { .. }) => {
+                        self.forward(hops, request).await
+                    }
+                    other => other,
                 }
             }
         }
@@ -264,6 +270,7 @@ impl Node {
             snapshot_index: st.snapshot_index,
             purged_index: st.purged_index,
             answered_by: self.config.name.clone(),
+            state_digest: self.state.read(|s| s.digest()),
             members,
         }
     }
@@ -421,6 +428,9 @@ impl Node {
     fn check_leader_lease(&self) -> Result<(), ApiError> {
         use openraft::async_runtime::watch::WatchReceiver;
         use openraft::Instant as _;
+        if self.voter_ids().iter().all(|v| *v == self.id) {
+            return Ok(()); // a single voter is its own quorum
+        }
         let metrics = self.raft.metrics();
         let m = metrics.borrow_watched();
         let lease_ms = self.config.raft.election_timeout_min_ms;

@@ -894,6 +894,8 @@ pub struct ClusterInfo {
     pub snapshot_index: Option<u64>,
     pub purged_index: Option<u64>,
     pub answered_by: String,
+    /// Hex SHA-256 of this node's applied state (equal on voters at the same applied index).
+    pub state_digest: String,
     pub members: Vec<ClusterMember>,
 }
 

@@ -167,6 +167,13 @@ fn a_late_joiner_catches_up_from_a_snapshot() {
         n4_view["answered_by"] == "n4" && jobs.as_array().map(Vec::len) == Some(ids.len())
     });
     assert!(n4_view["snapshot_index"].as_u64().is_some(), "n4 installed a snapshot: {n4_view}");
+    // Same applied index, same state, byte for byte.
+    let leader_addr = c.addr(&c.leader());
+    wait_until("n4's state digest to equal the leader's", Duration::from_secs(10), || {
+        let a = c.json(&["--server", &addr, "cluster"]);
+        let b = c.json(&["--server", &leader_addr, "cluster"]);
+        a["applied_index"] == b["applied_index"] && a["state_digest"] == b["state_digest"] && a["state_digest"].as_str().is_some_and(|d| d.len() == 64)
+    });
 }
 
 #[test]

@@ -1,0 +1,163 @@
+//! `corral-chaos`: fault injection against a real local cluster (`run`) and a deterministic
+//! simulation of the state machine, scheduler and control loops (`sim`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use corral_chaos::runner::{self, Fault, RunOptions};
+use corral_chaos::sim::{self, SimConfig};
+
+#[derive(Parser)]
+#[command(name = "corral-chaos", about = "Chaos testing for Corral: real processes (run) and a seeded simulation (sim)")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Start a local cluster, drive a workload, inject seeded faults, heal, verify the history.
+    Run {
+        #[arg(long, default_value_t = 5)]
+        nodes: u32,
+        #[arg(long, default_value_t = 3)]
+        voters: u32,
+        /// How long workload and faults go on (e.g. 120s, 2m, 90000ms).
+        #[arg(long, default_value = "120s")]
+        duration: String,
+        /// Seed of the fault schedule and workload; the one line printed on failure repeats it.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Comma list of kill,restart,partition,pause,slow-disk,clock-skew.
+        #[arg(long, default_value = "kill,restart,partition,pause")]
+        faults: String,
+        /// Cluster directory (default: a new one under /tmp, kept on failure).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// The `corral` binary (default: next to this one, then PATH).
+        #[arg(long)]
+        corral: Option<PathBuf>,
+        /// Leave the cluster directory in place even when the run passes.
+        #[arg(long)]
+        keep: bool,
+    },
+    /// Seeded simulation of ClusterState::apply + scheduler::schedule + leader and agent loops.
+    Sim {
+        #[arg(long, default_value_t = 2000)]
+        runs: u64,
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Simulated seconds of workload and faults per run.
+        #[arg(long, default_value_t = 40)]
+        fault_phase_s: u64,
+        /// Also pause corrald (SIGSTOP) while its jobs keep running.
+        #[arg(long)]
+        pause: bool,
+        /// Print the trace of the first failing run.
+        #[arg(long)]
+        trace: bool,
+        /// Model the agent before its fix: a stop for a run it never started is ignored (the
+        /// part's GPUs then leak). For reproducing the bug the simulator found.
+        #[arg(long)]
+        old_stop_unstarted: bool,
+        /// Model the agent before its fix: it accepts launches while out of touch with a leader.
+        #[arg(long)]
+        old_launch_when_fenced: bool,
+    },
+}
+
+fn time_seed() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1) % 1_000_000_007
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result: anyhow::Result<bool> = match cli.cmd {
+        Cmd::Run { nodes, voters, duration, seed, faults, dir, corral, keep } => (|| -> anyhow::Result<bool> {
+            let duration_ms = runner::parse_duration_ms(&duration).context("read --duration")?;
+            let faults = Fault::parse_list(&faults).context("read --faults")?;
+            let seed = seed.unwrap_or_else(time_seed);
+            let corral = match corral {
+                Some(p) => p,
+                None => runner::find_corral().context("find the corral binary")?,
+            };
+            let opts = RunOptions { nodes, voters, duration_ms, seed, faults, dir, corral, keep };
+            let outcome = runner::run(&opts).context("run the chaos scenario")?;
+            println!("{}", outcome.summary);
+            if outcome.violations.is_empty() {
+                Ok(true)
+            } else {
+                println!("VIOLATIONS ({}):", outcome.violations.len());
+                for v in &outcome.violations {
+                    println!("  {v}");
+                }
+                println!("cluster dir and history kept in {}", outcome.dir.display());
+                println!("reproduce: {}", outcome.repro);
+                Ok(false)
+            }
+        })(),
+        Cmd::Sim { runs, seed, fault_phase_s, pause, trace, old_stop_unstarted, old_launch_when_fenced } => {
+            {
+                let seed = seed.unwrap_or_else(time_seed);
+                let cfg = SimConfig {
+                    fault_phase_ms: fault_phase_s * 1000,
+                    pause_faults: pause,
+                    fix_stop_unstarted: !old_stop_unstarted,
+                    fix_refuse_launch_when_fenced: !old_launch_when_fenced,
+                    ..SimConfig::default()
+                };
+                let started = Instant::now();
+                let sum = sim::run_many(runs, seed, &cfg, |_| {});
+                let secs = started.elapsed().as_secs_f64();
+                println!(
+                    "sim: {} runs from seed {seed} in {secs:.1} s ({:.0} runs/min)",
+                    sum.runs,
+                    sum.runs as f64 * 60.0 / secs.max(1e-3)
+                );
+                println!("  simulated steps     {}", sum.steps);
+                println!("  commands applied    {}", sum.commands);
+                println!("  jobs acknowledged   {}", sum.jobs);
+                println!("  requeued runs       {}", sum.requeued_runs);
+                println!("  final states        {:?}", sum.final_states);
+                println!("  faults              {:?}", sum.faults);
+                println!("  failed runs         {}", sum.failed_runs);
+                for r in &sum.failures {
+                    println!("  seed {}: {}", r.seed, r.violations.join("; "));
+                }
+                if let (true, Some(first)) = (trace, sum.failures.first()) {
+                    // Run the failing seed again with its trace kept; show the events of the jobs
+                    // and nodes its first violation names, and every fault.
+                    let again = sim::run_one(first.seed, &SimConfig { keep_trace: true, ..cfg.clone() });
+                    let words: Vec<String> = again.violations.first().map(|v| sim::trace_keys(v)).unwrap_or_default();
+                    println!("events of seed {} about {words:?}:", first.seed);
+                    for line in again
+                        .trace
+                        .iter()
+                        .filter(|l| l.contains("fault") || l.contains("VIOLATION") || words.iter().any(|w| l.contains(w.as_str())))
+                    {
+                        println!("    {line}");
+                    }
+                }
+                if let Some(first) = sum.failures.first() {
+                    let p =
+                        format!("{}{}", if pause { " --pause" } else { "" }, if old_stop_unstarted { " --old-stop-unstarted" } else { "" });
+                    let p = format!("{p}{}", if old_launch_when_fenced { " --old-launch-when-fenced" } else { "" });
+                    println!("reproduce: corral-chaos sim --runs 1 --seed {} --fault-phase-s {fault_phase_s}{p} --trace", first.seed);
+                }
+                Ok(sum.failed_runs == 0)
+            }
+        }
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("corral-chaos: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

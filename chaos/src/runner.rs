@@ -1,0 +1,930 @@
+//! The real-process chaos run: a local cluster of `corrald` processes driven through the
+//! `corral` binary, a seeded workload and fault schedule, a history in `DIR/history.jsonl`, and
+//! the checks run on it once everything is healed. Every wait has a deadline.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
+
+use crate::ProcessSpan;
+
+/// Settings the cluster is started with (the recovery bounds below depend on them).
+const NODE_DOWN_AFTER_MS: u64 = 3_000;
+const GPUS_PER_NODE: u32 = 8;
+/// One client call may take this long before its outcome is "unknown".
+const CALL_TIMEOUT_MS: u64 = 15_000;
+/// A cluster sample (`--server ADDR cluster`) gives up sooner: a paused node must not stall the run.
+const SAMPLE_TIMEOUT_MS: u64 = 2_000;
+/// After healing, a submit must succeed within this.
+const RECOVERY_BOUND_MS: u64 = 30_000;
+/// After healing, every acknowledged job must be final within this.
+const SETTLE_BOUND_MS: u64 = 180_000;
+/// Voters must agree on the applied index and the job list within this.
+const CONVERGE_BOUND_MS: u64 = 30_000;
+/// How often the death watcher polls job processes.
+const WATCH_INTERVAL_MS: u64 = 20;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Fault {
+    Kill,
+    Restart,
+    Partition,
+    Pause,
+    SlowDisk,
+    ClockSkew,
+}
+
+impl Fault {
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::Kill => "kill",
+            Fault::Restart => "restart",
+            Fault::Partition => "partition",
+            Fault::Pause => "pause",
+            Fault::SlowDisk => "slow-disk",
+            Fault::ClockSkew => "clock-skew",
+        }
+    }
+
+    /// Whether the product has a hook this harness can use to inject it.
+    pub fn supported(self) -> bool {
+        !matches!(self, Fault::SlowDisk | Fault::ClockSkew)
+    }
+
+    pub fn parse_list(text: &str) -> anyhow::Result<Vec<Fault>> {
+        let mut out = Vec::new();
+        for word in text.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+            let f = match word {
+                "kill" => Fault::Kill,
+                "restart" => Fault::Restart,
+                "partition" => Fault::Partition,
+                "pause" => Fault::Pause,
+                "slow-disk" => Fault::SlowDisk,
+                "clock-skew" => Fault::ClockSkew,
+                other => bail!("unknown fault '{other}' (kill, restart, partition, pause, slow-disk, clock-skew)"),
+            };
+            if !out.contains(&f) {
+                out.push(f);
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    pub nodes: u32,
+    pub voters: u32,
+    pub duration_ms: u64,
+    pub seed: u64,
+    pub faults: Vec<Fault>,
+    pub dir: Option<PathBuf>,
+    pub corral: PathBuf,
+    pub keep: bool,
+}
+
+impl RunOptions {
+    /// The one command line that repeats this run.
+    pub fn repro(&self) -> String {
+        let faults: Vec<&str> = self.faults.iter().map(|f| f.name()).collect();
+        format!(
+            "corral-chaos run --nodes {} --voters {} --duration {}ms --faults {} --seed {}",
+            self.nodes,
+            self.voters,
+            self.duration_ms,
+            faults.join(","),
+            self.seed
+        )
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct RunOutcome {
+    pub summary: String,
+    pub violations: Vec<String>,
+    pub dir: PathBuf,
+    pub repro: String,
+    /// Final state of every acknowledged job, by id.
+    pub final_states: BTreeMap<u64, String>,
+    pub faults_injected: BTreeMap<String, u32>,
+    pub recovery_ms: Option<u64>,
+}
+
+/// `120s`, `2m`, `90000ms` or a plain number of seconds.
+pub fn parse_duration_ms(text: &str) -> anyhow::Result<u64> {
+    let t = text.trim();
+    let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
+        (n, 1)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1_000)
+    } else if let Some(n) = t.strip_suffix('m') {
+        (n, 60_000)
+    } else {
+        (t, 1_000)
+    };
+    let n: u64 = num.trim().parse().with_context(|| format!("parse duration '{text}' (e.g. 120s, 2m, 90000ms)"))?;
+    Ok(n.saturating_mul(scale))
+}
+
+/// `corral` next to this executable (or its parent, for test executables in `deps/`), else PATH.
+pub fn find_corral() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("locate this executable")?;
+    for dir in exe.ancestors().skip(1).take(2) {
+        let p = dir.join("corral");
+        if p.exists() {
+            return Ok(p);
+        }
+    }
+    Ok(PathBuf::from("corral"))
+}
+
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+fn pid_alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks whether the process exists.
+    pid > 0 && unsafe { libc::kill(pid, 0) } == 0
+}
+
+/// The outcome of one client call, as the history records it.
+#[derive(Clone, Debug)]
+pub enum CallResult {
+    Ok(Value),
+    Error(String),
+    /// Timed out: it may or may not have taken effect.
+    Unknown,
+}
+
+/// Appends JSON lines to `DIR/history.jsonl`.
+struct History {
+    file: Mutex<File>,
+}
+
+impl History {
+    fn record(&self, mut event: Value) {
+        if let Some(obj) = event.as_object_mut() {
+            obj.insert("t_ms".into(), json!(now_ms()));
+        }
+        let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = writeln!(f, "{event}");
+    }
+}
+
+struct Harness {
+    dir: PathBuf,
+    work: PathBuf,
+    corral: PathBuf,
+    corrald: Option<PathBuf>,
+    history: Arc<History>,
+    /// Node name -> QUIC address.
+    addrs: BTreeMap<String, String>,
+    /// Nodes this harness stopped (SIGKILL or SIGTERM) and has not started again.
+    down: BTreeSet<String>,
+    paused: BTreeSet<String>,
+    partitioned: BTreeSet<String>,
+    calls: BTreeMap<&'static str, (u32, u32, u32)>,
+}
+
+impl Harness {
+    /// Runs `corral ARGS` with a deadline; never hangs.
+    fn exec(&self, args: &[String], timeout_ms: u64) -> CallResult {
+        let mut cmd = Command::new(&self.corral);
+        cmd.args(args).current_dir(&self.work).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        if let Some(d) = &self.corrald {
+            cmd.env("CORRALD", d);
+        }
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => return CallResult::Error(format!("spawn {}: {e}", self.corral.display())),
+        };
+        let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) if Instant::now() >= deadline => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return CallResult::Unknown;
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+                Err(e) => return CallResult::Error(format!("wait for corral: {e}")),
+            }
+        }
+        let out = match child.wait_with_output() {
+            Ok(o) => o,
+            Err(e) => return CallResult::Error(format!("read corral output: {e}")),
+        };
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+            return CallResult::Error(if err.is_empty() { format!("exit {:?}", out.status.code()) } else { err });
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        CallResult::Ok(serde_json::from_str(&text).unwrap_or_else(|_| Value::String(text.trim().to_string())))
+    }
+
+    /// A recorded client call: `corral --cluster DIR [--server ADDR] --json ARGS`.
+    fn call(&mut self, op: &'static str, server: Option<&str>, args: &[String], timeout_ms: u64) -> CallResult {
+        let mut all = vec!["--cluster".to_string(), self.dir.display().to_string()];
+        if let Some(s) = server {
+            all.push("--server".into());
+            all.push(s.to_string());
+        }
+        all.push("--json".into());
+        all.extend_from_slice(args);
+        let start = now_ms();
+        let r = self.exec(&all, timeout_ms);
+        let (outcome, detail) = match &r {
+            CallResult::Ok(v) => ("ok", v.clone()),
+            CallResult::Error(e) => ("error", json!(e)),
+            CallResult::Unknown => ("unknown", Value::Null),
+        };
+        let counts = self.calls.entry(op).or_default();
+        match outcome {
+            "ok" => counts.0 += 1,
+            "error" => counts.1 += 1,
+            _ => counts.2 += 1,
+        }
+        // Samples are many and big: record only their essentials.
+        let detail = if op == "sample" || op == "queue" { Value::Null } else { detail };
+        self.history.record(
+            json!({"kind": "call", "op": op, "server": server, "args": args, "start_ms": start, "outcome": outcome, "answer": detail}),
+        );
+        r
+    }
+
+    fn dev(&self, args: &[&str]) -> anyhow::Result<()> {
+        let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        // `corral dev VERB --dir DIR ...`
+        all.insert(2.min(all.len()), "--dir".into());
+        all.insert(3.min(all.len()), self.dir.display().to_string());
+        match self.exec(&all, 120_000) {
+            CallResult::Ok(_) => Ok(()),
+            CallResult::Error(e) => bail!("corral {}: {e}", args.join(" ")),
+            CallResult::Unknown => bail!("corral {}: no answer within 120 s", args.join(" ")),
+        }
+    }
+
+    fn fault_event(&self, action: &str, node: &str, detail: Value) {
+        self.history.record(json!({"kind": "fault", "action": action, "node": node, "detail": detail}));
+    }
+
+    fn signal(&mut self, node: &str, sig: &str) -> anyhow::Result<()> {
+        self.dev(&["dev", "signal", node, sig]).with_context(|| format!("send SIG{sig} to {node}"))?;
+        self.fault_event(&format!("SIG{sig}"), node, Value::Null);
+        match sig {
+            "KILL" | "TERM" => {
+                self.down.insert(node.to_string());
+                self.paused.remove(node);
+            }
+            "STOP" => {
+                self.paused.insert(node.to_string());
+            }
+            "CONT" => {
+                self.paused.remove(node);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn start(&mut self, node: &str) -> anyhow::Result<()> {
+        self.dev(&["dev", "start", node]).with_context(|| format!("start {node} again"))?;
+        self.fault_event("start", node, Value::Null);
+        self.down.remove(node);
+        Ok(())
+    }
+
+    fn partition_file(&self, node: &str) -> PathBuf {
+        self.dir.join(node).join("data").join("fault-partition")
+    }
+
+    fn partition(&mut self, node: &str, cut_from: &[String]) -> anyhow::Result<()> {
+        let mut text = String::new();
+        if cut_from.is_empty() {
+            text.push_str("*\n");
+        }
+        for peer in cut_from {
+            text.push_str(peer);
+            text.push('\n');
+            if let Some(a) = self.addrs.get(peer) {
+                text.push_str(a);
+                text.push('\n');
+            }
+        }
+        let path = self.partition_file(node);
+        std::fs::write(&path, &text).with_context(|| format!("write {}", path.display()))?;
+        self.fault_event("partition", node, json!(cut_from));
+        self.partitioned.insert(node.to_string());
+        Ok(())
+    }
+
+    fn heal_partition(&mut self, node: &str) -> anyhow::Result<()> {
+        let path = self.partition_file(node);
+        if path.exists() {
+            std::fs::remove_file(&path).with_context(|| format!("remove {}", path.display()))?;
+        }
+        self.fault_event("heal-partition", node, Value::Null);
+        self.partitioned.remove(node);
+        Ok(())
+    }
+
+    /// Ends every fault: continues paused nodes, removes partitions, starts stopped nodes.
+    fn heal_all(&mut self) -> anyhow::Result<()> {
+        for n in self.paused.clone() {
+            self.signal(&n, "CONT")?;
+        }
+        for n in self.addrs.keys().cloned().collect::<Vec<_>>() {
+            if self.partition_file(&n).exists() {
+                self.heal_partition(&n)?;
+            }
+        }
+        for n in self.down.clone() {
+            self.start(&n)?;
+        }
+        Ok(())
+    }
+
+    /// (name, role) of every member as the cluster reports it; empty if no node answers.
+    fn members(&mut self) -> Vec<(String, String)> {
+        match self.call("members", None, &["cluster".into()], CALL_TIMEOUT_MS) {
+            CallResult::Ok(v) => v["members"]
+                .as_array()
+                .map(|m| m.iter().filter_map(|m| Some((m["name"].as_str()?.to_string(), m["role"].as_str()?.to_string()))).collect())
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// Watches job processes by pid: for every recorded start without an end, when the process
+/// was first seen gone (an upper bound on its death, `WATCH_INTERVAL_MS` late at most).
+struct DeathWatch {
+    stop: Arc<AtomicBool>,
+    deaths: Arc<Mutex<BTreeMap<i32, u64>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl DeathWatch {
+    fn start(spans_log: PathBuf) -> DeathWatch {
+        let stop = Arc::new(AtomicBool::new(false));
+        let deaths = Arc::new(Mutex::new(BTreeMap::new()));
+        let (s, d) = (Arc::clone(&stop), Arc::clone(&deaths));
+        let thread = std::thread::spawn(move || {
+            let mut last_parse = Instant::now() - Duration::from_secs(1);
+            let mut open: BTreeSet<i32> = BTreeSet::new();
+            while !s.load(Ordering::Relaxed) {
+                if last_parse.elapsed() >= Duration::from_millis(100) {
+                    last_parse = Instant::now();
+                    let spans = crate::parse_spans(&std::fs::read_to_string(&spans_log).unwrap_or_default());
+                    let seen = d.lock().unwrap_or_else(|p| p.into_inner());
+                    open = spans.iter().filter(|s| s.end_ms.is_none()).filter_map(|s| s.pid).filter(|p| !seen.contains_key(p)).collect();
+                }
+                let now = now_ms();
+                let mut seen = d.lock().unwrap_or_else(|p| p.into_inner());
+                for pid in open.iter().copied().filter(|p| !pid_alive(*p)).collect::<Vec<_>>() {
+                    seen.entry(pid).or_insert(now);
+                    open.remove(&pid);
+                }
+                drop(seen);
+                std::thread::sleep(Duration::from_millis(WATCH_INTERVAL_MS));
+            }
+        });
+        DeathWatch { stop, deaths, thread: Some(thread) }
+    }
+
+    fn finish(mut self) -> BTreeMap<i32, u64> {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let d = self.deaths.lock().unwrap_or_else(|p| p.into_inner());
+        d.clone()
+    }
+}
+
+/// What the workload expects of a job it submitted.
+#[derive(Clone, Debug)]
+struct Submitted {
+    requeue: bool,
+    exit_code: i32,
+    cancelled: bool,
+    time_limited: bool,
+}
+
+/// A scheduled fault: when (ms after the start), what, on which role, for how long.
+#[derive(Clone, Debug)]
+struct PlannedFault {
+    at_ms: u64,
+    fault: Fault,
+    role: &'static str,
+    hold_ms: u64,
+    split_voters: bool,
+}
+
+fn plan_faults(rng: &mut StdRng, faults: &[Fault], duration_ms: u64) -> Vec<PlannedFault> {
+    let supported: Vec<Fault> = faults.iter().copied().filter(|f| f.supported()).collect();
+    let mut out = Vec::new();
+    if supported.is_empty() {
+        return out;
+    }
+    let mut t = rng.gen_range(4_000..8_000);
+    // The last fault ends a while before the workload stops.
+    while t + 10_000 < duration_ms {
+        let fault = supported[rng.gen_range(0..supported.len())];
+        let role = ["leader", "voter", "agent"][rng.gen_range(0..3)];
+        let hold_ms = match fault {
+            Fault::Pause => rng.gen_range(1_000..6_000),
+            Fault::Restart => rng.gen_range(0..2_000),
+            _ => rng.gen_range(2_000..8_000),
+        };
+        let hold_ms = hold_ms.min(duration_ms.saturating_sub(t + 5_000));
+        out.push(PlannedFault { at_ms: t, fault, role, hold_ms, split_voters: rng.gen_bool(0.5) });
+        t += hold_ms + rng.gen_range(3_000..10_000);
+    }
+    out
+}
+
+fn job_cmd(seconds: u32, exit_code: i32) -> Vec<String> {
+    let rec = r#"rec() { echo "$1 $(date +%s%3N) $CORRAL_JOB_ID $CORRAL_RUN $CORRAL_NODE ${CUDA_VISIBLE_DEVICES:--} $$" >> spans.log; }"#;
+    let body = format!("{rec}; trap 'rec end; exit 143' TERM; rec start; sleep $1 & wait $!; rec end; exit $2");
+    vec!["sh".into(), "-c".into(), body, "job".into(), seconds.to_string(), exit_code.to_string()]
+}
+
+/// Runs the whole scenario: start, workload with faults, heal, settle, verify.
+pub fn run(opts: &RunOptions) -> anyhow::Result<RunOutcome> {
+    if opts.voters > opts.nodes || !matches!(opts.voters, 1 | 3 | 5) {
+        bail!("--voters must be 1, 3 or 5 and at most --nodes (got {} of {})", opts.voters, opts.nodes);
+    }
+    let dir = match &opts.dir {
+        Some(d) => d.clone(),
+        None => std::env::temp_dir().join(format!("corral-chaos-{}-{}", opts.seed, now_ms())),
+    };
+    if dir.join("client.toml").exists() {
+        bail!("{} already holds a cluster: pass a new --dir", dir.display());
+    }
+    let work = dir.join("work");
+    std::fs::create_dir_all(&work).with_context(|| format!("create {}", work.display()))?;
+    let history_path = dir.join("history.jsonl");
+    let file = File::create(&history_path).with_context(|| format!("create {}", history_path.display()))?;
+    let history = Arc::new(History { file: Mutex::new(file) });
+    let corrald = opts.corral.parent().map(|p| p.join("corrald")).filter(|p| p.exists());
+    let mut h = Harness {
+        dir: dir.clone(),
+        work: work.clone(),
+        corral: opts.corral.clone(),
+        corrald,
+        history,
+        addrs: BTreeMap::new(),
+        down: BTreeSet::new(),
+        paused: BTreeSet::new(),
+        partitioned: BTreeSet::new(),
+        calls: BTreeMap::new(),
+    };
+    h.history.record(json!({"kind": "run", "seed": opts.seed, "repro": opts.repro(), "nodes": opts.nodes, "voters": opts.voters}));
+    for f in opts.faults.iter().filter(|f| !f.supported()) {
+        let msg = format!("fault '{}' has no product hook yet: not injected", f.name());
+        eprintln!("corral-chaos: {msg}");
+        h.history.record(json!({"kind": "unsupported-fault", "fault": f.name(), "message": msg}));
+    }
+    let nodes = opts.nodes.to_string();
+    let voters = opts.voters.to_string();
+    let down_after = NODE_DOWN_AFTER_MS.to_string();
+    let gpus = format!("h100:{GPUS_PER_NODE}");
+    let ckpt = dir.join("ckpt").display().to_string();
+    h.dev(&[
+        "dev",
+        "up",
+        "--nodes",
+        &nodes,
+        "--voters-max",
+        &voters,
+        "--gpus",
+        &gpus,
+        "--node-down-after-ms",
+        &down_after,
+        "--checkpoint-root",
+        &ckpt,
+    ])
+    .context("start the cluster")?;
+
+    let result = drive_and_check(&mut h, opts);
+    // Always heal and stop the cluster, whatever happened.
+    let _ = h.heal_all();
+    let down = h.dev(&["dev", "down"]);
+    let mut outcome = result?;
+    if let Err(e) = down {
+        outcome.violations.push(format!("dev down failed: {e:#}"));
+    }
+    if outcome.violations.is_empty() && !opts.keep && opts.dir.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(outcome)
+}
+
+fn drive_and_check(h: &mut Harness, opts: &RunOptions) -> anyhow::Result<RunOutcome> {
+    let mut rng = StdRng::seed_from_u64(opts.seed);
+    let plan = plan_faults(&mut rng, &opts.faults, opts.duration_ms);
+    h.history.record(json!({"kind": "fault-plan", "plan": format!("{plan:?}")}));
+    // Addresses of every node.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while h.addrs.len() < opts.nodes as usize {
+        if Instant::now() > deadline {
+            bail!("the cluster did not list all {} members within 30 s", opts.nodes);
+        }
+        if let CallResult::Ok(v) = h.call("members", None, &["cluster".into()], CALL_TIMEOUT_MS) {
+            for m in v["members"].as_array().into_iter().flatten() {
+                if let (Some(n), Some(a)) = (m["name"].as_str(), m["addr"].as_str()) {
+                    h.addrs.insert(n.to_string(), a.to_string());
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let watch = DeathWatch::start(h.work.join("spans.log"));
+    let mut submitted: BTreeMap<u64, Submitted> = BTreeMap::new();
+    let mut leader_claims: Vec<(u64, String)> = Vec::new();
+    let mut faults_injected: BTreeMap<String, u32> = BTreeMap::new();
+    // (when, what) heals of the fault in progress.
+    let mut pending_heal: Option<(Instant, PlannedFault, String)> = None;
+    let mut next_fault = 0usize;
+    let started = Instant::now();
+    let mut last_sample = Instant::now() - Duration::from_secs(10);
+    let mut last_fault_end = Instant::now();
+    let run_for = Duration::from_millis(opts.duration_ms);
+
+    while started.elapsed() < run_for {
+        let t_ms = started.elapsed().as_millis() as u64;
+        // Faults.
+        if let Some((at, f, node)) = pending_heal.take() {
+            if Instant::now() >= at {
+                heal_fault(h, &f, &node)?;
+                last_fault_end = Instant::now();
+            } else {
+                pending_heal = Some((at, f, node));
+            }
+        }
+        if pending_heal.is_none() && next_fault < plan.len() && t_ms >= plan[next_fault].at_ms {
+            let f = plan[next_fault].clone();
+            next_fault += 1;
+            if let Some(node) = inject_fault(h, &f, &mut rng)? {
+                *faults_injected.entry(format!("{}:{}", f.fault.name(), f.role)).or_default() += 1;
+                pending_heal = Some((Instant::now() + Duration::from_millis(f.hold_ms), f, node));
+            }
+        }
+        // Workload.
+        let roll = rng.gen_range(0..100);
+        if roll < 45 && submitted.len() < 400 {
+            submit_one(h, &mut rng, &mut submitted);
+        } else if roll < 50 && !submitted.is_empty() {
+            let ids: Vec<u64> = submitted.keys().copied().collect();
+            let id = ids[rng.gen_range(0..ids.len())];
+            // An error or a time-out may still have committed the cancel: count every attempt
+            // but the ones the cluster refused because the job had already ended.
+            let r = h.call("cancel", None, &["cancel".into(), id.to_string()], CALL_TIMEOUT_MS);
+            let refused = matches!(&r, CallResult::Error(e) if e.contains("already finished"));
+            if let (false, Some(s)) = (refused, submitted.get_mut(&id)) {
+                s.cancelled = true;
+            }
+        }
+        // Leader samples from every node.
+        if last_sample.elapsed() >= Duration::from_millis(1_500) {
+            last_sample = Instant::now();
+            sample_leaders(h, &mut leader_claims);
+        }
+        std::thread::sleep(Duration::from_millis(rng.gen_range(100..400)));
+    }
+    h.history.record(json!({"kind": "phase", "phase": "heal"}));
+    if let Some((_, f, node)) = pending_heal.take() {
+        heal_fault(h, &f, &node)?;
+    }
+    h.heal_all().context("heal every fault")?;
+    let healed = Instant::now();
+    let _ = last_fault_end;
+    let mut violations: Vec<String> = Vec::new();
+
+    // Recovery: a submit succeeds within the bound.
+    let mut recovery_ms = None;
+    while healed.elapsed() < Duration::from_millis(RECOVERY_BOUND_MS) {
+        let args: Vec<String> = ["submit", "--", "true"].iter().map(|s| s.to_string()).collect();
+        if let CallResult::Ok(v) = h.call("probe", None, &args, 5_000) {
+            if let Some(id) = v["job_id"].as_u64() {
+                recovery_ms = Some(healed.elapsed().as_millis() as u64);
+                submitted.insert(id, Submitted { requeue: false, exit_code: 0, cancelled: false, time_limited: false });
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    if recovery_ms.is_none() {
+        violations.push(format!("no submit succeeded within {RECOVERY_BOUND_MS} ms after the last fault was healed"));
+    }
+
+    // Settle: every acknowledged job reaches a final state.
+    let mut jobs: BTreeMap<u64, Value> = BTreeMap::new();
+    let settle_deadline = Instant::now() + Duration::from_millis(SETTLE_BOUND_MS);
+    loop {
+        if let CallResult::Ok(v) = h.call("queue", None, &["queue".into(), "--all".into()], CALL_TIMEOUT_MS) {
+            jobs = v.as_array().into_iter().flatten().filter_map(|j| Some((j["id"].as_u64()?, j.clone()))).collect();
+            let open = submitted
+                .keys()
+                .filter(|id| jobs.get(id).is_none_or(|j| matches!(j["state"].as_str(), Some("PENDING" | "RUNNING"))))
+                .count();
+            if open == 0 {
+                break;
+            }
+        }
+        if Instant::now() > settle_deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1_000));
+    }
+    for id in submitted.keys() {
+        match jobs.get(id).and_then(|j| j["state"].as_str()) {
+            None => violations.push(format!("acknowledged job {id} is missing from the queue")),
+            Some(s @ ("PENDING" | "RUNNING")) => violations.push(format!("job {id} still {s} {SETTLE_BOUND_MS} ms after healing")),
+            Some(_) => {}
+        }
+    }
+
+    // Voters converge: same applied index and the same (id, state, run) list.
+    let converged = check_voters(h, &mut violations);
+
+    // Process spans.
+    std::thread::sleep(Duration::from_millis(300));
+    let deaths = watch.finish();
+    let mut spans = crate::parse_spans(&std::fs::read_to_string(h.work.join("spans.log")).unwrap_or_default());
+    for s in spans.iter_mut().filter(|s| s.end_ms.is_none()) {
+        if let Some(ms) = s.pid.and_then(|p| deaths.get(&p)) {
+            s.end_ms = Some(*ms);
+        } else if s.pid.is_some_and(pid_alive) {
+            violations.push(format!("process {:?} of job {} run {} on {} still runs after its job is final", s.pid, s.job, s.run, s.node));
+        }
+    }
+    for s in &spans {
+        h.history.record(json!({"kind": "span", "job": s.job, "run": s.run, "node": s.node, "gpus": s.gpus, "start_ms": s.start_ms, "end_ms": s.end_ms, "pid": s.pid}));
+    }
+    violations.extend(crate::check_exclusive_gpus(&spans).iter().map(|v| v.to_string()));
+    violations.extend(crate::check_never_twice(&spans).iter().map(|v| v.to_string()));
+    violations.extend(crate::check_one_leader_per_term(&leader_claims).iter().map(|v| v.to_string()));
+    violations.extend(check_job_outcomes(&submitted, &jobs, &spans));
+
+    let final_states: BTreeMap<u64, String> =
+        submitted.keys().map(|id| (*id, jobs.get(id).and_then(|j| j["state"].as_str()).unwrap_or("MISSING").to_string())).collect();
+    let mut by_state: BTreeMap<&str, u32> = BTreeMap::new();
+    for s in final_states.values() {
+        *by_state.entry(s.as_str()).or_default() += 1;
+    }
+    let terms: BTreeSet<u64> = leader_claims.iter().map(|(t, _)| *t).collect();
+    let mut summary = String::new();
+    summary.push_str(&format!(
+        "corral-chaos run, seed {}, {} nodes ({} voters), {} ms\n",
+        opts.seed, opts.nodes, opts.voters, opts.duration_ms
+    ));
+    summary.push_str(&format!("  {:<28}{}\n", "cluster dir", h.dir.display()));
+    summary.push_str(&format!("  {:<28}{}\n", "jobs acknowledged", submitted.len()));
+    for (s, n) in &by_state {
+        summary.push_str(&format!("  {:<28}{n}\n", format!("  {s}")));
+    }
+    summary.push_str(&format!("  {:<28}{}\n", "requeued runs", jobs.values().filter_map(|j| j["restart_count"].as_u64()).sum::<u64>()));
+    for (op, (ok, err, unk)) in &h.calls {
+        summary.push_str(&format!("  {:<28}ok {ok}, error {err}, unknown {unk}\n", format!("calls {op}")));
+    }
+    let injected: Vec<String> = faults_injected.iter().map(|(f, n)| format!("{f} x{n}")).collect();
+    summary.push_str(&format!("  {:<28}{}\n", "faults injected", if injected.is_empty() { "none".into() } else { injected.join(", ") }));
+    let unsupported: Vec<&str> = opts.faults.iter().filter(|f| !f.supported()).map(|f| f.name()).collect();
+    if !unsupported.is_empty() {
+        summary.push_str(&format!("  {:<28}{}\n", "faults not supported", unsupported.join(", ")));
+    }
+    summary.push_str(&format!("  {:<28}{} terms, {} samples\n", "leaders observed", terms.len(), leader_claims.len()));
+    summary.push_str(&format!("  {:<28}{}\n", "process spans", spans.len()));
+    summary.push_str(&format!("  {:<28}{}\n", "recovery after heal", recovery_ms.map_or("NONE".into(), |ms| format!("{ms} ms"))));
+    summary.push_str(&format!("  {:<28}{}\n", "voters converged", if converged { "yes" } else { "NO" }));
+    summary.push_str(&format!("  {:<28}{}\n", "violations", violations.len()));
+    summary.push_str(&format!("  {:<28}{}", "history", h.dir.join("history.jsonl").display()));
+    h.history.record(json!({"kind": "verdict", "violations": violations, "recovery_ms": recovery_ms}));
+    Ok(RunOutcome { summary, violations, dir: h.dir.clone(), repro: opts.repro(), final_states, faults_injected, recovery_ms })
+}
+
+fn submit_one(h: &mut Harness, rng: &mut StdRng, submitted: &mut BTreeMap<u64, Submitted>) {
+    let long = rng.gen_bool(0.3);
+    let seconds: u32 = if long { rng.gen_range(12..30) } else { rng.gen_range(1..5) };
+    let exit_code = if rng.gen_range(0..10) == 0 { 3 } else { 0 };
+    let requeue = rng.gen_bool(0.5);
+    let gang = rng.gen_range(0..6) == 0;
+    let gpus = if gang { rng.gen_range(1..=GPUS_PER_NODE) } else { rng.gen_range(1..=4) };
+    let time_limited = long && rng.gen_range(0..4) == 0;
+    let mut args: Vec<String> = vec!["submit".into(), "--gres".into(), format!("gpu:{gpus}")];
+    if gang {
+        args.extend(["-N".into(), "2".into()]);
+    }
+    if requeue {
+        args.push("--requeue".into());
+    }
+    if time_limited {
+        args.extend(["--time".into(), "0:08".into()]);
+    }
+    args.push("--".into());
+    args.extend(job_cmd(seconds, exit_code));
+    if let CallResult::Ok(v) = h.call("submit", None, &args, CALL_TIMEOUT_MS) {
+        if let Some(id) = v["job_id"].as_u64() {
+            submitted.insert(id, Submitted { requeue, exit_code, cancelled: false, time_limited });
+        }
+    }
+}
+
+fn inject_fault(h: &mut Harness, f: &PlannedFault, rng: &mut StdRng) -> anyhow::Result<Option<String>> {
+    let members = h.members();
+    let leader = members.iter().find(|(_, r)| r == "leader").map(|(n, _)| n.clone());
+    let voters: Vec<String> = members.iter().filter(|(_, r)| r == "voter" || r == "leader").map(|(n, _)| n.clone()).collect();
+    let pick = |names: Vec<String>, rng: &mut StdRng| -> Option<String> {
+        if names.is_empty() {
+            None
+        } else {
+            Some(names[rng.gen_range(0..names.len())].clone())
+        }
+    };
+    let target = match f.role {
+        "leader" => leader.clone(),
+        "voter" => pick(members.iter().filter(|(_, r)| r == "voter").map(|(n, _)| n.clone()).collect(), rng),
+        _ => pick(members.iter().filter(|(_, r)| r == "agent").map(|(n, _)| n.clone()).collect(), rng),
+    };
+    let Some(node) = target.filter(|n| !h.down.contains(n)) else {
+        h.fault_event("skip", "-", json!(format!("no {} to fault ({:?})", f.role, f.fault)));
+        return Ok(None);
+    };
+    match f.fault {
+        Fault::Kill => h.signal(&node, "KILL")?,
+        Fault::Restart => h.signal(&node, "TERM")?,
+        Fault::Pause => h.signal(&node, "STOP")?,
+        Fault::Partition => {
+            // Either cut the node off from everyone, or (for a voter) only from the other voters.
+            let others: Vec<String> = voters.iter().filter(|v| **v != node).cloned().collect();
+            let cut = if f.split_voters && voters.contains(&node) { others } else { Vec::new() };
+            h.partition(&node, &cut)?;
+        }
+        Fault::SlowDisk | Fault::ClockSkew => return Ok(None),
+    }
+    Ok(Some(node))
+}
+
+fn heal_fault(h: &mut Harness, f: &PlannedFault, node: &str) -> anyhow::Result<()> {
+    match f.fault {
+        Fault::Kill | Fault::Restart => h.start(node),
+        Fault::Pause => h.signal(node, "CONT"),
+        Fault::Partition => h.heal_partition(node),
+        Fault::SlowDisk | Fault::ClockSkew => Ok(()),
+    }
+}
+
+/// Asks every reachable node who leads; records (term, node) when a node says it leads itself.
+fn sample_leaders(h: &mut Harness, claims: &mut Vec<(u64, String)>) {
+    let targets: Vec<(String, String)> =
+        h.addrs.iter().filter(|(n, _)| !h.down.contains(*n) && !h.paused.contains(*n)).map(|(n, a)| (n.clone(), a.clone())).collect();
+    for (name, addr) in targets {
+        if let CallResult::Ok(v) = h.call("sample", Some(&addr), &["cluster".into()], SAMPLE_TIMEOUT_MS) {
+            let (Some(term), Some(leader)) = (v["term"].as_u64(), v["leader"].as_str()) else { continue };
+            let by = v["answered_by"].as_str().unwrap_or(&name).to_string();
+            h.history.record(json!({"kind": "leader-sample", "node": by, "term": term, "leader": leader}));
+            if by == leader {
+                claims.push((term, leader.to_string()));
+            }
+        }
+    }
+}
+
+/// What one voter reports: its applied index and its sorted (id, state, run) job list.
+type VoterView = (u64, Vec<(u64, String, u64)>);
+
+/// Every voter reports the same applied index and the same jobs; waits up to the bound.
+fn check_voters(h: &mut Harness, violations: &mut Vec<String>) -> bool {
+    let deadline = Instant::now() + Duration::from_millis(CONVERGE_BOUND_MS);
+    let mut last;
+    loop {
+        let members = h.members();
+        let voters: Vec<(String, String)> = members
+            .iter()
+            .filter(|(_, r)| r == "voter" || r == "leader")
+            .filter_map(|(n, _)| h.addrs.get(n).map(|a| (n.clone(), a.clone())))
+            .collect();
+        let mut views: BTreeMap<String, VoterView> = BTreeMap::new();
+        for (name, addr) in &voters {
+            let applied = match h.call("converge", Some(addr), &["cluster".into()], CALL_TIMEOUT_MS) {
+                CallResult::Ok(v) => v["applied_index"].as_u64(),
+                _ => None,
+            };
+            let jobs = match h.call("queue", Some(addr), &["queue".into(), "--all".into()], CALL_TIMEOUT_MS) {
+                CallResult::Ok(v) => v.as_array().map(|a| {
+                    let mut l: Vec<(u64, String, u64)> = a
+                        .iter()
+                        .map(|j| {
+                            (j["id"].as_u64().unwrap_or(0), j["state"].as_str().unwrap_or("").to_string(), j["run"].as_u64().unwrap_or(0))
+                        })
+                        .collect();
+                    l.sort();
+                    l
+                }),
+                _ => None,
+            };
+            if let (Some(a), Some(j)) = (applied, jobs) {
+                views.insert(name.clone(), (a, j));
+            }
+        }
+        let distinct: BTreeSet<&VoterView> = views.values().collect();
+        if views.len() == voters.len() && !voters.is_empty() && distinct.len() == 1 {
+            return true;
+        }
+        last = format!(
+            "{} of {} voters answered; applied indexes {:?}",
+            views.len(),
+            voters.len(),
+            views.iter().map(|(n, v)| (n, v.0)).collect::<Vec<_>>()
+        );
+        if Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    violations.push(format!("voters did not converge within {CONVERGE_BOUND_MS} ms: {last}"));
+    false
+}
+
+/// Requeue semantics and expected end states, from what each job was asked to do.
+fn check_job_outcomes(submitted: &BTreeMap<u64, Submitted>, jobs: &BTreeMap<u64, Value>, spans: &[ProcessSpan]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (id, s) in submitted {
+        let Some(j) = jobs.get(id) else { continue };
+        let state = j["state"].as_str().unwrap_or("");
+        let restarts = j["restart_count"].as_u64().unwrap_or(0);
+        if state == "NODE_FAIL" && s.requeue {
+            out.push(format!("job {id} asked for --requeue but ended NODE_FAIL"));
+        }
+        if restarts > 0 && !s.requeue {
+            out.push(format!("job {id} did not ask for --requeue but was restarted {restarts} times"));
+        }
+        // A run whose process did not record its own end died with (or was fenced off) its node.
+        // Spans of more than one run: the job was started again.
+        let runs: BTreeSet<u32> = spans.iter().filter(|sp| sp.job == *id).map(|sp| sp.run).collect();
+        let ran_again = runs.len() > 1;
+        if s.cancelled || s.time_limited {
+            continue;
+        }
+        match state {
+            "COMPLETED" if s.exit_code != 0 => out.push(format!("job {id} should exit {} but ended COMPLETED", s.exit_code)),
+            "FAILED" if s.exit_code == 0 => out.push(format!("job {id} exits 0 but ended FAILED: {}", j["reason"])),
+            "CANCELLED" => {
+                out.push(format!("job {id} ended CANCELLED but was never cancelled (a fenced run reported as killed?): {}", j["reason"]))
+            }
+            "TIMEOUT" => out.push(format!("job {id} ended TIMEOUT without a time limit")),
+            _ => {}
+        }
+        if ran_again && restarts == 0 {
+            out.push(format!("job {id} ran more than once but its restart_count is 0"));
+        }
+        if s.requeue && restarts > 0 && s.exit_code == 0 && state != "COMPLETED" {
+            out.push(format!("requeued job {id} ended {state}, not COMPLETED"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_fault_lists_parse() {
+        assert_eq!(parse_duration_ms("120s").ok(), Some(120_000));
+        assert_eq!(parse_duration_ms("2m").ok(), Some(120_000));
+        assert_eq!(parse_duration_ms("1500ms").ok(), Some(1_500));
+        assert_eq!(parse_duration_ms("45").ok(), Some(45_000));
+        assert!(parse_duration_ms("soon").is_err());
+        let f = Fault::parse_list("pause,kill,slow-disk,kill").expect("valid list");
+        assert_eq!(f, vec![Fault::Kill, Fault::Pause, Fault::SlowDisk]);
+        assert!(!Fault::SlowDisk.supported());
+        assert!(Fault::parse_list("kill,meteor").is_err());
+    }
+
+    #[test]
+    fn the_fault_plan_is_a_function_of_the_seed_and_ends_before_the_run() {
+        let faults = [Fault::Kill, Fault::Partition, Fault::Pause, Fault::ClockSkew];
+        let a = plan_faults(&mut StdRng::seed_from_u64(9), &faults, 120_000);
+        let b = plan_faults(&mut StdRng::seed_from_u64(9), &faults, 120_000);
+        assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        assert!(a.len() >= 5, "{a:?}");
+        assert!(a.iter().all(|f| f.fault.supported() && f.at_ms + f.hold_ms + 5_000 <= 120_000), "{a:?}");
+        assert!(a.windows(2).all(|w| w[0].at_ms + w[0].hold_ms < w[1].at_ms), "faults never overlap: {a:?}");
+        assert!(plan_faults(&mut StdRng::seed_from_u64(9), &[Fault::SlowDisk], 120_000).is_empty());
+    }
+}
