@@ -201,7 +201,8 @@ async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
             bail!("unexpected reply")
         };
         let leader = info.leader.context("no leader")?;
-        let survivor = info.members.iter().find(|m| m.name != leader && m.role != proto::NodeRole::Agent).context("a surviving voter")?.addr.clone();
+        let survivor =
+            info.members.iter().find(|m| m.name != leader && m.role != proto::NodeRole::Agent).context("a surviving voter")?.addr.clone();
         dev::signal_node(dir, &leader, "KILL")?;
         let t = Instant::now();
         // The cluster's failover: a client asking a surviving node, retrying while it answers

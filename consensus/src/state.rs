@@ -513,7 +513,13 @@ impl ClusterState {
         (proto::MASTER_PORT_FIRST..proto::MASTER_PORT_FIRST + proto::MASTER_PORT_COUNT).find(|p| !used.contains(p))
     }
 
-    fn update_job(&mut self, id: JobId, hold: Option<bool>, time_limit_ms: Option<Option<u64>>, partition: Option<Option<String>>) -> CommandResult {
+    fn update_job(
+        &mut self,
+        id: JobId,
+        hold: Option<bool>,
+        time_limit_ms: Option<Option<u64>>,
+        partition: Option<Option<String>>,
+    ) -> CommandResult {
         let Some(job) = self.jobs.get_mut(&id) else {
             return rejected(format!("unknown job {id}"));
         };

@@ -437,7 +437,9 @@ impl Node {
         let since_ms = m.last_quorum_acked.as_ref().map(|at| at.elapsed().as_millis() as u64);
         match since_ms {
             Some(ms) if ms < lease_ms => Ok(()),
-            other => Err(ApiError::Unavailable(format!("leader has no quorum acknowledgement within {lease_ms} ms (last: {other:?} ms ago)"))),
+            other => {
+                Err(ApiError::Unavailable(format!("leader has no quorum acknowledgement within {lease_ms} ms (last: {other:?} ms ago)")))
+            }
         }
     }
 

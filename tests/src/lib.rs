@@ -166,7 +166,8 @@ pub fn wait_until(what: &str, patience: Duration, mut done: impl FnMut() -> bool
 }
 
 /// The shell function job bodies use to record their spans for the `chaos` checkers.
-pub const REC: &str = r#"rec() { echo "$1 $(date +%s%3N) $CORRAL_JOB_ID $CORRAL_RUN $CORRAL_NODE ${CUDA_VISIBLE_DEVICES:--} $$" >> spans.log; }"#;
+pub const REC: &str =
+    r#"rec() { echo "$1 $(date +%s%3N) $CORRAL_JOB_ID $CORRAL_RUN $CORRAL_NODE ${CUDA_VISIBLE_DEVICES:--} $$" >> spans.log; }"#;
 
 /// Milliseconds since the Unix epoch, as the job bodies' `date +%s%3N` reports.
 pub fn now_ms() -> u64 {

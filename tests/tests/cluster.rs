@@ -172,7 +172,9 @@ fn a_late_joiner_catches_up_from_a_snapshot() {
     wait_until("n4's state digest to equal the leader's", Duration::from_secs(10), || {
         let a = c.json(&["--server", &addr, "cluster"]);
         let b = c.json(&["--server", &leader_addr, "cluster"]);
-        a["applied_index"] == b["applied_index"] && a["state_digest"] == b["state_digest"] && a["state_digest"].as_str().is_some_and(|d| d.len() == 64)
+        a["applied_index"] == b["applied_index"]
+            && a["state_digest"] == b["state_digest"]
+            && a["state_digest"].as_str().is_some_and(|d| d.len() == 64)
     });
 }
 

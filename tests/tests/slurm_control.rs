@@ -29,11 +29,16 @@ fn hold_release_update_and_signal_a_job() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let job = c.job(held);
     assert_eq!(job["time_limit_ms"], 300_000);
-    assert!(job["reasons"].as_array().is_some_and(|r| r.iter().any(|r| r.as_str().is_some_and(|r| r.to_lowercase().contains("held")))), "{job}");
+    assert!(
+        job["reasons"].as_array().is_some_and(|r| r.iter().any(|r| r.as_str().is_some_and(|r| r.to_lowercase().contains("held")))),
+        "{job}"
+    );
 
     let out = shim(&c, "scancel", &["--signal=USR1", &blocker.to_string()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    wait_until("the job to get SIGUSR1", Duration::from_secs(10), || std::fs::read_to_string(c.work.join("usr1.txt")).is_ok_and(|t| t.contains("got USR1")));
+    wait_until("the job to get SIGUSR1", Duration::from_secs(10), || {
+        std::fs::read_to_string(c.work.join("usr1.txt")).is_ok_and(|t| t.contains("got USR1"))
+    });
     assert_eq!(c.job(blocker)["state"], "RUNNING", "a signal is not a cancel");
 
     let out = shim(&c, "scontrol", &["update", &format!("JobId={blocker}"), "TimeLimit=1:00"]);

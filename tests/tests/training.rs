@@ -80,7 +80,9 @@ fn a_two_node_job_gets_one_consistent_torchrun_environment() {
     assert_eq!(nodes.len(), 2);
     let seen: Vec<_> = nodes
         .iter()
-        .map(|n| fields(&std::fs::read_to_string(c.work.join(format!("torchrun.{n}.txt"))).unwrap_or_else(|e| panic!("no record from {n}: {e}"))))
+        .map(|n| {
+            fields(&std::fs::read_to_string(c.work.join(format!("torchrun.{n}.txt"))).unwrap_or_else(|e| panic!("no record from {n}: {e}")))
+        })
         .collect();
     for (rank, f) in seen.iter().enumerate() {
         assert_eq!(f["NODE_RANK"], rank.to_string());
@@ -88,7 +90,10 @@ fn a_two_node_job_gets_one_consistent_torchrun_environment() {
         assert_eq!(f["NPROC_PER_NODE"], "4");
         assert_eq!(f["WORLD_SIZE"], "8");
         assert_eq!(f["MASTER_ADDR"], "127.0.0.1");
-        assert_eq!(f["argv"], format!("--nnodes=2 --node_rank={rank} --nproc_per_node=4 --master_addr=127.0.0.1 --master_port={} train.py", f["MASTER_PORT"]));
+        assert_eq!(
+            f["argv"],
+            format!("--nnodes=2 --node_rank={rank} --nproc_per_node=4 --master_addr=127.0.0.1 --master_port={} train.py", f["MASTER_PORT"])
+        );
         assert_eq!(f["CUDA_VISIBLE_DEVICES"].split(',').count(), 4);
         assert_eq!(f["NCCL_SOCKET_IFNAME"], "lo");
         assert_eq!(f["hostfile"], format!("{} slots=4;{} slots=4;", nodes[0], nodes[1]));
@@ -130,7 +135,10 @@ fn sigkill_of_its_node_restarts_a_requeue_job_elsewhere_from_its_checkpoint() {
 #[test]
 fn a_partitioned_node_stops_its_job_before_it_starts_elsewhere() {
     let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:8", "--node-down-after-ms", "3000"]);
-    let id = c.submit(&["--requeue", "--gres", "gpu:8"], &["sh", "-c", &format!("{}; trap 'rec end; exit 143' TERM; rec start; sleep 8 & wait; rec end", corral_tests::REC)]);
+    let id = c.submit(
+        &["--requeue", "--gres", "gpu:8"],
+        &["sh", "-c", &format!("{}; trap 'rec end; exit 143' TERM; rec start; sleep 8 & wait; rec end", corral_tests::REC)],
+    );
     let job = wait_run_started(&c, id, 1, Duration::from_secs(20));
     let victim = job["node"].as_str().expect("node").to_string();
     std::fs::write(c.path().join(&victim).join("data").join("fault-partition"), "*\n").expect("partition");
@@ -148,9 +156,14 @@ fn a_partitioned_node_stops_its_job_before_it_starts_elsewhere() {
 #[test]
 fn a_gang_that_loses_one_node_is_requeued_whole() {
     let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:8", "--node-down-after-ms", "3000"]);
-    let body = format!("{}; trap 'rec end; exit 143' TERM; rec start; if [ \"$CORRAL_RUN\" = 1 ]; then sleep 60 & wait; fi; rec end", corral_tests::REC);
+    let body = format!(
+        "{}; trap 'rec end; exit 143' TERM; rec start; if [ \"$CORRAL_RUN\" = 1 ]; then sleep 60 & wait; fi; rec end",
+        corral_tests::REC
+    );
     let id = c.submit(&["--requeue", "-N", "2", "--gres", "gpu:8"], &["sh", "-c", &body]);
-    wait_until("both parts of run 1 started", Duration::from_secs(20), || spans(&c).iter().filter(|s| s.job == id && s.run == 1).count() == 2);
+    wait_until("both parts of run 1 started", Duration::from_secs(20), || {
+        spans(&c).iter().filter(|s| s.job == id && s.run == 1).count() == 2
+    });
     let job = c.job(id);
     let nodes: Vec<String> = job["nodes"].as_array().expect("nodes").iter().filter_map(|n| n.as_str().map(String::from)).collect();
     c.signal(&nodes[1], "KILL");

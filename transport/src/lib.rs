@@ -396,11 +396,7 @@ impl Client {
     /// [`endpoint`] gives it).
     pub fn new(endpoint: quinn::Endpoint) -> Client {
         Client {
-            inner: Arc::new(ClientInner {
-                endpoint,
-                connections: Mutex::new(HashMap::new()),
-                blocked: std::sync::RwLock::new(Vec::new()),
-            }),
+            inner: Arc::new(ClientInner { endpoint, connections: Mutex::new(HashMap::new()), blocked: std::sync::RwLock::new(Vec::new()) }),
         }
     }
 

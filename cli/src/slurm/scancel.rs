@@ -80,7 +80,9 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
         return Ok(super::print_version());
     }
     let signal = match p.last("signal") {
-        Some(sig) => Some(super::sbatch::parse_signal_name(sig).ok_or_else(|| SlurmError::fatal(PROG, format!("Invalid job signal: {sig}")))?),
+        Some(sig) => {
+            Some(super::sbatch::parse_signal_name(sig).ok_or_else(|| SlurmError::fatal(PROG, format!("Invalid job signal: {sig}")))?)
+        }
         None => None,
     };
     let batch_only = p.has("batch");

@@ -252,7 +252,11 @@ fn requeue_then_hold(ids: &[u64]) -> Result<i32, SlurmError> {
         for &job in ids {
             let requeued = cluster.call_patiently(Request::Requeue { job }, super::PATIENCE).await;
             let held = match requeued {
-                Ok(_) => cluster.call_patiently(Request::UpdateJob { job, hold: Some(true), time_limit_ms: None, partition: None }, super::PATIENCE).await,
+                Ok(_) => {
+                    cluster
+                        .call_patiently(Request::UpdateJob { job, hold: Some(true), time_limit_ms: None, partition: None }, super::PATIENCE)
+                        .await
+                }
                 Err(e) => Err(e),
             };
             if let Err(e) = held {
@@ -266,7 +270,12 @@ fn requeue_then_hold(ids: &[u64]) -> Result<i32, SlurmError> {
 }
 
 /// Holds, releases or updates pending jobs, printing Slurm's kind of error for each refusal.
-fn update_jobs(ids: Vec<u64>, hold: Option<bool>, time_limit_ms: Option<Option<u64>>, partition: Option<Option<String>>) -> Result<i32, SlurmError> {
+fn update_jobs(
+    ids: Vec<u64>,
+    hold: Option<bool>,
+    time_limit_ms: Option<Option<u64>>,
+    partition: Option<Option<String>>,
+) -> Result<i32, SlurmError> {
     let cluster = super::connect(PROG)?;
     super::block_on(PROG, async {
         let mut failed = false;
