@@ -72,6 +72,12 @@ enum Cmd {
         #[command(subcommand)]
         admin: Option<cluster_admin::ClusterCmd>,
     },
+    /// The scheduling policy: partitions (time limits, priority tiers) and QoS (priority,
+    /// preemption). `show` prints it as TOML; `set FILE` replaces it.
+    Policy {
+        #[command(subcommand)]
+        action: PolicyCmd,
+    },
     /// Stop placing new jobs on a node.
     Drain {
         node: String,
@@ -94,6 +100,12 @@ enum Cmd {
     /// Create sbatch, srun, squeue, scancel, sinfo, scontrol and sacct in DIR as symlinks to
     /// this binary, which then behaves as those Slurm commands.
     InstallSlurmShims { dir: PathBuf },
+}
+
+#[derive(Subcommand)]
+enum PolicyCmd {
+    Show,
+    Set { file: PathBuf },
 }
 
 #[derive(Subcommand)]
@@ -153,6 +165,10 @@ pub struct SubmitArgs {
     /// Put the job back in the queue (same id, restart count + 1) when one of its nodes dies.
     #[arg(long)]
     requeue: bool,
+    #[arg(long, short = 'p')]
+    partition: Option<String>,
+    #[arg(long, short = 'q')]
+    qos: Option<String>,
     /// Nodes the job spans; all start together or none.
     #[arg(long, short = 'N', default_value_t = 1)]
     nodes: u32,
@@ -248,6 +264,8 @@ pub fn build_spec(args: &SubmitArgs) -> anyhow::Result<JobSpec> {
     spec.error = args.error.clone();
     spec.requeue = args.requeue;
     spec.nodes = args.nodes;
+    spec.partition = args.partition.clone();
+    spec.qos = args.qos.clone();
     spec.submit_host = hostname();
     spec.validate().map_err(anyhow::Error::msg)?;
     Ok(spec)
@@ -453,6 +471,20 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                     println!("  {:<10} {:<7} {}", m.name, m.role.as_str(), m.addr);
                 }
             }
+        }
+        Cmd::Policy { action: PolicyCmd::Show } => {
+            let Reply::Policy(policy) = connect()?.call_patiently(Request::GetPolicy, patience).await? else { bail!("unexpected reply") };
+            if cli.json {
+                println!("{}", serde_json::to_string(&policy).context("encode policy")?);
+            } else {
+                print!("{}", toml::to_string(&policy).context("encode policy")?);
+            }
+        }
+        Cmd::Policy { action: PolicyCmd::Set { file } } => {
+            let text = std::fs::read_to_string(&file).with_context(|| format!("read policy {}", file.display()))?;
+            let policy: proto::SchedulerPolicy = toml::from_str(&text).with_context(|| format!("parse policy {}", file.display()))?;
+            policy.validate().map_err(anyhow::Error::msg)?;
+            connect()?.call_patiently(Request::SetPolicy { policy }, patience).await?;
         }
         Cmd::Drain { node, reason } => {
             connect()?.call_patiently(Request::Drain { node, reason }, patience).await?;

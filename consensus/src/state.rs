@@ -26,11 +26,13 @@ pub struct ClusterState {
     pub jobs: BTreeMap<JobId, Job>,
     pub next_job_id: JobId,
     pub next_node_id: NodeId,
+    /// Partitions and QoS the scheduler uses.
+    pub policy: proto::SchedulerPolicy,
 }
 
 impl Default for ClusterState {
     fn default() -> Self {
-        ClusterState { nodes: BTreeMap::new(), jobs: BTreeMap::new(), next_job_id: 1, next_node_id: 1 }
+        ClusterState { nodes: BTreeMap::new(), jobs: BTreeMap::new(), next_job_id: 1, next_node_id: 1, policy: Default::default() }
     }
 }
 
@@ -85,6 +87,13 @@ impl ClusterState {
             Command::RunFinished { job, run, node, outcome, now_ms } => self.run_finished(*job, *run, *node, outcome, *now_ms),
             Command::Cancel { job, now_ms } => self.cancel(*job, *now_ms),
             Command::Requeue { job, reason, now_ms } => self.requeue(*job, reason, *now_ms),
+            Command::SetPolicy { policy, now_ms: _ } => match policy.validate() {
+                Ok(()) => {
+                    self.policy = policy.clone();
+                    CommandResult::Ok
+                }
+                Err(e) => rejected(e),
+            },
             Command::UpdateJob { job, hold, time_limit_ms, partition, now_ms: _ } => {
                 self.update_job(*job, *hold, *time_limit_ms, partition.clone())
             }

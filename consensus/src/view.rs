@@ -51,7 +51,27 @@ pub fn scheduler_view(state: &ClusterState) -> ClusterView {
         }
     }
     let jobs = state.jobs.values().map(scheduler::job_request).collect();
-    ClusterView { nodes: node_views(state), jobs, partitions: BTreeMap::new(), usage, config: Default::default() }
+    let partitions = state
+        .policy
+        .partitions
+        .iter()
+        .map(|p| {
+            let def = scheduler::Partition {
+                name: p.name.clone(),
+                default_time_limit_ms: p.default_time_limit_ms,
+                max_time_limit_ms: p.max_time_limit_ms,
+                priority_tier: p.priority_tier,
+                default: p.default,
+            };
+            (p.name.clone(), def)
+        })
+        .collect();
+    let mut config = scheduler::SchedulerConfig::default();
+    for q in &state.policy.qos {
+        let mode = if q.preempt_mode == "cancel" { scheduler::PreemptAction::Cancel } else { scheduler::PreemptAction::Requeue };
+        config.qos.insert(q.name.clone(), scheduler::Qos { priority: q.priority, preempt: q.preempt.clone(), preempt_mode: mode });
+    }
+    ClusterView { nodes: node_views(state), jobs, partitions, usage, config }
 }
 
 /// Jobs the scheduler may place now: pending, with no part of an earlier run still stopping.

@@ -170,6 +170,7 @@ impl Node {
             }
             Request::ListNodes => Ok(Reply::Nodes(self.node_infos())),
             Request::ClusterInfo => Ok(Reply::Cluster(self.cluster_info())),
+            Request::GetPolicy => Ok(Reply::Policy(self.state.read(|s| s.policy.clone()))),
             other => Err(ApiError::Invalid(format!("not a read request: {other:?}"))),
         }
     }
@@ -388,6 +389,12 @@ impl Node {
             Request::Requeue { job } => {
                 let cmd = Command::Requeue { job, reason: "requeued on request".into(), now_ms: now };
                 let result = self.propose(cmd).await.and_then(ok_or_rejected);
+                self.kick.notify_one();
+                result
+            }
+            Request::SetPolicy { policy } => {
+                policy.validate().map_err(ApiError::Invalid)?;
+                let result = self.propose(Command::SetPolicy { policy, now_ms: now }).await.and_then(ok_or_rejected);
                 self.kick.notify_one();
                 result
             }

@@ -556,6 +556,83 @@ impl Job {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Scheduling policy, replicated so that every node explains a pending job the same way
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartitionDef {
+    pub name: String,
+    #[serde(default)]
+    pub default_time_limit_ms: Option<u64>,
+    #[serde(default)]
+    pub max_time_limit_ms: Option<u64>,
+    #[serde(default)]
+    pub priority_tier: u32,
+    /// Jobs without `--partition` go here; nodes that name no partition belong here.
+    #[serde(default)]
+    pub default: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QosDef {
+    pub name: String,
+    #[serde(default)]
+    pub priority: u32,
+    /// QoS names whose running jobs this QoS may preempt (a job without QoS is `normal`).
+    #[serde(default)]
+    pub preempt: Vec<String>,
+    /// What happens to jobs of this QoS when they are preempted: `requeue` or `cancel`.
+    #[serde(default = "default_preempt_mode")]
+    pub preempt_mode: String,
+}
+
+fn default_preempt_mode() -> String {
+    "requeue".into()
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulerPolicy {
+    #[serde(default)]
+    pub partitions: Vec<PartitionDef>,
+    #[serde(default)]
+    pub qos: Vec<QosDef>,
+}
+
+impl SchedulerPolicy {
+    pub fn validate(&self) -> Result<(), String> {
+        let mut names = std::collections::BTreeSet::new();
+        for p in &self.partitions {
+            if p.name.is_empty() || p.name.len() > 64 || !names.insert(p.name.clone()) {
+                return Err(format!("partition names must be unique and 1-64 bytes: '{}'", p.name));
+            }
+            if let (Some(d), Some(m)) = (p.default_time_limit_ms, p.max_time_limit_ms) {
+                if d > m {
+                    return Err(format!("partition {}: default time limit above its maximum", p.name));
+                }
+            }
+        }
+        if self.partitions.iter().filter(|p| p.default).count() > 1 {
+            return Err("at most one default partition".into());
+        }
+        let mut qos_names = std::collections::BTreeSet::new();
+        for q in &self.qos {
+            if q.name.is_empty() || q.name.len() > 64 || !qos_names.insert(q.name.clone()) {
+                return Err(format!("qos names must be unique and 1-64 bytes: '{}'", q.name));
+            }
+            if q.preempt_mode != "requeue" && q.preempt_mode != "cancel" {
+                return Err(format!("qos {}: preempt_mode must be requeue or cancel", q.name));
+            }
+        }
+        if self.partitions.len() + self.qos.len() > 1024 {
+            return Err("at most 1024 partitions and QoS".into());
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // The replicated log
 
 /// How a run ended, as the agent saw it.
@@ -651,6 +728,11 @@ pub enum Command {
     Requeue {
         job: JobId,
         reason: String,
+        now_ms: u64,
+    },
+    /// Replace the scheduling policy (partitions, QoS).
+    SetPolicy {
+        policy: SchedulerPolicy,
         now_ms: u64,
     },
     /// Change a pending job: hold or release it, its time limit, its partition.
@@ -791,6 +873,11 @@ pub enum Request {
     Requeue {
         job: JobId,
     },
+    /// Replace the scheduling policy, or read it.
+    SetPolicy {
+        policy: SchedulerPolicy,
+    },
+    GetPolicy,
     /// Hold or release a pending job, change its time limit or partition.
     UpdateJob {
         job: JobId,
@@ -849,6 +936,7 @@ impl Request {
                 | Request::Requeue { .. }
                 | Request::UpdateJob { .. }
                 | Request::Signal { .. }
+                | Request::SetPolicy { .. }
         )
     }
 }
@@ -912,6 +1000,7 @@ pub enum Reply {
     HeartbeatAck { leader: NodeId, term: u64 },
     LaunchAck { job: JobId, run: RunNo, instance: InstanceId },
     Raft { payload: Vec<u8> },
+    Policy(SchedulerPolicy),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]

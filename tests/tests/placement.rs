@@ -49,3 +49,42 @@ fn mig_instances_are_gres_and_an_idle_gpu_is_repartitioned_for_pending_demand() 
     let out = String::from_utf8_lossy(&c.corral(&["logs", &whole.to_string()]).stdout).into_owned();
     assert!(out.trim().starts_with("CVD=MIG-"), "{out}");
 }
+
+#[test]
+fn the_replicated_policy_limits_partitions_and_lets_a_qos_preempt() {
+    let c = TestCluster::up(&["--nodes", "1", "--gpus", "h100:2", "--voters-max", "1"]);
+    let policy = c.work.join("policy.toml");
+    std::fs::write(
+        &policy,
+        r#"
+[[partitions]]
+name = "short"
+max_time_limit_ms = 60000
+default = true
+
+[[qos]]
+name = "high"
+priority = 100
+preempt = ["normal"]
+"#,
+    )
+    .expect("write policy");
+    let out = c.corral(&["policy", "set", policy.to_str().expect("path")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(c.json(&["policy", "show"])["qos"][0]["name"], "high");
+
+    let too_long = c.submit(&["--time", "5:00", "--gres", "gpu:1"], &["true"]);
+    let mut reasons = String::new();
+    wait_until("a time-limit reason", Duration::from_secs(10), || {
+        reasons = c.job(too_long)["reasons"].to_string();
+        reasons.contains("limit")
+    });
+    assert_eq!(c.job(too_long)["state"], "PENDING", "{reasons}");
+
+    let low = c.submit(&["--requeue", "--gres", "gpu:2"], &["sleep", "60"]);
+    wait_until("the low job to run", Duration::from_secs(10), || c.job(low)["state"] == "RUNNING");
+    let high = c.submit(&["--qos", "high", "--gres", "gpu:2"], &["true"]);
+    assert_eq!(c.wait_final(high, Duration::from_secs(30))["state"], "COMPLETED");
+    let job = c.job(low);
+    assert_eq!(job["restart_count"], 1, "the low job was preempted and requeued: {job}");
+}
