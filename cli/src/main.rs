@@ -78,6 +78,19 @@ enum Cmd {
         #[command(subcommand)]
         action: PolicyCmd,
     },
+    /// Mark a GPU healthy again (after a repair), or unhealthy by hand.
+    GpuHealth {
+        node: String,
+        gpu: u32,
+        #[arg(long, conflicts_with = "unhealthy")]
+        healthy: bool,
+        #[arg(long)]
+        unhealthy: bool,
+        #[arg(long, default_value = "set by operator")]
+        reason: String,
+    },
+    /// Stop a running job and queue it again (its --signal first, to checkpoint).
+    Requeue { job: u64 },
     /// Stop placing new jobs on a node.
     Drain {
         node: String,
@@ -213,6 +226,7 @@ fn node_json(n: &NodeInfo) -> serde_json::Value {
         "gpu_types": n.gpu_types,
         "addr": n.addr,
         "reason": n.reason,
+        "unhealthy_gpus": n.unhealthy_gpus.iter().map(|(g, why)| json!({"gpu": g, "reason": why})).collect::<Vec<_>>(),
     })
 }
 
@@ -445,6 +459,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                         n.addr,
                         n.reason.clone().unwrap_or_default()
                     );
+                    for (gpu, why) in &n.unhealthy_gpus {
+                        println!("{:<10}   gpu {gpu} unhealthy: {why}", "");
+                    }
                 }
             }
         }
@@ -485,6 +502,15 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             let policy: proto::SchedulerPolicy = toml::from_str(&text).with_context(|| format!("parse policy {}", file.display()))?;
             policy.validate().map_err(anyhow::Error::msg)?;
             connect()?.call_patiently(Request::SetPolicy { policy }, patience).await?;
+        }
+        Cmd::GpuHealth { node, gpu, healthy, unhealthy, reason } => {
+            if healthy == unhealthy {
+                bail!("say --healthy or --unhealthy");
+            }
+            connect()?.call_patiently(Request::SetGpuHealth { node, gpu, healthy, reason }, patience).await?;
+        }
+        Cmd::Requeue { job } => {
+            connect()?.call_patiently(Request::Requeue { job }, patience).await?;
         }
         Cmd::Drain { node, reason } => {
             connect()?.call_patiently(Request::Drain { node, reason }, patience).await?;

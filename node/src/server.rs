@@ -219,6 +219,13 @@ impl Node {
                     let mut types: Vec<String> = n.inventory.gpus.iter().map(|g| g.gres_type.clone()).collect();
                     types.dedup();
                     NodeInfo {
+                        unhealthy_gpus: n
+                            .inventory
+                            .gpus
+                            .iter()
+                            .filter(|g| !g.healthy)
+                            .map(|g| (g.index, g.health_reason.clone().unwrap_or_default()))
+                            .collect(),
                         id: n.id,
                         name: n.name.clone(),
                         addr: n.addr.clone(),
@@ -1046,6 +1053,7 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
     }
     tokio::spawn(Arc::clone(&agent).report_loop(Arc::clone(&agent_link)));
     spawn_gpu_health(probe.as_ref(), id, Arc::clone(&agent_link));
+    tokio::spawn(crate::fault::watch_gpu_faults(config.data_dir.join("fault-gpu"), Arc::clone(&probe)));
     let heartbeat = Duration::from_millis(config.heartbeat_interval_ms);
     let hb = tokio::spawn(Arc::clone(&agent).heartbeat_loop(agent_link, heartbeat, join));
     match hb.await {

@@ -189,6 +189,8 @@ pub struct NodeInfo {
     pub gpus_free: u32,
     pub gpu_types: Vec<String>,
     pub reason: Option<String>,
+    /// GPUs marked unhealthy, with why.
+    pub unhealthy_gpus: Vec<(u32, String)>,
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -88,3 +88,34 @@ preempt = ["normal"]
     let job = c.job(low);
     assert_eq!(job["restart_count"], 1, "the low job was preempted and requeued: {job}");
 }
+
+#[test]
+fn gpu_faults_requeue_or_fail_their_jobs_and_a_node_with_no_healthy_gpu_is_drained() {
+    let c = TestCluster::up(&["--nodes", "1", "--gpus", "h100:2", "--voters-max", "1"]);
+    let faults = c.path().join("n1").join("data").join("fault-gpu");
+    let requeued = c.submit(&["--requeue", "--gres", "gpu:1"], &["sleep", "60"]);
+    let failed = c.submit(&["--gres", "gpu:1"], &["sleep", "60"]);
+    wait_until("both jobs to run", Duration::from_secs(20), || [requeued, failed].iter().all(|j| c.job(*j)["state"] == "RUNNING"));
+    let gpu_of = |job: u64| c.job(job)["gpus"][0].as_u64().expect("gpu index");
+    let (g_requeued, g_failed) = (gpu_of(requeued), gpu_of(failed));
+
+    std::fs::write(&faults, format!("xid {g_requeued} 79\n")).expect("inject xid");
+    wait_until("the requeue job to be requeued", Duration::from_secs(10), || c.job(requeued)["restart_count"] == 1);
+    assert_eq!(c.job(failed)["state"], "RUNNING", "a fault on another GPU leaves it alone");
+    let nodes = c.json(&["nodes"]);
+    assert_eq!(nodes[0]["state"], "UP", "one bad GPU does not drain the node");
+    assert_eq!(nodes[0]["unhealthy_gpus"][0]["gpu"], g_requeued);
+    assert!(nodes[0]["unhealthy_gpus"][0]["reason"].as_str().is_some_and(|r| r.contains("79")), "{nodes}");
+
+    std::fs::write(&faults, format!("xid {g_requeued} 79\nlost {g_failed}\n")).expect("inject lost");
+    wait_until("the other job to end NODE_FAIL", Duration::from_secs(10), || c.job(failed)["state"] == "NODE_FAIL");
+    wait_until("the node to be drained", Duration::from_secs(10), || c.json(&["nodes"])[0]["state"] == "DRAINED");
+    assert_eq!(c.json(&["nodes"])[0]["reason"], "all GPUs unhealthy");
+    assert_eq!(c.job(requeued)["state"], "PENDING");
+
+    let out = c.corral(&["gpu-health", "n1", &g_requeued.to_string(), "--healthy"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    wait_until("the node back up and the requeued job running again", Duration::from_secs(20), || {
+        c.json(&["nodes"])[0]["state"] == "UP" && c.job(requeued)["state"] == "RUNNING"
+    });
+}

@@ -759,6 +759,7 @@ fn node(id: u64, name: &str, state: NodeState, total: u32, free: u32) -> NodeInf
         gpus_free: free,
         gpu_types: vec!["h100".into()],
         reason: None,
+        unhealthy_gpus: vec![],
     }
 }
 

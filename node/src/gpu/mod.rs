@@ -79,6 +79,11 @@ pub trait GpuProbe: Send + Sync {
 
     /// Utilization, memory, temperature and power of each GPU.
     fn sampler(&self) -> Arc<dyn GpuSampler>;
+
+    /// Fault injection for tests and the chaos harness: only a simulated probe takes faults.
+    fn inject(&self, fault: GpuFault) -> Result<(), String> {
+        Err(format!("{} gpus take no injected faults ({fault:?})", self.kind()))
+    }
 }
 
 /// The probe for a node's `gpus` setting:

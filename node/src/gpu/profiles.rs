@@ -274,6 +274,11 @@ impl MigBackend for SimulatedProbe {
 }
 
 impl GpuProbe for SimulatedProbe {
+    fn inject(&self, fault: GpuFault) -> Result<(), String> {
+        SimulatedProbe::inject(self, fault);
+        Ok(())
+    }
+
     fn kind(&self) -> &'static str {
         "simulated"
     }
