@@ -354,7 +354,7 @@ impl Sim {
                 self.send(Msg::ToAgent { to: from, msg: ToAgent::HeartbeatAck { instance } });
             }
             ToLeader::Report { node, instance, job, run, outcome } => {
-                self.apply(Command::RunFinished { job, run, node, outcome, now_ms: self.now_ms });
+                self.apply(Command::RunFinished { job, run, node, outcome, usage: Default::default(), now_ms: self.now_ms });
                 self.send(Msg::ToAgent { to: from, msg: ToAgent::ReportAck { instance, job, run } });
             }
             ToLeader::LaunchAck { node, job, run, instance } => {

@@ -113,6 +113,7 @@ async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
         kill_grace_ms: 1_000,
         snapshot_logs: 1_000,
         checkpoint_root: None,
+        gpu_sample_interval_ms: 1_000,
         wait_s: 60,
     };
     dev::up(dir, &opts).await?;

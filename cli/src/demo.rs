@@ -66,6 +66,7 @@ async fn demo(dir: &std::path::Path) -> anyhow::Result<()> {
         kill_grace_ms: 2_000,
         snapshot_logs: 1_000,
         checkpoint_root: None,
+        gpu_sample_interval_ms: 1_000,
         wait_s: 60,
     };
     let t0 = Instant::now();

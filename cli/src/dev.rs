@@ -40,6 +40,9 @@ pub struct DevOptions {
     /// Build a Raft snapshot every this many log entries.
     #[arg(long, default_value_t = 1_000)]
     pub snapshot_logs: u64,
+    /// How often each node samples its jobs' GPUs for accounting.
+    #[arg(long, default_value_t = 1_000)]
+    pub gpu_sample_interval_ms: u64,
     /// Root of the per-job checkpoint directories of every node (shared storage in a real
     /// cluster; one directory here so a requeued job finds its checkpoint on any node).
     #[arg(long)]
@@ -75,6 +78,7 @@ struct NodeToml {
     node_down_after_ms: u64,
     voter_replace_after_ms: u64,
     kill_grace_ms: u64,
+    gpu_sample_interval_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     checkpoint_root: Option<String>,
     raft: RaftSection,
@@ -233,6 +237,7 @@ pub async fn up(dir: &Path, opts: &DevOptions) -> anyhow::Result<()> {
             node_down_after_ms: opts.node_down_after_ms,
             voter_replace_after_ms: opts.voter_replace_after_ms,
             kill_grace_ms: opts.kill_grace_ms,
+            gpu_sample_interval_ms: opts.gpu_sample_interval_ms,
             checkpoint_root: Some(match &opts.checkpoint_root {
                 Some(root) => std::path::absolute(root).with_context(|| format!("resolve {}", root.display()))?.display().to_string(),
                 None => dir.join("checkpoints").display().to_string(),

@@ -213,6 +213,8 @@ fn job_json(job: &Job, nodes: &BTreeMap<u64, String>) -> serde_json::Value {
         "reason": job.reason(),
         "reasons": job.reasons,
         "gpu_seconds": job.gpu_seconds,
+        "gpu_util_mean_pct": job.gpu_usage.mean_utilization_pct(),
+        "gpu_mem_peak_mib": job.gpu_usage.memory_used_peak_mib,
     })
 }
 

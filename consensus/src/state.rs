@@ -84,7 +84,15 @@ impl ClusterState {
             Command::Submit { spec, now_ms } => self.submit(spec, *now_ms),
             Command::Plan { placements, array_tasks, now_ms } => self.plan(placements, array_tasks, *now_ms),
             Command::LaunchConfirmed { job, run, node, instance, now_ms } => self.launch_confirmed(*job, *run, *node, *instance, *now_ms),
-            Command::RunFinished { job, run, node, outcome, now_ms } => self.run_finished(*job, *run, *node, outcome, *now_ms),
+            Command::RunFinished { job, run, node, outcome, usage, now_ms } => {
+                let result = self.run_finished(*job, *run, *node, outcome, *now_ms);
+                if result == CommandResult::Ok {
+                    if let Some(j) = self.jobs.get_mut(job) {
+                        j.gpu_usage.merge(usage);
+                    }
+                }
+                result
+            }
             Command::Cancel { job, now_ms } => self.cancel(*job, *now_ms),
             Command::Requeue { job, reason, now_ms } => self.requeue(*job, reason, *now_ms),
             Command::SetPolicy { policy, now_ms: _ } => match policy.validate() {
@@ -304,6 +312,7 @@ impl ClusterState {
                 restart_count: 0,
                 reasons: Vec::new(),
                 gpu_seconds: 0,
+                gpu_usage: Default::default(),
                 master_port: None,
             },
         );
@@ -690,7 +699,7 @@ mod tests {
     }
 
     fn finish(s: &mut ClusterState, job: JobId, run: RunNo, node: NodeId, outcome: RunOutcome) -> CommandResult {
-        s.apply(&Command::RunFinished { job, run, node, outcome, now_ms: 5_030 })
+        s.apply(&Command::RunFinished { job, run, node, outcome, usage: Default::default(), now_ms: 5_030 })
     }
 
     /// Two nodes (instances 100 and 200) and a 2-node job running on both.

@@ -103,6 +103,7 @@ struct Report {
     job: JobId,
     run: RunNo,
     outcome: RunOutcome,
+    usage: proto::GpuUsage,
 }
 
 /// What the agent needs beyond its identity: where jobs live and how they are stopped.
@@ -128,6 +129,8 @@ pub struct Agent {
     reports_rx: Mutex<Option<mpsc::Receiver<Report>>>,
     /// When a leader last acknowledged a heartbeat; none yet for a new instance.
     last_ack: Mutex<Option<std::time::Instant>>,
+    /// GPU utilization and memory of running jobs, sampled.
+    accounting: Mutex<crate::gpu::JobGpuAccounting>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -149,6 +152,7 @@ impl Agent {
             reports_tx,
             reports_rx: Mutex::new(Some(reports_rx)),
             last_ack: Mutex::new(None),
+            accounting: Mutex::new(crate::gpu::JobGpuAccounting::default()),
         }))
     }
 
@@ -273,7 +277,15 @@ impl Agent {
     }
 
     async fn queue_report(&self, job: JobId, run: RunNo, outcome: RunOutcome) {
-        if self.reports_tx.send(Report { job, run, outcome }).await.is_err() {
+        let usage = lock(&self.accounting)
+            .take(job)
+            .map(|st| proto::GpuUsage {
+                samples: st.samples,
+                utilization_pct_sum: st.utilization_pct_sum,
+                memory_used_peak_mib: st.memory_used_peak_mib,
+            })
+            .unwrap_or_default();
+        if self.reports_tx.send(Report { job, run, outcome, usage }).await.is_err() {
             warn!(job, run, "report queue closed, dropping report");
         }
     }
@@ -396,7 +408,13 @@ impl Agent {
         while let Some(report) = rx.recv().await {
             let mut backoff_ms = 50;
             loop {
-                let req = Request::ReportRun { job: report.job, run: report.run, node: self.node_id(), outcome: report.outcome.clone() };
+                let req = Request::ReportRun {
+                    job: report.job,
+                    run: report.run,
+                    node: self.node_id(),
+                    outcome: report.outcome.clone(),
+                    usage: report.usage.clone(),
+                };
                 match link.call(req, 0).await {
                     Ok(_) => break,
                     Err(LinkError::Api(e)) => {
@@ -410,6 +428,28 @@ impl Agent {
                         backoff_ms = (backoff_ms * 2).min(1_000);
                     }
                 }
+            }
+        }
+    }
+
+    /// Samples the GPUs of running jobs every `interval` for their accounting (mean utilization,
+    /// peak memory), reported with each run's end.
+    pub async fn sample_loop(self: Arc<Self>, sampler: Arc<dyn crate::gpu::GpuSampler>, interval: Duration) {
+        let mut ticker = tokio::time::interval(interval.max(Duration::from_millis(100)));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            let holders: BTreeMap<u32, JobId> =
+                lock(&self.running).iter().flat_map(|(job, r)| r.gpus.iter().map(move |g| (*g, *job))).collect();
+            if holders.is_empty() {
+                continue;
+            }
+            let held: std::collections::BTreeSet<u32> = holders.keys().copied().collect();
+            let sampler = Arc::clone(&sampler);
+            match tokio::task::spawn_blocking(move || sampler.sample(&held)).await {
+                Ok(Ok(samples)) => lock(&self.accounting).observe(&holders, &samples),
+                Ok(Err(e)) => debug!(error = format!("{e:#}"), "sample gpus"),
+                Err(e) => warn!(error = %e, "gpu sampler panicked"),
             }
         }
     }

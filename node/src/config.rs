@@ -52,6 +52,9 @@ pub struct NodeConfig {
     pub kill_grace_ms: u64,
     #[serde(default = "default_schedule_interval_ms")]
     pub schedule_interval_ms: u64,
+    /// How often GPU utilization and memory are sampled for each job's accounting.
+    #[serde(default = "default_gpu_sample_interval_ms")]
+    pub gpu_sample_interval_ms: u64,
     #[serde(default)]
     pub raft: RaftConfig,
     /// `host:port` for Prometheus metrics over HTTP; none to disable.
@@ -149,6 +152,9 @@ fn default_kill_grace_ms() -> u64 {
 }
 fn default_fence_kill_grace_ms() -> u64 {
     500
+}
+fn default_gpu_sample_interval_ms() -> u64 {
+    5_000
 }
 fn default_schedule_interval_ms() -> u64 {
     100

@@ -372,8 +372,8 @@ impl Node {
                 }
                 Ok(Reply::HeartbeatAck { leader: self.id, term: self.status().term })
             }
-            Request::ReportRun { job, run, node, outcome } => {
-                match self.propose(Command::RunFinished { job, run, node, outcome, now_ms: now }).await? {
+            Request::ReportRun { job, run, node, outcome, usage } => {
+                match self.propose(Command::RunFinished { job, run, node, outcome, usage, now_ms: now }).await? {
                     CommandResult::Rejected(why) => debug!(job, run, why = %why, "run report ignored"),
                     _ => self.kick.notify_one(),
                 }
@@ -1052,6 +1052,7 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
         tokio::spawn(crate::metrics::serve(addr, Arc::clone(&node)));
     }
     tokio::spawn(Arc::clone(&agent).report_loop(Arc::clone(&agent_link)));
+    tokio::spawn(Arc::clone(&agent).sample_loop(probe.sampler(), Duration::from_millis(config.gpu_sample_interval_ms)));
     spawn_gpu_health(probe.as_ref(), id, Arc::clone(&agent_link));
     tokio::spawn(crate::fault::watch_gpu_faults(config.data_dir.join("fault-gpu"), Arc::clone(&probe)));
     let heartbeat = Duration::from_millis(config.heartbeat_interval_ms);

@@ -490,6 +490,28 @@ pub struct NodeRun {
     pub launched_by: Option<InstanceId>,
 }
 
+/// GPU usage of a job, sampled by its nodes and summed over its runs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuUsage {
+    /// GPU samples taken (one per GPU per sampling).
+    pub samples: u64,
+    pub utilization_pct_sum: u64,
+    /// Highest memory any one of its GPUs used.
+    pub memory_used_peak_mib: u64,
+}
+
+impl GpuUsage {
+    pub fn mean_utilization_pct(&self) -> u64 {
+        self.utilization_pct_sum.checked_div(self.samples).unwrap_or(0)
+    }
+
+    pub fn merge(&mut self, other: &GpuUsage) {
+        self.samples = self.samples.saturating_add(other.samples);
+        self.utilization_pct_sum = self.utilization_pct_sum.saturating_add(other.utilization_pct_sum);
+        self.memory_used_peak_mib = self.memory_used_peak_mib.max(other.memory_used_peak_mib);
+    }
+}
+
 /// A task of a job array.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ArrayTask {
@@ -524,6 +546,7 @@ pub struct Job {
     pub reasons: Vec<String>,
     /// Accounting, filled in as runs end.
     pub gpu_seconds: u64,
+    pub gpu_usage: GpuUsage,
     /// Rendezvous port of the current run on its first node (`MASTER_PORT`), chosen when the
     /// run is placed so that no two jobs on that node share it.
     pub master_port: Option<u16>,
@@ -720,6 +743,8 @@ pub enum Command {
         run: RunNo,
         node: NodeId,
         outcome: RunOutcome,
+        /// GPU usage the node sampled for this part.
+        usage: GpuUsage,
         now_ms: u64,
     },
     Cancel {
@@ -843,6 +868,7 @@ pub enum Request {
         run: RunNo,
         node: NodeId,
         outcome: RunOutcome,
+        usage: GpuUsage,
     },
     /// Start this node's part of `job`'s current run. `nodes`: name and address of every node
     /// of the run, in rank order (rank 0 hosts the rendezvous).

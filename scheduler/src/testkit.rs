@@ -194,6 +194,7 @@ impl Cluster {
             restart_count: 0,
             reasons: Vec::new(),
             gpu_seconds: 0,
+            gpu_usage: Default::default(),
             master_port: None,
         }
     }

@@ -119,3 +119,14 @@ fn gpu_faults_requeue_or_fail_their_jobs_and_a_node_with_no_healthy_gpu_is_drain
         c.json(&["nodes"])[0]["state"] == "UP" && c.job(requeued)["state"] == "RUNNING"
     });
 }
+
+#[test]
+fn a_finished_job_carries_its_gpu_utilization_and_peak_memory() {
+    let c = TestCluster::up(&["--nodes", "1", "--gpus", "h100:2", "--voters-max", "1", "--gpu-sample-interval-ms", "200"]);
+    let id = c.submit(&["--gres", "gpu:2"], &["sleep", "2"]);
+    let job = c.wait_final(id, Duration::from_secs(20));
+    assert_eq!(job["state"], "COMPLETED");
+    assert!(job["gpu_util_mean_pct"].as_u64().is_some_and(|u| u > 0 && u <= 100), "{job}");
+    assert!(job["gpu_mem_peak_mib"].as_u64().is_some_and(|m| m > 0 && m <= 81_559), "{job}");
+    assert!(job["gpu_seconds"].as_u64().is_some_and(|s| s >= 2), "{job}");
+}

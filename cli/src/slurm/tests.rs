@@ -432,6 +432,7 @@ fn job_of(spec: JobSpec, id: u64) -> Job {
         restart_count: 0,
         reasons: Vec::new(),
         gpu_seconds: 0,
+        gpu_usage: Default::default(),
         master_port: None,
     }
 }
