@@ -122,6 +122,7 @@ pub fn snapshot(node: &Node) -> MetricsSnapshot {
             }
             (by_state, queue)
         });
+        let ages = node.heartbeat_ages_ms();
         let nodes = node_infos
             .iter()
             .map(|n| NodeSnapshot {
@@ -129,7 +130,7 @@ pub fn snapshot(node: &Node) -> MetricsSnapshot {
                 gpus_total: n.gpus_total,
                 gpus_free: n.gpus_free,
                 up: n.state == proto::NodeState::Up,
-                heartbeat_age_ms: None,
+                heartbeat_age_ms: ages.get(&n.id).copied(),
             })
             .collect();
         ClusterSnapshot { jobs_by_state, queue_depth, nodes }

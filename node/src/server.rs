@@ -90,6 +90,15 @@ impl Node {
         self.status().voters.iter().map(|(id, _)| *id).collect()
     }
 
+    /// How long ago the leader last heard each node's heartbeat (empty on other nodes).
+    pub fn heartbeat_ages_ms(&self) -> BTreeMap<NodeId, u64> {
+        let mem = lock(&self.memory);
+        if mem.term.is_none() {
+            return BTreeMap::new();
+        }
+        mem.last_seen.iter().map(|(id, t)| (*id, t.elapsed().as_millis() as u64)).collect()
+    }
+
     /// Commits `cmd` through Raft and returns what applying it answered.
     pub async fn propose(&self, cmd: Command) -> Result<CommandResult, ApiError> {
         consensus::propose(&self.raft, cmd).await.map(|(_, result)| result).map_err(ApiError::from)
