@@ -6,6 +6,7 @@ mod client;
 mod cluster_admin; // deploy (issue 8): `corral cluster init|join|issue-node|issue-client|token`
 mod demo;
 mod dev;
+mod nccl;
 mod slurm;
 mod units;
 
@@ -88,6 +89,22 @@ enum Cmd {
         unhealthy: bool,
         #[arg(long, default_value = "set by operator")]
         reason: String,
+    },
+    /// Bandwidth test across an N-node allocation; flags node pairs far below the rest.
+    NcclCheck {
+        #[arg(long, default_value_t = 2)]
+        nodes: u32,
+        #[arg(long)]
+        gres: Option<String>,
+        /// Bytes each rank streams to rank 0.
+        #[arg(long, default_value_t = 256 << 20)]
+        bytes: u64,
+    },
+    /// Inside an nccl-check job: stream to or measure from rank 0.
+    #[command(hide = true)]
+    NcclProbe {
+        #[arg(long)]
+        bytes: u64,
     },
     /// Stop a running job and queue it again (its --signal first, to checkpoint).
     Requeue { job: u64 },
@@ -510,6 +527,13 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 bail!("say --healthy or --unhealthy");
             }
             connect()?.call_patiently(Request::SetGpuHealth { node, gpu, healthy, reason }, patience).await?;
+        }
+        Cmd::NcclCheck { nodes, gres, bytes } => {
+            let cluster = connect()?;
+            return nccl::check(&cluster, nodes, gres, bytes, cli.json).await;
+        }
+        Cmd::NcclProbe { bytes } => {
+            tokio::task::spawn_blocking(move || nccl::probe(bytes)).await.context("run the probe")??;
         }
         Cmd::Requeue { job } => {
             connect()?.call_patiently(Request::Requeue { job }, patience).await?;

@@ -179,3 +179,18 @@ fn a_gang_that_loses_one_node_is_requeued_whole() {
     let violations = chaos::check_never_twice(&spans);
     assert!(violations.is_empty(), "{violations:?}");
 }
+
+#[test]
+fn nccl_check_measures_every_node_pair_of_an_allocation() {
+    let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:8"]);
+    let out = c.corral(&["--json", "nccl-check", "--nodes", "3", "--gres", "gpu:8", "--bytes", "33554432"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "nccl-check failed: {text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(v["state"], "COMPLETED");
+    let pairs = v["pairs"].as_array().expect("pairs");
+    assert_eq!(pairs.len(), 2, "rank 0 measured both other nodes: {v}");
+    let peers: std::collections::BTreeSet<&str> = pairs.iter().filter_map(|p| p["b"].as_str()).collect();
+    assert_eq!(peers.len(), 2);
+    assert!(pairs.iter().all(|p| p["mbps"].as_f64().is_some_and(|m| m > 0.0) && p["slow"] == false), "{v}");
+}
