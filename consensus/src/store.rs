@@ -135,7 +135,9 @@ impl LogStore {
         }
         let (flush_tx, flush_rx) = mpsc::channel(FLUSH_QUEUE_DEPTH);
         let wal_syncs = Arc::new(AtomicU64::new(0));
-        let flusher_db = db.clone();
+        // Weak: while it waits, the flusher owns no database, so the last owner drops RocksDB on
+        // its own thread (never this one while the process exits, which aborts in RocksDB).
+        let flusher_db = Arc::downgrade(&db);
         let flusher_syncs = wal_syncs.clone();
         std::thread::Builder::new()
             .name("corral-wal-sync".into())
@@ -152,14 +154,17 @@ impl LogStore {
 
 /// Group commit: waits for a queued append, takes all queued after it, syncs the WAL once and
 /// completes them all, in order. Ends when the log store is dropped.
-fn run_flusher(db: Arc<DB>, mut rx: mpsc::Receiver<IOFlushed<TypeConfig>>, wal_syncs: Arc<AtomicU64>) {
+fn run_flusher(db: std::sync::Weak<DB>, mut rx: mpsc::Receiver<IOFlushed<TypeConfig>>, wal_syncs: Arc<AtomicU64>) {
     let mut pending = Vec::new();
     while let Some(first) = rx.blocking_recv() {
         pending.push(first);
         while let Ok(next) = rx.try_recv() {
             pending.push(next);
         }
-        let result = db.flush_wal(true).map_err(|e| e.to_string());
+        let result = match db.upgrade() {
+            Some(db) => db.flush_wal(true).map_err(|e| e.to_string()),
+            None => Err("the log store is closed".to_string()),
+        };
         wal_syncs.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = &result {
             warn!(error = %e, appends = pending.len(), "wal sync failed");
