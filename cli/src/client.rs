@@ -60,7 +60,7 @@ impl Cluster {
     /// Sends `request` to the first node that answers. Errors the cluster returned come back as
     /// `ApiError`; only when no node answers at all is the error a transport one.
     pub async fn call(&self, request: Request) -> anyhow::Result<Result<Reply, ApiError>> {
-        let envelope = Envelope { hops: 0, request };
+        let envelope = Envelope { hops: 0, request, user: None };
         let mut errors = Vec::new();
         let first = self.preferred.load(std::sync::atomic::Ordering::Relaxed);
         for k in 0..self.servers.len() {

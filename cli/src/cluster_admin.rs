@@ -724,7 +724,7 @@ async fn check_server(identity: &TlsIdentity, server: &str) -> anyhow::Result<(O
     let endpoint =
         transport::endpoint("0.0.0.0:0".parse().context("parse bind address")?, identity, false).context("open client endpoint")?;
     let client = transport::Client::new(endpoint);
-    let ask = Envelope { hops: 0, request: Request::ClusterInfo };
+    let ask = Envelope { hops: 0, request: Request::ClusterInfo, user: None };
     match client.call(server, &ask, Duration::from_secs(10)).await {
         Ok(Ok(Reply::Cluster(info))) => Ok((info.leader, info.answered_by)),
         Ok(Ok(other)) => bail!("{server} answered cluster info with {other:?}"),

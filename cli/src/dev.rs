@@ -79,6 +79,7 @@ struct NodeToml {
     voter_replace_after_ms: u64,
     kill_grace_ms: u64,
     gpu_sample_interval_ms: u64,
+    admins: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     checkpoint_root: Option<String>,
     raft: RaftSection,
@@ -238,6 +239,16 @@ pub async fn up(dir: &Path, opts: &DevOptions) -> anyhow::Result<()> {
             voter_replace_after_ms: opts.voter_replace_after_ms,
             kill_grace_ms: opts.kill_grace_ms,
             gpu_sample_interval_ms: opts.gpu_sample_interval_ms,
+            // The developer who started the cluster administers it.
+            admins: {
+                let mut admins = vec!["root".to_string()];
+                if let Ok(me) = std::env::var("USER") {
+                    if !admins.contains(&me) {
+                        admins.push(me);
+                    }
+                }
+                admins
+            },
             checkpoint_root: Some(match &opts.checkpoint_root {
                 Some(root) => std::path::absolute(root).with_context(|| format!("resolve {}", root.display()))?.display().to_string(),
                 None => dir.join("checkpoints").display().to_string(),

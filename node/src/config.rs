@@ -77,6 +77,9 @@ pub struct NodeConfig {
     /// Where the node sits in the network (block, rack, leaf switch, NVLink domain).
     #[serde(default)]
     pub location: proto::NetworkLocation,
+    /// Users who may act on any job and on the cluster (drain, resume, policy, GPU health).
+    #[serde(default = "default_admins")]
+    pub admins: Vec<String>,
     /// Features `--constraint` matches.
     #[serde(default)]
     pub features: Vec<String>,
@@ -129,6 +132,9 @@ impl RaftConfig {
     }
 }
 
+fn default_admins() -> Vec<String> {
+    vec!["root".into()]
+}
 fn default_cluster_name() -> String {
     "corral".into()
 }

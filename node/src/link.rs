@@ -44,6 +44,11 @@ impl LeaderLink {
 
     /// Sends `request` towards the leader. `hops` is the number of forwards so far.
     pub async fn call(&self, request: Request, hops: u8) -> Result<Reply, LinkError> {
+        self.call_as(request, hops, None).await
+    }
+
+    /// [`LeaderLink::call`] on behalf of `user` (a client's request this node forwards).
+    pub async fn call_as(&self, request: Request, hops: u8, user: Option<String>) -> Result<Reply, LinkError> {
         let mut order: Vec<String> = Vec::new();
         if let Some(p) = lock(&self.preferred).clone() {
             order.push(p);
@@ -53,7 +58,7 @@ impl LeaderLink {
                 order.push(a.clone());
             }
         }
-        let envelope = Envelope { hops, request };
+        let envelope = Envelope { hops, request, user };
         let mut last_error = String::from("no member address known");
         let mut redirects = 0;
         let mut i = 0;

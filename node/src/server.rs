@@ -105,7 +105,7 @@ impl Node {
     }
 
     async fn handle(self: Arc<Self>, envelope: Envelope) -> Response {
-        let Envelope { hops, request } = envelope;
+        let Envelope { hops, request, user } = envelope;
         match request {
             Request::Raft { kind, payload } => {
                 consensus::handle_raft_rpc(&self.raft, kind, &payload).await.map(|payload| Reply::Raft { payload })
@@ -114,23 +114,23 @@ impl Node {
             Request::Kill { job, run, checkpoint } => self.agent.kill(job, run, checkpoint),
             Request::ApplyMigLayout { gpu, profiles } => self.apply_mig_layout(gpu, profiles),
             Request::SignalPart { job, run, signal, batch_only } => self.agent.signal(job, run, signal, batch_only),
-            Request::Logs { job, stream, offset, max_bytes } => self.logs(hops, job, stream, offset, max_bytes).await,
+            Request::Logs { job, stream, offset, max_bytes } => self.logs(hops, job, stream, offset, max_bytes, user).await,
             request if request.needs_leader() => {
                 if self.is_leader() {
-                    self.handle_on_leader(request).await
+                    self.handle_on_leader(request, user).await
                 } else {
-                    self.forward(hops, request).await
+                    self.forward(hops, request, user).await
                 }
             }
             request => {
                 if !self.is_member() {
-                    return self.forward(hops, request).await;
+                    return self.forward(hops, request, user).await;
                 }
                 match self.read(request.clone()) {
                     // A follower may not have applied a job its client just submitted through the
                     // leader: ask the leader rather than deny the job exists.
                     Err(ApiError::NotFound(_)) if !self.is_leader() && matches!(request, Request::GetJob { .. }) => {
-                        self.forward(hops, request).await
+                        self.forward(hops, request, user).await
                     }
                     other => other,
                 }
@@ -139,14 +139,14 @@ impl Node {
     }
 
     /// Sends a request this node cannot answer to the leader.
-    async fn forward(&self, hops: u8, request: Request) -> Response {
+    async fn forward(&self, hops: u8, request: Request, user: Option<String>) -> Response {
         if hops >= FORWARD_HOPS_MAX {
             return Err(ApiError::Unavailable(format!("gave up after {hops} forwards")));
         }
         let (leader, leader_addr) = self.leader();
         match (leader, leader_addr) {
             (Some(l), Some(addr)) if l != self.id => {
-                let env = Envelope { hops: hops + 1, request };
+                let env = Envelope { hops: hops + 1, request, user };
                 match self.client.call(&addr, &env, PEER_CALL_TIMEOUT).await {
                     Ok(resp) => resp,
                     Err(e) => {
@@ -156,7 +156,7 @@ impl Node {
                 }
             }
             _ if self.is_member() => Err(ApiError::NoLeader),
-            _ => match self.forward_link.call(request, hops + 1).await {
+            _ => match self.forward_link.call_as(request, hops + 1, user).await {
                 Ok(reply) => Ok(reply),
                 Err(LinkError::Api(e)) => Err(e),
                 Err(LinkError::Unreachable(e)) => Err(ApiError::Unavailable(e)),
@@ -292,7 +292,7 @@ impl Node {
         }
     }
 
-    async fn logs(&self, hops: u8, job: JobId, stream: LogStream, offset: u64, max_bytes: u32) -> Response {
+    async fn logs(&self, hops: u8, job: JobId, stream: LogStream, offset: u64, max_bytes: u32, user: Option<String>) -> Response {
         if self.is_member() {
             let Some((node, node_addr)) = self.state.read(|s| {
                 let j = s.jobs.get(&job)?;
@@ -309,7 +309,7 @@ impl Node {
                 return Err(ApiError::Unavailable("too many forwards".into()));
             }
             let addr = node_addr.ok_or_else(|| ApiError::NotFound(format!("node {node}")))?;
-            let env = Envelope { hops: hops + 1, request: Request::Logs { job, stream, offset, max_bytes } };
+            let env = Envelope { hops: hops + 1, request: Request::Logs { job, stream, offset, max_bytes }, user };
             return self
                 .client
                 .call(&addr, &env, PEER_CALL_TIMEOUT)
@@ -317,15 +317,63 @@ impl Node {
                 .map_err(|e| ApiError::Unavailable(format!("read output from {addr}: {e}")))?;
         }
         match self.agent.read_log(job, stream, offset, max_bytes) {
-            Err(ApiError::NotFound(_)) => self.forward(hops, Request::Logs { job, stream, offset, max_bytes }).await,
+            Err(ApiError::NotFound(_)) => self.forward(hops, Request::Logs { job, stream, offset, max_bytes }, user).await,
             other => other,
         }
     }
 
-    async fn handle_on_leader(&self, request: Request) -> Response {
+    /// Whether `user` may act on jobs of other users and on the cluster: an admin, or the node
+    /// itself (no user).
+    fn is_admin(&self, user: Option<&str>) -> bool {
+        user.is_none_or(|u| self.config.admins.iter().any(|a| a == u))
+    }
+
+    fn require_admin(&self, user: Option<&str>, what: &str) -> Result<(), ApiError> {
+        if self.is_admin(user) {
+            return Ok(());
+        }
+        let who = user.unwrap_or_default();
+        warn!(user = %who, action = what, "denied: not an admin");
+        Err(ApiError::Denied(format!("user {who} may not {what}: only admins may")))
+    }
+
+    /// Users act on their own jobs only; admins on any.
+    fn require_owner(&self, user: Option<&str>, job: JobId, what: &str) -> Result<(), ApiError> {
+        if self.is_admin(user) {
+            return Ok(());
+        }
+        let who = user.unwrap_or_default();
+        let owner = self.state.read(|s| s.jobs.get(&job).map(|j| j.spec.user.clone()));
+        match owner {
+            None => Err(ApiError::NotFound(format!("job {job}"))),
+            Some(owner) if owner == who => Ok(()),
+            Some(owner) => {
+                warn!(user = %who, job, owner = %owner, action = what, "denied: not the job's owner");
+                Err(ApiError::Denied(format!("user {who} may not {what} job {job} of user {owner}")))
+            }
+        }
+    }
+
+    async fn handle_on_leader(&self, request: Request, user: Option<String>) -> Response {
         let now = now_ms();
+        let who = user.as_deref();
+        match &request {
+            Request::Cancel { job } => self.require_owner(who, *job, "cancel")?,
+            Request::Requeue { job } => self.require_owner(who, *job, "requeue")?,
+            Request::UpdateJob { job, .. } => self.require_owner(who, *job, "update")?,
+            Request::Signal { job, .. } => self.require_owner(who, *job, "signal")?,
+            Request::Drain { .. } => self.require_admin(who, "drain nodes")?,
+            Request::Resume { .. } => self.require_admin(who, "resume nodes")?,
+            Request::SetPolicy { .. } => self.require_admin(who, "change the scheduling policy")?,
+            Request::SetGpuHealth { .. } => self.require_admin(who, "change GPU health")?,
+            _ => {}
+        }
         match request {
-            Request::Submit { spec } => {
+            Request::Submit { mut spec } => {
+                // The certificate says who submits, not the client's environment.
+                if let Some(u) = &user {
+                    spec.user = u.clone();
+                }
                 spec.validate().map_err(ApiError::Invalid)?;
                 match self.propose(Command::Submit { spec, now_ms: now }).await? {
                     CommandResult::Submitted { job } => {
@@ -435,7 +483,7 @@ impl Node {
                     let result = if target == self.id {
                         self.agent.signal(job, run, signal, batch_only)
                     } else {
-                        let env = Envelope { hops: 0, request: Request::SignalPart { job, run, signal, batch_only } };
+                        let env = Envelope { hops: 0, request: Request::SignalPart { job, run, signal, batch_only }, user: None };
                         self.client.call(&addr, &env, PEER_CALL_TIMEOUT).await.unwrap_or_else(|e| Err(ApiError::Unavailable(e.to_string())))
                     };
                     result?;
@@ -587,7 +635,7 @@ impl Node {
             }
             let Some(addr) = self.state.read(|s| s.nodes.get(target).map(|n| n.addr.clone())) else { continue };
             let client = Arc::clone(&self.client);
-            let env = Envelope { hops: 0, request: Request::ApplyMigLayout { gpu: *gpu, profiles: profiles.clone() } };
+            let env = Envelope { hops: 0, request: Request::ApplyMigLayout { gpu: *gpu, profiles: profiles.clone() }, user: None };
             let gpu = *gpu;
             tokio::spawn(async move {
                 match client.call(&addr, &env, PEER_CALL_TIMEOUT).await {
@@ -653,7 +701,7 @@ impl Node {
                 let result = if target == node.id {
                     node.agent.kill(job, run, checkpoint)
                 } else {
-                    let env = Envelope { hops: 0, request: Request::Kill { job, run, checkpoint } };
+                    let env = Envelope { hops: 0, request: Request::Kill { job, run, checkpoint }, user: None };
                     node.client.call(&addr, &env, PEER_CALL_TIMEOUT).await.unwrap_or_else(|e| Err(ApiError::Unavailable(e.to_string())))
                 };
                 if let Err(e) = result {
@@ -668,7 +716,7 @@ impl Node {
         let result = if target == self.id {
             self.agent.launch(job, &nodes)
         } else {
-            let env = Envelope { hops: 0, request: Request::Launch { job: Box::new(job), nodes } };
+            let env = Envelope { hops: 0, request: Request::Launch { job: Box::new(job), nodes }, user: None };
             match self.client.call(&addr, &env, PEER_CALL_TIMEOUT).await {
                 Ok(r) => r,
                 Err(e) => {
@@ -810,7 +858,12 @@ pub struct Api {
 }
 
 impl Handler for Api {
-    fn handle(&self, peer: Peer, envelope: Envelope) -> Pin<Box<dyn Future<Output = Response> + Send + 'static>> {
+    fn handle(&self, peer: Peer, mut envelope: Envelope) -> Pin<Box<dyn Future<Output = Response> + Send + 'static>> {
+        // Who is asking: a user's certificate names them; a node may act for the user whose
+        // request it forwards.
+        if let Some(name) = peer.common_name.strip_prefix(transport::pki::USER_CN_PREFIX) {
+            envelope.user = Some(name.to_string());
+        }
         if self.fault.refuses(&peer.common_name) {
             return Box::pin(async { Err(ApiError::Unavailable("partitioned (fault injection)".into())) });
         }
@@ -843,7 +896,7 @@ impl consensus::RaftTransport for QuicRaftTransport {
         let client = Arc::clone(&self.client);
         let addr = node.addr.clone();
         async move {
-            let env = Envelope { hops: 0, request: Request::Raft { kind, payload } };
+            let env = Envelope { hops: 0, request: Request::Raft { kind, payload }, user: None };
             match client.call(&addr, &env, Duration::from_secs(10)).await {
                 Ok(Ok(Reply::Raft { payload })) => Ok(payload),
                 Ok(Ok(other)) => Err(consensus::TransportError::Remote(format!("unexpected reply {other:?}"))),

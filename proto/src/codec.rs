@@ -49,7 +49,7 @@ mod tests {
 
     #[test]
     fn round_trip_and_bad_input() {
-        let req = Envelope { hops: 0, request: Request::Cancel { job: 7 } };
+        let req = Envelope { hops: 0, request: Request::Cancel { job: 7 }, user: None };
         let bytes = encode(&req);
         assert_eq!(decode::<Envelope>(&bytes, 1024), Ok(req));
         assert_eq!(decode::<Envelope>(&[], 1024), Err(CodecError::Empty));

@@ -983,6 +983,9 @@ pub enum RaftRpcKind {
 pub struct Envelope {
     pub hops: u8,
     pub request: Request,
+    /// The user a node acts for when it forwards a client's request. Set by the first node
+    /// from the caller's certificate; a user's own certificate always wins over this field.
+    pub user: Option<String>,
 }
 
 pub const FORWARD_HOPS_MAX: u8 = 3;

@@ -28,7 +28,7 @@ fn garbage_frames_and_foreign_certificates_are_refused_while_the_node_keeps_serv
         pki::TlsIdentity::from_pems(&std::fs::read_to_string(dir.join("ca.crt")).expect("ca"), &stranger.cert_pem, &stranger.key_pem)
             .expect("identity");
     runtime().block_on(async {
-        let ask = Envelope { hops: 0, request: Request::ClusterInfo };
+        let ask = Envelope { hops: 0, request: Request::ClusterInfo, user: None };
         let foreign = transport::Client::new(transport::endpoint("127.0.0.1:0".parse().expect("addr"), &theirs, false).expect("endpoint"));
         let refused = foreign.call(&addr, &ask, Duration::from_secs(3)).await;
         assert!(refused.is_err(), "a foreign certificate was accepted: {refused:?}");
@@ -52,7 +52,7 @@ fn garbage_frames_and_foreign_certificates_are_refused_while_the_node_keeps_serv
 
         // A user's certificate reaches the client API but not the node-to-node protocol.
         let user = transport::Client::new(endpoint.clone());
-        let heartbeat = Envelope { hops: 0, request: Request::Heartbeat { node: 1, instance: 7, running: vec![] } };
+        let heartbeat = Envelope { hops: 0, request: Request::Heartbeat { node: 1, instance: 7, running: vec![] }, user: None };
         match user.call(&addr, &heartbeat, Duration::from_secs(3)).await {
             Ok(Err(ApiError::Denied(why))) => assert!(why.contains("nodes only"), "{why}"),
             other => panic!("a user certificate sent a heartbeat: {other:?}"),
@@ -63,4 +63,50 @@ fn garbage_frames_and_foreign_certificates_are_refused_while_the_node_keeps_serv
             other => panic!("the node stopped serving: {other:?}"),
         }
     });
+}
+
+#[test]
+fn users_act_on_their_own_jobs_and_only_admins_on_the_cluster() {
+    let c = TestCluster::up(&["--nodes", "1", "--voters-max", "1", "--gpus", "h100:2"]);
+    // A second user, with a certificate from the cluster CA and a client.toml of her own.
+    let dir = c.path();
+    let ca = pki::PemPair {
+        cert_pem: std::fs::read_to_string(dir.join("ca.crt")).expect("ca cert"),
+        key_pem: std::fs::read_to_string(dir.join("ca.key")).expect("ca key"),
+    };
+    let alice_dir = dir.join("alice");
+    pki::write_pem_pair(&alice_dir, "client", &pki::issue_client_cert(&ca, "alice").expect("alice cert")).expect("write alice cert");
+    std::fs::copy(dir.join("ca.crt"), alice_dir.join("ca.crt")).expect("copy ca");
+    let servers = std::fs::read_to_string(dir.join("client.toml")).expect("client.toml");
+    let servers_line = servers.lines().find(|l| l.starts_with("servers")).expect("servers line");
+    std::fs::write(
+        alice_dir.join("client.toml"),
+        format!("{servers_line}\n[tls]\nca_cert = \"ca.crt\"\ncert = \"client.crt\"\nkey = \"client.key\"\n"),
+    )
+    .expect("alice client.toml");
+    let alice = |args: &[&str]| {
+        let mut all = vec!["--cluster", alice_dir.to_str().expect("path")];
+        all.extend_from_slice(args);
+        c.raw(&all)
+    };
+
+    let roots = c.submit(&[], &["sleep", "30"]);
+    let out = alice(&["cancel", &roots.to_string()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(err.contains("user alice may not cancel job") && err.contains("of user root"), "{err}");
+    assert_eq!(c.job(roots)["state"], "RUNNING");
+
+    // Her job is hers, whatever $USER her client claims.
+    let out = alice(&["--json", "submit", "--", "sleep", "30"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let hers = serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("json")["job_id"].as_u64().expect("id");
+    assert_eq!(c.job(hers)["user"], "alice");
+    assert!(alice(&["cancel", &hers.to_string()]).status.success());
+
+    let out = alice(&["drain", "n1"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("only admins may"), "{}", String::from_utf8_lossy(&out.stderr));
+    // The developer who started the dev cluster is an admin: any job, any node.
+    assert!(c.corral(&["cancel", &roots.to_string()]).status.success());
+    assert!(c.corral(&["drain", "n1"]).status.success());
 }

@@ -72,7 +72,7 @@ fn start_server(id: &TlsIdentity, bind: SocketAddr) -> Server {
 }
 
 fn envelope(request: Request) -> Envelope {
-    Envelope { hops: 0, request }
+    Envelope { hops: 0, request, user: None }
 }
 
 async fn cancel(client: &Client, addr: &str, job: u64) -> Result<Response, CallError> {
