@@ -126,6 +126,11 @@ impl Node {
                 if !self.is_member() {
                     return self.forward(hops, request, user).await;
                 }
+                // A node that knows no leader may be cut off or removed and hold a stale state:
+                // let the client ask another node. Cluster info stays local, for diagnosis.
+                if self.leader().0.is_none() && !matches!(request, Request::ClusterInfo | Request::GetPolicy) {
+                    return Err(ApiError::NoLeader);
+                }
                 match self.read(request.clone()) {
                     // A follower may not have applied a job its client just submitted through the
                     // leader: ask the leader rather than deny the job exists.
@@ -788,7 +793,10 @@ impl Node {
             info!(node = %new_node.name, voters = ?change, "promoting node to voter");
             let result = async {
                 node.raft.add_learner(new_id, new_node.clone(), true).await.map_err(|e| format!("add learner: {e}"))?;
-                node.raft.change_membership(change.clone(), false).await.map_err(|e| format!("change membership: {e}"))?;
+                // retain: a replaced voter stays a learner, so when it comes back the log tells it
+                // it is no longer a voter (a removed node would otherwise campaign for ever and
+                // serve a stale state).
+                node.raft.change_membership(change.clone(), true).await.map_err(|e| format!("change membership: {e}"))?;
                 Ok::<_, String>(())
             }
             .await;

@@ -229,4 +229,22 @@ fn a_dead_voter_is_replaced_by_a_healthy_agent() {
     let nodes = c.json(&["nodes"]);
     let dead = nodes.as_array().and_then(|n| n.iter().find(|n| n["name"] == victim.as_str())).cloned().unwrap_or_default();
     assert_eq!(dead["state"], "DOWN");
+
+    // The replaced voter comes back: it learns from the log that it is no longer a voter (it
+    // stays a learner), follows the current leader and holds the same state, never a stale one.
+    c.start(&victim);
+    let victim_addr = c.addr(&victim);
+    let leader = c.leader();
+    let leader_addr = c.addr(&leader);
+    wait_until("the old voter to follow the leader with the same state", Duration::from_secs(30), || {
+        let mine = c.json(&["--server", &victim_addr, "cluster"]);
+        let theirs = c.json(&["--server", &leader_addr, "cluster"]);
+        mine["leader"] == leader.as_str()
+            && mine["applied_index"] == theirs["applied_index"]
+            && mine["state_digest"] == theirs["state_digest"]
+    });
+    assert!(!voters(&c).contains(&victim), "it did not take its vote back");
+    let id = c.submit(&[], &["true"]);
+    let out = c.corral(&["--server", &victim_addr, "--json", "show", &id.to_string()]);
+    assert!(out.status.success(), "reads through the old voter work: {}", String::from_utf8_lossy(&out.stderr));
 }
