@@ -12,3 +12,4 @@ pub mod metrics;
 pub mod nccl;
 pub mod probe;
 pub mod server;
+pub mod systemd;

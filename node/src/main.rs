@@ -31,7 +31,7 @@ fn main() -> anyhow::Result<()> {
             result = corral_node::server::run(config) => result,
             _ = term.recv() => {
                 tracing::info!("SIGTERM: stopping");
-                sd_notify("STOPPING=1");
+                corral_node::systemd::notify("STOPPING=1");
                 Ok(())
             }
         }
@@ -41,21 +41,4 @@ fn main() -> anyhow::Result<()> {
         tracing::error!(error = format!("{e:#}"), "corrald stopped");
     }
     result
-}
-
-/// Tells systemd (`Type=notify`) about a state change; nothing when not run by systemd.
-fn sd_notify(state: &str) {
-    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return };
-    let result = std::os::unix::net::UnixDatagram::unbound().and_then(|sock| {
-        let bytes = std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str());
-        if let Some(name) = bytes.strip_prefix(b"@") {
-            let addr = <std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(name)?;
-            sock.send_to_addr(state.as_bytes(), &addr)
-        } else {
-            sock.send_to(state.as_bytes(), &path)
-        }
-    });
-    if let Err(e) = result {
-        tracing::warn!(error = %e, state, "notify systemd");
-    }
 }

@@ -957,22 +957,6 @@ async fn call_until(link: &LeaderLink, request: Request, what: &str, deadline: D
 /// Starts a node and runs it until the process ends.
 pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
     // deploy (issue 8): systemd readiness and cgroup availability.
-    /// Tells systemd (`Type=notify`) about a state change; nothing when not run by systemd.
-    fn sd_notify(state: &str) {
-        let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return };
-        let result = std::os::unix::net::UnixDatagram::unbound().and_then(|sock| {
-            let bytes = std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str());
-            if let Some(name) = bytes.strip_prefix(b"@") {
-                let addr = <std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(name)?;
-                sock.send_to_addr(state.as_bytes(), &addr)
-            } else {
-                sock.send_to(state.as_bytes(), &path)
-            }
-        });
-        if let Err(e) = result {
-            warn!(error = %e, state, "notify systemd");
-        }
-    }
     {
         // cgroup v2 only; the group is this process's own (`0::/system.slice/corrald.service`).
         let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
@@ -1117,7 +1101,7 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
         other => bail!("register with the cluster: unexpected reply {other:?}"),
     }
     info!(node = %config.name, id, instance, "node is up");
-    sd_notify(&format!("READY=1\nSTATUS=node {} (id {id}) is up", config.name)); // deploy (issue 8)
+    crate::systemd::notify(&format!("READY=1\nSTATUS=node {} (id {id}) is up", config.name)); // deploy (issue 8)
     if let Some(addr) = config.metrics_listen {
         tokio::spawn(crate::metrics::serve(addr, Arc::clone(&node)));
     }
