@@ -1,32 +1,14 @@
 //! Slurm's formats for time limits and memory sizes.
 
 /// Parses a Slurm time limit (`M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`) into milliseconds.
+/// `corral submit` wants a real limit: zero and "unlimited" are refused.
 pub fn parse_time_limit_ms(text: &str) -> Result<u64, String> {
     let bad = || format!("invalid time limit '{text}': expected M, M:S, H:M:S, D-H, D-H:M or D-H:M:S");
-    let num = |s: &str| -> Result<u64, String> {
-        if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(bad());
-        }
-        s.parse::<u64>().map_err(|_| bad())
-    };
-    let (days, rest) = match text.split_once('-') {
-        Some((d, rest)) => (Some(num(d)?), rest),
-        None => (None, text),
-    };
-    let parts: Vec<&str> = rest.split(':').collect();
-    let seconds = match (days, parts.as_slice()) {
-        (None, [m]) => num(m)? * 60,
-        (None, [m, s]) => num(m)? * 60 + num(s)?,
-        (None, [h, m, s]) => num(h)? * 3600 + num(m)? * 60 + num(s)?,
-        (Some(d), [h]) => d * 86_400 + num(h)? * 3600,
-        (Some(d), [h, m]) => d * 86_400 + num(h)? * 3600 + num(m)? * 60,
-        (Some(d), [h, m, s]) => d * 86_400 + num(h)? * 3600 + num(m)? * 60 + num(s)?,
-        _ => return Err(bad()),
-    };
-    if seconds == 0 {
-        return Err(format!("invalid time limit '{text}': must be positive"));
+    match crate::slurm::time::parse_limit_s(text) {
+        Ok(Some(seconds)) => seconds.checked_mul(1000).ok_or_else(bad),
+        Ok(None) => Err(format!("invalid time limit '{text}': must be positive")),
+        Err(()) => Err(bad()),
     }
-    seconds.checked_mul(1000).ok_or_else(bad)
 }
 
 /// Parses a memory size (`4096`, `512M`, `4G`, `1T`; a bare number is MiB) into MiB.
