@@ -56,9 +56,13 @@ impl Fault {
         }
     }
 
-    /// Whether the product has a hook this harness can use to inject it.
-    pub fn supported(self) -> bool {
-        !matches!(self, Fault::SlowDisk | Fault::ClockSkew)
+    /// The node's fault file for the faults injected through one.
+    fn file_name(self) -> Option<&'static str> {
+        match self {
+            Fault::SlowDisk => Some("fault-slow-disk"),
+            Fault::ClockSkew => Some("fault-clock-skew"),
+            _ => None,
+        }
     }
 
     pub fn parse_list(text: &str) -> anyhow::Result<Vec<Fault>> {
@@ -153,9 +157,15 @@ pub fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-fn pid_alive(pid: i32) -> bool {
+/// Whether `pid` still runs: it exists and is not a zombie (a dead process that its parent, a
+/// paused `corrald` say, has not reaped).
+pub fn pid_alive(pid: i32) -> bool {
     // SAFETY: signal 0 only checks whether the process exists.
-    pid > 0 && unsafe { libc::kill(pid, 0) } == 0
+    if pid <= 0 || unsafe { libc::kill(pid, 0) } != 0 {
+        return false;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next()) != Some("Z")
 }
 
 /// The outcome of one client call, as the history records it.
@@ -209,10 +219,23 @@ impl Harness {
             Ok(c) => c,
             Err(e) => return CallResult::Error(format!("spawn {}: {e}", self.corral.display())),
         };
+        // Drain both pipes while the child runs: an answer larger than the pipe buffer (a
+        // `queue --all` of a few hundred jobs) would otherwise block the child until the deadline.
+        let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                if let Some(mut p) = pipe {
+                    let _ = std::io::Read::read_to_end(&mut p, &mut buf);
+                }
+                buf
+            })
+        };
+        let stdout = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>));
+        let stderr = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>));
         let deadline = Instant::now() + Duration::from_millis(timeout_ms);
-        loop {
+        let status = loop {
             match child.try_wait() {
-                Ok(Some(_)) => break,
+                Ok(Some(status)) => break status,
                 Ok(None) if Instant::now() >= deadline => {
                     let _ = child.kill();
                     let _ = child.wait();
@@ -221,11 +244,8 @@ impl Harness {
                 Ok(None) => std::thread::sleep(Duration::from_millis(10)),
                 Err(e) => return CallResult::Error(format!("wait for corral: {e}")),
             }
-        }
-        let out = match child.wait_with_output() {
-            Ok(o) => o,
-            Err(e) => return CallResult::Error(format!("read corral output: {e}")),
         };
+        let out = std::process::Output { status, stdout: stdout.join().unwrap_or_default(), stderr: stderr.join().unwrap_or_default() };
         if !out.status.success() {
             let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
             return CallResult::Error(if err.is_empty() { format!("exit {:?}", out.status.code()) } else { err });
@@ -330,6 +350,26 @@ impl Harness {
         Ok(())
     }
 
+    /// Writes `value` into `node`'s fault file for `fault` (slow disk: a WAL sync delay in ms;
+    /// clock skew: a signed offset in ms).
+    fn set_fault_file(&mut self, node: &str, fault: Fault, value: i64) -> anyhow::Result<()> {
+        let Some(name) = fault.file_name() else { bail!("{} has no fault file", fault.name()) };
+        let path = self.dir.join(node).join("data").join(name);
+        std::fs::write(&path, format!("{value}\n")).with_context(|| format!("write {}", path.display()))?;
+        self.fault_event(fault.name(), node, json!(value));
+        Ok(())
+    }
+
+    fn clear_fault_file(&mut self, node: &str, fault: Fault) -> anyhow::Result<()> {
+        let Some(name) = fault.file_name() else { return Ok(()) };
+        let path = self.dir.join(node).join("data").join(name);
+        if path.exists() {
+            std::fs::remove_file(&path).with_context(|| format!("remove {}", path.display()))?;
+            self.fault_event(&format!("heal-{}", fault.name()), node, Value::Null);
+        }
+        Ok(())
+    }
+
     fn heal_partition(&mut self, node: &str) -> anyhow::Result<()> {
         let path = self.partition_file(node);
         if path.exists() {
@@ -349,6 +389,8 @@ impl Harness {
             if self.partition_file(&n).exists() {
                 self.heal_partition(&n)?;
             }
+            self.clear_fault_file(&n, Fault::SlowDisk)?;
+            self.clear_fault_file(&n, Fault::ClockSkew)?;
         }
         for n in self.down.clone() {
             self.start(&n)?;
@@ -431,10 +473,12 @@ struct PlannedFault {
     role: &'static str,
     hold_ms: u64,
     split_voters: bool,
+    /// Slow disk: the WAL sync delay in ms; clock skew: the signed offset in ms.
+    amount: i64,
 }
 
 fn plan_faults(rng: &mut StdRng, faults: &[Fault], duration_ms: u64) -> Vec<PlannedFault> {
-    let supported: Vec<Fault> = faults.iter().copied().filter(|f| f.supported()).collect();
+    let supported: Vec<Fault> = faults.to_vec();
     let mut out = Vec::new();
     if supported.is_empty() {
         return out;
@@ -450,7 +494,13 @@ fn plan_faults(rng: &mut StdRng, faults: &[Fault], duration_ms: u64) -> Vec<Plan
             _ => rng.gen_range(2_000..8_000),
         };
         let hold_ms = hold_ms.min(duration_ms.saturating_sub(t + 5_000));
-        out.push(PlannedFault { at_ms: t, fault, role, hold_ms, split_voters: rng.gen_bool(0.5) });
+        let amount = match fault {
+            Fault::SlowDisk => rng.gen_range(20..1_500),
+            // Up to ten minutes either way: commands then carry times out of order across leaders.
+            Fault::ClockSkew => rng.gen_range(1_000..600_000) * if rng.gen_bool(0.5) { 1 } else { -1 },
+            _ => 0,
+        };
+        out.push(PlannedFault { at_ms: t, fault, role, hold_ms, split_voters: rng.gen_bool(0.5), amount });
         t += hold_ms + rng.gen_range(3_000..10_000);
     }
     out
@@ -493,11 +543,6 @@ pub fn run(opts: &RunOptions) -> anyhow::Result<RunOutcome> {
         calls: BTreeMap::new(),
     };
     h.history.record(json!({"kind": "run", "seed": opts.seed, "repro": opts.repro(), "nodes": opts.nodes, "voters": opts.voters}));
-    for f in opts.faults.iter().filter(|f| !f.supported()) {
-        let msg = format!("fault '{}' has no product hook yet: not injected", f.name());
-        eprintln!("corral-chaos: {msg}");
-        h.history.record(json!({"kind": "unsupported-fault", "fault": f.name(), "message": msg}));
-    }
     let nodes = opts.nodes.to_string();
     let voters = opts.voters.to_string();
     let down_after = NODE_DOWN_AFTER_MS.to_string();
@@ -703,10 +748,6 @@ fn drive_and_check(h: &mut Harness, opts: &RunOptions) -> anyhow::Result<RunOutc
     }
     let injected: Vec<String> = faults_injected.iter().map(|(f, n)| format!("{f} x{n}")).collect();
     summary.push_str(&format!("  {:<28}{}\n", "faults injected", if injected.is_empty() { "none".into() } else { injected.join(", ") }));
-    let unsupported: Vec<&str> = opts.faults.iter().filter(|f| !f.supported()).map(|f| f.name()).collect();
-    if !unsupported.is_empty() {
-        summary.push_str(&format!("  {:<28}{}\n", "faults not supported", unsupported.join(", ")));
-    }
     summary.push_str(&format!("  {:<28}{} terms, {} samples\n", "leaders observed", terms.len(), leader_claims.len()));
     summary.push_str(&format!("  {:<28}{}\n", "process spans", spans.len()));
     summary.push_str(&format!("  {:<28}{}\n", "recovery after heal", recovery_ms.map_or("NONE".into(), |ms| format!("{ms} ms"))));
@@ -774,7 +815,7 @@ fn inject_fault(h: &mut Harness, f: &PlannedFault, rng: &mut StdRng) -> anyhow::
             let cut = if f.split_voters && voters.contains(&node) { others } else { Vec::new() };
             h.partition(&node, &cut)?;
         }
-        Fault::SlowDisk | Fault::ClockSkew => return Ok(None),
+        Fault::SlowDisk | Fault::ClockSkew => h.set_fault_file(&node, f.fault, f.amount)?,
     }
     Ok(Some(node))
 }
@@ -784,7 +825,7 @@ fn heal_fault(h: &mut Harness, f: &PlannedFault, node: &str) -> anyhow::Result<(
         Fault::Kill | Fault::Restart => h.start(node),
         Fault::Pause => h.signal(node, "CONT"),
         Fault::Partition => h.heal_partition(node),
-        Fault::SlowDisk | Fault::ClockSkew => Ok(()),
+        Fault::SlowDisk | Fault::ClockSkew => h.clear_fault_file(node, f.fault),
     }
 }
 
@@ -912,7 +953,6 @@ mod tests {
         assert!(parse_duration_ms("soon").is_err());
         let f = Fault::parse_list("pause,kill,slow-disk,kill").expect("valid list");
         assert_eq!(f, vec![Fault::Kill, Fault::Pause, Fault::SlowDisk]);
-        assert!(!Fault::SlowDisk.supported());
         assert!(Fault::parse_list("kill,meteor").is_err());
     }
 
@@ -923,7 +963,7 @@ mod tests {
         let b = plan_faults(&mut StdRng::seed_from_u64(9), &faults, 120_000);
         assert_eq!(format!("{a:?}"), format!("{b:?}"));
         assert!(a.len() >= 5, "{a:?}");
-        assert!(a.iter().all(|f| f.fault.supported() && f.at_ms + f.hold_ms + 5_000 <= 120_000), "{a:?}");
+        assert!(a.iter().all(|f| f.at_ms + f.hold_ms + 5_000 <= 120_000), "{a:?}");
         assert!(a.windows(2).all(|w| w[0].at_ms + w[0].hold_ms < w[1].at_ms), "faults never overlap: {a:?}");
         assert!(plan_faults(&mut StdRng::seed_from_u64(9), &[Fault::SlowDisk], 120_000).is_empty());
     }
