@@ -74,10 +74,19 @@ pub fn raft_config(t: &RaftTimings) -> openraft::Config {
 ///
 /// A fresh directory gives an uninitialized node: call `raft.initialize(..)` on exactly one node
 /// of a new cluster, or have the leader add this node with `add_learner`.
-pub async fn open_raft<T: RaftTransport>(id: NodeId, dir: &Path, transport: T, config: RaftTimings) -> anyhow::Result<(Raft, StateHandle)> {
+///
+/// `wal_sync_delay_ms` is a fault-injection hook (a slow disk): each WAL sync first waits that
+/// long; keep it at zero.
+pub async fn open_raft<T: RaftTransport>(
+    id: NodeId,
+    dir: &Path,
+    transport: T,
+    config: RaftTimings,
+    wal_sync_delay_ms: Arc<std::sync::atomic::AtomicU64>,
+) -> anyhow::Result<(Raft, StateHandle)> {
     let config = raft_config(&config).validate().context("validate raft timings")?;
     let path = dir.to_path_buf();
-    let (log_store, state_machine) = tokio::task::spawn_blocking(move || open_store(&path))
+    let (log_store, state_machine) = tokio::task::spawn_blocking(move || store::open_store_with(&path, wal_sync_delay_ms))
         .await
         .context("join store opening task")?
         .with_context(|| format!("open raft store at {}", dir.display()))?;

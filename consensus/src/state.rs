@@ -49,7 +49,10 @@ fn account(job: &mut Job, part: &NodeRun, now_ms: u64) {
 }
 
 /// The final state of a run all of whose parts ended, from how each ended: a launch failure
-/// first, then a time-out, a cancel, a signal, a non-zero exit; all zero is COMPLETED.
+/// first, then a time-out, a signal, a non-zero exit; then a kill; all zero is COMPLETED. A kill
+/// ranks below a failure: a cancelled job is final before its parts report, so a `Killed` here
+/// is the cluster stopping the rest of a gang after one part ended, and the part that ended
+/// decides.
 fn final_state(outcomes: &[(NodeId, RunOutcome)]) -> (JobState, Option<i32>, Option<String>) {
     if let Some((node, RunOutcome::LaunchFailed(msg))) = outcomes.iter().find(|(_, o)| matches!(o, RunOutcome::LaunchFailed(_))) {
         return (JobState::Failed, None, Some(format!("launch failed on node {node}: {msg}")));
@@ -57,14 +60,14 @@ fn final_state(outcomes: &[(NodeId, RunOutcome)]) -> (JobState, Option<i32>, Opt
     if outcomes.iter().any(|(_, o)| *o == RunOutcome::TimedOut) {
         return (JobState::Timeout, None, Some("time limit reached".into()));
     }
-    if outcomes.iter().any(|(_, o)| *o == RunOutcome::Killed) {
-        return (JobState::Cancelled, None, None);
-    }
     if let Some((_, RunOutcome::Signaled(sig))) = outcomes.iter().find(|(_, o)| matches!(o, RunOutcome::Signaled(_))) {
         return (JobState::Failed, Some(sig.saturating_add(128)), Some(format!("killed by signal {sig}")));
     }
     if let Some((_, RunOutcome::Exited(code))) = outcomes.iter().find(|(_, o)| matches!(o, RunOutcome::Exited(c) if *c != 0)) {
         return (JobState::Failed, Some(*code), None);
+    }
+    if outcomes.iter().any(|(_, o)| *o == RunOutcome::Killed) {
+        return (JobState::Cancelled, None, None);
     }
     (JobState::Completed, Some(0), None)
 }
@@ -466,6 +469,18 @@ impl ClusterState {
             // A part of a cancelled, failed or requeued run is gone: only its resources return.
             return CommandResult::Ok;
         }
+        if let RunOutcome::PreflightFailed(why) = outcome {
+            // The command never started (every node learns the same verdict): hold the job
+            // for a person to look at the network, keeping its restart count.
+            job.state = JobState::Pending;
+            job.spec.hold = true;
+            job.exit_code = None;
+            job.start_ms = None;
+            job.end_ms = None;
+            job.outcomes.clear();
+            job.reasons = vec![format!("preflight failed on node {node}: {why}")];
+            return CommandResult::Ok;
+        }
         if let RunOutcome::Lost(why) = outcome {
             let reason = format!("node {node}: {why}");
             if job.spec.requeue {
@@ -761,7 +776,7 @@ mod tests {
         assert_eq!(stop, vec![a]);
         finish(&mut s, job, 1, a, RunOutcome::Killed);
         let j = &s.jobs[&job];
-        assert_eq!((j.state, j.exit_code), (JobState::Cancelled, None), "the kill that stopped the gang is recorded");
+        assert_eq!((j.state, j.exit_code), (JobState::Failed, Some(3)), "the part that failed decides, not the kill that stopped the rest");
         let (mut s, a, b, job) = gang();
         finish(&mut s, job, 1, a, RunOutcome::TimedOut);
         finish(&mut s, job, 1, b, RunOutcome::TimedOut);
@@ -925,6 +940,21 @@ mod tests {
 
     fn register_again(s: &mut ClusterState, name: &str, instance: InstanceId) {
         s.apply(&Command::RegisterNode { name: name.into(), addr: format!("{name}:1"), inventory: inventory(8), instance, now_ms: 70 });
+    }
+
+    #[test]
+    fn a_failed_preflight_holds_the_job_and_frees_every_part() {
+        let (mut s, a, b, job) = gang();
+        let why = "n1-n2 12 Mbit/s (minimum 1000 Mbit/s, median 12)".to_string();
+        assert_eq!(finish(&mut s, job, 1, b, RunOutcome::PreflightFailed(why.clone())), CommandResult::Ok);
+        let j = &s.jobs[&job];
+        assert_eq!((j.state, j.spec.hold, j.restart_count), (JobState::Pending, true, 0));
+        assert_eq!(j.reasons, vec![format!("preflight failed on node {b}: {why}")]);
+        // The other node learned the same verdict; its part returns its GPUs.
+        assert_eq!(finish(&mut s, job, 1, a, RunOutcome::PreflightFailed(why)), CommandResult::Ok);
+        assert_eq!((s.gpus_free(a), s.gpus_free(b)), (8, 8));
+        assert_eq!(s.jobs[&job].state, JobState::Pending);
+        s.check_invariants();
     }
 
     #[test]

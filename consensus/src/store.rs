@@ -48,6 +48,9 @@ const DISK_VALUE_BYTES_MAX: usize = 4 * 1024 * 1024 * 1024;
 /// Appends whose WAL sync is pending at most; `append` waits for room beyond that.
 const FLUSH_QUEUE_DEPTH: usize = 4096;
 
+/// The most an injected slow disk delays one WAL sync.
+pub const WAL_SYNC_DELAY_MS_MAX: u64 = 10_000;
+
 /// How long `open_store` retries while a previous handle on the same directory is still closing.
 const OPEN_LOCK_WAIT_MS: u64 = 10_000;
 
@@ -92,8 +95,14 @@ fn read_meta<T: DeserializeOwned>(db: &DB, key: &[u8]) -> io::Result<Option<T>> 
 /// Opens (or creates) the database at `dir` and returns the log store and the state machine,
 /// the latter loaded from the latest snapshot.
 pub fn open_store(dir: &Path) -> io::Result<(LogStore, StateMachine)> {
+    open_store_with(dir, Arc::new(AtomicU64::new(0)))
+}
+
+/// [`open_store`] with a fault-injection hook: every WAL sync first waits `wal_sync_delay_ms`
+/// (a slow disk; zero adds nothing).
+pub fn open_store_with(dir: &Path, wal_sync_delay_ms: Arc<AtomicU64>) -> io::Result<(LogStore, StateMachine)> {
     let db = Arc::new(open_db(dir)?);
-    let log = LogStore::new(db.clone())?;
+    let log = LogStore::new(db.clone(), wal_sync_delay_ms)?;
     let sm = StateMachine::load(db)?;
     Ok((log, sm))
 }
@@ -129,7 +138,7 @@ pub struct LogStore {
 }
 
 impl LogStore {
-    fn new(db: Arc<DB>) -> io::Result<LogStore> {
+    fn new(db: Arc<DB>, wal_sync_delay_ms: Arc<AtomicU64>) -> io::Result<LogStore> {
         for name in [CF_LOGS, CF_META] {
             cf(&db, name)?;
         }
@@ -141,7 +150,7 @@ impl LogStore {
         let flusher_syncs = wal_syncs.clone();
         std::thread::Builder::new()
             .name("corral-wal-sync".into())
-            .spawn(move || run_flusher(flusher_db, flush_rx, flusher_syncs))
+            .spawn(move || run_flusher(flusher_db, flush_rx, flusher_syncs, wal_sync_delay_ms))
             .map_err(|e| io_other("spawn wal sync thread", e))?;
         Ok(LogStore { db, flush_tx, wal_syncs })
     }
@@ -154,10 +163,19 @@ impl LogStore {
 
 /// Group commit: waits for a queued append, takes all queued after it, syncs the WAL once and
 /// completes them all, in order. Ends when the log store is dropped.
-fn run_flusher(db: std::sync::Weak<DB>, mut rx: mpsc::Receiver<IOFlushed<TypeConfig>>, wal_syncs: Arc<AtomicU64>) {
+fn run_flusher(
+    db: std::sync::Weak<DB>,
+    mut rx: mpsc::Receiver<IOFlushed<TypeConfig>>,
+    wal_syncs: Arc<AtomicU64>,
+    delay_ms: Arc<AtomicU64>,
+) {
     let mut pending = Vec::new();
     while let Some(first) = rx.blocking_recv() {
         pending.push(first);
+        let delay_ms = delay_ms.load(Ordering::Relaxed);
+        if delay_ms > 0 {
+            std::thread::sleep(Duration::from_millis(delay_ms.min(WAL_SYNC_DELAY_MS_MAX)));
+        }
         while let Ok(next) = rx.try_recv() {
             pending.push(next);
         }

@@ -119,7 +119,7 @@ async fn three_nodes_replicate_fail_over_and_a_late_node_catches_up_by_snapshot(
     let mut rafts = BTreeMap::new();
     let mut handles = BTreeMap::new();
     for id in 1..=3 {
-        let (raft, handle) = open_raft(id, dirs[&id].path(), router.clone(), timings()).await.expect("open raft");
+        let (raft, handle) = open_raft(id, dirs[&id].path(), router.clone(), timings(), Default::default()).await.expect("open raft");
         router.add(id, raft.clone());
         rafts.insert(id, raft);
         handles.insert(id, handle);
@@ -171,7 +171,7 @@ async fn three_nodes_replicate_fail_over_and_a_late_node_catches_up_by_snapshot(
 
     // Snapshots were built and the log purged, so a new node can only catch up by snapshot.
     wait_until("leader purged its log", || raft_status(&rafts[&leader]).purged_index.is_some()).await;
-    let (raft4, handle4) = open_raft(4, dirs[&4].path(), router.clone(), timings()).await.expect("open raft 4");
+    let (raft4, handle4) = open_raft(4, dirs[&4].path(), router.clone(), timings(), Default::default()).await.expect("open raft 4");
     router.add(4, raft4.clone());
     rafts[&leader].add_learner(4, member(4), true).await.expect("add learner 4");
     let (index, _) = submit(&rafts[&leader], 40).await;
@@ -192,7 +192,7 @@ async fn a_restarted_node_keeps_its_state() {
     let router = Router::default();
     // Few logs per snapshot so the restart goes through snapshot + re-applied log.
     let timings = RaftTimings { snapshot_logs_since_last: 7, max_in_snapshot_log_to_keep: 2, ..timings() };
-    let (raft, handle) = open_raft(1, dir.path(), router.clone(), timings.clone()).await.expect("open raft");
+    let (raft, handle) = open_raft(1, dir.path(), router.clone(), timings.clone(), Default::default()).await.expect("open raft");
     router.add(1, raft.clone());
     raft.initialize(BTreeMap::from([(1, member(1))])).await.expect("initialize");
     wait_until("node 1 leads", || raft_status(&raft).is_leader).await;
@@ -207,7 +207,7 @@ async fn a_restarted_node_keeps_its_state() {
     raft.shutdown().await.expect("shutdown");
     drop(raft);
 
-    let (raft, handle) = open_raft(1, dir.path(), router.clone(), timings).await.expect("reopen raft");
+    let (raft, handle) = open_raft(1, dir.path(), router.clone(), timings, Default::default()).await.expect("reopen raft");
     router.add(1, raft.clone());
     assert!(handle.wait_applied(last_index, Duration::from_millis(WAIT_MS)).await, "re-applied after restart");
     assert_eq!(handle.read(|s| s.digest()), digest);

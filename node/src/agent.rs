@@ -19,6 +19,8 @@ use crate::link::{LeaderLink, LinkError};
 
 /// Reports of ended runs waiting to be committed.
 const REPORT_QUEUE_MAX: usize = 4096;
+/// The longest a preflight may take, connecting included.
+const PREFLIGHT_TIMEOUT_MS: u64 = 60_000;
 /// Entries of the launch ledger kept in memory (older ones only matter for `corral logs`).
 const LEDGER_ENTRIES_MAX: usize = 10_000;
 
@@ -96,6 +98,8 @@ struct Running {
     gpus: Vec<u32>,
     /// Process group (and pid of the batch shell).
     pgid: i32,
+    /// The batch shell's start time, so the watchdog never kills a recycled pid.
+    start_ticks: u64,
     stop_tx: mpsc::Sender<StopReason>,
 }
 
@@ -115,6 +119,8 @@ pub struct AgentSettings {
     /// Stop every job when no leader answered for this long.
     pub fence_after_ms: u64,
     pub cluster_name: String,
+    /// The lease the watchdog process enforces (see `watchdog`).
+    pub lease_path: PathBuf,
 }
 
 pub struct Agent {
@@ -131,6 +137,8 @@ pub struct Agent {
     last_ack: Mutex<Option<std::time::Instant>>,
     /// GPU utilization and memory of running jobs, sampled.
     accounting: Mutex<crate::gpu::JobGpuAccounting>,
+    /// Serializes lease writes.
+    lease_write: Mutex<()>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -153,6 +161,7 @@ impl Agent {
             reports_rx: Mutex::new(Some(reports_rx)),
             last_ack: Mutex::new(None),
             accounting: Mutex::new(crate::gpu::JobGpuAccounting::default()),
+            lease_write: Mutex::new(()),
         }))
     }
 
@@ -241,26 +250,94 @@ impl Agent {
             })
             .map_err(|e| ApiError::Internal(format!("{e:#}")))?;
         let span = info_span!("job", job = job.id, run = job.run);
+        let gpus: Vec<u32> = alloc
+            .gpus
+            .iter()
+            .map(|slot| match scheduler::decode_slot(*slot) {
+                scheduler::Slot::Gpu(i) => i,
+                scheduler::Slot::Mig { gpu, .. } => gpu,
+            })
+            .collect();
+        let (stop_tx, mut stop_rx) = mpsc::channel(1);
+        let preflight = job.spec.preflight.as_ref().filter(|_| current.len() > 1).map(|p| crate::preflight::Preflight {
+            rank,
+            hosts: nodes.iter().map(|(name, _)| name.clone()).collect(),
+            master_host: nodes.first().map(|(_, addr)| launcher::host_of(addr)).unwrap_or_default(),
+            port: job.master_port.unwrap_or(0),
+            bytes: p.bytes,
+            min_mbps: p.min_mbps,
+            timeout: Duration::from_millis(PREFLIGHT_TIMEOUT_MS),
+        });
+        // Until its process starts the run holds its GPUs with no process group (pgid 0).
+        lock(&self.running).insert(job.id, Running { run: job.run, gpus, pgid: 0, start_ticks: 0, stop_tx });
+        let Some(preflight) = preflight else {
+            self.start_process(spec, stop_rx, span);
+            return Ok(ack);
+        };
+        let agent = Arc::clone(self);
+        tokio::spawn(
+            async move {
+                info!(rank = preflight.rank, port = preflight.port, "preflight started");
+                let verdict = tokio::select! {
+                    verdict = crate::preflight::run(&preflight) => verdict,
+                    _ = stop_rx.recv() => {
+                        lock(&agent.running).remove(&spec.job);
+                        let outcome = if agent.out_of_touch() {
+                            RunOutcome::Lost(format!("stopped in its preflight while {} was out of touch", agent.name))
+                        } else {
+                            RunOutcome::Killed
+                        };
+                        agent.queue_report(spec.job, spec.run, outcome).await;
+                        return;
+                    }
+                };
+                match verdict {
+                    Ok(report) => {
+                        info!("preflight passed");
+                        let mut spec = spec;
+                        if let Err(e) = launcher::write_output_head(&mut spec, report.as_bytes()) {
+                            warn!(error = format!("{e:#}"), "write the preflight report");
+                        }
+                        agent.start_process(spec, stop_rx, tracing::Span::current());
+                    }
+                    Err(why) => {
+                        warn!(reason = %why, "preflight failed: the job is held");
+                        let _ = launcher::append_output(&spec.stderr_path, format!("corral preflight: failed: {why}\n").as_bytes());
+                        lock(&agent.running).remove(&spec.job);
+                        agent.queue_report(spec.job, spec.run, RunOutcome::PreflightFailed(why)).await;
+                    }
+                }
+            }
+            .instrument(span),
+        );
+        Ok(ack)
+    }
+
+    /// Starts the run's process (its `Running` entry is in place) and supervises it to its end.
+    fn start_process(self: &Arc<Self>, spec: launcher::LaunchSpec, stop_rx: mpsc::Receiver<StopReason>, span: tracing::Span) {
         match launcher::spawn(&spec) {
             Ok(child) => {
-                let (stop_tx, stop_rx) = mpsc::channel(1);
-                let gpus = alloc
-                    .gpus
-                    .iter()
-                    .map(|slot| match scheduler::decode_slot(*slot) {
-                        scheduler::Slot::Gpu(i) => i,
-                        scheduler::Slot::Mig { gpu, .. } => gpu,
-                    })
-                    .collect();
                 let pgid = child.id().map_or(0, |p| p as i32);
-                lock(&self.running).insert(job.id, Running { run: job.run, gpus, pgid, stop_tx });
-                span.in_scope(|| info!(gpus = %uuids.join(","), "job started"));
+                let start_ticks = crate::watchdog::start_ticks(pgid).unwrap_or(0);
+                if let Some(r) = lock(&self.running).get_mut(&spec.job).filter(|r| r.run == spec.run) {
+                    r.pgid = pgid;
+                    r.start_ticks = start_ticks;
+                }
+                self.renew_lease();
+                span.in_scope(|| info!(pgid, "job started"));
                 let agent = Arc::clone(self);
                 tokio::spawn(
                     async move {
-                        let outcome = launcher::supervise(child, &spec, stop_rx, agent.settings.stop).await;
+                        let mut outcome = launcher::supervise(child, &spec, stop_rx, agent.settings.stop).await;
+                        if !matches!(outcome, RunOutcome::Lost(_)) && agent.out_of_touch() {
+                            // Ended while no leader could hear from this node (the watchdog may
+                            // have killed it): the cluster may have restarted it elsewhere.
+                            outcome =
+                                RunOutcome::Lost(format!("ended while {} was out of touch with the leader ({outcome:?})", agent.name));
+                        }
                         info!(outcome = ?outcome, "job ended");
                         lock(&agent.running).remove(&spec.job);
+                        agent.renew_lease();
                         agent.queue_report(spec.job, spec.run, outcome).await;
                     }
                     .instrument(span),
@@ -268,12 +345,11 @@ impl Agent {
             }
             Err(e) => {
                 span.in_scope(|| warn!(error = format!("{e:#}"), "job failed to start"));
+                lock(&self.running).remove(&spec.job);
                 let agent = Arc::clone(self);
-                let (id, run) = (job.id, job.run);
-                tokio::spawn(async move { agent.queue_report(id, run, RunOutcome::LaunchFailed(format!("{e:#}"))).await });
+                tokio::spawn(async move { agent.queue_report(spec.job, spec.run, RunOutcome::LaunchFailed(format!("{e:#}"))).await });
             }
         }
-        Ok(ack)
     }
 
     async fn queue_report(&self, job: JobId, run: RunNo, outcome: RunOutcome) {
@@ -366,6 +442,33 @@ impl Agent {
             }
         }
         Ok(Reply::Ok)
+    }
+
+    /// Whether no leader acknowledged this node for `fence_after_ms`.
+    fn out_of_touch(&self) -> bool {
+        lock(&self.last_ack).is_none_or(|t| t.elapsed().as_millis() as u64 > self.settings.fence_after_ms)
+    }
+
+    /// Rewrites the watchdog's lease: the running process groups, and the moment after which
+    /// they must be dead unless a leader acknowledges this node again.
+    pub fn renew_lease(&self) {
+        let now_ms = crate::watchdog::boot_ms();
+        let deadline_boot_ms = match *lock(&self.last_ack) {
+            Some(t) => (now_ms + self.settings.fence_after_ms + self.settings.stop.fence_kill_grace_ms)
+                .saturating_sub(t.elapsed().as_millis() as u64),
+            None => 0,
+        };
+        let groups = lock(&self.running)
+            .values()
+            .filter(|r| r.pgid > 0)
+            .map(|r| crate::watchdog::Group { pgid: r.pgid, start_ticks: r.start_ticks })
+            .collect();
+        let lease = crate::watchdog::Lease { deadline_boot_ms, groups };
+        // One writer at a time: the file is replaced by rename.
+        let _guard = lock(&self.lease_write);
+        if let Err(e) = crate::watchdog::write_lease(&self.settings.lease_path, &lease) {
+            warn!(error = format!("{e:#}"), "renew watchdog lease");
+        }
     }
 
     /// Stops every job: this node lost the leader and may already be replaced.
@@ -498,6 +601,7 @@ impl Agent {
                     }
                 }
             }
+            self.renew_lease();
         }
     }
 }

@@ -60,6 +60,10 @@ pub struct NodeConfig {
     /// `host:port` for Prometheus metrics over HTTP; none to disable.
     #[serde(default)]
     pub metrics_listen: Option<SocketAddr>,
+    /// The local socket for the CLI on this node (peer credentials say who calls). Default
+    /// `DATA_DIR/corral.sock`; deployed nodes use `/run/corral/corral.sock`.
+    #[serde(default)]
+    pub socket: Option<PathBuf>,
     /// An agent that has not reached a leader for this long stops its jobs itself, so a job
     /// requeued elsewhere cannot still run here. Default: as late as is safe (see
     /// [`NodeConfig::fence_after_ms`]).
@@ -200,6 +204,9 @@ impl NodeConfig {
         if self.node_down_after_ms <= 2 * self.heartbeat_interval_ms {
             bail!("node_down_after_ms must be more than twice heartbeat_interval_ms");
         }
+        if self.heartbeat_interval_ms < crate::watchdog::POLL_MS {
+            bail!("heartbeat_interval_ms must be at least {} ms (the watchdog's poll interval)", crate::watchdog::POLL_MS);
+        }
         let fence = self.fence_after_ms();
         if fence < self.heartbeat_interval_ms
             || fence + self.fence_kill_grace_ms + 2 * self.heartbeat_interval_ms >= self.node_down_after_ms
@@ -236,6 +243,16 @@ impl NodeConfig {
 
     pub fn checkpoint_root(&self) -> PathBuf {
         self.checkpoint_root.clone().unwrap_or_else(|| self.data_dir.join("checkpoints"))
+    }
+
+    /// The local socket the CLI on this node uses (`socket`, default `DATA_DIR/corral.sock`).
+    pub fn socket_path(&self) -> PathBuf {
+        self.socket.clone().unwrap_or_else(|| self.data_dir.join("corral.sock"))
+    }
+
+    /// The lease the watchdog process enforces (`watchdog`).
+    pub fn lease_path(&self) -> PathBuf {
+        self.jobs_dir().join("watchdog.lease")
     }
 
     /// Where job output, scripts and the launch ledger live.

@@ -2,6 +2,11 @@
 //! node off from the peers it names: node names (refused when they call in) and addresses (not
 //! called), one per line, or `*` for everyone. Removing the file heals the partition.
 //!
+//! `DATA_DIR/fault-slow-disk` holds a number of milliseconds every WAL sync of the Raft log waits
+//! first (a slow or stalling disk). `DATA_DIR/fault-clock-skew` holds a signed number of
+//! milliseconds added to this node's wall clock, the time it writes into the commands it proposes
+//! (liveness and fencing use monotonic clocks and are not skewed). Removing either file ends it.
+//!
 //! `DATA_DIR/fault-gpu` feeds GPU faults to a simulated probe, one per appended line:
 //! `xid GPU CODE`, `ecc GPU`, `lost GPU`, `recover GPU`. The probe's health monitor then reports
 //! them exactly as it reports real ones.
@@ -51,6 +56,53 @@ impl FaultSwitch {
             }
             tokio::time::sleep(POLL_INTERVAL).await;
         }
+    }
+}
+
+/// The injected wall-clock skew, in milliseconds (see [`wall_ms`]).
+static CLOCK_SKEW_MS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+/// The node's wall clock in milliseconds since the epoch, with any injected skew.
+pub fn wall_ms() -> u64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+    now.saturating_add_signed(CLOCK_SKEW_MS.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+/// Reads a fault file holding one integer; none when the file is absent.
+fn read_number<T: std::str::FromStr>(file: &std::path::Path) -> Result<Option<T>, String> {
+    match std::fs::read_to_string(file) {
+        Ok(text) => text.trim().parse::<T>().map(Some).map_err(|_| format!("{}: not a number: '{}'", file.display(), text.trim())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("read {}: {e}", file.display())),
+    }
+}
+
+/// Follows `DATA_DIR/fault-slow-disk` into `wal_sync_delay_ms` and `DATA_DIR/fault-clock-skew`
+/// into [`wall_ms`].
+pub async fn watch_disk_and_clock(data_dir: PathBuf, wal_sync_delay_ms: Arc<std::sync::atomic::AtomicU64>) {
+    use std::sync::atomic::Ordering;
+    let (disk_file, skew_file) = (data_dir.join("fault-slow-disk"), data_dir.join("fault-clock-skew"));
+    let mut reported: Option<String> = None;
+    loop {
+        let result = read_number::<u64>(&disk_file).and_then(|delay| Ok((delay, read_number::<i64>(&skew_file)?)));
+        match result {
+            Ok((delay, skew)) => {
+                let (delay, skew) = (delay.unwrap_or(0), skew.unwrap_or(0));
+                let old_delay = wal_sync_delay_ms.swap(delay, Ordering::Relaxed);
+                let old_skew = CLOCK_SKEW_MS.swap(skew, Ordering::Relaxed);
+                if old_delay != delay || old_skew != skew {
+                    warn!(wal_sync_delay_ms = delay, clock_skew_ms = skew, "fault injection: disk or clock changed");
+                }
+                reported = None;
+            }
+            Err(e) => {
+                if reported.as_deref() != Some(&e) {
+                    warn!(error = %e, "fault injection file ignored");
+                }
+                reported = Some(e);
+            }
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
     }
 }
 

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use consensus::{MemberNode, Raft, StateHandle};
@@ -24,7 +24,7 @@ use crate::config::NodeConfig;
 use crate::link::{LeaderLink, LinkError};
 
 pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    crate::fault::wall_ms()
 }
 
 const PEER_CALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -871,6 +871,12 @@ impl Handler for Api {
         // request it forwards.
         if let Some(name) = peer.common_name.strip_prefix(transport::pki::USER_CN_PREFIX) {
             envelope.user = Some(name.to_string());
+            // A remote user's uid is not known here: the node that runs the job looks the name
+            // up. Only a node (the local socket's kernel-checked answer) may state one.
+            if let Request::Submit { spec } = &mut envelope.request {
+                spec.uid = None;
+                spec.gid = None;
+            }
         }
         if self.fault.refuses(&peer.common_name) {
             return Box::pin(async { Err(ApiError::Unavailable("partitioned (fault injection)".into())) });
@@ -880,6 +886,35 @@ impl Handler for Api {
         if peer.common_name.starts_with(transport::pki::USER_CN_PREFIX) && node_only(&envelope.request) {
             warn!(peer = %peer.common_name, "refused a node-only request from a user certificate");
             return Box::pin(async { Err(ApiError::Denied("this request is for cluster nodes only".into())) });
+        }
+        match self.node.get() {
+            Some(node) => Box::pin(Arc::clone(node).handle(envelope)),
+            None => Box::pin(async { Err(ApiError::Unavailable("node is starting".into())) }),
+        }
+    }
+}
+
+impl transport::local::LocalHandler for Api {
+    fn handle_local(
+        &self,
+        peer: transport::local::LocalPeer,
+        mut envelope: Envelope,
+    ) -> Pin<Box<dyn Future<Output = Response> + Send + 'static>> {
+        if node_only(&envelope.request) {
+            warn!(uid = peer.uid, "refused a node-only request on the local socket");
+            return Box::pin(async { Err(ApiError::Denied("this request is for cluster nodes only".into())) });
+        }
+        // The kernel names the caller. Root on a node holds the node's key anyway: it acts as
+        // the node (an admin); every other uid is the user of that name.
+        let Some(account) = crate::identity::by_uid(peer.uid) else {
+            warn!(uid = peer.uid, "refused a local caller without a user name");
+            return Box::pin(async move { Err(ApiError::Denied(format!("uid {} has no user name on this node", peer.uid))) });
+        };
+        envelope.user = (peer.uid != 0).then(|| account.name.clone());
+        if let Request::Submit { spec } = &mut envelope.request {
+            spec.user = account.name.clone();
+            spec.uid = Some(peer.uid);
+            spec.gid = Some(peer.gid);
         }
         match self.node.get() {
             Some(node) => Box::pin(Arc::clone(node).handle(envelope)),
@@ -998,6 +1033,7 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
         stop: crate::launcher::StopTimings { kill_grace_ms: config.kill_grace_ms, fence_kill_grace_ms: config.fence_kill_grace_ms },
         fence_after_ms: config.fence_after_ms(),
         cluster_name: config.cluster_name.clone(),
+        lease_path: config.lease_path(),
     };
     info!(nccl = ?settings.nccl, fence_after_ms = settings.fence_after_ms, "agent settings");
     if settings.fence_after_ms < 2 * config.raft.election_timeout_max_ms {
@@ -1012,6 +1048,10 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
     tokio::spawn(Arc::clone(&fault).watch(config.data_dir.join("fault-partition"), Arc::clone(&client)));
     let api = Arc::new(Api { node: OnceLock::new(), fault });
     tokio::spawn(transport::serve(endpoint.clone(), api.clone()));
+    let socket = config.socket_path();
+    let listener = transport::local::bind(&socket)?;
+    info!(socket = %socket.display(), "local socket open");
+    tokio::spawn(transport::local::serve_local(listener, api.clone()));
 
     let advertise = config.advertise_addr();
     let others: Vec<String> = config.join.iter().filter(|a| **a != advertise).cloned().collect();
@@ -1043,7 +1083,10 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
     agent.set_node_id(id);
 
     let raft_dir = config.data_dir.join("raft");
-    let (raft, state) = consensus::open_raft(id, &raft_dir, QuicRaftTransport { client: Arc::clone(&client) }, config.raft.timings())
+    let wal_sync_delay_ms = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    tokio::spawn(crate::fault::watch_disk_and_clock(config.data_dir.clone(), Arc::clone(&wal_sync_delay_ms)));
+    let transport = QuicRaftTransport { client: Arc::clone(&client) };
+    let (raft, state) = consensus::open_raft(id, &raft_dir, transport, config.raft.timings(), wal_sync_delay_ms)
         .await
         .with_context(|| format!("open raft at {}", raft_dir.display()))?;
     if config.bootstrap && !raft.is_initialized().await.context("read raft initialization")? && id == 1 {

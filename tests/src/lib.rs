@@ -182,8 +182,7 @@ pub fn observe_deaths(spans_log: &Path, node: &str, patience: Duration) -> std::
     let mut deaths = std::collections::BTreeMap::new();
     for span in spans.iter().filter(|s| s.node == node && s.end_ms.is_none()) {
         let pid = span.pid.unwrap_or_else(|| panic!("span without pid: {span:?}"));
-        // SAFETY: signal 0 only checks whether the process exists.
-        wait_until(&format!("process {pid} of job {} to be gone", span.job), patience, || unsafe { libc::kill(pid, 0) } != 0);
+        wait_until(&format!("process {pid} of job {} to be gone", span.job), patience, || !chaos::runner::pid_alive(pid));
         deaths.insert(pid, now_ms());
     }
     deaths

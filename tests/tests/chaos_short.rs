@@ -16,11 +16,7 @@ fn options(seed: u64, duration_ms: u64) -> RunOptions {
         voters: 3,
         duration_ms,
         seed,
-        // Not `pause`: a SIGSTOPped corrald cannot fence its jobs, so a pause longer than
-        // node_down_after_ms runs a requeued job twice at once. That gap is documented in
-        // ARCHITECTURE.md (needs a watchdog outside corrald); `corral-chaos run --faults pause`
-        // shows it.
-        faults: vec![Fault::Kill, Fault::Restart, Fault::Partition],
+        faults: vec![Fault::Kill, Fault::Restart, Fault::Partition, Fault::Pause, Fault::SlowDisk, Fault::ClockSkew],
         dir: None,
         corral,
         keep: false,

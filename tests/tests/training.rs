@@ -154,6 +154,35 @@ fn a_partitioned_node_stops_its_job_before_it_starts_elsewhere() {
 }
 
 #[test]
+fn a_paused_node_has_its_job_killed_by_the_watchdog_before_it_starts_elsewhere() {
+    let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:8", "--node-down-after-ms", "3000"]);
+    let body = format!("{}; rec start; if [ \"$CORRAL_RUN\" = 1 ]; then sleep 60 & wait; fi; rec end", corral_tests::REC);
+    let id = c.submit(&["--requeue", "--gres", "gpu:8"], &["sh", "-c", &body]);
+    let job = wait_run_started(&c, id, 1, Duration::from_secs(20));
+    let victim = job["node"].as_str().expect("node").to_string();
+    // A paused corrald cannot fence; its watchdog must (SIGKILL: the job cannot record its end).
+    c.signal(&victim, "STOP");
+    let deaths = corral_tests::observe_deaths(&c.work.join("spans.log"), &victim, Duration::from_secs(10));
+    wait_run_started(&c, id, 2, Duration::from_secs(30));
+    c.signal(&victim, "CONT");
+    let mut spans = spans(&c);
+    corral_tests::close_spans(&mut spans, &deaths);
+    let first = spans.iter().find(|s| s.job == id && s.run == 1).expect("run 1").clone();
+    let second = spans.iter().find(|s| s.job == id && s.run == 2).expect("run 2").clone();
+    assert_eq!(first.node, victim);
+    let stopped = first.end_ms.unwrap_or_else(|| panic!("run 1 on the paused {victim} was never stopped: {spans:?}"));
+    assert!(stopped < second.start_ms, "run 1 stopped at {stopped}, run 2 started at {}", second.start_ms);
+    assert!(chaos::check_never_twice(&spans).is_empty());
+    let job = c.wait_final(id, Duration::from_secs(30));
+    assert_eq!(job["state"], "COMPLETED", "{job}");
+    assert_eq!(job["restart_count"], 1);
+    // The resumed node rejoins and is usable again.
+    wait_until(&format!("{victim} to be up again"), Duration::from_secs(30), || {
+        c.json(&["nodes"]).as_array().into_iter().flatten().any(|n| n["name"] == victim.as_str() && n["state"] == "UP")
+    });
+}
+
+#[test]
 fn a_gang_that_loses_one_node_is_requeued_whole() {
     let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:8", "--node-down-after-ms", "3000"]);
     let body = format!(
@@ -193,4 +222,41 @@ fn nccl_check_measures_every_node_pair_of_an_allocation() {
     let peers: std::collections::BTreeSet<&str> = pairs.iter().filter_map(|p| p["b"].as_str()).collect();
     assert_eq!(peers.len(), 2);
     assert!(pairs.iter().all(|p| p["mbps"].as_f64().is_some_and(|m| m > 0.0) && p["slow"] == false), "{v}");
+}
+
+#[test]
+fn a_preflight_runs_before_a_gang_starts_and_a_failed_one_holds_it() {
+    let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:8"]);
+    let out = |id: u64, rank: u32| std::fs::read_to_string(c.work.join(format!("pf-{id}-{rank}.out"))).unwrap_or_default();
+
+    // Passes: the first node's output opens with the measurement, then the command runs.
+    let opts = ["--nodes", "2", "--gres", "gpu:8", "--preflight", "--preflight-bytes", "8388608", "-o", "pf-%j-%n.out"];
+    let id = c.submit(&opts, &["sh", "-c", "echo command ran on $CORRAL_NODE"]);
+    let job = c.wait_final(id, Duration::from_secs(60));
+    assert_eq!(job["state"], "COMPLETED", "{job}\n{}", c.logs());
+    let first = out(id, 0);
+    let (report, ran) = (first.find("corral preflight: passed on 2 nodes"), first.find("command ran on"));
+    assert!(report.is_some() && ran.is_some() && report < ran, "report, then the command: {first}");
+    assert!(first.contains(" <- ") && first.contains("Mbit/s"), "{first}");
+    assert!(out(id, 1).contains("corral preflight: passed") && out(id, 1).contains("command ran on"), "{}", out(id, 1));
+
+    // Fails (no loopback carries 10^12 Mbit/s): held with the reason, the command never ran,
+    // every GPU free again.
+    let opts = ["--nodes", "2", "--gres", "gpu:8", "--preflight=1000000000000", "--preflight-bytes", "8388608", "-o", "pf-%j-%n.out"];
+    let id = c.submit(&opts, &["sh", "-c", "touch ran-$CORRAL_JOB_ID-$CORRAL_NODE"]);
+    let mut job = Value::Null;
+    wait_until("the job to be held by its preflight", Duration::from_secs(60), || {
+        job = c.job(id);
+        job["state"] == "PENDING" && job["reasons"].to_string().contains("preflight failed")
+    });
+    assert!(job["reasons"].to_string().contains("minimum 1000000000000 Mbit/s"), "{job}");
+    assert!(job["reasons"].to_string().contains("job is held"), "{job}");
+    assert_eq!(job["restart_count"], 0);
+    let ran: Vec<_> =
+        std::fs::read_dir(&c.work).expect("work dir").flatten().filter(|e| e.file_name().to_string_lossy().starts_with("ran-")).collect();
+    assert!(ran.is_empty(), "the command ran: {ran:?}");
+    wait_until("every GPU to be free", Duration::from_secs(20), || {
+        c.json(&["nodes"]).as_array().is_some_and(|n| n.iter().all(|n| n["gpus_free"] == 8))
+    });
+    assert!(out(id, 1).contains("corral preflight: failed"), "{}", out(id, 1));
 }

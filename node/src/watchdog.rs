@@ -1,0 +1,207 @@
+//! Fencing that does not depend on `corrald` being scheduled: a small process beside the daemon
+//! that kills the node's jobs when the daemon's lease runs out.
+//!
+//! The agent fences its own jobs when it has not heard from a leader for `fence_after_ms`
+//! (ARCHITECTURE.md, "Never twice at once"). A daemon that is paused (SIGSTOP, a debugger, a VM
+//! freeze of just that process, a kernel stall in its threads) cannot do that, while the leader
+//! will still declare the node down and start its jobs elsewhere. So the agent also writes a
+//! *lease file*: a deadline on the boot clock (its last acknowledgement plus `fence_after_ms`
+//! plus `fence_kill_grace_ms`) and the process groups it runs, each with its start time. The
+//! watchdog, a separate process started by `corrald` (`corrald --watchdog LEASE`), reads the
+//! lease every [`POLL_MS`] and, once the deadline has passed, SIGKILLs every listed group whose
+//! leader is still the process that was started (the start time guards against a recycled pid).
+//! A live agent rewrites the lease at every heartbeat tick, so the watchdog acts only when the
+//! agent could not.
+//!
+//! The watchdog dies with the daemon (parent-death signal): a daemon that is killed takes its
+//! jobs with it the same way.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+/// How often the watchdog reads the lease. Must stay below `heartbeat_interval_ms` for the
+/// timing argument in ARCHITECTURE.md (the config keeps heartbeats at 100 ms or more).
+pub const POLL_MS: u64 = 100;
+
+/// The most a lease file may hold; a bigger one is refused, not read.
+pub const LEASE_BYTES_MAX: u64 = 1 << 20;
+
+/// One job process group the watchdog may kill.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Group {
+    pub pgid: i32,
+    /// The group leader's start time in clock ticks since boot (`/proc/PID/stat` field 22).
+    pub start_ticks: u64,
+}
+
+/// What the agent promises: nothing listed runs past `deadline_boot_ms` unless renewed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub deadline_boot_ms: u64,
+    pub groups: Vec<Group>,
+}
+
+/// Milliseconds on the boot clock (`CLOCK_BOOTTIME`), the same in every process of this host.
+pub fn boot_ms() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_BOOTTIME) failed");
+    ts.tv_sec as u64 * 1_000 + ts.tv_nsec as u64 / 1_000_000
+}
+
+/// The start time of process `pid` in clock ticks since boot, if it exists.
+pub fn start_ticks(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // Fields from 3 on; the start time is field 22.
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Writes the lease atomically (write, then rename). No fsync: the lease matters only while
+/// this host is up.
+pub fn write_lease(path: &Path, lease: &Lease) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let bytes = serde_json::to_vec(lease).context("encode lease")?;
+    std::fs::write(&tmp, bytes).with_context(|| format!("write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("rename {} to {}", tmp.display(), path.display()))?;
+    Ok(())
+}
+
+/// Reads the lease; none when there is no file yet.
+pub fn read_lease(path: &Path) -> anyhow::Result<Option<Lease>> {
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("open {}", path.display())),
+    };
+    let mut bytes = Vec::new();
+    file.take(LEASE_BYTES_MAX + 1).read_to_end(&mut bytes).with_context(|| format!("read {}", path.display()))?;
+    anyhow::ensure!(bytes.len() as u64 <= LEASE_BYTES_MAX, "{} exceeds {LEASE_BYTES_MAX} bytes", path.display());
+    Ok(Some(serde_json::from_slice(&bytes).with_context(|| format!("decode {}", path.display()))?))
+}
+
+/// The groups of an expired lease that are still the processes the agent started.
+pub fn due(lease: &Lease, now_boot_ms: u64, start_ticks_of: impl Fn(i32) -> Option<u64>) -> Vec<Group> {
+    if now_boot_ms <= lease.deadline_boot_ms {
+        return Vec::new();
+    }
+    lease.groups.iter().filter(|g| g.pgid > 1 && start_ticks_of(g.pgid) == Some(g.start_ticks)).cloned().collect()
+}
+
+/// The watchdog process's loop: never returns while the parent lives.
+pub fn run(lease_path: &Path) -> anyhow::Result<()> {
+    let parent = std::os::unix::process::parent_id();
+    let mut killed: std::collections::BTreeSet<(i32, u64)> = std::collections::BTreeSet::new();
+    let mut last_error: Option<String> = None;
+    tracing::info!(lease = %lease_path.display(), parent, "watchdog started");
+    loop {
+        if std::os::unix::process::parent_id() != parent {
+            tracing::info!("watchdog: corrald is gone, exiting");
+            return Ok(());
+        }
+        match read_lease(lease_path) {
+            Ok(Some(lease)) => {
+                last_error = None;
+                for g in due(&lease, boot_ms(), start_ticks) {
+                    if !killed.insert((g.pgid, g.start_ticks)) {
+                        continue;
+                    }
+                    // SAFETY: kill(2) on a process group the agent started and listed.
+                    let rc = unsafe { libc::kill(-g.pgid, libc::SIGKILL) };
+                    let overdue_ms = boot_ms().saturating_sub(lease.deadline_boot_ms);
+                    if rc == 0 {
+                        tracing::warn!(
+                            pgid = g.pgid,
+                            overdue_ms,
+                            "watchdog: corrald did not renew its lease, killed a job's process group"
+                        );
+                    } else {
+                        tracing::warn!(pgid = g.pgid, error = %std::io::Error::last_os_error(), "watchdog: kill job process group");
+                    }
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                let msg = format!("{e:#}");
+                if last_error.as_deref() != Some(&msg) {
+                    tracing::warn!(error = %msg, "watchdog: read lease");
+                }
+                last_error = Some(msg);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(POLL_MS));
+    }
+}
+
+/// Starts the watchdog beside this daemon: `EXE --watchdog LEASE`, in its own session (a signal
+/// to the daemon's process group does not reach it) and killed when the daemon dies. Call it
+/// from the main thread: the parent-death signal follows the thread that forked.
+pub fn spawn(exe: &Path, lease_path: PathBuf) -> anyhow::Result<std::process::Child> {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("--watchdog").arg(&lease_path).stdin(std::process::Stdio::null());
+    // SAFETY: only async-signal-safe calls (setsid, prctl) between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn().with_context(|| format!("start watchdog {} --watchdog {}", exe.display(), lease_path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_expired_lease_kills_and_only_the_processes_it_names() {
+        let lease = Lease {
+            deadline_boot_ms: 1_000,
+            groups: vec![Group { pgid: 10, start_ticks: 5 }, Group { pgid: 11, start_ticks: 7 }, Group { pgid: 1, start_ticks: 1 }],
+        };
+        let ticks = |pid: i32| match pid {
+            10 => Some(5),
+            11 => Some(8), // pid reused by another process
+            1 => Some(1),
+            _ => None,
+        };
+        assert!(due(&lease, 1_000, ticks).is_empty());
+        assert_eq!(due(&lease, 1_001, ticks), vec![Group { pgid: 10, start_ticks: 5 }]);
+    }
+
+    #[test]
+    fn lease_round_trips_and_a_huge_or_broken_file_is_an_error() {
+        let dir = std::env::temp_dir().join(format!("corral-lease-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("lease");
+        assert_eq!(read_lease(&path).unwrap(), None);
+        let lease = Lease { deadline_boot_ms: 42, groups: vec![Group { pgid: 3, start_ticks: 9 }] };
+        write_lease(&path, &lease).unwrap();
+        assert_eq!(read_lease(&path).unwrap(), Some(lease));
+        std::fs::write(&path, b"{not json").unwrap();
+        assert!(read_lease(&path).is_err());
+        std::fs::write(&path, vec![b' '; LEASE_BYTES_MAX as usize + 1]).unwrap();
+        assert!(read_lease(&path).unwrap_err().to_string().contains("exceeds"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn this_process_has_a_start_time() {
+        let me = std::process::id() as i32;
+        assert!(start_ticks(me).is_some());
+        assert_eq!(start_ticks(me), start_ticks(me));
+        assert!(boot_ms() > 0);
+    }
+}
