@@ -33,7 +33,9 @@ impl ClientConfig {
 }
 
 pub struct Cluster {
-    client: Client,
+    /// The node's local socket, when the CLI talks to its own node (peer credentials say who).
+    local: Option<PathBuf>,
+    client: Option<Client>,
     servers: Vec<String>,
     /// Index of the server that answered last; tried first.
     preferred: std::sync::atomic::AtomicUsize,
@@ -54,19 +56,60 @@ impl Cluster {
         if servers.is_empty() {
             bail!("no server address in {}", cluster_dir.display());
         }
-        Ok(Cluster { client: Client::new(endpoint), servers, preferred: Default::default(), call_timeout: Duration::from_secs(10) })
+        Ok(Cluster {
+            local: None,
+            client: Some(Client::new(endpoint)),
+            servers,
+            preferred: Default::default(),
+            call_timeout: Duration::from_secs(10),
+        })
+    }
+
+    /// The local node over its Unix socket: no certificate, the kernel tells the node who we are.
+    pub fn local(socket: &Path) -> Cluster {
+        Cluster {
+            local: Some(socket.to_path_buf()),
+            client: None,
+            servers: vec![socket.display().to_string()],
+            preferred: Default::default(),
+            call_timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// How the CLI reaches the cluster: `--socket`/`$CORRAL_SOCKET` (the local node); else
+    /// `--cluster DIR`/`$CORRAL_CLUSTER` (a client certificate); else, on a node, its socket at
+    /// [`DEFAULT_SOCKET`]; else `/etc/corral/client.toml`.
+    pub fn open(cluster: Option<&PathBuf>, server: Option<&str>, socket: Option<&PathBuf>) -> anyhow::Result<Cluster> {
+        if let Some(path) = socket.cloned().or_else(|| std::env::var_os("CORRAL_SOCKET").map(PathBuf::from)) {
+            return Ok(Cluster::local(&path));
+        }
+        let explicit = cluster.is_some() || std::env::var_os("CORRAL_CLUSTER").is_some();
+        let dir = cluster_dir(cluster);
+        if !explicit && server.is_none() && !dir.join("client.toml").exists() && Path::new(DEFAULT_SOCKET).exists() {
+            return Ok(Cluster::local(Path::new(DEFAULT_SOCKET)));
+        }
+        Cluster::connect(&dir, server)
     }
 
     /// Sends `request` to the first node that answers. Errors the cluster returned come back as
     /// `ApiError`; only when no node answers at all is the error a transport one.
     pub async fn call(&self, request: Request) -> anyhow::Result<Result<Reply, ApiError>> {
         let envelope = Envelope { hops: 0, request, user: None };
+        let client = match (&self.local, &self.client) {
+            (Some(path), _) => {
+                return transport::local::call_local(path, &envelope, self.call_timeout)
+                    .await
+                    .with_context(|| format!("ask the local node at {}", path.display()));
+            }
+            (None, Some(client)) => client,
+            (None, None) => bail!("no way to reach the cluster"),
+        };
         let mut errors = Vec::new();
         let first = self.preferred.load(std::sync::atomic::Ordering::Relaxed);
         for k in 0..self.servers.len() {
             let i = (first + k) % self.servers.len();
             let addr = &self.servers[i];
-            match self.client.call(addr, &envelope, self.call_timeout).await {
+            match client.call(addr, &envelope, self.call_timeout).await {
                 Ok(Err(e @ (ApiError::NoLeader | ApiError::Unavailable(_)))) if self.servers.len() > 1 => {
                     errors.push(format!("{addr}: {e}"));
                 }
@@ -75,7 +118,7 @@ impl Cluster {
                     return Ok(resp);
                 }
                 Err(e) => {
-                    self.client.forget(addr);
+                    client.forget(addr);
                     errors.push(format!("{addr}: {e}"));
                 }
             }
@@ -104,6 +147,9 @@ impl Cluster {
         }
     }
 }
+
+/// Where a node's local socket is when deployed (node.toml `socket`; systemd's RuntimeDirectory).
+pub const DEFAULT_SOCKET: &str = "/run/corral/corral.sock";
 
 /// The directory named by `--cluster`, `$CORRAL_CLUSTER`, or `/etc/corral`.
 pub fn cluster_dir(flag: Option<&PathBuf>) -> PathBuf {

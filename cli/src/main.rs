@@ -20,7 +20,7 @@ use clap::{Parser, Subcommand};
 use proto::{ApiError, GresRequest, Job, JobSpec, LogStream, NodeInfo, Reply, Request};
 use serde_json::json;
 
-use crate::client::{cluster_dir, Cluster};
+use crate::client::Cluster;
 
 #[derive(Parser)]
 #[command(name = "corral", version, about = "Corral GPU cluster scheduler")]
@@ -31,6 +31,10 @@ struct Cli {
     /// Ask this node (HOST:PORT) instead of those in client.toml.
     #[arg(long, global = true)]
     server: Option<String>,
+    /// Ask the local node over its Unix socket (default $CORRAL_SOCKET; used on a node that has
+    /// /run/corral/corral.sock and no client.toml): the node learns who you are from the kernel.
+    #[arg(long, global = true)]
+    socket: Option<PathBuf>,
     /// Print JSON.
     #[arg(long, global = true)]
     json: bool,
@@ -202,6 +206,14 @@ pub struct SubmitArgs {
     /// Nodes the job spans; all start together or none.
     #[arg(long, short = 'N', default_value_t = 1)]
     nodes: u32,
+    /// Before a multi-node job starts, measure the network between its nodes (every node
+    /// streams to the first on the job's MASTER_PORT); hold the job if a pair is slower than
+    /// MIN_MBPS Mbit/s or under half the median.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "0", value_name = "MIN_MBPS")]
+    preflight: Option<u64>,
+    /// Bytes each node streams in the preflight.
+    #[arg(long, default_value_t = proto::PreflightSpec::BYTES_DEFAULT)]
+    preflight_bytes: u64,
     /// Script file, or the command after `--`.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     command: Vec<String>,
@@ -279,8 +291,13 @@ pub fn build_spec(args: &SubmitArgs) -> anyhow::Result<JobSpec> {
         let name = first.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "job".into());
         (args.command.clone(), None, name)
     };
+    let preflight = args.preflight.map(|min_mbps| proto::PreflightSpec { bytes: args.preflight_bytes, min_mbps });
     if let Some(text) = script.as_deref().filter(|t| !slurm::sbatch::directives(t, "#SBATCH").is_empty()) {
-        return slurm::sbatch::spec_from_directives(text, &default_name, argv, &sbatch_overrides(args)).map_err(|e| anyhow::anyhow!("{e}"));
+        let mut spec =
+            slurm::sbatch::spec_from_directives(text, &default_name, argv, &sbatch_overrides(args)).map_err(|e| anyhow::anyhow!("{e}"))?;
+        spec.preflight = preflight;
+        spec.validate().map_err(anyhow::Error::msg)?;
+        return Ok(spec);
     }
     let gres = args.gres.as_deref().map(GresRequest::parse).transpose().map_err(anyhow::Error::msg)?;
     let time_limit_ms = args.time.as_deref().map(units::parse_time_limit_ms).transpose().map_err(anyhow::Error::msg)?;
@@ -300,6 +317,7 @@ pub fn build_spec(args: &SubmitArgs) -> anyhow::Result<JobSpec> {
     spec.partition = args.partition.clone();
     spec.qos = args.qos.clone();
     spec.submit_host = hostname();
+    spec.preflight = preflight;
     spec.validate().map_err(anyhow::Error::msg)?;
     Ok(spec)
 }
@@ -354,8 +372,7 @@ async fn wait_job(cluster: &Cluster, job: u64, timeout: Option<Duration>) -> any
 }
 
 async fn run(cli: Cli) -> anyhow::Result<i32> {
-    let dir = cluster_dir(cli.cluster.as_ref());
-    let connect = || Cluster::connect(&dir, cli.server.as_deref());
+    let connect = || Cluster::open(cli.cluster.as_ref(), cli.server.as_deref(), cli.socket.as_ref());
     let patience = Duration::from_secs(10);
     match cli.command {
         Cmd::Submit(args) => {

@@ -79,7 +79,7 @@ pub struct LaunchContext<'a> {
 }
 
 /// The host part of `host:port` (`[v6]:port` too).
-fn host_of(addr: &str) -> String {
+pub fn host_of(addr: &str) -> String {
     if let Some(rest) = addr.strip_prefix('[') {
         return rest.split(']').next().unwrap_or(rest).to_string();
     }
@@ -185,6 +185,24 @@ fn open_output(path: &Path, append: bool) -> anyhow::Result<std::fs::File> {
         options.write(true).truncate(true);
     }
     options.open(path).with_context(|| format!("open output file {}", path.display()))
+}
+
+/// Writes `text` at the start of the run's output (the preflight report) the way the process
+/// would have: truncating on a first run unless `--open-mode=append`. The process then appends.
+pub fn write_output_head(spec: &mut LaunchSpec, text: &[u8]) -> anyhow::Result<()> {
+    let mut out = open_output(&spec.stdout_path, spec.append)?;
+    if spec.stderr_path != spec.stdout_path {
+        open_output(&spec.stderr_path, spec.append)?;
+    }
+    std::io::Write::write_all(&mut out, text).with_context(|| format!("write {}", spec.stdout_path.display()))?;
+    spec.append = true;
+    Ok(())
+}
+
+/// Appends `text` to an output file.
+pub fn append_output(path: &Path, text: &[u8]) -> anyhow::Result<()> {
+    let mut out = open_output(path, true)?;
+    std::io::Write::write_all(&mut out, text).with_context(|| format!("write {}", path.display()))
 }
 
 /// Starts the process in its own session and process group, with a clean environment.

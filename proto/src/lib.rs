@@ -272,13 +272,27 @@ pub struct JobSpec {
     /// `--switches=N@wait`: at most N leaf switches, waiting at most this long for them.
     pub switches: Option<(u32, u64)>,
     pub submit_host: String,
-    /// Run the NCCL preflight before starting.
-    pub preflight: bool,
+    /// Measure the network between the job's nodes before starting it; a job that fails is
+    /// held with the reason (`--preflight[=MIN_MBPS]`).
+    pub preflight: Option<PreflightSpec>,
     /// uid/gid of the submitter, as the node that took the request learned them.
     pub uid: Option<u32>,
     pub gid: Option<u32>,
     /// Options kept for display and compatibility (e.g. `gpu-bind`, `mail-type`).
     pub extra: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreflightSpec {
+    /// Bytes each node streams to the first.
+    pub bytes: u64,
+    /// A pair slower than this fails (besides any pair under half the median).
+    pub min_mbps: u64,
+}
+
+impl PreflightSpec {
+    pub const BYTES_DEFAULT: u64 = 64 << 20;
+    pub const BYTES_MAX: u64 = 16 << 30;
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -347,7 +361,7 @@ impl JobSpec {
             open_append: false,
             switches: None,
             submit_host: String::new(),
-            preflight: false,
+            preflight: None,
             uid: None,
             gid: None,
             extra: BTreeMap::new(),
@@ -412,6 +426,11 @@ impl JobSpec {
         }
         if self.ntasks_per_node == 0 || self.ntasks_per_node > TASKS_PER_NODE_MAX {
             return Err(format!("tasks per node must be 1..={TASKS_PER_NODE_MAX}"));
+        }
+        if let Some(p) = &self.preflight {
+            if p.bytes == 0 || p.bytes > PreflightSpec::BYTES_MAX {
+                return Err(format!("preflight bytes must be 1..={}", PreflightSpec::BYTES_MAX));
+            }
         }
         if let Some(a) = &self.array {
             if a.tasks.is_empty() || a.tasks.len() > ARRAY_TASKS_MAX {
@@ -675,6 +694,8 @@ pub enum RunOutcome {
     LaunchFailed(String),
     /// The process died with an earlier instance of its node before the launch was confirmed.
     Lost(String),
+    /// The preflight (`--preflight`) failed; the job's command never started.
+    PreflightFailed(String),
 }
 
 /// One placement of a plan: job `job`, run `run`, on one allocation per node (a gang).

@@ -7,6 +7,7 @@
 //! that many bytes. A bad stream is answered with an error and closed; its connection and the
 //! server go on.
 
+pub mod local;
 pub mod pki;
 
 use std::collections::HashMap;

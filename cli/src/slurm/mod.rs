@@ -27,7 +27,7 @@ use std::time::Duration;
 use proto::{ApiError, Job, JobId, JobState, NodeInfo, Reply, Request};
 pub use slurm_compat::{env, hostlist};
 
-use crate::client::{cluster_dir, Cluster};
+use crate::client::Cluster;
 
 /// The names the `corral` binary answers to as Slurm.
 pub const COMMANDS: [&str; 7] = ["sbatch", "srun", "squeue", "scancel", "sinfo", "scontrol", "sacct"];
@@ -138,12 +138,12 @@ pub fn block_on<F: std::future::Future>(prog: &str, fut: F) -> Result<F::Output,
     Ok(runtime(prog)?.block_on(fut))
 }
 
-/// The cluster of `$CORRAL_CLUSTER` (or /etc/corral), asking `$CORRAL_SERVER` when set.
+/// The cluster of `$CORRAL_SOCKET` or `$CORRAL_CLUSTER` (see `Cluster::open`), asking
+/// `$CORRAL_SERVER` when set.
 pub fn connect(prog: &str) -> Result<Cluster, SlurmError> {
     let _inside = runtime(prog)?.enter();
-    let dir = cluster_dir(None);
     let server = std::env::var("CORRAL_SERVER").ok().filter(|s| !s.is_empty());
-    Cluster::connect(&dir, server.as_deref())
+    Cluster::open(None, server.as_deref(), None)
         .map_err(|e| SlurmError::fatal(prog, format!("Unable to contact slurm controller (connect failure): {e:#}")))
 }
 
