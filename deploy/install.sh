@@ -11,7 +11,7 @@
 #   SYSCONFDIR     configuration in SYSCONFDIR/corral (/etc)
 #   LOCALSTATEDIR  data in LOCALSTATEDIR/lib/corral, logs in LOCALSTATEDIR/log/corral (/var)
 #   UNITDIR        where corrald.service goes (/etc/systemd/system)
-#   CORRAL_USER    system user corrald runs as (corral)
+#   CORRAL_USER    system group that may read corrald's config, data and logs (corral)
 #
 # --no-user       do not create the user or change owners (for tests and unprivileged staging)
 # --no-systemctl  do not run `systemctl daemon-reload`
@@ -104,16 +104,15 @@ install -d -m 0755 "$DESTDIR$UNITDIR"
 sed -e "s#/usr/local/bin/corrald#$bindir/corrald#g" \
     -e "s#/etc/corral/#$confdir/#g" \
     -e "s#/usr/local/share/doc/corral/#$docdir/#g" \
-    -e "s#^User=corral\$#User=$CORRAL_USER#" -e "s#^Group=corral\$#Group=$CORRAL_USER#" \
     "$here/systemd/corrald.service" > "$DESTDIR$UNITDIR/corrald.service.tmp"
 chmod 0644 "$DESTDIR$UNITDIR/corrald.service.tmp"
 mv "$DESTDIR$UNITDIR/corrald.service.tmp" "$DESTDIR$UNITDIR/corrald.service"
 
-# 5. Directories: configuration (root, readable by the group), data and logs (the user's).
+# 5. Directories: root's (corrald runs as root to start jobs as their users, without
+# CAP_DAC_OVERRIDE, so it must own them), readable by the group for operators.
 install -d -m 0750 "$DESTDIR$confdir" "$DESTDIR$datadir" "$DESTDIR$logdir"
 if [ "$make_user" = 1 ]; then
-  chown "root:$CORRAL_USER" "$DESTDIR$confdir"
-  chown "$CORRAL_USER:$CORRAL_USER" "$DESTDIR$datadir" "$DESTDIR$logdir"
+  chown "root:$CORRAL_USER" "$DESTDIR$confdir" "$DESTDIR$datadir" "$DESTDIR$logdir"
 fi
 
 if [ "$run_systemctl" = 1 ] && command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then

@@ -115,6 +115,7 @@ async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
         checkpoint_root: None,
         gpu_sample_interval_ms: 1_000,
         wait_s: 60,
+        run_as_user: false,
     };
     dev::up(dir, &opts).await?;
     let workdir = dir.display().to_string();

@@ -84,10 +84,14 @@ pub struct NodeSettings {
     /// Prometheus metrics at http://ADDR/metrics (e.g. 0.0.0.0:9400).
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
-    /// User that runs corrald and must read node.key and node.toml (default: `corral` when it
-    /// exists and this runs as root).
+    /// User that runs corrald and must read node.key and node.toml, when not root (then set
+    /// `run_as_user = false`: jobs run as that user).
     #[arg(long)]
     pub owner: Option<String>,
+    /// The local socket for the CLI on this node (deployed nodes: /run/corral/corral.sock;
+    /// default DATA_DIR/corral.sock).
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
     /// Overwrite files left by an earlier init or join.
     #[arg(long)]
     pub force: bool,
@@ -278,6 +282,8 @@ struct NodeToml {
     voters_max: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     metrics_listen: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    socket: Option<String>,
     tls: TlsPaths,
 }
 
@@ -340,22 +346,15 @@ fn lookup_user(user: &str) -> anyhow::Result<Option<(u32, u32)>> {
     Ok(Some((uid, gid)))
 }
 
-/// The user that must own node.key and node.toml: `--owner`, else `corral` when it exists and
-/// this runs as root, else nobody (files stay with the current user).
+/// The user that must own node.key and node.toml: `--owner`, else nobody (the files stay with
+/// the current user: root, who runs corrald to start jobs as their users).
 fn resolve_owner(owner: Option<&str>) -> anyhow::Result<Option<(String, u32, u32)>> {
     match owner {
-        Some("") => Ok(None),
+        None | Some("") => Ok(None),
         Some(user) => match lookup_user(user)? {
             Some((uid, gid)) => Ok(Some((user.to_string(), uid, gid))),
-            None => bail!("no user '{user}' on this machine (create it with deploy/install.sh, or pass --owner '')"),
+            None => bail!("no user '{user}' on this machine"),
         },
-        None => {
-            // SAFETY: geteuid cannot fail.
-            if unsafe { libc::geteuid() } != 0 {
-                return Ok(None);
-            }
-            Ok(lookup_user("corral")?.map(|(uid, gid)| ("corral".to_string(), uid, gid)))
-        }
     }
 }
 
@@ -435,6 +434,7 @@ impl NodeSettings {
             gpus: self.gpus.clone(),
             voters_max: self.voters_max,
             metrics_listen: self.metrics_listen.map(|a| a.to_string()),
+            socket: self.socket.as_ref().map(|p| p.display().to_string()),
             tls: TlsPaths { ca_cert: "ca.crt".into(), cert: "node.crt".into(), key: "node.key".into() },
         };
         let body = toml::to_string(&config).context("encode node.toml")?;

@@ -68,6 +68,7 @@ async fn demo(dir: &std::path::Path) -> anyhow::Result<()> {
         checkpoint_root: None,
         gpu_sample_interval_ms: 1_000,
         wait_s: 60,
+        run_as_user: false,
     };
     let t0 = Instant::now();
     dev::up(dir, &opts).await?;

@@ -47,6 +47,10 @@ pub struct DevOptions {
     /// cluster; one directory here so a requeued job finds its checkpoint on any node).
     #[arg(long)]
     pub checkpoint_root: Option<PathBuf>,
+    /// Run each job as its submitting user (needs root and the users' accounts on this host);
+    /// by default a development cluster runs every job as the user who started it.
+    #[arg(long)]
+    pub run_as_user: bool,
     /// Wait at most this long for the cluster to be ready.
     #[arg(long, default_value_t = 60)]
     pub wait_s: u64,
@@ -82,6 +86,7 @@ struct NodeToml {
     admins: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     checkpoint_root: Option<String>,
+    run_as_user: bool,
     raft: RaftSection,
 }
 
@@ -253,6 +258,7 @@ pub async fn up(dir: &Path, opts: &DevOptions) -> anyhow::Result<()> {
                 Some(root) => std::path::absolute(root).with_context(|| format!("resolve {}", root.display()))?.display().to_string(),
                 None => dir.join("checkpoints").display().to_string(),
             }),
+            run_as_user: opts.run_as_user,
             raft: RaftSection {
                 heartbeat_interval_ms: 50,
                 election_timeout_min_ms: 200,

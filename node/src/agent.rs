@@ -121,6 +121,10 @@ pub struct AgentSettings {
     pub cluster_name: String,
     /// The lease the watchdog process enforces (see `watchdog`).
     pub lease_path: PathBuf,
+    /// Run each job as its submitting user (needs root); otherwise as this daemon's user.
+    pub run_as_user: bool,
+    /// Where job cgroups go; none when cgroup v2 is not usable here.
+    pub cgroups: Option<crate::cgroup::JobCgroups>,
 }
 
 pub struct Agent {
@@ -227,7 +231,42 @@ impl Agent {
             })
             .collect::<Option<_>>()
             .ok_or_else(|| ApiError::Invalid(format!("job {} names a gpu or mig instance this node does not have", job.id)))?;
+        // Whom the job runs as: the uid the submitting node's kernel named, else the user's name
+        // looked up here. A user without an account on this node cannot run here.
+        let run_as = if self.settings.run_as_user {
+            let account = match job.spec.uid {
+                Some(uid) => crate::identity::by_uid(uid),
+                None => crate::identity::by_name(&job.spec.user),
+            };
+            match account {
+                Some(a) if a.name == job.spec.user => Some(a),
+                _ => {
+                    let why = match job.spec.uid {
+                        Some(uid) => format!("no account named {} with uid {uid} on node {}", job.spec.user, self.name),
+                        None => format!("no account named {} on node {}", job.spec.user, self.name),
+                    };
+                    warn!(job = job.id, run = job.run, reason = %why, "launch refused");
+                    lock(&self.ledger)
+                        .record(LedgerEntry {
+                            job: job.id,
+                            run: job.run,
+                            instance: self.instance,
+                            stdout: PathBuf::new(),
+                            stderr: PathBuf::new(),
+                            refused: false,
+                        })
+                        .map_err(|e| ApiError::Internal(format!("{e:#}")))?;
+                    let agent = Arc::clone(self);
+                    let (id, run) = (job.id, job.run);
+                    tokio::spawn(async move { agent.queue_report(id, run, RunOutcome::LaunchFailed(why)).await });
+                    return Ok(ack);
+                }
+            }
+        } else {
+            None
+        };
         let ctx = launcher::LaunchContext {
+            run_as: run_as.as_ref(),
             node_name: &self.name,
             node_rank: rank,
             nodes,
@@ -270,8 +309,10 @@ impl Agent {
         });
         // Until its process starts the run holds its GPUs with no process group (pgid 0).
         lock(&self.running).insert(job.id, Running { run: job.run, gpus, pgid: 0, start_ticks: 0, stop_tx });
+        let limits =
+            crate::cgroup::Limits { cpus: job.spec.cpus_per_task.saturating_mul(job.spec.ntasks_per_node), memory_mib: job.spec.mem_mib };
         let Some(preflight) = preflight else {
-            self.start_process(spec, stop_rx, span);
+            self.start_process(spec, limits, stop_rx, span);
             return Ok(ack);
         };
         let agent = Arc::clone(self);
@@ -298,11 +339,11 @@ impl Agent {
                         if let Err(e) = launcher::write_output_head(&mut spec, report.as_bytes()) {
                             warn!(error = format!("{e:#}"), "write the preflight report");
                         }
-                        agent.start_process(spec, stop_rx, tracing::Span::current());
+                        agent.start_process(spec, limits, stop_rx, tracing::Span::current());
                     }
                     Err(why) => {
                         warn!(reason = %why, "preflight failed: the job is held");
-                        let _ = launcher::append_output(&spec.stderr_path, format!("corral preflight: failed: {why}\n").as_bytes());
+                        let _ = launcher::append_output(&spec, &spec.stderr_path, format!("corral preflight: failed: {why}\n").as_bytes());
                         lock(&agent.running).remove(&spec.job);
                         agent.queue_report(spec.job, spec.run, RunOutcome::PreflightFailed(why)).await;
                     }
@@ -314,8 +355,26 @@ impl Agent {
     }
 
     /// Starts the run's process (its `Running` entry is in place) and supervises it to its end.
-    fn start_process(self: &Arc<Self>, spec: launcher::LaunchSpec, stop_rx: mpsc::Receiver<StopReason>, span: tracing::Span) {
-        match launcher::spawn(&spec) {
+    fn start_process(
+        self: &Arc<Self>,
+        spec: launcher::LaunchSpec,
+        limits: crate::cgroup::Limits,
+        stop_rx: mpsc::Receiver<StopReason>,
+        span: tracing::Span,
+    ) {
+        let cgroup = match self.settings.cgroups.as_ref().map(|c| c.create(spec.job, spec.run, &limits)).transpose() {
+            Ok(c) => c,
+            Err(e) => {
+                span.in_scope(|| warn!(error = format!("{e:#}"), "job cgroup"));
+                lock(&self.running).remove(&spec.job);
+                let agent = Arc::clone(self);
+                tokio::spawn(async move {
+                    agent.queue_report(spec.job, spec.run, RunOutcome::LaunchFailed(format!("create the job's cgroup: {e:#}"))).await
+                });
+                return;
+            }
+        };
+        match launcher::spawn(&spec, cgroup.as_ref()) {
             Ok(child) => {
                 let pgid = child.id().map_or(0, |p| p as i32);
                 let start_ticks = crate::watchdog::start_ticks(pgid).unwrap_or(0);
@@ -329,6 +388,10 @@ impl Agent {
                 tokio::spawn(
                     async move {
                         let mut outcome = launcher::supervise(child, &spec, stop_rx, agent.settings.stop).await;
+                        if let Some(cgroup) = cgroup {
+                            // Whatever the job left behind, in or out of its process group.
+                            cgroup.kill_and_remove().await;
+                        }
                         if !matches!(outcome, RunOutcome::Lost(_)) && agent.out_of_touch() {
                             // Ended while no leader could hear from this node (the watchdog may
                             // have killed it): the cluster may have restarted it elsewhere.
@@ -345,6 +408,9 @@ impl Agent {
             }
             Err(e) => {
                 span.in_scope(|| warn!(error = format!("{e:#}"), "job failed to start"));
+                if let Some(cgroup) = cgroup {
+                    tokio::spawn(cgroup.kill_and_remove());
+                }
                 lock(&self.running).remove(&spec.job);
                 let agent = Arc::clone(self);
                 tokio::spawn(async move { agent.queue_report(spec.job, spec.run, RunOutcome::LaunchFailed(format!("{e:#}"))).await });

@@ -64,6 +64,14 @@ pub struct NodeConfig {
     /// `DATA_DIR/corral.sock`; deployed nodes use `/run/corral/corral.sock`.
     #[serde(default)]
     pub socket: Option<PathBuf>,
+    /// Run each job as the user who submitted it (uid, gid, groups). Needs corrald to run as
+    /// root; `false` runs jobs as corrald's own user (development clusters).
+    #[serde(default = "default_true")]
+    pub run_as_user: bool,
+    /// Confine jobs in cgroup v2: `auto` (the default: where a writable cgroup v2 hierarchy
+    /// exists), `off`, or the path of the cgroup to create job cgroups under.
+    #[serde(default)]
+    pub cgroup: Option<String>,
     /// An agent that has not reached a leader for this long stops its jobs itself, so a job
     /// requeued elsewhere cannot still run here. Default: as late as is safe (see
     /// [`NodeConfig::fence_after_ms`]).
@@ -147,6 +155,9 @@ fn default_gpus() -> String {
 }
 fn default_voters_max() -> usize {
     3
+}
+fn default_true() -> bool {
+    true
 }
 fn default_heartbeat_interval_ms() -> u64 {
     500

@@ -31,6 +31,8 @@ pub struct LaunchSpec {
     pub signal: Option<proto::SignalSpec>,
     /// Later runs append to the output of earlier ones; the first truncates.
     pub append: bool,
+    /// The account the job runs as; none runs it as the daemon's own user (dev clusters).
+    pub run_as: Option<crate::identity::Account>,
 }
 
 /// Resolves an output file pattern (Slurm's `%j %J %A %a %x %u %N %n %t %%`) for the part on
@@ -76,6 +78,7 @@ pub struct LaunchContext<'a> {
     pub nccl: &'a NcclEnv,
     /// `SLURM_CLUSTER_NAME`.
     pub cluster_name: &'a str,
+    pub run_as: Option<&'a crate::identity::Account>,
 }
 
 /// The host part of `host:port` (`[v6]:port` too).
@@ -91,6 +94,11 @@ pub fn host_of(addr: &str) -> String {
 pub fn prepare(job: &Job, ctx: &LaunchContext<'_>) -> anyhow::Result<LaunchSpec> {
     let dir = ctx.jobs_dir.join(job.id.to_string());
     std::fs::create_dir_all(&dir).with_context(|| format!("create job directory {}", dir.display()))?;
+    if let Some(a) = ctx.run_as {
+        // The job reads its script and hostfile; nobody else may.
+        std::os::unix::fs::chown(&dir, Some(a.uid), Some(a.gid)).with_context(|| format!("give {} to {}", dir.display(), a.name))?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).with_context(|| format!("chmod {}", dir.display()))?;
+    }
     let (program, args) = match &job.spec.script {
         Some(script) => {
             let path = dir.join("script");
@@ -115,7 +123,13 @@ pub fn prepare(job: &Job, ctx: &LaunchContext<'_>) -> anyhow::Result<LaunchSpec>
     let lines: String = ctx.nodes.iter().map(|(name, _)| format!("{name} slots={nproc_per_node}\n")).collect();
     std::fs::write(&hostfile, lines).with_context(|| format!("write hostfile {}", hostfile.display()))?;
     let checkpoint_dir = ctx.checkpoint_root.join(format!("job-{}", job.id));
-    std::fs::create_dir_all(&checkpoint_dir).with_context(|| format!("create checkpoint directory {}", checkpoint_dir.display()))?;
+    if !checkpoint_dir.exists() {
+        std::fs::create_dir_all(&checkpoint_dir).with_context(|| format!("create checkpoint directory {}", checkpoint_dir.display()))?;
+        if let Some(a) = ctx.run_as {
+            std::os::unix::fs::chown(&checkpoint_dir, Some(a.uid), Some(a.gid))
+                .with_context(|| format!("give {} to {}", checkpoint_dir.display(), a.name))?;
+        }
+    }
 
     // Hardware-derived defaults first, then the job's environment over them, then what only
     // Corral can know.
@@ -156,6 +170,11 @@ pub fn prepare(job: &Job, ctx: &LaunchContext<'_>) -> anyhow::Result<LaunchSpec>
     env.insert("CORRAL_NODE_RANK".into(), ctx.node_rank.to_string());
     env.insert("CORRAL_HOSTFILE".into(), hostfile.display().to_string());
     env.insert("CORRAL_CHECKPOINT_DIR".into(), checkpoint_dir.display().to_string());
+    if let Some(a) = ctx.run_as {
+        env.insert("USER".into(), a.name.clone());
+        env.insert("LOGNAME".into(), a.name.clone());
+        env.insert("HOME".into(), a.home.clone());
+    }
     let (stdout_path, stderr_path) = output_paths(job, &node_names, ctx.node_rank);
     Ok(LaunchSpec {
         job: job.id,
@@ -170,6 +189,7 @@ pub fn prepare(job: &Job, ctx: &LaunchContext<'_>) -> anyhow::Result<LaunchSpec>
         signal: job.spec.signal.clone(),
         // Only rank 0 truncates, on the first run: every node of a gang writes the job's output.
         append: job.run > 1 || job.spec.open_append || ctx.node_rank > 0,
+        run_as: ctx.run_as.cloned(),
     })
 }
 
@@ -187,12 +207,28 @@ fn open_output(path: &Path, append: bool) -> anyhow::Result<std::fs::File> {
     options.open(path).with_context(|| format!("open output file {}", path.display()))
 }
 
+/// Runs `f` with this thread's file-system identity switched to `account` (Linux `setfsuid`,
+/// per thread), so files are opened with the user's permissions: a job cannot make the daemon
+/// write where its user could not.
+fn as_user<T>(account: Option<&crate::identity::Account>, f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
+    let Some(a) = account else { return f() };
+    // SAFETY: setfsuid/setfsgid change only this thread's file-system ids; restored below.
+    let (old_gid, old_uid) = unsafe { (libc::setfsgid(a.gid), libc::setfsuid(a.uid)) };
+    let result = f();
+    // SAFETY: as above.
+    unsafe {
+        libc::setfsuid(old_uid as libc::uid_t);
+        libc::setfsgid(old_gid as libc::gid_t);
+    }
+    result
+}
+
 /// Writes `text` at the start of the run's output (the preflight report) the way the process
 /// would have: truncating on a first run unless `--open-mode=append`. The process then appends.
 pub fn write_output_head(spec: &mut LaunchSpec, text: &[u8]) -> anyhow::Result<()> {
-    let mut out = open_output(&spec.stdout_path, spec.append)?;
+    let mut out = as_user(spec.run_as.as_ref(), || open_output(&spec.stdout_path, spec.append))?;
     if spec.stderr_path != spec.stdout_path {
-        open_output(&spec.stderr_path, spec.append)?;
+        as_user(spec.run_as.as_ref(), || open_output(&spec.stderr_path, spec.append))?;
     }
     std::io::Write::write_all(&mut out, text).with_context(|| format!("write {}", spec.stdout_path.display()))?;
     spec.append = true;
@@ -200,27 +236,41 @@ pub fn write_output_head(spec: &mut LaunchSpec, text: &[u8]) -> anyhow::Result<(
 }
 
 /// Appends `text` to an output file.
-pub fn append_output(path: &Path, text: &[u8]) -> anyhow::Result<()> {
-    let mut out = open_output(path, true)?;
+pub fn append_output(spec: &LaunchSpec, path: &Path, text: &[u8]) -> anyhow::Result<()> {
+    let mut out = as_user(spec.run_as.as_ref(), || open_output(path, true))?;
     std::io::Write::write_all(&mut out, text).with_context(|| format!("write {}", path.display()))
 }
 
-/// Starts the process in its own session and process group, with a clean environment.
-pub fn spawn(spec: &LaunchSpec) -> anyhow::Result<Child> {
-    let stdout = open_output(&spec.stdout_path, spec.append)?;
+/// Starts the process in its own session and process group, with a clean environment: in the
+/// job's cgroup, as the job's user (groups, gid, uid), with its output opened as that user.
+pub fn spawn(spec: &LaunchSpec, cgroup: Option<&crate::cgroup::JobCgroup>) -> anyhow::Result<Child> {
+    let run_as = spec.run_as.as_ref();
+    let stdout = as_user(run_as, || open_output(&spec.stdout_path, spec.append))?;
     let stderr = if spec.stderr_path == spec.stdout_path {
         stdout.try_clone().context("duplicate output file handle")?
     } else {
-        open_output(&spec.stderr_path, spec.append)?
+        as_user(run_as, || open_output(&spec.stderr_path, spec.append))?
     };
     let mut cmd = std::process::Command::new(&spec.program);
     cmd.args(&spec.args).env_clear().envs(&spec.env).current_dir(&spec.workdir).stdin(Stdio::null()).stdout(stdout).stderr(stderr);
-    // SAFETY: only async-signal-safe calls (setsid, prctl) between fork and exec.
+    let procs_fd = cgroup.and_then(|c| c.procs_fd());
+    let ids = run_as.map(|a| (a.uid, a.gid, a.groups.clone()));
+    // SAFETY: only async-signal-safe calls (setsid, write, setgroups, setgid, setuid, prctl)
+    // between fork and exec; nothing allocates.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             if libc::setsid() < 0 {
                 return Err(std::io::Error::last_os_error());
             }
+            if let Some(fd) = procs_fd {
+                crate::cgroup::join_in_child(fd)?;
+            }
+            if let Some((uid, gid, groups)) = &ids {
+                if libc::setgroups(groups.len(), groups.as_ptr()) < 0 || libc::setgid(*gid) < 0 || libc::setuid(*uid) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            // After setuid, which clears it.
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) < 0 {
                 return Err(std::io::Error::last_os_error());
             }

@@ -3,6 +3,7 @@
 //! through `consensus` (a committed `Command`); this crate never mutates `ClusterState` itself.
 
 pub mod agent;
+pub mod cgroup;
 pub mod config;
 pub mod fault;
 pub mod gpu;

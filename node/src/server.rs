@@ -858,6 +858,51 @@ fn node_only(request: &Request) -> bool {
     )
 }
 
+/// FNV-1a: a short stable tag for a path.
+fn fnv32(text: &str) -> u32 {
+    text.bytes().fold(0x811c_9dc5u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193))
+}
+
+/// Job cgroups as the config asks, saying at start what is and is not enforced.
+fn job_cgroups(config: &NodeConfig) -> Option<crate::cgroup::JobCgroups> {
+    let base = match config.cgroup.as_deref().unwrap_or("auto") {
+        "off" => {
+            warn!("cgroups are off (cgroup = \"off\"): jobs are not confined or limited");
+            return None;
+        }
+        "auto" => {
+            match crate::cgroup::JobCgroups::default_base(&format!("{}-{:08x}", config.name, fnv32(&config.data_dir.display().to_string())))
+            {
+                Ok(base) => base,
+                Err(e) => {
+                    warn!(error = format!("{e:#}"), "cgroup v2 is not available: jobs are not confined or limited");
+                    return None;
+                }
+            }
+        }
+        path => std::path::PathBuf::from(path),
+    };
+    match crate::cgroup::JobCgroups::open(&base) {
+        Ok(c) => {
+            let missing = c.missing();
+            if missing.is_empty() {
+                info!(cgroup = %c.base.display(), controllers = ?c.controllers, "jobs run in cgroups with cpu, memory and pids limits");
+            } else {
+                warn!(
+                    cgroup = %c.base.display(),
+                    missing = ?missing,
+                    "jobs run in cgroups (killed whole at their end) but these controllers are not delegated here: those limits are not enforced"
+                );
+            }
+            Some(c)
+        }
+        Err(e) => {
+            warn!(cgroup = %base.display(), error = format!("{e:#}"), "cgroup v2 is not writable: jobs are not confined or limited");
+            None
+        }
+    }
+}
+
 /// The handler registered with the QUIC server before the node is fully up: until Raft is
 /// open it answers `Unavailable`.
 pub struct Api {
@@ -991,20 +1036,6 @@ async fn call_until(link: &LeaderLink, request: Request, what: &str, deadline: D
 
 /// Starts a node and runs it until the process ends.
 pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
-    // deploy (issue 8): systemd readiness and cgroup availability.
-    {
-        // cgroup v2 only; the group is this process's own (`0::/system.slice/corrald.service`).
-        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-        let group = own.lines().find_map(|l| l.strip_prefix("0::")).unwrap_or("").trim().to_string();
-        let dir = std::path::Path::new("/sys/fs/cgroup").join(group.trim_start_matches('/'));
-        let v2 = std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
-        let controllers = std::fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default().trim().to_string();
-        let writable = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
-            // SAFETY: access(2) on a NUL-terminated path; no memory is handed over.
-            .map(|c| unsafe { libc::access(c.as_ptr(), libc::W_OK) } == 0)
-            .unwrap_or(false);
-        info!(cgroup_v2 = v2, cgroup = %group, controllers = %controllers, delegated = writable, "cgroups");
-    }
     let instance: u64 = rand::random();
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("create data directory {}", config.data_dir.display()))?;
     let identity = config.tls.load().context("load tls identity")?;
@@ -1034,7 +1065,13 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
         fence_after_ms: config.fence_after_ms(),
         cluster_name: config.cluster_name.clone(),
         lease_path: config.lease_path(),
+        run_as_user: config.run_as_user,
+        cgroups: job_cgroups(&config),
     };
+    // SAFETY: geteuid cannot fail.
+    if config.run_as_user && unsafe { libc::geteuid() } != 0 {
+        bail!("run_as_user needs corrald to run as root (or set run_as_user = false to run every job as this user)");
+    }
     info!(nccl = ?settings.nccl, fence_after_ms = settings.fence_after_ms, "agent settings");
     if settings.fence_after_ms < 2 * config.raft.election_timeout_max_ms {
         warn!(

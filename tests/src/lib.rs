@@ -188,6 +188,11 @@ pub fn observe_deaths(spans_log: &Path, node: &str, patience: Duration) -> std::
     deaths
 }
 
+/// The whole log of node `name` of `c`.
+pub fn node_log(c: &TestCluster, name: &str) -> String {
+    std::fs::read_to_string(c.path().join(name).join("corrald.log")).unwrap_or_default()
+}
+
 /// Closes the spans of killed processes with the death times [`observe_deaths`] saw.
 pub fn close_spans(spans: &mut [chaos::ProcessSpan], deaths: &std::collections::BTreeMap<i32, u64>) {
     for span in spans.iter_mut().filter(|s| s.end_ms.is_none()) {

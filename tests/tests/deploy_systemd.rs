@@ -62,7 +62,9 @@ fn install_sh_stages_binaries_shims_unit_and_directories() {
         "ConditionPathExists=/etc/corral/node.toml",
         "Restart=on-failure",
         "KillMode=mixed",
-        "User=corral",
+        "User=root",
+        "CapabilityBoundingSet=CAP_SETUID CAP_SETGID CAP_KILL CAP_DAC_READ_SEARCH CAP_CHOWN",
+        "RuntimeDirectory=corral",
         "Documentation=file:///opt/corral/share/doc/corral/README.md",
     ] {
         assert!(unit.lines().any(|l| l == line), "installed unit lacks '{line}':\n{unit}");
