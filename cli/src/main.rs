@@ -103,12 +103,17 @@ enum Cmd {
         /// Bytes each rank streams to rank 0.
         #[arg(long, default_value_t = 256 << 20)]
         bytes: u64,
+        /// How node pairs are measured: torch when it imports (auto), torch, or tcp.
+        #[arg(long, value_enum, default_value_t = nccl::Method::Auto)]
+        method: nccl::Method,
     },
     /// Inside an nccl-check job: stream to or measure from rank 0.
     #[command(hide = true)]
     NcclProbe {
         #[arg(long)]
         bytes: u64,
+        #[arg(long, value_enum, default_value_t = nccl::Method::Auto)]
+        method: nccl::Method,
     },
     /// Stop a running job and queue it again (its --signal first, to checkpoint).
     Requeue { job: u64 },
@@ -545,12 +550,12 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             }
             connect()?.call_patiently(Request::SetGpuHealth { node, gpu, healthy, reason }, patience).await?;
         }
-        Cmd::NcclCheck { nodes, gres, bytes } => {
+        Cmd::NcclCheck { nodes, gres, bytes, method } => {
             let cluster = connect()?;
-            return nccl::check(&cluster, nodes, gres, bytes, cli.json).await;
+            return nccl::check(&cluster, nodes, gres, bytes, method, cli.json).await;
         }
-        Cmd::NcclProbe { bytes } => {
-            tokio::task::spawn_blocking(move || nccl::probe(bytes)).await.context("run the probe")??;
+        Cmd::NcclProbe { bytes, method } => {
+            tokio::task::spawn_blocking(move || nccl::probe(bytes, method)).await.context("run the probe")??;
         }
         Cmd::Requeue { job } => {
             connect()?.call_patiently(Request::Requeue { job }, patience).await?;

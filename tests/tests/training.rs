@@ -3,6 +3,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use corral_tests::{wait_until, TestCluster};
@@ -222,6 +223,51 @@ fn nccl_check_measures_every_node_pair_of_an_allocation() {
     let peers: std::collections::BTreeSet<&str> = pairs.iter().filter_map(|p| p["b"].as_str()).collect();
     assert_eq!(peers.len(), 2);
     assert!(pairs.iter().all(|p| p["mbps"].as_f64().is_some_and(|m| m > 0.0) && p["slow"] == false), "{v}");
+    // torch is not installed here: the pairs went over TCP.
+    let torch = Command::new("python3").args(["-c", "import torch"]).output().is_ok_and(|o| o.status.success());
+    assert_eq!(v["method"], if torch { "torch" } else { "tcp" }, "{v}");
+    assert_eq!(v["intra_node"], serde_json::json!([]), "no all_reduce_perf, no intra-node figures: {v}");
+
+    // With nccl-tests' all_reduce_perf on PATH (a stand-in printing its format, a different
+    // figure per node), every node's bus bandwidth is reported.
+    let bin = c.work.join("nccl-tests-bin");
+    std::fs::create_dir_all(&bin).expect("bin dir");
+    write_exe(
+        &bin.join("all_reduce_perf"),
+        "#!/bin/sh\necho \"# nThread 1 nGpus $6 minBytes 8388608\"\necho \"$*\" > \"$PWD/arp.$CORRAL_NODE.args\"\necho \"# Avg bus bandwidth    : 1${CORRAL_NODE#n}0.5 \"\n",
+    );
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let out = Command::new(corral_tests::corral_bin())
+        .args([
+            "--cluster",
+            c.path_str(),
+            "--json",
+            "nccl-check",
+            "--nodes",
+            "3",
+            "--gres",
+            "gpu:8",
+            "--bytes",
+            "8388608",
+            "--method",
+            "tcp",
+        ])
+        .env("PATH", &path)
+        .current_dir(&c.work)
+        .output()
+        .expect("run nccl-check");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "nccl-check failed: {text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_str(&text).expect("json");
+    let intra = v["intra_node"].as_array().expect("intra_node");
+    assert_eq!(intra.len(), 3, "{v}");
+    for n in intra {
+        let node = n["node"].as_str().expect("node");
+        let expect: f64 = format!("1{}0.5", node.trim_start_matches('n')).parse().expect("figure");
+        assert_eq!(n["busbw_gbps"].as_f64(), Some(expect), "{v}");
+        let args = std::fs::read_to_string(c.work.join(format!("arp.{node}.args"))).expect("all_reduce_perf ran on every node");
+        assert!(args.contains("-g 8"), "one process drives the node's 8 GPUs: {args}");
+    }
 }
 
 #[test]
