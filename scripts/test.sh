@@ -8,3 +8,5 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/corral-target}"
 export CARGO_TERM_COLOR=never
 cargo build --workspace --bins
 cargo test --workspace -- --test-threads 2
+# libFuzzer on the wire decoder and the #SBATCH parser, 15 s a target (needs nightly).
+FUZZ_SECONDS="${FUZZ_SECONDS:-15}" scripts/fuzz.sh

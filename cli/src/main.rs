@@ -1,14 +1,7 @@
 //! `corral`: the command-line client. It speaks to any node over QUIC with a client
 //! certificate; it never opens the Raft log or RocksDB.
 
-mod bench;
-mod client;
-mod cluster_admin; // deploy (issue 8): `corral cluster init|join|issue-node|issue-client|token`
-mod demo;
-mod dev;
-mod nccl;
-mod slurm;
-mod units;
+use corral_cli::{bench, client, cluster_admin, demo, dev, nccl, slurm, units};
 
 use std::collections::BTreeMap;
 use std::io::Write;

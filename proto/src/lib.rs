@@ -3,6 +3,7 @@
 //! size-checked, versioned postcard encoding, nothing more.
 
 pub mod codec;
+pub mod fuzzing;
 pub mod limits;
 
 use std::collections::BTreeMap;

@@ -1,0 +1,13 @@
+//! The `corral` command line as a library: the client, the Slurm shims and their parsers, the
+//! development cluster, benchmarks. It speaks `proto` over `transport` to any node and never
+//! opens the Raft log or RocksDB. `main.rs` only dispatches; the fuzz targets (`fuzz/`) reach
+//! the `#SBATCH` parser through here.
+
+pub mod bench;
+pub mod client;
+pub mod cluster_admin;
+pub mod demo;
+pub mod dev;
+pub mod nccl;
+pub mod slurm;
+pub mod units;
