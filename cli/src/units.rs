@@ -7,7 +7,7 @@ pub fn parse_time_limit_ms(text: &str) -> Result<u64, String> {
     match crate::slurm::time::parse_limit_s(text) {
         Ok(Some(seconds)) => seconds.checked_mul(1000).ok_or_else(bad),
         Ok(None) => Err(format!("invalid time limit '{text}': must be positive")),
-        Err(()) => Err(bad()),
+        Err(crate::slurm::time::NotATime) => Err(bad()),
     }
 }
 

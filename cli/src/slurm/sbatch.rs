@@ -747,7 +747,7 @@ impl<'a> Builder<'a> {
                 self.mem_mib = None;
                 self.mem_per_cpu_mib = None;
             }
-            "time" => self.time_limit_s = Some(time::parse_limit_s(v).map_err(|()| fatal("Invalid --time specification"))?),
+            "time" => self.time_limit_s = Some(time::parse_limit_s(v).map_err(|time::NotATime| fatal("Invalid --time specification"))?),
             "output" => self.output = Some(v.to_string()),
             "error" => self.error = Some(v.to_string()),
             "open-mode" => {
@@ -810,7 +810,7 @@ impl<'a> Builder<'a> {
                 };
                 let count: u32 = count.parse().map_err(|_| fatal("Invalid --switches specification"))?;
                 let wait_s = match wait {
-                    Some(w) => time::parse_limit_s(w).map_err(|()| fatal("Invalid --switches specification"))?.unwrap_or(0),
+                    Some(w) => time::parse_limit_s(w).map_err(|time::NotATime| fatal("Invalid --switches specification"))?.unwrap_or(0),
                     None => 0,
                 };
                 self.switches = Some((count, wait_s.saturating_mul(1000)));

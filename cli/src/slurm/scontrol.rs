@@ -226,7 +226,8 @@ pub fn parse(args: &[String]) -> Result<Command, SlurmError> {
             match k.to_ascii_lowercase().as_str() {
                 "jobid" | "job" => job = Some(job_ids(&[v.to_string()])?[0]),
                 "timelimit" => {
-                    let limit = time::parse_limit_s(v).map_err(|()| SlurmError::fatal(PROG, format!("Invalid TimeLimit value: {v}")))?;
+                    let limit = time::parse_limit_s(v)
+                        .map_err(|time::NotATime| SlurmError::fatal(PROG, format!("Invalid TimeLimit value: {v}")))?;
                     time_limit_ms = Some(limit.map(|s| s * 1000));
                 }
                 "partition" => partition = Some(v.to_string()),

@@ -1,18 +1,22 @@
 //! Slurm's time formats: time limits (`D-H:M:S`), durations as squeue and sacct print them,
 //! and the points in time `--begin`, `sacct -S/-E` accept.
 
+/// Text that is not a Slurm time limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NotATime;
+
 /// A Slurm time limit (`M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`) in seconds.
 /// `Ok(None)` is no limit (`0`, `UNLIMITED`, `INFINITE`, `-1`); `Err` is not a time.
-pub fn parse_limit_s(text: &str) -> Result<Option<u64>, ()> {
+pub fn parse_limit_s(text: &str) -> Result<Option<u64>, NotATime> {
     let t = text.trim();
     if t.eq_ignore_ascii_case("unlimited") || t.eq_ignore_ascii_case("infinite") || t == "-1" {
         return Ok(None);
     }
-    let num = |s: &str| -> Result<u64, ()> {
+    let num = |s: &str| -> Result<u64, NotATime> {
         if s.is_empty() || s.len() > 12 || !s.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(());
+            return Err(NotATime);
         }
-        s.parse::<u64>().map_err(|_| ())
+        s.parse::<u64>().map_err(|_| NotATime)
     };
     let (days, rest) = match t.split_once('-') {
         Some((d, rest)) => (Some(num(d)?), rest),
@@ -26,7 +30,7 @@ pub fn parse_limit_s(text: &str) -> Result<Option<u64>, ()> {
         (Some(d), [h]) => d * 86_400 + num(h)? * 3600,
         (Some(d), [h, m]) => d * 86_400 + num(h)? * 3600 + num(m)? * 60,
         (Some(d), [h, m, s]) => d * 86_400 + num(h)? * 3600 + num(m)? * 60 + num(s)?,
-        _ => return Err(()),
+        _ => return Err(NotATime),
     };
     Ok(if seconds == 0 { None } else { Some(seconds) })
 }
