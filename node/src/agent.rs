@@ -143,6 +143,8 @@ pub struct Agent {
     accounting: Mutex<crate::gpu::JobGpuAccounting>,
     /// Serializes lease writes.
     lease_write: Mutex<()>,
+    /// Reports queued and not yet committed by a leader.
+    reports_pending: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -166,6 +168,7 @@ impl Agent {
             last_ack: Mutex::new(None),
             accounting: Mutex::new(crate::gpu::JobGpuAccounting::default()),
             lease_write: Mutex::new(()),
+            reports_pending: AtomicU64::new(0),
         }))
     }
 
@@ -321,9 +324,11 @@ impl Agent {
                 info!(rank = preflight.rank, port = preflight.port, "preflight started");
                 let verdict = tokio::select! {
                     verdict = crate::preflight::run(&preflight) => verdict,
-                    _ = stop_rx.recv() => {
+                    reason = stop_rx.recv() => {
                         lock(&agent.running).remove(&spec.job);
-                        let outcome = if agent.out_of_touch() {
+                        let outcome = if reason == Some(StopReason::NodeStopping) {
+                            RunOutcome::Lost("its node stopped (corrald shut down) in its preflight".into())
+                        } else if agent.out_of_touch() {
                             RunOutcome::Lost(format!("stopped in its preflight while {} was out of touch", agent.name))
                         } else {
                             RunOutcome::Killed
@@ -427,7 +432,9 @@ impl Agent {
                 memory_used_peak_mib: st.memory_used_peak_mib,
             })
             .unwrap_or_default();
+        self.reports_pending.fetch_add(1, Ordering::SeqCst);
         if self.reports_tx.send(Report { job, run, outcome, usage }).await.is_err() {
+            self.reports_pending.fetch_sub(1, Ordering::SeqCst);
             warn!(job, run, "report queue closed, dropping report");
         }
     }
@@ -537,6 +544,29 @@ impl Agent {
         }
     }
 
+    /// A graceful stop of this node: stops every job (SIGTERM, grace, SIGKILL), reports each as
+    /// lost to the node (a `--requeue` job goes back to the queue at once, without waiting for
+    /// the node to be declared down) and waits, at most `patience`, until the leader has them.
+    /// Returns the jobs still running or unreported when it gave up.
+    pub async fn shut_down(&self, patience: Duration) -> usize {
+        let stopping = {
+            let running = lock(&self.running);
+            for r in running.values() {
+                let _ = r.stop_tx.try_send(StopReason::NodeStopping);
+            }
+            running.len()
+        };
+        info!(jobs = stopping, "node stopping: stopping its jobs");
+        let deadline = std::time::Instant::now() + patience;
+        loop {
+            let left = lock(&self.running).len() + self.reports_pending.load(Ordering::SeqCst) as usize;
+            if left == 0 || std::time::Instant::now() >= deadline {
+                return left;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Stops every job: this node lost the leader and may already be replaced.
     fn fence(&self) -> usize {
         let running = lock(&self.running);
@@ -585,10 +615,14 @@ impl Agent {
                     usage: report.usage.clone(),
                 };
                 match link.call(req, 0).await {
-                    Ok(_) => break,
+                    Ok(_) => {
+                        self.reports_pending.fetch_sub(1, Ordering::SeqCst);
+                        break;
+                    }
                     Err(LinkError::Api(e)) => {
                         // The leader understood and refused: retrying will not help.
                         warn!(job = report.job, run = report.run, error = %e, "run report refused");
+                        self.reports_pending.fetch_sub(1, Ordering::SeqCst);
                         break;
                     }
                     Err(e) => {

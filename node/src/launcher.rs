@@ -293,6 +293,9 @@ pub enum StopReason {
     Checkpoint,
     /// This node lost the leader: stop fast, the job may be started elsewhere soon.
     Fenced,
+    /// `corrald` is stopping (SIGTERM): SIGTERM, grace, SIGKILL; the run is lost to the node,
+    /// so a `--requeue` job goes back to the queue at once.
+    NodeStopping,
 }
 
 /// Longest wait for a job to write its checkpoint after its signal on a requeue.
@@ -374,6 +377,10 @@ pub async fn supervise(mut child: Child, spec: &LaunchSpec, mut stop_rx: mpsc::R
             Some(reason) = stop_rx.recv() => {
                 match reason {
                     StopReason::Cancelled => stop(&mut child, pgid, timings.kill_grace_ms).await,
+                    StopReason::NodeStopping => {
+                        stop(&mut child, pgid, timings.kill_grace_ms).await;
+                        break RunOutcome::Lost("its node stopped (corrald shut down)".into());
+                    }
                     StopReason::Fenced => {
                         stop(&mut child, pgid, timings.fence_kill_grace_ms).await;
                         signal_group(pgid, libc::SIGKILL);

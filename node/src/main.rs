@@ -34,16 +34,31 @@ fn main() -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("find the corrald executable")?;
     let _watchdog = corral_node::watchdog::spawn(&exe, config.lease_path())?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("start async runtime")?;
-    // deploy (issue 8): SIGTERM (`systemctl stop`) tells systemd STOPPING=1 and ends the node
-    // like a crash would: its jobs die with it (parent-death signal) and the cluster ends their
-    // parts when it notices. Everything committed is already on disk.
+    // SIGTERM (`systemctl stop`) tells systemd STOPPING=1 and stops the node gracefully: its jobs
+    // get SIGTERM, their grace and SIGKILL, and are reported lost to the node (a `--requeue` job
+    // is queued again at once). A second SIGTERM, or the deadline, ends it at once; the jobs then
+    // die with it (parent-death signal) and the cluster ends them when the node is declared down.
+    let deadline = std::time::Duration::from_millis(config.kill_grace_ms + corral_node::server::STOP_REPORT_MS + 1_000);
     let result = runtime.block_on(async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("handle SIGTERM")?;
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let node = corral_node::server::run(config, stop_rx);
+        tokio::pin!(node);
         tokio::select! {
-            result = corral_node::server::run(config) => result,
+            result = &mut node => return result,
+            _ = term.recv() => {}
+        }
+        tracing::info!("SIGTERM: stopping");
+        corral_node::systemd::notify("STOPPING=1");
+        let _ = stop_tx.send(true);
+        tokio::select! {
+            result = &mut node => result,
             _ = term.recv() => {
-                tracing::info!("SIGTERM: stopping");
-                corral_node::systemd::notify("STOPPING=1");
+                tracing::warn!("second SIGTERM: stopping now");
+                Ok(())
+            }
+            _ = tokio::time::sleep(deadline) => {
+                tracing::warn!(deadline_ms = deadline.as_millis() as u64, "graceful stop took too long: stopping now");
                 Ok(())
             }
         }

@@ -1034,8 +1034,13 @@ async fn call_until(link: &LeaderLink, request: Request, what: &str, deadline: D
     }
 }
 
-/// Starts a node and runs it until the process ends.
-pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
+/// How long a graceful stop waits for the node's jobs to stop and be reported, beyond their
+/// `kill_grace_ms`.
+pub const STOP_REPORT_MS: u64 = 5_000;
+
+/// Starts a node and runs it until `stop` turns true (a graceful stop: the node's jobs are
+/// stopped and reported, see [`Agent::shut_down`]) or the node fails.
+pub async fn run(config: NodeConfig, mut stop: tokio::sync::watch::Receiver<bool>) -> anyhow::Result<()> {
     let instance: u64 = rand::random();
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("create data directory {}", config.data_dir.display()))?;
     let identity = config.tls.load().context("load tls identity")?;
@@ -1191,11 +1196,22 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
     tokio::spawn(crate::fault::watch_gpu_faults(config.data_dir.join("fault-gpu"), Arc::clone(&probe)));
     let heartbeat = Duration::from_millis(config.heartbeat_interval_ms);
     let hb = tokio::spawn(Arc::clone(&agent).heartbeat_loop(agent_link, heartbeat, join));
-    match hb.await {
-        Ok(()) => Ok(()),
-        Err(e) => {
-            error!(error = %e, "heartbeat loop ended");
-            bail!("heartbeat loop ended: {e}")
+    tokio::select! {
+        ended = hb => match ended {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                error!(error = %e, "heartbeat loop ended");
+                bail!("heartbeat loop ended: {e}")
+            }
+        },
+        _ = stop.wait_for(|stop| *stop) => {
+            let left = agent.shut_down(Duration::from_millis(config.kill_grace_ms + STOP_REPORT_MS)).await;
+            if left > 0 {
+                warn!(left, "node stopped with jobs not yet stopped or reported; the cluster ends them when it declares the node down");
+            } else {
+                info!("node stopped: every job stopped and reported");
+            }
+            Ok(())
         }
     }
 }

@@ -17,7 +17,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use anyhow::{anyhow, Context};
+use anyhow::{anyhow, bail, Context};
 use proto::limits::FRAME_BYTES_MAX;
 use proto::{ApiError, CodecError, Envelope, Response};
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
@@ -34,7 +34,18 @@ pub use pki::{
 };
 
 /// The one application protocol spoken over the QUIC connections.
-pub const ALPN: &[u8] = b"corral/1";
+/// Protocol versions this build speaks, newest first: offered as ALPN `corral/N` in the TLS
+/// handshake, which picks the newest both sides speak (a rolling upgrade keeps one version of
+/// overlap), or fails the handshake, reported as a version mismatch.
+pub const PROTOCOL_VERSIONS: &[u8] = &[proto::PROTOCOL_VERSION];
+
+/// The ALPN name of protocol version `v`.
+pub fn alpn(v: u8) -> Vec<u8> {
+    format!("corral/{v}").into_bytes()
+}
+
+/// TLS alert 120 (no_application_protocol) as QUIC reports it: CRYPTO_ERROR 0x100 + 120.
+const QUIC_NO_APPLICATION_PROTOCOL: u64 = 0x100 + 120;
 
 /// A keep-alive is sent after this much silence, so a healthy idle connection never times out.
 /// Longest wait for a QUIC handshake; far above any healthy round trip.
@@ -76,7 +87,7 @@ fn roots(id: &TlsIdentity) -> anyhow::Result<Arc<RootCertStore>> {
     Ok(Arc::new(roots))
 }
 
-fn client_config(id: &TlsIdentity) -> anyhow::Result<quinn::ClientConfig> {
+fn client_config(id: &TlsIdentity, versions: &[u8]) -> anyhow::Result<quinn::ClientConfig> {
     let provider = crypto_provider();
     let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(roots(id)?, provider.clone())
         .build()
@@ -87,14 +98,14 @@ fn client_config(id: &TlsIdentity) -> anyhow::Result<quinn::ClientConfig> {
         .with_webpki_verifier(verifier)
         .with_client_auth_cert(id.chain.clone(), id.key.clone_key())
         .context("use own certificate for client authentication")?;
-    tls.alpn_protocols = vec![ALPN.to_vec()];
+    tls.alpn_protocols = versions.iter().map(|v| alpn(*v)).collect();
     let quic = QuicClientConfig::try_from(tls).context("make QUIC client config")?;
     let mut config = quinn::ClientConfig::new(Arc::new(quic));
     config.transport_config(transport_config()?);
     Ok(config)
 }
 
-fn server_config(id: &TlsIdentity) -> anyhow::Result<quinn::ServerConfig> {
+fn server_config(id: &TlsIdentity, versions: &[u8]) -> anyhow::Result<quinn::ServerConfig> {
     let provider = crypto_provider();
     let verifier =
         WebPkiClientVerifier::builder_with_provider(roots(id)?, provider.clone()).build().context("build client certificate verifier")?;
@@ -104,7 +115,7 @@ fn server_config(id: &TlsIdentity) -> anyhow::Result<quinn::ServerConfig> {
         .with_client_cert_verifier(verifier)
         .with_single_cert(id.chain.clone(), id.key.clone_key())
         .context("use own certificate for serving")?;
-    tls.alpn_protocols = vec![ALPN.to_vec()];
+    tls.alpn_protocols = versions.iter().map(|v| alpn(*v)).collect();
     let quic = QuicServerConfig::try_from(tls).context("make QUIC server config")?;
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(quic));
     config.transport_config(transport_config()?);
@@ -116,13 +127,31 @@ fn server_config(id: &TlsIdentity) -> anyhow::Result<quinn::ServerConfig> {
 /// certificate and trusting servers of the cluster CA only. Must be called inside a Tokio
 /// runtime.
 pub fn endpoint(bind: SocketAddr, id: &TlsIdentity, serve: bool) -> anyhow::Result<quinn::Endpoint> {
+    endpoint_speaking(bind, id, serve, PROTOCOL_VERSIONS)
+}
+
+/// [`endpoint`] speaking `versions` (newest first): tests use it to stand in for another build.
+pub fn endpoint_speaking(bind: SocketAddr, id: &TlsIdentity, serve: bool, versions: &[u8]) -> anyhow::Result<quinn::Endpoint> {
     let mut endpoint = if serve {
-        quinn::Endpoint::server(server_config(id)?, bind).with_context(|| format!("bind QUIC server on {bind}"))?
+        quinn::Endpoint::server(server_config(id, versions)?, bind).with_context(|| format!("bind QUIC server on {bind}"))?
     } else {
         quinn::Endpoint::client(bind).with_context(|| format!("bind QUIC client on {bind}"))?
     };
-    endpoint.set_default_client_config(client_config(id)?);
+    endpoint.set_default_client_config(client_config(id, versions)?);
     Ok(endpoint)
+}
+
+/// Whether a failed handshake failed because the two sides share no protocol version.
+fn is_version_mismatch(e: &quinn::ConnectionError) -> bool {
+    match e {
+        quinn::ConnectionError::TransportError(t) => u64::from(t.code) == QUIC_NO_APPLICATION_PROTOCOL,
+        quinn::ConnectionError::ConnectionClosed(c) => u64::from(c.error_code) == QUIC_NO_APPLICATION_PROTOCOL,
+        _ => false,
+    }
+}
+
+fn versions_text(versions: &[u8]) -> String {
+    versions.iter().map(|v| format!("corral/{v}")).collect::<Vec<_>>().join(", ")
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -232,6 +261,10 @@ pub async fn serve(endpoint: quinn::Endpoint, handler: Arc<dyn Handler>) {
             let _permit = permit;
             let conn = match incoming.await {
                 Ok(conn) => conn,
+                Err(e) if is_version_mismatch(&e) => {
+                    warn!(peer = %remote, ours = %versions_text(PROTOCOL_VERSIONS), "connection refused: the peer speaks no protocol version of ours");
+                    return;
+                }
                 Err(e) => {
                     debug!(peer = %remote, error = %e, "connection refused");
                     return;
@@ -514,10 +547,16 @@ impl Client {
         let connecting = self.inner.endpoint.connect(target, SERVER_NAME).with_context(|| format!("dial {addr}"))?;
         // A dead peer never answers a handshake: give up early, before anything was sent, so
         // the caller can try another member at once.
-        let conn = tokio::time::timeout(Duration::from_millis(CONNECT_TIMEOUT_MS), connecting)
-            .await
-            .map_err(|_| anyhow!("handshake with {addr}: no answer within {CONNECT_TIMEOUT_MS} ms"))?
-            .with_context(|| format!("handshake with {addr}"))?;
+        let conn = match tokio::time::timeout(Duration::from_millis(CONNECT_TIMEOUT_MS), connecting).await {
+            Err(_) => bail!("handshake with {addr}: no answer within {CONNECT_TIMEOUT_MS} ms"),
+            Ok(Err(e)) if is_version_mismatch(&e) => bail!(
+                "handshake with {addr}: incompatible protocol versions: this build speaks {} and {addr} none of them; \
+                 run builds with a protocol version in common (a rolling upgrade moves one version at a time)",
+                versions_text(PROTOCOL_VERSIONS)
+            ),
+            Ok(Err(e)) => return Err(e).with_context(|| format!("handshake with {addr}")),
+            Ok(Ok(conn)) => conn,
+        };
         debug!(peer = %addr, remote = %target, "connected");
         Ok(conn)
     }

@@ -324,3 +324,23 @@ async fn rebind(cluster: &Cluster, addr: SocketAddr) -> Server {
         }
     }
 }
+
+#[tokio::test]
+async fn a_peer_of_another_protocol_version_is_refused_with_a_clear_message() {
+    let cluster = Cluster::new();
+    let server = start_server(&cluster.server_id, LOOPBACK.parse().expect("addr"));
+    let addr = server.addr.to_string();
+    // A build that speaks only a future version.
+    let future = PROTOCOL_VERSION + 1;
+    let ep = endpoint_speaking(LOOPBACK.parse().expect("addr"), &cluster.user("next"), false, &[future]).expect("endpoint");
+    let err = Client::new(ep).call(&addr, &envelope(Request::Cancel { job: 1 }), CALL_TIMEOUT).await.expect_err("refused");
+    let text = err.to_string();
+    assert!(text.contains("incompatible protocol versions"), "{text}");
+    assert!(text.contains(&format!("corral/{PROTOCOL_VERSION}")), "{text}");
+    // A build that speaks the next version and still ours negotiates ours.
+    let ep = endpoint_speaking(LOOPBACK.parse().expect("addr"), &cluster.user("both"), false, &[future, PROTOCOL_VERSION]).expect("ep");
+    let reply = Client::new(ep).call(&addr, &envelope(Request::Cancel { job: 2 }), CALL_TIMEOUT).await.expect("call");
+    assert_eq!(reply, Ok(Reply::Submitted { job: 2 }));
+    // The server kept serving this build all along.
+    assert_eq!(cancel(&cluster.client("alice"), &addr, 3).await.expect("call"), Ok(Reply::Submitted { job: 3 }));
+}
