@@ -230,6 +230,7 @@ impl Sim {
                 addr: format!("{name}:7100"),
                 inventory: inventory(cfg.gpus_per_node),
                 instance,
+                cert_fingerprint: String::new(),
                 now_ms: 0,
             };
             let id = match state.apply(&cmd) {

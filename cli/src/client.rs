@@ -36,6 +36,8 @@ pub struct Cluster {
     /// The node's local socket, when the CLI talks to its own node (peer credentials say who).
     local: Option<PathBuf>,
     client: Option<Client>,
+    /// The cluster CA's fingerprint, when a client certificate names it.
+    ca_fingerprint: Option<String>,
     servers: Vec<String>,
     /// Index of the server that answered last; tried first.
     preferred: std::sync::atomic::AtomicUsize,
@@ -59,6 +61,7 @@ impl Cluster {
         Ok(Cluster {
             local: None,
             client: Some(Client::new(endpoint)),
+            ca_fingerprint: Some(identity.ca_fingerprint()),
             servers,
             preferred: Default::default(),
             call_timeout: Duration::from_secs(10),
@@ -70,6 +73,7 @@ impl Cluster {
         Cluster {
             local: Some(socket.to_path_buf()),
             client: None,
+            ca_fingerprint: None,
             servers: vec![socket.display().to_string()],
             preferred: Default::default(),
             call_timeout: Duration::from_secs(10),
@@ -89,6 +93,17 @@ impl Cluster {
             return Ok(Cluster::local(Path::new(DEFAULT_SOCKET)));
         }
         Cluster::connect(&dir, server)
+    }
+
+    /// The fingerprint of the cluster CA this client trusts (for join tokens).
+    pub fn ca_fingerprint(&self) -> anyhow::Result<String> {
+        match &self.ca_fingerprint {
+            Some(fp) => Ok(fp.clone()),
+            None => {
+                let ca = std::fs::read_to_string("/etc/corral/ca.crt").context("read /etc/corral/ca.crt (or use --cluster DIR)")?;
+                transport::pki::ca_fingerprint(&ca)
+            }
+        }
     }
 
     /// Sends `request` to the first node that answers. Errors the cluster returned come back as

@@ -41,19 +41,34 @@ pub enum ClusterCmd {
     /// Join tokens.
     #[command(subcommand)]
     Token(TokenCmd),
+    /// Refuse a certificate from now on, on every node: a node's (by name) or any by fingerprint.
+    Revoke {
+        #[arg(long, conflicts_with = "fingerprint", required_unless_present = "fingerprint")]
+        node: Option<String>,
+        #[arg(long)]
+        fingerprint: Option<String>,
+    },
 }
 
 #[derive(Clone, Debug, clap::Subcommand)]
 pub enum TokenCmd {
-    /// Print a new join token for this cluster (same secret, new expiry).
+    /// A new join token in the cluster's log (admins): a machine enrols with it alone
+    /// (`corral cluster join --token T --server ADDR`) until it expires or is revoked. With
+    /// --offline, the cluster-secret token of `--dir`'s node.toml instead (for --bundle joins).
     Create {
-        /// Cluster configuration directory (holds ca.crt and node.toml).
-        #[arg(long, default_value = "/etc/corral")]
-        dir: PathBuf,
         /// How long the token is good for: 3600, 90s, 30m, 24h, 7d.
         #[arg(long, default_value = "24h")]
         ttl: String,
+        #[arg(long)]
+        offline: bool,
+        /// With --offline: the configuration directory (holds ca.crt and node.toml).
+        #[arg(long, default_value = "/etc/corral")]
+        dir: PathBuf,
     },
+    /// The join tokens in the log (admins): id, creator, expiry, revoked.
+    List,
+    /// Revoke a join token (admins): no machine enrols with it any more.
+    Revoke { id: u64 },
     /// Show what a token holds (CA fingerprint, expiry); the secret is not printed.
     Inspect { token: String },
 }
@@ -284,6 +299,8 @@ struct NodeToml {
     metrics_listen: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     socket: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ca_key: Option<String>,
     tls: TlsPaths,
 }
 
@@ -435,6 +452,8 @@ impl NodeSettings {
             voters_max: self.voters_max,
             metrics_listen: self.metrics_listen.map(|a| a.to_string()),
             socket: self.socket.as_ref().map(|p| p.display().to_string()),
+            // The first node keeps the CA key and signs the certificates of enrolling machines.
+            ca_key: bootstrap.then(|| "ca.key".to_string()),
             tls: TlsPaths { ca_cert: "ca.crt".into(), cert: "node.crt".into(), key: "node.key".into() },
         };
         let body = toml::to_string(&config).context("encode node.toml")?;
@@ -499,15 +518,80 @@ fn load_ca(dir: &Path) -> anyhow::Result<PemPair> {
     })
 }
 
-pub async fn run(cmd: ClusterCmd, server: Option<&str>, json: bool) -> anyhow::Result<()> {
+pub async fn run(
+    cmd: ClusterCmd,
+    server: Option<&str>,
+    json: bool,
+    connect: &dyn Fn() -> anyhow::Result<crate::client::Cluster>,
+) -> anyhow::Result<()> {
+    let patience = Duration::from_secs(10);
     match cmd {
         ClusterCmd::Init(args) => init(&args, json),
         ClusterCmd::Join(args) => join(&args, server, json).await,
         ClusterCmd::IssueNode(args) => issue_node(&args),
         ClusterCmd::IssueClient(args) => issue_client(&args),
-        ClusterCmd::Token(TokenCmd::Create { dir, ttl }) => {
+        ClusterCmd::Token(TokenCmd::Create { ttl, offline: true, dir }) => {
             let token = token_for(&dir, parse_ttl(&ttl)?)?;
             print_token(&token, json);
+            Ok(())
+        }
+        ClusterCmd::Token(TokenCmd::Create { ttl, offline: false, .. }) => {
+            let cluster = connect()?;
+            let ttl_ms = parse_ttl(&ttl)?.as_millis() as u64;
+            let Reply::JoinTokenCreated { id, secret, expires_ms } =
+                cluster.call_patiently(Request::CreateJoinToken { ttl_ms }, patience).await?
+            else {
+                bail!("unexpected reply to the token request");
+            };
+            let token = JoinToken { ca_fingerprint: cluster.ca_fingerprint()?, secret, expires_unix: expires_ms / 1000 };
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"id": id, "token": token.render(), "ca_fingerprint": token.ca_fingerprint, "expires_unix": token.expires_unix})
+                );
+            } else {
+                println!("{}", token.render());
+                eprintln!(
+                    "join token {id}; on a new machine: corral cluster join --token TOKEN --server ADDR --name NAME --listen ADDR:7100"
+                );
+            }
+            Ok(())
+        }
+        ClusterCmd::Token(TokenCmd::List) => {
+            let Reply::JoinTokens(tokens) = connect()?.call_patiently(Request::ListJoinTokens, patience).await? else {
+                bail!("unexpected reply to the token list");
+            };
+            if json {
+                let list: Vec<_> = tokens
+                    .iter()
+                    .map(|t| serde_json::json!({"id": t.id, "created_by": t.created_by, "created_ms": t.created_ms, "expires_ms": t.expires_ms, "revoked": t.revoked}))
+                    .collect();
+                println!("{}", serde_json::Value::Array(list));
+            } else {
+                println!("{:>4}  {:<12} {:>15}  STATE", "ID", "CREATED BY", "EXPIRES (UNIX)");
+                let now_ms = now_unix()? * 1000;
+                for t in &tokens {
+                    let state = if t.revoked {
+                        "revoked"
+                    } else if t.expires_ms <= now_ms {
+                        "expired"
+                    } else {
+                        "live"
+                    };
+                    println!("{:>4}  {:<12} {:>15}  {state}", t.id, t.created_by, t.expires_ms / 1000);
+                }
+            }
+            Ok(())
+        }
+        ClusterCmd::Token(TokenCmd::Revoke { id }) => {
+            connect()?.call_patiently(Request::RevokeJoinToken { id }, patience).await?;
+            eprintln!("join token {id} revoked");
+            Ok(())
+        }
+        ClusterCmd::Revoke { node, fingerprint } => {
+            let what = node.clone().map(|n| format!("node {n}")).or_else(|| fingerprint.clone()).unwrap_or_default();
+            connect()?.call_patiently(Request::RevokeCert { node, fingerprint }, patience).await?;
+            eprintln!("certificate of {what} revoked: every node refuses it from now on");
             Ok(())
         }
         ClusterCmd::Token(TokenCmd::Inspect { token }) => {
@@ -658,6 +742,51 @@ fn issue_client(args: &IssueClientArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Joins with the token alone: a key and a certificate request made here, signed by the node at
+/// `server`, which must prove the CA the token names before the token's secret is sent.
+async fn enroll(args: &JoinArgs, token: &JoinToken, server: &str, json: bool) -> anyhow::Result<()> {
+    let node = &args.node;
+    let owner = resolve_owner(node.owner.as_deref())?;
+    let dir = &args.dir;
+    check_fresh_dir(dir, &["node.toml", "node.key"], node.force)?;
+    let request = pki::node_csr(&node.name, &node.cert_hosts()?).context("make a key and a certificate request")?;
+    let envelope = Envelope {
+        hops: 0,
+        request: Request::Enroll { secret: token.secret.clone(), name: node.name.clone(), csr_pem: request.cert_pem.clone() },
+        user: None,
+    };
+    let reply = transport::call_pinned(server, &token.ca_fingerprint, &envelope, Duration::from_secs(20))
+        .await
+        .with_context(|| format!("enrol at {server}"))?;
+    let Reply::Enrolled { ca_cert_pem, cert_pem, join_secret, servers } = reply.map_err(|e| anyhow::anyhow!("enrol at {server}: {e}"))?
+    else {
+        bail!("enrol at {server}: unexpected reply");
+    };
+    token.check_ca(&ca_cert_pem)?;
+    TlsIdentity::from_pems(&ca_cert_pem, &cert_pem, &request.key_pem).context("check the signed certificate against this machine's key")?;
+    create_dir(dir)?;
+    let mut join: Vec<String> = vec![server.to_string()];
+    join.extend(servers.into_iter().filter(|s| s != server && *s != node.advertise_addr().unwrap_or_default()));
+    let node_toml = node.node_toml(&args.cluster_name, false, join, &join_secret)?;
+    let pair = PemPair { cert_pem: cert_pem.clone(), key_pem: request.key_pem };
+    write_node_files(dir, &ca_cert_pem, &pair, &node_toml, owner.as_ref())?;
+    let fingerprint = pki::cert_fingerprint(&cert_pem)?;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"dir": dir.display().to_string(), "node": node.name, "server": server, "ca_fingerprint": token.ca_fingerprint, "cert_fingerprint": fingerprint, "enrolled": true})
+        );
+    } else {
+        eprintln!(
+            "enrolled at {server} (CA {}): certificate {fingerprint}; wrote {}/node.toml for node {}; start it: systemctl enable --now corrald",
+            token.ca_fingerprint,
+            dir.display(),
+            node.name
+        );
+    }
+    Ok(())
+}
+
 async fn join(args: &JoinArgs, server: Option<&str>, json: bool) -> anyhow::Result<()> {
     let node = &args.node;
     node.validate()?;
@@ -667,13 +796,7 @@ async fn join(args: &JoinArgs, server: Option<&str>, json: bool) -> anyhow::Resu
         bail!("give the address of a cluster node with --server HOST:PORT");
     };
     let Some(bundle_path) = &args.bundle else {
-        bail!(
-            "this version cannot fetch a certificate with the token alone (the Enroll request is not in the protocol yet): \
-             on the first node run `corral cluster issue-node --name {} --host HOST --out {}.bundle`, copy the file here \
-             and pass --bundle",
-            node.name,
-            node.name
-        );
+        return enroll(args, &token, server, json).await;
     };
     let bundle: NodeBundle =
         toml::from_str(&read(bundle_path, "node bundle")?).with_context(|| format!("parse node bundle {}", bundle_path.display()))?;

@@ -87,6 +87,8 @@ struct NodeToml {
     #[serde(skip_serializing_if = "Option::is_none")]
     checkpoint_root: Option<String>,
     run_as_user: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ca_key: Option<String>,
     raft: RaftSection,
 }
 
@@ -259,6 +261,8 @@ pub async fn up(dir: &Path, opts: &DevOptions) -> anyhow::Result<()> {
                 None => dir.join("checkpoints").display().to_string(),
             }),
             run_as_user: opts.run_as_user,
+            // The first node signs the certificates of machines that enrol with a join token.
+            ca_key: (i == 0).then(|| "../ca.key".to_string()),
             raft: RaftSection {
                 heartbeat_interval_ms: 50,
                 election_timeout_min_ms: 200,

@@ -256,6 +256,7 @@ fn node_json(n: &NodeInfo) -> serde_json::Value {
         "addr": n.addr,
         "reason": n.reason,
         "unhealthy_gpus": n.unhealthy_gpus.iter().map(|(g, why)| json!({"gpu": g, "reason": why})).collect::<Vec<_>>(),
+        "cert_fingerprint": n.cert_fingerprint,
     })
 }
 
@@ -500,7 +501,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             }
         }
         // deploy (issue 8): cluster set-up subcommands.
-        Cmd::Cluster { admin: Some(admin) } => cluster_admin::run(admin, cli.server.as_deref(), cli.json).await?,
+        Cmd::Cluster { admin: Some(admin) } => cluster_admin::run(admin, cli.server.as_deref(), cli.json, &connect).await?,
         Cmd::Cluster { admin: None } => {
             let Reply::Cluster(info) = connect()?.call_patiently(Request::ClusterInfo, patience).await? else { bail!("unexpected reply") };
             if cli.json {

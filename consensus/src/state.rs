@@ -28,11 +28,29 @@ pub struct ClusterState {
     pub next_node_id: NodeId,
     /// Partitions and QoS the scheduler uses.
     pub policy: proto::SchedulerPolicy,
+    /// Join tokens by id (hashes of their secrets).
+    pub join_tokens: BTreeMap<u64, proto::JoinTokenRecord>,
+    pub next_token_id: u64,
+    /// Certificates refused everywhere: SHA-256 fingerprint to why.
+    pub revoked_certs: BTreeMap<String, String>,
 }
+
+/// Join tokens and revoked certificates kept at most (the oldest expired tokens go first).
+pub const JOIN_TOKENS_MAX: usize = 1024;
+pub const REVOKED_CERTS_MAX: usize = 65_536;
 
 impl Default for ClusterState {
     fn default() -> Self {
-        ClusterState { nodes: BTreeMap::new(), jobs: BTreeMap::new(), next_job_id: 1, next_node_id: 1, policy: Default::default() }
+        ClusterState {
+            nodes: BTreeMap::new(),
+            jobs: BTreeMap::new(),
+            next_job_id: 1,
+            next_node_id: 1,
+            policy: Default::default(),
+            join_tokens: BTreeMap::new(),
+            next_token_id: 1,
+            revoked_certs: BTreeMap::new(),
+        }
     }
 }
 
@@ -73,12 +91,61 @@ fn final_state(outcomes: &[(NodeId, RunOutcome)]) -> (JobState, Option<i32>, Opt
 }
 
 impl ClusterState {
+    /// The live join token whose secret hashes to `secret_sha256` at `now_ms`, if any.
+    pub fn live_join_token(&self, secret_sha256: &str, now_ms: u64) -> Option<&proto::JoinTokenRecord> {
+        self.join_tokens.values().find(|t| !t.revoked && t.expires_ms > now_ms && t.secret_sha256 == secret_sha256)
+    }
+
     /// Applies one committed command. Deterministic: the same state and command give the same
     /// result and the same next state on every replica.
     pub fn apply(&mut self, cmd: &Command) -> CommandResult {
         let result = match cmd {
-            Command::RegisterNode { name, addr, inventory, instance, now_ms } => {
-                self.register_node(name, addr, inventory, *instance, *now_ms)
+            Command::RegisterNode { name, addr, inventory, instance, cert_fingerprint, now_ms } => {
+                let result = self.register_node(name, addr, inventory, *instance, *now_ms);
+                if let Some(n) = self.nodes.values_mut().find(|n| n.name == *name) {
+                    n.cert_fingerprint = cert_fingerprint.clone();
+                }
+                result
+            }
+            Command::AddJoinToken { secret_sha256, expires_ms, created_by, now_ms } => {
+                if secret_sha256.len() != 64 || !secret_sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return rejected("a join token is kept as a 64-digit SHA-256");
+                }
+                if self.join_tokens.len() >= JOIN_TOKENS_MAX {
+                    // Forget the oldest expired or revoked token; refuse when all are live.
+                    let Some(old) = self.join_tokens.values().find(|t| t.revoked || t.expires_ms <= *now_ms).map(|t| t.id) else {
+                        return rejected(format!("{JOIN_TOKENS_MAX} live join tokens: revoke some first"));
+                    };
+                    self.join_tokens.remove(&old);
+                }
+                let id = self.next_token_id;
+                self.next_token_id += 1;
+                self.join_tokens.insert(
+                    id,
+                    proto::JoinTokenRecord {
+                        id,
+                        secret_sha256: secret_sha256.to_ascii_lowercase(),
+                        created_ms: *now_ms,
+                        expires_ms: *expires_ms,
+                        created_by: created_by.clone(),
+                        revoked: false,
+                    },
+                );
+                CommandResult::Ok
+            }
+            Command::RevokeJoinToken { id, now_ms: _ } => match self.join_tokens.get_mut(id) {
+                Some(t) => {
+                    t.revoked = true;
+                    CommandResult::Ok
+                }
+                None => rejected(format!("no join token {id}")),
+            },
+            Command::RevokeCert { fingerprint, reason, now_ms: _ } => {
+                if self.revoked_certs.len() >= REVOKED_CERTS_MAX && !self.revoked_certs.contains_key(fingerprint) {
+                    return rejected(format!("{REVOKED_CERTS_MAX} certificates are revoked already"));
+                }
+                self.revoked_certs.insert(fingerprint.to_ascii_lowercase(), reason.clone());
+                CommandResult::Ok
             }
             Command::NodeUp { node, instance, now_ms } => self.node_up(*node, *instance, *now_ms),
             Command::NodeDown { node, reason, now_ms } => self.node_down(*node, reason, *now_ms),
@@ -135,6 +202,7 @@ impl ClusterState {
                     state_reason: None,
                     registered_ms: now_ms,
                     state_changed_ms: now_ms,
+                    cert_fingerprint: String::new(),
                 },
             );
             return CommandResult::NodeRegistered { id };
@@ -687,7 +755,14 @@ mod tests {
     }
 
     fn register(s: &mut ClusterState, name: &str, instance: InstanceId) -> NodeId {
-        let cmd = Command::RegisterNode { name: name.into(), addr: format!("{name}:1"), inventory: inventory(8), instance, now_ms: 1 };
+        let cmd = Command::RegisterNode {
+            name: name.into(),
+            addr: format!("{name}:1"),
+            inventory: inventory(8),
+            instance,
+            cert_fingerprint: String::new(),
+            now_ms: 1,
+        };
         match s.apply(&cmd) {
             CommandResult::NodeRegistered { id } => id,
             other => panic!("register {name}: {other:?}"),
@@ -939,7 +1014,14 @@ mod tests {
     }
 
     fn register_again(s: &mut ClusterState, name: &str, instance: InstanceId) {
-        s.apply(&Command::RegisterNode { name: name.into(), addr: format!("{name}:1"), inventory: inventory(8), instance, now_ms: 70 });
+        s.apply(&Command::RegisterNode {
+            name: name.into(),
+            addr: format!("{name}:1"),
+            inventory: inventory(8),
+            instance,
+            cert_fingerprint: String::new(),
+            now_ms: 70,
+        });
     }
 
     #[test]

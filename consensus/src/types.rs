@@ -58,6 +58,9 @@ impl fmt::Display for LogCommand {
             Command::SetPolicy { .. } => write!(f, "set_policy"),
             Command::GpuHealth { node, gpu, healthy, .. } => write!(f, "gpu_health({node}/{gpu}, healthy {healthy})"),
             Command::UpdateInventory { node, .. } => write!(f, "update_inventory({node})"),
+            Command::AddJoinToken { .. } => write!(f, "add_join_token"),
+            Command::RevokeJoinToken { id, .. } => write!(f, "revoke_join_token({id})"),
+            Command::RevokeCert { fingerprint, .. } => write!(f, "revoke_cert({})", &fingerprint[..fingerprint.len().min(16)]),
         }
     }
 }

@@ -64,6 +64,10 @@ pub struct NodeConfig {
     /// `DATA_DIR/corral.sock`; deployed nodes use `/run/corral/corral.sock`.
     #[serde(default)]
     pub socket: Option<PathBuf>,
+    /// The cluster CA's key, on the node that signs the certificates of enrolling machines
+    /// (`corral cluster init` sets it on the first node). Keep it on as few nodes as possible.
+    #[serde(default)]
+    pub ca_key: Option<PathBuf>,
     /// Run each job as the user who submitted it (uid, gid, groups). Needs corrald to run as
     /// root; `false` runs jobs as corrald's own user (development clusters).
     #[serde(default = "default_true")]
@@ -181,6 +185,14 @@ fn default_schedule_interval_ms() -> u64 {
     100
 }
 
+/// A node name: 1-64 characters of `[A-Za-z0-9._-]`.
+pub fn validate_node_name(name: &str) -> anyhow::Result<()> {
+    if name.is_empty() || name.len() > 64 || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+        bail!("node name '{name}' must be 1-64 characters of [A-Za-z0-9._-]");
+    }
+    Ok(())
+}
+
 impl NodeConfig {
     pub fn load(path: &Path) -> anyhow::Result<NodeConfig> {
         let text = std::fs::read_to_string(path).with_context(|| format!("read node config at {}", path.display()))?;
@@ -197,15 +209,15 @@ impl NodeConfig {
                 *p = base.join(&*p);
             }
         }
-        if let Some(p) = self.checkpoint_root.as_mut().filter(|p| p.is_relative()) {
-            *p = base.join(&*p);
+        for p in [self.checkpoint_root.as_mut(), self.ca_key.as_mut(), self.socket.as_mut()].into_iter().flatten() {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
         }
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
-        if self.name.is_empty() || self.name.len() > 64 || !self.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
-            bail!("node name '{}' must be 1-64 characters of [A-Za-z0-9._-]", self.name);
-        }
+        validate_node_name(&self.name)?;
         if !(self.voters_max == 1 || self.voters_max == 3 || self.voters_max == 5) {
             bail!("voters_max must be 1, 3 or 5, not {}", self.voters_max);
         }

@@ -115,6 +115,11 @@ impl Node {
             Request::ApplyMigLayout { gpu, profiles } => self.apply_mig_layout(gpu, profiles),
             Request::SignalPart { job, run, signal, batch_only } => self.agent.signal(job, run, signal, batch_only),
             Request::Logs { job, stream, offset, max_bytes } => self.logs(hops, job, stream, offset, max_bytes, user).await,
+            Request::Enroll { secret, name, csr_pem } => self.enroll(&secret, &name, &csr_pem),
+            Request::ListJoinTokens => {
+                self.require_admin(user.as_deref(), "list join tokens")?;
+                Ok(Reply::JoinTokens(self.state.read(|s| s.join_tokens.values().cloned().collect())))
+            }
             request if request.needs_leader() => {
                 if self.is_leader() {
                     self.handle_on_leader(request, user).await
@@ -249,6 +254,7 @@ impl Node {
                         gpus_free: s.gpus_free(n.id),
                         gpu_types: types,
                         reason: n.state_reason.clone(),
+                        cert_fingerprint: n.cert_fingerprint.clone(),
                     }
                 })
                 .collect()
@@ -359,6 +365,39 @@ impl Node {
         }
     }
 
+    /// Signs the certificate of a machine that presents a live join token from the log: only a
+    /// node configured with the cluster CA key (`ca_key`) can.
+    fn enroll(&self, secret: &str, name: &str, csr_pem: &str) -> Response {
+        let Some(ca_key) = &self.config.ca_key else {
+            return Err(ApiError::Unavailable(format!(
+                "node {} does not hold the cluster CA key: enrol at the node where `corral cluster init` ran",
+                self.config.name
+            )));
+        };
+        let hash = sha256_hex(secret.as_bytes());
+        let known = self.state.read(|s| s.live_join_token(&hash, now_ms()).map(|t| t.id));
+        let Some(token) = known else {
+            warn!(node = %name, "enrolment refused: unknown, expired or revoked join token");
+            return Err(ApiError::Denied("the join token is unknown, expired or revoked".into()));
+        };
+        crate::config::validate_node_name(name).map_err(|e| ApiError::Invalid(format!("{e:#}")))?;
+        if csr_pem.len() > CSR_BYTES_MAX {
+            return Err(ApiError::Invalid(format!("certificate request longer than {CSR_BYTES_MAX} bytes")));
+        }
+        if self.state.read(|s| s.nodes.values().any(|n| n.name == name)) {
+            warn!(node = %name, token, "enrolment refused: the name is taken");
+            return Err(ApiError::Denied(format!("a node named {name} is already a member: pick another name")));
+        }
+        let ca_cert_pem = std::fs::read_to_string(&self.config.tls.ca_cert)
+            .map_err(|e| ApiError::Internal(format!("read {}: {e}", self.config.tls.ca_cert.display())))?;
+        let ca_key_pem = std::fs::read_to_string(ca_key).map_err(|e| ApiError::Internal(format!("read {}: {e}", ca_key.display())))?;
+        let ca = transport::pki::PemPair { cert_pem: ca_cert_pem.clone(), key_pem: ca_key_pem };
+        let cert_pem = transport::pki::sign_node_csr(&ca, csr_pem, name).map_err(|e| ApiError::Invalid(format!("{e:#}")))?;
+        let servers = self.state.read(|s| s.nodes.values().map(|n| n.addr.clone()).collect());
+        info!(node = %name, token, "enrolled a node: certificate signed");
+        Ok(Reply::Enrolled { ca_cert_pem, cert_pem, join_secret: self.config.join_token.clone(), servers })
+    }
+
     async fn handle_on_leader(&self, request: Request, user: Option<String>) -> Response {
         let now = now_ms();
         let who = user.as_deref();
@@ -371,6 +410,9 @@ impl Node {
             Request::Resume { .. } => self.require_admin(who, "resume nodes")?,
             Request::SetPolicy { .. } => self.require_admin(who, "change the scheduling policy")?,
             Request::SetGpuHealth { .. } => self.require_admin(who, "change GPU health")?,
+            Request::CreateJoinToken { .. } => self.require_admin(who, "create join tokens")?,
+            Request::RevokeJoinToken { .. } => self.require_admin(who, "revoke join tokens")?,
+            Request::RevokeCert { .. } => self.require_admin(who, "revoke certificates")?,
             _ => {}
         }
         match request {
@@ -403,12 +445,58 @@ impl Node {
                 let id = self.node_id_by_name(&node)?;
                 self.propose(Command::Resume { node: id, now_ms: now }).await.and_then(ok_or_rejected)
             }
-            Request::Join { token, name, addr, inventory, instance } => {
+            Request::CreateJoinToken { ttl_ms } => {
+                if ttl_ms == 0 || ttl_ms > JOIN_TOKEN_TTL_MS_MAX {
+                    return Err(ApiError::Invalid(format!("a join token lives 1..={JOIN_TOKEN_TTL_MS_MAX} ms")));
+                }
+                let secret = hex::encode(rand::random::<[u8; 32]>());
+                let secret_sha256 = sha256_hex(secret.as_bytes());
+                let expires_ms = now.saturating_add(ttl_ms);
+                let created_by = user.clone().unwrap_or_else(|| "root".into());
+                let cmd =
+                    Command::AddJoinToken { secret_sha256: secret_sha256.clone(), expires_ms, created_by: created_by.clone(), now_ms: now };
+                ok_or_rejected(self.propose(cmd).await?)?;
+                let id = self.state.read(|s| s.join_tokens.values().find(|t| t.secret_sha256 == secret_sha256).map(|t| t.id)).unwrap_or(0);
+                info!(id, by = %created_by, expires_ms, "join token created");
+                Ok(Reply::JoinTokenCreated { id, secret, expires_ms })
+            }
+            Request::RevokeJoinToken { id } => {
+                ok_or_rejected(self.propose(Command::RevokeJoinToken { id, now_ms: now }).await?)?;
+                info!(id, by = %who.unwrap_or("root"), "join token revoked");
+                Ok(Reply::Ok)
+            }
+            Request::RevokeCert { node, fingerprint } => {
+                let (fingerprint, reason) = match (node, fingerprint) {
+                    (Some(name), None) => {
+                        let fp = self.state.read(|s| s.nodes.values().find(|n| n.name == name).map(|n| n.cert_fingerprint.clone()));
+                        match fp {
+                            Some(fp) if !fp.is_empty() => (fp, format!("node {name} removed by {}", who.unwrap_or("root"))),
+                            Some(_) => {
+                                return Err(ApiError::Invalid(format!(
+                                    "node {name} joined before certificates were recorded; revoke by fingerprint"
+                                )))
+                            }
+                            None => return Err(ApiError::NotFound(format!("node {name}"))),
+                        }
+                    }
+                    (None, Some(fp)) if fp.len() == 64 && fp.bytes().all(|b| b.is_ascii_hexdigit()) => {
+                        (fp.to_ascii_lowercase(), format!("revoked by {}", who.unwrap_or("root")))
+                    }
+                    _ => return Err(ApiError::Invalid("name a node or a 64-digit certificate fingerprint".into())),
+                };
+                ok_or_rejected(
+                    self.propose(Command::RevokeCert { fingerprint: fingerprint.clone(), reason: reason.clone(), now_ms: now }).await?,
+                )?;
+                warn!(fingerprint = %fingerprint, reason = %reason, "certificate revoked");
+                Ok(Reply::Ok)
+            }
+            Request::Join { token, name, addr, inventory, instance, cert_fingerprint } => {
                 if !constant_time_eq(token.as_bytes(), self.config.join_token.as_bytes()) {
                     warn!(node = %name, "join refused: bad token");
                     return Err(ApiError::Denied("bad join token".into()));
                 }
-                match self.propose(Command::RegisterNode { name: name.clone(), addr, inventory, instance, now_ms: now }).await? {
+                let cmd = Command::RegisterNode { name: name.clone(), addr, inventory, instance, cert_fingerprint, now_ms: now };
+                match self.propose(cmd).await? {
                     CommandResult::NodeRegistered { id } => {
                         lock(&self.memory).last_seen.insert(id, Instant::now());
                         info!(node = %name, id, "node registered");
@@ -837,6 +925,16 @@ fn ok_or_rejected(result: CommandResult) -> Response {
     }
 }
 
+/// The longest a join token may live.
+const JOIN_TOKEN_TTL_MS_MAX: u64 = 30 * 24 * 3600 * 1000;
+/// The largest certificate request accepted.
+const CSR_BYTES_MAX: usize = 16 * 1024;
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
@@ -914,6 +1012,34 @@ impl Handler for Api {
     fn handle(&self, peer: Peer, mut envelope: Envelope) -> Pin<Box<dyn Future<Output = Response> + Send + 'static>> {
         // Who is asking: a user's certificate names them; a node may act for the user whose
         // request it forwards.
+        // A machine without a certificate may only enrol.
+        if peer.common_name == transport::ANONYMOUS_PEER {
+            return match (&envelope.request, self.node.get()) {
+                (Request::Enroll { .. }, Some(node)) => {
+                    envelope.user = None;
+                    envelope.hops = 0;
+                    Box::pin(Arc::clone(node).handle(envelope))
+                }
+                (Request::Enroll { .. }, None) => Box::pin(async { Err(ApiError::Unavailable("node is starting".into())) }),
+                _ => {
+                    debug!(peer = %peer.remote, "refused a request without a certificate");
+                    Box::pin(async { Err(ApiError::Denied("a certificate of the cluster is required".into())) })
+                }
+            };
+        }
+        if let Some(node) = self.node.get() {
+            if let Some(why) = node.state.read(|s| s.revoked_certs.get(&peer.fingerprint).cloned()) {
+                warn!(peer = %peer.common_name, fingerprint = %peer.fingerprint, reason = %why, "refused a revoked certificate");
+                return Box::pin(async move { Err(ApiError::Denied(format!("certificate revoked: {why}"))) });
+            }
+        }
+        // A joining node's certificate, as this handshake proved it (a forwarded Join keeps what
+        // the first node saw).
+        if let Request::Join { cert_fingerprint, .. } = &mut envelope.request {
+            if envelope.hops == 0 {
+                *cert_fingerprint = peer.fingerprint.clone();
+            }
+        }
         if let Some(name) = peer.common_name.strip_prefix(transport::pki::USER_CN_PREFIX) {
             envelope.user = Some(name.to_string());
             // A remote user's uid is not known here: the node that runs the job looks the name
@@ -1110,6 +1236,7 @@ pub async fn run(config: NodeConfig, mut stop: tokio::sync::watch::Receiver<bool
         addr: advertise.clone(),
         inventory: inventory.clone(),
         instance,
+        cert_fingerprint: String::new(),
     };
 
     let id_path = config.data_dir.join("node_id");
@@ -1149,6 +1276,7 @@ pub async fn run(config: NodeConfig, mut stop: tokio::sync::watch::Receiver<bool
             addr: advertise.clone(),
             inventory: inventory.clone(),
             instance,
+            cert_fingerprint: identity.fingerprint(),
             now_ms: now_ms(),
         };
         match consensus::propose(&raft, cmd).await.map_err(|e| anyhow::anyhow!("register the bootstrap node: {e}"))? {

@@ -176,6 +176,20 @@ pub struct NodeRecord {
     pub state_reason: Option<String>,
     pub registered_ms: u64,
     pub state_changed_ms: u64,
+    /// SHA-256 of the certificate the node joined with, as the TLS handshake showed it.
+    pub cert_fingerprint: String,
+}
+
+/// A join token in the log: only the hash of its secret is kept.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JoinTokenRecord {
+    pub id: u64,
+    /// SHA-256 of the secret, lowercase hex.
+    pub secret_sha256: String,
+    pub created_ms: u64,
+    pub expires_ms: u64,
+    pub created_by: String,
+    pub revoked: bool,
 }
 
 /// A node as `corral nodes` shows it.
@@ -192,6 +206,7 @@ pub struct NodeInfo {
     pub reason: Option<String>,
     /// GPUs marked unhealthy, with why.
     pub unhealthy_gpus: Vec<(u32, String)>,
+    pub cert_fingerprint: String,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -719,6 +734,24 @@ pub enum Command {
         addr: String,
         inventory: Inventory,
         instance: InstanceId,
+        cert_fingerprint: String,
+        now_ms: u64,
+    },
+    /// A join token that enrols nodes until `expires_ms` unless revoked.
+    AddJoinToken {
+        secret_sha256: String,
+        expires_ms: u64,
+        created_by: String,
+        now_ms: u64,
+    },
+    RevokeJoinToken {
+        id: u64,
+        now_ms: u64,
+    },
+    /// A certificate no node accepts any more.
+    RevokeCert {
+        fingerprint: String,
+        reason: String,
         now_ms: u64,
     },
     /// A node heartbeats again, or with a new instance.
@@ -872,6 +905,26 @@ pub enum Request {
         offset: u64,
         max_bytes: u32,
     },
+    /// Admin: a join token good for `ttl_ms`; the reply holds its secret, the log only a hash.
+    CreateJoinToken {
+        ttl_ms: u64,
+    },
+    ListJoinTokens,
+    RevokeJoinToken {
+        id: u64,
+    },
+    /// Admin: refuse a certificate from now on, by the node that holds it or by fingerprint.
+    RevokeCert {
+        node: Option<String>,
+        fingerprint: Option<String>,
+    },
+    /// From a machine without a certificate (the only request such a peer may make): a join
+    /// token's secret and a CSR for node `name`; a node holding the cluster CA key answers.
+    Enroll {
+        secret: String,
+        name: String,
+        csr_pem: String,
+    },
     // node to node
     Join {
         token: String,
@@ -879,6 +932,8 @@ pub enum Request {
         addr: String,
         inventory: Inventory,
         instance: InstanceId,
+        /// Set by the node that took the request from the TLS handshake, never by the caller.
+        cert_fingerprint: String,
     },
     Heartbeat {
         node: NodeId,
@@ -987,6 +1042,9 @@ impl Request {
                 | Request::UpdateJob { .. }
                 | Request::Signal { .. }
                 | Request::SetPolicy { .. }
+                | Request::CreateJoinToken { .. }
+                | Request::RevokeJoinToken { .. }
+                | Request::RevokeCert { .. }
         )
     }
 }
@@ -1043,17 +1101,49 @@ pub struct ClusterInfo {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
     Ok,
-    Submitted { job: JobId },
+    Submitted {
+        job: JobId,
+    },
     Job(Box<Job>),
     Jobs(Vec<Job>),
     Nodes(Vec<NodeInfo>),
     Cluster(ClusterInfo),
-    LogChunk { data: Vec<u8>, next_offset: u64, finished: bool },
-    Joined { id: NodeId, name: String },
-    HeartbeatAck { leader: NodeId, term: u64 },
-    LaunchAck { job: JobId, run: RunNo, instance: InstanceId },
-    Raft { payload: Vec<u8> },
+    LogChunk {
+        data: Vec<u8>,
+        next_offset: u64,
+        finished: bool,
+    },
+    Joined {
+        id: NodeId,
+        name: String,
+    },
+    HeartbeatAck {
+        leader: NodeId,
+        term: u64,
+    },
+    LaunchAck {
+        job: JobId,
+        run: RunNo,
+        instance: InstanceId,
+    },
+    Raft {
+        payload: Vec<u8>,
+    },
     Policy(SchedulerPolicy),
+    JoinTokenCreated {
+        id: u64,
+        secret: String,
+        expires_ms: u64,
+    },
+    JoinTokens(Vec<JoinTokenRecord>),
+    /// A signed node certificate, the CA, the cluster's member secret for `Join`, and where
+    /// the cluster's nodes are.
+    Enrolled {
+        ca_cert_pem: String,
+        cert_pem: String,
+        join_secret: String,
+        servers: Vec<String>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]

@@ -110,3 +110,106 @@ fn users_act_on_their_own_jobs_and_only_admins_on_the_cluster() {
     assert!(c.corral(&["cancel", &roots.to_string()]).status.success());
     assert!(c.corral(&["drain", "n1"]).status.success());
 }
+
+/// A `corrald` started from a node.toml that `corral cluster join` wrote; killed when dropped.
+struct Joined(std::process::Child);
+
+impl Drop for Joined {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_machine_enrols_with_a_token_alone_and_revocations_hold() {
+    let c = TestCluster::up(&["--nodes", "2", "--gpus", "h100:8"]);
+    let n1 = c.addr("n1");
+    let created = c.json(&["cluster", "token", "create", "--ttl", "10m"]);
+    let token = created["token"].as_str().expect("token").to_string();
+    let token_id = created["id"].as_u64().expect("token id");
+    let listed = c.json(&["cluster", "token", "list"]);
+    assert!(listed.as_array().is_some_and(|l| l.iter().any(|t| t["id"] == token_id && t["revoked"] == false)), "{listed}");
+
+    // A machine with nothing but the token and an address.
+    let join = |name: &str, token: &str| {
+        let dir = c.path().join(format!("joining-{name}"));
+        let dir_text = dir.to_str().expect("utf-8").to_string();
+        let port = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp").local_addr().expect("addr").port();
+        let listen = format!("127.0.0.1:{port}");
+        let data = dir.join("data");
+        let args = [
+            "--json",
+            "--server",
+            &n1,
+            "cluster",
+            "join",
+            "--dir",
+            &dir_text,
+            "--token",
+            token,
+            "--name",
+            name,
+            "--listen",
+            &listen,
+            "--gpus",
+            "h100:8",
+            "--data-dir",
+            data.to_str().expect("utf-8"),
+        ];
+        let out = c.raw(&args);
+        (dir, out)
+    };
+    let (dir, out) = join("n9", &token);
+    assert!(out.status.success(), "join with the token alone: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["enrolled"], true);
+    let fingerprint = v["cert_fingerprint"].as_str().expect("fingerprint").to_string();
+    let log = std::fs::File::create(dir.join("corrald.log")).expect("log");
+    let child = std::process::Command::new(corral_tests::bin_dir().join("corrald"))
+        .arg("--config")
+        .arg(dir.join("node.toml"))
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("start the enrolled node");
+    let _n9 = Joined(child);
+    corral_tests::wait_until("the enrolled node to be up", Duration::from_secs(60), || {
+        c.json(&["nodes"]).as_array().into_iter().flatten().any(|n| n["name"] == "n9" && n["state"] == "UP")
+    });
+
+    // A revoked token enrols nobody; neither does a token for another CA, nor a taken name.
+    let out = c.corral(&["cluster", "token", "revoke", &token_id.to_string()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (_, out) = join("n10", &token);
+    assert!(!out.status.success(), "enrolled with a revoked token");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown, expired or revoked"), "{}", String::from_utf8_lossy(&out.stderr));
+    let fresh = c.json(&["cluster", "token", "create", "--ttl", "10m"])["token"].as_str().expect("token").to_string();
+    let other_ca = pki::ca_fingerprint(&pki::generate_ca("other").expect("ca").cert_pem).expect("fingerprint");
+    let parts: Vec<&str> = fresh.split(':').collect();
+    let forged = format!("{}:{}:{}:{}:{}", parts[0], parts[1], other_ca, parts[3], parts[4]);
+    let (_, out) = join("n11", &forged);
+    assert!(!out.status.success(), "enrolled at a server of another CA");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("handshake"), "{}", String::from_utf8_lossy(&out.stderr));
+    let (_, out) = join("n1", &fresh);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already a member"), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // Revoking n9's certificate: every node refuses it, so n9 is declared down, and a client
+    // using that certificate is refused.
+    let nodes = c.json(&["nodes"]);
+    let recorded = nodes.as_array().and_then(|l| l.iter().find(|n| n["name"] == "n9")).map(|n| n["cert_fingerprint"].clone());
+    assert_eq!(recorded, Some(serde_json::Value::String(fingerprint.clone())), "the leader recorded the certificate n9 joined with");
+    let out = c.corral(&["cluster", "revoke", "--node", "n9"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    corral_tests::wait_until("the revoked node to be down", Duration::from_secs(30), || {
+        c.json(&["nodes"]).as_array().into_iter().flatten().any(|n| n["name"] == "n9" && n["state"] == "DOWN")
+    });
+    std::fs::write(
+        dir.join("client.toml"),
+        format!("servers = [\"{n1}\"]\n[tls]\nca_cert = \"ca.crt\"\ncert = \"node.crt\"\nkey = \"node.key\"\n"),
+    )
+    .expect("client.toml");
+    let out = c.raw(&["--cluster", dir.to_str().expect("utf-8"), "queue"]);
+    assert!(!out.status.success(), "a revoked certificate was served");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("certificate revoked"), "{}", String::from_utf8_lossy(&out.stderr));
+}

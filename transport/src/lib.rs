@@ -105,15 +105,28 @@ fn client_config(id: &TlsIdentity, versions: &[u8]) -> anyhow::Result<quinn::Cli
     Ok(config)
 }
 
+fn chain_with_ca(id: &TlsIdentity) -> Vec<CertificateDer<'static>> {
+    let mut chain = id.chain.clone();
+    if !chain.contains(&id.ca_der) {
+        chain.push(id.ca_der.clone());
+    }
+    chain
+}
+
 fn server_config(id: &TlsIdentity, versions: &[u8]) -> anyhow::Result<quinn::ServerConfig> {
     let provider = crypto_provider();
-    let verifier =
-        WebPkiClientVerifier::builder_with_provider(roots(id)?, provider.clone()).build().context("build client certificate verifier")?;
+    // A client certificate, when shown, must chain to the cluster CA; a peer without one may
+    // connect, and the handler lets it only enrol.
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots(id)?, provider.clone())
+        .allow_unauthenticated()
+        .build()
+        .context("build client certificate verifier")?;
     let mut tls = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .context("select TLS 1.3")?
         .with_client_cert_verifier(verifier)
-        .with_single_cert(id.chain.clone(), id.key.clone_key())
+        // The CA goes with the leaf: an enrolling machine pins it by its fingerprint.
+        .with_single_cert(chain_with_ca(id), id.key.clone_key())
         .context("use own certificate for serving")?;
     tls.alpn_protocols = versions.iter().map(|v| alpn(*v)).collect();
     let quic = QuicServerConfig::try_from(tls).context("make QUIC server config")?;
@@ -228,20 +241,28 @@ pub async fn read_frame(recv: &mut quinn::RecvStream, max_bytes: usize) -> Resul
 pub struct Peer {
     pub remote: SocketAddr,
     /// The common name of the peer's certificate: a node's name, or `user:<name>` for a user.
-    /// A certificate without one is named `sha256:<hex fingerprint>`.
+    /// A certificate without one is named `sha256:<hex fingerprint>`; a peer without a
+    /// certificate is [`ANONYMOUS_PEER`].
     pub common_name: String,
+    /// Hex SHA-256 of the peer's certificate; empty for an anonymous peer.
+    pub fingerprint: String,
 }
+
+/// How a peer without a certificate is named. Such a peer may only enrol (the handler decides).
+pub const ANONYMOUS_PEER: &str = "anonymous:";
 
 /// Answers requests. Called once per stream, concurrently; the future must not borrow `self`.
 pub trait Handler: Send + Sync + 'static {
     fn handle(&self, peer: Peer, envelope: Envelope) -> Pin<Box<dyn Future<Output = Response> + Send + 'static>>;
 }
 
-fn peer_of(conn: &quinn::Connection) -> Option<Peer> {
-    let identity = conn.peer_identity()?;
-    let chain = identity.downcast::<Vec<CertificateDer<'static>>>().ok()?;
-    let leaf = chain.first()?;
-    Some(Peer { remote: conn.remote_address(), common_name: pki::peer_name(leaf) })
+fn peer_of(conn: &quinn::Connection) -> Peer {
+    let leaf =
+        conn.peer_identity().and_then(|id| id.downcast::<Vec<CertificateDer<'static>>>().ok()).and_then(|chain| chain.first().cloned());
+    match leaf {
+        Some(leaf) => Peer { remote: conn.remote_address(), common_name: pki::peer_name(&leaf), fingerprint: pki::der_fingerprint(&leaf) },
+        None => Peer { remote: conn.remote_address(), common_name: ANONYMOUS_PEER.to_string(), fingerprint: String::new() },
+    }
 }
 
 /// Accepts connections on `endpoint` until it is closed, answering every request with
@@ -270,11 +291,7 @@ pub async fn serve(endpoint: quinn::Endpoint, handler: Arc<dyn Handler>) {
                     return;
                 }
             };
-            let Some(peer) = peer_of(&conn) else {
-                warn!(peer = %remote, "connection refused: no peer certificate");
-                conn.close(VarInt::from_u32(CODE_REFUSED), b"no peer certificate");
-                return;
-            };
+            let peer = peer_of(&conn);
             debug!(peer = %remote, name = %peer.common_name, "connection accepted");
             serve_connection(conn, peer, handler).await;
         });
@@ -584,3 +601,102 @@ async fn exchange((mut send, mut recv): (quinn::SendStream, quinn::RecvStream), 
 
 #[cfg(test)]
 mod tests;
+
+// ---------------------------------------------------------------------------------------------
+// Enrolment: a machine without a certificate, pinning the cluster CA by its fingerprint
+
+/// Accepts a server whose chain carries a CA with the pinned fingerprint and whose leaf that CA
+/// signed for `corral.cluster`; nothing else.
+#[derive(Debug)]
+struct PinnedCa {
+    fingerprint: String,
+    provider: Arc<CryptoProvider>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for PinnedCa {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &rustls::pki_types::ServerName<'_>,
+        ocsp_response: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        let ca = intermediates
+            .iter()
+            .find(|c| pki::der_fingerprint(c) == self.fingerprint)
+            .ok_or_else(|| rustls::Error::General(format!("the server's chain holds no CA with fingerprint {}", self.fingerprint)))?;
+        let mut roots = RootCertStore::empty();
+        roots.add(ca.clone().into_owned()).map_err(|e| rustls::Error::General(format!("use the pinned CA: {e}")))?;
+        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), self.provider.clone())
+            .build()
+            .map_err(|e| rustls::Error::General(format!("build the pinned verifier: {e}")))?;
+        verifier.verify_server_cert(end_entity, &[], server_name, ocsp_response, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// One request from a machine without a certificate (enrolment) to the node at `addr`, whose
+/// cluster CA must have fingerprint `ca_fingerprint` (from the join token): the request, and the
+/// secret in it, go only to a server that proves that CA signed it.
+pub async fn call_pinned(addr: &str, ca_fingerprint: &str, envelope: &Envelope, timeout: Duration) -> Result<Response, CallError> {
+    let provider = crypto_provider();
+    let verifier = Arc::new(PinnedCa { fingerprint: ca_fingerprint.to_ascii_lowercase(), provider: provider.clone() });
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| CallError::Connect(format!("select TLS 1.3: {e}")))?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth();
+    tls.alpn_protocols = PROTOCOL_VERSIONS.iter().map(|v| alpn(*v)).collect();
+    let quic = QuicClientConfig::try_from(tls).map_err(|e| CallError::Connect(format!("make QUIC client config: {e}")))?;
+    let mut config = quinn::ClientConfig::new(Arc::new(quic));
+    config.transport_config(transport_config().map_err(|e| CallError::Connect(format!("{e:#}")))?);
+    let bind: SocketAddr =
+        if addr.starts_with('[') { "[::]:0" } else { "0.0.0.0:0" }.parse().map_err(|e| CallError::Connect(format!("{e}")))?;
+    let endpoint = quinn::Endpoint::client(bind).map_err(|e| CallError::Connect(format!("bind QUIC client: {e}")))?;
+    let exchange = async {
+        let target = resolve(addr, endpoint.local_addr().ok()).await.map_err(|e| CallError::Connect(format!("{e:#}")))?;
+        let connecting = endpoint.connect_with(config, target, SERVER_NAME).map_err(|e| CallError::Connect(format!("dial {addr}: {e}")))?;
+        let conn = match connecting.await {
+            Ok(c) => c,
+            Err(e) if is_version_mismatch(&e) => {
+                return Err(CallError::Connect(format!(
+                    "handshake with {addr}: incompatible protocol versions ({})",
+                    versions_text(PROTOCOL_VERSIONS)
+                )))
+            }
+            Err(e) => return Err(CallError::Connect(format!("handshake with {addr} (is its CA the token's {ca_fingerprint}?): {e}"))),
+        };
+        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| CallError::Io(e.to_string()))?;
+        write_frame(&mut send, &proto::encode(envelope)).await?;
+        let _ = send.finish();
+        let reply = read_frame(&mut recv, FRAME_BYTES_MAX).await?;
+        conn.close(VarInt::from_u32(0), b"done");
+        proto::decode::<Response>(&reply, FRAME_BYTES_MAX).map_err(|e| CallError::Codec(e.to_string()))
+    };
+    let result = tokio::time::timeout(timeout, exchange).await.map_err(|_| CallError::Timeout)?;
+    endpoint.wait_idle().await;
+    result
+}

@@ -111,6 +111,12 @@ pub fn issue_node_cert(ca: &PemPair, node_name: &str, hosts: &[String]) -> anyho
     if node_name.is_empty() {
         bail!("a node needs a non-empty name");
     }
+    let sans = node_sans(node_name, hosts)?;
+    leaf(ca, node_name, sans, vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth])
+}
+
+/// The SANs a node certificate carries: `corral.cluster`, the node's name, each of `hosts`.
+fn node_sans(node_name: &str, hosts: &[String]) -> anyhow::Result<Vec<SanType>> {
     let mut sans = vec![dns_san(SERVER_NAME)?];
     let mut push = |san: SanType| {
         if !sans.contains(&san) {
@@ -128,7 +134,67 @@ pub fn issue_node_cert(ca: &PemPair, node_name: &str, hosts: &[String]) -> anyho
             Err(_) => push(dns_san(host)?),
         }
     }
-    leaf(ca, node_name, sans, vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth])
+    Ok(sans)
+}
+
+/// Most names a node may ask for in its certificate.
+pub const NODE_HOSTS_MAX: usize = 32;
+
+/// A key and a certificate signing request for node `node_name` reachable as `hosts`: what a
+/// machine sends to enrol with a join token alone. The key never leaves it.
+pub fn node_csr(node_name: &str, hosts: &[String]) -> anyhow::Result<PemPair> {
+    let key = KeyPair::generate().context("generate key")?;
+    let mut params = CertificateParams::new(Vec::<String>::new()).context("build request parameters")?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, node_name);
+    params.distinguished_name = dn;
+    params.subject_alt_names = node_sans(node_name, hosts)?;
+    let csr = params.serialize_request(&key).context("sign the certificate request")?;
+    Ok(PemPair { cert_pem: csr.pem().context("encode the certificate request")?, key_pem: key.serialize_pem() })
+}
+
+/// Signs a node's certificate request with the cluster CA: the common name is `node_name`
+/// whatever the request says; of its names only DNS names and IP addresses are kept (at most
+/// [`NODE_HOSTS_MAX`]), plus `corral.cluster` and the node's name.
+pub fn sign_node_csr(ca: &PemPair, csr_pem: &str, node_name: &str) -> anyhow::Result<String> {
+    if node_name.is_empty() {
+        bail!("a node needs a non-empty name");
+    }
+    let ca_key = KeyPair::from_pem(&ca.key_pem).context("parse CA key")?;
+    let issuer = Issuer::from_ca_cert_pem(&ca.cert_pem, &ca_key).context("parse CA certificate")?;
+    let mut csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem).context("parse the certificate request")?;
+    let hosts: Vec<String> = csr
+        .params
+        .subject_alt_names
+        .iter()
+        .filter_map(|san| match san {
+            SanType::DnsName(n) => Some(n.as_str().to_string()),
+            SanType::IpAddress(ip) => Some(ip.to_string()),
+            _ => None,
+        })
+        .collect();
+    if hosts.len() > NODE_HOSTS_MAX {
+        bail!("the request names {} hosts; at most {NODE_HOSTS_MAX}", hosts.len());
+    }
+    let mut params = CertificateParams::new(Vec::<String>::new()).context("build certificate parameters")?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, node_name);
+    params.distinguished_name = dn;
+    params.subject_alt_names = node_sans(node_name, &hosts)?;
+    params.is_ca = IsCa::ExplicitNoCa;
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+    params.use_authority_key_identifier_extension = true;
+    validity(&mut params, LEAF_VALIDITY_DAYS);
+    new_serial(&mut params, node_name.as_bytes());
+    csr.params = params;
+    let cert = csr.signed_by(&issuer).with_context(|| format!("sign the certificate of {node_name}"))?;
+    Ok(cert.pem())
+}
+
+/// Hex SHA-256 of a certificate's DER (of the first certificate in `cert_pem`).
+pub fn cert_fingerprint(cert_pem: &str) -> anyhow::Result<String> {
+    Ok(der_fingerprint(&first_cert_der(cert_pem)?))
 }
 
 /// Issues a user's client certificate, common name `user:<user>`.
@@ -149,7 +215,7 @@ pub fn ca_fingerprint(ca_cert_pem: &str) -> anyhow::Result<String> {
     Ok(der_fingerprint(&der))
 }
 
-pub(crate) fn der_fingerprint(der: &[u8]) -> String {
+pub fn der_fingerprint(der: &[u8]) -> String {
     hex::encode(Sha256::digest(der))
 }
 
@@ -255,6 +321,11 @@ impl TlsIdentity {
         }
     }
 
+    /// Hex SHA-256 of this identity's own certificate.
+    pub fn fingerprint(&self) -> String {
+        self.chain.first().map(|c| der_fingerprint(c)).unwrap_or_default()
+    }
+
     /// Hex SHA-256 of the cluster CA's DER, as [`ca_fingerprint`] gives it.
     pub fn ca_fingerprint(&self) -> String {
         der_fingerprint(&self.ca_der)
@@ -303,6 +374,21 @@ mod tests {
         // A key that is not the certificate's is refused.
         assert!(TlsIdentity::from_pems(&ca.cert_pem, &user.cert_pem, &node.key_pem).is_err());
         assert!(issue_client_cert(&ca, "").is_err());
+    }
+
+    #[test]
+    fn a_signed_request_names_the_node_whatever_it_asked() {
+        let ca = generate_ca("test").expect("generate CA");
+        let req = node_csr("gpu-07", &["10.0.0.7".into(), "gpu-07.lan".into()]).expect("csr");
+        let cert = sign_node_csr(&ca, &req.cert_pem, "gpu-07").expect("sign");
+        let id = TlsIdentity::from_pems(&ca.cert_pem, &cert, &req.key_pem).expect("the signed certificate goes with the request's key");
+        assert_eq!(id.common_name(), "gpu-07");
+        // A request for another name gets the name the signer decided.
+        let other = sign_node_csr(&ca, &req.cert_pem, "gpu-08").expect("sign");
+        let id = TlsIdentity::from_pems(&ca.cert_pem, &other, &req.key_pem).expect("identity");
+        assert_eq!(id.common_name(), "gpu-08");
+        assert!(sign_node_csr(&ca, "not a request", "x").is_err());
+        assert_eq!(cert_fingerprint(&cert).expect("fingerprint").len(), 64);
     }
 
     #[test]

@@ -344,3 +344,21 @@ async fn a_peer_of_another_protocol_version_is_refused_with_a_clear_message() {
     // The server kept serving this build all along.
     assert_eq!(cancel(&cluster.client("alice"), &addr, 3).await.expect("call"), Ok(Reply::Submitted { job: 3 }));
 }
+
+#[tokio::test]
+async fn a_machine_without_a_certificate_reaches_only_a_server_of_the_pinned_ca() {
+    let cluster = Cluster::new();
+    let server = start_server(&cluster.server_id, LOOPBACK.parse().expect("addr"));
+    let addr = server.addr.to_string();
+    let fingerprint = cluster.server_id.ca_fingerprint();
+    // The right CA: the server answers, and names the caller anonymous.
+    let named = call_pinned(&addr, &fingerprint, &envelope(Request::ListNodes), CALL_TIMEOUT).await.expect("call");
+    assert_eq!(named, Ok(Reply::Joined { id: 0, name: ANONYMOUS_PEER.into() }));
+    // Another CA's fingerprint: the handshake fails before anything is sent.
+    let calls = server.handler.calls.load(Ordering::SeqCst);
+    let other = generate_ca("other").expect("other CA");
+    let wrong = ca_fingerprint(&other.cert_pem).expect("fingerprint");
+    let err = call_pinned(&addr, &wrong, &envelope(Request::ListNodes), CALL_TIMEOUT).await.expect_err("refused");
+    assert!(err.to_string().contains("handshake"), "{err}");
+    assert_eq!(server.handler.calls.load(Ordering::SeqCst), calls, "the request never reached the server");
+}

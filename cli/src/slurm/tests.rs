@@ -761,6 +761,7 @@ fn node(id: u64, name: &str, state: NodeState, total: u32, free: u32) -> NodeInf
         gpu_types: vec!["h100".into()],
         reason: None,
         unhealthy_gpus: vec![],
+        cert_fingerprint: String::new(),
     }
 }
 
