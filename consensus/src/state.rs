@@ -33,6 +33,8 @@ pub struct ClusterState {
     pub next_token_id: u64,
     /// Certificates refused everywhere: SHA-256 fingerprint to why.
     pub revoked_certs: BTreeMap<String, String>,
+    /// Node names whose every certificate is refused: name to why.
+    pub revoked_nodes: BTreeMap<String, String>,
 }
 
 /// Join tokens and revoked certificates kept at most (the oldest expired tokens go first).
@@ -50,6 +52,7 @@ impl Default for ClusterState {
             join_tokens: BTreeMap::new(),
             next_token_id: 1,
             revoked_certs: BTreeMap::new(),
+            revoked_nodes: BTreeMap::new(),
         }
     }
 }
@@ -140,11 +143,17 @@ impl ClusterState {
                 }
                 None => rejected(format!("no join token {id}")),
             },
-            Command::RevokeCert { fingerprint, reason, now_ms: _ } => {
-                if self.revoked_certs.len() >= REVOKED_CERTS_MAX && !self.revoked_certs.contains_key(fingerprint) {
+            Command::RevokeCert { fingerprint, node, reason, now_ms: _ } => {
+                if self.revoked_certs.len() + self.revoked_nodes.len() >= REVOKED_CERTS_MAX && !self.revoked_certs.contains_key(fingerprint)
+                {
                     return rejected(format!("{REVOKED_CERTS_MAX} certificates are revoked already"));
                 }
-                self.revoked_certs.insert(fingerprint.to_ascii_lowercase(), reason.clone());
+                if !fingerprint.is_empty() {
+                    self.revoked_certs.insert(fingerprint.to_ascii_lowercase(), reason.clone());
+                }
+                if let Some(name) = node {
+                    self.revoked_nodes.insert(name.clone(), reason.clone());
+                }
                 CommandResult::Ok
             }
             Command::NodeUp { node, instance, now_ms } => self.node_up(*node, *instance, *now_ms),

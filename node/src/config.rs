@@ -68,6 +68,12 @@ pub struct NodeConfig {
     /// (`corral cluster init` sets it on the first node). Keep it on as few nodes as possible.
     #[serde(default)]
     pub ca_key: Option<PathBuf>,
+    /// Renew this node's certificate when fewer than this many ms are left (default 30 days).
+    #[serde(default = "default_cert_renew_before_ms")]
+    pub cert_renew_before_ms: u64,
+    /// How often the certificate's expiry is checked (default 1 h).
+    #[serde(default = "default_cert_check_interval_ms")]
+    pub cert_check_interval_ms: u64,
     /// Run each job as the user who submitted it (uid, gid, groups). Needs corrald to run as
     /// root; `false` runs jobs as corrald's own user (development clusters).
     #[serde(default = "default_true")]
@@ -159,6 +165,12 @@ fn default_gpus() -> String {
 }
 fn default_voters_max() -> usize {
     3
+}
+fn default_cert_renew_before_ms() -> u64 {
+    30 * 24 * 3600 * 1000
+}
+fn default_cert_check_interval_ms() -> u64 {
+    3600 * 1000
 }
 fn default_true() -> bool {
     true

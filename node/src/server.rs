@@ -398,6 +398,24 @@ impl Node {
         Ok(Reply::Enrolled { ca_cert_pem, cert_pem, join_secret: self.config.join_token.clone(), servers })
     }
 
+    /// Signs a new certificate for node `name` (the name its current certificate proves) from
+    /// its request: rotation before expiry. Only a node holding the CA key can.
+    fn sign_renewal(&self, name: &str, csr_pem: &str) -> Response {
+        let Some(ca_key) = &self.config.ca_key else {
+            return Err(ApiError::Unavailable(format!("node {} does not hold the cluster CA key", self.config.name)));
+        };
+        if csr_pem.len() > CSR_BYTES_MAX {
+            return Err(ApiError::Invalid(format!("certificate request longer than {CSR_BYTES_MAX} bytes")));
+        }
+        let ca_cert_pem = std::fs::read_to_string(&self.config.tls.ca_cert)
+            .map_err(|e| ApiError::Internal(format!("read {}: {e}", self.config.tls.ca_cert.display())))?;
+        let ca_key_pem = std::fs::read_to_string(ca_key).map_err(|e| ApiError::Internal(format!("read {}: {e}", ca_key.display())))?;
+        let ca = transport::pki::PemPair { cert_pem: ca_cert_pem.clone(), key_pem: ca_key_pem };
+        let cert_pem = transport::pki::sign_node_csr(&ca, csr_pem, name).map_err(|e| ApiError::Invalid(format!("{e:#}")))?;
+        info!(node = %name, "renewed a node certificate");
+        Ok(Reply::Enrolled { ca_cert_pem, cert_pem, join_secret: String::new(), servers: Vec::new() })
+    }
+
     async fn handle_on_leader(&self, request: Request, user: Option<String>) -> Response {
         let now = now_ms();
         let who = user.as_deref();
@@ -466,28 +484,22 @@ impl Node {
                 Ok(Reply::Ok)
             }
             Request::RevokeCert { node, fingerprint } => {
-                let (fingerprint, reason) = match (node, fingerprint) {
+                let (fingerprint, node, reason) = match (node, fingerprint) {
                     (Some(name), None) => {
+                        // The certificate it joined with, and every one of its name after it.
                         let fp = self.state.read(|s| s.nodes.values().find(|n| n.name == name).map(|n| n.cert_fingerprint.clone()));
-                        match fp {
-                            Some(fp) if !fp.is_empty() => (fp, format!("node {name} removed by {}", who.unwrap_or("root"))),
-                            Some(_) => {
-                                return Err(ApiError::Invalid(format!(
-                                    "node {name} joined before certificates were recorded; revoke by fingerprint"
-                                )))
-                            }
-                            None => return Err(ApiError::NotFound(format!("node {name}"))),
-                        }
+                        let Some(fp) = fp else { return Err(ApiError::NotFound(format!("node {name}"))) };
+                        let reason = format!("node {name} removed by {}", who.unwrap_or("root"));
+                        (fp, Some(name), reason)
                     }
                     (None, Some(fp)) if fp.len() == 64 && fp.bytes().all(|b| b.is_ascii_hexdigit()) => {
-                        (fp.to_ascii_lowercase(), format!("revoked by {}", who.unwrap_or("root")))
+                        (fp.to_ascii_lowercase(), None, format!("revoked by {}", who.unwrap_or("root")))
                     }
                     _ => return Err(ApiError::Invalid("name a node or a 64-digit certificate fingerprint".into())),
                 };
-                ok_or_rejected(
-                    self.propose(Command::RevokeCert { fingerprint: fingerprint.clone(), reason: reason.clone(), now_ms: now }).await?,
-                )?;
-                warn!(fingerprint = %fingerprint, reason = %reason, "certificate revoked");
+                let cmd = Command::RevokeCert { fingerprint: fingerprint.clone(), node: node.clone(), reason: reason.clone(), now_ms: now };
+                ok_or_rejected(self.propose(cmd).await?)?;
+                warn!(fingerprint = %fingerprint, node = ?node, reason = %reason, "certificate revoked");
                 Ok(Reply::Ok)
             }
             Request::Join { token, name, addr, inventory, instance, cert_fingerprint } => {
@@ -956,6 +968,79 @@ fn node_only(request: &Request) -> bool {
     )
 }
 
+/// Renews this node's certificate before it expires, without a restart: every
+/// `cert_check_interval_ms`, when fewer than `cert_renew_before_ms` are left, a new key and
+/// request go to the members until one holding the CA key signs it; the files are replaced and
+/// new connections, served and dialed, use it.
+async fn renew_certificate_loop(config: NodeConfig, endpoint: transport::quinn::Endpoint, client: Arc<Client>, node: Arc<Node>) {
+    let mut last_error: Option<String> = None;
+    loop {
+        tokio::time::sleep(Duration::from_millis(config.cert_check_interval_ms)).await;
+        match renew_certificate_once(&config, &endpoint, &client, &node).await {
+            Ok(None) => last_error = None,
+            Ok(Some((old, new, not_after))) => {
+                info!(old = %old, new = %new, not_after_unix = not_after, "certificate renewed");
+                last_error = None;
+            }
+            Err(e) => {
+                let msg = format!("{e:#}");
+                if last_error.as_deref() != Some(&msg) {
+                    warn!(error = %msg, "renew the node certificate");
+                }
+                last_error = Some(msg);
+            }
+        }
+    }
+}
+
+/// One check: `Some((old fingerprint, new fingerprint, new expiry))` when renewed.
+async fn renew_certificate_once(
+    config: &NodeConfig,
+    endpoint: &transport::quinn::Endpoint,
+    client: &Client,
+    node: &Node,
+) -> anyhow::Result<Option<(String, String, i64)>> {
+    use transport::pki;
+    let cert_pem = std::fs::read_to_string(&config.tls.cert).with_context(|| format!("read {}", config.tls.cert.display()))?;
+    let not_after = pki::not_after_unix(&cert_pem)?;
+    let now_s = (now_ms() / 1000) as i64;
+    if not_after.saturating_sub(now_s) > (config.cert_renew_before_ms / 1000) as i64 {
+        return Ok(None);
+    }
+    let request = pki::node_csr(&config.name, &pki::cert_hosts(&cert_pem)?)?;
+    let mut members: Vec<String> = node.state.read(|s| s.nodes.values().map(|n| n.addr.clone()).collect());
+    let own = config.advertise_addr();
+    members.sort_by_key(|a| *a != own);
+    let envelope = Envelope { hops: 0, request: Request::RenewCert { csr_pem: request.cert_pem.clone() }, user: None };
+    let mut refusals = Vec::new();
+    let mut signed = None;
+    for addr in &members {
+        match client.call(addr, &envelope, PEER_CALL_TIMEOUT).await {
+            Ok(Ok(Reply::Enrolled { cert_pem, .. })) => {
+                signed = Some(cert_pem);
+                break;
+            }
+            Ok(other) => refusals.push(format!("{addr}: {other:?}")),
+            Err(e) => refusals.push(format!("{addr}: {e}")),
+        }
+    }
+    let Some(new_cert) = signed else { bail!("no member signed the renewal: {}", refusals.join("; ")) };
+    let ca_pem = std::fs::read_to_string(&config.tls.ca_cert).with_context(|| format!("read {}", config.tls.ca_cert.display()))?;
+    let identity = transport::TlsIdentity::from_pems(&ca_pem, &new_cert, &request.key_pem).context("check the renewed certificate")?;
+    anyhow::ensure!(identity.common_name() == config.name, "the renewed certificate names {}, not {}", identity.common_name(), config.name);
+    // Key first, then certificate, each replaced whole.
+    for (path, text, mode) in [(&config.tls.key, &request.key_pem, 0o600), (&config.tls.cert, &new_cert, 0o644)] {
+        let tmp = path.with_extension("renewed");
+        std::fs::write(&tmp, text).with_context(|| format!("write {}", tmp.display()))?;
+        std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(mode))
+            .with_context(|| format!("chmod {}", tmp.display()))?;
+        std::fs::rename(&tmp, path).with_context(|| format!("replace {}", path.display()))?;
+    }
+    transport::reload_server_identity(endpoint, &identity)?;
+    client.reload_identity(&identity)?;
+    Ok(Some((pki::cert_fingerprint(&cert_pem)?, identity.fingerprint(), pki::not_after_unix(&new_cert)?)))
+}
+
 /// FNV-1a: a short stable tag for a path.
 fn fnv32(text: &str) -> u32 {
     text.bytes().fold(0x811c_9dc5u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193))
@@ -1028,10 +1113,23 @@ impl Handler for Api {
             };
         }
         if let Some(node) = self.node.get() {
-            if let Some(why) = node.state.read(|s| s.revoked_certs.get(&peer.fingerprint).cloned()) {
+            let revoked =
+                node.state.read(|s| s.revoked_certs.get(&peer.fingerprint).or_else(|| s.revoked_nodes.get(&peer.common_name)).cloned());
+            if let Some(why) = revoked {
                 warn!(peer = %peer.common_name, fingerprint = %peer.fingerprint, reason = %why, "refused a revoked certificate");
                 return Box::pin(async move { Err(ApiError::Denied(format!("certificate revoked: {why}"))) });
             }
+        }
+        // A node renews its own certificate: the name is the one its current certificate proves.
+        if let Request::RenewCert { csr_pem } = &envelope.request {
+            if peer.common_name.starts_with(transport::pki::USER_CN_PREFIX) {
+                return Box::pin(async { Err(ApiError::Denied("only nodes renew certificates".into())) });
+            }
+            let answer = match self.node.get() {
+                Some(node) => node.sign_renewal(&peer.common_name, csr_pem),
+                None => Err(ApiError::Unavailable("node is starting".into())),
+            };
+            return Box::pin(async move { answer });
         }
         // A joining node's certificate, as this handshake proved it (a forwarded Join keeps what
         // the first node saw).
@@ -1289,7 +1387,7 @@ pub async fn run(config: NodeConfig, mut stop: tokio::sync::watch::Receiver<bool
         id,
         raft,
         state,
-        client,
+        client: Arc::clone(&client),
         agent: Arc::clone(&agent),
         agent_link: Arc::clone(&agent_link),
         forward_link,
@@ -1321,6 +1419,7 @@ pub async fn run(config: NodeConfig, mut stop: tokio::sync::watch::Receiver<bool
     tokio::spawn(Arc::clone(&agent).report_loop(Arc::clone(&agent_link)));
     tokio::spawn(Arc::clone(&agent).sample_loop(probe.sampler(), Duration::from_millis(config.gpu_sample_interval_ms)));
     spawn_gpu_health(probe.as_ref(), id, Arc::clone(&agent_link));
+    tokio::spawn(renew_certificate_loop(config.clone(), endpoint.clone(), Arc::clone(&client), Arc::clone(&node)));
     tokio::spawn(crate::fault::watch_gpu_faults(config.data_dir.join("fault-gpu"), Arc::clone(&probe)));
     let heartbeat = Duration::from_millis(config.heartbeat_interval_ms);
     let hb = tokio::spawn(Arc::clone(&agent).heartbeat_loop(agent_link, heartbeat, join));

@@ -748,9 +748,11 @@ pub enum Command {
         id: u64,
         now_ms: u64,
     },
-    /// A certificate no node accepts any more.
+    /// A certificate no node accepts any more; with `node`, every certificate of that node
+    /// name (its renewals too).
     RevokeCert {
         fingerprint: String,
+        node: Option<String>,
         reason: String,
         now_ms: u64,
     },
@@ -917,6 +919,11 @@ pub enum Request {
     RevokeCert {
         node: Option<String>,
         fingerprint: Option<String>,
+    },
+    /// From a node, for a new certificate of its own name (rotation before expiry); a node
+    /// holding the cluster CA key answers with `Enrolled`.
+    RenewCert {
+        csr_pem: String,
     },
     /// From a machine without a certificate (the only request such a peer may make): a join
     /// token's secret and a CSR for node `name`; a node holding the cluster CA key answers.

@@ -213,3 +213,40 @@ fn a_machine_enrols_with_a_token_alone_and_revocations_hold() {
     assert!(!out.status.success(), "a revoked certificate was served");
     assert!(String::from_utf8_lossy(&out.stderr).contains("certificate revoked"), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+#[test]
+fn a_node_renews_its_certificate_without_a_restart() {
+    let c = TestCluster::up(&["--nodes", "2", "--gpus", "h100:8"]);
+    let dir = c.path().join("n2");
+    let fingerprint = || pki::cert_fingerprint(&std::fs::read_to_string(dir.join("node.crt")).expect("node.crt")).expect("fingerprint");
+    let before = fingerprint();
+    // n2 again, with its renewal due at once (more than its 365 days left) and checked often.
+    let pid: i32 = std::fs::read_to_string(dir.join("corrald.pid")).expect("pid").trim().parse().expect("pid");
+    c.signal("n2", "TERM");
+    corral_tests::wait_until("n2 to stop", Duration::from_secs(20), || !chaos::runner::pid_alive(pid));
+    let toml = std::fs::read_to_string(dir.join("node.toml")).expect("node.toml");
+    std::fs::write(dir.join("node.toml"), format!("cert_renew_before_ms = 34560000000\ncert_check_interval_ms = 700\n{toml}"))
+        .expect("node.toml");
+    c.start("n2");
+    corral_tests::wait_until("n2 to renew its certificate", Duration::from_secs(30), || fingerprint() != before);
+    let renewed = fingerprint();
+    corral_tests::wait_until("the renewal in n2's log", Duration::from_secs(10), || {
+        corral_tests::node_log(&c, "n2").contains(&format!("new={renewed}")) || fingerprint() != renewed
+    });
+    assert!(corral_tests::node_log(&c, "n1").contains("renewed a node certificate"), "n1 (the CA-key node) signed it");
+    // n2 keeps serving (a new connection gets the rotated certificate) and keeps heartbeating.
+    let info = c.json(&["--server", &c.addr("n2"), "cluster"]);
+    assert_eq!(info["answered_by"], "n2", "{info}");
+    std::thread::sleep(Duration::from_secs(2));
+    let nodes = c.json(&["nodes"]);
+    assert!(nodes.as_array().is_some_and(|l| l.iter().any(|n| n["name"] == "n2" && n["state"] == "UP")), "{nodes}");
+    // Stopped, it leaves a certificate and key that make a pair (a restart loads them).
+    let pid: i32 = std::fs::read_to_string(dir.join("corrald.pid")).expect("pid").trim().parse().expect("pid");
+    c.signal("n2", "TERM");
+    corral_tests::wait_until("n2 to stop", Duration::from_secs(20), || !chaos::runner::pid_alive(pid));
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).expect("read");
+    let ca = std::fs::read_to_string(c.path().join("ca.crt")).expect("ca");
+    let id = transport::TlsIdentity::from_pems(&ca, &read("node.crt"), &read("node.key")).expect("node.crt and node.key match");
+    assert_eq!(id.common_name(), "n2");
+    assert_ne!(id.fingerprint(), before);
+}

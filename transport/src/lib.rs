@@ -8,6 +8,8 @@
 //! server go on.
 
 pub mod local;
+/// The QUIC implementation, for callers that hold an endpoint.
+pub use quinn;
 pub mod pki;
 
 use std::collections::HashMap;
@@ -152,6 +154,14 @@ pub fn endpoint_speaking(bind: SocketAddr, id: &TlsIdentity, serve: bool, versio
     };
     endpoint.set_default_client_config(client_config(id, versions)?);
     Ok(endpoint)
+}
+
+/// Swaps the certificate `endpoint` serves for `id`'s (a rotation): new connections get it;
+/// connections already open keep theirs until they close. See [`Client::reload_identity`] for
+/// the connections it dials.
+pub fn reload_server_identity(endpoint: &quinn::Endpoint, id: &TlsIdentity) -> anyhow::Result<()> {
+    endpoint.set_server_config(Some(server_config(id, PROTOCOL_VERSIONS)?));
+    Ok(())
 }
 
 /// Whether a failed handshake failed because the two sides share no protocol version.
@@ -427,6 +437,8 @@ struct ClientInner {
     connections: Mutex<HashMap<String, quinn::Connection>>,
     /// Fault injection: addresses this client cannot reach (`*` for all), as if partitioned.
     blocked: std::sync::RwLock<Vec<String>>,
+    /// After a certificate rotation: the configuration new connections dial with.
+    rotated: std::sync::RwLock<Option<quinn::ClientConfig>>,
 }
 
 /// Calls peers over one endpoint, keeping one connection per address. Clones share the
@@ -447,8 +459,20 @@ impl Client {
     /// [`endpoint`] gives it).
     pub fn new(endpoint: quinn::Endpoint) -> Client {
         Client {
-            inner: Arc::new(ClientInner { endpoint, connections: Mutex::new(HashMap::new()), blocked: std::sync::RwLock::new(Vec::new()) }),
+            inner: Arc::new(ClientInner {
+                endpoint,
+                connections: Mutex::new(HashMap::new()),
+                blocked: std::sync::RwLock::new(Vec::new()),
+                rotated: std::sync::RwLock::new(None),
+            }),
         }
+    }
+
+    /// New connections prove `id` (a rotated certificate); open ones keep theirs.
+    pub fn reload_identity(&self, id: &TlsIdentity) -> anyhow::Result<()> {
+        let config = client_config(id, PROTOCOL_VERSIONS)?;
+        *self.inner.rotated.write().unwrap_or_else(|p| p.into_inner()) = Some(config);
+        Ok(())
     }
 
     /// Fault injection for tests and the chaos harness: calls to these addresses (`*`: every
@@ -561,7 +585,12 @@ impl Client {
 
     async fn dial(&self, addr: &str) -> anyhow::Result<quinn::Connection> {
         let target = resolve(addr, self.inner.endpoint.local_addr().ok()).await?;
-        let connecting = self.inner.endpoint.connect(target, SERVER_NAME).with_context(|| format!("dial {addr}"))?;
+        let rotated = self.inner.rotated.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let connecting = match rotated {
+            Some(config) => self.inner.endpoint.connect_with(config, target, SERVER_NAME),
+            None => self.inner.endpoint.connect(target, SERVER_NAME),
+        }
+        .with_context(|| format!("dial {addr}"))?;
         // A dead peer never answers a handshake: give up early, before anything was sent, so
         // the caller can try another member at once.
         let conn = match tokio::time::timeout(Duration::from_millis(CONNECT_TIMEOUT_MS), connecting).await {

@@ -192,6 +192,36 @@ pub fn sign_node_csr(ca: &PemPair, csr_pem: &str, node_name: &str) -> anyhow::Re
     Ok(cert.pem())
 }
 
+/// The host names and addresses a node certificate names besides `corral.cluster` and the
+/// node's own name: what its renewal asks for again.
+pub fn cert_hosts(cert_pem: &str) -> anyhow::Result<Vec<String>> {
+    let der = first_cert_der(cert_pem)?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).map_err(|e| anyhow!("parse certificate: {e}"))?;
+    let cn = common_name_of(&der).unwrap_or_default();
+    let mut hosts = Vec::new();
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for name in &san.value.general_names {
+            match name {
+                x509_parser::extensions::GeneralName::DNSName(n) if *n != SERVER_NAME && *n != cn => hosts.push(n.to_string()),
+                x509_parser::extensions::GeneralName::IPAddress(b) => match b.len() {
+                    4 => hosts.push(IpAddr::from(<[u8; 4]>::try_from(*b).unwrap_or_default()).to_string()),
+                    16 => hosts.push(IpAddr::from(<[u8; 16]>::try_from(*b).unwrap_or_default()).to_string()),
+                    _ => {}
+                },
+                _ => {}
+            }
+        }
+    }
+    Ok(hosts)
+}
+
+/// When the first certificate in `cert_pem` expires, in Unix seconds.
+pub fn not_after_unix(cert_pem: &str) -> anyhow::Result<i64> {
+    let der = first_cert_der(cert_pem)?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).map_err(|e| anyhow!("parse certificate: {e}"))?;
+    Ok(cert.validity().not_after.timestamp())
+}
+
 /// Hex SHA-256 of a certificate's DER (of the first certificate in `cert_pem`).
 pub fn cert_fingerprint(cert_pem: &str) -> anyhow::Result<String> {
     Ok(der_fingerprint(&first_cert_der(cert_pem)?))
@@ -388,6 +418,9 @@ mod tests {
         let id = TlsIdentity::from_pems(&ca.cert_pem, &other, &req.key_pem).expect("identity");
         assert_eq!(id.common_name(), "gpu-08");
         assert!(sign_node_csr(&ca, "not a request", "x").is_err());
+        assert_eq!(cert_hosts(&cert).expect("hosts"), vec!["10.0.0.7".to_string(), "gpu-07.lan".to_string()]);
+        let left = not_after_unix(&cert).expect("expiry") - OffsetDateTime::now_utc().unix_timestamp();
+        assert!((364 * 86_400..=366 * 86_400).contains(&left), "{left}");
         assert_eq!(cert_fingerprint(&cert).expect("fingerprint").len(), 64);
     }
 
