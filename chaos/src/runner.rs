@@ -601,6 +601,8 @@ fn drive_and_check(h: &mut Harness, opts: &RunOptions) -> anyhow::Result<RunOutc
     let mut submitted: BTreeMap<u64, Submitted> = BTreeMap::new();
     let mut leader_claims: Vec<(u64, String)> = Vec::new();
     let mut faults_injected: BTreeMap<String, u32> = BTreeMap::new();
+    // Jobs keep coming for the whole run (about one per 1.5 s), bounded.
+    let submits_max = (opts.duration_ms / 1_500).clamp(100, 5_000) as usize;
     // (when, what) heals of the fault in progress.
     let mut pending_heal: Option<(Instant, PlannedFault, String)> = None;
     let mut next_fault = 0usize;
@@ -630,7 +632,7 @@ fn drive_and_check(h: &mut Harness, opts: &RunOptions) -> anyhow::Result<RunOutc
         }
         // Workload.
         let roll = rng.gen_range(0..100);
-        if roll < 45 && submitted.len() < 400 {
+        if roll < 45 && submitted.len() < submits_max {
             submit_one(h, &mut rng, &mut submitted);
         } else if roll < 50 && !submitted.is_empty() {
             let ids: Vec<u64> = submitted.keys().copied().collect();
