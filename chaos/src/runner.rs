@@ -967,6 +967,9 @@ mod tests {
         assert!(a.len() >= 5, "{a:?}");
         assert!(a.iter().all(|f| f.at_ms + f.hold_ms + 5_000 <= 120_000), "{a:?}");
         assert!(a.windows(2).all(|w| w[0].at_ms + w[0].hold_ms < w[1].at_ms), "faults never overlap: {a:?}");
-        assert!(plan_faults(&mut StdRng::seed_from_u64(9), &[Fault::SlowDisk], 120_000).is_empty());
+        let disk = plan_faults(&mut StdRng::seed_from_u64(9), &[Fault::SlowDisk], 120_000);
+        assert!(!disk.is_empty() && disk.iter().all(|f| (20..1_500).contains(&f.amount)), "{disk:?}");
+        let skew = plan_faults(&mut StdRng::seed_from_u64(9), &[Fault::ClockSkew], 120_000);
+        assert!(skew.iter().all(|f| (1_000..600_000).contains(&f.amount.abs())), "{skew:?}");
     }
 }

@@ -693,10 +693,11 @@ fn init(args: &InitArgs, json: bool) -> anyhow::Result<()> {
         );
         eprintln!("CA fingerprint: {}", token.ca_fingerprint);
         if let Some((user, _, _)) = &owner {
-            eprintln!("node.key and node.toml belong to '{user}'; ca.key stays with you (keep it offline when you can)");
+            eprintln!("node.key and node.toml belong to '{user}'");
         }
         eprintln!("start it: systemctl enable --now corrald");
-        eprintln!("join token (good for {} s):", ttl.as_secs());
+        eprintln!("then, for each machine to join with a token alone: corral cluster token create --ttl 1h");
+        eprintln!("offline join token, with a bundle from `corral cluster issue-node` (good for {} s):", ttl.as_secs());
         println!("{}", token.render());
     }
     Ok(())
