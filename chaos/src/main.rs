@@ -33,7 +33,7 @@ enum Cmd {
         #[arg(long)]
         seed: Option<u64>,
         /// Comma list of kill,restart,partition,pause,slow-disk,clock-skew.
-        #[arg(long, default_value = "kill,restart,partition,pause")]
+        #[arg(long, default_value = "kill,restart,partition,pause,slow-disk,clock-skew")]
         faults: String,
         /// Cluster directory (default: a new one under /tmp, kept on failure).
         #[arg(long)]
@@ -54,9 +54,13 @@ enum Cmd {
         /// Simulated seconds of workload and faults per run.
         #[arg(long, default_value_t = 40)]
         fault_phase_s: u64,
-        /// Also pause corrald (SIGSTOP) while its jobs keep running.
+        /// Leave out pauses of corrald (SIGSTOP while its jobs keep running).
         #[arg(long)]
-        pause: bool,
+        no_pause: bool,
+        /// Model nodes without the watchdog process: a paused corrald's jobs run on. For
+        /// reproducing the gap the watchdog closes.
+        #[arg(long)]
+        old_no_watchdog: bool,
         /// Print the trace of the first failing run.
         #[arg(long)]
         trace: bool,
@@ -100,12 +104,13 @@ fn main() -> ExitCode {
                 Ok(false)
             }
         })(),
-        Cmd::Sim { runs, seed, fault_phase_s, pause, trace, old_stop_unstarted, old_launch_when_fenced } => {
+        Cmd::Sim { runs, seed, fault_phase_s, no_pause, old_no_watchdog, trace, old_stop_unstarted, old_launch_when_fenced } => {
             {
                 let seed = seed.unwrap_or_else(time_seed);
                 let cfg = SimConfig {
                     fault_phase_ms: fault_phase_s * 1000,
-                    pause_faults: pause,
+                    pause_faults: !no_pause,
+                    watchdog: !old_no_watchdog,
                     fix_stop_unstarted: !old_stop_unstarted,
                     fix_refuse_launch_when_fenced: !old_launch_when_fenced,
                     ..SimConfig::default()
@@ -143,8 +148,12 @@ fn main() -> ExitCode {
                     }
                 }
                 if let Some(first) = sum.failures.first() {
-                    let p =
-                        format!("{}{}", if pause { " --pause" } else { "" }, if old_stop_unstarted { " --old-stop-unstarted" } else { "" });
+                    let p = format!(
+                        "{}{}{}",
+                        if no_pause { " --no-pause" } else { "" },
+                        if old_no_watchdog { " --old-no-watchdog" } else { "" },
+                        if old_stop_unstarted { " --old-stop-unstarted" } else { "" }
+                    );
                     let p = format!("{p}{}", if old_launch_when_fenced { " --old-launch-when-fenced" } else { "" });
                     println!("reproduce: corral-chaos sim --runs 1 --seed {} --fault-phase-s {fault_phase_s}{p} --trace", first.seed);
                 }

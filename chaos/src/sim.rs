@@ -22,6 +22,9 @@ use rand::{Rng, SeedableRng};
 use crate::ProcessSpan;
 
 /// Timings and sizes of one simulated run. All times are simulated milliseconds.
+/// The watchdog's poll interval (`node::watchdog::POLL_MS`; the sim does not link the node).
+const WATCHDOG_POLL_MS: u64 = 100;
+
 #[derive(Clone, Debug)]
 pub struct SimConfig {
     pub nodes: usize,
@@ -44,6 +47,10 @@ pub struct SimConfig {
     /// Whether the agent keeps jobs running while its `corrald` is paused (SIGSTOP stops only
     /// `corrald`, not the job processes in their own process groups).
     pub pause_faults: bool,
+    /// Model the watchdog process beside each `corrald` (`node/src/watchdog.rs`): once a paused
+    /// daemon's lease (last ack + `fence_after_ms` + `fence_kill_grace_ms`) has run out, it kills
+    /// the node's jobs within its poll interval.
+    pub watchdog: bool,
     /// Model the proposed agent fix: a stop for a run this node never started is answered by
     /// recording the run as refused in the launch ledger and reporting it `Lost`, so the part is
     /// freed (today the agent ignores it and the part holds its GPUs for ever).
@@ -72,7 +79,8 @@ impl Default for SimConfig {
             kill_grace_ms: 500,
             delay_max_ms: 150,
             drop_per_mille: 20,
-            pause_faults: false,
+            pause_faults: true,
+            watchdog: true,
             // The agent as it is: both fixes the simulator motivated are in node/src/agent.rs.
             fix_stop_unstarted: true,
             fix_refuse_launch_when_fenced: true,
@@ -133,6 +141,8 @@ struct Proc {
     exit_code: i32,
     /// Stopping (cancel, fence): dies at this time and reports `Killed`.
     stop_at_ms: Option<u64>,
+    /// Killed by the watchdog while its `corrald` was paused: reported `Lost`.
+    watchdog_killed: bool,
     span: usize,
 }
 
@@ -462,10 +472,18 @@ impl Sim {
                         self.log(|| format!("{name} starts job {} run {} on gpus {gpus:?}", job.id, job.run));
                         let n = &mut self.nodes[i];
                         n.ledger.insert((job.id, job.run), instance);
-                        if let Some(old) = n
-                            .procs
-                            .insert(job.id, Proc { run: job.run, gpus, ends_at_ms: now + duration_ms, exit_code, stop_at_ms: None, span })
-                        {
+                        if let Some(old) = n.procs.insert(
+                            job.id,
+                            Proc {
+                                run: job.run,
+                                gpus,
+                                ends_at_ms: now + duration_ms,
+                                exit_code,
+                                stop_at_ms: None,
+                                watchdog_killed: false,
+                                span,
+                            },
+                        ) {
                             // The real agent keys its running jobs by job id as well.
                             let what = format!("{name} started job {} run {} while run {} of it still ran there", job.id, job.run, old.run);
                             self.violation(what);
@@ -504,7 +522,10 @@ impl Sim {
     fn end_proc(&mut self, i: usize, job: JobId, outcome: RunOutcome) {
         let now = self.now_ms;
         if let Some(p) = self.nodes[i].procs.remove(&job) {
-            self.spans[p.span].end_ms = Some(now);
+            // It may have died earlier, while its corrald was paused.
+            if self.spans[p.span].end_ms.is_none() {
+                self.spans[p.span].end_ms = Some(now);
+            }
             let name = self.nodes[i].name.clone();
             self.log(|| format!("{name} job {job} run {} ended: {outcome:?}", p.run));
             self.nodes[i].outbox.push(Report { job, run: p.run, outcome, next_send_ms: now });
@@ -514,12 +535,25 @@ impl Sim {
     fn agents_tick(&mut self) {
         let now = self.now_ms;
         for i in 0..self.nodes.len() {
-            // Job processes run on while corrald is paused (they are in their own process groups).
+            // Job processes run on while corrald is paused (they are in their own process
+            // groups), until the watchdog, which is not paused, finds the lease run out.
+            if self.cfg.watchdog && self.nodes[i].alive && !self.nodes[i].running(now) && self.nodes[i].paused_until_ms.is_some() {
+                let deadline = self.nodes[i].last_ack_ms + self.cfg.fence_after_ms() + self.cfg.fence_kill_grace_ms + WATCHDOG_POLL_MS;
+                if now >= deadline {
+                    for p in self.nodes[i].procs.values_mut() {
+                        if p.stop_at_ms.is_none_or(|t| t > now) && p.ends_at_ms > now {
+                            p.stop_at_ms = Some(now);
+                            p.watchdog_killed = true;
+                        }
+                    }
+                }
+            }
             if self.nodes[i].alive {
                 let done: Vec<(JobId, RunOutcome)> = self.nodes[i]
                     .procs
                     .iter()
                     .filter_map(|(id, p)| match p.stop_at_ms {
+                        Some(t) if t <= now && p.watchdog_killed => Some((*id, RunOutcome::Lost("killed by the watchdog".into()))),
                         Some(t) if t <= now => Some((*id, RunOutcome::Killed)),
                         _ if p.ends_at_ms <= now => Some((*id, RunOutcome::Exited(p.exit_code))),
                         _ => None,
@@ -718,7 +752,8 @@ impl Sim {
             if !n.alive {
                 continue;
             }
-            for (job, p) in &n.procs {
+            // A process that died (its end is past) but its paused agent has not noticed is not live.
+            for (job, p) in n.procs.iter().filter(|(_, p)| self.spans[p.span].end_ms.is_none()) {
                 for g in &p.gpus {
                     if let Some(other) = gpu_user.insert((i, *g), *job) {
                         if other != *job {
@@ -919,6 +954,16 @@ pub fn run_many(runs: u64, seed: u64, cfg: &SimConfig, mut progress: impl FnMut(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Without the watchdog a paused corrald's job runs on while the cluster starts it elsewhere.
+    #[test]
+    fn a_paused_daemon_runs_jobs_twice_without_the_watchdog() {
+        let without = SimConfig { watchdog: false, ..quick() };
+        let found = (1..60).map(|seed| run_one(seed, &without)).find(|r| r.violations.iter().any(|v| v.contains("at once")));
+        let found = found.expect("some seed pauses a node long enough");
+        let with = run_one(found.seed, &quick());
+        assert!(with.violations.is_empty(), "seed {}: {:?}", found.seed, with.violations);
+    }
 
     fn quick() -> SimConfig {
         SimConfig {
