@@ -255,6 +255,7 @@ impl Node {
                         gpu_types: types,
                         reason: n.state_reason.clone(),
                         cert_fingerprint: n.cert_fingerprint.clone(),
+                        partitions: n.inventory.partitions.clone(),
                     }
                 })
                 .collect()

@@ -207,6 +207,8 @@ pub struct NodeInfo {
     /// GPUs marked unhealthy, with why.
     pub unhealthy_gpus: Vec<(u32, String)>,
     pub cert_fingerprint: String,
+    /// Partitions the node's config names (empty: the default partition).
+    pub partitions: Vec<String>,
 }
 
 // ---------------------------------------------------------------------------------------------

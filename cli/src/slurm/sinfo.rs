@@ -64,14 +64,41 @@ pub fn gres_text(n: &NodeInfo) -> String {
     }
 }
 
-/// The partitions a node is in. `NodeInfo` does not carry partitions yet, so every node is
-/// in the default partition.
-fn partitions_of(_n: &NodeInfo) -> Vec<String> {
-    vec![DEFAULT_PARTITION.to_string()]
+/// The partitions a node is in: those its node.toml names, else the default one.
+fn partitions_of(n: &NodeInfo, default: &str) -> Vec<String> {
+    if n.partitions.is_empty() {
+        vec![default.to_string()]
+    } else {
+        n.partitions.clone()
+    }
+}
+
+/// What the replicated policy says of partitions: which is the default, and time limits.
+#[derive(Clone, Debug, Default)]
+pub struct Partitions {
+    pub default: Option<String>,
+    /// Partition name to its `max_time_limit_ms`.
+    pub max_time_limit_ms: std::collections::BTreeMap<String, u64>,
+}
+
+impl Partitions {
+    pub fn from_policy(policy: &proto::SchedulerPolicy) -> Partitions {
+        Partitions {
+            default: policy.partitions.iter().find(|p| p.default).map(|p| p.name.clone()),
+            max_time_limit_ms: policy.partitions.iter().filter_map(|p| Some((p.name.clone(), p.max_time_limit_ms?))).collect(),
+        }
+    }
+
+    fn default_name(&self) -> &str {
+        self.default.as_deref().unwrap_or(DEFAULT_PARTITION)
+    }
 }
 
 struct Row {
     partition: String,
+    is_default: bool,
+    /// Seconds; none is `infinite`.
+    time_limit_s: Option<u64>,
     nodes: Vec<NodeInfo>,
 }
 
@@ -80,7 +107,7 @@ fn value(row: &Row, code: char) -> String {
     let names: Vec<String> = row.nodes.iter().map(|n| n.name.clone()).collect();
     match code {
         'P' => {
-            if row.partition == DEFAULT_PARTITION {
+            if row.is_default {
                 format!("{}*", row.partition)
             } else {
                 row.partition.clone()
@@ -88,7 +115,7 @@ fn value(row: &Row, code: char) -> String {
         }
         'R' => row.partition.clone(),
         'a' => "up".into(),
-        'l' => "infinite".into(),
+        'l' => row.time_limit_s.map_or_else(|| "infinite".into(), super::time::duration),
         'D' => row.nodes.len().to_string(),
         't' => node_state(first).0.into(),
         'T' => node_state(first).1.into(),
@@ -152,6 +179,11 @@ pub struct Filter {
 
 /// Renders sinfo's table: grouped by partition and every shown field (`-N`: one row per node).
 pub fn table(nodes: &[NodeInfo], format: &str, header: bool, node_rows: bool, filter: &Filter) -> String {
+    table_with(nodes, &Partitions::default(), format, header, node_rows, filter)
+}
+
+/// [`table`] with the partitions the policy defines.
+pub fn table_with(nodes: &[NodeInfo], parts: &Partitions, format: &str, header: bool, node_rows: bool, filter: &Filter) -> String {
     let mut rows: Vec<Row> = Vec::new();
     let pieces_raw = parse_format(format);
     let group_codes: Vec<char> = pieces_raw
@@ -183,11 +215,16 @@ pub fn table(nodes: &[NodeInfo], format: &str, header: bool, node_rows: bool, fi
         if filter.with_reason && n.state == NodeState::Up {
             continue;
         }
-        for p in partitions_of(n) {
+        for p in partitions_of(n, parts.default_name()) {
             if !filter.partitions.is_empty() && !filter.partitions.contains(&p) {
                 continue;
             }
-            let candidate = Row { partition: p.clone(), nodes: vec![n.clone()] };
+            let candidate = Row {
+                is_default: p == parts.default_name(),
+                time_limit_s: parts.max_time_limit_ms.get(&p).map(|ms| ms / 1000),
+                partition: p.clone(),
+                nodes: vec![n.clone()],
+            };
             let key: Vec<String> = group_codes.iter().map(|c| value(&candidate, *c)).collect();
             let existing = if node_rows {
                 None
@@ -262,8 +299,15 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     };
     let cluster = super::connect(PROG)?;
     let nodes = super::block_on(PROG, super::list_nodes(PROG, &cluster))??;
+    let policy = super::block_on(PROG, async {
+        match cluster.call_patiently(proto::Request::GetPolicy, std::time::Duration::from_secs(10)).await {
+            Ok(proto::Reply::Policy(p)) => Ok(p),
+            Ok(other) => Err(SlurmError::fatal(PROG, format!("unexpected reply {other:?}"))),
+            Err(e) => Err(SlurmError::fatal(PROG, format!("{e:#}"))),
+        }
+    })??;
     let mut nodes = nodes;
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
-    print!("{}", table(&nodes, &format, !p.has("noheader"), node_rows, &filter));
+    print!("{}", table_with(&nodes, &Partitions::from_policy(&policy), &format, !p.has("noheader"), node_rows, &filter));
     Ok(0)
 }

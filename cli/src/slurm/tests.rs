@@ -762,6 +762,7 @@ fn node(id: u64, name: &str, state: NodeState, total: u32, free: u32) -> NodeInf
         reason: None,
         unhealthy_gpus: vec![],
         cert_fingerprint: String::new(),
+        partitions: vec![],
     }
 }
 
@@ -792,6 +793,26 @@ fn sinfo_partitions_and_nodes() {
     assert_eq!(sinfo::table(&nodes[..3], "%N %G", false, false, &f), "gpu[01-03] gpu:h100:8\n");
     let f = sinfo::Filter { states: vec!["idle".into()], ..Default::default() };
     assert_eq!(sinfo::table(&nodes, "%D %N", false, false, &f), "2 gpu[01-02]\n");
+
+    // Partitions from the nodes' configs and the replicated policy (default, time limits).
+    let mut nodes = nodes[..3].to_vec();
+    nodes[2].partitions = vec!["long".into(), "debug".into()];
+    let policy = proto::SchedulerPolicy {
+        partitions: vec![
+            proto::PartitionDef { name: "batch".into(), default: true, max_time_limit_ms: Some(2 * 86_400_000), ..Default::default() },
+            proto::PartitionDef { name: "long".into(), ..Default::default() },
+            proto::PartitionDef { name: "debug".into(), max_time_limit_ms: Some(1_800_000), ..Default::default() },
+        ],
+        qos: vec![],
+    };
+    let parts = sinfo::Partitions::from_policy(&policy);
+    assert_eq!(
+        sinfo::table_with(&nodes, &parts, sinfo::DEFAULT_FORMAT, true, false, &sinfo::Filter::default()),
+        "PARTITION AVAIL  TIMELIMIT  NODES  STATE NODELIST\n\
+         batch*       up 2-00:00:00      2   idle gpu[01-02]\n\
+         long         up   infinite      1    mix gpu03\n\
+         debug        up      30:00      1    mix gpu03\n"
+    );
 }
 
 #[test]
