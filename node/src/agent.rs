@@ -139,6 +139,8 @@ pub struct Agent {
     reports_rx: Mutex<Option<mpsc::Receiver<Report>>>,
     /// When a leader last acknowledged a heartbeat; none yet for a new instance.
     last_ack: Mutex<Option<std::time::Instant>>,
+    /// The leader's commit index in its last acknowledgement.
+    ack_commit_index: AtomicU64,
     /// GPU utilization and memory of running jobs, sampled.
     accounting: Mutex<crate::gpu::JobGpuAccounting>,
     /// Serializes lease writes.
@@ -166,6 +168,7 @@ impl Agent {
             reports_tx,
             reports_rx: Mutex::new(Some(reports_rx)),
             last_ack: Mutex::new(None),
+            ack_commit_index: AtomicU64::new(0),
             accounting: Mutex::new(crate::gpu::JobGpuAccounting::default()),
             lease_write: Mutex::new(()),
             reports_pending: AtomicU64::new(0),
@@ -517,6 +520,11 @@ impl Agent {
         Ok(Reply::Ok)
     }
 
+    /// The leader's commit index in the last heartbeat acknowledgement.
+    pub fn ack_commit_index(&self) -> u64 {
+        self.ack_commit_index.load(Ordering::SeqCst)
+    }
+
     /// Whether no leader acknowledged this node for `fence_after_ms`.
     fn out_of_touch(&self) -> bool {
         lock(&self.last_ack).is_none_or(|t| t.elapsed().as_millis() as u64 > self.settings.fence_after_ms)
@@ -679,7 +687,10 @@ impl Agent {
             }
             let req = Request::Heartbeat { node: self.node_id(), instance: self.instance, running: self.running() };
             match link.call(req, 0).await {
-                Ok(_) => {
+                Ok(reply) => {
+                    if let Reply::HeartbeatAck { commit_index, .. } = reply {
+                        self.ack_commit_index.fetch_max(commit_index, Ordering::SeqCst);
+                    }
                     if missed > 0 {
                         info!(missed, "heartbeat delivered again");
                     }

@@ -110,7 +110,7 @@ impl Node {
             Request::Raft { kind, payload } => {
                 consensus::handle_raft_rpc(&self.raft, kind, &payload).await.map(|payload| Reply::Raft { payload })
             }
-            Request::Launch { job, nodes } => self.agent.launch(*job, &nodes),
+            Request::Launch { job, nodes, issued_index } => self.launch_if_current(*job, nodes, issued_index).await,
             Request::Kill { job, run, checkpoint } => self.agent.kill(job, run, checkpoint),
             Request::ApplyMigLayout { gpu, profiles } => self.apply_mig_layout(gpu, profiles),
             Request::SignalPart { job, run, signal, batch_only } => self.agent.signal(job, run, signal, batch_only),
@@ -366,6 +366,45 @@ impl Node {
         }
     }
 
+    /// Starts a run a leader sent, unless it is stale: a launch composed before the cluster gave
+    /// the run up (a `NodeDown`, a requeue) may arrive after it, at a new instance of this node or
+    /// once a paused one runs again. First this node's replica applies the log up to what the
+    /// launch was read from and what its last acknowledgement named (everything decided before
+    /// this node was known alive again); then the run must still be the job's current run with an
+    /// unconfirmed part here, or one this instance confirmed.
+    async fn launch_if_current(&self, job: proto::Job, nodes: Vec<(String, String)>, issued_index: u64) -> Response {
+        let me = self.id;
+        let instance = self.agent.instance;
+        let is_current = |j: &proto::Job| {
+            j.run == job.run
+                && j.state == JobState::Running
+                && j.parts.iter().any(|p| p.run == job.run && p.alloc.node == me && p.launched_by.is_none_or(|by| by == instance))
+        };
+        let current = if self.is_member() {
+            let wanted = issued_index.max(self.agent.ack_commit_index());
+            if !self.state.wait_applied(wanted, Duration::from_millis(LAUNCH_APPLY_WAIT_MS)).await {
+                return Err(ApiError::Unavailable(format!(
+                    "this node has applied {} of the log, the launch needs {wanted}: not starting yet",
+                    self.state.applied_index()
+                )));
+            }
+            self.state.read(|s| s.jobs.get(&job.id).is_some_and(is_current))
+        } else {
+            // No replica here: ask the leader, whose state holds everything decided so far.
+            match self.forward_link.call(Request::GetJob { job: job.id }, 0).await {
+                Ok(Reply::Job(j)) => is_current(&j),
+                Ok(other) => return Err(ApiError::Internal(format!("unexpected reply {other:?}"))),
+                Err(crate::link::LinkError::Api(ApiError::NotFound(_))) => false,
+                Err(e) => return Err(ApiError::Unavailable(format!("check the launch with the leader: {e}"))),
+            }
+        };
+        if !current {
+            info!(job = job.id, run = job.run, "refused a stale launch: the run is no longer current here");
+            return Err(ApiError::Denied(format!("job {} run {} is no longer current on this node", job.id, job.run)));
+        }
+        self.agent.launch(job, &nodes)
+    }
+
     /// Signs the certificate of a machine that presents a live join token from the log: only a
     /// node configured with the cluster CA key (`ca_key`) can.
     fn enroll(&self, secret: &str, name: &str, csr_pem: &str) -> Response {
@@ -533,7 +572,8 @@ impl Node {
                     self.propose(Command::NodeUp { node, instance, now_ms: now }).await?;
                     self.kick.notify_one();
                 }
-                Ok(Reply::HeartbeatAck { leader: self.id, term: self.status().term })
+                let status = self.status();
+                Ok(Reply::HeartbeatAck { leader: self.id, term: status.term, commit_index: status.commit_index.unwrap_or(0) })
             }
             Request::ReportRun { job, run, node, outcome, usage } => {
                 match self.propose(Command::RunFinished { job, run, node, outcome, usage, now_ms: now }).await? {
@@ -757,6 +797,8 @@ impl Node {
     /// part that must end (cancelled, failed gang, requeued, earlier run) to its node; re-sends
     /// after `RESEND_AFTER`.
     fn drive_launches_and_kills(self: &Arc<Self>) {
+        // Read before the state: the state read below is at least this recent.
+        let issued_index = self.state.applied_index();
         let (launches, kills) = self.state.read(|s| {
             let addr_of = |node: NodeId| s.nodes.get(&node).map(|n| n.addr.clone()).unwrap_or_default();
             let mut launches = Vec::new();
@@ -792,7 +834,7 @@ impl Node {
             }
             let node = Arc::clone(self);
             let span = info_span!("launch", job = key.0, run = key.1, node = target);
-            tokio::spawn(async move { node.send_launch(job, nodes, target, addr).await }.instrument(span));
+            tokio::spawn(async move { node.send_launch(job, nodes, target, addr, issued_index).await }.instrument(span));
         }
         for (job, run, checkpoint, target, addr) in kills {
             {
@@ -817,12 +859,12 @@ impl Node {
         }
     }
 
-    async fn send_launch(&self, job: proto::Job, nodes: Vec<(String, String)>, target: NodeId, addr: String) {
+    async fn send_launch(&self, job: proto::Job, nodes: Vec<(String, String)>, target: NodeId, addr: String, issued_index: u64) {
         let (id, run) = (job.id, job.run);
         let result = if target == self.id {
             self.agent.launch(job, &nodes)
         } else {
-            let env = Envelope { hops: 0, request: Request::Launch { job: Box::new(job), nodes }, user: None };
+            let env = Envelope { hops: 0, request: Request::Launch { job: Box::new(job), nodes, issued_index }, user: None };
             match self.client.call(&addr, &env, PEER_CALL_TIMEOUT).await {
                 Ok(r) => r,
                 Err(e) => {
@@ -937,6 +979,10 @@ fn ok_or_rejected(result: CommandResult) -> Response {
         other => Err(rejected(other)),
     }
 }
+
+/// How long a launch waits for this node's replica to catch up before it is refused (the
+/// leader sends it again).
+const LAUNCH_APPLY_WAIT_MS: u64 = 2_000;
 
 /// The longest a join token may live.
 const JOIN_TOKEN_TTL_MS_MAX: u64 = 30 * 24 * 3600 * 1000;

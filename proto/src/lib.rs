@@ -961,6 +961,10 @@ pub enum Request {
     Launch {
         job: Box<Job>,
         nodes: Vec<(String, String)>,
+        /// The leader's applied index when it read the job: the agent applies at least this much
+        /// of the log, and what its last heartbeat acknowledgement named, before it starts
+        /// anything, and refuses a run that is no longer current there.
+        issued_index: u64,
     },
     /// An agent reports a GPU health change (XID, ECC, fell off the bus) for its node.
     ReportGpuHealth {
@@ -1129,6 +1133,9 @@ pub enum Reply {
     HeartbeatAck {
         leader: NodeId,
         term: u64,
+        /// The leader's commit index when it acknowledged: everything the cluster decided before
+        /// the acknowledgement (a `NodeDown`, a requeue) is at or below it.
+        commit_index: u64,
     },
     LaunchAck {
         job: JobId,
