@@ -405,15 +405,29 @@ impl Node {
         self.agent.launch(job, &nodes)
     }
 
-    /// Signs the certificate of a machine that presents a live join token from the log: only a
-    /// node configured with the cluster CA key (`ca_key`) can.
-    fn enroll(&self, secret: &str, name: &str, csr_pem: &str) -> Response {
+    /// Signs a node certificate for `name` from `csr_pem` with the cluster CA: (CA certificate,
+    /// new certificate). Only a node configured with the CA key (`ca_key`) can.
+    fn sign_with_ca(&self, name: &str, csr_pem: &str) -> Result<(String, String), ApiError> {
         let Some(ca_key) = &self.config.ca_key else {
             return Err(ApiError::Unavailable(format!(
-                "node {} does not hold the cluster CA key: enrol at the node where `corral cluster init` ran",
+                "node {} does not hold the cluster CA key: ask the node where `corral cluster init` ran",
                 self.config.name
             )));
         };
+        if csr_pem.len() > CSR_BYTES_MAX {
+            return Err(ApiError::Invalid(format!("certificate request longer than {CSR_BYTES_MAX} bytes")));
+        }
+        let ca_cert_pem = std::fs::read_to_string(&self.config.tls.ca_cert)
+            .map_err(|e| ApiError::Internal(format!("read {}: {e}", self.config.tls.ca_cert.display())))?;
+        let ca_key_pem = std::fs::read_to_string(ca_key).map_err(|e| ApiError::Internal(format!("read {}: {e}", ca_key.display())))?;
+        let ca = transport::pki::PemPair { cert_pem: ca_cert_pem.clone(), key_pem: ca_key_pem };
+        let cert_pem = transport::pki::sign_node_csr(&ca, csr_pem, name).map_err(|e| ApiError::Invalid(format!("{e:#}")))?;
+        Ok((ca_cert_pem, cert_pem))
+    }
+
+    /// Signs the certificate of a machine that presents a live join token from the log, for a
+    /// name no member has.
+    fn enroll(&self, secret: &str, name: &str, csr_pem: &str) -> Response {
         let hash = sha256_hex(secret.as_bytes());
         let known = self.state.read(|s| s.live_join_token(&hash, now_ms()).map(|t| t.id));
         let Some(token) = known else {
@@ -421,37 +435,20 @@ impl Node {
             return Err(ApiError::Denied("the join token is unknown, expired or revoked".into()));
         };
         crate::config::validate_node_name(name).map_err(|e| ApiError::Invalid(format!("{e:#}")))?;
-        if csr_pem.len() > CSR_BYTES_MAX {
-            return Err(ApiError::Invalid(format!("certificate request longer than {CSR_BYTES_MAX} bytes")));
-        }
         if self.state.read(|s| s.nodes.values().any(|n| n.name == name)) {
             warn!(node = %name, token, "enrolment refused: the name is taken");
             return Err(ApiError::Denied(format!("a node named {name} is already a member: pick another name")));
         }
-        let ca_cert_pem = std::fs::read_to_string(&self.config.tls.ca_cert)
-            .map_err(|e| ApiError::Internal(format!("read {}: {e}", self.config.tls.ca_cert.display())))?;
-        let ca_key_pem = std::fs::read_to_string(ca_key).map_err(|e| ApiError::Internal(format!("read {}: {e}", ca_key.display())))?;
-        let ca = transport::pki::PemPair { cert_pem: ca_cert_pem.clone(), key_pem: ca_key_pem };
-        let cert_pem = transport::pki::sign_node_csr(&ca, csr_pem, name).map_err(|e| ApiError::Invalid(format!("{e:#}")))?;
+        let (ca_cert_pem, cert_pem) = self.sign_with_ca(name, csr_pem)?;
         let servers = self.state.read(|s| s.nodes.values().map(|n| n.addr.clone()).collect());
         info!(node = %name, token, "enrolled a node: certificate signed");
         Ok(Reply::Enrolled { ca_cert_pem, cert_pem, join_secret: self.config.join_token.clone(), servers })
     }
 
     /// Signs a new certificate for node `name` (the name its current certificate proves) from
-    /// its request: rotation before expiry. Only a node holding the CA key can.
+    /// its request: rotation before expiry.
     fn sign_renewal(&self, name: &str, csr_pem: &str) -> Response {
-        let Some(ca_key) = &self.config.ca_key else {
-            return Err(ApiError::Unavailable(format!("node {} does not hold the cluster CA key", self.config.name)));
-        };
-        if csr_pem.len() > CSR_BYTES_MAX {
-            return Err(ApiError::Invalid(format!("certificate request longer than {CSR_BYTES_MAX} bytes")));
-        }
-        let ca_cert_pem = std::fs::read_to_string(&self.config.tls.ca_cert)
-            .map_err(|e| ApiError::Internal(format!("read {}: {e}", self.config.tls.ca_cert.display())))?;
-        let ca_key_pem = std::fs::read_to_string(ca_key).map_err(|e| ApiError::Internal(format!("read {}: {e}", ca_key.display())))?;
-        let ca = transport::pki::PemPair { cert_pem: ca_cert_pem.clone(), key_pem: ca_key_pem };
-        let cert_pem = transport::pki::sign_node_csr(&ca, csr_pem, name).map_err(|e| ApiError::Invalid(format!("{e:#}")))?;
+        let (ca_cert_pem, cert_pem) = self.sign_with_ca(name, csr_pem)?;
         info!(node = %name, "renewed a node certificate");
         Ok(Reply::Enrolled { ca_cert_pem, cert_pem, join_secret: String::new(), servers: Vec::new() })
     }
