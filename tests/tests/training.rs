@@ -221,7 +221,7 @@ fn nccl_check_measures_every_node_pair_of_an_allocation() {
     let pairs = v["pairs"].as_array().expect("pairs");
     assert_eq!(pairs.len(), 2, "rank 0 measured both other nodes: {v}");
     let peers: std::collections::BTreeSet<&str> = pairs.iter().filter_map(|p| p["b"].as_str()).collect();
-    assert_eq!(peers.len(), 2);
+    assert_eq!(peers.len(), 2, "two distinct peers: {v}\n{}", c.logs());
     assert!(pairs.iter().all(|p| p["mbps"].as_f64().is_some_and(|m| m > 0.0) && p["slow"] == false), "{v}");
     // torch is not installed here: the pairs went over TCP.
     let torch = Command::new("python3").args(["-c", "import torch"]).output().is_ok_and(|o| o.status.success());
