@@ -225,8 +225,12 @@ pub fn parse_pairs(text: &str) -> Vec<Pair> {
         .collect()
 }
 
-/// Pairs below `SLOW_FRACTION` of the median.
+/// Pairs below `SLOW_FRACTION` of the median. With fewer than three pairs there is no "rest" to
+/// be far below (which of two is the slow one?), so none is flagged.
 pub fn slow_pairs(pairs: &[Pair]) -> Vec<&Pair> {
+    if pairs.len() < 3 {
+        return Vec::new();
+    }
     let mut rates: Vec<f64> = pairs.iter().map(|p| p.mbps).collect();
     rates.sort_by(|a, b| a.total_cmp(b));
     let Some(median) = rates.get(rates.len() / 2).copied() else { return Vec::new() };

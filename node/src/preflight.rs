@@ -50,7 +50,9 @@ pub fn judge(rates: &[PairRate], min_mbps: u64, hosts: &[String]) -> Option<Stri
     let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0.0);
     let bad: Vec<String> = rates
         .iter()
-        .filter(|r| r.mbps < min_mbps as f64 || r.mbps < median * SLOW_FRACTION)
+        // Under half the median is "far below the rest" only when there is a rest: three pairs
+        // or more (of two, which is the slow one?).
+        .filter(|r| r.mbps < min_mbps as f64 || (rates.len() >= 3 && r.mbps < median * SLOW_FRACTION))
         .map(|r| format!("{}-{} {:.0} Mbit/s", name(0), name(r.peer_rank), r.mbps))
         .collect();
     if bad.is_empty() {
@@ -193,6 +195,10 @@ mod tests {
         assert_eq!(judge(&rates[..2], 0, &hosts(4)), None);
         assert!(judge(&rates[..2], 10_000, &hosts(4)).is_some_and(|w| w.contains("n1-n2") && w.contains("n1-n3")));
         assert_eq!(judge(&[], 0, &hosts(1)), None);
+        // Two pairs: no median to be far below, only the minimum counts.
+        let two = [PairRate { peer_rank: 1, mbps: 9000.0 }, PairRate { peer_rank: 2, mbps: 1000.0 }];
+        assert_eq!(judge(&two, 0, &hosts(3)), None);
+        assert!(judge(&two, 2000, &hosts(3)).is_some_and(|w| w.contains("n1-n3")));
     }
 
     async fn three_ranks(min_mbps: u64, port: u16) -> Vec<Result<String, String>> {

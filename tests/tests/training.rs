@@ -36,6 +36,11 @@ echo "first run on $CORRAL_NODE"
 sleep 60 & wait
 "#;
 
+/// The tests whose jobs bind their `MASTER_PORT` (nccl-check, --preflight) take turns: every
+/// test cluster on this one host counts ports from the same first one, so two at once collide,
+/// which separate hosts never do.
+static MASTER_PORT_USERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn write_exe(path: &Path, text: &str) {
     std::fs::write(path, text).expect("write stand-in");
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod stand-in");
@@ -212,6 +217,7 @@ fn a_gang_that_loses_one_node_is_requeued_whole() {
 
 #[test]
 fn nccl_check_measures_every_node_pair_of_an_allocation() {
+    let _turn = MASTER_PORT_USERS.lock().unwrap_or_else(|p| p.into_inner());
     let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:8"]);
     let out = c.corral(&["--json", "nccl-check", "--nodes", "3", "--gres", "gpu:8", "--bytes", "33554432"]);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -272,6 +278,7 @@ fn nccl_check_measures_every_node_pair_of_an_allocation() {
 
 #[test]
 fn a_preflight_runs_before_a_gang_starts_and_a_failed_one_holds_it() {
+    let _turn = MASTER_PORT_USERS.lock().unwrap_or_else(|p| p.into_inner());
     let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:8"]);
     let out = |id: u64, rank: u32| std::fs::read_to_string(c.work.join(format!("pf-{id}-{rank}.out"))).unwrap_or_default();
 
