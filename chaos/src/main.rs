@@ -71,6 +71,10 @@ enum Cmd {
         /// Model the agent before its fix: it accepts launches while out of touch with a leader.
         #[arg(long)]
         old_launch_when_fenced: bool,
+        /// Model the agent before its fix: it starts a launch that is no longer current (composed
+        /// before its node was declared down, delivered after).
+        #[arg(long)]
+        old_stale_launch: bool,
     },
 }
 
@@ -104,7 +108,17 @@ fn main() -> ExitCode {
                 Ok(false)
             }
         })(),
-        Cmd::Sim { runs, seed, fault_phase_s, no_pause, old_no_watchdog, trace, old_stop_unstarted, old_launch_when_fenced } => {
+        Cmd::Sim {
+            runs,
+            seed,
+            fault_phase_s,
+            no_pause,
+            old_no_watchdog,
+            trace,
+            old_stop_unstarted,
+            old_launch_when_fenced,
+            old_stale_launch,
+        } => {
             {
                 let seed = seed.unwrap_or_else(time_seed);
                 let cfg = SimConfig {
@@ -113,6 +127,7 @@ fn main() -> ExitCode {
                     watchdog: !old_no_watchdog,
                     fix_stop_unstarted: !old_stop_unstarted,
                     fix_refuse_launch_when_fenced: !old_launch_when_fenced,
+                    fix_refuse_stale_launch: !old_stale_launch,
                     ..SimConfig::default()
                 };
                 let started = Instant::now();
@@ -154,7 +169,11 @@ fn main() -> ExitCode {
                         if old_no_watchdog { " --old-no-watchdog" } else { "" },
                         if old_stop_unstarted { " --old-stop-unstarted" } else { "" }
                     );
-                    let p = format!("{p}{}", if old_launch_when_fenced { " --old-launch-when-fenced" } else { "" });
+                    let p = format!(
+                        "{p}{}{}",
+                        if old_launch_when_fenced { " --old-launch-when-fenced" } else { "" },
+                        if old_stale_launch { " --old-stale-launch" } else { "" }
+                    );
                     println!("reproduce: corral-chaos sim --runs 1 --seed {} --fault-phase-s {fault_phase_s}{p} --trace", first.seed);
                 }
                 Ok(sum.failed_runs == 0)

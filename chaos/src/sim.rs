@@ -59,6 +59,14 @@ pub struct SimConfig {
     /// its fence deadline refuses launches (the leader retries), so a node about to be declared
     /// down never starts work that will be started elsewhere.
     pub fix_refuse_launch_when_fenced: bool,
+    /// Model the agent's stale-launch check (`Node::launch_if_current`): it starts a run only if
+    /// the log it applied, at least as new as its last heartbeat ack, still holds that run with a
+    /// part on this node. (The model reads the newest state: every decision that makes a launch
+    /// stale, a `NodeDown` above all, precedes the ack that lets the node start work again.)
+    pub fix_refuse_stale_launch: bool,
+    /// Model the agent's fix for a stop of a run an earlier (dead) instance of the node started:
+    /// it reports the run lost instead of waiting for a report that will never come.
+    pub fix_stop_dead_instance: bool,
     /// Keep every event of the run in [`SimReport::trace`] (slower; for one seed at a time).
     pub keep_trace: bool,
 }
@@ -84,6 +92,8 @@ impl Default for SimConfig {
             // The agent as it is: both fixes the simulator motivated are in node/src/agent.rs.
             fix_stop_unstarted: true,
             fix_refuse_launch_when_fenced: true,
+            fix_refuse_stale_launch: true,
+            fix_stop_dead_instance: true,
             keep_trace: false,
         }
     }
@@ -446,6 +456,21 @@ impl Sim {
                     return;
                 }
                 let Some(part) = job.parts.iter().find(|p| p.run == job.run && p.alloc.node == node.id) else { return };
+                if self.cfg.fix_refuse_stale_launch {
+                    let (me, instance) = (node.id, node.instance);
+                    let current = self.state.jobs.get(&job.id).is_some_and(|j| {
+                        j.run == job.run
+                            && j.state == JobState::Running
+                            && j.parts
+                                .iter()
+                                .any(|p| p.run == job.run && p.alloc.node == me && p.launched_by.is_none_or(|by| by == instance))
+                    });
+                    if !current {
+                        let name = node.name.clone();
+                        self.log(|| format!("{name} refuses a stale launch of job {} run {}", job.id, job.run));
+                        return;
+                    }
+                }
                 let gpus = part.alloc.gpus.clone();
                 let instance = node.instance;
                 let ack = Msg::ToLeader { from: i, msg: ToLeader::LaunchAck { node: node.id, job: job.id, run: job.run, instance } };
@@ -498,6 +523,16 @@ impl Sim {
                     let n = &mut self.nodes[i];
                     n.ledger.insert((job, run), 0);
                     let why = "stopped before it started".to_string();
+                    n.outbox.push(Report { job, run, outcome: RunOutcome::Lost(why), next_send_ms: now });
+                    return;
+                }
+                // Started by an earlier instance, which died with it before reporting: nobody else
+                // will report it (the part would hold its GPUs for ever).
+                let started_by = self.nodes[i].ledger.get(&(job, run)).copied();
+                if self.cfg.fix_stop_dead_instance && started_by.is_some_and(|by| by != 0 && by != self.nodes[i].instance) {
+                    let n = &mut self.nodes[i];
+                    n.ledger.insert((job, run), 0);
+                    let why = "started by an earlier instance of this node, which died".to_string();
                     n.outbox.push(Report { job, run, outcome: RunOutcome::Lost(why), next_send_ms: now });
                     return;
                 }

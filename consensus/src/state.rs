@@ -35,7 +35,13 @@ pub struct ClusterState {
     pub revoked_certs: BTreeMap<String, String>,
     /// Node names whose every certificate is refused: name to why.
     pub revoked_nodes: BTreeMap<String, String>,
+    /// Instances of each node that a newer one replaced: they never come back (a late heartbeat
+    /// of a dead process must not take the node back from the instance that runs its jobs).
+    pub retired_instances: BTreeMap<NodeId, Vec<InstanceId>>,
 }
+
+/// Replaced instances remembered per node.
+pub const RETIRED_INSTANCES_MAX: usize = 16;
 
 /// Join tokens and revoked certificates kept at most (the oldest expired tokens go first).
 pub const JOIN_TOKENS_MAX: usize = 1024;
@@ -53,6 +59,7 @@ impl Default for ClusterState {
             next_token_id: 1,
             revoked_certs: BTreeMap::new(),
             revoked_nodes: BTreeMap::new(),
+            retired_instances: BTreeMap::new(),
         }
     }
 }
@@ -216,8 +223,12 @@ impl ClusterState {
             );
             return CommandResult::NodeRegistered { id };
         };
-        let instance_changed = self.nodes.get(&id).is_some_and(|n| n.instance != instance);
-        if instance_changed {
+        if self.is_retired(id, instance) {
+            return rejected(format!("instance {instance} of node {name} was replaced"));
+        }
+        let old = self.nodes.get(&id).map(|n| n.instance).filter(|old| *old != instance);
+        if let Some(old) = old {
+            self.retire(id, old);
             self.lose_parts_of_other_instances(id, instance, now_ms);
         }
         if let Some(node) = self.nodes.get_mut(&id) {
@@ -230,6 +241,9 @@ impl ClusterState {
     }
 
     fn node_up(&mut self, id: NodeId, instance: InstanceId, now_ms: u64) -> CommandResult {
+        if self.is_retired(id, instance) {
+            return rejected(format!("instance {instance} of node {id} was replaced"));
+        }
         let Some(node) = self.nodes.get_mut(&id) else {
             return rejected(format!("unknown node {id}"));
         };
@@ -237,9 +251,24 @@ impl ClusterState {
         if node.instance == instance {
             return CommandResult::Ok;
         }
-        node.instance = instance;
+        let old = std::mem::replace(&mut node.instance, instance);
+        self.retire(id, old);
         self.lose_parts_of_other_instances(id, instance, now_ms);
         CommandResult::Ok
+    }
+
+    fn is_retired(&self, id: NodeId, instance: InstanceId) -> bool {
+        self.retired_instances.get(&id).is_some_and(|r| r.contains(&instance))
+    }
+
+    fn retire(&mut self, id: NodeId, instance: InstanceId) {
+        let retired = self.retired_instances.entry(id).or_default();
+        if !retired.contains(&instance) {
+            retired.push(instance);
+        }
+        if retired.len() > RETIRED_INSTANCES_MAX {
+            retired.remove(0);
+        }
     }
 
     /// A new instance of `node` is up: parts another instance confirmed died with it (parent
@@ -1031,6 +1060,29 @@ mod tests {
             cert_fingerprint: String::new(),
             now_ms: 70,
         });
+    }
+
+    #[test]
+    fn a_replaced_instance_never_takes_its_node_back() {
+        let (mut s, a, _b, job) = gang();
+        confirm(&mut s, job, 1, a, 100);
+        register_again(&mut s, "a", 101);
+        assert_eq!(s.nodes[&a].instance, 101);
+        // A late heartbeat of the dead instance 100 must not flip the node back to it.
+        let late = s.apply(&Command::NodeUp { node: a, instance: 100, now_ms: 80 });
+        assert!(matches!(late, CommandResult::Rejected(_)), "{late:?}");
+        assert_eq!(s.nodes[&a].instance, 101);
+        let again = Command::RegisterNode {
+            name: "a".into(),
+            addr: "a:1".into(),
+            inventory: inventory(8),
+            instance: 100,
+            cert_fingerprint: String::new(),
+            now_ms: 81,
+        };
+        assert!(matches!(s.apply(&again), CommandResult::Rejected(_)));
+        assert_eq!(s.nodes[&a].instance, 101);
+        s.check_invariants();
     }
 
     #[test]

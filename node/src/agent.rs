@@ -455,17 +455,22 @@ impl Agent {
             }
         }
         // Not running here. If it never started here, refuse it for good and report it gone, or
-        // its resources would stay held: a launch may still be on its way.
+        // its resources would stay held: a launch may still be on its way. If an earlier instance
+        // of this node started it, that instance died with it, maybe before reporting: report it
+        // lost (a second report of a run is ignored).
         let mut ledger = lock(&self.ledger);
-        if ledger.entries.contains_key(&(job, run)) {
-            return Ok(Reply::Ok); // it ran and ended; its report is on its way
-        }
-        let entry = LedgerEntry { job, run, instance: self.instance, stdout: PathBuf::new(), stderr: PathBuf::new(), refused: true };
+        let (why, stdout, stderr) = match ledger.entries.get(&(job, run)) {
+            Some(e) if e.instance == self.instance => return Ok(Reply::Ok), // it ended here; its report is on its way
+            // Its output stays where `corral logs` finds it.
+            Some(e) => ("started by an earlier instance of this node, which died", e.stdout.clone(), e.stderr.clone()),
+            None => ("stopped before it started", PathBuf::new(), PathBuf::new()),
+        };
+        let entry = LedgerEntry { job, run, instance: self.instance, stdout, stderr, refused: true };
         ledger.record(entry).map_err(|e| ApiError::Internal(format!("{e:#}")))?;
         drop(ledger);
-        info!(job, run, "stopped before it started here");
+        info!(job, run, reason = why, "stopped a run that does not run here");
         let agent = Arc::clone(self);
-        tokio::spawn(async move { agent.queue_report(job, run, RunOutcome::Lost("stopped before it started".into())).await });
+        tokio::spawn(async move { agent.queue_report(job, run, RunOutcome::Lost(why.into())).await });
         Ok(Reply::Ok)
     }
 

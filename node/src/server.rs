@@ -565,8 +565,12 @@ impl Node {
                 };
                 lock(&self.memory).last_seen.insert(node, Instant::now());
                 if state == NodeState::Down || recorded_instance != instance {
+                    if let CommandResult::Rejected(why) = self.propose(Command::NodeUp { node, instance, now_ms: now }).await? {
+                        // A replaced instance (its process should be dead) gets no acknowledgement.
+                        warn!(node, instance, why = %why, "heartbeat of a replaced instance refused");
+                        return Err(ApiError::Denied(why));
+                    }
                     info!(node, "node is back");
-                    self.propose(Command::NodeUp { node, instance, now_ms: now }).await?;
                     self.kick.notify_one();
                 }
                 let status = self.status();
