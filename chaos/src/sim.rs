@@ -22,6 +22,9 @@ use rand::{Rng, SeedableRng};
 use crate::ProcessSpan;
 
 /// Timings and sizes of one simulated run. All times are simulated milliseconds.
+/// After the settle bound, the run keeps going while some job became final this recently.
+const SETTLE_PROGRESS_MS: u64 = 30_000;
+
 /// The watchdog's poll interval (`node::watchdog::POLL_MS`; the sim does not link the node).
 const WATCHDOG_POLL_MS: u64 = 100;
 
@@ -891,12 +894,24 @@ impl Sim {
             }
         }
         self.submitted_total();
-        let settle_steps = self.cfg.settle_ms / self.cfg.step_ms.max(1);
-        for _ in 0..settle_steps {
+        // Settle: within `settle_ms`, or later while the backlog still drains (a job ended in
+        // the last `SETTLE_PROGRESS_MS`), up to four times that: a queue still moving at the
+        // bound is not stuck.
+        let step_ms = self.cfg.step_ms.max(1);
+        let (bound_ms, cap_ms) = (self.now_ms + self.cfg.settle_ms, self.now_ms + 4 * self.cfg.settle_ms);
+        let mut finals = 0usize;
+        let mut progress_ms = self.now_ms;
+        loop {
             self.step(false);
+            let now_final = self.acked.iter().filter(|id| self.state.jobs.get(id).is_some_and(|j| j.state.is_final())).count();
+            if now_final != finals {
+                finals = now_final;
+                progress_ms = self.now_ms;
+            }
             let settled = self.acked.iter().all(|id| self.state.jobs.get(id).is_some_and(|j| j.state.is_final() && j.parts.is_empty()))
                 && self.nodes.iter().all(|n| n.alive && n.procs.is_empty());
-            if settled {
+            let stalled = self.now_ms >= bound_ms && self.now_ms.saturating_sub(progress_ms) > SETTLE_PROGRESS_MS;
+            if settled || stalled || self.now_ms + step_ms > cap_ms {
                 break;
             }
         }
