@@ -184,17 +184,17 @@ mod tests {
     #[test]
     fn lease_round_trips_and_a_huge_or_broken_file_is_an_error() {
         let dir = std::env::temp_dir().join(format!("corral-lease-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(&dir).expect("create test dir");
         let path = dir.join("lease");
-        assert_eq!(read_lease(&path).unwrap(), None);
+        assert_eq!(read_lease(&path).expect("read missing lease"), None);
         let lease = Lease { deadline_boot_ms: 42, groups: vec![Group { pgid: 3, start_ticks: 9 }] };
-        write_lease(&path, &lease).unwrap();
-        assert_eq!(read_lease(&path).unwrap(), Some(lease));
-        std::fs::write(&path, b"{not json").unwrap();
+        write_lease(&path, &lease).expect("write lease");
+        assert_eq!(read_lease(&path).expect("read lease"), Some(lease));
+        std::fs::write(&path, b"{not json").expect("write broken lease");
         assert!(read_lease(&path).is_err());
-        std::fs::write(&path, vec![b' '; LEASE_BYTES_MAX as usize + 1]).unwrap();
+        std::fs::write(&path, vec![b' '; LEASE_BYTES_MAX as usize + 1]).expect("write huge lease");
         assert!(read_lease(&path).unwrap_err().to_string().contains("exceeds"));
-        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_dir_all(&dir).expect("remove test dir");
     }
 
     #[test]

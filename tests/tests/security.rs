@@ -237,7 +237,12 @@ fn a_node_renews_its_certificate_without_a_restart() {
     // n2 keeps serving (a new connection gets the rotated certificate) and keeps heartbeating.
     let info = c.json(&["--server", &c.addr("n2"), "cluster"]);
     assert_eq!(info["answered_by"], "n2", "{info}");
-    std::thread::sleep(Duration::from_secs(2));
+    // Several more rotations (every 700 ms), then it is still up: heartbeats crossed them.
+    let renewals = |log: &str| log.matches("certificate renewed").count();
+    let seen = renewals(&corral_tests::node_log(&c, "n2"));
+    corral_tests::wait_until("n2 to rotate twice more", Duration::from_secs(20), || {
+        renewals(&corral_tests::node_log(&c, "n2")) >= seen + 2
+    });
     let nodes = c.json(&["nodes"]);
     assert!(nodes.as_array().is_some_and(|l| l.iter().any(|n| n["name"] == "n2" && n["state"] == "UP")), "{nodes}");
     // Stopped, it leaves a certificate and key that make a pair (a restart loads them).
