@@ -51,7 +51,8 @@ pub fn tasks_per_node(spec: &JobSpec, nodes: usize) -> Vec<u32> {
 }
 
 /// CPUs allocated on each node of the current run, in `node_names` order; when the
-/// allocation is not known (or does not match), what the spec asks for.
+/// allocation is not known (or does not match: parts that ended are released), what the spec
+/// asks for.
 fn cpus_per_node(job: &Job, tasks: &[u32]) -> Vec<u32> {
     let parts: Vec<u32> = job.parts.iter().filter(|p| p.run == job.run).map(|p| p.alloc.cpus).collect();
     if parts.len() == tasks.len() && parts.iter().all(|&c| c > 0) {

@@ -873,6 +873,18 @@ mod tests {
     }
 
     #[test]
+    fn a_run_keeps_its_whole_gang_in_rank_order_after_some_parts_ended() {
+        // A launch re-sent to the last node after the others finished must still name all of
+        // them, and give it its rank: seen as a 1-node SLURM_JOB_NODELIST under load.
+        let (mut s, a, b, job) = gang();
+        finish(&mut s, job, 1, a, RunOutcome::Exited(0));
+        let j = &s.jobs[&job];
+        assert_eq!(j.parts.len(), 1);
+        assert_eq!(j.run_nodes(), &[a, b]);
+        assert_eq!((j.rank_of(a), j.rank_of(b)), (Some(0), Some(1)));
+    }
+
+    #[test]
     fn master_ports_are_never_shared_on_a_first_node() {
         let (mut s, a, _b, first) = gang();
         let second = submit(&mut s, spec(1, 1));

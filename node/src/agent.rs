@@ -191,11 +191,13 @@ impl Agent {
     /// instance so the leader can commit who runs it.
     pub fn launch(self: &Arc<Self>, job: Job, nodes: &[(String, String)]) -> Result<Reply, ApiError> {
         let me = self.node_id();
-        let current: Vec<&proto::NodeRun> = job.parts.iter().filter(|p| p.run == job.run).collect();
-        let Some(rank) = current.iter().position(|p| p.alloc.node == me) else {
+        // The rank comes from the run as planned: parts of nodes that already ended are gone
+        // from `parts` by the time a launch is re-sent.
+        let (Some(part), Some(rank)) = (job.parts.iter().find(|p| p.run == job.run && p.alloc.node == me), job.rank_of(me)) else {
             return Err(ApiError::Invalid(format!("job {} run {} has no part on node {me}", job.id, job.run)));
         };
-        let alloc = current[rank].alloc.clone();
+        let alloc = part.alloc.clone();
+        let gang_size = job.run_nodes().len();
         let ack = Reply::LaunchAck { job: job.id, run: job.run, instance: self.instance };
         // A node out of touch with the leader may already be declared down, and a new instance
         // is not known to be alive until a leader acknowledged it: start nothing then.
@@ -304,7 +306,7 @@ impl Agent {
             })
             .collect();
         let (stop_tx, mut stop_rx) = mpsc::channel(1);
-        let preflight = job.spec.preflight.as_ref().filter(|_| current.len() > 1).map(|p| crate::preflight::Preflight {
+        let preflight = job.spec.preflight.as_ref().filter(|_| gang_size > 1).map(|p| crate::preflight::Preflight {
             rank,
             hosts: nodes.iter().map(|(name, _)| name.clone()).collect(),
             master_host: nodes.first().map(|(_, addr)| launcher::host_of(addr)).unwrap_or_default(),

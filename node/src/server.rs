@@ -807,9 +807,9 @@ impl Node {
             for j in s.jobs.values() {
                 if j.launches_pending().next().is_some() {
                     let nodes: Vec<(String, String)> = j
-                        .nodes_of_current_run()
-                        .into_iter()
-                        .map(|n| s.nodes.get(&n).map(|r| (r.name.clone(), r.addr.clone())).unwrap_or_default())
+                        .run_nodes()
+                        .iter()
+                        .map(|n| s.nodes.get(n).map(|r| (r.name.clone(), r.addr.clone())).unwrap_or_default())
                         .collect();
                     for part in j.launches_pending() {
                         launches.push((j.clone(), nodes.clone(), part.alloc.node, addr_of(part.alloc.node)));

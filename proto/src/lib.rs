@@ -571,7 +571,8 @@ pub struct Job {
     pub parts: Vec<NodeRun>,
     /// How each node's part of the current run ended, as reported.
     pub outcomes: Vec<(NodeId, RunOutcome)>,
-    /// Nodes and GPUs of the last run, kept for display after the parts are released.
+    /// Nodes and GPUs of the current or last run in rank order, as planned; kept after the
+    /// parts are released.
     pub last_nodes: Vec<NodeId>,
     pub last_gpus: Vec<Vec<u32>>,
     pub array: Option<ArrayTask>,
@@ -607,8 +608,16 @@ impl Job {
         self.parts.iter().filter(move |p| !live || p.run != run)
     }
 
-    pub fn nodes_of_current_run(&self) -> Vec<NodeId> {
-        self.parts.iter().filter(|p| p.run == self.run).map(|p| p.alloc.node).collect()
+    /// Every node of the current (or last) run in rank order, as planned: parts that already
+    /// ended are released from `parts` but keep their rank here, so a launch re-sent after
+    /// some nodes finished still names the whole gang.
+    pub fn run_nodes(&self) -> &[NodeId] {
+        &self.last_nodes
+    }
+
+    /// This node's rank in the current run (its index in [`Job::run_nodes`]).
+    pub fn rank_of(&self, node: NodeId) -> Option<usize> {
+        self.last_nodes.iter().position(|n| *n == node)
     }
 
     /// First pending reason, for one-line displays.

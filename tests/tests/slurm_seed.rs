@@ -197,15 +197,17 @@ fn train_fsdp_runs_torchrun_once_per_node_with_slurm_variables() {
     let job = s.cluster.wait_final(id, Duration::from_secs(90));
     assert_eq!(job["state"], "COMPLETED", "{job}\n{}", s.cluster.logs());
     let recs = s.records("torchrun");
+    let dump: Vec<String> = recs.iter().map(|r| format!("{} {:?}", r.argv, r.env)).collect();
+    let dump = format!("{}\n{}", dump.join("\n"), s.cluster.logs());
     assert_eq!(recs.len(), 4, "one torchrun per node (srun, --ntasks-per-node=1)");
     let nodelist = recs[0].var("SLURM_JOB_NODELIST");
     let nodes = {
         let out = s.slurm("scontrol", &["show", "hostnames", &nodelist]);
         String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect::<Vec<_>>()
     };
-    assert_eq!(nodes.len(), 4, "{nodelist}");
+    assert_eq!(nodes.len(), 4, "{nodelist}\n{dump}");
     for (rank, r) in recs.iter().enumerate() {
-        assert_eq!(r.argv, "--nnodes=4 --nproc_per_node=8 train_fsdp.py");
+        assert_eq!(r.argv, "--nnodes=4 --nproc_per_node=8 train_fsdp.py", "{dump}");
         let got: Vec<(&str, String)> = [
             "SLURM_JOB_ID",
             "SLURM_NNODES",

@@ -186,9 +186,7 @@ pub fn node_names(nodes: &[NodeInfo]) -> BTreeMap<u64, String> {
 
 /// Names of the nodes a job runs on (or last ran on), in allocation order.
 pub fn job_node_names(job: &Job, names: &BTreeMap<u64, String>) -> Vec<String> {
-    let current = job.nodes_of_current_run();
-    let ids = if current.is_empty() { job.last_nodes.clone() } else { current };
-    ids.iter().map(|id| names.get(id).cloned().unwrap_or_else(|| format!("node{id}"))).collect()
+    job.run_nodes().iter().map(|id| names.get(id).cloned().unwrap_or_else(|| format!("node{id}"))).collect()
 }
 
 /// Jobs that belong to submitted job `id`: the job itself and, for an array, its tasks.
