@@ -182,6 +182,77 @@ pub fn slurm_env(
     env
 }
 
+/// Set (to `1`) in a batch job's environment: `srun` there starts steps through the agents of
+/// the job's nodes. Without it (`corral submit`, where every node runs the command) `srun`
+/// starts only this node's tasks, itself.
+pub const BATCH_ENV: &str = "CORRAL_BATCH";
+
+/// Variables each node sets for itself in a step's tasks: what the caller's environment had for
+/// them (the batch script's node) is not passed on.
+pub const NODE_OWNED: &[&str] = &[
+    "SLURMD_NODENAME",
+    "SLURM_NODEID",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_GTIDS",
+    "SLURM_CPUS_ON_NODE",
+    "SLURM_GPUS_ON_NODE",
+    "SLURM_JOB_GPUS",
+    "SLURM_TOPOLOGY_ADDR",
+    "GPU_DEVICE_ORDINAL",
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "NODE_RANK",
+    "CORRAL_NODE",
+    "CORRAL_NODE_RANK",
+    "CORRAL_GPU_INDICES",
+    "CORRAL_SOCKET",
+    "HOME",
+    "USER",
+    "LOGNAME",
+];
+
+/// The environment of one task of a step: this node's environment for the job (`node_env`,
+/// what its batch script or holder got), the step's (`step_env`: the caller's environment as
+/// `--export` chose it, and the step's variables) over it except [`NODE_OWNED`], then the
+/// task's own: `SLURM_STEP_ID` (`step`), `SLURM_NODEID` (`node_index` in the step), `SLURM_PROCID`, `SLURM_LOCALID`,
+/// `SLURM_GTIDS` (`ranks_here`: every rank on this node), and with `gpus_per_task` its share
+/// of the node's `CUDA_VISIBLE_DEVICES` by local id.
+pub fn step_task_env(
+    node_env: &BTreeMap<String, String>,
+    step_env: &BTreeMap<String, String>,
+    step: u32,
+    node_index: usize,
+    ranks_here: &[u32],
+    local: usize,
+    gpus_per_task: Option<u32>,
+) -> BTreeMap<String, String> {
+    let mut env = node_env.clone();
+    env.extend(step_env.iter().filter(|(k, _)| !NODE_OWNED.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())));
+    let rank = ranks_here.get(local).copied().unwrap_or_default();
+    env.insert("SLURM_STEP_ID".into(), step.to_string());
+    env.insert("SLURM_STEPID".into(), step.to_string());
+    env.insert("SLURM_NODEID".into(), node_index.to_string());
+    env.insert("SLURM_PROCID".into(), rank.to_string());
+    env.insert("SLURM_LOCALID".into(), local.to_string());
+    env.insert("SLURM_GTIDS".into(), ranks_here.iter().map(u32::to_string).collect::<Vec<_>>().join(","));
+    if let Some(k) = gpus_per_task.map(|k| k as usize).filter(|k| *k > 0) {
+        let visible: Vec<&str> =
+            node_env.get("CUDA_VISIBLE_DEVICES").map_or(Vec::new(), |v| v.split(',').filter(|s| !s.is_empty()).collect());
+        let lo = local * k;
+        if lo + k <= visible.len() {
+            env.insert("CUDA_VISIBLE_DEVICES".into(), visible[lo..lo + k].join(","));
+            if let Some(ordinals) = node_env.get("GPU_DEVICE_ORDINAL") {
+                let ordinals: Vec<&str> = ordinals.split(',').collect();
+                if lo + k <= ordinals.len() {
+                    env.insert("GPU_DEVICE_ORDINAL".into(), ordinals[lo..lo + k].join(","));
+                }
+            }
+        }
+    }
+    env
+}
+
 /// Expands an `--output`/`--error` pattern the way slurmd does for a batch job: `%j` job id,
 /// `%J` job id (the batch step), `%A` array job id (the job id outside arrays), `%a` array task
 /// id, `%x` job name, `%u` user, `%N` the first node's name, `%n` node index (0), `%t` task
@@ -235,4 +306,48 @@ pub fn output_path(pattern: &str, job: &Job, node_names: &[String], node_index: 
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn a_step_task_keeps_its_node_own_variables_and_takes_the_callers_others() {
+        let node = map(&[
+            ("SLURMD_NODENAME", "gpu02"),
+            ("CUDA_VISIBLE_DEVICES", "GPU-a,GPU-b,GPU-c,GPU-d"),
+            ("GPU_DEVICE_ORDINAL", "0,1,2,3"),
+            ("SLURM_JOB_ID", "7"),
+            ("PATH", "/usr/bin"),
+        ]);
+        let step = map(&[
+            ("SLURMD_NODENAME", "gpu01"),
+            ("CUDA_VISIBLE_DEVICES", "GPU-x"),
+            ("MASTER_ADDR", "gpu01"),
+            ("PATH", "/opt/venv/bin:/usr/bin"),
+            ("SLURM_STEP_ID", "0"),
+            ("SLURM_PROCID", "0"),
+        ]);
+        let env = step_task_env(&node, &step, 4, 1, &[2, 3], 1, Some(2));
+        let pick = |k: &str| env.get(k).cloned().unwrap_or_default();
+        assert_eq!(pick("SLURMD_NODENAME"), "gpu02", "the node's own name, not the caller's");
+        assert_eq!(pick("MASTER_ADDR"), "gpu01", "what the script exported reaches every task");
+        assert_eq!(pick("PATH"), "/opt/venv/bin:/usr/bin");
+        assert_eq!(pick("SLURM_STEP_ID"), "4", "the step's number as its node knows it");
+        assert_eq!(
+            (pick("SLURM_NODEID"), pick("SLURM_PROCID"), pick("SLURM_LOCALID"), pick("SLURM_GTIDS")),
+            ("1".into(), "3".into(), "1".into(), "2,3".into())
+        );
+        assert_eq!(pick("CUDA_VISIBLE_DEVICES"), "GPU-c,GPU-d", "--gpus-per-task=2, local id 1");
+        assert_eq!(pick("GPU_DEVICE_ORDINAL"), "2,3");
+        let whole = step_task_env(&node, &step, 4, 1, &[2, 3], 0, None);
+        assert_eq!(whole["CUDA_VISIBLE_DEVICES"], "GPU-a,GPU-b,GPU-c,GPU-d");
+        let too_many = step_task_env(&node, &step, 4, 1, &[2, 3], 1, Some(3));
+        assert_eq!(too_many["CUDA_VISIBLE_DEVICES"], "GPU-a,GPU-b,GPU-c,GPU-d", "no share that does not exist");
+    }
 }

@@ -587,7 +587,11 @@ impl ClusterState {
             job.reasons = vec![format!("preflight failed on node {node}: {why}")];
             return CommandResult::Ok;
         }
-        if let RunOutcome::Lost(why) = outcome {
+        // In a batch job only the script's node (the first) runs the job; the others hold GPUs
+        // for its steps. Once the script ended, nothing they report matters.
+        let holder = job.spec.is_batch() && job.last_nodes.first() != Some(&node);
+        let matters = !(holder && job.batch_ended());
+        if let (true, RunOutcome::Lost(why)) = (matters, outcome) {
             let reason = format!("node {node}: {why}");
             if job.spec.requeue {
                 requeue_job(job, &reason);
@@ -599,7 +603,11 @@ impl ClusterState {
             }
             return CommandResult::Ok;
         }
-        job.outcomes.push((node, outcome.clone()));
+        // A holder's end decides nothing unless it is a failure of its own (a kill is the
+        // cluster stopping it).
+        if matters && (!holder || *outcome != RunOutcome::Killed) {
+            job.outcomes.push((node, outcome.clone()));
+        }
         if job.parts.iter().any(|p| p.run == run) {
             // Other nodes of the gang still run; a failure here makes the leader stop them.
             return CommandResult::Ok;
@@ -882,6 +890,52 @@ mod tests {
         assert_eq!(j.parts.len(), 1);
         assert_eq!(j.run_nodes(), &[a, b]);
         assert_eq!((j.rank_of(a), j.rank_of(b)), (Some(0), Some(1)));
+    }
+
+    /// Two nodes and a 2-node batch job (`sbatch`) running on both, `a` first.
+    fn batch_gang() -> (ClusterState, NodeId, NodeId, JobId) {
+        let mut s = ClusterState::default();
+        let a = register(&mut s, "a", 100);
+        let b = register(&mut s, "b", 200);
+        let mut batch = spec(2, 2);
+        batch.set_batch(true);
+        let job = submit(&mut s, batch);
+        plan(&mut s, job, 1, vec![alloc(a, &[0, 1]), alloc(b, &[0, 1])]);
+        confirm(&mut s, job, 1, a, 100);
+        confirm(&mut s, job, 1, b, 200);
+        (s, a, b, job)
+    }
+
+    #[test]
+    fn a_batch_job_ends_with_its_script_and_the_script_decides_its_state() {
+        let (mut s, a, b, job) = batch_gang();
+        finish(&mut s, job, 1, a, RunOutcome::Exited(0));
+        let stop: Vec<NodeId> = s.jobs[&job].parts_to_stop().map(|p| p.alloc.node).collect();
+        assert_eq!(stop, vec![b], "the script ended: the node holding GPUs for steps is released");
+        finish(&mut s, job, 1, b, RunOutcome::Killed);
+        assert_eq!((s.jobs[&job].state, s.jobs[&job].exit_code), (JobState::Completed, Some(0)), "the holder's kill decides nothing");
+
+        let (mut s, a, b, job) = batch_gang();
+        finish(&mut s, job, 1, a, RunOutcome::Exited(2));
+        finish(&mut s, job, 1, b, RunOutcome::Killed);
+        assert_eq!((s.jobs[&job].state, s.jobs[&job].exit_code), (JobState::Failed, Some(2)));
+
+        // A holder that fails on its own before the script ends stops the job and fails it.
+        let (mut s, a, b, job) = batch_gang();
+        finish(&mut s, job, 1, b, RunOutcome::LaunchFailed("no account".into()));
+        assert_eq!(s.jobs[&job].parts_to_stop().map(|p| p.alloc.node).collect::<Vec<_>>(), vec![a]);
+        finish(&mut s, job, 1, a, RunOutcome::Killed);
+        assert_eq!(s.jobs[&job].state, JobState::Failed);
+
+        // While the script runs, nothing is stopped.
+        let (s, _a, _b, job) = batch_gang();
+        assert_eq!(s.jobs[&job].parts_to_stop().count(), 0);
+
+        // A holder stopped before its launch arrived, after the script ended: not a node failure.
+        let (mut s, a, b, job) = batch_gang();
+        finish(&mut s, job, 1, a, RunOutcome::Exited(0));
+        finish(&mut s, job, 1, b, RunOutcome::Lost("stopped before it started".into()));
+        assert_eq!(s.jobs[&job].state, JobState::Completed);
     }
 
     #[test]

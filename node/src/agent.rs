@@ -9,13 +9,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
-use proto::{ApiError, GpuInfo, InstanceId, Job, JobId, LogStream, NodeId, Reply, Request, RunNo, RunOutcome};
+use proto::{ApiError, GpuInfo, InstanceId, Job, JobId, LogStream, NodeId, Reply, Request, Response, RunNo, RunOutcome};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tracing::{debug, info, info_span, warn, Instrument};
 
 use crate::launcher::{self, StopReason};
 use crate::link::{LeaderLink, LinkError};
+use crate::step::Step;
 
 /// Reports of ended runs waiting to be committed.
 const REPORT_QUEUE_MAX: usize = 4096;
@@ -101,6 +102,32 @@ struct Running {
     /// The batch shell's start time, so the watchdog never kills a recycled pid.
     start_ticks: u64,
     stop_tx: mpsc::Sender<StopReason>,
+    /// The user the job belongs to: only they (or an admin) may start and read its steps.
+    owner: String,
+    /// Only holds resources for steps (a batch job's node other than the first).
+    hold: bool,
+    /// Name and address of every node of the run, in rank order.
+    nodes: Vec<(String, String)>,
+    /// What the run's process got, which its step tasks here start from.
+    base: Arc<TaskBase>,
+    /// The run's cgroup once its process started; step tasks join it.
+    cgroup: Option<Arc<crate::cgroup::JobCgroup>>,
+    /// Process groups of its step tasks here.
+    tasks: Arc<launcher::TaskGroups>,
+    /// Its steps with tasks here.
+    steps: BTreeMap<u32, Arc<Step>>,
+    /// Next step number, on the node that numbers them (the batch script's).
+    next_step: u32,
+}
+
+/// Name and address of every node of a run, in rank order.
+pub type RunNodes = Vec<(String, String)>;
+
+/// The part of a run's launch its step tasks start from.
+struct TaskBase {
+    env: BTreeMap<String, String>,
+    workdir: PathBuf,
+    run_as: Option<crate::identity::Account>,
 }
 
 struct Report {
@@ -125,6 +152,10 @@ pub struct AgentSettings {
     pub run_as_user: bool,
     /// Where job cgroups go; none when cgroup v2 is not usable here.
     pub cgroups: Option<crate::cgroup::JobCgroups>,
+    /// The program that holds a batch job's other nodes (`corrald --hold`).
+    pub holder: PathBuf,
+    /// This node's local socket, named in jobs' `CORRAL_SOCKET`.
+    pub local_socket: Option<PathBuf>,
 }
 
 pub struct Agent {
@@ -151,6 +182,14 @@ pub struct Agent {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// `user` (none: root on a node, or a node) may act on the steps of `owner`'s job.
+fn owner_may(user: Option<&str>, owner: &str, job: JobId) -> Result<(), ApiError> {
+    match user {
+        Some(u) if u != owner => Err(ApiError::Denied(format!("user {u} may not use the steps of job {job} of user {owner}"))),
+        _ => Ok(()),
+    }
 }
 
 impl Agent {
@@ -284,6 +323,8 @@ impl Agent {
             checkpoint_root: &self.settings.checkpoint_root,
             nccl: &self.settings.nccl,
             cluster_name: &self.settings.cluster_name,
+            holder: &self.settings.holder,
+            local_socket: self.settings.local_socket.as_deref(),
         };
         let spec = launcher::prepare(&job, &ctx).map_err(|e| ApiError::Internal(format!("{e:#}")))?;
         lock(&self.ledger)
@@ -316,7 +357,25 @@ impl Agent {
             timeout: Duration::from_millis(PREFLIGHT_TIMEOUT_MS),
         });
         // Until its process starts the run holds its GPUs with no process group (pgid 0).
-        lock(&self.running).insert(job.id, Running { run: job.run, gpus, pgid: 0, start_ticks: 0, stop_tx });
+        let base = Arc::new(TaskBase { env: spec.env.clone(), workdir: spec.workdir.clone(), run_as: spec.run_as.clone() });
+        lock(&self.running).insert(
+            job.id,
+            Running {
+                run: job.run,
+                gpus,
+                pgid: 0,
+                start_ticks: 0,
+                stop_tx,
+                owner: job.spec.user.clone(),
+                hold: spec.hold,
+                nodes: nodes.to_vec(),
+                base,
+                cgroup: None,
+                tasks: Arc::new(launcher::TaskGroups::default()),
+                steps: BTreeMap::new(),
+                next_step: 0,
+            },
+        );
         let limits =
             crate::cgroup::Limits { cpus: job.spec.cpus_per_task.saturating_mul(job.spec.ntasks_per_node), memory_mib: job.spec.mem_mib };
         let Some(preflight) = preflight else {
@@ -373,7 +432,7 @@ impl Agent {
         span: tracing::Span,
     ) {
         let cgroup = match self.settings.cgroups.as_ref().map(|c| c.create(spec.job, spec.run, &limits)).transpose() {
-            Ok(c) => c,
+            Ok(c) => c.map(Arc::new),
             Err(e) => {
                 span.in_scope(|| warn!(error = format!("{e:#}"), "job cgroup"));
                 lock(&self.running).remove(&spec.job);
@@ -384,20 +443,28 @@ impl Agent {
                 return;
             }
         };
-        match launcher::spawn(&spec, cgroup.as_ref()) {
+        match launcher::spawn(&spec, cgroup.as_deref()) {
             Ok(child) => {
                 let pgid = child.id().map_or(0, |p| p as i32);
                 let start_ticks = crate::watchdog::start_ticks(pgid).unwrap_or(0);
-                if let Some(r) = lock(&self.running).get_mut(&spec.job).filter(|r| r.run == spec.run) {
-                    r.pgid = pgid;
-                    r.start_ticks = start_ticks;
-                }
+                let tasks = {
+                    let mut running = lock(&self.running);
+                    match running.get_mut(&spec.job).filter(|r| r.run == spec.run) {
+                        Some(r) => {
+                            r.pgid = pgid;
+                            r.start_ticks = start_ticks;
+                            r.cgroup = cgroup.clone();
+                            Arc::clone(&r.tasks)
+                        }
+                        None => Arc::new(launcher::TaskGroups::default()),
+                    }
+                };
                 self.renew_lease();
-                span.in_scope(|| info!(pgid, "job started"));
+                span.in_scope(|| info!(pgid, hold = spec.hold, "job started"));
                 let agent = Arc::clone(self);
                 tokio::spawn(
                     async move {
-                        let mut outcome = launcher::supervise(child, &spec, stop_rx, agent.settings.stop).await;
+                        let mut outcome = launcher::supervise(child, &spec, stop_rx, agent.settings.stop, &tasks).await;
                         if let Some(cgroup) = cgroup {
                             // Whatever the job left behind, in or out of its process group.
                             cgroup.kill_and_remove().await;
@@ -419,7 +486,7 @@ impl Agent {
             Err(e) => {
                 span.in_scope(|| warn!(error = format!("{e:#}"), "job failed to start"));
                 if let Some(cgroup) = cgroup {
-                    tokio::spawn(cgroup.kill_and_remove());
+                    tokio::spawn(async move { cgroup.kill_and_remove().await });
                 }
                 lock(&self.running).remove(&spec.job);
                 let agent = Arc::clone(self);
@@ -518,13 +585,134 @@ impl Agent {
         }
         let running = lock(&self.running);
         if let Some(r) = running.get(&job).filter(|r| r.run == run && r.pgid > 0) {
+            if batch_only && r.hold {
+                // No batch shell here: only steps run on this node.
+                return Ok(Reply::Ok);
+            }
             let target = if batch_only { r.pgid } else { -r.pgid };
             // SAFETY: kill(2) on a process (group) this agent started.
             if unsafe { libc::kill(target, signal) } != 0 {
                 debug!(job, signal, error = %std::io::Error::last_os_error(), "signal job");
             }
+            if !batch_only {
+                r.tasks.signal(signal);
+            }
         }
         Ok(Reply::Ok)
+    }
+
+    /// Numbers a new step of `job`, which must run here (the batch script's node asks), for
+    /// `user` (none: an admin or a node): (run, step, the run's nodes by name and address).
+    pub fn number_step(&self, job: JobId, user: Option<&str>) -> Result<(RunNo, u32, RunNodes), ApiError> {
+        let mut running = lock(&self.running);
+        let r = running.get_mut(&job).ok_or_else(|| ApiError::NotFound(format!("job {job} does not run on {}", self.name)))?;
+        owner_may(user, &r.owner, job)?;
+        let step = r.next_step;
+        r.next_step = r.next_step.checked_add(1).ok_or_else(|| ApiError::Unavailable("out of step numbers".into()))?;
+        Ok((r.run, step, r.nodes.clone()))
+    }
+
+    /// Starts this node's tasks of step `step` of `job` run `run`, each in its own process group
+    /// in the run's cgroup as the job's user, its output piped here. Idempotent: a step that
+    /// exists already is left alone.
+    pub fn start_step(self: &Arc<Self>, job: JobId, run: RunNo, step: u32, spec: &proto::StepSpec, user: Option<&str>) -> Response {
+        spec.validate().map_err(ApiError::Invalid)?;
+        let Some(node_index) = spec.nodes.iter().position(|n| n.name == self.name) else {
+            return Err(ApiError::Invalid(format!("step {job}.{step} has no tasks on {}", self.name)));
+        };
+        let ranks = &spec.nodes[node_index].ranks;
+        let (base, cgroup, groups, handle) = {
+            let mut running = lock(&self.running);
+            let r = running
+                .get_mut(&job)
+                .filter(|r| r.run == run)
+                .ok_or_else(|| ApiError::Denied(format!("job {job} run {run} does not run on {}", self.name)))?;
+            owner_may(user, &r.owner, job)?;
+            if r.pgid == 0 {
+                return Err(ApiError::Unavailable(format!("job {job} has not started on {} yet", self.name)));
+            }
+            if r.steps.contains_key(&step) {
+                return Ok(Reply::Ok);
+            }
+            if r.steps.len() >= proto::limits::STEPS_PER_JOB_MAX {
+                return Err(ApiError::Unavailable(format!("job {job} has {} steps on {}", r.steps.len(), self.name)));
+            }
+            let handle = Step::new(job, run, step, ranks.len());
+            r.steps.insert(step, Arc::clone(&handle));
+            (Arc::clone(&r.base), r.cgroup.clone(), Arc::clone(&r.tasks), handle)
+        };
+        let workdir = spec.workdir.as_ref().map_or_else(|| base.workdir.clone(), PathBuf::from);
+        let program = PathBuf::from(&spec.argv[0]);
+        for (local, rank) in ranks.iter().enumerate() {
+            let env = slurm_compat::env::step_task_env(&base.env, &spec.env, step, node_index, ranks, local, spec.gpus_per_task);
+            let proc =
+                launcher::Process { program: &program, args: &spec.argv[1..], env: &env, workdir: &workdir, run_as: base.run_as.as_ref() };
+            match launcher::spawn_task(&proc, cgroup.as_deref()) {
+                Ok(child) => {
+                    let pgid = child.id().map_or(0, |p| p as i32);
+                    groups.add(pgid, crate::watchdog::start_ticks(pgid).unwrap_or(0));
+                    handle.attach(*rank, child, Arc::clone(&groups));
+                }
+                Err(e) => {
+                    let not_found =
+                        e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::NotFound));
+                    warn!(job, step, rank, error = format!("{e:#}"), "step task failed to start");
+                    handle.push(
+                        *rank,
+                        LogStream::Stderr,
+                        format!(
+                            "corrald: error: {}: task {rank}: {e:#}
+",
+                            self.name
+                        )
+                        .into_bytes(),
+                    );
+                    handle.task_ended(proto::TaskExit { rank: *rank, code: Some(if not_found { 127 } else { 126 }), signal: None });
+                }
+            }
+        }
+        self.renew_lease();
+        info!(job, run, step, tasks = ranks.len(), "step started");
+        Ok(Reply::Ok)
+    }
+
+    fn step_of(&self, job: JobId, step: u32, user: Option<&str>) -> Result<(Arc<Step>, Arc<launcher::TaskGroups>), ApiError> {
+        let running = lock(&self.running);
+        let r = running.get(&job).ok_or_else(|| ApiError::NotFound(format!("job {job} does not run on {}", self.name)))?;
+        owner_may(user, &r.owner, job)?;
+        let s = r.steps.get(&step).ok_or_else(|| ApiError::NotFound(format!("step {job}.{step} on {}", self.name)))?;
+        Ok((Arc::clone(s), Arc::clone(&r.tasks)))
+    }
+
+    /// Output and exits of a step here (see [`Step::read`]); a step read to its end is forgotten.
+    pub async fn read_step(&self, job: JobId, step: u32, offset: u64, exits_seen: u32, wait_ms: u32, user: Option<&str>) -> Response {
+        let (handle, _) = self.step_of(job, step, user)?;
+        let wait = Duration::from_millis(u64::from(wait_ms.min(proto::limits::STEP_READ_WAIT_MS_MAX)));
+        let out = handle.read(offset, exits_seen as usize, proto::limits::STEP_READ_BYTES_MAX, wait).await;
+        if out.done {
+            if let Some(r) = lock(&self.running).get_mut(&job) {
+                r.steps.remove(&step);
+            }
+        }
+        Ok(Reply::StepOutput { chunks: out.chunks, next_offset: out.next_offset, exits: out.exits, done: out.done })
+    }
+
+    /// Sends `signal` to every task of a step here (each one's whole process group).
+    pub fn signal_step(&self, job: JobId, step: u32, signal: i32, user: Option<&str>) -> Response {
+        if !(1..=64).contains(&signal) {
+            return Err(ApiError::Invalid(format!("signal {signal} out of range")));
+        }
+        let (handle, groups) = self.step_of(job, step, user)?;
+        if !handle.ended() {
+            handle.signal(signal, &groups);
+        }
+        Ok(Reply::Ok)
+    }
+
+    /// The address of node `name` of the run of `job` here (steps are read through the node
+    /// that launched them).
+    pub fn run_node_addr(&self, job: JobId, name: &str) -> Option<String> {
+        lock(&self.running).get(&job).and_then(|r| r.nodes.iter().find(|(n, _)| n == name).map(|(_, a)| a.clone()))
     }
 
     /// The leader's commit index in the last heartbeat acknowledgement.
@@ -548,8 +736,11 @@ impl Agent {
         };
         let groups = lock(&self.running)
             .values()
-            .filter(|r| r.pgid > 0)
-            .map(|r| crate::watchdog::Group { pgid: r.pgid, start_ticks: r.start_ticks })
+            .flat_map(|r| {
+                let own = (r.pgid > 0).then_some((r.pgid, r.start_ticks));
+                own.into_iter().chain(r.tasks.snapshot())
+            })
+            .map(|(pgid, start_ticks)| crate::watchdog::Group { pgid, start_ticks })
             .collect();
         let lease = crate::watchdog::Lease { deadline_boot_ms, groups };
         // One writer at a time: the file is replaced by rename.

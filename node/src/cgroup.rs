@@ -154,8 +154,9 @@ impl JobCgroup {
     }
 
     /// Kills every process in the cgroup and removes it, waiting briefly for them to exit.
-    pub async fn kill_and_remove(mut self) {
-        self.procs = None;
+    /// (`cgroup.procs` stays open until the last holder of this handle drops it; a task started
+    /// after the removal fails to join and does not start.)
+    pub async fn kill_and_remove(&self) {
         let kill = self.path.join("cgroup.kill");
         if let Err(e) = std::fs::OpenOptions::new().write(true).open(&kill).and_then(|mut f| f.write_all(b"1")) {
             debug!(cgroup = %self.path.display(), error = %e, "cgroup.kill");

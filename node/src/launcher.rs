@@ -33,6 +33,9 @@ pub struct LaunchSpec {
     pub append: bool,
     /// The account the job runs as; none runs it as the daemon's own user (dev clusters).
     pub run_as: Option<crate::identity::Account>,
+    /// The part only holds the node's share of a batch job for its steps: the process is a
+    /// holder (`corrald --hold`), with no output.
+    pub hold: bool,
 }
 
 /// Resolves an output file pattern (Slurm's `%j %J %A %a %x %u %N %n %t %%`) for the part on
@@ -79,6 +82,10 @@ pub struct LaunchContext<'a> {
     /// `SLURM_CLUSTER_NAME`.
     pub cluster_name: &'a str,
     pub run_as: Option<&'a crate::identity::Account>,
+    /// What holds a batch job's node other than its first (`corrald --hold`).
+    pub holder: &'a Path,
+    /// This node's local socket (`CORRAL_SOCKET` in the job: `srun` starts steps through it).
+    pub local_socket: Option<&'a Path>,
 }
 
 /// The host part of `host:port` (`[v6]:port` too).
@@ -99,7 +106,9 @@ pub fn prepare(job: &Job, ctx: &LaunchContext<'_>) -> anyhow::Result<LaunchSpec>
         std::os::unix::fs::chown(&dir, Some(a.uid), Some(a.gid)).with_context(|| format!("give {} to {}", dir.display(), a.name))?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).with_context(|| format!("chmod {}", dir.display()))?;
     }
+    let hold = job.spec.is_batch() && ctx.node_rank > 0;
     let (program, args) = match &job.spec.script {
+        _ if hold => (ctx.holder.to_path_buf(), vec![HOLD_FLAG.to_string()]),
         Some(script) => {
             let path = dir.join("script");
             std::fs::write(&path, script).with_context(|| format!("write job script {}", path.display()))?;
@@ -170,6 +179,12 @@ pub fn prepare(job: &Job, ctx: &LaunchContext<'_>) -> anyhow::Result<LaunchSpec>
     env.insert("CORRAL_NODE_RANK".into(), ctx.node_rank.to_string());
     env.insert("CORRAL_HOSTFILE".into(), hostfile.display().to_string());
     env.insert("CORRAL_CHECKPOINT_DIR".into(), checkpoint_dir.display().to_string());
+    if let Some(socket) = ctx.local_socket {
+        env.insert("CORRAL_SOCKET".into(), socket.display().to_string());
+    }
+    if job.spec.is_batch() {
+        env.insert(slurm_compat::env::BATCH_ENV.into(), "1".into());
+    }
     if let Some(a) = ctx.run_as {
         env.insert("USER".into(), a.name.clone());
         env.insert("LOGNAME".into(), a.name.clone());
@@ -190,7 +205,27 @@ pub fn prepare(job: &Job, ctx: &LaunchContext<'_>) -> anyhow::Result<LaunchSpec>
         // Only rank 0 truncates, on the first run: every node of a gang writes the job's output.
         append: job.run > 1 || job.spec.open_append || ctx.node_rank > 0,
         run_as: ctx.run_as.cloned(),
+        hold,
     })
+}
+
+/// The flag that makes `corrald` a holder: a process that waits, ignoring every signal it can,
+/// until it is killed. It keeps a batch job's other nodes' process group (and so the job's
+/// lease, time limit and stop sequence) while only steps run there.
+pub const HOLD_FLAG: &str = "--hold";
+
+/// The holder's life (`corrald --hold`): ignore what can be ignored and wait to be killed.
+pub fn hold_forever() -> ! {
+    for sig in 1..32 {
+        if sig != libc::SIGKILL && sig != libc::SIGSTOP && sig != libc::SIGCHLD {
+            // SAFETY: setting a signal's disposition to "ignore" has no memory effects.
+            unsafe { libc::signal(sig, libc::SIG_IGN) };
+        }
+    }
+    loop {
+        // SAFETY: pause(2) only waits for a signal.
+        unsafe { libc::pause() };
+    }
 }
 
 fn open_output(path: &Path, append: bool) -> anyhow::Result<std::fs::File> {
@@ -245,16 +280,41 @@ pub fn append_output(spec: &LaunchSpec, path: &Path, text: &[u8]) -> anyhow::Res
 /// job's cgroup, as the job's user (groups, gid, uid), with its output opened as that user.
 pub fn spawn(spec: &LaunchSpec, cgroup: Option<&crate::cgroup::JobCgroup>) -> anyhow::Result<Child> {
     let run_as = spec.run_as.as_ref();
-    let stdout = as_user(run_as, || open_output(&spec.stdout_path, spec.append))?;
-    let stderr = if spec.stderr_path == spec.stdout_path {
-        stdout.try_clone().context("duplicate output file handle")?
+    let (stdout, stderr) = if spec.hold {
+        (Stdio::null(), Stdio::null())
     } else {
-        as_user(run_as, || open_output(&spec.stderr_path, spec.append))?
+        let stdout = as_user(run_as, || open_output(&spec.stdout_path, spec.append))?;
+        let stderr = if spec.stderr_path == spec.stdout_path {
+            stdout.try_clone().context("duplicate output file handle")?
+        } else {
+            as_user(run_as, || open_output(&spec.stderr_path, spec.append))?
+        };
+        (Stdio::from(stdout), Stdio::from(stderr))
     };
-    let mut cmd = std::process::Command::new(&spec.program);
-    cmd.args(&spec.args).env_clear().envs(&spec.env).current_dir(&spec.workdir).stdin(Stdio::null()).stdout(stdout).stderr(stderr);
+    let proc = Process { program: &spec.program, args: &spec.args, env: &spec.env, workdir: &spec.workdir, run_as };
+    start(&proc, cgroup, stdout, stderr)
+}
+
+/// One process to start for a job: a run's batch script or command, or a task of a step.
+pub struct Process<'a> {
+    pub program: &'a Path,
+    pub args: &'a [String],
+    pub env: &'a BTreeMap<String, String>,
+    pub workdir: &'a Path,
+    pub run_as: Option<&'a crate::identity::Account>,
+}
+
+/// Starts a step's task: like a run's process (own session and process group, the job's
+/// cgroup and user, parent-death signal), its output piped to the agent.
+pub fn spawn_task(proc: &Process<'_>, cgroup: Option<&crate::cgroup::JobCgroup>) -> anyhow::Result<Child> {
+    start(proc, cgroup, Stdio::piped(), Stdio::piped())
+}
+
+fn start(proc: &Process<'_>, cgroup: Option<&crate::cgroup::JobCgroup>, stdout: Stdio, stderr: Stdio) -> anyhow::Result<Child> {
+    let mut cmd = std::process::Command::new(proc.program);
+    cmd.args(proc.args).env_clear().envs(proc.env).current_dir(proc.workdir).stdin(Stdio::null()).stdout(stdout).stderr(stderr);
     let procs_fd = cgroup.and_then(|c| c.procs_fd());
-    let ids = run_as.map(|a| (a.uid, a.gid, a.groups.clone()));
+    let ids = proc.run_as.map(|a| (a.uid, a.gid, a.groups.clone()));
     // SAFETY: only async-signal-safe calls (setsid, write, setgroups, setgid, setuid, prctl)
     // between fork and exec; nothing allocates.
     unsafe {
@@ -280,7 +340,7 @@ pub fn spawn(spec: &LaunchSpec, cgroup: Option<&crate::cgroup::JobCgroup>) -> an
     let child = tokio::process::Command::from(cmd)
         .kill_on_drop(true)
         .spawn()
-        .with_context(|| format!("start {} in {}", spec.program.display(), spec.workdir.display()))?;
+        .with_context(|| format!("start {} in {}", proc.program.display(), proc.workdir.display()))?;
     Ok(child)
 }
 
@@ -309,15 +369,103 @@ fn signal_group(pgid: i32, signal: i32) {
     }
 }
 
-/// Sends the job's `--signal` to its whole process group, or only to the batch shell (`B:`).
-fn send_job_signal(pgid: i32, sig: &proto::SignalSpec) {
-    if sig.batch_only {
-        // SAFETY: kill(2) on the batch shell we started.
-        unsafe { libc::kill(pgid, sig.signal) };
-    } else {
-        signal_group(pgid, sig.signal);
+/// Process groups of the step tasks a run started on this node (each task leads its own, so a
+/// step can be signalled alone): signalled with the run's own group, and killed with it.
+#[derive(Debug, Default)]
+pub struct TaskGroups {
+    /// Process group id and the start time of its leader (see `watchdog::start_ticks`).
+    groups: std::sync::Mutex<BTreeMap<i32, u64>>,
+}
+
+impl TaskGroups {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<i32, u64>> {
+        self.groups.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn add(&self, pgid: i32, start_ticks: u64) {
+        self.lock().insert(pgid, start_ticks);
+    }
+
+    /// Forgets the group once nothing is left in it (its leader may have left children).
+    pub fn forget_if_empty(&self, pgid: i32) {
+        if group_is_empty(pgid) {
+            self.lock().remove(&pgid);
+        }
+    }
+
+    /// Signals every group, forgetting those found empty first (an empty group's id may be
+    /// reused by an unrelated process).
+    pub fn signal(&self, signal: i32) {
+        let mut groups = self.lock();
+        groups.retain(|pgid, _| !group_is_empty(*pgid));
+        for pgid in groups.keys() {
+            signal_group(*pgid, signal);
+        }
+    }
+
+    /// Signals group `pgid` if it is one of these and not known to be gone (never a recycled
+    /// id: a group is forgotten only once empty).
+    pub fn signal_one(&self, pgid: i32, signal: i32) {
+        let mut groups = self.lock();
+        if pgid > 0 && groups.contains_key(&pgid) {
+            if group_is_empty(pgid) {
+                groups.remove(&pgid);
+            } else {
+                signal_group(pgid, signal);
+            }
+        }
+    }
+
+    pub fn all_ended(&self) -> bool {
+        self.lock().keys().all(|pgid| group_is_empty(*pgid))
+    }
+
+    /// The groups with their leaders' start times, for the watchdog's lease.
+    pub fn snapshot(&self) -> Vec<(i32, u64)> {
+        self.lock().iter().map(|(p, t)| (*p, *t)).collect()
     }
 }
+
+fn group_is_empty(pgid: i32) -> bool {
+    // SAFETY: kill(2) with signal 0 only checks that the group exists.
+    let rc = unsafe { libc::kill(-pgid, 0) };
+    rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+}
+
+/// Sends the job's `--signal` to all its processes (its group and its step tasks), or only to
+/// the batch shell (`B:`), which a holder does not have.
+fn send_job_signal(pgid: i32, sig: &proto::SignalSpec, hold: bool, tasks: &TaskGroups) {
+    if sig.batch_only {
+        if !hold {
+            // SAFETY: kill(2) on the batch shell we started.
+            unsafe { libc::kill(pgid, sig.signal) };
+        }
+    } else {
+        signal_group(pgid, sig.signal);
+        tasks.signal(sig.signal);
+    }
+}
+
+/// Waits at most `ms` until the run's process (not a holder: it never ends by itself) and every
+/// step task ended; whether they did.
+async fn wait_ended(child: &mut Child, hold: bool, tasks: &TaskGroups, ms: u64) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(ms);
+    if !hold && tokio::time::timeout_at(deadline, child.wait()).await.is_err() {
+        return false;
+    }
+    loop {
+        if tasks.all_ended() {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(TASKS_POLL_MS)).await;
+    }
+}
+
+/// How often a stop checks whether the step tasks are gone.
+const TASKS_POLL_MS: u64 = 20;
 
 /// Timings of the stop sequences.
 #[derive(Clone, Copy, Debug)]
@@ -328,7 +476,13 @@ pub struct StopTimings {
 
 /// Waits for the run to end, enforcing its time limit (with the early `--signal`) and stop
 /// requests, and returns how it ended. Whatever is left of the process group is killed.
-pub async fn supervise(mut child: Child, spec: &LaunchSpec, mut stop_rx: mpsc::Receiver<StopReason>, timings: StopTimings) -> RunOutcome {
+pub async fn supervise(
+    mut child: Child,
+    spec: &LaunchSpec,
+    mut stop_rx: mpsc::Receiver<StopReason>,
+    timings: StopTimings,
+    tasks: &TaskGroups,
+) -> RunOutcome {
     let Some(pid) = child.id() else {
         return RunOutcome::LaunchFailed("process exited before it could be supervised".into());
     };
@@ -353,6 +507,7 @@ pub async fn supervise(mut child: Child, spec: &LaunchSpec, mut stop_rx: mpsc::R
         }
     };
     tokio::pin!(limit, warning);
+    let hold = spec.hold;
     let mut warned = false;
     let outcome = loop {
         tokio::select! {
@@ -367,36 +522,35 @@ pub async fn supervise(mut child: Child, spec: &LaunchSpec, mut stop_rx: mpsc::R
             sig = &mut warning, if !warned => {
                 warned = true;
                 info!(job = spec.job, signal = sig.signal, before_end_s = sig.before_end_s, "signalling job before its time limit");
-                send_job_signal(pgid, &sig);
+                send_job_signal(pgid, &sig, hold, tasks);
             }
             () = &mut limit => {
                 warn!(job = spec.job, run = spec.run, "time limit reached, stopping job");
-                stop(&mut child, pgid, timings.kill_grace_ms).await;
+                stop(&mut child, pgid, timings.kill_grace_ms, hold, tasks).await;
                 break RunOutcome::TimedOut;
             }
             Some(reason) = stop_rx.recv() => {
                 match reason {
-                    StopReason::Cancelled => stop(&mut child, pgid, timings.kill_grace_ms).await,
+                    StopReason::Cancelled => stop(&mut child, pgid, timings.kill_grace_ms, hold, tasks).await,
                     StopReason::NodeStopping => {
-                        stop(&mut child, pgid, timings.kill_grace_ms).await;
+                        stop(&mut child, pgid, timings.kill_grace_ms, hold, tasks).await;
                         break RunOutcome::Lost("its node stopped (corrald shut down)".into());
                     }
                     StopReason::Fenced => {
-                        stop(&mut child, pgid, timings.fence_kill_grace_ms).await;
-                        signal_group(pgid, libc::SIGKILL);
+                        stop(&mut child, pgid, timings.fence_kill_grace_ms, hold, tasks).await;
                         // Not a cancel: the node lost the cluster, so the job is requeued or
                         // ends NODE_FAIL like on a dead node.
                         break RunOutcome::Lost("stopped by fencing: the node lost contact with the leader".into());
                     }
                     StopReason::Checkpoint => {
                         if let Some(sig) = &spec.signal {
-                            send_job_signal(pgid, sig);
+                            send_job_signal(pgid, sig, hold, tasks);
                             let wait_ms = (u64::from(sig.before_end_s) * 1000).min(CHECKPOINT_WAIT_MS_MAX);
-                            if tokio::time::timeout(Duration::from_millis(wait_ms), child.wait()).await.is_err() {
-                                stop(&mut child, pgid, timings.kill_grace_ms).await;
+                            if !wait_ended(&mut child, hold, tasks, wait_ms).await {
+                                stop(&mut child, pgid, timings.kill_grace_ms, hold, tasks).await;
                             }
                         } else {
-                            stop(&mut child, pgid, timings.kill_grace_ms).await;
+                            stop(&mut child, pgid, timings.kill_grace_ms, hold, tasks).await;
                         }
                     }
                 }
@@ -404,17 +558,24 @@ pub async fn supervise(mut child: Child, spec: &LaunchSpec, mut stop_rx: mpsc::R
             }
         }
     };
+    // Whatever is left: of the run's group, and of its steps (a batch script that ended while
+    // a step ran ends the step).
     signal_group(pgid, libc::SIGKILL);
+    tasks.signal(libc::SIGKILL);
     outcome
 }
 
-async fn stop(child: &mut Child, pgid: i32, kill_grace_ms: u64) {
+/// SIGTERM to the run's group and its step tasks, the grace, then SIGKILL to all of them.
+async fn stop(child: &mut Child, pgid: i32, kill_grace_ms: u64, hold: bool, tasks: &TaskGroups) {
     signal_group(pgid, libc::SIGTERM);
-    if tokio::time::timeout(Duration::from_millis(kill_grace_ms), child.wait()).await.is_err() {
-        signal_group(pgid, libc::SIGKILL);
-        if let Err(e) = child.wait().await {
-            warn!(pgid, error = %e, "wait for killed process");
-        }
+    tasks.signal(libc::SIGTERM);
+    if !wait_ended(child, hold, tasks, kill_grace_ms).await {
+        debug!(pgid, "grace over: killing");
+    }
+    signal_group(pgid, libc::SIGKILL);
+    tasks.signal(libc::SIGKILL);
+    if let Err(e) = child.wait().await {
+        warn!(pgid, error = %e, "wait for killed process");
     }
 }
 

@@ -15,5 +15,6 @@ pub mod nccl;
 pub mod preflight;
 pub mod probe;
 pub mod server;
+pub mod step;
 pub mod systemd;
 pub mod watchdog;

@@ -9,14 +9,20 @@ use clap::Parser;
 #[command(name = "corrald", version, about = "Corral node daemon")]
 struct Args {
     /// Node configuration file (TOML).
-    #[arg(long, short, required_unless_present = "watchdog")]
+    #[arg(long, short, required_unless_present_any = ["watchdog", "hold"])]
     config: Option<PathBuf>,
     /// Run as the node's watchdog over this lease file (started by corrald itself).
     #[arg(long, hide = true)]
     watchdog: Option<PathBuf>,
+    /// Hold a batch job's node for its steps until killed (started by corrald itself).
+    #[arg(long, hide = true)]
+    hold: bool,
 }
 
 fn main() -> anyhow::Result<()> {
+    if std::env::args().nth(1).as_deref() == Some(corral_node::launcher::HOLD_FLAG) {
+        corral_node::launcher::hold_forever();
+    }
     let args = Args::parse();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,openraft=warn,quinn=warn".into()))

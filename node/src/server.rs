@@ -28,6 +28,9 @@ pub fn now_ms() -> u64 {
 }
 
 const PEER_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a step's start waits for a node whose part of the job is still starting.
+const STEP_START_PATIENCE_MS: u64 = 30_000;
+const STEP_START_RETRY_MS: u64 = 100;
 /// How long the leader waits before re-sending a launch or kill that got no answer.
 const RESEND_AFTER: Duration = Duration::from_millis(1_000);
 
@@ -116,6 +119,23 @@ impl Node {
             Request::SignalPart { job, run, signal, batch_only } => self.agent.signal(job, run, signal, batch_only),
             Request::Logs { job, stream, offset, max_bytes } => self.logs(hops, job, stream, offset, max_bytes, user).await,
             Request::Enroll { secret, name, csr_pem } => self.enroll(&secret, &name, &csr_pem),
+            Request::StepLaunch { job, spec } => self.launch_step(job, spec, user).await,
+            Request::StepStart { job, run, step, spec } => self.agent.start_step(job, run, step, &spec, user.as_deref()),
+            Request::StepRead { job, step, node, offset, exits_seen, wait_ms } => {
+                if node == self.config.name {
+                    return self.agent.read_step(job, step, offset, exits_seen, wait_ms, user.as_deref()).await;
+                }
+                let wait = Duration::from_millis(u64::from(wait_ms.min(proto::limits::STEP_READ_WAIT_MS_MAX)));
+                let request = Request::StepRead { job, step, node: node.clone(), offset, exits_seen, wait_ms };
+                self.to_run_node(hops, job, &node, request, user, PEER_CALL_TIMEOUT + wait).await
+            }
+            Request::StepSignal { job, step, node, signal } => {
+                if node == self.config.name {
+                    return self.agent.signal_step(job, step, signal, user.as_deref());
+                }
+                let request = Request::StepSignal { job, step, node: node.clone(), signal };
+                self.to_run_node(hops, job, &node, request, user, PEER_CALL_TIMEOUT).await
+            }
             Request::ListJoinTokens => {
                 self.require_admin(user.as_deref(), "list join tokens")?;
                 Ok(Reply::JoinTokens(self.state.read(|s| s.join_tokens.values().cloned().collect())))
@@ -146,6 +166,92 @@ impl Node {
                 }
             }
         }
+    }
+
+    /// Starts a step of `job`, whose batch script runs here, on the nodes it names: numbers it,
+    /// has every node start its tasks, and stops them all again if one node cannot.
+    async fn launch_step(self: &Arc<Self>, job: JobId, spec: proto::StepSpec, user: Option<String>) -> Response {
+        spec.validate().map_err(ApiError::Invalid)?;
+        let (run, step, run_nodes) = self.agent.number_step(job, user.as_deref())?;
+        let mut targets = Vec::new();
+        for n in &spec.nodes {
+            let Some((_, addr)) = run_nodes.iter().find(|(name, _)| *name == n.name) else {
+                return Err(ApiError::Invalid(format!("node {} is not in the allocation of job {job}", n.name)));
+            };
+            targets.push((n.name.clone(), addr.clone()));
+        }
+        let spec = Arc::new(spec);
+        // A node whose part is still starting (its preflight) answers "unavailable": ask again
+        // for a while.
+        let deadline = std::time::Instant::now() + Duration::from_millis(STEP_START_PATIENCE_MS);
+        let mut pending = targets;
+        let mut started = Vec::new();
+        let mut failed = Vec::new();
+        while !pending.is_empty() {
+            let mut starts = Vec::new();
+            for (name, addr) in std::mem::take(&mut pending) {
+                let node = Arc::clone(self);
+                let spec = Arc::clone(&spec);
+                let user = user.clone();
+                starts.push(tokio::spawn(async move {
+                    let result = if name == node.config.name {
+                        node.agent.start_step(job, run, step, &spec, user.as_deref())
+                    } else {
+                        let request = Request::StepStart { job, run, step, spec: (*spec).clone() };
+                        let env = Envelope { hops: 0, request, user };
+                        node.client
+                            .call(&addr, &env, PEER_CALL_TIMEOUT)
+                            .await
+                            .unwrap_or_else(|e| Err(ApiError::Unavailable(format!("reach {addr}: {e}"))))
+                    };
+                    (name, addr, result)
+                }));
+            }
+            let retry = std::time::Instant::now() < deadline;
+            for s in starts {
+                match s.await {
+                    Ok((name, _, Ok(_))) => started.push(name),
+                    Ok((name, addr, Err(ApiError::Unavailable(_)))) if retry => pending.push((name, addr)),
+                    Ok((name, _, Err(e))) => failed.push(format!("{name}: {e}")),
+                    Err(e) => failed.push(format!("a start panicked: {e}")),
+                }
+            }
+            if !failed.is_empty() {
+                break;
+            }
+            if !pending.is_empty() {
+                tokio::time::sleep(Duration::from_millis(STEP_START_RETRY_MS)).await;
+            }
+        }
+        if failed.is_empty() {
+            info!(job, run, step, nodes = started.len(), "step launched");
+            return Ok(Reply::StepLaunched { step, run });
+        }
+        warn!(job, run, step, failed = %failed.join("; "), "step not started everywhere: stopping it");
+        for name in started {
+            let request = Request::StepSignal { job, step, node: name.clone(), signal: libc::SIGKILL };
+            if let Err(e) = Box::pin(Arc::clone(self).handle(Envelope { hops: 0, request, user: user.clone() })).await {
+                warn!(job, step, node = %name, error = %e, "stop a step that did not start everywhere");
+            }
+        }
+        Err(ApiError::Unavailable(format!("step {job}.{step} could not start on {}", failed.join("; "))))
+    }
+
+    /// Sends a step request to node `name` of `job`'s run, whose address this node knows
+    /// because the run runs here too.
+    async fn to_run_node(&self, hops: u8, job: JobId, name: &str, request: Request, user: Option<String>, timeout: Duration) -> Response {
+        if hops >= FORWARD_HOPS_MAX {
+            return Err(ApiError::Unavailable(format!("gave up after {hops} forwards")));
+        }
+        let addr = self
+            .agent
+            .run_node_addr(job, name)
+            .ok_or_else(|| ApiError::NotFound(format!("node {name} in job {job}'s run on this node")))?;
+        let env = Envelope { hops: hops + 1, request, user };
+        self.client.call(&addr, &env, timeout).await.unwrap_or_else(|e| {
+            self.client.forget(&addr);
+            Err(ApiError::Unavailable(format!("reach {name} at {addr}: {e}")))
+        })
     }
 
     /// Sends a request this node cannot answer to the leader.
@@ -805,13 +911,17 @@ impl Node {
             let mut launches = Vec::new();
             let mut kills = Vec::new();
             for j in s.jobs.values() {
+                // A batch script starts once every other node of its job holds its share: its
+                // steps can start everywhere at once, as in Slurm.
+                let first = j.run_nodes().first().copied();
+                let others_pending = j.spec.is_batch() && j.launches_pending().any(|p| Some(p.alloc.node) != first);
                 if j.launches_pending().next().is_some() {
                     let nodes: Vec<(String, String)> = j
                         .run_nodes()
                         .iter()
                         .map(|n| s.nodes.get(n).map(|r| (r.name.clone(), r.addr.clone())).unwrap_or_default())
                         .collect();
-                    for part in j.launches_pending() {
+                    for part in j.launches_pending().filter(|p| !(others_pending && Some(p.alloc.node) == first)) {
                         launches.push((j.clone(), nodes.clone(), part.alloc.node, addr_of(part.alloc.node)));
                     }
                 }
@@ -1013,6 +1123,7 @@ fn node_only(request: &Request) -> bool {
             | Request::ReportInventory { .. }
             | Request::ApplyMigLayout { .. }
             | Request::SignalPart { .. }
+            | Request::StepStart { .. }
     )
 }
 
@@ -1344,6 +1455,8 @@ pub async fn run(config: NodeConfig, mut stop: tokio::sync::watch::Receiver<bool
         lease_path: config.lease_path(),
         run_as_user: config.run_as_user,
         cgroups: job_cgroups(&config),
+        holder: std::env::current_exe().context("find the corrald executable (it holds batch jobs' other nodes)")?,
+        local_socket: Some(config.socket_path()),
     };
     // SAFETY: geteuid cannot fail.
     if config.run_as_user && unsafe { libc::geteuid() } != 0 {

@@ -300,6 +300,10 @@ pub struct JobSpec {
     pub extra: BTreeMap<String, String>,
 }
 
+/// The key of [`JobSpec::extra`] that marks a batch job (see [`JobSpec::is_batch`]). A flag in
+/// `extra` rather than a field: it leaves the encoding of specs already in logs unchanged.
+pub const SPEC_EXTRA_BATCH: &str = "corral-batch";
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PreflightSpec {
     /// Bytes each node streams to the first.
@@ -389,6 +393,21 @@ impl JobSpec {
     /// GPUs per node.
     pub fn gpus(&self) -> u32 {
         self.gres.as_ref().map_or(0, |g| g.count)
+    }
+
+    /// A Slurm batch job (`sbatch`): its script runs on the first node only, and the other
+    /// nodes hold their share of the allocation for the job's steps (`srun`). Otherwise (`corral
+    /// submit`) the command runs on every node of the gang.
+    pub fn is_batch(&self) -> bool {
+        self.extra.get(SPEC_EXTRA_BATCH).is_some_and(|v| v == "1")
+    }
+
+    pub fn set_batch(&mut self, batch: bool) {
+        if batch {
+            self.extra.insert(SPEC_EXTRA_BATCH.to_string(), "1".to_string());
+        } else {
+            self.extra.remove(SPEC_EXTRA_BATCH);
+        }
     }
 
     /// Checks sizes and shapes; every field that arrives over the wire passes through here.
@@ -600,12 +619,18 @@ impl Job {
 
     /// Parts that must be stopped: any part of an earlier run, and every part once the job
     /// reached a final state or was requeued.
-    /// A part that failed stops the whole gang.
+    /// A part that failed stops the whole gang; so does the end of a batch job's script.
     pub fn parts_to_stop(&self) -> impl Iterator<Item = &NodeRun> {
         let run = self.run;
         let failed = self.outcomes.iter().any(|(_, o)| *o != RunOutcome::Exited(0));
-        let live = self.state == JobState::Running && !failed;
+        let live = self.state == JobState::Running && !failed && !self.batch_ended();
         self.parts.iter().filter(move |p| !live || p.run != run)
+    }
+
+    /// Whether the script of a batch job reported its end (its first node's part): the rest of
+    /// the allocation only held resources for its steps.
+    pub fn batch_ended(&self) -> bool {
+        self.spec.is_batch() && self.last_nodes.first().is_some_and(|first| self.outcomes.iter().any(|(n, _)| n == first))
     }
 
     /// Every node of the current (or last) run in rank order, as planned: parts that already
@@ -885,6 +910,97 @@ pub enum LogStream {
     Stderr,
 }
 
+/// A job step (`srun` inside a batch job): a command started as tasks on some of the job's
+/// nodes by their agents.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepSpec {
+    pub argv: Vec<String>,
+    /// Working directory of the tasks; the job's when none.
+    pub workdir: Option<String>,
+    /// The caller's environment as `--export` selected it, with the step's own variables
+    /// (`SLURM_STEP_*`, `SLURM_NTASKS`, ...). Each node puts its own variables over these
+    /// (`SLURMD_NODENAME`, `CUDA_VISIBLE_DEVICES`, ...) and each task its rank.
+    pub env: BTreeMap<String, String>,
+    /// The step's nodes in order, with the global ranks of each one's tasks.
+    pub nodes: Vec<StepNode>,
+    /// `--gpus-per-task`: each task sees that many of its node's GPUs, by local id.
+    pub gpus_per_task: Option<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepNode {
+    pub name: String,
+    /// Global ranks of the tasks on this node; the local id is the position here.
+    pub ranks: Vec<u32>,
+}
+
+impl StepSpec {
+    /// Checks sizes and shapes: the spec arrives from a user's `srun`.
+    pub fn validate(&self) -> Result<(), String> {
+        use limits::*;
+        if self.argv.is_empty() || self.argv[0].is_empty() {
+            return Err("a step needs a command".into());
+        }
+        if self.argv.len() > ARGV_COUNT_MAX || self.argv.iter().map(String::len).sum::<usize>() > ARGV_BYTES_MAX {
+            return Err(format!("step arguments past {ARGV_COUNT_MAX} or {ARGV_BYTES_MAX} bytes"));
+        }
+        if self.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum::<usize>() > ENV_BYTES_MAX {
+            return Err(format!("step environment larger than {ENV_BYTES_MAX} bytes"));
+        }
+        if self.workdir.as_ref().is_some_and(|w| w.len() > PATH_BYTES_MAX || w.contains('\0')) {
+            return Err("bad working directory".into());
+        }
+        if self.nodes.is_empty() || self.nodes.len() > NODES_PER_JOB_MAX as usize {
+            return Err(format!("a step runs on 1..={NODES_PER_JOB_MAX} nodes"));
+        }
+        let tasks: usize = self.nodes.iter().map(|n| n.ranks.len()).sum();
+        if tasks == 0 || tasks > STEP_TASKS_MAX || self.nodes.iter().any(|n| n.ranks.len() > TASKS_PER_NODE_MAX as usize) {
+            return Err(format!("a step has 1..={STEP_TASKS_MAX} tasks, at most {TASKS_PER_NODE_MAX} per node"));
+        }
+        let mut ranks: Vec<u32> = self.nodes.iter().flat_map(|n| n.ranks.iter().copied()).collect();
+        ranks.sort_unstable();
+        if ranks.iter().enumerate().any(|(i, r)| *r as usize != i) {
+            return Err("task ranks must be 0..N, each once".into());
+        }
+        let mut names: Vec<&str> = self.nodes.iter().map(|n| n.name.as_str()).collect();
+        names.sort_unstable();
+        if names.windows(2).any(|w| w[0] == w[1]) {
+            return Err("a node is listed twice".into());
+        }
+        if self.gpus_per_task.is_some_and(|g| g == 0 || g > GPUS_PER_JOB_MAX) {
+            return Err(format!("gpus per task must be 1..={GPUS_PER_JOB_MAX}"));
+        }
+        Ok(())
+    }
+}
+
+/// Output of one task of a step.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepChunk {
+    pub rank: u32,
+    pub stream: LogStream,
+    pub data: Vec<u8>,
+}
+
+/// How one task of a step ended: its exit code, or the signal that killed it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskExit {
+    pub rank: u32,
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+impl TaskExit {
+    /// The shell's view: the code, or 128 + the signal.
+    pub fn status(&self) -> i32 {
+        match (self.code, self.signal) {
+            (Some(c), _) => c,
+            (None, Some(s)) => 128 + s,
+            (None, None) => 1,
+        }
+    }
+}
+
 /// Everything a node answers on its QUIC port. One request per bidirectional stream.
 // See `Command`: decoded once per stream, never stored in bulk.
 #[allow(clippy::large_enum_variant)]
@@ -1043,6 +1159,38 @@ pub enum Request {
         kind: RaftRpcKind,
         payload: Vec<u8>,
     },
+    /// From `srun` inside a batch job, to its own node: start a step on the job's nodes. The
+    /// node numbers the step and has each node's agent start its tasks.
+    StepLaunch {
+        job: JobId,
+        spec: StepSpec,
+    },
+    /// Node to node: start this node's tasks of step `step` of `job` run `run`.
+    StepStart {
+        job: JobId,
+        run: RunNo,
+        step: u32,
+        spec: StepSpec,
+    },
+    /// Output and ended tasks of a step on node `node`, from byte `offset` of what that node
+    /// has produced; waits up to `wait_ms` for news. Reading from `offset` releases everything
+    /// before it. Sent to the node that launched the step, which forwards it.
+    StepRead {
+        job: JobId,
+        step: u32,
+        node: String,
+        offset: u64,
+        /// Exits the reader already has: one more is news, answered at once.
+        exits_seen: u32,
+        wait_ms: u32,
+    },
+    /// Signal every task of a step on node `node` (its whole process group).
+    StepSignal {
+        job: JobId,
+        step: u32,
+        node: String,
+        signal: i32,
+    },
 }
 
 impl Request {
@@ -1168,6 +1316,18 @@ pub enum Reply {
         cert_pem: String,
         join_secret: String,
         servers: Vec<String>,
+    },
+    StepLaunched {
+        step: u32,
+        run: RunNo,
+    },
+    /// A step's output on one node since the offset asked for; `done` once every task there
+    /// ended and all its output was read.
+    StepOutput {
+        chunks: Vec<StepChunk>,
+        next_offset: u64,
+        exits: Vec<TaskExit>,
+        done: bool,
     },
 }
 

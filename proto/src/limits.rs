@@ -18,3 +18,13 @@ pub const LOG_CHUNK_BYTES_MAX: u32 = 1024 * 1024;
 pub const NODES_PER_JOB_MAX: u32 = 4096;
 pub const TASKS_PER_NODE_MAX: u32 = 1024;
 pub const ARRAY_TASKS_MAX: usize = 100_000;
+/// Tasks of one job step, over all its nodes.
+pub const STEP_TASKS_MAX: usize = 65_536;
+/// Output of a step's tasks on one node held for its `srun` before the tasks are made to wait.
+pub const STEP_OUTPUT_BUFFER_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// Output of a step returned by one `StepRead`.
+pub const STEP_READ_BYTES_MAX: usize = 1024 * 1024;
+/// Longest a `StepRead` waits for news.
+pub const STEP_READ_WAIT_MS_MAX: u32 = 5_000;
+/// Steps of one job alive at once on a node.
+pub const STEPS_PER_JOB_MAX: usize = 512;

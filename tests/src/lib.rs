@@ -127,6 +127,28 @@ impl TestCluster {
         assert!(out.status.success(), "start {node}: {}", String::from_utf8_lossy(&out.stderr));
     }
 
+    /// Runs the Slurm command `name` (a shim: a symlink to `corral` in the cluster's `shims/`)
+    /// in the work directory, with the shims first on `PATH` (jobs inherit it, so `srun` in a
+    /// batch script is the shim too) and `env` added.
+    pub fn shim(&self, name: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
+        let dir = self.path().join("shims");
+        if !dir.exists() {
+            let out = self.raw(&["install-slurm-shims", dir.to_str().expect("utf-8 path")]);
+            assert!(out.status.success(), "install-slurm-shims: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let link = dir.join(name);
+        let path = format!("{}:{}", dir.display(), std::env::var("PATH").unwrap_or_default());
+        Command::new(&link)
+            .args(args)
+            .env("CORRAL_CLUSTER", self.path())
+            .env("PATH", path)
+            .envs(env.iter().copied())
+            .env_remove("SLURM_JOB_ID")
+            .current_dir(&self.work)
+            .output()
+            .unwrap_or_else(|e| panic!("run {name}: {e}"))
+    }
+
     /// The tail of every node's log, for failure messages.
     pub fn logs(&self) -> String {
         let mut out = String::new();

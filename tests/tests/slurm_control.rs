@@ -1,20 +1,12 @@
 //! `scontrol hold/release/update` and `scancel --signal` against a live cluster.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
 
-use corral_tests::{corral_bin, wait_until, TestCluster};
+use corral_tests::{wait_until, TestCluster};
 
-/// Runs the shim `name` (a symlink to `corral`) against the cluster.
 fn shim(c: &TestCluster, name: &str, args: &[&str]) -> Output {
-    let dir: PathBuf = c.path().join("shims");
-    std::fs::create_dir_all(&dir).expect("shim dir");
-    let link = dir.join(name);
-    if !link.exists() {
-        std::os::unix::fs::symlink(corral_bin(), &link).expect("link shim");
-    }
-    Command::new(&link).args(args).env("CORRAL_CLUSTER", c.path()).current_dir(&c.work).output().expect("run shim")
+    c.shim(name, args, &[])
 }
 
 #[test]

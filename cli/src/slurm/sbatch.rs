@@ -396,7 +396,9 @@ pub fn parse(args: &[String], ctx: &Context, source: ScriptSource<'_>) -> Result
     for (name, value) in &all.opts {
         b.apply(name, value.as_deref())?;
     }
-    let submission = b.finish(Some(script), script_args, default_name)?;
+    let mut submission = b.finish(Some(script), script_args, default_name)?;
+    // Slurm's model: the script runs on the first node; `srun` in it starts steps on all.
+    submission.spec.set_batch(true);
     Ok(Action::Submit(Box::new(submission)))
 }
 

@@ -120,6 +120,8 @@ pub struct StepPlan {
     /// Index of this node in `nodes`, if it takes part.
     pub node_index: Option<usize>,
     pub tasks: Vec<TaskPlan>,
+    /// The step's variables, the same for every task (`SLURM_STEP_*`, `SLURM_NTASKS`, ...).
+    pub base: BTreeMap<String, String>,
 }
 
 /// Plans the step from the allocation's variables in `env` and srun's options.
@@ -229,7 +231,7 @@ pub fn plan_step(p: &Parsed, env: &BTreeMap<String, String>, step_id: u32) -> Re
             tasks.push(TaskPlan { rank: first + local, local_id: local, env: e });
         }
     }
-    Ok(StepPlan { step_id, nodes, tasks_per_node, node_index, tasks })
+    Ok(StepPlan { step_id, nodes, tasks_per_node, node_index, tasks, base })
 }
 
 /// The next step id of job `job` on node `node` (a counter kept in the temp directory; every
@@ -397,6 +399,219 @@ fn signal_words(sig: i32) -> String {
     }
 }
 
+/// How long one read of a step's output waits on its node for news.
+const STEP_READ_WAIT_MS: u32 = 2_000;
+
+/// The step `srun` asks for in a batch job, for the agents to start: the command, the
+/// caller's environment as `--export` selects it with the step's variables, and each node's
+/// task ranks.
+pub fn step_spec(
+    p: &Parsed,
+    env: &BTreeMap<String, String>,
+    caller_env: &BTreeMap<String, String>,
+    cwd: &str,
+) -> Result<proto::StepSpec, SlurmError> {
+    let plan = plan_step(p, env, 0)?;
+    let mut step_env = super::sbatch::export_env(p.last("export").unwrap_or("ALL"), caller_env);
+    step_env.extend(plan.base.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let mut first = 0u32;
+    let mut nodes = Vec::new();
+    for (name, count) in plan.nodes.iter().zip(&plan.tasks_per_node) {
+        nodes.push(proto::StepNode { name: name.clone(), ranks: (first..first + count).collect() });
+        first += count;
+    }
+    let gpus_per_task = match p.last("gpus-per-task") {
+        Some(g) => Some(
+            g.rsplit(':')
+                .next()
+                .and_then(|n| n.parse::<u32>().ok())
+                .filter(|n| *n > 0)
+                .ok_or_else(|| SlurmError::fatal(PROG, format!("Invalid --gpus-per-task specification: {g}")))?,
+        ),
+        None => None,
+    };
+    let spec = proto::StepSpec {
+        argv: p.operands.clone(),
+        workdir: Some(p.last("chdir").map_or_else(|| cwd.to_string(), str::to_string)),
+        env: step_env,
+        nodes,
+        gpus_per_task,
+    };
+    spec.validate().map_err(|e| SlurmError::fatal(PROG, format!("Unable to create step: {e}")))?;
+    Ok(spec)
+}
+
+/// Prints output of a step as it comes; with `--label`, whole lines prefixed by the task's
+/// rank, a line cut across reads kept until its end arrives.
+struct Printer {
+    label: bool,
+    partial: BTreeMap<(u32, bool), Vec<u8>>,
+}
+
+impl Printer {
+    fn print(&mut self, chunk: &proto::StepChunk) {
+        let is_err = chunk.stream == LogStream::Stderr;
+        if !self.label {
+            write_to(is_err, &chunk.data);
+            return;
+        }
+        let buf = self.partial.entry((chunk.rank, is_err)).or_default();
+        buf.extend_from_slice(&chunk.data);
+        let mut out = Vec::new();
+        while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=pos).collect();
+            out.extend_from_slice(format!("{}: ", chunk.rank).as_bytes());
+            out.extend_from_slice(&line);
+        }
+        write_to(is_err, &out);
+    }
+
+    fn finish(&mut self) {
+        for ((rank, is_err), rest) in std::mem::take(&mut self.partial) {
+            if !rest.is_empty() {
+                let mut out = format!("{rank}: ").into_bytes();
+                out.extend_from_slice(&rest);
+                out.push(b'\n');
+                write_to(is_err, &out);
+            }
+        }
+    }
+}
+
+fn write_to(is_err: bool, data: &[u8]) {
+    if data.is_empty() {
+        return;
+    }
+    // A closed stdout/stderr (srun | head) stops nothing: the step still runs to its end.
+    if is_err {
+        let _ = std::io::stderr().write_all(data);
+    } else {
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(data);
+        let _ = out.flush();
+    }
+}
+
+/// Inside a batch job: has the agents of the job's nodes start the step, prints its output,
+/// passes SIGINT/SIGTERM on to every task, and returns the worst exit status.
+fn run_step(p: &Parsed, env: &BTreeMap<String, String>) -> Result<i32, SlurmError> {
+    let fatal = |m: String| SlurmError::fatal(PROG, m);
+    let job: proto::JobId =
+        env.get("SLURM_JOB_ID").and_then(|j| j.parse().ok()).ok_or_else(|| fatal("SLURM_JOB_ID is not a job id".into()))?;
+    let socket = env.get("CORRAL_SOCKET").ok_or_else(|| fatal("CORRAL_SOCKET is not set: no local corrald to start the step".into()))?;
+    let caller_env: BTreeMap<String, String> = std::env::vars().collect();
+    let cwd = std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_else(|_| "/".into());
+    let spec = step_spec(p, env, &caller_env, &cwd)?;
+    let nodes: Vec<String> = spec.nodes.iter().map(|n| n.name.clone()).collect();
+    let kill_on_bad_exit = p.has("kill-on-bad-exit");
+    let quiet = p.has("quiet");
+    let mut printer = Printer { label: p.has("label"), partial: BTreeMap::new() };
+    super::block_on(PROG, async move {
+        let cluster = std::sync::Arc::new(crate::client::Cluster::local(std::path::Path::new(socket)));
+        let reply = cluster
+            .call(Request::StepLaunch { job, spec })
+            .await
+            .map_err(|e| fatal(format!("Unable to create step for job {job}: {e:#}")))?;
+        let step = match reply {
+            Ok(Reply::StepLaunched { step, .. }) => step,
+            Ok(other) => return Err(fatal(format!("unexpected reply {other:?}"))),
+            Err(e) => return Err(fatal(format!("Unable to create step for job {job}: {e}"))),
+        };
+        let signal = |sig: i32| {
+            let cluster = std::sync::Arc::clone(&cluster);
+            let nodes = nodes.clone();
+            async move {
+                for node in nodes {
+                    if let Ok(Err(e)) = cluster.call(Request::StepSignal { job, step, node: node.clone(), signal: sig }).await {
+                        if !matches!(e, proto::ApiError::NotFound(_)) {
+                            eprintln!("{PROG}: error: {node}: signal step {job}.{step}: {e}");
+                        }
+                    }
+                }
+            }
+        };
+        let mut sigint =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).map_err(|e| fatal(format!("handle SIGINT: {e}")))?;
+        let mut sigterm =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| fatal(format!("handle SIGTERM: {e}")))?;
+        // Per node: offset, exits seen (by rank), done.
+        let mut cursors: BTreeMap<String, (u64, BTreeMap<u32, proto::TaskExit>, bool)> =
+            nodes.iter().map(|n| (n.clone(), (0, BTreeMap::new(), false))).collect();
+        let mut killed = false;
+        let mut reads = tokio::task::JoinSet::new();
+        let read = |reads: &mut tokio::task::JoinSet<_>, node: String, offset: u64, exits_seen: u32| {
+            let cluster = std::sync::Arc::clone(&cluster);
+            reads.spawn(async move {
+                let r =
+                    cluster.call(Request::StepRead { job, step, node: node.clone(), offset, exits_seen, wait_ms: STEP_READ_WAIT_MS }).await;
+                (node, r)
+            });
+        };
+        for node in &nodes {
+            read(&mut reads, node.clone(), 0, 0);
+        }
+        let mut failures = 0u32;
+        let mut lost = false;
+        while !reads.is_empty() {
+            let joined = tokio::select! {
+                j = reads.join_next() => j,
+                _ = sigint.recv() => { signal(libc::SIGINT).await; continue; }
+                _ = sigterm.recv() => { signal(libc::SIGTERM).await; continue; }
+            };
+            let Some(Ok((node, result))) = joined else { continue };
+            let Some(cursor) = cursors.get_mut(&node) else { continue };
+            match result {
+                Ok(Ok(Reply::StepOutput { chunks, next_offset, exits, done })) => {
+                    failures = 0;
+                    for c in &chunks {
+                        printer.print(c);
+                    }
+                    cursor.0 = next_offset;
+                    for e in exits {
+                        if cursor.1.insert(e.rank, e).is_none() && e.status() != 0 {
+                            if !quiet {
+                                match e.signal {
+                                    Some(s) => eprintln!("{PROG}: error: {node}: task {}: {}", e.rank, signal_words(s)),
+                                    None => eprintln!("{PROG}: error: {node}: task {}: Exited with exit code {}", e.rank, e.status()),
+                                }
+                            }
+                            if kill_on_bad_exit && !killed {
+                                killed = true;
+                                signal(libc::SIGKILL).await;
+                            }
+                        }
+                    }
+                    cursor.2 = done;
+                }
+                Ok(Ok(other)) => return Err(fatal(format!("unexpected reply {other:?}"))),
+                Ok(Err(e)) => {
+                    // The job ended (its steps with it) or the node is gone.
+                    eprintln!("{PROG}: error: {node}: step {job}.{step}: {e}");
+                    cursor.2 = true;
+                    lost = true;
+                }
+                Err(e) => {
+                    failures += 1;
+                    if failures > STEP_READ_FAILURES_MAX {
+                        return Err(fatal(format!("lost the local corrald: {e:#}")));
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+            if !cursor.2 {
+                let (offset, seen) = (cursor.0, cursor.1.len() as u32);
+                read(&mut reads, node, offset, seen);
+            }
+        }
+        printer.finish();
+        let worst = cursors.values().flat_map(|c| c.1.values().map(proto::TaskExit::status)).max().unwrap_or(0);
+        Ok(if lost { worst.max(1) } else { worst })
+    })?
+}
+
+/// Consecutive failed calls to the local corrald before `srun` gives up on the step.
+const STEP_READ_FAILURES_MAX: u32 = 25;
+
 /// Outside an allocation: submit the command as a job, stream its output, return its code.
 fn run_as_job(p: &Parsed) -> Result<i32, SlurmError> {
     let ctx = Context::current()?;
@@ -517,7 +732,11 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     }
     let env = super::allocation_env(&std::env::vars().collect());
     if env.get("SLURM_JOB_ID").is_some_and(|j| !j.is_empty()) && !p.has("jobid") {
-        run_local_step(&p, &env)
+        if std::env::var(slurm_compat::env::BATCH_ENV).is_ok_and(|v| v == "1") {
+            run_step(&p, &env)
+        } else {
+            run_local_step(&p, &env)
+        }
     } else if p.has("jobid") {
         Err(SlurmError::fatal(PROG, "--jobid (a step in another job's allocation) is not supported yet"))
     } else {

@@ -1,0 +1,134 @@
+//! Issue 5, `srun` inside a batch job: the script runs on the job's first node only, and each
+//! `srun` in it is a step that the agents of the job's nodes start, with the per-task Slurm
+//! variables, the output forwarded to the script, signals passed on, and the worst exit code.
+
+use std::time::Duration;
+
+use corral_tests::{wait_until, TestCluster};
+
+/// Submits `script` with `sbatch --parsable` through the shims; the job id.
+fn sbatch(c: &TestCluster, name: &str, script: &str) -> u64 {
+    std::fs::write(c.work.join(name), script).expect("write script");
+    let out = c.shim("sbatch", &["--parsable", name], &[]);
+    assert!(out.status.success(), "sbatch: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().parse().expect("sbatch printed a job id")
+}
+
+fn output(c: &TestCluster, id: u64) -> String {
+    std::fs::read_to_string(c.work.join(format!("slurm-{id}.out"))).unwrap_or_default()
+}
+
+/// Lines of `out` that start with `prefix`, sorted.
+fn lines_with(out: &str, prefix: &str) -> Vec<String> {
+    let mut v: Vec<String> = out.lines().filter(|l| l.starts_with(prefix)).map(str::to_string).collect();
+    v.sort();
+    v
+}
+
+const STEPS: &str = r#"#!/bin/sh
+#SBATCH -N 2
+#SBATCH --ntasks-per-node=2
+#SBATCH --gres=gpu:h100:4
+export FROM_SCRIPT=yes
+echo "batch on $SLURMD_NODENAME"
+srun -l sh -c 'echo "rank=$SLURM_PROCID local=$SLURM_LOCALID node=$SLURMD_NODENAME nodeid=$SLURM_NODEID step=$SLURM_STEP_ID ntasks=$SLURM_NTASKS nodes=$SLURM_STEP_NODELIST from=$FROM_SCRIPT gpus=$(echo $CUDA_VISIBLE_DEVICES | tr , " " | wc -w)"; echo "stderr of $SLURM_PROCID" >&2'
+echo "srun=$?"
+srun -n 3 sh -c 'exit $SLURM_PROCID'
+echo "srun=$?"
+srun -N1 -n2 --gpus-per-task=2 sh -c 'echo "share $SLURM_PROCID step=$SLURM_STEP_ID $CUDA_VISIBLE_DEVICES"'
+echo "srun=$?"
+srun -w nosuch true
+echo "srun=$?"
+"#;
+
+#[test]
+fn a_batch_script_runs_once_and_its_steps_run_on_every_node_through_the_agents() {
+    let c = TestCluster::up(&["--nodes", "2", "--gpus", "h100:4"]);
+    let id = sbatch(&c, "steps.sh", STEPS);
+    let job = c.wait_final(id, Duration::from_secs(90));
+    let out = output(&c, id);
+    assert_eq!(job["state"], "COMPLETED", "{job}\n{out}\n{}", c.logs());
+    let batch = lines_with(&out, "batch on ");
+    assert_eq!(batch.len(), 1, "the script runs on the first node only:\n{out}");
+    let first = batch[0].trim_start_matches("batch on ").to_string();
+    let second = if first == "n1" { "n2" } else { "n1" };
+    let nodes = "n[1-2]";
+    let want: Vec<String> = vec![
+        format!("0: rank=0 local=0 node={first} nodeid=0 step=0 ntasks=4 nodes={nodes} from=yes gpus=4"),
+        format!("1: rank=1 local=1 node={first} nodeid=0 step=0 ntasks=4 nodes={nodes} from=yes gpus=4"),
+        format!("2: rank=2 local=0 node={second} nodeid=1 step=0 ntasks=4 nodes={nodes} from=yes gpus=4"),
+        format!("3: rank=3 local=1 node={second} nodeid=1 step=0 ntasks=4 nodes={nodes} from=yes gpus=4"),
+    ];
+    let mut got: Vec<String> = out.lines().filter(|l| l.contains(": rank=")).map(str::to_string).collect();
+    got.sort();
+    assert_eq!(got, want, "{out}");
+    assert_eq!(lines_with(&out, "").iter().filter(|l| l.contains(": stderr of ")).count(), 4, "stderr is forwarded, labelled:\n{out}");
+    let codes = lines_with(&out, "srun=");
+    assert_eq!(out.lines().filter(|l| l.starts_with("srun=")).collect::<Vec<_>>(), vec!["srun=0", "srun=2", "srun=0", "srun=1"], "{out}");
+    assert_eq!(codes.len(), 4);
+    assert!(out.contains(": task 1: Exited with exit code 1") && out.contains(": task 2: Exited with exit code 2"), "{out}");
+    let shares = lines_with(&out, "share ");
+    assert_eq!(shares.len(), 2, "{out}");
+    let gpus: Vec<&str> = shares.iter().flat_map(|l| l.split_whitespace().nth(3).unwrap_or("").split(',')).collect();
+    assert_eq!(gpus.len(), 4, "--gpus-per-task=2: two GPUs each: {shares:?}");
+    assert_eq!(gpus.iter().collect::<std::collections::BTreeSet<_>>().len(), 4, "no GPU given to two tasks: {shares:?}");
+    assert!(shares.iter().all(|l| l.contains(" step=2 ")), "steps are numbered in order: {shares:?}");
+    assert!(out.contains("nosuch is not in the allocation"), "{out}");
+}
+
+const SIGNALS: &str = r#"#!/bin/sh
+#SBATCH -N 2
+srun -K -N2 -n2 sh -c 'if [ "$SLURM_PROCID" = 0 ]; then exit 3; fi; sleep 120'
+echo "srun=$?"
+srun -N2 -n2 sh -c 'trap "echo got TERM on $SLURM_PROCID; exit 0" TERM; touch ready.$SLURM_PROCID; while :; do sleep 1; done' &
+pid=$!
+i=0
+while [ ! -e ready.0 ] || [ ! -e ready.1 ]; do sleep 0.1; i=$((i+1)); [ $i -gt 600 ] && break; done
+kill -TERM $pid
+wait $pid
+echo "srun=$?"
+"#;
+
+#[test]
+fn kill_on_bad_exit_stops_the_step_and_a_signal_to_srun_reaches_every_task() {
+    let c = TestCluster::up(&["--nodes", "2"]);
+    let id = sbatch(&c, "signals.sh", SIGNALS);
+    // Far less than the 120 s the surviving task would sleep without --kill-on-bad-exit.
+    let job = c.wait_final(id, Duration::from_secs(60));
+    let out = output(&c, id);
+    assert_eq!(job["state"], "COMPLETED", "{job}\n{out}\n{}", c.logs());
+    let codes: Vec<&str> = out.lines().filter(|l| l.starts_with("srun=")).collect();
+    assert_eq!(codes, vec!["srun=137", "srun=0"], "worst status: task 1 killed by SIGKILL (128 + 9); then a clean stop:\n{out}");
+    assert!(out.contains("task 0: Exited with exit code 3") && out.contains("task 1: Killed"), "{out}");
+    assert_eq!(lines_with(&out, "got TERM on "), vec!["got TERM on 0", "got TERM on 1"], "{out}");
+}
+
+const CANCELLED: &str = r#"#!/bin/sh
+#SBATCH -N 2
+export SECRET=1
+srun --export=NONE -N2 sh -c 'echo "secret=${SECRET-unset} job=$SLURM_JOB_ID"'
+srun -N2 -n2 sh -c 'echo $$ > pid.$SLURM_PROCID; exec sleep 300'
+"#;
+
+#[test]
+fn export_none_hides_the_callers_variables_and_a_cancel_ends_every_steps_tasks() {
+    let c = TestCluster::up(&["--nodes", "2"]);
+    let id = sbatch(&c, "cancelled.sh", CANCELLED);
+    let pids: Vec<i32> = {
+        let mut pids = Vec::new();
+        wait_until("both step tasks to record their pids", Duration::from_secs(60), || {
+            pids = (0..2).filter_map(|r| std::fs::read_to_string(c.work.join(format!("pid.{r}"))).ok()?.trim().parse().ok()).collect();
+            pids.len() == 2
+        });
+        pids
+    };
+    assert!(pids.iter().all(|p| chaos::runner::pid_alive(*p)));
+    let out = c.shim("scancel", &[&id.to_string()], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(c.wait_final(id, Duration::from_secs(30))["state"], "CANCELLED");
+    for pid in pids {
+        wait_until(&format!("step task {pid} to be gone"), Duration::from_secs(20), || !chaos::runner::pid_alive(pid));
+    }
+    let out = output(&c, id);
+    assert_eq!(lines_with(&out, "secret="), vec![format!("secret=unset job={id}"), format!("secret=unset job={id}")], "{out}");
+}
