@@ -23,8 +23,12 @@ pub struct Step {
     pub run: RunNo,
     pub id: u32,
     state: Mutex<State>,
-    /// Output, an exit, a closed pipe, or room in the buffer.
-    changed: Notify,
+    /// Output, an exit or a closed pipe: news for the reader.
+    news: Notify,
+    /// Output released: room for the pipes' readers.
+    room: Notify,
+    /// Times a read looked at the state (a waiting read looks again only on news).
+    looks: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Default)]
@@ -53,7 +57,7 @@ pub struct ReadOut {
 impl Step {
     pub fn new(job: JobId, run: RunNo, id: u32, tasks: usize) -> Arc<Step> {
         let state = State { tasks, ..State::default() };
-        Arc::new(Step { job, run, id, state: Mutex::new(state), changed: Notify::new() })
+        Arc::new(Step { job, run, id, state: Mutex::new(state), news: Notify::new(), room: Notify::new(), looks: Default::default() })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -71,7 +75,7 @@ impl Step {
             st.held_bytes += data.len();
             st.chunks.push_back(StepChunk { rank, stream, data });
         }
-        self.changed.notify_waiters();
+        self.news.notify_waiters();
     }
 
     pub fn task_ended(&self, exit: TaskExit) {
@@ -80,7 +84,7 @@ impl Step {
             assert!(st.exits.len() < st.tasks, "step {}: more exits than tasks", self.id);
             st.exits.push(exit);
         }
-        self.changed.notify_waiters();
+        self.news.notify_waiters();
     }
 
     /// Whether every task ended and every pipe closed.
@@ -100,7 +104,7 @@ impl Step {
     /// Waits until the buffer has room for more output.
     async fn room(&self) {
         loop {
-            let notified = self.changed.notified();
+            let notified = self.room.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             if self.lock().held_bytes < STEP_OUTPUT_BUFFER_BYTES_MAX {
@@ -133,7 +137,7 @@ impl Step {
                     }
                 }
                 step.lock().pipes_open -= 1;
-                step.changed.notify_waiters();
+                step.news.notify_waiters();
             });
         }
         let step = Arc::clone(self);
@@ -160,12 +164,10 @@ impl Step {
     pub async fn read(&self, offset: u64, exits_seen: usize, max_bytes: usize, wait: Duration) -> ReadOut {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
-            let notified = self.changed.notified();
+            let notified = self.news.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             let out = self.collect(offset, max_bytes);
-            // Room may have been made for the pipes' readers.
-            self.changed.notify_waiters();
             if !out.chunks.is_empty() || out.done || out.exits.len() > exits_seen {
                 return out;
             }
@@ -176,6 +178,14 @@ impl Step {
     }
 
     fn collect(&self, offset: u64, max_bytes: usize) -> ReadOut {
+        self.looks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let out = self.collect_locked(offset, max_bytes);
+        // What the reader has is released: the pipes' readers may go on.
+        self.room.notify_waiters();
+        out
+    }
+
+    fn collect_locked(&self, offset: u64, max_bytes: usize) -> ReadOut {
         let mut st = self.lock();
         let offset = offset.clamp(st.start, st.end);
         // Release what the reader has.
@@ -251,6 +261,11 @@ mod tests {
         step.push(0, LogStream::Stdout, b"late".to_vec());
         let out = waiting.await.expect("reader");
         assert_eq!(out.chunks.len(), 1);
+        // A read with nothing new waits without looking again (no spinning to its deadline).
+        let before = step.looks.load(std::sync::atomic::Ordering::Relaxed);
+        let idle = step.read(4, 0, 1 << 20, Duration::from_millis(200)).await;
+        assert!(idle.chunks.is_empty() && !idle.done);
+        assert_eq!(step.looks.load(std::sync::atomic::Ordering::Relaxed) - before, 2, "one look, the wait, one last look");
         // Fill the buffer: room() blocks until a read releases some.
         step.push(0, LogStream::Stdout, vec![b'x'; STEP_OUTPUT_BUFFER_BYTES_MAX]);
         let blocked = {
