@@ -601,6 +601,13 @@ fn main() {
         let args = std::env::args_os().skip(1).map(|a| a.to_string_lossy().into_owned()).collect();
         std::process::exit(slurm::main(&name, args));
     }
+    // `corral slurm srun ...`: the same, without a link named after the command.
+    let args: Vec<String> = std::env::args_os().skip(1).map(|a| a.to_string_lossy().into_owned()).collect();
+    if let [first, command, rest @ ..] = args.as_slice() {
+        if first == "slurm" && slurm::COMMANDS.contains(&command.as_str()) {
+            std::process::exit(slurm::main(command, rest.to_vec()));
+        }
+    }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("CORRAL_LOG").unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)

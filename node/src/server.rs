@@ -296,8 +296,39 @@ impl Node {
             Request::ListNodes => Ok(Reply::Nodes(self.node_infos())),
             Request::ClusterInfo => Ok(Reply::Cluster(self.cluster_info())),
             Request::GetPolicy => Ok(Reply::Policy(self.state.read(|s| s.policy.clone()))),
+            Request::TestSubmit { spec } => self.test_submit(spec),
             other => Err(ApiError::Invalid(format!("not a read request: {other:?}"))),
         }
+    }
+
+    /// `sbatch --test-only`: submits `spec` to a copy of the state and asks the scheduler what it
+    /// would do with it now; the log is not touched.
+    fn test_submit(&self, spec: proto::JobSpec) -> Response {
+        spec.validate().map_err(ApiError::Invalid)?;
+        let now = now_ms();
+        self.state.read(|s| {
+            let mut trial = s.clone();
+            let job = match trial.apply(&Command::Submit { spec, now_ms: now }) {
+                CommandResult::Submitted { job } => job,
+                other => return Err(rejected(other)),
+            };
+            let plan = scheduler::schedule(&trial.scheduler_view(), now);
+            let name = |id: &NodeId| trial.nodes.get(id).map_or_else(|| format!("node{id}"), |n| n.name.clone());
+            if let Some(p) = plan.placements.iter().find(|p| p.job == job) {
+                let nodes = p.allocs.iter().map(|a| name(&a.node)).collect();
+                let cpus = p.allocs.iter().map(|a| a.cpus).sum();
+                return Ok(Reply::TestSubmitted { job, start_ms: Some(now), nodes, cpus, reasons: Vec::new() });
+            }
+            let reasons = plan.pending.get(&job).cloned().unwrap_or_default();
+            match plan.reservation.filter(|r| r.job == job) {
+                Some(r) => {
+                    let nodes = r.nodes.iter().map(name).collect();
+                    let cpus = trial.jobs.get(&job).map_or(0, |j| j.spec.cpus_per_task * j.spec.ntasks_per_node * j.spec.nodes);
+                    Ok(Reply::TestSubmitted { job, start_ms: Some(r.start_ms), nodes, cpus, reasons })
+                }
+                None => Ok(Reply::TestSubmitted { job, start_ms: None, nodes: Vec::new(), cpus: 0, reasons }),
+            }
+        })
     }
 
     /// Applies a MIG layout on this node, starting from its inventory as the log has it.

@@ -300,6 +300,10 @@ pub struct JobSpec {
     pub extra: BTreeMap<String, String>,
 }
 
+/// How a pending job's reason starts when no amount of waiting lets it run (it asks for more
+/// than the cluster has).
+pub const REASON_NEVER_PREFIX: &str = "cannot ever run: ";
+
 /// The key of [`JobSpec::extra`] that marks a batch job (see [`JobSpec::is_batch`]). A flag in
 /// `extra` rather than a field: it leaves the encoding of specs already in logs unchanged.
 pub const SPEC_EXTRA_BATCH: &str = "corral-batch";
@@ -1191,6 +1195,11 @@ pub enum Request {
         node: String,
         signal: i32,
     },
+    /// `sbatch --test-only`: when and where the job would start if submitted now; nothing is
+    /// written to the log.
+    TestSubmit {
+        spec: JobSpec,
+    },
 }
 
 impl Request {
@@ -1320,6 +1329,15 @@ pub enum Reply {
     StepLaunched {
         step: u32,
         run: RunNo,
+    },
+    /// What the scheduler would do with a job submitted now: the id it would get; when and
+    /// where it would start (now, or at its backfill reservation), or why not.
+    TestSubmitted {
+        job: JobId,
+        start_ms: Option<u64>,
+        nodes: Vec<String>,
+        cpus: u32,
+        reasons: Vec<String>,
     },
     /// A step's output on one node since the offset asked for; `done` once every task there
     /// ended and all its output was read.

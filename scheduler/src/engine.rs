@@ -65,7 +65,7 @@ pub struct Reservation {
 }
 
 /// Prefix of a reason that no amount of waiting fixes.
-pub const NEVER: &str = "cannot ever run: ";
+pub const NEVER: &str = proto::REASON_NEVER_PREFIX;
 /// Type id of "any whole GPU".
 const ANY: u16 = 0;
 /// Bound on nodes one job may try when single-node candidates keep failing their checks.

@@ -42,3 +42,45 @@ fn hold_release_update_and_signal_a_job() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(c.wait_final(held, Duration::from_secs(20))["state"], "COMPLETED");
 }
+
+#[test]
+fn sbatch_test_only_says_when_and_where_without_submitting() {
+    let c = TestCluster::up(&["--nodes", "1", "--voters-max", "1", "--gpus", "h100:8"]);
+    let out = shim(&c, "sbatch", &["--test-only", "--gres=gpu:h100:2", "-c", "4", "--wrap", "true"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.starts_with("sbatch: Job 1 to start at ")
+            && stderr.trim_end().ends_with(" using 4 processors on nodes n1 in partition default"),
+        "{stderr}"
+    );
+    let out = shim(&c, "sbatch", &["--test-only", "--gres=gpu:h100:16", "--wrap", "true"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .starts_with("sbatch: error: Batch job submission failed: Requested node configuration is not available"));
+    let squeue = shim(&c, "squeue", &["-h"]);
+    assert_eq!(String::from_utf8_lossy(&squeue.stdout), "", "nothing was submitted");
+    // Every GPU busy for at most 5 minutes: the job would start when that ends, on n1.
+    let blocker = c.submit(&["--gres", "gpu:8", "--time", "5"], &["sleep", "300"]);
+    assert_eq!(blocker, 1, "the test-only jobs took no id");
+    wait_until("the blocker to run", Duration::from_secs(20), || c.job(blocker)["state"] == "RUNNING");
+    let out = shim(&c, "sbatch", &["--test-only", "--gres=gpu:h100:8", "--wrap", "true"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let start = c.job(blocker)["start_time"].as_u64().expect("start time");
+    let at = stderr.split(" to start at ").nth(1).and_then(|r| r.split(' ').next()).expect("a start time");
+    let expected = chrono_free_local(start + 300_000);
+    assert!(at == expected.0 || at == expected.1, "starts when the blocker's 5 minutes end ({expected:?}): {stderr}");
+    assert!(stderr.contains("on nodes n1"), "{stderr}");
+}
+
+/// `start_ms` in Slurm's local `YYYY-MM-DDTHH:MM:SS`, and one second later (the reservation
+/// may round up), as `date` prints them.
+fn chrono_free_local(start_ms: u64) -> (String, String) {
+    let fmt = |ms: u64| {
+        let out =
+            std::process::Command::new("date").args(["-d", &format!("@{}", ms / 1000), "+%Y-%m-%dT%H:%M:%S"]).output().expect("run date");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    (fmt(start_ms), fmt(start_ms + 1000))
+}

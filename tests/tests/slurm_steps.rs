@@ -132,3 +132,29 @@ fn export_none_hides_the_callers_variables_and_a_cancel_ends_every_steps_tasks()
     let out = output(&c, id);
     assert_eq!(lines_with(&out, "secret="), vec![format!("secret=unset job={id}"), format!("secret=unset job={id}")], "{out}");
 }
+
+#[test]
+fn srun_outside_an_allocation_gets_one_and_runs_the_step_in_it() {
+    let c = TestCluster::up(&["--nodes", "2"]);
+    let cmd = "echo out $SLURM_PROCID $SLURMD_NODENAME $SLURM_STEP_ID; echo err $SLURM_PROCID >&2; exit $SLURM_PROCID";
+    let out = c.shim("srun", &["-N2", "--ntasks-per-node=2", "-l", "sh", "-c", cmd], &[]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(3), "the worst task's exit code:\n{stdout}\n{stderr}\n{}", c.logs());
+    let mut lines: Vec<Vec<&str>> = stdout.lines().map(|l| l.split_whitespace().collect()).collect();
+    lines.sort();
+    assert_eq!(lines.len(), 4, "{stdout}");
+    for (rank, words) in lines.iter().enumerate() {
+        assert_eq!(
+            (words[0], words[1], words[2], words[4]),
+            (format!("{rank}:").as_str(), "out", rank.to_string().as_str(), "0"),
+            "{stdout}"
+        );
+    }
+    assert_eq!(lines[0][3], lines[1][3], "ranks 0 and 1 share the first node:\n{stdout}");
+    assert_eq!(lines[2][3], lines[3][3]);
+    assert_ne!(lines[0][3], lines[2][3]);
+    for rank in 0..4 {
+        assert!(stderr.contains(&format!("{rank}: err {rank}")), "stderr stays stderr:\n{stderr}");
+    }
+    assert!(stderr.contains("task 3: Exited with exit code 3"), "{stderr}");
+}

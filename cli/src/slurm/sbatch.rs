@@ -1002,9 +1002,45 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
         Action::Submit(sub) => sub,
     };
     if sub.test_only {
-        return Err(SlurmError::fatal(PROG, "--test-only is not supported yet"));
+        return test_only(&sub);
     }
     submit_and_report(&sub)
+}
+
+/// `--test-only`: what the scheduler would do with the job now, in Slurm's words; nothing is
+/// submitted.
+fn test_only(sub: &Submission) -> Result<i32, SlurmError> {
+    let cluster = super::connect(PROG)?;
+    let reply = super::block_on(PROG, super::call(PROG, &cluster, Request::TestSubmit { spec: sub.spec.clone() }))??;
+    let Reply::TestSubmitted { job, start_ms, nodes, cpus, reasons } = reply else {
+        return Err(SlurmError::fatal(PROG, format!("unexpected reply {reply:?}")));
+    };
+    eprintln!("{}", test_only_report(&sub.spec, job, start_ms, &nodes, cpus, &reasons)?);
+    Ok(0)
+}
+
+/// The line `sbatch --test-only` prints, or the error when the job could never run.
+pub fn test_only_report(
+    spec: &proto::JobSpec,
+    job: u64,
+    start_ms: Option<u64>,
+    nodes: &[String],
+    cpus: u32,
+    reasons: &[String],
+) -> Result<String, SlurmError> {
+    let partition = spec.partition.clone().unwrap_or_else(|| slurm_compat::env::DEFAULT_PARTITION.to_string());
+    match start_ms {
+        Some(ms) => Ok(format!(
+            "{PROG}: Job {job} to start at {} using {cpus} processors on nodes {} in partition {partition}",
+            super::time::datetime(ms),
+            hostlist::compress(nodes)
+        )),
+        None if reasons.iter().any(|r| r.starts_with(proto::REASON_NEVER_PREFIX)) || reasons.is_empty() => Err(SlurmError::fatal(
+            PROG,
+            format!("Batch job submission failed: Requested node configuration is not available ({})", reasons.join("; ")),
+        )),
+        None => Ok(format!("{PROG}: Job {job} cannot start now and has no reservation yet: {}", reasons.join("; "))),
+    }
 }
 
 /// True when the command line names a script file (or uses `--wrap`): otherwise the script

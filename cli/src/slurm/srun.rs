@@ -1,8 +1,10 @@
-//! `srun`. Inside an allocation (`SLURM_JOB_ID` set) it starts a job step; Corral has no step
-//! protocol yet, so the step's tasks that belong to *this* node run here as child processes
-//! (with `SLURM_STEP_*`, `SLURM_PROCID`, `SLURM_LOCALID`, ...), their output forwarded, SIGINT
-//! and SIGTERM passed on, and the worst exit code returned. Outside an allocation it submits
-//! the command as a job, streams its output and exits with its exit code.
+//! `srun`. In a batch job (`sbatch`, whose script runs on the job's first node) it starts a job
+//! step: the local `corrald` (`$CORRAL_SOCKET`) numbers it and has the agent of each of the
+//! step's nodes start its tasks (with `SLURM_STEP_*`, `SLURM_PROCID`, `SLURM_LOCALID`, ...);
+//! `srun` prints their output as it comes, passes SIGINT and SIGTERM on to every task, and
+//! returns the worst exit status. In a `corral submit` job, where every node runs the command
+//! already, it starts only this node's tasks, as child processes. Outside an allocation it asks
+//! for one whose script runs the step, streams its output and exits with its exit code.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
@@ -612,6 +614,28 @@ fn run_step(p: &Parsed, env: &BTreeMap<String, String>) -> Result<i32, SlurmErro
 /// Consecutive failed calls to the local corrald before `srun` gives up on the step.
 const STEP_READ_FAILURES_MAX: u32 = 25;
 
+/// Options of an `srun` outside an allocation that shape its step, not the allocation: passed on
+/// to the `srun` the allocation's script runs.
+const PASSED_TO_STEP: &[&str] = &["label", "kill-on-bad-exit", "gpus-per-task", "quiet"];
+
+/// The script of the allocation an `srun` outside one asks for: `exec corral slurm srun` with the
+/// step's options and the command, each word quoted for `sh`.
+pub fn step_script(corral: &str, p: &Parsed) -> String {
+    let quote = |w: &str| format!("'{}'", w.replace('\'', "'\\''"));
+    let mut words = vec![quote(corral), "slurm".into(), "srun".into()];
+    for (name, value) in &p.opts {
+        if PASSED_TO_STEP.contains(name) {
+            words.push(quote(&match value {
+                Some(v) => format!("--{name}={v}"),
+                None => format!("--{name}"),
+            }));
+        }
+    }
+    words.push("--".into());
+    words.extend(p.operands.iter().map(|w| quote(w)));
+    format!("#!/bin/sh\nexec {}\n", words.join(" "))
+}
+
 /// Outside an allocation: submit the command as a job, stream its output, return its code.
 fn run_as_job(p: &Parsed) -> Result<i32, SlurmError> {
     let ctx = Context::current()?;
@@ -634,7 +658,10 @@ fn run_as_job(p: &Parsed) -> Result<i32, SlurmError> {
         b.apply("error", Some(".corral-srun-%j.err"))?;
     }
     let name = std::path::Path::new(&p.operands[0]).file_name().map_or_else(|| p.operands[0].clone(), |n| n.to_string_lossy().into_owned());
-    let sub = b.finish(None, p.operands.clone(), name)?;
+    // Like Slurm: an allocation first, whose script (on its first node) runs the step.
+    let corral = std::env::current_exe().map_err(|e| SlurmError::fatal(PROG, format!("find the corral executable: {e}")))?;
+    let mut sub = b.finish(Some(step_script(&corral.display().to_string(), p)), Vec::new(), name)?;
+    sub.spec.set_batch(true);
     catch_signals();
     let cluster = super::connect(PROG)?;
     super::block_on(PROG, async {

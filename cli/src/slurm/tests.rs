@@ -924,6 +924,46 @@ fn srun_step_plan() {
 }
 
 #[test]
+fn srun_step_spec_for_the_agents_and_the_script_of_an_allocation() {
+    let env: BTreeMap<String, String> = [
+        ("SLURM_JOB_ID", "7"),
+        ("SLURM_JOB_NODELIST", "gpu[01-02]"),
+        ("SLURMD_NODENAME", "gpu01"),
+        ("SLURM_NTASKS", "4"),
+        ("SLURM_NTASKS_PER_NODE", "2"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let mut caller = env.clone();
+    caller.insert("FOO".into(), "1".into());
+    let parse = |a: &[&str]| opts::parse("srun", srun::OPTIONS, &argv(a), true).unwrap();
+    let spec = srun::step_spec(&parse(&["-l", "--gpus-per-task=gpu:2", "python", "x.py"]), &env, &caller, "/work").unwrap();
+    assert_eq!(spec.argv, vec!["python", "x.py"]);
+    assert_eq!(spec.workdir.as_deref(), Some("/work"), "tasks start where srun ran");
+    let nodes: Vec<(&str, Vec<u32>)> = spec.nodes.iter().map(|n| (n.name.as_str(), n.ranks.clone())).collect();
+    assert_eq!(nodes, vec![("gpu01", vec![0, 1]), ("gpu02", vec![2, 3])]);
+    assert_eq!(spec.gpus_per_task, Some(2));
+    assert_eq!(spec.env.get("FOO").map(String::as_str), Some("1"), "--export=ALL by default");
+    assert_eq!(spec.env.get("SLURM_STEP_NUM_TASKS").map(String::as_str), Some("4"));
+    assert_eq!(spec.env.get("SLURM_STEP_TASKS_PER_NODE").map(String::as_str), Some("2(x2)"));
+    let none = srun::step_spec(&parse(&["--export=NONE", "-N1", "true"]), &env, &caller, "/work").unwrap();
+    assert!(!none.env.contains_key("FOO"));
+    assert_eq!(none.env.get("SLURM_JOB_ID").map(String::as_str), Some("7"), "SLURM_* pass in any case");
+    assert_eq!(none.nodes.len(), 1);
+    assert_eq!(
+        srun::step_spec(&parse(&["--gpus-per-task=x", "true"]), &env, &caller, "/").unwrap_err().text,
+        "srun: error: Invalid --gpus-per-task specification: x"
+    );
+    // Outside an allocation: the allocation's script runs the step with its step options.
+    let script = srun::step_script("/opt/corral/bin/corral", &parse(&["-N2", "-l", "-K", "sh", "-c", "echo 'hi'"]));
+    assert_eq!(
+        script,
+        "#!/bin/sh\nexec '/opt/corral/bin/corral' slurm srun '--label' '--kill-on-bad-exit' -- 'sh' '-c' 'echo '\\''hi'\\'''\n"
+    );
+}
+
+#[test]
 fn time_formats() {
     assert_eq!(time::duration(0), "0:00");
     assert_eq!(time::duration(65), "1:05");
