@@ -638,6 +638,7 @@ fn squeue_default_columns() {
         NodeRun { run: 1, alloc: Allocation { node: 1, gpus: vec![], cpus: 1, mem_mib: 1 }, launched_by: Some(1) },
         NodeRun { run: 1, alloc: Allocation { node: 2, gpus: vec![], cpus: 1, mem_mib: 1 }, launched_by: Some(1) },
     ];
+    running.last_nodes = vec![1, 2];
     running.start_ms = Some(1_000_000);
     let mut pending = listed(13, "averyverylongname", JobState::Pending);
     pending.start_ms = None;
@@ -849,6 +850,7 @@ fn scontrol_show_job_layout() {
     j.spec.gres = Some(GresRequest { gpu_type: Some("h100".into()), count: 8 });
     j.spec.output = Some("slurm-%j.out".into());
     j.parts = vec![NodeRun { run: 1, alloc: Allocation { node: 1, gpus: vec![], cpus: 1, mem_mib: 1 }, launched_by: Some(1) }];
+    j.last_nodes = vec![1];
     let text = scontrol::job_text(&j, &names_map(), 1_800_000_070_000);
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines[0], "JobId=9 JobName=train");
