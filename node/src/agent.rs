@@ -106,6 +106,8 @@ struct Running {
     owner: String,
     /// Only holds resources for steps (a batch job's node other than the first).
     hold: bool,
+    /// A batch job (`sbatch`): signals go to its steps, not its script.
+    batch: bool,
     /// Name and address of every node of the run, in rank order.
     nodes: Vec<(String, String)>,
     /// What the run's process got, which its step tasks here start from.
@@ -368,6 +370,7 @@ impl Agent {
                 stop_tx,
                 owner: job.spec.user.clone(),
                 hold: spec.hold,
+                batch: spec.batch,
                 nodes: nodes.to_vec(),
                 base,
                 cgroup: None,
@@ -585,18 +588,7 @@ impl Agent {
         }
         let running = lock(&self.running);
         if let Some(r) = running.get(&job).filter(|r| r.run == run && r.pgid > 0) {
-            if batch_only && r.hold {
-                // No batch shell here: only steps run on this node.
-                return Ok(Reply::Ok);
-            }
-            let target = if batch_only { r.pgid } else { -r.pgid };
-            // SAFETY: kill(2) on a process (group) this agent started.
-            if unsafe { libc::kill(target, signal) } != 0 {
-                debug!(job, signal, error = %std::io::Error::last_os_error(), "signal job");
-            }
-            if !batch_only {
-                r.tasks.signal(signal);
-            }
+            launcher::signal_job(r.pgid, signal, batch_only, r.batch, r.hold, &r.tasks);
         }
         Ok(Reply::Ok)
     }

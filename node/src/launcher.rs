@@ -36,6 +36,8 @@ pub struct LaunchSpec {
     /// The part only holds the node's share of a batch job for its steps: the process is a
     /// holder (`corrald --hold`), with no output.
     pub hold: bool,
+    /// A batch job (`sbatch`): signals without `B:` go to its steps, not its script (Slurm).
+    pub batch: bool,
 }
 
 /// Resolves an output file pattern (Slurm's `%j %J %A %a %x %u %N %n %t %%`) for the part on
@@ -206,6 +208,7 @@ pub fn prepare(job: &Job, ctx: &LaunchContext<'_>) -> anyhow::Result<LaunchSpec>
         append: job.run > 1 || job.spec.open_append || ctx.node_rank > 0,
         run_as: ctx.run_as.cloned(),
         hold,
+        batch: job.spec.is_batch(),
     })
 }
 
@@ -432,18 +435,25 @@ fn group_is_empty(pgid: i32) -> bool {
     rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
 }
 
-/// Sends the job's `--signal` to all its processes (its group and its step tasks), or only to
-/// the batch shell (`B:`), which a holder does not have.
-fn send_job_signal(pgid: i32, sig: &proto::SignalSpec, hold: bool, tasks: &TaskGroups) {
-    if sig.batch_only {
-        if !hold {
+/// Sends a signal for a job: with `batch_only` (`B:`, `scancel -b`) to the batch shell alone,
+/// which a holder does not have; else to a batch job's steps (Slurm spares the script, except
+/// from SIGKILL), or to all of any other job's processes.
+pub fn signal_job(pgid: i32, signal: i32, batch_only: bool, spec_batch: bool, hold: bool, tasks: &TaskGroups) {
+    if batch_only {
+        if !hold && pgid > 0 {
             // SAFETY: kill(2) on the batch shell we started.
-            unsafe { libc::kill(pgid, sig.signal) };
+            unsafe { libc::kill(pgid, signal) };
         }
-    } else {
-        signal_group(pgid, sig.signal);
-        tasks.signal(sig.signal);
+        return;
     }
+    if !spec_batch || signal == libc::SIGKILL {
+        signal_group(pgid, signal);
+    }
+    tasks.signal(signal);
+}
+
+fn send_job_signal(pgid: i32, sig: &proto::SignalSpec, spec: &LaunchSpec, tasks: &TaskGroups) {
+    signal_job(pgid, sig.signal, sig.batch_only, spec.batch, spec.hold, tasks);
 }
 
 /// Waits at most `ms` until the run's process (not a holder: it never ends by itself) and every
@@ -522,7 +532,7 @@ pub async fn supervise(
             sig = &mut warning, if !warned => {
                 warned = true;
                 info!(job = spec.job, signal = sig.signal, before_end_s = sig.before_end_s, "signalling job before its time limit");
-                send_job_signal(pgid, &sig, hold, tasks);
+                send_job_signal(pgid, &sig, spec, tasks);
             }
             () = &mut limit => {
                 warn!(job = spec.job, run = spec.run, "time limit reached, stopping job");
@@ -544,7 +554,7 @@ pub async fn supervise(
                     }
                     StopReason::Checkpoint => {
                         if let Some(sig) = &spec.signal {
-                            send_job_signal(pgid, sig, hold, tasks);
+                            send_job_signal(pgid, sig, spec, tasks);
                             let wait_ms = (u64::from(sig.before_end_s) * 1000).min(CHECKPOINT_WAIT_MS_MAX);
                             if !wait_ended(&mut child, hold, tasks, wait_ms).await {
                                 stop(&mut child, pgid, timings.kill_grace_ms, hold, tasks).await;

@@ -158,3 +158,25 @@ fn srun_outside_an_allocation_gets_one_and_runs_the_step_in_it() {
     }
     assert!(stderr.contains("task 3: Exited with exit code 3"), "{stderr}");
 }
+
+const SIGNALLED: &str = r#"#!/bin/sh
+#SBATCH -N 2
+srun -N2 sh -c 'trap "echo usr1 on $SLURM_PROCID" USR1; touch r.$SLURM_PROCID; while [ ! -e stop ]; do sleep 0.2; done'
+echo "srun=$?"
+"#;
+
+#[test]
+fn scancel_signal_reaches_step_tasks_on_every_node_and_spares_the_holders() {
+    let c = TestCluster::up(&["--nodes", "2"]);
+    let id = sbatch(&c, "signalled.sh", SIGNALLED);
+    wait_until("both tasks to be ready", Duration::from_secs(60), || c.work.join("r.0").exists() && c.work.join("r.1").exists());
+    let out = c.shim("scancel", &["--signal=USR1", &id.to_string()], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    wait_until("both tasks to report SIGUSR1", Duration::from_secs(20), || lines_with(&output(&c, id), "usr1 on ").len() == 2);
+    std::fs::write(c.work.join("stop"), "").expect("write stop");
+    let job = c.wait_final(id, Duration::from_secs(30));
+    let out = output(&c, id);
+    assert_eq!(job["state"], "COMPLETED", "the holder ignored SIGUSR1: {job}\n{out}");
+    assert_eq!(lines_with(&out, "usr1 on "), vec!["usr1 on 0", "usr1 on 1"]);
+    assert!(out.contains("srun=0"), "{out}");
+}

@@ -86,6 +86,8 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
         None => None,
     };
     let batch_only = p.has("batch");
+    // --full: the batch shell too, besides the steps a signal reaches by default.
+    let full = p.has("full") && !batch_only;
     let mut targets = Vec::new();
     for t in p.operands.iter().flat_map(|o| o.split(',')).filter(|s| !s.is_empty()) {
         if t.contains('.') {
@@ -165,12 +167,19 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
         chosen.dedup_by_key(|j| j.id);
         for j in chosen {
             // With --signal, scancel signals the job instead of cancelling it (running jobs only).
-            let request = match signal {
-                Some(signal) if j.state == proto::JobState::Running => Request::Signal { job: j.id, signal, batch_only },
+            let requests = match signal {
+                Some(signal) if j.state == proto::JobState::Running => {
+                    let mut r = vec![Request::Signal { job: j.id, signal, batch_only }];
+                    if full {
+                        r.push(Request::Signal { job: j.id, signal, batch_only: true });
+                    }
+                    r
+                }
                 Some(_) => continue,
-                None => Request::Cancel { job: j.id },
+                None => vec![Request::Cancel { job: j.id }],
             };
-            if let Err(e) = super::call(PROG, &cluster, request).await {
+            for request in requests {
+                let Err(e) = super::call(PROG, &cluster, request).await else { continue };
                 if !quiet {
                     eprintln!(
                         "{PROG}: error: Kill job error on job id {}: {}",
@@ -179,6 +188,7 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
                     );
                 }
                 errors += 1;
+                break;
             }
         }
         Ok(if errors > 0 { 1 } else { 0 })
