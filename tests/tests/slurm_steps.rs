@@ -180,3 +180,48 @@ fn scancel_signal_reaches_step_tasks_on_every_node_and_spares_the_holders() {
     assert_eq!(lines_with(&out, "usr1 on "), vec!["usr1 on 0", "usr1 on 1"]);
     assert!(out.contains("srun=0"), "{out}");
 }
+
+#[test]
+fn a_batch_job_losing_a_holder_node_stops_its_steps_everywhere_before_it_runs_again() {
+    lose_a_node_of_a_batch_job(1);
+}
+
+#[test]
+fn a_batch_job_losing_its_script_node_stops_its_steps_everywhere_before_it_runs_again() {
+    lose_a_node_of_a_batch_job(0);
+}
+
+/// A 2-node `--requeue` batch job whose step runs a task on each node loses node `lost` (0:
+/// the script's, 1: a holder) to SIGKILL: the task on the other node is stopped, the job runs
+/// again on two nodes, and no two of its runs overlap.
+fn lose_a_node_of_a_batch_job(lost: usize) {
+    let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:8", "--node-down-after-ms", "3000"]);
+    let task = format!(
+        "{}; trap 'rec end; exit 143' TERM; rec start; if [ \"$CORRAL_RUN\" = 1 ]; then sleep 60 & wait; fi; rec end",
+        corral_tests::REC
+    );
+    let script = format!(
+        "#!/bin/sh\n#SBATCH -N 2\n#SBATCH --gres=gpu:h100:8\n#SBATCH --requeue\nsrun -N2 sh -c '{}'\n",
+        task.replace('\'', "'\\''")
+    );
+    let id = sbatch(&c, "requeued.sh", &script);
+    let spans = || chaos::parse_spans(&std::fs::read_to_string(c.work.join("spans.log")).unwrap_or_default());
+    wait_until("both step tasks of run 1 started", Duration::from_secs(30), || {
+        spans().iter().filter(|s| s.job == id && s.run == 1).count() == 2
+    });
+    let job = c.job(id);
+    let nodes: Vec<String> = job["nodes"].as_array().expect("nodes").iter().filter_map(|n| n.as_str().map(String::from)).collect();
+    let survivor_node = &nodes[1 - lost];
+    c.signal(&nodes[lost], "KILL");
+    let deaths = corral_tests::observe_deaths(&c.work.join("spans.log"), &nodes[lost], Duration::from_secs(5));
+    let job = c.wait_final(id, Duration::from_secs(60));
+    assert_eq!(job["state"], "COMPLETED", "{job}\n{}", output(&c, id));
+    assert_eq!(job["restart_count"], 1);
+    let mut spans = spans();
+    corral_tests::close_spans(&mut spans, &deaths);
+    let survivor = spans.iter().find(|s| s.job == id && s.run == 1 && s.node == *survivor_node).expect("run 1's task on the other node");
+    assert!(survivor.end_ms.is_some(), "the step task on the surviving node was stopped: {spans:?}");
+    assert_eq!(spans.iter().filter(|s| s.job == id && s.run == 2).count(), 2, "run 2's step ran on two nodes again: {spans:?}");
+    let violations = chaos::check_never_twice(&spans);
+    assert!(violations.is_empty(), "{violations:?}");
+}
