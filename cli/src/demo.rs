@@ -129,6 +129,7 @@ async fn demo(dir: &std::path::Path) -> anyhow::Result<()> {
     }
     println!("== every job reached a final state");
     print_queue_all(&survivors, &jobs).await?;
+    batch_with_a_step(&survivors, &workdir).await?;
     println!("\nsummary");
     println!("  jobs:                {}", finals.len());
     for (state, n) in &by_state {
@@ -143,6 +144,40 @@ async fn demo(dir: &std::path::Path) -> anyhow::Result<()> {
     let unexpected: Vec<_> = finals.iter().filter(|j| !matches!(j.state, JobState::Completed | JobState::NodeFail)).collect();
     if !unexpected.is_empty() {
         bail!("jobs ended unexpectedly: {:?}", unexpected.iter().map(|j| (j.id, j.state.as_str())).collect::<Vec<_>>());
+    }
+    Ok(())
+}
+
+/// A Slurm batch job over two nodes: its script runs on the first, and its `srun` step starts a
+/// task on each node through their agents; prints the job's output.
+async fn batch_with_a_step(cluster: &Cluster, workdir: &str) -> anyhow::Result<()> {
+    let corral = std::env::current_exe().context("find the corral executable")?;
+    let mut spec = job_spec("batch-with-step", 2, 0, workdir);
+    spec.nodes = 2;
+    spec.ntasks_per_node = 2;
+    spec.script = Some(format!(
+        "#!/bin/sh\necho \"script on $SLURMD_NODENAME\"\n'{}' slurm srun -l sh -c 'echo \"task $SLURM_PROCID of $SLURM_NTASKS on $SLURMD_NODENAME, GPUs $CUDA_VISIBLE_DEVICES\"'\n",
+        corral.display()
+    ));
+    spec.set_batch(true);
+    println!("== a Slurm batch job on 2 nodes: the script runs on the first, its srun step on both");
+    let id = submit(cluster, spec).await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let job = loop {
+        if let Reply::Job(j) = cluster.call_patiently(Request::GetJob { job: id }, Duration::from_secs(15)).await? {
+            if j.state.is_final() {
+                break j;
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("batch job {id} not finished after 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let out = std::fs::read_to_string(std::path::Path::new(workdir).join(format!("out/{id}.out"))).unwrap_or_default();
+    println!("   job {id} {}:", job.state.as_str());
+    for line in out.lines() {
+        println!("     {line}");
     }
     Ok(())
 }
