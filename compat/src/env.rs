@@ -198,6 +198,8 @@ pub const NODE_OWNED: &[&str] = &[
     "SLURM_CPUS_ON_NODE",
     "SLURM_GPUS_ON_NODE",
     "SLURM_JOB_GPUS",
+    "SLURM_STEP_GPUS",
+    "SLURMD_TRES_BIND",
     "SLURM_TOPOLOGY_ADDR",
     "GPU_DEVICE_ORDINAL",
     "CUDA_VISIBLE_DEVICES",
@@ -236,18 +238,23 @@ pub fn step_task_env(
     env.insert("SLURM_PROCID".into(), rank.to_string());
     env.insert("SLURM_LOCALID".into(), local.to_string());
     env.insert("SLURM_GTIDS".into(), ranks_here.iter().map(u32::to_string).collect::<Vec<_>>().join(","));
+    // The step's GPUs on this node, by index: all of the node's, or the task's share.
+    let list = |key: &str| -> Vec<&str> { node_env.get(key).map_or(Vec::new(), |v| v.split(',').filter(|s| !s.is_empty()).collect()) };
+    let indices = list("SLURM_JOB_GPUS");
+    if !indices.is_empty() {
+        env.insert("SLURM_STEP_GPUS".into(), indices.join(","));
+    }
     if let Some(k) = gpus_per_task.map(|k| k as usize).filter(|k| *k > 0) {
-        let visible: Vec<&str> =
-            node_env.get("CUDA_VISIBLE_DEVICES").map_or(Vec::new(), |v| v.split(',').filter(|s| !s.is_empty()).collect());
+        env.insert("SLURMD_TRES_BIND".into(), format!("gpu:per_task:{k}"));
         let lo = local * k;
-        if lo + k <= visible.len() {
-            env.insert("CUDA_VISIBLE_DEVICES".into(), visible[lo..lo + k].join(","));
-            if let Some(ordinals) = node_env.get("GPU_DEVICE_ORDINAL") {
-                let ordinals: Vec<&str> = ordinals.split(',').collect();
-                if lo + k <= ordinals.len() {
-                    env.insert("GPU_DEVICE_ORDINAL".into(), ordinals[lo..lo + k].join(","));
-                }
+        for key in ["CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"] {
+            let all = list(key);
+            if lo + k <= all.len() {
+                env.insert(key.into(), all[lo..lo + k].join(","));
             }
+        }
+        if lo + k <= indices.len() {
+            env.insert("SLURM_STEP_GPUS".into(), indices[lo..lo + k].join(","));
         }
     }
     env

@@ -646,20 +646,19 @@ impl Agent {
                     handle.attach(*rank, child, Arc::clone(&groups));
                 }
                 Err(e) => {
-                    let not_found =
-                        e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::NotFound));
+                    // As slurmstepd: the error on the task's stderr, and errno as its exit code.
+                    let errno = e.chain().find_map(|c| c.downcast_ref::<std::io::Error>().and_then(std::io::Error::raw_os_error));
+                    let why = errno.map_or_else(
+                        || format!("{e:#}"),
+                        |n| std::io::Error::from_raw_os_error(n).to_string().split(" (os error").next().unwrap_or_default().to_string(),
+                    );
                     warn!(job, step, rank, error = format!("{e:#}"), "step task failed to start");
                     handle.push(
                         *rank,
                         LogStream::Stderr,
-                        format!(
-                            "corrald: error: {}: task {rank}: {e:#}
-",
-                            self.name
-                        )
-                        .into_bytes(),
+                        format!("slurmstepd-{}: error: execve(): {}: {why}\n", self.name, spec.argv[0]).into_bytes(),
                     );
-                    handle.task_ended(proto::TaskExit { rank: *rank, code: Some(if not_found { 127 } else { 126 }), signal: None });
+                    handle.task_ended(proto::TaskExit { rank: *rank, code: Some(errno.unwrap_or(1)), signal: None });
                 }
             }
         }

@@ -98,8 +98,9 @@ fn kill_on_bad_exit_stops_the_step_and_a_signal_to_srun_reaches_every_task() {
     let out = output(&c, id);
     assert_eq!(job["state"], "COMPLETED", "{job}\n{out}\n{}", c.logs());
     let codes: Vec<&str> = out.lines().filter(|l| l.starts_with("srun=")).collect();
-    assert_eq!(codes, vec!["srun=137", "srun=0"], "worst status: task 1 killed by SIGKILL (128 + 9); then a clean stop:\n{out}");
-    assert!(out.contains("task 0: Exited with exit code 3") && out.contains("task 1: Killed"), "{out}");
+    assert_eq!(codes, vec!["srun=143", "srun=0"], "as Slurm: task 1 terminated by -K's SIGTERM (128 + 15); then a clean stop:\n{out}");
+    assert!(out.contains("task 0: Exited with exit code 3") && out.contains("task 1: Terminated"), "{out}");
+    assert!(out.contains("srun: Force Terminated StepId="), "{out}");
     assert_eq!(lines_with(&out, "got TERM on "), vec!["got TERM on 0", "got TERM on 1"], "{out}");
 }
 

@@ -401,6 +401,10 @@ fn signal_words(sig: i32) -> String {
     }
 }
 
+/// After `--kill-on-bad-exit`'s SIGTERM, how long tasks get before SIGKILL (Slurm's default
+/// `KillWait`).
+const STEP_KILL_WAIT_MS: u64 = 30_000;
+
 /// How long one read of a step's output waits on its node for news.
 const STEP_READ_WAIT_MS: u32 = 2_000;
 
@@ -416,6 +420,14 @@ pub fn step_spec(
     let plan = plan_step(p, env, 0)?;
     let mut step_env = super::sbatch::export_env(p.last("export").unwrap_or("ALL"), caller_env);
     step_env.extend(plan.base.iter().map(|(k, v)| (k.clone(), v.clone())));
+    // Slurm's default distribution: block when nodes get more than one task, else cyclic.
+    let total: u32 = plan.tasks_per_node.iter().sum();
+    let distribution = match p.last("distribution") {
+        Some(d) => d.split([':', ',']).next().unwrap_or("block").to_string(),
+        None if total as usize > plan.nodes.len() => "block".into(),
+        None => "cyclic".into(),
+    };
+    step_env.insert("SLURM_DISTRIBUTION".into(), distribution);
     let mut first = 0u32;
     let mut nodes = Vec::new();
     for (name, count) in plan.nodes.iter().zip(&plan.tasks_per_node) {
@@ -447,6 +459,8 @@ pub fn step_spec(
 /// rank, a line cut across reads kept until its end arrives.
 struct Printer {
     label: bool,
+    /// Labels are right-aligned to the width of the highest rank (` 0: ` with 11 or more tasks).
+    width: usize,
     partial: BTreeMap<(u32, bool), Vec<u8>>,
 }
 
@@ -462,7 +476,7 @@ impl Printer {
         let mut out = Vec::new();
         while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
             let line: Vec<u8> = buf.drain(..=pos).collect();
-            out.extend_from_slice(format!("{}: ", chunk.rank).as_bytes());
+            out.extend_from_slice(format!("{:>w$}: ", chunk.rank, w = self.width).as_bytes());
             out.extend_from_slice(&line);
         }
         write_to(is_err, &out);
@@ -471,7 +485,7 @@ impl Printer {
     fn finish(&mut self) {
         for ((rank, is_err), rest) in std::mem::take(&mut self.partial) {
             if !rest.is_empty() {
-                let mut out = format!("{rank}: ").into_bytes();
+                let mut out = format!("{rank:>w$}: ", w = self.width).into_bytes();
                 out.extend_from_slice(&rest);
                 out.push(b'\n');
                 write_to(is_err, &out);
@@ -501,13 +515,15 @@ fn run_step(p: &Parsed, env: &BTreeMap<String, String>) -> Result<i32, SlurmErro
     let job: proto::JobId =
         env.get("SLURM_JOB_ID").and_then(|j| j.parse().ok()).ok_or_else(|| fatal("SLURM_JOB_ID is not a job id".into()))?;
     let socket = env.get("CORRAL_SOCKET").ok_or_else(|| fatal("CORRAL_SOCKET is not set: no local corrald to start the step".into()))?;
-    let caller_env: BTreeMap<String, String> = std::env::vars().collect();
+    let mut caller_env: BTreeMap<String, String> = std::env::vars().collect();
+    caller_env.insert("SLURM_UMASK".into(), format!("{:04o}", current_umask()));
     let cwd = std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_else(|_| "/".into());
     let spec = step_spec(p, env, &caller_env, &cwd)?;
     let nodes: Vec<String> = spec.nodes.iter().map(|n| n.name.clone()).collect();
     let kill_on_bad_exit = p.has("kill-on-bad-exit");
     let quiet = p.has("quiet");
-    let mut printer = Printer { label: p.has("label"), partial: BTreeMap::new() };
+    let tasks: usize = spec.nodes.iter().map(|n| n.ranks.len()).sum();
+    let mut printer = Printer { label: p.has("label"), width: tasks.saturating_sub(1).to_string().len(), partial: BTreeMap::new() };
     super::block_on(PROG, async move {
         let cluster = std::sync::Arc::new(crate::client::Cluster::local(std::path::Path::new(socket)));
         let reply = cluster
@@ -540,6 +556,7 @@ fn run_step(p: &Parsed, env: &BTreeMap<String, String>) -> Result<i32, SlurmErro
         let mut cursors: BTreeMap<String, (u64, BTreeMap<u32, proto::TaskExit>, bool)> =
             nodes.iter().map(|n| (n.clone(), (0, BTreeMap::new(), false))).collect();
         let mut killed = false;
+        let mut kill_at: Option<tokio::time::Instant> = None;
         let mut reads = tokio::task::JoinSet::new();
         let read = |reads: &mut tokio::task::JoinSet<_>, node: String, offset: u64, exits_seen: u32| {
             let cluster = std::sync::Arc::clone(&cluster);
@@ -555,10 +572,22 @@ fn run_step(p: &Parsed, env: &BTreeMap<String, String>) -> Result<i32, SlurmErro
         let mut failures = 0u32;
         let mut lost = false;
         while !reads.is_empty() {
+            let kill_wait = async {
+                match kill_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             let joined = tokio::select! {
                 j = reads.join_next() => j,
                 _ = sigint.recv() => { signal(libc::SIGINT).await; continue; }
                 _ = sigterm.recv() => { signal(libc::SIGTERM).await; continue; }
+                () = kill_wait => {
+                    // --kill-on-bad-exit: what SIGTERM left after Slurm's KillWait.
+                    kill_at = None;
+                    signal(libc::SIGKILL).await;
+                    continue;
+                }
             };
             let Some(Ok((node, result))) = joined else { continue };
             let Some(cursor) = cursors.get_mut(&node) else { continue };
@@ -578,8 +607,11 @@ fn run_step(p: &Parsed, env: &BTreeMap<String, String>) -> Result<i32, SlurmErro
                                 }
                             }
                             if kill_on_bad_exit && !killed {
+                                // As Slurm: SIGTERM to every task now, SIGKILL after KillWait.
                                 killed = true;
-                                signal(libc::SIGKILL).await;
+                                eprintln!("{PROG}: launch/slurm: _step_signal: Terminating StepId={job}.{step}");
+                                signal(libc::SIGTERM).await;
+                                kill_at = Some(tokio::time::Instant::now() + Duration::from_millis(STEP_KILL_WAIT_MS));
                             }
                         }
                     }
@@ -606,9 +638,22 @@ fn run_step(p: &Parsed, env: &BTreeMap<String, String>) -> Result<i32, SlurmErro
             }
         }
         printer.finish();
+        if killed {
+            eprintln!("{PROG}: Force Terminated StepId={job}.{step}");
+        }
         let worst = cursors.values().flat_map(|c| c.1.values().map(proto::TaskExit::status)).max().unwrap_or(0);
         Ok(if lost { worst.max(1) } else { worst })
     })?
+}
+
+/// This process's file mode creation mask (Slurm passes it to the tasks as `SLURM_UMASK`).
+fn current_umask() -> u32 {
+    // SAFETY: umask(2) cannot fail; it is set back at once.
+    unsafe {
+        let mask = libc::umask(0o022);
+        libc::umask(mask);
+        mask as u32
+    }
 }
 
 /// Consecutive failed calls to the local corrald before `srun` gives up on the step.

@@ -965,6 +965,69 @@ fn srun_step_spec_for_the_agents_and_the_script_of_an_allocation() {
     );
 }
 
+/// The environment a real Slurm 22.05 gave the tasks of `srun` steps (captured on this host by
+/// `shared/peers/slurm`, see the file's header), compared field by field with what `srun`
+/// (`step_spec`) and the agent (`step_task_env`) compute from the same batch environment.
+#[test]
+fn srun_task_environment_matches_a_real_slurm_field_by_field() {
+    let fixture = include_str!("../../../tests/fixtures/slurm_step_env.txt");
+    let env_of = |file: &str| -> BTreeMap<String, String> {
+        let prefix = format!("{file}: ");
+        fixture
+            .lines()
+            .filter_map(|l| l.strip_prefix(&prefix))
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    // Set by srun's own protocol (ports, hosts, pids, pack groups), or by srun from its process
+    // (SLURM_UMASK, passed in `run_step`): not compared.
+    const NOT_COMPARED: &[&str] = &[
+        "SLURM_SRUN_COMM_PORT",
+        "SLURM_STEP_LAUNCHER_PORT",
+        "SLURM_SRUN_COMM_HOST",
+        "SLURM_LAUNCH_NODE_IPADDR",
+        "SLURM_TASK_PID",
+        "SLURM_JOB_CPUS_PER_NODE_PACK_GROUP_0",
+        "SLURM_UMASK",
+    ];
+    let parse = |a: &[&str]| opts::parse("srun", srun::OPTIONS, &argv(a), true).unwrap();
+    let cases: [(&str, &str, &[&str], u32, &[&str]); 4] = [
+        ("case1", "case1", &["bash"], 0, &["0", "1"]),
+        ("case1", "case2", &["-n", "1", "bash"], 1, &["0"]),
+        ("case3", "case3", &["--gpus-per-task=2", "-n", "2", "bash"], 0, &["0", "1"]),
+        ("case4b", "case4b", &["--export=NONE", "-n", "1", "/bin/bash"], 0, &["0"]),
+    ];
+    for (batch, case, args, step, ranks) in cases {
+        let caller = env_of(&format!("{batch}.batch.env"));
+        assert!(!caller.is_empty(), "{batch}.batch.env in the fixture");
+        // The node's own job environment: what the launcher sets (Slurm's and the GPUs), not
+        // what the script exported.
+        let node: BTreeMap<String, String> = caller
+            .iter()
+            .filter(|(k, _)| k.starts_with("SLURM") || k.starts_with("CUDA") || k.starts_with("GPU_"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let spec = srun::step_spec(&parse(args), &super::allocation_env(&caller), &caller, "/tmp").unwrap();
+        assert_eq!(spec.nodes.len(), 1);
+        let here = &spec.nodes[0];
+        for (local, rank) in ranks.iter().enumerate() {
+            let want = env_of(&format!("{case}.{rank}.env"));
+            assert!(!want.is_empty(), "{case}.{rank}.env in the fixture");
+            let got = slurm_compat::env::step_task_env(&node, &spec.env, step, 0, &here.ranks, local, spec.gpus_per_task);
+            for (k, v) in &want {
+                if NOT_COMPARED.contains(&k.as_str()) {
+                    continue;
+                }
+                assert_eq!(got.get(k), Some(v), "{case} task {rank}: {k}");
+            }
+            for k in got.keys().filter(|k| k.starts_with("SLURM") || k.starts_with("CUDA") || k.starts_with("GPU_") || *k == "FOO") {
+                assert!(want.contains_key(k), "{case} task {rank}: {k}={} is set but Slurm does not set it", got[k]);
+            }
+        }
+    }
+}
+
 #[test]
 fn time_formats() {
     assert_eq!(time::duration(0), "0:00");
