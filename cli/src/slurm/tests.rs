@@ -992,7 +992,9 @@ fn srun_task_environment_matches_a_real_slurm_field_by_field() {
         "SLURM_UMASK",
     ];
     let parse = |a: &[&str]| opts::parse("srun", srun::OPTIONS, &argv(a), true).unwrap();
-    let cases: [(&str, &str, &[&str], u32, &[&str]); 4] = [
+    // (job of the batch env, case, srun's arguments, step id, ranks)
+    type Case<'a> = (&'a str, &'a str, &'a [&'a str], u32, &'a [&'a str]);
+    let cases: [Case; 4] = [
         ("case1", "case1", &["bash"], 0, &["0", "1"]),
         ("case1", "case2", &["-n", "1", "bash"], 1, &["0"]),
         ("case3", "case3", &["--gpus-per-task=2", "-n", "2", "bash"], 0, &["0", "1"]),
