@@ -32,6 +32,12 @@ pub struct BenchArgs {
     /// Skip everything but the requeue measurement.
     #[arg(long)]
     pub only_requeue: bool,
+    /// `srun` steps timed inside one 2-node batch job.
+    #[arg(long, default_value_t = 30)]
+    pub steps: usize,
+    /// Skip everything but the step measurement.
+    #[arg(long)]
+    pub only_steps: bool,
     /// Keep the cluster directory here.
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -121,6 +127,9 @@ async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
     let workdir = dir.display().to_string();
     if args.only_requeue {
         return requeue_after_kill(dir, &workdir, args.requeue_kills, opts.node_down_after_ms).await;
+    }
+    if args.only_steps {
+        return step_round_trips(dir, &workdir, args.steps).await;
     }
     let sync = sorted(fdatasync_ms(dir, 200)?);
     let sync_p50 = percentile(&sync, 0.5);
@@ -235,6 +244,7 @@ async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
         percentile(&client_view, 0.99)
     );
     requeue_after_kill(dir, &workdir, args.requeue_kills, opts.node_down_after_ms).await?;
+    step_round_trips(dir, &workdir, args.steps).await?;
     println!(
         "SUMMARY fdatasync_p50_ms={sync_p50:.3} submit_seq_per_s={seq_rate:.0} submit_p50_ms={p50:.2} submit_p50_over_fdatasync={:.2} submit_to_running_p50_ms={:.0} failover_p50_ms={:.0} failover_p99_ms={:.0}",
         p50 / sync_p50,
@@ -242,6 +252,58 @@ async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
         percentile(&failovers, 0.5),
         percentile(&failovers, 0.99)
     );
+    Ok(())
+}
+
+/// `srun -N2 true` inside a 2-node batch job, timed by the script `samples` times, against the
+/// peers measured by the same script in the same run: `true` started by the shell (a process
+/// start, the floor) and the `srun` binary alone (`--version`: its own start-up).
+async fn step_round_trips(dir: &std::path::Path, workdir: &str, samples: usize) -> anyhow::Result<()> {
+    let cluster = Cluster::connect(dir, None)?;
+    let corral = std::env::current_exe().context("find the corral executable")?;
+    let corral = corral.display();
+    let script = format!(
+        "#!/bin/sh\ni=0\nwhile [ $i -lt {samples} ]; do\n\
+         a=$(date +%s%N); sh -c true; b=$(date +%s%N); echo \"local $((b-a))\"\n\
+         a=$(date +%s%N); '{corral}' slurm srun --version >/dev/null; b=$(date +%s%N); echo \"startup $((b-a))\"\n\
+         a=$(date +%s%N); '{corral}' slurm srun -N2 true; b=$(date +%s%N); echo \"step $((b-a)) $?\"\n\
+         i=$((i+1))\ndone\n"
+    );
+    let mut spec = JobSpec::command(Vec::new(), workdir, "bench");
+    spec.name = "bench-steps".into();
+    spec.script = Some(script);
+    spec.nodes = 2;
+    spec.mem_mib = 1;
+    spec.output = Some("bench-steps-%j.out".into());
+    spec.set_batch(true);
+    let job = submit(&cluster, spec).await?;
+    let deadline = Instant::now() + Duration::from_secs(60 + 10 * samples as u64);
+    let state = loop {
+        if let Reply::Job(j) = cluster.call_patiently(Request::GetJob { job }, Duration::from_secs(10)).await? {
+            if j.state.is_final() {
+                break j.state;
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("the step benchmark job {job} did not finish");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let out_path = std::path::Path::new(workdir).join(format!("bench-steps-{job}.out"));
+    let out = std::fs::read_to_string(&out_path).with_context(|| format!("read {}", out_path.display()))?;
+    if state != proto::JobState::Completed || out.lines().any(|l| l.starts_with("step ") && !l.ends_with(" 0")) {
+        bail!("the step benchmark job {job} ended {state:?}:\n{out}");
+    }
+    let series = |kind: &str| {
+        sorted(
+            out.lines().filter_map(|l| l.strip_prefix(kind)?.split_whitespace().next()?.parse::<f64>().ok()).map(|ns| ns / 1e6).collect(),
+        )
+    };
+    let (local, startup, step) = (series("local "), series("startup "), series("step "));
+    let (lp, sp, tp) = (percentile(&local, 0.5), percentile(&startup, 0.5), percentile(&step, 0.5));
+    println!("srun step on 2 nodes ({} samples, inside a batch job): p50 {tp:.1} ms  p99 {:.1} ms", step.len(), percentile(&step, 0.99));
+    println!("  peers in the same script: a process start p50 {lp:.1} ms; the srun binary alone p50 {sp:.1} ms");
+    println!("SUMMARY step_p50_ms={tp:.1} step_over_process_start={:.1} step_minus_srun_startup_p50_ms={:.1}", tp / lp, tp - sp);
     Ok(())
 }
 

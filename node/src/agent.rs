@@ -599,6 +599,10 @@ impl Agent {
         let mut running = lock(&self.running);
         let r = running.get_mut(&job).ok_or_else(|| ApiError::NotFound(format!("job {job} does not run on {}", self.name)))?;
         owner_may(user, &r.owner, job)?;
+        if r.hold {
+            // Steps are numbered where the script runs; a second counter would reuse numbers.
+            return Err(ApiError::Invalid(format!("job {job}'s steps start from its batch script's node, not {}", self.name)));
+        }
         let step = r.next_step;
         r.next_step = r.next_step.checked_add(1).ok_or_else(|| ApiError::Unavailable("out of step numbers".into()))?;
         Ok((r.run, step, r.nodes.clone()))
