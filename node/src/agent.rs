@@ -737,7 +737,8 @@ impl Agent {
             })
             .map(|(pgid, start_ticks)| crate::watchdog::Group { pgid, start_ticks })
             .collect();
-        let lease = crate::watchdog::Lease { deadline_boot_ms, groups };
+        let cgroups = lock(&self.running).values().filter_map(|r| r.cgroup.as_ref().map(|c| c.path.clone())).collect();
+        let lease = crate::watchdog::Lease { deadline_boot_ms, groups, cgroups };
         // One writer at a time: the file is replaced by rename.
         let _guard = lock(&self.lease_write);
         if let Err(e) = crate::watchdog::write_lease(&self.settings.lease_path, &lease) {

@@ -34,8 +34,7 @@ fn main() -> anyhow::Result<()> {
     }
     let config_path = args.config.context("--config is required")?;
     let config = corral_node::config::NodeConfig::load(&config_path)?;
-    // From the main thread, which lives as long as the process: the watchdog's parent-death
-    // signal follows the thread that started it.
+    // The watchdog kills the jobs' processes when this process dies (it polls for its parent).
     std::fs::create_dir_all(config.jobs_dir()).with_context(|| format!("create {}", config.jobs_dir().display()))?;
     let exe = std::env::current_exe().context("find the corrald executable")?;
     let _watchdog = corral_node::watchdog::spawn(&exe, config.lease_path())?;
@@ -43,7 +42,8 @@ fn main() -> anyhow::Result<()> {
     // SIGTERM (`systemctl stop`) tells systemd STOPPING=1 and stops the node gracefully: its jobs
     // get SIGTERM, their grace and SIGKILL, and are reported lost to the node (a `--requeue` job
     // is queued again at once). A second SIGTERM, or the deadline, ends it at once; the jobs then
-    // die with it (parent-death signal) and the cluster ends them when the node is declared down.
+    // die with it (parent-death signal, then the watchdog for what they started) and the cluster
+    // ends them when the node is declared down.
     let deadline = std::time::Duration::from_millis(config.kill_grace_ms + corral_node::server::STOP_REPORT_MS + 1_000);
     let result = runtime.block_on(async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("handle SIGTERM")?;

@@ -13,8 +13,12 @@
 //! A live agent rewrites the lease at every heartbeat tick, so the watchdog acts only when the
 //! agent could not.
 //!
-//! The watchdog dies with the daemon (parent-death signal): a daemon that is killed takes its
-//! jobs with it the same way.
+//! When the daemon dies (killed, crashed), its jobs' direct children die with it (their
+//! parent-death signal), but not what they started: a batch script's `python`, an `srun`, a
+//! step task's children. The watchdog notices within [`POLL_MS`] that its parent is gone, kills
+//! every group the lease lists and every job cgroup it names (`cgroup.kill`), and exits: a
+//! daemon that is killed takes all of its jobs with it. After a graceful stop the lease lists
+//! nothing.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -38,11 +42,15 @@ pub struct Group {
     pub start_ticks: u64,
 }
 
-/// What the agent promises: nothing listed runs past `deadline_boot_ms` unless renewed.
+/// What the agent promises: nothing listed runs past `deadline_boot_ms` unless renewed, or once
+/// the daemon is gone.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
     pub deadline_boot_ms: u64,
     pub groups: Vec<Group>,
+    /// The running jobs' cgroups, killed whole when the daemon is gone.
+    #[serde(default)]
+    pub cgroups: Vec<PathBuf>,
 }
 
 /// Milliseconds on the boot clock (`CLOCK_BOOTTIME`), the same in every process of this host.
@@ -94,7 +102,30 @@ pub fn due(lease: &Lease, now_boot_ms: u64, start_ticks_of: impl Fn(i32) -> Opti
     lease.groups.iter().filter(|g| g.pgid > 1 && start_ticks_of(g.pgid) == Some(g.start_ticks)).cloned().collect()
 }
 
-/// The watchdog process's loop: never returns while the parent lives.
+/// Kills what the lease lists, whatever its deadline: the daemon is gone.
+fn kill_all(lease_path: &Path) {
+    let lease = match read_lease(lease_path) {
+        Ok(Some(l)) => l,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!(error = format!("{e:#}"), "watchdog: read lease");
+            return;
+        }
+    };
+    let groups = due(&Lease { deadline_boot_ms: 0, ..lease.clone() }, 1, start_ticks);
+    for g in &groups {
+        // SAFETY: kill(2) on a process group the agent started and listed.
+        unsafe { libc::kill(-g.pgid, libc::SIGKILL) };
+    }
+    for cgroup in &lease.cgroups {
+        if let Err(e) = std::fs::write(cgroup.join("cgroup.kill"), b"1") {
+            tracing::debug!(cgroup = %cgroup.display(), error = %e, "watchdog: cgroup.kill");
+        }
+    }
+    tracing::warn!(groups = groups.len(), cgroups = lease.cgroups.len(), "watchdog: corrald is gone, killed its jobs");
+}
+
+/// The watchdog process's loop: returns once the parent is gone and its jobs are killed.
 pub fn run(lease_path: &Path) -> anyhow::Result<()> {
     let parent = std::os::unix::process::parent_id();
     let mut killed: std::collections::BTreeSet<(i32, u64)> = std::collections::BTreeSet::new();
@@ -102,7 +133,7 @@ pub fn run(lease_path: &Path) -> anyhow::Result<()> {
     tracing::info!(lease = %lease_path.display(), parent, "watchdog started");
     loop {
         if std::os::unix::process::parent_id() != parent {
-            tracing::info!("watchdog: corrald is gone, exiting");
+            kill_all(lease_path);
             return Ok(());
         }
         match read_lease(lease_path) {
@@ -140,19 +171,16 @@ pub fn run(lease_path: &Path) -> anyhow::Result<()> {
 }
 
 /// Starts the watchdog beside this daemon: `EXE --watchdog LEASE`, in its own session (a signal
-/// to the daemon's process group does not reach it) and killed when the daemon dies. Call it
-/// from the main thread: the parent-death signal follows the thread that forked.
+/// to the daemon's process group does not reach it). When the daemon dies it kills the jobs'
+/// processes and exits (it polls for that; a parent-death signal would kill it first).
 pub fn spawn(exe: &Path, lease_path: PathBuf) -> anyhow::Result<std::process::Child> {
     use std::os::unix::process::CommandExt;
     let mut cmd = std::process::Command::new(exe);
     cmd.arg("--watchdog").arg(&lease_path).stdin(std::process::Stdio::null());
-    // SAFETY: only async-signal-safe calls (setsid, prctl) between fork and exec.
+    // SAFETY: only async-signal-safe calls (setsid) between fork and exec.
     unsafe {
         cmd.pre_exec(|| {
             if libc::setsid() < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
@@ -170,6 +198,7 @@ mod tests {
         let lease = Lease {
             deadline_boot_ms: 1_000,
             groups: vec![Group { pgid: 10, start_ticks: 5 }, Group { pgid: 11, start_ticks: 7 }, Group { pgid: 1, start_ticks: 1 }],
+            cgroups: Vec::new(),
         };
         let ticks = |pid: i32| match pid {
             10 => Some(5),
@@ -187,7 +216,11 @@ mod tests {
         std::fs::create_dir_all(&dir).expect("create test dir");
         let path = dir.join("lease");
         assert_eq!(read_lease(&path).expect("read missing lease"), None);
-        let lease = Lease { deadline_boot_ms: 42, groups: vec![Group { pgid: 3, start_ticks: 9 }] };
+        let lease = Lease {
+            deadline_boot_ms: 42,
+            groups: vec![Group { pgid: 3, start_ticks: 9 }],
+            cgroups: vec![PathBuf::from("/sys/fs/cgroup/x")],
+        };
         write_lease(&path, &lease).expect("write lease");
         assert_eq!(read_lease(&path).expect("read lease"), Some(lease));
         std::fs::write(&path, b"{not json").expect("write broken lease");

@@ -226,3 +226,24 @@ fn lose_a_node_of_a_batch_job(lost: usize) {
     let violations = chaos::check_never_twice(&spans);
     assert!(violations.is_empty(), "{violations:?}");
 }
+
+#[test]
+fn a_killed_daemon_takes_every_process_of_its_jobs_with_it() {
+    let c = TestCluster::up(&["--nodes", "2"]);
+    // On the script's node: a background child of the script, `srun` itself, and a child of the
+    // step's task; none of them is a child of corrald, so its parent-death signal misses them.
+    let script = "#!/bin/sh\n#SBATCH -N 2\nsleep 300 &\necho $! > bg.pid\nsrun -N2 sh -c 'sleep 300 & echo $! > task-bg.$SLURM_PROCID.pid; wait' &\necho $! > srun.pid\nwait\n";
+    let id = sbatch(&c, "orphans.sh", script);
+    let pid = |name: &str| -> Option<i32> { std::fs::read_to_string(c.work.join(name)).ok()?.trim().parse().ok() };
+    wait_until("the processes to record their pids", Duration::from_secs(60), || {
+        ["bg.pid", "srun.pid", "task-bg.0.pid", "task-bg.1.pid"].iter().all(|f| pid(f).is_some())
+    });
+    let doomed: Vec<i32> = ["bg.pid", "srun.pid", "task-bg.0.pid"].iter().filter_map(|f| pid(f)).collect();
+    assert!(doomed.iter().all(|p| chaos::runner::pid_alive(*p)));
+    let first = c.job(id)["nodes"][0].as_str().expect("first node").to_string();
+    c.signal(&first, "KILL");
+    for p in doomed {
+        // The watchdog polls its parent every 100 ms.
+        wait_until(&format!("process {p} of the killed node's job to be gone"), Duration::from_secs(10), || !chaos::runner::pid_alive(p));
+    }
+}
