@@ -506,10 +506,19 @@ fn plan_faults(rng: &mut StdRng, faults: &[Fault], duration_ms: u64) -> Vec<Plan
     out
 }
 
+/// A job body that records its start and end (see `ProcessSpan`), sleeps `$1` s and exits `$2`.
+const JOB_BODY: &str = r#"rec() { echo "$1 $(date +%s%3N) $CORRAL_JOB_ID $CORRAL_RUN $CORRAL_NODE ${CUDA_VISIBLE_DEVICES:--} $$" >> spans.log; }; trap 'rec end; exit 143' TERM; rec start; sleep $1 & wait $!; rec end; exit $2"#;
+
 fn job_cmd(seconds: u32, exit_code: i32) -> Vec<String> {
-    let rec = r#"rec() { echo "$1 $(date +%s%3N) $CORRAL_JOB_ID $CORRAL_RUN $CORRAL_NODE ${CUDA_VISIBLE_DEVICES:--} $$" >> spans.log; }"#;
-    let body = format!("{rec}; trap 'rec end; exit 143' TERM; rec start; sleep $1 & wait $!; rec end; exit $2");
-    vec!["sh".into(), "-c".into(), body, "job".into(), seconds.to_string(), exit_code.to_string()]
+    vec!["sh".into(), "-c".into(), JOB_BODY.into(), "job".into(), seconds.to_string(), exit_code.to_string()]
+}
+
+/// A Slurm batch script (`corral submit --batch`): on the first node it runs the job body on
+/// every node as an `srun` step, then exits `$2` whatever the step did (a step cut short by a
+/// fault must not change the outcome the checker expects).
+fn batch_script(corral: &std::path::Path) -> String {
+    let quoted = JOB_BODY.replace('\'', "'\\''");
+    format!("#!/bin/sh\n'{}' slurm srun -N2 sh -c '{quoted}' job \"$1\" 0\nexit \"$2\"\n", corral.display())
 }
 
 /// Runs the whole scenario: start, workload with faults, heal, settle, verify.
@@ -768,9 +777,13 @@ fn submit_one(h: &mut Harness, rng: &mut StdRng, submitted: &mut BTreeMap<u64, S
     let gang = rng.gen_range(0..6) == 0;
     let gpus = if gang { rng.gen_range(1..=GPUS_PER_NODE) } else { rng.gen_range(1..=4) };
     let time_limited = long && rng.gen_range(0..4) == 0;
+    let batch = gang && rng.gen_bool(0.5);
     let mut args: Vec<String> = vec!["submit".into(), "--gres".into(), format!("gpu:{gpus}")];
     if gang {
         args.extend(["-N".into(), "2".into()]);
+    }
+    if batch {
+        args.push("--batch".into());
     }
     if requeue {
         args.push("--requeue".into());
@@ -778,8 +791,19 @@ fn submit_one(h: &mut Harness, rng: &mut StdRng, submitted: &mut BTreeMap<u64, S
     if time_limited {
         args.extend(["--time".into(), "0:08".into()]);
     }
-    args.push("--".into());
-    args.extend(job_cmd(seconds, exit_code));
+    if batch {
+        let script = h.work.join("batch.sh");
+        if !script.exists() {
+            if let Err(e) = std::fs::write(&script, batch_script(&h.corral)) {
+                eprintln!("write {}: {e}", script.display());
+                return;
+            }
+        }
+        args.extend([script.display().to_string(), seconds.to_string(), exit_code.to_string()]);
+    } else {
+        args.push("--".into());
+        args.extend(job_cmd(seconds, exit_code));
+    }
     if let CallResult::Ok(v) = h.call("submit", None, &args, CALL_TIMEOUT_MS) {
         if let Some(id) = v["job_id"].as_u64() {
             submitted.insert(id, Submitted { requeue, exit_code, cancelled: false, time_limited });

@@ -212,6 +212,10 @@ pub struct SubmitArgs {
     /// Bytes each node streams in the preflight.
     #[arg(long, default_value_t = proto::PreflightSpec::BYTES_DEFAULT)]
     preflight_bytes: u64,
+    /// Slurm's batch model (as `sbatch`): the command runs on the first node only, the other
+    /// nodes hold their share for its `srun` steps.
+    #[arg(long)]
+    batch: bool,
     /// Script file, or the command after `--`.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     command: Vec<String>,
@@ -295,6 +299,7 @@ pub fn build_spec(args: &SubmitArgs) -> anyhow::Result<JobSpec> {
         let mut spec =
             slurm::sbatch::spec_from_directives(text, &default_name, argv, &sbatch_overrides(args)).map_err(|e| anyhow::anyhow!("{e}"))?;
         spec.preflight = preflight;
+        spec.set_batch(args.batch);
         spec.validate().map_err(anyhow::Error::msg)?;
         return Ok(spec);
     }
@@ -317,6 +322,7 @@ pub fn build_spec(args: &SubmitArgs) -> anyhow::Result<JobSpec> {
     spec.qos = args.qos.clone();
     spec.submit_host = hostname();
     spec.preflight = preflight;
+    spec.set_batch(args.batch);
     spec.validate().map_err(anyhow::Error::msg)?;
     Ok(spec)
 }
