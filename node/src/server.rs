@@ -1465,6 +1465,13 @@ pub async fn run(config: NodeConfig, mut stop: tokio::sync::watch::Receiver<bool
     let discover_started = Instant::now();
     let discovered = probe.discover().context("discover gpus")?;
     info!(probe = probe.kind(), gpus = discovered.gpus.len(), took_ms = discover_started.elapsed().as_millis() as u64, "gpus discovered");
+    if !discovered.gpus.is_empty() && probe.kind() != "simulated" {
+        // Said at start, as for the cgroup controllers that are missing.
+        warn!(
+            gpus = discovered.gpus.len(),
+            "a job's GPUs are chosen with CUDA_VISIBLE_DEVICES, not fenced: cgroup v2 device control (a BPF program) is not implemented, so a job can open every /dev/nvidia* this node has"
+        );
+    }
     let gpus = discovered.gpus.clone();
     let inventory = Inventory {
         gpus: gpus.clone(),
