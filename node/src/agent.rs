@@ -646,7 +646,9 @@ impl Agent {
             match launcher::spawn_task(&proc, cgroup.as_deref()) {
                 Ok(child) => {
                     let pgid = child.id().map_or(0, |p| p as i32);
-                    groups.add(pgid, crate::watchdog::start_ticks(pgid).unwrap_or(0));
+                    if !groups.add(pgid, crate::watchdog::start_ticks(pgid).unwrap_or(0)) {
+                        info!(job, step, rank, "step task started as its run ended: killed");
+                    }
                     handle.attach(*rank, child, Arc::clone(&groups));
                 }
                 Err(e) => {

@@ -365,6 +365,10 @@ pub enum StopReason {
 const CHECKPOINT_WAIT_MS_MAX: u64 = 300_000;
 
 fn signal_group(pgid: i32, signal: i32) {
+    if pgid <= 1 {
+        // kill(-0) and kill(-1) would reach this daemon's own group or every process.
+        return;
+    }
     // SAFETY: kill(2) on a process group we created; errors (ESRCH: already gone) are harmless.
     let rc = unsafe { libc::kill(-pgid, signal) };
     if rc != 0 {
@@ -378,6 +382,8 @@ fn signal_group(pgid: i32, signal: i32) {
 pub struct TaskGroups {
     /// Process group id and the start time of its leader (see `watchdog::start_ticks`).
     groups: std::sync::Mutex<BTreeMap<i32, u64>>,
+    /// Set, under the same lock, once the run ended: a task started since is killed at once.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl TaskGroups {
@@ -385,8 +391,25 @@ impl TaskGroups {
         self.groups.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    pub fn add(&self, pgid: i32, start_ticks: u64) {
-        self.lock().insert(pgid, start_ticks);
+    /// Records a task's group; false (and the group is killed) when the run already ended, so
+    /// a task started while its run stopped cannot outlive it.
+    pub fn add(&self, pgid: i32, start_ticks: u64) -> bool {
+        let mut groups = self.lock();
+        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            signal_group(pgid, libc::SIGKILL);
+            return false;
+        }
+        groups.insert(pgid, start_ticks);
+        true
+    }
+
+    /// The run ended: `signal` every group, and refuse any added later.
+    pub fn close(&self, signal: i32) {
+        let groups = self.lock();
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        for pgid in groups.keys() {
+            signal_group(*pgid, signal);
+        }
     }
 
     /// Forgets the group once nothing is left in it (its leader may have left children).
@@ -571,7 +594,7 @@ pub async fn supervise(
     // Whatever is left: of the run's group, and of its steps (a batch script that ended while
     // a step ran ends the step).
     signal_group(pgid, libc::SIGKILL);
-    tasks.signal(libc::SIGKILL);
+    tasks.close(libc::SIGKILL);
     outcome
 }
 
@@ -592,6 +615,21 @@ async fn stop(child: &mut Child, pgid: i32, kill_grace_ms: u64, hold: bool, task
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_task_group_added_after_its_run_closed_is_killed_at_once() {
+        use std::os::unix::process::CommandExt;
+        let groups = TaskGroups::default();
+        let mut early = std::process::Command::new("sleep").arg("30").process_group(0).spawn().expect("start sleep");
+        assert!(groups.add(early.id() as i32, 0));
+        groups.close(libc::SIGKILL);
+        let mut late = std::process::Command::new("sleep").arg("30").process_group(0).spawn().expect("start sleep");
+        assert!(!groups.add(late.id() as i32, 0), "the run ended: refused");
+        for child in [&mut early, &mut late] {
+            let status = child.wait().expect("wait");
+            assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
+        }
+    }
 
     #[test]
     fn host_of_strips_ports() {
