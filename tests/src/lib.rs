@@ -215,6 +215,16 @@ pub fn node_log(c: &TestCluster, name: &str) -> String {
     std::fs::read_to_string(c.path().join(name).join("corrald.log")).unwrap_or_default()
 }
 
+/// After a gang of two lost one node and was requeued: the part of run 1 on `survivor` was
+/// stopped (it recorded its end), run 2 ran on two nodes again, and no two runs overlapped.
+pub fn assert_gang_requeued_whole(spans: &[chaos::ProcessSpan], job: u64, survivor: &str) {
+    let part = spans.iter().find(|s| s.job == job && s.run == 1 && s.node == survivor).expect("run 1 on the surviving node");
+    assert!(part.end_ms.is_some(), "the surviving part of run 1 was stopped: {spans:?}");
+    assert_eq!(spans.iter().filter(|s| s.job == job && s.run == 2).count(), 2, "run 2 ran on two nodes again: {spans:?}");
+    let violations = chaos::check_never_twice(spans);
+    assert!(violations.is_empty(), "{violations:?}");
+}
+
 /// Closes the spans of killed processes with the death times [`observe_deaths`] saw.
 pub fn close_spans(spans: &mut [chaos::ProcessSpan], deaths: &std::collections::BTreeMap<i32, u64>) {
     for span in spans.iter_mut().filter(|s| s.end_ms.is_none()) {

@@ -220,11 +220,7 @@ fn lose_a_node_of_a_batch_job(lost: usize) {
     assert_eq!(job["restart_count"], 1);
     let mut spans = spans();
     corral_tests::close_spans(&mut spans, &deaths);
-    let survivor = spans.iter().find(|s| s.job == id && s.run == 1 && s.node == *survivor_node).expect("run 1's task on the other node");
-    assert!(survivor.end_ms.is_some(), "the step task on the surviving node was stopped: {spans:?}");
-    assert_eq!(spans.iter().filter(|s| s.job == id && s.run == 2).count(), 2, "run 2's step ran on two nodes again: {spans:?}");
-    let violations = chaos::check_never_twice(&spans);
-    assert!(violations.is_empty(), "{violations:?}");
+    corral_tests::assert_gang_requeued_whole(&spans, id, survivor_node);
 }
 
 #[test]

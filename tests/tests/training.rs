@@ -208,11 +208,7 @@ fn a_gang_that_loses_one_node_is_requeued_whole() {
     assert_eq!(job["restart_count"], 1);
     let mut spans = spans(&c);
     corral_tests::close_spans(&mut spans, &deaths);
-    let survivor_part = spans.iter().find(|s| s.job == id && s.run == 1 && s.node == nodes[0]).expect("run 1 on the survivor");
-    assert!(survivor_part.end_ms.is_some(), "the surviving part of run 1 was stopped: {spans:?}");
-    assert_eq!(spans.iter().filter(|s| s.job == id && s.run == 2).count(), 2, "run 2 is a whole gang again: {spans:?}");
-    let violations = chaos::check_never_twice(&spans);
-    assert!(violations.is_empty(), "{violations:?}");
+    corral_tests::assert_gang_requeued_whole(&spans, id, &nodes[0]);
 }
 
 #[test]
