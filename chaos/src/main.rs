@@ -32,8 +32,8 @@ enum Cmd {
         /// Seed of the fault schedule and workload; the one line printed on failure repeats it.
         #[arg(long)]
         seed: Option<u64>,
-        /// Comma list of kill,restart,partition,pause,slow-disk,clock-skew.
-        #[arg(long, default_value = "kill,restart,partition,pause,slow-disk,clock-skew")]
+        /// Comma list of kill,restart,partition,pause,slow-disk,clock-skew,upgrade.
+        #[arg(long, default_value = "kill,restart,partition,pause,slow-disk,clock-skew,upgrade")]
         faults: String,
         /// Cluster directory (default: a new one under /tmp, kept on failure).
         #[arg(long)]

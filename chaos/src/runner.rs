@@ -42,6 +42,9 @@ pub enum Fault {
     Pause,
     SlowDisk,
     ClockSkew,
+    /// SIGUSR2 (the daemon hands its runs over and exits, as in a rolling upgrade), then a new
+    /// daemon after the hold: in time, it takes the runs over; too late, they were killed.
+    Upgrade,
 }
 
 impl Fault {
@@ -53,6 +56,7 @@ impl Fault {
             Fault::Pause => "pause",
             Fault::SlowDisk => "slow-disk",
             Fault::ClockSkew => "clock-skew",
+            Fault::Upgrade => "upgrade",
         }
     }
 
@@ -75,7 +79,8 @@ impl Fault {
                 "pause" => Fault::Pause,
                 "slow-disk" => Fault::SlowDisk,
                 "clock-skew" => Fault::ClockSkew,
-                other => bail!("unknown fault '{other}' (kill, restart, partition, pause, slow-disk, clock-skew)"),
+                "upgrade" => Fault::Upgrade,
+                other => bail!("unknown fault '{other}' (kill, restart, partition, pause, slow-disk, clock-skew, upgrade)"),
             };
             if !out.contains(&f) {
                 out.push(f);
@@ -304,7 +309,7 @@ impl Harness {
         self.dev(&["dev", "signal", node, sig]).with_context(|| format!("send SIG{sig} to {node}"))?;
         self.fault_event(&format!("SIG{sig}"), node, Value::Null);
         match sig {
-            "KILL" | "TERM" => {
+            "KILL" | "TERM" | "USR2" => {
                 self.down.insert(node.to_string());
                 self.paused.remove(node);
             }
@@ -491,6 +496,8 @@ fn plan_faults(rng: &mut StdRng, faults: &[Fault], duration_ms: u64) -> Vec<Plan
         let hold_ms = match fault {
             Fault::Pause => rng.gen_range(1_000..6_000),
             Fault::Restart => rng.gen_range(0..2_000),
+            // Mostly within the hand-over's deadline, sometimes past it.
+            Fault::Upgrade => rng.gen_range(0..4_000),
             _ => rng.gen_range(2_000..8_000),
         };
         let hold_ms = hold_ms.min(duration_ms.saturating_sub(t + 5_000));
@@ -834,6 +841,7 @@ fn inject_fault(h: &mut Harness, f: &PlannedFault, rng: &mut StdRng) -> anyhow::
     match f.fault {
         Fault::Kill => h.signal(&node, "KILL")?,
         Fault::Restart => h.signal(&node, "TERM")?,
+        Fault::Upgrade => h.signal(&node, "USR2")?,
         Fault::Pause => h.signal(&node, "STOP")?,
         Fault::Partition => {
             // Either cut the node off from everyone, or (for a voter) only from the other voters.
@@ -848,7 +856,7 @@ fn inject_fault(h: &mut Harness, f: &PlannedFault, rng: &mut StdRng) -> anyhow::
 
 fn heal_fault(h: &mut Harness, f: &PlannedFault, node: &str) -> anyhow::Result<()> {
     match f.fault {
-        Fault::Kill | Fault::Restart => h.start(node),
+        Fault::Kill | Fault::Restart | Fault::Upgrade => h.start(node),
         Fault::Pause => h.signal(node, "CONT"),
         Fault::Partition => h.heal_partition(node),
         Fault::SlowDisk | Fault::ClockSkew => h.clear_fault_file(node, f.fault),

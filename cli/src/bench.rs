@@ -38,6 +38,13 @@ pub struct BenchArgs {
     /// Skip everything but the step measurement.
     #[arg(long)]
     pub only_steps: bool,
+    /// Hand-overs (SIGUSR2, then a new daemon) of the node of a running job, timing how long
+    /// the node was silent to the leader against the lease it had.
+    #[arg(long, default_value_t = 10)]
+    pub handovers: usize,
+    /// Skip everything but the hand-over measurement.
+    #[arg(long)]
+    pub only_handover: bool,
     /// Keep the cluster directory here.
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -130,6 +137,9 @@ async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
     }
     if args.only_steps {
         return step_round_trips(dir, &workdir, args.steps).await;
+    }
+    if args.only_handover {
+        return handovers(dir, &workdir, args.handovers).await;
     }
     let sync = sorted(fdatasync_ms(dir, 200)?);
     let sync_p50 = percentile(&sync, 0.5);
@@ -313,6 +323,74 @@ async fn running_confirmed(cluster: &Cluster, job: u64, run: u32) -> anyhow::Res
         Reply::Job(j) if j.run == run && j.state == proto::JobState::Running && j.launches_pending().next().is_none() => Ok(Some(*j)),
         _ => Ok(None),
     }
+}
+
+/// Hands the runs of a running job's node over `rounds` times (SIGUSR2, then the daemon started
+/// again, as systemd does): the job must keep its run, and the new daemon's log says how long the
+/// node was silent to the leader (its first acknowledgement after the take-over) against
+/// `fence_after_ms`, past which the jobs would have been killed.
+async fn handovers(dir: &std::path::Path, workdir: &str, rounds: usize) -> anyhow::Result<()> {
+    let cluster = Cluster::connect(dir, None)?;
+    let mut spec = run_spec(workdir);
+    spec.name = "bench-handover".into();
+    spec.argv = vec!["sleep".into(), "3600".into()];
+    spec.gres = Some(GresRequest { gpu_type: None, count: 8 });
+    let id = submit(&cluster, spec).await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let job = loop {
+        if let Some(j) = running_confirmed(&cluster, id, 1).await? {
+            break j;
+        }
+        if Instant::now() > deadline {
+            bail!("job {id} did not start");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let Reply::Nodes(nodes) = cluster.call_patiently(Request::ListNodes, Duration::from_secs(10)).await? else { bail!("unexpected reply") };
+    let node = job.last_nodes.first().and_then(|n| nodes.iter().find(|x| x.id == *n)).map(|n| n.name.clone()).context("job node")?;
+    let log_path = dir.join(&node).join("corrald.log");
+    let mut silent = Vec::new();
+    let mut fence_after_ms = 0;
+    for round in 0..rounds {
+        let seen =
+            std::fs::read_to_string(&log_path).unwrap_or_default().matches("first heartbeat acknowledged since the take-over").count();
+        let started = Instant::now();
+        dev::signal_node(dir, &node, "USR2")?;
+        dev::start_one(dir, &node)?;
+        let line = loop {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            if let Some(line) = log.lines().filter(|l| l.contains("first heartbeat acknowledged since the take-over")).nth(seen) {
+                break line.to_string();
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                bail!("{node} did not take its runs over within 30 s (see {})", log_path.display());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let field = |name: &str| -> Option<u64> { line.split_whitespace().find_map(|w| w.strip_prefix(name)?.parse().ok()) };
+        let ms = field("silent_ms=").context("no silent_ms in the take-over line")?;
+        fence_after_ms = field("fence_after_ms=").unwrap_or(0);
+        let j = running_confirmed(&cluster, id, 1)
+            .await?
+            .with_context(|| format!("job {id} did not keep its run through hand-over {}", round + 1))?;
+        println!(
+            "  hand-over {}: {node} silent {ms} ms, job {id} still run {} (whole cycle {:.0} ms)",
+            round + 1,
+            j.run,
+            started.elapsed().as_secs_f64() * 1000.0
+        );
+        silent.push(ms as f64);
+    }
+    cluster.call_patiently(Request::Cancel { job: id }, Duration::from_secs(10)).await?;
+    let silent = sorted(silent);
+    println!(
+        "hand-over of a node's runs to a new daemon ({} rounds): silent to the leader p50 {:.0} ms  p99 {:.0} ms  against a lease of fence_after_ms={fence_after_ms} (ratio {:.2}); the job never restarted",
+        silent.len(),
+        percentile(&silent, 0.5),
+        percentile(&silent, 0.99),
+        percentile(&silent, 0.99) / fence_after_ms.max(1) as f64
+    );
+    Ok(())
 }
 
 /// SIGKILL the node of a `--requeue` job, time until the job runs again (all parts confirmed

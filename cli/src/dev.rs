@@ -317,7 +317,8 @@ pub async fn wait_ready(dir: &Path, nodes: usize, patience: Duration) -> anyhow:
     bail!("cluster in {} not ready after {} s: {last} (see */corrald.log)", dir.display(), patience.as_secs())
 }
 
-/// Sends `signal` to one node's `corrald` (`KILL`, `TERM`, `STOP`, `CONT`).
+/// Sends `signal` to one node's `corrald` (`KILL`, `TERM`, `STOP`, `CONT`, or `USR2`: hand
+/// the runs over and exit, as in a rolling upgrade; `corral dev start` is then the restart).
 pub fn signal_node(dir: &Path, name: &str, signal: &str) -> anyhow::Result<()> {
     let node_dir = dir.join(name);
     let pid = read_pid(&node_dir).with_context(|| format!("no corrald.pid for node {name}"))?;
@@ -326,13 +327,14 @@ pub fn signal_node(dir: &Path, name: &str, signal: &str) -> anyhow::Result<()> {
         "TERM" => libc::SIGTERM,
         "STOP" => libc::SIGSTOP,
         "CONT" => libc::SIGCONT,
-        other => bail!("unknown signal '{other}' (KILL, TERM, STOP, CONT)"),
+        "USR2" => libc::SIGUSR2,
+        other => bail!("unknown signal '{other}' (KILL, TERM, STOP, CONT, USR2)"),
     };
     // SAFETY: kill(2) on a pid we started.
     if unsafe { libc::kill(pid, sig) } != 0 {
         bail!("signal node {name} (pid {pid}): {}", std::io::Error::last_os_error());
     }
-    if sig == libc::SIGKILL || sig == libc::SIGTERM {
+    if sig == libc::SIGKILL || sig == libc::SIGTERM || sig == libc::SIGUSR2 {
         wait_exit(pid, Duration::from_secs(10));
     }
     Ok(())

@@ -154,7 +154,7 @@ enum DevCmd {
         #[arg(long)]
         dir: PathBuf,
     },
-    /// Send a signal (KILL, TERM, STOP, CONT) to one node's corrald.
+    /// Send a signal (KILL, TERM, STOP, CONT, or USR2: hand the runs over and exit) to one node's corrald.
     Signal {
         #[arg(long)]
         dir: PathBuf,

@@ -16,12 +16,15 @@ use tracing::{debug, info, info_span, warn, Instrument};
 
 use crate::launcher::{self, StopReason};
 use crate::link::{LeaderLink, LinkError};
+use crate::shepherd::{self, ExitRecord, Handover, LaunchRecord, RunRecord, Shepherd};
 use crate::step::Step;
 
 /// Reports of ended runs waiting to be committed.
 const REPORT_QUEUE_MAX: usize = 4096;
 /// The longest a preflight may take, connecting included.
 const PREFLIGHT_TIMEOUT_MS: u64 = 60_000;
+/// How long a starting daemon waits for a run of a dead instance to die once killed.
+const ADOPT_KILL_WAIT_MS: u64 = 10_000;
 /// Entries of the launch ledger kept in memory (older ones only matter for `corral logs`).
 const LEDGER_ENTRIES_MAX: usize = 10_000;
 
@@ -132,11 +135,20 @@ struct TaskBase {
     run_as: Option<crate::identity::Account>,
 }
 
+#[derive(Clone, Debug, Serialize, Deserialize)]
 struct Report {
     job: JobId,
     run: RunNo,
     outcome: RunOutcome,
     usage: proto::GpuUsage,
+}
+
+/// A report kept in its run's directory (`report.json`) until a leader has it, so that a daemon
+/// that takes this one's runs over sends it again.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct StoredReport {
+    instance: InstanceId,
+    report: Report,
 }
 
 /// What the agent needs beyond its identity: where jobs live and how they are stopped.
@@ -154,8 +166,13 @@ pub struct AgentSettings {
     pub run_as_user: bool,
     /// Where job cgroups go; none when cgroup v2 is not usable here.
     pub cgroups: Option<crate::cgroup::JobCgroups>,
-    /// The program that holds a batch job's other nodes (`corrald --hold`).
-    pub holder: PathBuf,
+    /// This `corrald`'s executable: it holds a batch job's other nodes (`corrald --hold`) and
+    /// shepherds runs (`corrald --shepherd`).
+    pub exe: PathBuf,
+    /// Each run's directory on this node (`shepherd`), `JOBS_DIR/runs`.
+    pub runs_dir: PathBuf,
+    /// Which daemon runs this node's jobs (`shepherd::DaemonRecord`), `JOBS_DIR/daemon.json`.
+    pub daemon_file: PathBuf,
     /// This node's local socket, named in jobs' `CORRAL_SOCKET`.
     pub local_socket: Option<PathBuf>,
 }
@@ -180,6 +197,8 @@ pub struct Agent {
     lease_write: Mutex<()>,
     /// Reports queued and not yet committed by a leader.
     reports_pending: AtomicU64,
+    /// Set once this daemon hands its runs over to the next one: it starts nothing more.
+    handing_over: std::sync::atomic::AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -213,6 +232,7 @@ impl Agent {
             accounting: Mutex::new(crate::gpu::JobGpuAccounting::default()),
             lease_write: Mutex::new(()),
             reports_pending: AtomicU64::new(0),
+            handing_over: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 
@@ -240,6 +260,9 @@ impl Agent {
         let alloc = part.alloc.clone();
         let gang_size = job.run_nodes().len();
         let ack = Reply::LaunchAck { job: job.id, run: job.run, instance: self.instance };
+        if self.handing_over.load(Ordering::SeqCst) {
+            return Err(ApiError::Unavailable(format!("node {} is handing its runs over to a new corrald", self.name)));
+        }
         // A node out of touch with the leader may already be declared down, and a new instance
         // is not known to be alive until a leader acknowledged it: start nothing then.
         let acked_ms = lock(&self.last_ack).map(|t| t.elapsed().as_millis() as u64);
@@ -325,7 +348,7 @@ impl Agent {
             checkpoint_root: &self.settings.checkpoint_root,
             nccl: &self.settings.nccl,
             cluster_name: &self.settings.cluster_name,
-            holder: &self.settings.holder,
+            holder: &self.settings.exe,
             local_socket: self.settings.local_socket.as_deref(),
         };
         let spec = launcher::prepare(&job, &ctx).map_err(|e| ApiError::Internal(format!("{e:#}")))?;
@@ -339,6 +362,7 @@ impl Agent {
                 refused: false,
             })
             .map_err(|e| ApiError::Internal(format!("{e:#}")))?;
+        self.open_run_dir(job.id, job.run).map_err(|e| ApiError::Internal(format!("{e:#}")))?;
         let span = info_span!("job", job = job.id, run = job.run);
         let gpus: Vec<u32> = alloc
             .gpus
@@ -426,7 +450,15 @@ impl Agent {
         Ok(ack)
     }
 
-    /// Starts the run's process (its `Running` entry is in place) and supervises it to its end.
+    /// Creates the run's directory, which says that this instance took the run (`shepherd`).
+    fn open_run_dir(&self, job: JobId, run: RunNo) -> anyhow::Result<()> {
+        let dir = shepherd::run_dir(&self.settings.runs_dir, job, run);
+        std::fs::create_dir_all(&dir).with_context(|| format!("create run directory {}", dir.display()))?;
+        shepherd::write_json(&dir.join("launch.json"), &LaunchRecord { format: shepherd::RECORD_FORMAT, job, run, instance: self.instance })
+    }
+
+    /// Starts the run's process through its shepherd (its `Running` entry is in place) and
+    /// supervises it to its end.
     fn start_process(
         self: &Arc<Self>,
         spec: launcher::LaunchSpec,
@@ -446,56 +478,82 @@ impl Agent {
                 return;
             }
         };
-        match launcher::spawn(&spec, cgroup.as_deref()) {
-            Ok(child) => {
-                let pgid = child.id().map_or(0, |p| p as i32);
-                let start_ticks = crate::watchdog::start_ticks(pgid).unwrap_or(0);
-                let tasks = {
-                    let mut running = lock(&self.running);
-                    match running.get_mut(&spec.job).filter(|r| r.run == spec.run) {
-                        Some(r) => {
-                            r.pgid = pgid;
-                            r.start_ticks = start_ticks;
-                            r.cgroup = cgroup.clone();
-                            Arc::clone(&r.tasks)
-                        }
-                        None => Arc::new(launcher::TaskGroups::default()),
+        let (owner, nodes, gpus) = match lock(&self.running).get(&spec.job).filter(|r| r.run == spec.run) {
+            Some(r) => (r.owner.clone(), r.nodes.clone(), r.gpus.clone()),
+            None => (String::new(), Vec::new(), Vec::new()),
+        };
+        let record = RunRecord {
+            format: shepherd::RECORD_FORMAT,
+            instance: self.instance,
+            launch: spec.clone(),
+            cgroup: cgroup.as_ref().map(|c| c.path.clone()),
+            daemon_file: self.settings.daemon_file.clone(),
+            owner,
+            nodes,
+            gpus,
+            started_boot_ms: crate::watchdog::boot_ms(),
+        };
+        let agent = Arc::clone(self);
+        tokio::spawn(
+            async move {
+                let dir = shepherd::run_dir(&agent.settings.runs_dir, spec.job, spec.run);
+                match Shepherd::spawn(&agent.settings.exe, &dir, &record).await {
+                    Ok(child) => {
+                        let (pgid, start_ticks) = (child.pgid, child.start_ticks);
+                        let tasks = {
+                            let mut running = lock(&agent.running);
+                            match running.get_mut(&spec.job).filter(|r| r.run == spec.run) {
+                                Some(r) => {
+                                    r.pgid = pgid;
+                                    r.start_ticks = start_ticks;
+                                    r.cgroup = cgroup.clone();
+                                    Arc::clone(&r.tasks)
+                                }
+                                None => Arc::new(launcher::TaskGroups::default()),
+                            }
+                        };
+                        agent.renew_lease();
+                        info!(pgid, hold = spec.hold, "job started");
+                        agent.supervise_run(child, spec, stop_rx, cgroup, tasks, 0).await;
                     }
-                };
-                self.renew_lease();
-                span.in_scope(|| info!(pgid, hold = spec.hold, "job started"));
-                let agent = Arc::clone(self);
-                tokio::spawn(
-                    async move {
-                        let mut outcome = launcher::supervise(child, &spec, stop_rx, agent.settings.stop, &tasks).await;
+                    Err(e) => {
+                        warn!(error = format!("{e:#}"), "job failed to start");
                         if let Some(cgroup) = cgroup {
-                            // Whatever the job left behind, in or out of its process group.
                             cgroup.kill_and_remove().await;
                         }
-                        if !matches!(outcome, RunOutcome::Lost(_)) && agent.out_of_touch() {
-                            // Ended while no leader could hear from this node (the watchdog may
-                            // have killed it): the cluster may have restarted it elsewhere.
-                            outcome =
-                                RunOutcome::Lost(format!("ended while {} was out of touch with the leader ({outcome:?})", agent.name));
-                        }
-                        info!(outcome = ?outcome, "job ended");
                         lock(&agent.running).remove(&spec.job);
-                        agent.renew_lease();
-                        agent.queue_report(spec.job, spec.run, outcome).await;
+                        agent.queue_report(spec.job, spec.run, RunOutcome::LaunchFailed(format!("{e:#}"))).await;
                     }
-                    .instrument(span),
-                );
-            }
-            Err(e) => {
-                span.in_scope(|| warn!(error = format!("{e:#}"), "job failed to start"));
-                if let Some(cgroup) = cgroup {
-                    tokio::spawn(async move { cgroup.kill_and_remove().await });
                 }
-                lock(&self.running).remove(&spec.job);
-                let agent = Arc::clone(self);
-                tokio::spawn(async move { agent.queue_report(spec.job, spec.run, RunOutcome::LaunchFailed(format!("{e:#}"))).await });
             }
+            .instrument(span),
+        );
+    }
+
+    /// Supervises a started run to its end (`elapsed_ms` into it), then reports it.
+    async fn supervise_run(
+        self: Arc<Self>,
+        child: Shepherd,
+        spec: launcher::LaunchSpec,
+        stop_rx: mpsc::Receiver<StopReason>,
+        cgroup: Option<Arc<crate::cgroup::JobCgroup>>,
+        tasks: Arc<launcher::TaskGroups>,
+        elapsed_ms: u64,
+    ) {
+        let mut outcome = launcher::supervise(child, &spec, stop_rx, self.settings.stop, &tasks, elapsed_ms).await;
+        if let Some(cgroup) = cgroup {
+            // Whatever the job left behind, in or out of its process group.
+            cgroup.kill_and_remove().await;
         }
+        if !matches!(outcome, RunOutcome::Lost(_)) && self.out_of_touch() {
+            // Ended while no leader could hear from this node (the watchdog may have killed
+            // it): the cluster may have restarted it elsewhere.
+            outcome = RunOutcome::Lost(format!("ended while {} was out of touch with the leader ({outcome:?})", self.name));
+        }
+        info!(outcome = ?outcome, "job ended");
+        lock(&self.running).remove(&spec.job);
+        self.renew_lease();
+        self.queue_report(spec.job, spec.run, outcome).await;
     }
 
     async fn queue_report(&self, job: JobId, run: RunNo, outcome: RunOutcome) {
@@ -507,8 +565,23 @@ impl Agent {
                 memory_used_peak_mib: st.memory_used_peak_mib,
             })
             .unwrap_or_default();
+        let report = Report { job, run, outcome, usage };
+        // Kept until a leader has it: a daemon that takes this one's runs over sends it again.
+        let dir = shepherd::run_dir(&self.settings.runs_dir, job, run);
+        let stored = StoredReport { instance: self.instance, report: report.clone() };
+        if let Err(e) = std::fs::create_dir_all(&dir)
+            .map_err(anyhow::Error::from)
+            .and_then(|()| shepherd::write_json(&dir.join("report.json"), &stored))
+        {
+            warn!(job, run, error = format!("{e:#}"), "keep run report");
+        }
+        self.send_report(report).await;
+    }
+
+    async fn send_report(&self, report: Report) {
+        let (job, run) = (report.job, report.run);
         self.reports_pending.fetch_add(1, Ordering::SeqCst);
-        if self.reports_tx.send(Report { job, run, outcome, usage }).await.is_err() {
+        if self.reports_tx.send(report).await.is_err() {
             self.reports_pending.fetch_sub(1, Ordering::SeqCst);
             warn!(job, run, "report queue closed, dropping report");
         }
@@ -712,6 +785,147 @@ impl Agent {
         lock(&self.running).get(&job).and_then(|r| r.nodes.iter().find(|(n, _)| n == name).map(|(_, a)| a.clone()))
     }
 
+    /// A leader has the run's report: its directory goes.
+    fn forget_run(&self, job: JobId, run: RunNo) {
+        let dir = shepherd::run_dir(&self.settings.runs_dir, job, run);
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                warn!(job, run, error = %e, "remove run directory {}", dir.display());
+            }
+        }
+    }
+
+    /// Prepares this daemon to exit and be replaced (a rolling upgrade) while its runs go on:
+    /// it starts nothing more, records each run's next step number, and writes the hand-over
+    /// into the daemon record. The caller exits right after; the runs' shepherds and the
+    /// watchdog keep the jobs until the next daemon of this instance takes them over, or until
+    /// the lease's deadline. Step tasks, which this daemon started itself, end with it.
+    pub fn hand_over(&self) -> anyhow::Result<Handover> {
+        let now_ms = crate::watchdog::boot_ms();
+        let t = (*lock(&self.last_ack)).context("no leader has acknowledged this node yet: its runs cannot be handed over")?;
+        let last_ack_boot_ms = now_ms.saturating_sub(t.elapsed().as_millis() as u64);
+        let deadline_boot_ms = last_ack_boot_ms + self.settings.fence_after_ms + self.settings.stop.fence_kill_grace_ms;
+        anyhow::ensure!(now_ms < deadline_boot_ms, "this node is out of touch with the leader: its jobs are being fenced");
+        self.handing_over.store(true, Ordering::SeqCst);
+        for (job, r) in lock(&self.running).iter() {
+            let path = shepherd::run_dir(&self.settings.runs_dir, *job, r.run).join("next_step");
+            if let Err(e) = std::fs::write(&path, r.next_step.to_string()) {
+                warn!(job, error = %e, "record the next step number in {}", path.display());
+            }
+        }
+        let handover = Handover { last_ack_boot_ms, ack_commit_index: self.ack_commit_index(), deadline_boot_ms };
+        let record = shepherd::DaemonRecord { handover: Some(handover), ..shepherd::DaemonRecord::me(self.instance) };
+        shepherd::write_json(&self.settings.daemon_file, &record)?;
+        self.renew_lease();
+        info!(runs = lock(&self.running).len(), deadline_in_ms = deadline_boot_ms - now_ms, "runs handed over");
+        Ok(handover)
+    }
+
+    /// Goes through the run directories a previous daemon left, before this one registers:
+    /// with a hand-over (`handover`, this daemon kept its instance), it takes over the runs
+    /// that still run and re-sends the reports of those that ended; any run of another
+    /// instance is killed (its shepherd's job, if still alive) and forgotten. Returns the runs
+    /// taken over.
+    pub async fn recover(self: &Arc<Self>, handover: Option<Handover>) -> anyhow::Result<usize> {
+        if let Some(h) = handover {
+            let now_ms = crate::watchdog::boot_ms();
+            let since = Duration::from_millis(now_ms.saturating_sub(h.last_ack_boot_ms));
+            *lock(&self.last_ack) = std::time::Instant::now().checked_sub(since);
+            self.ack_commit_index.fetch_max(h.ack_commit_index, Ordering::SeqCst);
+        }
+        let entries = match std::fs::read_dir(&self.settings.runs_dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(e).with_context(|| format!("read {}", self.settings.runs_dir.display())),
+        };
+        let mut adopted = 0;
+        for entry in entries.take(LEDGER_ENTRIES_MAX) {
+            let dir = entry.context("read a run directory")?.path();
+            if let Err(e) = self.recover_run(&dir, handover.is_some()).await.map(|a| adopted += usize::from(a)) {
+                warn!(dir = %dir.display(), error = format!("{e:#}"), "recover run directory: forgetting it");
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+        }
+        self.renew_lease();
+        Ok(adopted)
+    }
+
+    /// One run directory of a previous daemon (see [`Agent::recover`]); whether it was taken over.
+    async fn recover_run(self: &Arc<Self>, dir: &std::path::Path, handed_over: bool) -> anyhow::Result<bool> {
+        let mine = |instance: InstanceId| handed_over && instance == self.instance;
+        if let Some(stored) = shepherd::read_json::<StoredReport>(&dir.join("report.json"))? {
+            if mine(stored.instance) {
+                info!(job = stored.report.job, run = stored.report.run, "re-sending a run report of the previous daemon");
+                self.send_report(stored.report).await;
+            } else {
+                std::fs::remove_dir_all(dir).with_context(|| format!("remove {}", dir.display()))?;
+            }
+            return Ok(false);
+        }
+        let launch = shepherd::read_json::<LaunchRecord>(&dir.join("launch.json"))?
+            .with_context(|| format!("no launch.json in {}", dir.display()))?;
+        let record = shepherd::read_json::<RunRecord>(&dir.join("spec.json"))?;
+        let child = Shepherd::adopt(dir).await?;
+        if !mine(launch.instance) {
+            // Its instance is gone: the cluster ends its parts when this node registers, so its
+            // job must be dead first.
+            if let Some(mut child) = child {
+                warn!(job = launch.job, run = launch.run, pgid = child.pgid, "killing a run a previous daemon left without a hand-over");
+                launcher::signal_group(child.pgid, libc::SIGKILL);
+                if let Some(cgroup) = record.as_ref().and_then(|r| r.cgroup.clone()) {
+                    crate::cgroup::JobCgroup::existing(cgroup).kill_and_remove().await;
+                }
+                if tokio::time::timeout(Duration::from_millis(ADOPT_KILL_WAIT_MS), child.wait()).await.is_err() {
+                    warn!(job = launch.job, run = launch.run, "a killed run of a previous daemon has not ended yet");
+                }
+            }
+            std::fs::remove_dir_all(dir).with_context(|| format!("remove {}", dir.display()))?;
+            return Ok(false);
+        }
+        let (Some(child), Some(record)) = (child, record) else {
+            let outcome = match shepherd::read_json::<ExitRecord>(&dir.join("status.json"))? {
+                Some(ExitRecord::Exited(code)) => RunOutcome::Exited(code),
+                Some(ExitRecord::Signaled(sig)) => RunOutcome::Signaled(sig),
+                Some(ExitRecord::Failed(why)) => RunOutcome::LaunchFailed(why),
+                None => RunOutcome::Lost("the daemon that started it was replaced before it started".into()),
+            };
+            info!(job = launch.job, run = launch.run, outcome = ?outcome, "a run ended while its daemon was replaced");
+            self.queue_report(launch.job, launch.run, outcome).await;
+            return Ok(false);
+        };
+        let spec = record.launch;
+        let next_step = std::fs::read_to_string(dir.join("next_step")).ok().and_then(|t| t.trim().parse().ok()).unwrap_or(0);
+        let cgroup = record.cgroup.map(|p| Arc::new(crate::cgroup::JobCgroup::existing(p)));
+        let tasks = Arc::new(launcher::TaskGroups::default());
+        let (stop_tx, stop_rx) = mpsc::channel(1);
+        let base = Arc::new(TaskBase { env: spec.env.clone(), workdir: spec.workdir.clone(), run_as: spec.run_as.clone() });
+        lock(&self.running).insert(
+            spec.job,
+            Running {
+                run: spec.run,
+                gpus: record.gpus,
+                pgid: child.pgid,
+                start_ticks: child.start_ticks,
+                stop_tx,
+                owner: record.owner,
+                hold: spec.hold,
+                batch: spec.batch,
+                nodes: record.nodes,
+                base,
+                cgroup: cgroup.clone(),
+                tasks: Arc::clone(&tasks),
+                steps: BTreeMap::new(),
+                next_step,
+            },
+        );
+        let elapsed_ms = crate::watchdog::boot_ms().saturating_sub(record.started_boot_ms);
+        let span = info_span!("job", job = spec.job, run = spec.run);
+        span.in_scope(|| info!(pgid = child.pgid, elapsed_ms, "took the run over from the previous daemon"));
+        let agent = Arc::clone(self);
+        tokio::spawn(async move { agent.supervise_run(child, spec, stop_rx, cgroup, tasks, elapsed_ms).await }.instrument(span));
+        Ok(true)
+    }
+
     /// The leader's commit index in the last heartbeat acknowledgement.
     pub fn ack_commit_index(&self) -> u64 {
         self.ack_commit_index.load(Ordering::SeqCst)
@@ -820,12 +1034,14 @@ impl Agent {
                 };
                 match link.call(req, 0).await {
                     Ok(_) => {
+                        self.forget_run(report.job, report.run);
                         self.reports_pending.fetch_sub(1, Ordering::SeqCst);
                         break;
                     }
                     Err(LinkError::Api(e)) => {
                         // The leader understood and refused: retrying will not help.
                         warn!(job = report.job, run = report.run, error = %e, "run report refused");
+                        self.forget_run(report.job, report.run);
                         self.reports_pending.fetch_sub(1, Ordering::SeqCst);
                         break;
                     }
@@ -867,7 +1083,9 @@ impl Agent {
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut missed = 0u32;
-        let mut last_ack = std::time::Instant::now();
+        // A daemon that took its runs over keeps its predecessor's last acknowledgement.
+        let inherited = *lock(&self.last_ack);
+        let mut last_ack = inherited.unwrap_or_else(std::time::Instant::now);
         let fence_after = Duration::from_millis(self.settings.fence_after_ms);
         let mut fenced = false;
         loop {
@@ -892,6 +1110,12 @@ impl Agent {
                     }
                     missed = 0;
                     fenced = false;
+                    if inherited.is_some_and(|t| t == last_ack) {
+                        // The first since this daemon took its predecessor's runs over: how
+                        // long the node was silent, against the lease it had.
+                        let silent_ms = last_ack.elapsed().as_millis() as u64;
+                        info!(silent_ms, fence_after_ms = self.settings.fence_after_ms, "first heartbeat acknowledged since the take-over");
+                    }
                     last_ack = std::time::Instant::now();
                     *lock(&self.last_ack) = Some(last_ack);
                 }

@@ -148,6 +148,12 @@ pub struct JobCgroup {
 }
 
 impl JobCgroup {
+    /// A run's cgroup that exists already (a run taken over from a previous daemon).
+    pub fn existing(path: PathBuf) -> JobCgroup {
+        let procs = std::fs::OpenOptions::new().write(true).open(path.join("cgroup.procs")).ok();
+        JobCgroup { path, procs }
+    }
+
     /// The raw descriptor of `cgroup.procs` for the child to write its pid into.
     pub fn procs_fd(&self) -> Option<i32> {
         self.procs.as_ref().map(std::os::fd::AsRawFd::as_raw_fd)

@@ -294,4 +294,15 @@ impl NodeConfig {
     pub fn jobs_dir(&self) -> PathBuf {
         self.data_dir.join("jobs")
     }
+
+    /// Each run's directory (`shepherd`).
+    pub fn runs_dir(&self) -> PathBuf {
+        self.jobs_dir().join("runs")
+    }
+
+    /// Which daemon runs this node's jobs (`shepherd::DaemonRecord`); beside the lease, where
+    /// the watchdog finds it.
+    pub fn daemon_file(&self) -> PathBuf {
+        crate::watchdog::daemon_file(&self.lease_path())
+    }
 }

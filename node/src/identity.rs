@@ -4,7 +4,7 @@
 use std::ffi::{CStr, CString};
 
 /// A local account as a job runs with it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Account {
     pub name: String,
     pub uid: u32,

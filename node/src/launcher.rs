@@ -1,10 +1,11 @@
 //! Starting and stopping one job process: its environment, output files, process group, time
-//! limit, and the SIGTERM-grace-SIGKILL sequence. The process dies with its `corrald` (parent
-//! death signal): a node that can no longer supervise a job must not leave it running.
+//! limit, and the SIGTERM-grace-SIGKILL sequence. A run's process is started by its shepherd
+//! (`shepherd`), and dies with it (parent-death signal); a step's task is started by `corrald`
+//! and dies with it.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -12,11 +13,13 @@ use std::time::Duration;
 use anyhow::Context;
 use proto::{Job, JobId, RunNo, RunOutcome};
 use tokio::process::Child;
+
+use crate::shepherd::{ExitRecord, Shepherd};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 /// Everything needed to start one run of a job on this node.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct LaunchSpec {
     pub job: JobId,
     pub run: RunNo,
@@ -279,9 +282,10 @@ pub fn append_output(spec: &LaunchSpec, path: &Path, text: &[u8]) -> anyhow::Res
     std::io::Write::write_all(&mut out, text).with_context(|| format!("write {}", path.display()))
 }
 
-/// Starts the process in its own session and process group, with a clean environment: in the
-/// job's cgroup, as the job's user (groups, gid, uid), with its output opened as that user.
-pub fn spawn(spec: &LaunchSpec, cgroup: Option<&crate::cgroup::JobCgroup>) -> anyhow::Result<Child> {
+/// Starts a run's process (in the shepherd) in its own session and process group, with a clean
+/// environment: in the job's cgroup (`cgroup`, its directory), as the job's user (groups, gid,
+/// uid), with its output opened as that user. It dies with the calling process.
+pub fn start_run_process(spec: &LaunchSpec, cgroup: Option<&Path>) -> anyhow::Result<std::process::Child> {
     let run_as = spec.run_as.as_ref();
     let (stdout, stderr) = if spec.hold {
         (Stdio::null(), Stdio::null())
@@ -294,8 +298,16 @@ pub fn spawn(spec: &LaunchSpec, cgroup: Option<&crate::cgroup::JobCgroup>) -> an
         };
         (Stdio::from(stdout), Stdio::from(stderr))
     };
+    let procs = cgroup
+        .map(|c| {
+            let path = c.join("cgroup.procs");
+            std::fs::OpenOptions::new().write(true).open(&path).with_context(|| format!("open {}", path.display()))
+        })
+        .transpose()?;
+    let procs_fd = procs.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
     let proc = Process { program: &spec.program, args: &spec.args, env: &spec.env, workdir: &spec.workdir, run_as };
-    start(&proc, cgroup, stdout, stderr)
+    let mut cmd = command(&proc, procs_fd, stdout, stderr);
+    cmd.spawn().with_context(|| format!("start {} in {}", proc.program.display(), proc.workdir.display()))
 }
 
 /// One process to start for a job: a run's batch script or command, or a task of a step.
@@ -314,14 +326,35 @@ pub fn spawn_task(proc: &Process<'_>, cgroup: Option<&crate::cgroup::JobCgroup>)
 }
 
 fn start(proc: &Process<'_>, cgroup: Option<&crate::cgroup::JobCgroup>, stdout: Stdio, stderr: Stdio) -> anyhow::Result<Child> {
+    let cmd = command(proc, cgroup.and_then(|c| c.procs_fd()), stdout, stderr);
+    let child = tokio::process::Command::from(cmd)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("start {} in {}", proc.program.display(), proc.workdir.display()))?;
+    Ok(child)
+}
+
+/// The command that starts `proc`: own session and process group, in the cgroup whose
+/// `cgroup.procs` is open as `procs_fd`, as its user, with a parent-death signal.
+fn command(proc: &Process<'_>, procs_fd: Option<i32>, stdout: Stdio, stderr: Stdio) -> std::process::Command {
     let mut cmd = std::process::Command::new(proc.program);
     cmd.args(proc.args).env_clear().envs(proc.env).current_dir(proc.workdir).stdin(Stdio::null()).stdout(stdout).stderr(stderr);
-    let procs_fd = cgroup.and_then(|c| c.procs_fd());
     let ids = proc.run_as.map(|a| (a.uid, a.gid, a.groups.clone()));
-    // SAFETY: only async-signal-safe calls (setsid, write, setgroups, setgid, setuid, prctl)
-    // between fork and exec; nothing allocates.
+    // SAFETY: only async-signal-safe calls (signal, sigprocmask, setsid, write, setgroups,
+    // setgid, setuid, prctl) between fork and exec; nothing allocates.
     unsafe {
         cmd.pre_exec(move || {
+            // Ignored signals stay ignored across exec, and a shell cannot trap a signal
+            // ignored on entry: a job gets every disposition and the mask at their defaults
+            // (its shepherd ignores SIGTERM and the like).
+            for sig in 1..32 {
+                if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                    libc::signal(sig, libc::SIG_DFL);
+                }
+            }
+            let mut empty: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut empty);
+            libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
             if libc::setsid() < 0 {
                 return Err(std::io::Error::last_os_error());
             }
@@ -340,11 +373,7 @@ fn start(proc: &Process<'_>, cgroup: Option<&crate::cgroup::JobCgroup>, stdout: 
             Ok(())
         });
     }
-    let child = tokio::process::Command::from(cmd)
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("start {} in {}", proc.program.display(), proc.workdir.display()))?;
-    Ok(child)
+    cmd
 }
 
 /// Why the agent stops a running job.
@@ -364,7 +393,7 @@ pub enum StopReason {
 /// Longest wait for a job to write its checkpoint after its signal on a requeue.
 const CHECKPOINT_WAIT_MS_MAX: u64 = 300_000;
 
-fn signal_group(pgid: i32, signal: i32) {
+pub(crate) fn signal_group(pgid: i32, signal: i32) {
     if pgid <= 1 {
         // kill(-0) and kill(-1) would reach this daemon's own group or every process.
         return;
@@ -481,7 +510,7 @@ fn send_job_signal(pgid: i32, sig: &proto::SignalSpec, spec: &LaunchSpec, tasks:
 
 /// Waits at most `ms` until the run's process (not a holder: it never ends by itself) and every
 /// step task ended; whether they did.
-async fn wait_ended(child: &mut Child, hold: bool, tasks: &TaskGroups, ms: u64) -> bool {
+async fn wait_ended(child: &mut Shepherd, hold: bool, tasks: &TaskGroups, ms: u64) -> bool {
     let deadline = tokio::time::Instant::now() + Duration::from_millis(ms);
     if !hold && tokio::time::timeout_at(deadline, child.wait()).await.is_err() {
         return false;
@@ -509,27 +538,28 @@ pub struct StopTimings {
 
 /// Waits for the run to end, enforcing its time limit (with the early `--signal`) and stop
 /// requests, and returns how it ended. Whatever is left of the process group is killed.
+/// `elapsed_ms`: how long the run has been running already (one adopted after a restart).
 pub async fn supervise(
-    mut child: Child,
+    mut child: Shepherd,
     spec: &LaunchSpec,
     mut stop_rx: mpsc::Receiver<StopReason>,
     timings: StopTimings,
     tasks: &TaskGroups,
+    elapsed_ms: u64,
 ) -> RunOutcome {
-    let Some(pid) = child.id() else {
-        return RunOutcome::LaunchFailed("process exited before it could be supervised".into());
-    };
-    let pgid = pid as i32;
+    let pgid = child.pgid;
     let limit = async {
         match spec.time_limit_ms {
-            Some(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+            Some(ms) => tokio::time::sleep(Duration::from_millis(ms.saturating_sub(elapsed_ms))).await,
             None => std::future::pending().await,
         }
     };
     let warn_at = spec
         .time_limit_ms
         .zip(spec.signal.clone())
-        .map(|(limit_ms, sig)| (limit_ms.saturating_sub(u64::from(sig.before_end_s) * 1000), sig));
+        .map(|(limit_ms, sig)| (limit_ms.saturating_sub(u64::from(sig.before_end_s) * 1000), sig))
+        .filter(|(at_ms, _)| *at_ms >= elapsed_ms)
+        .map(|(at_ms, sig)| (at_ms - elapsed_ms, sig));
     let warning = async {
         match &warn_at {
             Some((at_ms, sig)) => {
@@ -545,12 +575,9 @@ pub async fn supervise(
     let outcome = loop {
         tokio::select! {
             status = child.wait() => break match status {
-                Ok(s) => match (s.code(), s.signal()) {
-                    (Some(code), _) => RunOutcome::Exited(code),
-                    (None, Some(sig)) => RunOutcome::Signaled(sig),
-                    (None, None) => RunOutcome::Exited(-1),
-                },
-                Err(e) => RunOutcome::LaunchFailed(format!("wait for process: {e}")),
+                ExitRecord::Exited(code) => RunOutcome::Exited(code),
+                ExitRecord::Signaled(sig) => RunOutcome::Signaled(sig),
+                ExitRecord::Failed(why) => RunOutcome::Lost(why),
             },
             sig = &mut warning, if !warned => {
                 warned = true;
@@ -599,7 +626,7 @@ pub async fn supervise(
 }
 
 /// SIGTERM to the run's group and its step tasks, the grace, then SIGKILL to all of them.
-async fn stop(child: &mut Child, pgid: i32, kill_grace_ms: u64, hold: bool, tasks: &TaskGroups) {
+async fn stop(child: &mut Shepherd, pgid: i32, kill_grace_ms: u64, hold: bool, tasks: &TaskGroups) {
     signal_group(pgid, libc::SIGTERM);
     tasks.signal(libc::SIGTERM);
     if !wait_ended(child, hold, tasks, kill_grace_ms).await {
@@ -607,9 +634,7 @@ async fn stop(child: &mut Child, pgid: i32, kill_grace_ms: u64, hold: bool, task
     }
     signal_group(pgid, libc::SIGKILL);
     tasks.signal(libc::SIGKILL);
-    if let Err(e) = child.wait().await {
-        warn!(pgid, error = %e, "wait for killed process");
-    }
+    child.wait().await;
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ pub mod nccl;
 pub mod preflight;
 pub mod probe;
 pub mod server;
+pub mod shepherd;
 pub mod step;
 pub mod systemd;
 pub mod watchdog;

@@ -9,7 +9,7 @@ use clap::Parser;
 #[command(name = "corrald", version, about = "Corral node daemon")]
 struct Args {
     /// Node configuration file (TOML).
-    #[arg(long, short, required_unless_present_any = ["watchdog", "hold"])]
+    #[arg(long, short, required_unless_present_any = ["watchdog", "hold", "shepherd"])]
     config: Option<PathBuf>,
     /// Run as the node's watchdog over this lease file (started by corrald itself).
     #[arg(long, hide = true)]
@@ -17,7 +17,14 @@ struct Args {
     /// Hold a batch job's node for its steps until killed (started by corrald itself).
     #[arg(long, hide = true)]
     hold: bool,
+    /// Shepherd the run whose directory this is (started by corrald itself).
+    #[arg(long, hide = true)]
+    shepherd: Option<PathBuf>,
 }
+
+/// The exit status of a daemon that handed its runs over (EX_TEMPFAIL): systemd restarts it
+/// (`RestartForceExitStatus=75` in the unit), and the new daemon takes the runs over.
+const HANDED_OVER_EXIT: i32 = 75;
 
 fn main() -> anyhow::Result<()> {
     if std::env::args().nth(1).as_deref() == Some(corral_node::launcher::HOLD_FLAG) {
@@ -32,6 +39,9 @@ fn main() -> anyhow::Result<()> {
     if let Some(lease) = &args.watchdog {
         return corral_node::watchdog::run(lease);
     }
+    if let Some(dir) = &args.shepherd {
+        return corral_node::shepherd::run(dir);
+    }
     let config_path = args.config.context("--config is required")?;
     let config = corral_node::config::NodeConfig::load(&config_path)?;
     // The watchdog kills the jobs' processes when this process dies (it polls for its parent).
@@ -42,33 +52,49 @@ fn main() -> anyhow::Result<()> {
     // SIGTERM (`systemctl stop`) tells systemd STOPPING=1 and stops the node gracefully: its jobs
     // get SIGTERM, their grace and SIGKILL, and are reported lost to the node (a `--requeue` job
     // is queued again at once). A second SIGTERM, or the deadline, ends it at once; the jobs then
-    // die with it (parent-death signal, then the watchdog for what they started) and the cluster
-    // ends them when the node is declared down.
+    // die with it (their shepherds and the watchdog kill them) and the cluster ends them when the
+    // node is declared down.
+    // SIGUSR2 (a rolling upgrade) hands the runs over and exits with HANDED_OVER_EXIT at once:
+    // the jobs go on, and the next daemon started before the lease runs out takes them over.
+    use corral_node::server::{Ended, StopRequest};
     let deadline = std::time::Duration::from_millis(config.kill_grace_ms + corral_node::server::STOP_REPORT_MS + 1_000);
     let result = runtime.block_on(async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("handle SIGTERM")?;
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).context("handle SIGTERM")?;
+        let mut usr2 = signal(SignalKind::user_defined2()).context("handle SIGUSR2")?;
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(StopRequest::None);
         let node = corral_node::server::run(config, stop_rx);
         tokio::pin!(node);
         tokio::select! {
             result = &mut node => return result,
-            _ = term.recv() => {}
+            _ = term.recv() => {
+                tracing::info!("SIGTERM: stopping");
+                corral_node::systemd::notify("STOPPING=1");
+                let _ = stop_tx.send(StopRequest::Stop);
+            }
+            _ = usr2.recv() => {
+                tracing::info!("SIGUSR2: handing the runs over to the next corrald");
+                let _ = stop_tx.send(StopRequest::HandOver);
+            }
         }
-        tracing::info!("SIGTERM: stopping");
-        corral_node::systemd::notify("STOPPING=1");
-        let _ = stop_tx.send(true);
         tokio::select! {
             result = &mut node => result,
             _ = term.recv() => {
                 tracing::warn!("second SIGTERM: stopping now");
-                Ok(())
+                Ok(Ended::Stopped)
             }
             _ = tokio::time::sleep(deadline) => {
                 tracing::warn!(deadline_ms = deadline.as_millis() as u64, "graceful stop took too long: stopping now");
-                Ok(())
+                Ok(Ended::Stopped)
             }
         }
     });
+    if let Ok(Ended::HandedOver) = result {
+        tracing::info!(exit = HANDED_OVER_EXIT, "runs handed over: exiting for the next corrald");
+        // Nothing more may run here: no destructor, no runtime shutdown that could stop a job.
+        std::process::exit(HANDED_OVER_EXIT);
+    }
+    let result = result.map(|_| ());
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
     if let Err(e) = &result {
         tracing::error!(error = format!("{e:#}"), "corrald stopped");

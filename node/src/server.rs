@@ -1452,11 +1452,57 @@ async fn call_until(link: &LeaderLink, request: Request, what: &str, deadline: D
 /// `kill_grace_ms`.
 pub const STOP_REPORT_MS: u64 = 5_000;
 
-/// Starts a node and runs it until `stop` turns true (a graceful stop: the node's jobs are
-/// stopped and reported, see [`Agent::shut_down`]) or the node fails.
-pub async fn run(config: NodeConfig, mut stop: tokio::sync::watch::Receiver<bool>) -> anyhow::Result<()> {
-    let instance: u64 = rand::random();
+/// What the daemon is asked to do (`main.rs` turns signals into these).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopRequest {
+    /// Keep running.
+    None,
+    /// Stop gracefully (SIGTERM): the node's jobs are stopped and reported, see
+    /// [`Agent::shut_down`].
+    Stop,
+    /// Exit to be replaced (SIGUSR2, a rolling upgrade): the jobs go on, see
+    /// [`Agent::hand_over`].
+    HandOver,
+}
+
+/// How [`run`] ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    Stopped,
+    /// The runs are handed over: the process must exit now, without stopping anything.
+    HandedOver,
+}
+
+/// Starts a node and runs it until `stop` asks it to stop or hand over, or the node fails.
+pub async fn run(config: NodeConfig, mut stop: tokio::sync::watch::Receiver<StopRequest>) -> anyhow::Result<Ended> {
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("create data directory {}", config.data_dir.display()))?;
+    lock_data_dir(&config.data_dir)?;
+    std::fs::create_dir_all(config.runs_dir()).with_context(|| format!("create {}", config.runs_dir().display()))?;
+    // Run records hold jobs' environments.
+    std::fs::set_permissions(config.runs_dir(), std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .with_context(|| format!("chmod {}", config.runs_dir().display()))?;
+    // The previous daemon may have handed its runs over: then this one keeps its instance (the
+    // cluster sees no restart) and takes them over. Otherwise it is a new instance, and the
+    // cluster ends whatever the node ran before.
+    let daemon_file = config.daemon_file();
+    let previous = match crate::shepherd::read_json::<crate::shepherd::DaemonRecord>(&daemon_file) {
+        Ok(p) => p,
+        Err(e) => {
+            warn!(error = format!("{e:#}"), "read the previous daemon's record: starting as a new instance");
+            None
+        }
+    };
+    let handover = previous.as_ref().and_then(|p| p.open_handover(crate::watchdog::boot_ms()));
+    if let (Some(p), None) = (&previous, handover) {
+        if p.handover.is_some() {
+            warn!(instance = p.instance, "the previous daemon's hand-over expired: its jobs were killed, starting as a new instance");
+        }
+    }
+    let instance: u64 = match (&previous, handover) {
+        (Some(p), Some(_)) => p.instance,
+        _ => rand::random(),
+    };
+    crate::shepherd::write_json(&daemon_file, &crate::shepherd::DaemonRecord::me(instance))?;
     let identity = config.tls.load().context("load tls identity")?;
     let endpoint =
         transport::endpoint(config.listen, &identity, true).with_context(|| format!("bind quic endpoint on {}", config.listen))?;
@@ -1493,7 +1539,9 @@ pub async fn run(config: NodeConfig, mut stop: tokio::sync::watch::Receiver<bool
         lease_path: config.lease_path(),
         run_as_user: config.run_as_user,
         cgroups: job_cgroups(&config),
-        holder: std::env::current_exe().context("find the corrald executable (it holds batch jobs' other nodes)")?,
+        exe: std::env::current_exe().context("find the corrald executable (it holds batch jobs' other nodes and shepherds runs)")?,
+        runs_dir: config.runs_dir(),
+        daemon_file: daemon_file.clone(),
         local_socket: Some(config.socket_path()),
     };
     // SAFETY: geteuid cannot fail.
@@ -1509,6 +1557,10 @@ pub async fn run(config: NodeConfig, mut stop: tokio::sync::watch::Receiver<bool
         );
     }
     let agent = Agent::new(config.name.clone(), instance, gpus, settings)?;
+    let adopted = agent.recover(handover).await.context("recover the previous daemon's runs")?;
+    if handover.is_some() {
+        info!(instance, runs = adopted, "took over the previous daemon's instance and runs");
+    }
     let fault = Arc::new(crate::fault::FaultSwitch::default());
     tokio::spawn(Arc::clone(&fault).watch(config.data_dir.join("fault-partition"), Arc::clone(&client)));
     let api = Arc::new(Api { node: OnceLock::new(), fault });
@@ -1624,22 +1676,49 @@ pub async fn run(config: NodeConfig, mut stop: tokio::sync::watch::Receiver<bool
     let hb = tokio::spawn(Arc::clone(&agent).heartbeat_loop(agent_link, heartbeat, join));
     tokio::select! {
         ended = hb => match ended {
-            Ok(()) => Ok(()),
+            Ok(()) => Ok(Ended::Stopped),
             Err(e) => {
                 error!(error = %e, "heartbeat loop ended");
                 bail!("heartbeat loop ended: {e}")
             }
         },
-        _ = stop.wait_for(|stop| *stop) => {
+        request = stop.wait_for(|stop| *stop != StopRequest::None) => {
+            if request.is_ok_and(|r| *r == StopRequest::HandOver) {
+                match agent.hand_over() {
+                    Ok(_) => return Ok(Ended::HandedOver),
+                    Err(e) => warn!(error = format!("{e:#}"), "cannot hand the runs over: stopping them instead"),
+                }
+            }
             let left = agent.shut_down(Duration::from_millis(config.kill_grace_ms + STOP_REPORT_MS)).await;
             if left > 0 {
                 warn!(left, "node stopped with jobs not yet stopped or reported; the cluster ends them when it declares the node down");
             } else {
                 info!("node stopped: every job stopped and reported");
             }
-            Ok(())
+            Ok(Ended::Stopped)
         }
     }
+}
+
+/// Takes `DATA_DIR/corrald.lock` for the life of this process: a second daemon on the same data
+/// directory would take the node's runs for those of a dead instance and kill them.
+fn lock_data_dir(data_dir: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::fd::AsRawFd;
+    let path = data_dir.join("corrald.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("open {}", path.display()))?;
+    // SAFETY: flock(2) on a descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        bail!("lock {}: {e} (another corrald runs on this data directory)", path.display());
+    }
+    // Held until the process exits (the descriptor is close-on-exec: no child keeps it).
+    std::mem::forget(file);
+    Ok(())
 }
 
 /// Forwards GPU health events from the probe to the leader, which commits them.

@@ -18,7 +18,9 @@
 //! step task's children. The watchdog notices within [`POLL_MS`] that its parent is gone, kills
 //! every group the lease lists and every job cgroup it names (`cgroup.kill`), and exits: a
 //! daemon that is killed takes all of its jobs with it. After a graceful stop the lease lists
-//! nothing.
+//! nothing. A daemon that hands its runs over to the next one (`shepherd`, a rolling upgrade)
+//! says so in the daemon record beside the lease: then the watchdog keeps enforcing the lease's
+//! deadline, and exits once a daemon of the same instance runs (it started its own watchdog).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -69,6 +71,18 @@ pub fn start_ticks(pid: i32) -> Option<u64> {
     let rest = &stat[stat.rfind(')')? + 1..];
     // Fields from 3 on; the start time is field 22.
     rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether process `pid` runs and is the one that started at `ticks`: not a recycled pid, and
+/// not a zombie (a dead process its parent has not reaped yet).
+pub fn process_alive(pid: i32, ticks: u64) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { return false };
+    let mut fields = rest.split_whitespace();
+    let state = fields.next().unwrap_or("X");
+    // Fields from 3 on: the state is field 3, the start time field 22.
+    let started = fields.nth(18).and_then(|t| t.parse::<u64>().ok());
+    pid > 1 && started == Some(ticks) && !matches!(state, "Z" | "X" | "x")
 }
 
 /// Writes the lease atomically (write, then rename). No fsync: the lease matters only while
@@ -125,16 +139,46 @@ fn kill_all(lease_path: &Path) {
     tracing::warn!(groups = groups.len(), cgroups = lease.cgroups.len(), "watchdog: corrald is gone, killed its jobs");
 }
 
-/// The watchdog process's loop: returns once the parent is gone and its jobs are killed.
+/// The daemon record (`shepherd::DaemonRecord`) beside the lease at `lease_path`.
+pub fn daemon_file(lease_path: &Path) -> PathBuf {
+    lease_path.with_file_name("daemon.json")
+}
+
+/// The watchdog process's loop: returns once the parent is gone and its jobs are killed, or
+/// once the daemon that took the parent's runs over is running.
 pub fn run(lease_path: &Path) -> anyhow::Result<()> {
     let parent = std::os::unix::process::parent_id();
+    let daemon_file = daemon_file(lease_path);
+    // The parent's instance, once its record names it (a hand-over is honoured only for it).
+    let mut instance: Option<proto::InstanceId> = None;
     let mut killed: std::collections::BTreeSet<(i32, u64)> = std::collections::BTreeSet::new();
     let mut last_error: Option<String> = None;
     tracing::info!(lease = %lease_path.display(), parent, "watchdog started");
     loop {
-        if std::os::unix::process::parent_id() != parent {
-            kill_all(lease_path);
-            return Ok(());
+        let orphaned = std::os::unix::process::parent_id() != parent;
+        if !orphaned && instance.is_none() {
+            if let Ok(Some(d)) = crate::shepherd::read_json::<crate::shepherd::DaemonRecord>(&daemon_file) {
+                instance = (d.pid == parent as i32).then_some(d.instance);
+            }
+        }
+        if orphaned {
+            let verdict = match instance {
+                Some(i) => crate::shepherd::verdict(&daemon_file, i, boot_ms()),
+                None => crate::shepherd::Verdict::Kill("its daemon never named its instance".into()),
+            };
+            match verdict {
+                crate::shepherd::Verdict::Trust(d) => {
+                    tracing::info!(daemon = d.pid, "watchdog: the next corrald took the runs over; its own watchdog goes on");
+                    return Ok(());
+                }
+                // Handed over: the lease's deadline still holds, below.
+                crate::shepherd::Verdict::Wait => {}
+                crate::shepherd::Verdict::Kill(why) => {
+                    tracing::debug!(reason = %why, "watchdog: the daemon is gone");
+                    kill_all(lease_path);
+                    return Ok(());
+                }
+            }
         }
         match read_lease(lease_path) {
             Ok(Some(lease)) => {
@@ -234,7 +278,24 @@ mod tests {
     fn this_process_has_a_start_time() {
         let me = std::process::id() as i32;
         assert!(start_ticks(me).is_some());
+        assert!(process_alive(me, start_ticks(me).unwrap_or(0)));
+        assert!(!process_alive(me, start_ticks(me).unwrap_or(0) + 1), "another start time: a recycled pid");
         assert_eq!(start_ticks(me), start_ticks(me));
         assert!(boot_ms() > 0);
+    }
+
+    #[test]
+    fn a_zombie_is_not_alive() {
+        let mut child = std::process::Command::new("true").spawn().expect("start true");
+        let pid = child.id() as i32;
+        let ticks = start_ticks(pid).expect("a child not reaped is in /proc");
+        // It exits at once but is not reaped until wait: a zombie, still in /proc.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while process_alive(pid, ticks) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(start_ticks(pid), Some(ticks), "still in /proc");
+        assert!(!process_alive(pid, ticks), "but not alive");
+        child.wait().expect("reap");
     }
 }

@@ -65,3 +65,133 @@ fn a_rolling_restart_of_every_node_loses_no_job() {
     assert!(violations.is_empty(), "{violations:?}");
     println!("rolling restart: {} jobs, all completed; requeue after SIGTERM {requeue_ms:?} ms", ids.len());
 }
+
+/// A batch job across two nodes whose script waits for `b-go`, then runs one step on both.
+const BATCH: &str = r#"#!/bin/sh
+#SBATCH -N 2
+#SBATCH -o batch.out
+echo "batch on $SLURMD_NODENAME pid $$"
+while [ ! -e b-go ]; do sleep 0.1; done
+srun -l sh -c 'echo "step on $SLURMD_NODENAME"'
+echo "srun=$?"
+"#;
+
+#[test]
+fn a_rolling_upgrade_hands_every_run_over_and_no_job_restarts() {
+    let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:4", "--node-down-after-ms", "10000", "--kill-grace-ms", "1000"]);
+    let rec = corral_tests::REC;
+    // Long jobs that end when told to (`done`), and one that fails with 7 when told to (`x-go`):
+    // it is told while its node has no daemon, so its end is recorded by its shepherd alone.
+    let body = format!("{rec}; rec start; while [ ! -e done ]; do sleep 0.1; done; rec end");
+    let long: Vec<u64> = (0..3).map(|_| c.submit(&["--gres", "gpu:4"], &["sh", "-c", &body])).collect();
+    let x = c.submit(&[], &["sh", "-c", &format!("{rec}; rec start; while [ ! -e x-go ]; do sleep 0.1; done; rec end; exit 7")]);
+    std::fs::write(c.work.join("batch.sh"), BATCH).expect("write script");
+    let out = c.shim("sbatch", &["--parsable", "batch.sh"], &[]);
+    assert!(out.status.success(), "sbatch: {}", String::from_utf8_lossy(&out.stderr));
+    let batch: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("sbatch printed a job id");
+    let all: Vec<u64> = long.iter().copied().chain([x, batch]).collect();
+    wait_until("every job to run", Duration::from_secs(30), || all.iter().all(|id| c.job(*id)["state"] == "RUNNING"));
+    let x_node = c.job(x)["node"].as_str().expect("x runs on a node").to_string();
+
+    let mut gaps_ms = Vec::new();
+    for node in ["n1", "n2", "n3"] {
+        let pid = pid_of(&c, node);
+        let handed = Instant::now();
+        c.signal(node, "USR2");
+        assert!(!chaos::runner::pid_alive(pid), "{node}'s corrald exits after handing its runs over");
+        assert!(corral_tests::node_log(&c, node).contains("runs handed over"), "{node}:\n{}", c.logs());
+        if node == x_node {
+            std::fs::write(c.work.join("x-go"), b"").expect("write x-go");
+            wait_until("job x to end with no daemon on its node", Duration::from_secs(10), || {
+                spans(&c).iter().any(|s| s.job == x && s.end_ms.is_some())
+            });
+        }
+        c.start(node);
+        wait_until(&format!("{node} to take its runs over"), Duration::from_secs(30), || {
+            corral_tests::node_log(&c, node).contains("took over the previous daemon's instance and runs")
+        });
+        gaps_ms.push(handed.elapsed().as_millis() as u64);
+        for id in &all {
+            let job = c.job(*id);
+            if *id != x {
+                assert_eq!(job["state"], "RUNNING", "job {id} keeps running through {node}'s upgrade: {job}\n{}", c.logs());
+            }
+            assert_eq!(job["run"], 1, "job {id} was never restarted: {job}");
+        }
+        let nodes = c.json(&["nodes"]);
+        assert!(nodes.as_array().into_iter().flatten().all(|n| n["state"] == "UP"), "no node was declared down: {nodes}");
+    }
+    let xjob = c.wait_final(x, Duration::from_secs(30));
+    assert_eq!(xjob["state"], "FAILED", "its shepherd's record of exit 7 reached the cluster: {xjob}\n{}", c.logs());
+    assert_eq!(xjob["exit_code"], 7, "{xjob}");
+
+    std::fs::write(c.work.join("done"), b"").expect("write done");
+    std::fs::write(c.work.join("b-go"), b"").expect("write b-go");
+    for id in long.iter().chain([&batch]) {
+        let job = c.wait_final(*id, Duration::from_secs(60));
+        assert_eq!(job["state"], "COMPLETED", "job {id} after the rolling upgrade: {job}\n{}", c.logs());
+        assert_eq!(job["restart_count"], 0, "{job}");
+    }
+    let out = std::fs::read_to_string(c.work.join("batch.out")).unwrap_or_default();
+    assert_eq!(out.lines().filter(|l| l.starts_with("batch on ")).count(), 1, "the script ran once:\n{out}");
+    let mut steps: Vec<&str> = out.lines().filter(|l| l.contains("step on ")).collect();
+    steps.sort();
+    assert_eq!(steps.len(), 2, "a step started after every node was upgraded runs on both of the job's nodes:\n{out}");
+    assert!(out.contains("srun=0"), "{out}");
+    // One process per job, from before the upgrade to its end.
+    let spans = spans(&c);
+    for id in long.iter().chain([&x]) {
+        let mine: Vec<_> = spans.iter().filter(|s| s.job == *id).collect();
+        assert_eq!(mine.len(), 1, "job {id} started once: {mine:?}");
+        assert!(mine[0].end_ms.is_some(), "job {id} ended by itself: {mine:?}");
+    }
+    let violations = chaos::check_never_twice(&spans);
+    assert!(violations.is_empty(), "{violations:?}");
+    println!("rolling upgrade: {} jobs kept running through 3 hand-overs; hand-over to take-over {gaps_ms:?} ms", all.len());
+}
+
+#[test]
+fn a_handover_nobody_takes_in_time_kills_the_jobs_before_the_cluster_restarts_them() {
+    // Three voters, so that the cluster keeps a quorum while one node has no daemon.
+    let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:4", "--node-down-after-ms", "4000", "--kill-grace-ms", "1000"]);
+    let rec = corral_tests::REC;
+    let body = format!("{rec}; rec start; if [ \"$CORRAL_RUN\" = 1 ]; then sleep 600; fi; rec end");
+    // One job per node; the one on a node that does not lead is handed over and never taken.
+    let ids: Vec<u64> = (0..3).map(|_| c.submit(&["--requeue", "--gres", "gpu:4"], &["sh", "-c", &body])).collect();
+    wait_until("every job to run", Duration::from_secs(30), || ids.iter().all(|id| c.job(*id)["state"] == "RUNNING"));
+    let leader = c.leader();
+    let (id, node) = ids
+        .iter()
+        .map(|id| (*id, c.job(*id)["node"].as_str().expect("node").to_string()))
+        .find(|(_, node)| *node != leader)
+        .expect("a job on a node that does not lead");
+    check_expired_handover(&c, id, &node);
+}
+
+fn check_expired_handover(c: &TestCluster, id: u64, node: &str) {
+    wait_until("the job to record its start", Duration::from_secs(10), || spans(c).iter().any(|s| s.job == id));
+    let pid = spans(c).iter().find(|s| s.job == id).and_then(|s| s.pid).expect("job pid");
+    c.signal(node, "USR2");
+    // Nobody takes the runs over: the lease runs out and the job is killed on its node (by its
+    // shepherd and the watchdog) before the leader declares the node down and requeues it.
+    wait_until("the handed-over job to be killed", Duration::from_secs(10), || !chaos::runner::pid_alive(pid));
+    let killed_at = corral_tests::now_ms();
+    // Every GPU is taken, so it waits in the queue for the node to come back.
+    wait_until("the node to be declared down and the job requeued", Duration::from_secs(30), || {
+        let job = c.job(id);
+        job["state"] == "PENDING" && job["restart_count"] == 1
+    });
+    c.start(node);
+    wait_until(&format!("{node} to be up again"), Duration::from_secs(30), || {
+        c.json(&["nodes"]).as_array().into_iter().flatten().any(|n| n["name"] == node && n["state"] == "UP")
+    });
+    let log = corral_tests::node_log(c, node);
+    assert!(log.contains("hand-over expired"), "{node} came back as a new instance:\n{log}");
+    let job = c.wait_final(id, Duration::from_secs(30));
+    assert_eq!(job["state"], "COMPLETED", "{job}\n{}", c.logs());
+    // Run 1 was SIGKILLed and could not record its end: it ended by the time it was seen dead.
+    let mut spans = spans(c);
+    corral_tests::close_spans(&mut spans, &std::collections::BTreeMap::from([(pid, killed_at)]));
+    let violations = chaos::check_never_twice(&spans);
+    assert!(violations.is_empty(), "run 2 started only after run 1 was dead: {violations:?}");
+}
