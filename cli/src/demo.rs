@@ -129,7 +129,7 @@ async fn demo(dir: &std::path::Path) -> anyhow::Result<()> {
     }
     println!("== every job reached a final state");
     print_queue_all(&survivors, &jobs).await?;
-    batch_with_a_step(&survivors, &workdir).await?;
+    batch_with_a_step(dir, &survivors, &workdir).await?;
     println!("\nsummary");
     println!("  jobs:                {}", finals.len());
     for (state, n) in &by_state {
@@ -149,19 +149,58 @@ async fn demo(dir: &std::path::Path) -> anyhow::Result<()> {
 }
 
 /// A Slurm batch job over two nodes: its script runs on the first, and its `srun` step starts a
-/// task on each node through their agents; prints the job's output.
-async fn batch_with_a_step(cluster: &Cluster, workdir: &str) -> anyhow::Result<()> {
+/// task on each node through their agents. While the step runs, both nodes' daemons are upgraded
+/// in turn (each hands its runs over and a new one takes them); then the tasks finish. Prints
+/// the job's output.
+async fn batch_with_a_step(dir: &std::path::Path, cluster: &Cluster, workdir: &str) -> anyhow::Result<()> {
     let corral = std::env::current_exe().context("find the corral executable")?;
     let mut spec = job_spec("batch-with-step", 2, 0, workdir);
     spec.nodes = 2;
     spec.ntasks_per_node = 2;
     spec.script = Some(format!(
-        "#!/bin/sh\necho \"script on $SLURMD_NODENAME\"\n'{}' slurm srun -l sh -c 'echo \"task $SLURM_PROCID of $SLURM_NTASKS on $SLURMD_NODENAME, GPUs $CUDA_VISIBLE_DEVICES\"'\n",
+        "#!/bin/sh\necho \"script on $SLURMD_NODENAME\"\n'{}' slurm srun -l sh -c 'echo \"task $SLURM_PROCID of $SLURM_NTASKS on $SLURMD_NODENAME, GPUs $CUDA_VISIBLE_DEVICES, pid $$\"; while [ ! -e upgraded-$SLURM_JOB_ID ]; do sleep 0.1; done; echo \"task $SLURM_PROCID still running after the upgrades, pid $$\"'\n",
         corral.display()
     ));
     spec.set_batch(true);
     println!("== a Slurm batch job on 2 nodes: the script runs on the first, its srun step on both");
     let id = submit(cluster, spec).await?;
+    let out_path = std::path::Path::new(workdir).join(format!("out/{id}.out"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let nodes = loop {
+        let out = std::fs::read_to_string(&out_path).unwrap_or_default();
+        if let Reply::Job(j) = cluster.call_patiently(Request::GetJob { job: id }, Duration::from_secs(15)).await? {
+            if out.matches(" pid ").count() >= 4 && j.state == JobState::Running {
+                break j.last_nodes.clone();
+            }
+            if j.state.is_final() {
+                bail!("batch job {id} ended before its step ran: {}", j.state.as_str());
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("the step of batch job {id} did not start within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let Reply::Nodes(list) = cluster.call_patiently(Request::ListNodes, Duration::from_secs(15)).await? else { bail!("unexpected reply") };
+    for node in nodes.iter().filter_map(|n| list.iter().find(|x| x.id == *n).map(|x| x.name.clone())) {
+        let log_path = dir.join(&node).join("corrald.log");
+        let took = |log: &str| log.matches("first heartbeat acknowledged since the take-over").count();
+        let seen = took(&std::fs::read_to_string(&log_path).unwrap_or_default());
+        let started = Instant::now();
+        dev::signal_node(dir, &node, "USR2")?;
+        dev::start_one(dir, &node)?;
+        while took(&std::fs::read_to_string(&log_path).unwrap_or_default()) == seen {
+            if started.elapsed() > Duration::from_secs(30) {
+                bail!("{node} did not take its runs over within 30 s (see {})", log_path.display());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        println!(
+            "   rolling upgrade of {node}: its corrald handed its runs over (SIGUSR2) and a new one took them in {:.0} ms",
+            started.elapsed().as_secs_f64() * 1000.0
+        );
+    }
+    std::fs::write(std::path::Path::new(workdir).join(format!("upgraded-{id}")), b"").context("write the step's go file")?;
     let deadline = Instant::now() + Duration::from_secs(60);
     let job = loop {
         if let Reply::Job(j) = cluster.call_patiently(Request::GetJob { job: id }, Duration::from_secs(15)).await? {
@@ -174,10 +213,13 @@ async fn batch_with_a_step(cluster: &Cluster, workdir: &str) -> anyhow::Result<(
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
-    let out = std::fs::read_to_string(std::path::Path::new(workdir).join(format!("out/{id}.out"))).unwrap_or_default();
-    println!("   job {id} {}:", job.state.as_str());
+    let out = std::fs::read_to_string(&out_path).unwrap_or_default();
+    println!("   job {id} {} (run {}, restarted {} times):", job.state.as_str(), job.run, job.restart_count);
     for line in out.lines() {
         println!("     {line}");
+    }
+    if job.state != JobState::Completed || job.run != 1 {
+        bail!("batch job {id} should have completed in its first run through the upgrades: {} run {}", job.state.as_str(), job.run);
     }
     Ok(())
 }

@@ -681,16 +681,19 @@ impl Agent {
         Ok((r.run, step, r.nodes.clone()))
     }
 
-    /// Starts this node's tasks of step `step` of `job` run `run`, each in its own process group
-    /// in the run's cgroup as the job's user, its output piped here. Idempotent: a step that
-    /// exists already is left alone.
-    pub fn start_step(self: &Arc<Self>, job: JobId, run: RunNo, step: u32, spec: &proto::StepSpec, user: Option<&str>) -> Response {
+    /// Starts this node's tasks of step `step` of `job` run `run` through the run's shepherd,
+    /// each in its own process group in the run's cgroup as the job's user, and follows their
+    /// output in the shepherd's log. Idempotent: a step that exists already is left alone.
+    pub async fn start_step(self: &Arc<Self>, job: JobId, run: RunNo, step: u32, spec: &proto::StepSpec, user: Option<&str>) -> Response {
         spec.validate().map_err(ApiError::Invalid)?;
         let Some(node_index) = spec.nodes.iter().position(|n| n.name == self.name) else {
             return Err(ApiError::Invalid(format!("step {job}.{step} has no tasks on {}", self.name)));
         };
+        if self.handing_over.load(Ordering::SeqCst) {
+            return Err(ApiError::Unavailable(format!("node {} is handing its runs over to a new corrald", self.name)));
+        }
         let ranks = &spec.nodes[node_index].ranks;
-        let (base, cgroup, groups, handle) = {
+        let (base, groups, handle) = {
             let mut running = lock(&self.running);
             let r = running
                 .get_mut(&job)
@@ -708,40 +711,50 @@ impl Agent {
             }
             let handle = Step::new(job, run, step, ranks.len());
             r.steps.insert(step, Arc::clone(&handle));
-            (Arc::clone(&r.base), r.cgroup.clone(), Arc::clone(&r.tasks), handle)
+            (Arc::clone(&r.base), Arc::clone(&r.tasks), handle)
         };
+        let dir = shepherd::run_dir(&self.settings.runs_dir, job, run);
         let workdir = spec.workdir.as_ref().map_or_else(|| base.workdir.clone(), PathBuf::from);
-        let program = PathBuf::from(&spec.argv[0]);
         for (local, rank) in ranks.iter().enumerate() {
             let env = slurm_compat::env::step_task_env(&base.env, &spec.env, step, node_index, ranks, local, spec.gpus_per_task);
-            let proc =
-                launcher::Process { program: &program, args: &spec.argv[1..], env: &env, workdir: &workdir, run_as: base.run_as.as_ref() };
-            match launcher::spawn_task(&proc, cgroup.as_deref()) {
-                Ok(child) => {
-                    let pgid = child.id().map_or(0, |p| p as i32);
-                    if !groups.add(pgid, crate::watchdog::start_ticks(pgid).unwrap_or(0)) {
+            let request = shepherd::TaskRequest {
+                step,
+                rank: *rank,
+                tasks: ranks.len() as u32,
+                program: PathBuf::from(&spec.argv[0]),
+                args: spec.argv[1..].to_vec(),
+                env,
+                workdir: workdir.clone(),
+                run_as: base.run_as.clone(),
+                node: self.name.clone(),
+            };
+            match shepherd::spawn_task(&dir, &request).await {
+                Ok((pgid, start_ticks)) if pgid > 1 => {
+                    if !groups.add(pgid, start_ticks) {
                         info!(job, step, rank, "step task started as its run ended: killed");
                     }
-                    handle.attach(*rank, child, Arc::clone(&groups));
                 }
+                Ok(_) => warn!(job, step, rank, "step task failed to start (its error is in the step's output)"),
                 Err(e) => {
-                    // As slurmstepd: the error on the task's stderr, and errno as its exit code.
-                    let errno = e.chain().find_map(|c| c.downcast_ref::<std::io::Error>().and_then(std::io::Error::raw_os_error));
-                    let why = errno.map_or_else(
-                        || format!("{e:#}"),
-                        |n| std::io::Error::from_raw_os_error(n).to_string().split(" (os error").next().unwrap_or_default().to_string(),
-                    );
-                    warn!(job, step, rank, error = format!("{e:#}"), "step task failed to start");
+                    // The run's shepherd is gone (the run is ending): the task never started.
+                    warn!(job, step, rank, error = format!("{e:#}"), "step task not started");
                     handle.push(
                         *rank,
                         LogStream::Stderr,
-                        format!("slurmstepd-{}: error: execve(): {}: {why}\n", self.name, spec.argv[0]).into_bytes(),
+                        format!("slurmstepd-{}: error: task {rank} not started: {e:#}\n", self.name).into_bytes(),
                     );
-                    handle.task_ended(proto::TaskExit { rank: *rank, code: Some(errno.unwrap_or(1)), signal: None });
+                    handle.task_ended(proto::TaskExit { rank: *rank, code: Some(1), signal: None });
                 }
             }
         }
         self.renew_lease();
+        match shepherd::tail_step(&dir, step, 0).await {
+            Ok(conn) => handle.follow(conn, groups),
+            Err(e) => {
+                warn!(job, step, error = format!("{e:#}"), "follow the step's output");
+                handle.stop_following();
+            }
+        }
         info!(job, run, step, tasks = ranks.len(), "step started");
         Ok(Reply::Ok)
     }
@@ -761,7 +774,13 @@ impl Agent {
         let out = handle.read(offset, exits_seen as usize, proto::limits::STEP_READ_BYTES_MAX, wait).await;
         if out.done {
             if let Some(r) = lock(&self.running).get_mut(&job) {
-                r.steps.remove(&step);
+                if r.steps.remove(&step).is_some() {
+                    // Read to its end: a daemon that takes the run over need not follow it.
+                    let dir = shepherd::step_dir(&shepherd::run_dir(&self.settings.runs_dir, job, r.run), step);
+                    if let Err(e) = std::fs::remove_dir_all(&dir) {
+                        debug!(job, step, error = %e, "remove step log {}", dir.display());
+                    }
+                }
             }
         }
         Ok(Reply::StepOutput { chunks: out.chunks, next_offset: out.next_offset, exits: out.exits, done: out.done })
@@ -918,12 +937,35 @@ impl Agent {
                 next_step,
             },
         );
+        self.adopt_steps(dir, spec.job, spec.run, &tasks).await;
         let elapsed_ms = crate::watchdog::boot_ms().saturating_sub(record.started_boot_ms);
         let span = info_span!("job", job = spec.job, run = spec.run);
         span.in_scope(|| info!(pgid = child.pgid, elapsed_ms, "took the run over from the previous daemon"));
         let agent = Arc::clone(self);
         tokio::spawn(async move { agent.supervise_run(child, spec, stop_rx, cgroup, tasks, elapsed_ms).await }.instrument(span));
         Ok(true)
+    }
+
+    /// Follows again, from their start, the logs of the steps a run taken over still has here
+    /// (those whose `srun` had not read them to their end).
+    async fn adopt_steps(&self, dir: &std::path::Path, job: JobId, run: RunNo, groups: &Arc<launcher::TaskGroups>) {
+        let Ok(entries) = std::fs::read_dir(dir.join("steps")) else { return };
+        for entry in entries.flatten().take(proto::limits::STEPS_PER_JOB_MAX) {
+            let Some(step) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+            let tasks: usize = std::fs::read_to_string(entry.path().join("tasks")).ok().and_then(|t| t.trim().parse().ok()).unwrap_or(0);
+            let handle = Step::new(job, run, step, tasks);
+            match shepherd::tail_step(dir, step, 0).await {
+                Ok(conn) => handle.follow(conn, Arc::clone(groups)),
+                Err(e) => {
+                    warn!(job, step, error = format!("{e:#}"), "follow the step's output");
+                    handle.stop_following();
+                }
+            }
+            if let Some(r) = lock(&self.running).get_mut(&job) {
+                r.steps.insert(step, handle);
+            }
+            info!(job, step, tasks, "took the step over");
+        }
     }
 
     /// The leader's commit index in the last heartbeat acknowledgement.

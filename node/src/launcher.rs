@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use proto::{Job, JobId, RunNo, RunOutcome};
-use tokio::process::Child;
 
 use crate::shepherd::{ExitRecord, Shepherd};
 use tokio::sync::mpsc;
@@ -319,19 +318,11 @@ pub struct Process<'a> {
     pub run_as: Option<&'a crate::identity::Account>,
 }
 
-/// Starts a step's task: like a run's process (own session and process group, the job's
-/// cgroup and user, parent-death signal), its output piped to the agent.
-pub fn spawn_task(proc: &Process<'_>, cgroup: Option<&crate::cgroup::JobCgroup>) -> anyhow::Result<Child> {
-    start(proc, cgroup, Stdio::piped(), Stdio::piped())
-}
-
-fn start(proc: &Process<'_>, cgroup: Option<&crate::cgroup::JobCgroup>, stdout: Stdio, stderr: Stdio) -> anyhow::Result<Child> {
-    let cmd = command(proc, cgroup.and_then(|c| c.procs_fd()), stdout, stderr);
-    let child = tokio::process::Command::from(cmd)
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("start {} in {}", proc.program.display(), proc.workdir.display()))?;
-    Ok(child)
+/// The command that starts a step's task (in its run's shepherd): like a run's process (own
+/// session and process group, the job's cgroup and user, parent-death signal), its output piped
+/// to the shepherd.
+pub(crate) fn task_command(proc: &Process<'_>, procs_fd: Option<i32>) -> std::process::Command {
+    command(proc, procs_fd, Stdio::piped(), Stdio::piped())
 }
 
 /// The command that starts `proc`: own session and process group, in the cgroup whose

@@ -120,7 +120,7 @@ impl Node {
             Request::Logs { job, stream, offset, max_bytes } => self.logs(hops, job, stream, offset, max_bytes, user).await,
             Request::Enroll { secret, name, csr_pem } => self.enroll(&secret, &name, &csr_pem),
             Request::StepLaunch { job, spec } => self.launch_step(job, spec, user).await,
-            Request::StepStart { job, run, step, spec } => self.agent.start_step(job, run, step, &spec, user.as_deref()),
+            Request::StepStart { job, run, step, spec } => self.agent.start_step(job, run, step, &spec, user.as_deref()).await,
             Request::StepRead { job, step, node, offset, exits_seen, wait_ms } => {
                 if node == self.config.name {
                     return self.agent.read_step(job, step, offset, exits_seen, wait_ms, user.as_deref()).await;
@@ -195,7 +195,7 @@ impl Node {
                 let user = user.clone();
                 starts.push(tokio::spawn(async move {
                     let result = if name == node.config.name {
-                        node.agent.start_step(job, run, step, &spec, user.as_deref())
+                        node.agent.start_step(job, run, step, &spec, user.as_deref()).await
                     } else {
                         let request = Request::StepStart { job, run, step, spec: (*spec).clone() };
                         let env = Envelope { hops: 0, request, user };

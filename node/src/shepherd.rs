@@ -6,11 +6,18 @@
 //! - `launch.json`, written when the launch is accepted: the run and the instance that took it;
 //! - `spec.json`, written before the shepherd starts: what to start and how the agent
 //!   supervises it ([`RunRecord`]);
-//! - `sock`, the shepherd's Unix socket: each connection gets `PID START_TICKS` and stays open
-//!   until the job has ended and its status is written, so a supervisor learns of the end by EOF;
+//! - `sock`, the shepherd's Unix socket: each connection gets `PID START_TICKS`, then sends one
+//!   request: `watch` (the supervisor's: answered `ended` once the job ended and its status is
+//!   written, or closed when the shepherd is gone), `spawn JSON` (start a step task,
+//!   [`TaskRequest`]) or `tail STEP OFFSET` (a step's log);
 //! - `status.json`, written by the shepherd when the job ended ([`ExitRecord`]);
 //! - `report.json`, written by the agent when it queues the run's report; the directory is
-//!   removed once a leader has the report.
+//!   removed once a leader has the report;
+//! - `steps/STEP/`: the run's step tasks on this node, which the shepherd starts too (so they
+//!   outlive a hand-over as well): `tasks` (how many run here) and `output`, an append-only log of
+//!   frames (a task started, a chunk of its stdout or stderr, its exit) that the shepherd writes
+//!   from the tasks' pipes and that a supervisor tails (`tail STEP OFFSET` on the socket), from
+//!   the start after a hand-over. The agent removes it once `srun` has read it to its end.
 //!
 //! The shepherd is the job's parent (the job's parent-death signal is tied to it). It stays only
 //! while a `corrald` of its instance is alive, or while that instance is being handed over and
@@ -19,8 +26,9 @@
 //! Otherwise it SIGKILLs the job's process group and cgroup within [`POLL_MS`], records how the
 //! job ended, and exits.
 
-use std::io::{Read, Write};
+use std::io::{BufRead, Read, Seek, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -38,10 +46,56 @@ pub const POLL_MS: u64 = 100;
 pub const RECORD_FORMAT: u32 = 1;
 /// The most any file of a run directory or the daemon record may hold.
 pub const RECORD_BYTES_MAX: u64 = 4 << 20;
-/// Connections a shepherd keeps open at once (supervisors; a new one drops the oldest).
-const CONNECTIONS_MAX: usize = 16;
 /// How long a supervisor waits for a shepherd to say it started the job.
 const START_WAIT_MS: u64 = 30_000;
+/// Connections a shepherd serves at once (each has a thread); more are refused.
+const CONNECTION_THREADS_MAX: usize = 256;
+/// The longest request line a shepherd reads.
+const REQUEST_BYTES_MAX: u64 = 1 << 20;
+/// Bytes read from a task's pipe at a time (one frame at most).
+const PIPE_READ_BYTES: usize = 64 * 1024;
+/// Frame kinds in a step's output log: `[kind u8][rank u32 LE][len u32 LE][data]`.
+pub const FRAME_STDOUT: u8 = 0;
+pub const FRAME_STDERR: u8 = 1;
+/// Data: exit code (i32 LE, `i32::MIN` for none) and signal (i32 LE, 0 for none).
+pub const FRAME_EXIT: u8 = 2;
+/// Data: the task's pid (i32 LE) and start time (u64 LE): its process group.
+pub const FRAME_STARTED: u8 = 3;
+/// Header bytes of a frame.
+pub const FRAME_HEADER_BYTES: usize = 9;
+/// The largest frame body.
+pub const FRAME_DATA_BYTES_MAX: u32 = PIPE_READ_BYTES as u32;
+
+/// One task of a step, as the agent asks the run's shepherd to start it (`spawn JSON`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TaskRequest {
+    pub step: u32,
+    pub rank: u32,
+    /// Tasks of this step on this node.
+    pub tasks: u32,
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub env: std::collections::BTreeMap<String, String>,
+    pub workdir: PathBuf,
+    pub run_as: Option<crate::identity::Account>,
+    /// This node's name, for Slurm's error line when the task cannot start.
+    pub node: String,
+}
+
+/// Encodes one frame of a step's output log.
+pub fn frame(kind: u8, rank: u32, data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(FRAME_HEADER_BYTES + data.len());
+    out.push(kind);
+    out.extend_from_slice(&rank.to_le_bytes());
+    out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    out.extend_from_slice(data);
+    out
+}
+
+/// The directory of step `step` of the run in `dir`.
+pub fn step_dir(dir: &Path, step: u32) -> PathBuf {
+    dir.join("steps").join(step.to_string())
+}
 
 /// Where a run's directory is.
 pub fn run_dir(runs_dir: &Path, job: JobId, run: RunNo) -> PathBuf {
@@ -224,38 +278,67 @@ pub fn run(dir: &Path) -> anyhow::Result<()> {
     println!("started {pid} {ticks}");
     let _ = std::io::stdout().flush();
 
-    let hello = format!("{pid} {ticks}\n");
-    std::thread::spawn(move || {
-        let mut open: std::collections::VecDeque<std::os::unix::net::UnixStream> = std::collections::VecDeque::new();
-        for mut conn in listener.incoming().flatten() {
-            if conn.write_all(hello.as_bytes()).is_ok() {
-                if open.len() >= CONNECTIONS_MAX {
-                    open.pop_front();
-                }
-                open.push_back(conn);
-            }
-        }
+    let shared = Arc::new(Shared {
+        dir: dir.to_path_buf(),
+        steps: Mutex::new(std::collections::BTreeMap::new()),
+        hello: format!("{pid} {ticks}\n"),
+        watchers: Mutex::new(Vec::new()),
+        ended: std::sync::atomic::AtomicBool::new(false),
     });
+    // Tasks are forked by one thread that lives as long as the shepherd: a parent-death signal
+    // follows the thread that forked.
+    let (spawn_tx, spawn_rx) = std::sync::mpsc::sync_channel::<(TaskRequest, std::sync::mpsc::SyncSender<String>)>(64);
+    {
+        let shared = Arc::clone(&shared);
+        let cgroup = record.cgroup.clone();
+        std::thread::spawn(move || {
+            for (request, reply) in spawn_rx {
+                let answer = shared.start_task(&request, cgroup.as_deref());
+                let _ = reply.send(answer);
+            }
+        });
+    }
+    {
+        let shared = Arc::clone(&shared);
+        std::thread::spawn(move || {
+            let threads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            for conn in listener.incoming().flatten() {
+                if threads.load(std::sync::atomic::Ordering::SeqCst) >= CONNECTION_THREADS_MAX {
+                    continue;
+                }
+                threads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let (shared, threads, spawn_tx) = (Arc::clone(&shared), Arc::clone(&threads), spawn_tx.clone());
+                std::thread::spawn(move || {
+                    shared.serve(conn, &spawn_tx);
+                    threads.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                });
+            }
+        });
+    }
     let cgroup = record.cgroup.clone();
     let (daemon_file, instance) = (record.daemon_file.clone(), record.instance);
-    std::thread::spawn(move || {
-        let mut trusted = trusted;
-        loop {
-            std::thread::sleep(Duration::from_millis(POLL_MS));
-            if process_alive(trusted.0, trusted.1) {
-                continue;
-            }
-            match verdict(&daemon_file, instance, boot_ms()) {
-                Verdict::Trust(d) => trusted = (d.pid, d.start_ticks),
-                Verdict::Wait => {}
-                Verdict::Kill(why) => {
-                    tracing::warn!(pid, reason = %why, "shepherd: killing its job");
-                    kill_job(pid, cgroup.as_deref());
-                    return;
+    {
+        let shared = Arc::clone(&shared);
+        std::thread::spawn(move || {
+            let mut trusted = trusted;
+            loop {
+                std::thread::sleep(Duration::from_millis(POLL_MS));
+                if process_alive(trusted.0, trusted.1) {
+                    continue;
+                }
+                match verdict(&daemon_file, instance, boot_ms()) {
+                    Verdict::Trust(d) => trusted = (d.pid, d.start_ticks),
+                    Verdict::Wait => {}
+                    Verdict::Kill(why) => {
+                        tracing::warn!(pid, reason = %why, "shepherd: killing its job");
+                        shared.kill_tasks();
+                        kill_job(pid, cgroup.as_deref());
+                        return;
+                    }
                 }
             }
-        }
-    });
+        });
+    }
     let exit = match child.wait() {
         Ok(status) => {
             use std::os::unix::process::ExitStatusExt;
@@ -267,13 +350,308 @@ pub fn run(dir: &Path) -> anyhow::Result<()> {
         }
         Err(e) => ExitRecord::Failed(format!("wait for the job: {e}")),
     };
+    write_json(&status_path, &exit)?;
+    shared.job_ended();
+    // The supervisor stops what is left (its stop sequence: SIGTERM, grace, SIGKILL) and the
+    // step tasks' ends complete their logs; past the wait, or with nobody to do it, they are
+    // killed here. Exiting closes every connection.
+    shared.wait_steps_complete(Duration::from_millis(STEPS_COMPLETE_WAIT_MS));
+    shared.kill_tasks();
+    shared.wait_steps_complete(Duration::from_millis(STEPS_KILLED_WAIT_MS));
     // Whatever the job left in its group goes with it, as when corrald supervised it directly.
     // SAFETY: kill(2) on the job's process group; its leader is reaped, the group id is ours
     // until every member is gone.
     unsafe { libc::kill(-pid, libc::SIGKILL) };
-    write_json(&status_path, &exit)?;
-    // Exiting closes every supervisor's connection: that is how they learn the job ended.
     std::process::exit(0);
+}
+
+/// How long a shepherd whose job ended waits for its supervisor to stop the step tasks left
+/// (its stop sequence is at most `kill_grace_ms`), before it kills them itself.
+const STEPS_COMPLETE_WAIT_MS: u64 = 120_000;
+/// How long it then waits for the killed tasks' logs to be complete.
+const STEPS_KILLED_WAIT_MS: u64 = 2_000;
+
+/// What a shepherd's threads share.
+struct Shared {
+    dir: PathBuf,
+    steps: Mutex<std::collections::BTreeMap<u32, Arc<StepLog>>>,
+    hello: String,
+    /// Supervisors' connections (`watch`), told `ended` when the job ended.
+    watchers: Mutex<Vec<std::os::unix::net::UnixStream>>,
+    /// The job ended and its status is written.
+    ended: std::sync::atomic::AtomicBool,
+}
+
+/// One step's output log, as its shepherd writes it.
+struct StepLog {
+    path: PathBuf,
+    state: Mutex<StepLogState>,
+    grew: Condvar,
+}
+
+struct StepLogState {
+    file: std::fs::File,
+    len: u64,
+    tasks: u32,
+    exits: u32,
+    /// Process groups of its tasks.
+    pgids: Vec<i32>,
+}
+
+impl StepLogState {
+    fn complete(&self) -> bool {
+        self.exits >= self.tasks
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl StepLog {
+    /// Appends one frame (whole, under the lock) and wakes the tails.
+    fn append(&self, kind: u8, rank: u32, data: &[u8]) {
+        let bytes = frame(kind, rank, data);
+        let mut st = lock(&self.state);
+        match st.file.write_all(&bytes) {
+            Ok(()) => st.len += bytes.len() as u64,
+            Err(e) => tracing::warn!(path = %self.path.display(), error = %e, "shepherd: append to step log"),
+        }
+        if kind == FRAME_EXIT {
+            st.exits += 1;
+        }
+        drop(st);
+        self.grew.notify_all();
+    }
+
+    fn exit(&self, rank: u32, code: Option<i32>, signal: Option<i32>) {
+        let mut data = code.unwrap_or(i32::MIN).to_le_bytes().to_vec();
+        data.extend_from_slice(&signal.unwrap_or(0).to_le_bytes());
+        self.append(FRAME_EXIT, rank, &data);
+    }
+}
+
+impl Shared {
+    /// One connection: the hello line, then at most one request (`spawn JSON`, `tail STEP
+    /// OFFSET`); a connection that sends none is held open until the shepherd exits.
+    fn serve(
+        &self,
+        conn: std::os::unix::net::UnixStream,
+        spawn_tx: &std::sync::mpsc::SyncSender<(TaskRequest, std::sync::mpsc::SyncSender<String>)>,
+    ) {
+        let mut writer = match conn.try_clone() {
+            Ok(w) => w,
+            Err(_) => return,
+        };
+        if writer.write_all(self.hello.as_bytes()).is_err() {
+            return;
+        }
+        let mut line = String::new();
+        let mut reader = std::io::BufReader::new((&conn).take(REQUEST_BYTES_MAX));
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let line = line.trim_end();
+        if line == "watch" {
+            let mut watchers = lock(&self.watchers);
+            if self.ended.load(std::sync::atomic::Ordering::SeqCst) {
+                let _ = writer.write_all(b"ended\n");
+            } else if watchers.len() < CONNECTION_THREADS_MAX {
+                // Held open until told or until the shepherd exits.
+                watchers.push(writer);
+            }
+        } else if let Some(json) = line.strip_prefix("spawn ") {
+            let answer = match serde_json::from_str::<TaskRequest>(json) {
+                Ok(request) => {
+                    let (reply_tx, reply_rx) = std::sync::mpsc::sync_channel(1);
+                    match spawn_tx.send((request, reply_tx)) {
+                        Ok(()) => reply_rx.recv().unwrap_or_else(|_| "err the shepherd's spawner is gone".into()),
+                        Err(_) => "err the shepherd's spawner is gone".into(),
+                    }
+                }
+                Err(e) => format!("err bad task request: {e}"),
+            };
+            let _ = writer.write_all(format!("{answer}\n").as_bytes());
+        } else if let Some(args) = line.strip_prefix("tail ") {
+            let mut words = args.split_whitespace();
+            let (Some(step), Some(offset)) = (words.next().and_then(|w| w.parse().ok()), words.next().and_then(|w| w.parse().ok())) else {
+                return;
+            };
+            self.tail(step, offset, &mut writer);
+        }
+    }
+
+    /// The log of step `step`, made when its first task is asked for.
+    fn step_log(&self, step: u32, tasks: u32) -> anyhow::Result<Arc<StepLog>> {
+        let mut steps = lock(&self.steps);
+        if let Some(log) = steps.get(&step) {
+            return Ok(Arc::clone(log));
+        }
+        let dir = step_dir(&self.dir, step);
+        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+        std::fs::write(dir.join("tasks"), tasks.to_string()).with_context(|| format!("write {}/tasks", dir.display()))?;
+        let path = dir.join("output");
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(&path).with_context(|| format!("open {}", path.display()))?;
+        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let log = Arc::new(StepLog {
+            path,
+            state: Mutex::new(StepLogState { file, len, tasks, exits: 0, pgids: Vec::new() }),
+            grew: Condvar::new(),
+        });
+        steps.insert(step, Arc::clone(&log));
+        Ok(log)
+    }
+
+    /// Starts one task (on the spawner thread): its pipes go into the step's log, and its exit
+    /// after them. Answers `ok PID TICKS`, or `err WHY` when the step's log cannot be made (a
+    /// task that cannot start is recorded in the log, as Slurm reports it, and answered `ok 0 0`).
+    fn start_task(&self, request: &TaskRequest, cgroup: Option<&Path>) -> String {
+        let log = match self.step_log(request.step, request.tasks) {
+            Ok(l) => l,
+            Err(e) => return format!("err {}", format!("{e:#}").replace('\n', " ")),
+        };
+        let procs = cgroup.and_then(|c| std::fs::OpenOptions::new().write(true).open(c.join("cgroup.procs")).ok());
+        let procs_fd = procs.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
+        let proc = crate::launcher::Process {
+            program: &request.program,
+            args: &request.args,
+            env: &request.env,
+            workdir: &request.workdir,
+            run_as: request.run_as.as_ref(),
+        };
+        let rank = request.rank;
+        let mut child = match crate::launcher::task_command(&proc, procs_fd).spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                // As slurmstepd: the error on the task's stderr, and errno as its exit code.
+                let why = e.to_string().split(" (os error").next().unwrap_or_default().to_string();
+                let line = format!("slurmstepd-{}: error: execve(): {}: {why}\n", request.node, request.program.display());
+                log.append(FRAME_STDERR, rank, line.as_bytes());
+                log.exit(rank, Some(e.raw_os_error().unwrap_or(1)), None);
+                return "ok 0 0".into();
+            }
+        };
+        let pid = child.id() as i32;
+        let ticks = start_ticks(pid).unwrap_or(0);
+        let mut started = pid.to_le_bytes().to_vec();
+        started.extend_from_slice(&ticks.to_le_bytes());
+        lock(&log.state).pgids.push(pid);
+        log.append(FRAME_STARTED, rank, &started);
+        let mut readers = Vec::new();
+        let pipes: [(u8, Option<Box<dyn Read + Send>>); 2] = [
+            (FRAME_STDOUT, child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>)),
+            (FRAME_STDERR, child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>)),
+        ];
+        for (kind, pipe) in pipes {
+            let Some(mut pipe) = pipe else { continue };
+            let log = Arc::clone(&log);
+            readers.push(std::thread::spawn(move || {
+                let mut buf = vec![0u8; PIPE_READ_BYTES];
+                loop {
+                    match pipe.read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(n) => log.append(kind, rank, &buf[..n]),
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(_) => break,
+                    }
+                }
+            }));
+        }
+        std::thread::spawn(move || {
+            use std::os::unix::process::ExitStatusExt;
+            let status = child.wait();
+            for r in readers {
+                let _ = r.join();
+            }
+            match status {
+                Ok(s) => log.exit(rank, s.code(), s.signal()),
+                Err(_) => log.exit(rank, Some(1), None),
+            }
+        });
+        format!("ok {pid} {ticks}")
+    }
+
+    /// Streams step `step`'s log from `offset` to `out` as it grows, until it is complete and
+    /// all sent (or the reader goes away).
+    fn tail(&self, step: u32, offset: u64, out: &mut std::os::unix::net::UnixStream) {
+        let log = {
+            let steps = lock(&self.steps);
+            match steps.get(&step) {
+                Some(l) => Arc::clone(l),
+                None => return,
+            }
+        };
+        let Ok(mut file) = std::fs::File::open(&log.path) else { return };
+        if file.seek(std::io::SeekFrom::Start(offset)).is_err() {
+            return;
+        }
+        let mut pos = offset;
+        let mut buf = vec![0u8; PIPE_READ_BYTES + FRAME_HEADER_BYTES];
+        loop {
+            let len = {
+                let st = lock(&log.state);
+                if pos >= st.len {
+                    if st.complete() {
+                        return;
+                    }
+                    let (st, _) = log.grew.wait_timeout(st, Duration::from_secs(1)).unwrap_or_else(|p| p.into_inner());
+                    st.len
+                } else {
+                    st.len
+                }
+            };
+            while pos < len {
+                let want = ((len - pos) as usize).min(buf.len());
+                match file.read(&mut buf[..want]) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        if out.write_all(&buf[..n]).is_err() {
+                            return;
+                        }
+                        pos += n as u64;
+                    }
+                    Err(_) => return,
+                }
+            }
+        }
+    }
+
+    /// The job ended and its status is written: tell the supervisors.
+    fn job_ended(&self) {
+        let mut watchers = lock(&self.watchers);
+        self.ended.store(true, std::sync::atomic::Ordering::SeqCst);
+        for w in watchers.iter_mut() {
+            let _ = w.write_all(b"ended\n");
+        }
+        watchers.clear();
+    }
+
+    /// SIGKILLs every step task's process group.
+    fn kill_tasks(&self) {
+        for log in lock(&self.steps).values() {
+            for pgid in &lock(&log.state).pgids {
+                if *pgid > 1 {
+                    // SAFETY: kill(2) on the group of a task this shepherd started.
+                    unsafe { libc::kill(-*pgid, libc::SIGKILL) };
+                }
+            }
+        }
+    }
+
+    fn wait_steps_complete(&self, patience: Duration) {
+        let deadline = std::time::Instant::now() + patience;
+        let logs: Vec<Arc<StepLog>> = lock(&self.steps).values().cloned().collect();
+        for log in logs {
+            let mut st = lock(&log.state);
+            while !st.complete() {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                st = log.grew.wait_timeout(st, left).unwrap_or_else(|p| p.into_inner()).0;
+            }
+        }
+    }
 }
 
 /// A supervisor's handle on a run's shepherd.
@@ -347,13 +725,9 @@ impl Shepherd {
             return e.clone();
         }
         if let Some(conn) = &mut self.conn {
-            let mut buf = [0u8; 256];
-            loop {
-                match tokio::io::AsyncReadExt::read(conn, &mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {}
-                }
-            }
+            // `ended` (the job ended and its status is written), or EOF (the shepherd is gone).
+            let mut buf = [0u8; 64];
+            let _ = tokio::io::AsyncReadExt::read(conn, &mut buf).await;
         } else {
             // No connection (it ended before we connected, or the socket failed): watch the pid.
             while process_alive(self.pgid, self.start_ticks) {
@@ -389,28 +763,78 @@ fn parse_started(text: &str) -> Option<(i32, u64)> {
     Some((pid, ticks))
 }
 
+/// Reads one short line from `conn` byte by byte (nothing past it is consumed).
+async fn read_short_line(conn: &mut tokio::net::UnixStream, max: usize) -> std::io::Result<String> {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while line.len() < max {
+        if tokio::io::AsyncReadExt::read(conn, &mut byte).await? == 0 {
+            break;
+        }
+        if byte[0] == b'\n' {
+            break;
+        }
+        line.push(byte[0]);
+    }
+    Ok(String::from_utf8_lossy(&line).into_owned())
+}
+
+/// Opens a connection to the shepherd in `dir` and sends `request` after its hello.
+async fn open_request(dir: &Path, request: &str) -> anyhow::Result<tokio::net::UnixStream> {
+    let sock = dir.join("sock");
+    let mut conn = tokio::net::UnixStream::connect(&sock).await.with_context(|| format!("connect to shepherd {}", sock.display()))?;
+    let hello = tokio::time::timeout(Duration::from_millis(START_WAIT_MS), read_short_line(&mut conn, 64))
+        .await
+        .with_context(|| format!("shepherd {} did not answer", sock.display()))??;
+    anyhow::ensure!(parse_started(&hello).is_some(), "shepherd {} said {hello:?}", sock.display());
+    tokio::io::AsyncWriteExt::write_all(&mut conn, format!("{request}\n").as_bytes())
+        .await
+        .with_context(|| format!("write to shepherd {}", sock.display()))?;
+    Ok(conn)
+}
+
+/// Asks the shepherd in `dir` to start a step's task: its pid and start time (0 for a task
+/// that could not start; its error is in the step's log).
+pub async fn spawn_task(dir: &Path, request: &TaskRequest) -> anyhow::Result<(i32, u64)> {
+    let json = serde_json::to_string(request).context("encode task request")?;
+    let mut conn = open_request(dir, &format!("spawn {json}")).await?;
+    let answer = tokio::time::timeout(Duration::from_millis(START_WAIT_MS), read_short_line(&mut conn, 4096))
+        .await
+        .context("the shepherd did not answer within 30 s")??;
+    if let Some(why) = answer.strip_prefix("err ") {
+        anyhow::bail!("{why}");
+    }
+    answer.strip_prefix("ok ").and_then(parse_started).with_context(|| format!("the shepherd answered {answer:?}"))
+}
+
+/// Follows step `step`'s log in the shepherd of `dir` from `offset`: the connection the frames
+/// come on.
+pub async fn tail_step(dir: &Path, step: u32, offset: u64) -> anyhow::Result<tokio::net::UnixStream> {
+    open_request(dir, &format!("tail {step} {offset}")).await
+}
+
 /// Connects to the shepherd in `dir`: its job's pid and start time and the open connection, or
 /// none when no shepherd serves there any more.
 async fn connect(dir: &Path) -> anyhow::Result<Option<(i32, u64, tokio::net::UnixStream)>> {
     let sock = dir.join("sock");
-    let conn = match tokio::net::UnixStream::connect(&sock).await {
+    let mut conn = match tokio::net::UnixStream::connect(&sock).await {
         Ok(c) => c,
         Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) => return Ok(None),
         Err(e) => return Err(e).with_context(|| format!("connect to shepherd {}", sock.display())),
     };
-    let mut reader = tokio::io::BufReader::new(conn);
-    let mut line = String::new();
-    let read =
-        tokio::time::timeout(Duration::from_millis(START_WAIT_MS), tokio::io::AsyncBufReadExt::read_line(&mut reader, &mut line)).await;
-    match read {
-        Ok(Ok(0)) => Ok(None),
-        Ok(Ok(_)) => {
-            let (pid, ticks) = parse_started(&line).with_context(|| format!("shepherd {} said {line:?}", sock.display()))?;
-            Ok(Some((pid, ticks, reader.into_inner())))
-        }
-        Ok(Err(e)) => Err(e).with_context(|| format!("read from shepherd {}", sock.display())),
+    let line = match tokio::time::timeout(Duration::from_millis(START_WAIT_MS), read_short_line(&mut conn, 64)).await {
+        Ok(Ok(line)) => line,
+        Ok(Err(e)) => return Err(e).with_context(|| format!("read from shepherd {}", sock.display())),
         Err(_) => anyhow::bail!("shepherd {} did not answer within 30 s", sock.display()),
+    };
+    if line.is_empty() {
+        return Ok(None);
     }
+    let (pid, ticks) = parse_started(&line).with_context(|| format!("shepherd {} said {line:?}", sock.display()))?;
+    if tokio::io::AsyncWriteExt::write_all(&mut conn, b"watch\n").await.is_err() {
+        return Ok(None);
+    }
+    Ok(Some((pid, ticks, conn)))
 }
 
 #[cfg(test)]

@@ -1,7 +1,10 @@
-//! One job step on this node: the tasks an `srun` inside a batch job started here, their output
-//! held until that `srun` reads it, and how each task ended. The output held is bounded
-//! (`STEP_OUTPUT_BUFFER_BYTES_MAX`): past it the readers stop draining the pipes, so a task
-//! whose `srun` reads slowly waits on its writes instead of losing output.
+//! One job step on this node: the tasks an `srun` inside a batch job started here (through the
+//! run's shepherd, which logs their output and exits on disk, `shepherd::StepLog`), their output
+//! held until that `srun` reads it, and how each task ended. The output held in memory is
+//! bounded (`STEP_OUTPUT_BUFFER_BYTES_MAX`): past it the follower stops reading the shepherd's
+//! log, which keeps the rest on disk, so a slow `srun` loses nothing and costs no memory. A
+//! daemon that takes a run over follows each step's log from its start again, skipping what the
+//! `srun` already read (its first read says how far that is).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -10,13 +13,10 @@ use std::time::Duration;
 use proto::limits::STEP_OUTPUT_BUFFER_BYTES_MAX;
 use proto::{JobId, LogStream, RunNo, StepChunk, TaskExit};
 use tokio::io::AsyncReadExt;
-use tokio::process::Child;
 use tokio::sync::Notify;
 
 use crate::launcher::TaskGroups;
-
-/// Bytes read from a task's pipe at a time (one chunk at most).
-const PIPE_READ_BYTES: usize = 64 * 1024;
+use crate::shepherd;
 
 pub struct Step {
     pub job: JobId,
@@ -41,7 +41,11 @@ struct State {
     held_bytes: usize,
     exits: Vec<TaskExit>,
     tasks: usize,
-    pipes_open: usize,
+    /// Whether the shepherd's log is still being followed (more output or exits may come).
+    following: bool,
+    /// Output before this offset was read already (by an `srun` of a previous daemon): dropped
+    /// as it comes instead of held.
+    skip_to: u64,
     /// Process groups of its tasks.
     pgids: Vec<i32>,
 }
@@ -56,7 +60,7 @@ pub struct ReadOut {
 
 impl Step {
     pub fn new(job: JobId, run: RunNo, id: u32, tasks: usize) -> Arc<Step> {
-        let state = State { tasks, ..State::default() };
+        let state = State { tasks, following: true, ..State::default() };
         Arc::new(Step { job, run, id, state: Mutex::new(state), news: Notify::new(), room: Notify::new(), looks: Default::default() })
     }
 
@@ -65,12 +69,22 @@ impl Step {
     }
 
     /// Output of task `rank` that came from this node rather than the task (a failed start).
-    pub fn push(&self, rank: u32, stream: LogStream, data: Vec<u8>) {
+    pub fn push(&self, rank: u32, stream: LogStream, mut data: Vec<u8>) {
         if data.is_empty() {
             return;
         }
         {
             let mut st = self.lock();
+            if st.end < st.skip_to {
+                // Read already: only what is past the reader's offset is held.
+                let skip = ((st.skip_to - st.end) as usize).min(data.len());
+                data.drain(..skip);
+                st.end += skip as u64;
+                st.start = st.end;
+                if data.is_empty() {
+                    return;
+                }
+            }
             st.end += data.len() as u64;
             st.held_bytes += data.len();
             st.chunks.push_back(StepChunk { rank, stream, data });
@@ -81,16 +95,25 @@ impl Step {
     pub fn task_ended(&self, exit: TaskExit) {
         {
             let mut st = self.lock();
-            assert!(st.exits.len() < st.tasks, "step {}: more exits than tasks", self.id);
+            if st.exits.len() >= st.tasks || st.exits.iter().any(|e| e.rank == exit.rank) {
+                tracing::warn!(step = self.id, rank = exit.rank, "a second exit of a step task ignored");
+                return;
+            }
             st.exits.push(exit);
         }
         self.news.notify_waiters();
     }
 
-    /// Whether every task ended and every pipe closed.
+    /// Whether every task ended and all of their output is in.
     pub fn ended(&self) -> bool {
         let st = self.lock();
-        st.exits.len() == st.tasks && st.pipes_open == 0
+        st.exits.len() == st.tasks && !st.following
+    }
+
+    /// Nothing more comes from the shepherd's log.
+    pub fn stop_following(&self) {
+        self.lock().following = false;
+        self.news.notify_waiters();
     }
 
     /// Sends `signal` to every task's process group that is still alive.
@@ -114,47 +137,59 @@ impl Step {
         }
     }
 
-    /// Drains `child`'s stdout and stderr into the step as task `rank`'s output, and records
-    /// how it ended; its process group is forgotten by `groups` once empty.
-    pub fn attach(self: &Arc<Self>, rank: u32, mut child: Child, groups: Arc<TaskGroups>) {
-        let pipes: Vec<(LogStream, Box<dyn tokio::io::AsyncRead + Send + Unpin>)> = [
-            child.stdout.take().map(|p| (LogStream::Stdout, Box::new(p) as Box<dyn tokio::io::AsyncRead + Send + Unpin>)),
-            child.stderr.take().map(|p| (LogStream::Stderr, Box::new(p) as Box<dyn tokio::io::AsyncRead + Send + Unpin>)),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
-        self.lock().pipes_open += pipes.len();
-        for (stream, mut pipe) in pipes {
-            let step = Arc::clone(self);
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; PIPE_READ_BYTES];
-                loop {
-                    step.room().await;
-                    match pipe.read(&mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => step.push(rank, stream, buf[..n].to_vec()),
+    /// Follows the step's log from its shepherd (`conn`, after its `tail` request): output is
+    /// held as buffer room allows, exits recorded, and each task's process group added to
+    /// `groups`; when the log is complete the shepherd closes `conn`.
+    pub fn follow(self: &Arc<Self>, mut conn: tokio::net::UnixStream, groups: Arc<TaskGroups>) {
+        let step = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut header = [0u8; shepherd::FRAME_HEADER_BYTES];
+            loop {
+                step.room().await;
+                if conn.read_exact(&mut header).await.is_err() {
+                    break;
+                }
+                let kind = header[0];
+                let rank = u32::from_le_bytes([header[1], header[2], header[3], header[4]]);
+                let len = u32::from_le_bytes([header[5], header[6], header[7], header[8]]);
+                if len > shepherd::FRAME_DATA_BYTES_MAX {
+                    tracing::warn!(step = step.id, len, "step log frame too large: stopped following it");
+                    break;
+                }
+                let mut data = vec![0u8; len as usize];
+                if conn.read_exact(&mut data).await.is_err() {
+                    break;
+                }
+                match kind {
+                    shepherd::FRAME_STDOUT => step.push(rank, LogStream::Stdout, data),
+                    shepherd::FRAME_STDERR => step.push(rank, LogStream::Stderr, data),
+                    shepherd::FRAME_EXIT if data.len() == 8 => {
+                        let code = i32::from_le_bytes([data[0], data[1], data[2], data[3]]);
+                        let signal = i32::from_le_bytes([data[4], data[5], data[6], data[7]]);
+                        step.task_ended(TaskExit {
+                            rank,
+                            code: (code != i32::MIN).then_some(code),
+                            signal: (signal != 0).then_some(signal),
+                        });
+                    }
+                    shepherd::FRAME_STARTED if data.len() == 12 => {
+                        let pid = i32::from_le_bytes([data[0], data[1], data[2], data[3]]);
+                        let mut ticks = [0u8; 8];
+                        ticks.copy_from_slice(&data[4..12]);
+                        if pid > 1 {
+                            step.lock().pgids.push(pid);
+                            if !groups.add(pid, u64::from_le_bytes(ticks)) {
+                                tracing::info!(step = step.id, rank, "step task started as its run ended: killed");
+                            }
+                        }
+                    }
+                    other => {
+                        tracing::warn!(step = step.id, kind = other, "unknown step log frame: stopped following it");
+                        break;
                     }
                 }
-                step.lock().pipes_open -= 1;
-                step.news.notify_waiters();
-            });
-        }
-        let step = Arc::clone(self);
-        let pgid = child.id().map_or(0, |p| p as i32);
-        self.lock().pgids.push(pgid);
-        tokio::spawn(async move {
-            let exit = match child.wait().await {
-                Ok(status) => {
-                    use std::os::unix::process::ExitStatusExt;
-                    TaskExit { rank, code: status.code(), signal: status.signal() }
-                }
-                Err(_) => TaskExit { rank, code: Some(1), signal: None },
-            };
-            if pgid > 0 {
-                groups.forget_if_empty(pgid);
             }
-            step.task_ended(exit);
+            step.stop_following();
         });
     }
 
@@ -187,6 +222,15 @@ impl Step {
 
     fn collect_locked(&self, offset: u64, max_bytes: usize) -> ReadOut {
         let mut st = self.lock();
+        if offset > st.end {
+            // The reader is past what this daemon has followed so far (it read it from the
+            // previous one): drop everything held, and what comes up to its offset.
+            st.skip_to = st.skip_to.max(offset);
+            st.chunks.clear();
+            st.held_bytes = 0;
+            st.start = st.end;
+            return ReadOut { chunks: Vec::new(), next_offset: offset, exits: st.exits.clone(), done: false };
+        }
         let offset = offset.clamp(st.start, st.end);
         // Release what the reader has.
         while let Some(front) = st.chunks.front() {
@@ -216,7 +260,7 @@ impl Step {
             chunks.push(c.clone());
         }
         let next_offset = offset + bytes as u64;
-        let done = st.exits.len() == st.tasks && st.pipes_open == 0 && next_offset == st.end;
+        let done = st.exits.len() == st.tasks && !st.following && next_offset == st.end;
         ReadOut { chunks, next_offset, exits: st.exits.clone(), done }
     }
 }
@@ -244,10 +288,30 @@ mod tests {
         step.task_ended(TaskExit { rank: 0, code: Some(0), signal: None });
         step.task_ended(TaskExit { rank: 1, code: None, signal: Some(9) });
         let end = step.read(11, 0, 1 << 20, Duration::ZERO).await;
+        assert!(!end.done, "the shepherd's log may still bring output");
+        step.stop_following();
+        let end = step.read(11, 0, 1 << 20, Duration::ZERO).await;
         assert!(end.chunks.is_empty());
         assert_eq!(end.exits.len(), 2);
-        assert!(end.done, "no pipes were attached: both exits and all bytes are in");
+        assert!(end.done, "the log is complete: both exits and all bytes are in");
         assert_eq!(end.exits[1].status(), 137);
+    }
+
+    #[tokio::test]
+    async fn a_step_followed_again_from_its_start_skips_what_its_reader_had() {
+        // A new daemon follows the log from its start; the srun already read 8 bytes of it.
+        let step = Step::new(1, 1, 0, 1);
+        step.push(0, LogStream::Stdout, b"hello ".to_vec());
+        let first = step.read(8, 0, 1 << 20, Duration::ZERO).await;
+        assert!(first.chunks.is_empty() && first.next_offset == 8, "nothing held past the reader yet");
+        step.push(0, LogStream::Stdout, b"world".to_vec());
+        let out = step.read(8, 0, 1 << 20, Duration::ZERO).await;
+        assert_eq!(out.chunks, vec![StepChunk { rank: 0, stream: LogStream::Stdout, data: b"rld".to_vec() }]);
+        assert_eq!(out.next_offset, 11);
+        step.push(0, LogStream::Stderr, b"!".to_vec());
+        let out = step.read(11, 0, 1 << 20, Duration::ZERO).await;
+        assert_eq!(out.chunks, vec![StepChunk { rank: 0, stream: LogStream::Stderr, data: b"!".to_vec() }]);
+        assert_eq!(out.next_offset, 12);
     }
 
     #[tokio::test]

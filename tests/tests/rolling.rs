@@ -66,11 +66,15 @@ fn a_rolling_restart_of_every_node_loses_no_job() {
     println!("rolling restart: {} jobs, all completed; requeue after SIGTERM {requeue_ms:?} ms", ids.len());
 }
 
-/// A batch job across two nodes whose script waits for `b-go`, then runs one step on both.
+/// A batch job across two nodes: a step on both that runs through every upgrade (it prints a
+/// line when `s-mid` appears, while a node has no daemon, and ends with 3 on `s-go`), then, on
+/// `b-go`, a second step started after the upgrades.
 const BATCH: &str = r#"#!/bin/sh
 #SBATCH -N 2
 #SBATCH -o batch.out
 echo "batch on $SLURMD_NODENAME pid $$"
+srun -l sh -c 'echo "long step on $SLURMD_NODENAME"; while [ ! -e s-mid ]; do sleep 0.1; done; echo "mid on $SLURMD_NODENAME"; while [ ! -e s-go ]; do sleep 0.1; done; echo "after on $SLURMD_NODENAME"; exit 3'
+echo "srun long=$?"
 while [ ! -e b-go ]; do sleep 0.1; done
 srun -l sh -c 'echo "step on $SLURMD_NODENAME"'
 echo "srun=$?"
@@ -92,6 +96,8 @@ fn a_rolling_upgrade_hands_every_run_over_and_no_job_restarts() {
     let all: Vec<u64> = long.iter().copied().chain([x, batch]).collect();
     wait_until("every job to run", Duration::from_secs(30), || all.iter().all(|id| c.job(*id)["state"] == "RUNNING"));
     let x_node = c.job(x)["node"].as_str().expect("x runs on a node").to_string();
+    let batch_out = || std::fs::read_to_string(c.work.join("batch.out")).unwrap_or_default();
+    wait_until("the long step to run on both nodes", Duration::from_secs(30), || batch_out().matches("long step on ").count() == 2);
 
     let mut gaps_ms = Vec::new();
     for node in ["n1", "n2", "n3"] {
@@ -100,6 +106,10 @@ fn a_rolling_upgrade_hands_every_run_over_and_no_job_restarts() {
         c.signal(node, "USR2");
         assert!(!chaos::runner::pid_alive(pid), "{node}'s corrald exits after handing its runs over");
         assert!(corral_tests::node_log(&c, node).contains("runs handed over"), "{node}:\n{}", c.logs());
+        if node == "n1" {
+            // Step output written while this node has no daemon is kept by the shepherds.
+            std::fs::write(c.work.join("s-mid"), b"").expect("write s-mid");
+        }
         if node == x_node {
             std::fs::write(c.work.join("x-go"), b"").expect("write x-go");
             wait_until("job x to end with no daemon on its node", Duration::from_secs(10), || {
@@ -126,15 +136,22 @@ fn a_rolling_upgrade_hands_every_run_over_and_no_job_restarts() {
     assert_eq!(xjob["exit_code"], 7, "{xjob}");
 
     std::fs::write(c.work.join("done"), b"").expect("write done");
+    std::fs::write(c.work.join("s-go"), b"").expect("write s-go");
+    wait_until("the long step to end", Duration::from_secs(30), || batch_out().contains("srun long="));
     std::fs::write(c.work.join("b-go"), b"").expect("write b-go");
     for id in long.iter().chain([&batch]) {
         let job = c.wait_final(*id, Duration::from_secs(60));
         assert_eq!(job["state"], "COMPLETED", "job {id} after the rolling upgrade: {job}\n{}", c.logs());
         assert_eq!(job["restart_count"], 0, "{job}");
     }
-    let out = std::fs::read_to_string(c.work.join("batch.out")).unwrap_or_default();
+    let out = batch_out();
     assert_eq!(out.lines().filter(|l| l.starts_with("batch on ")).count(), 1, "the script ran once:\n{out}");
-    let mut steps: Vec<&str> = out.lines().filter(|l| l.contains("step on ")).collect();
+    // The step that ran through the upgrades lost none of its output and its exit reached srun.
+    for what in ["long step on ", "mid on ", "after on "] {
+        assert_eq!(out.matches(what).count(), 2, "{what:?} from both of the step's tasks:\n{out}");
+    }
+    assert!(out.contains("srun long=3"), "the long step's exit code:\n{out}");
+    let mut steps: Vec<&str> = out.lines().filter(|l| l.split_once(": ").is_some_and(|(_, rest)| rest.starts_with("step on "))).collect();
     steps.sort();
     assert_eq!(steps.len(), 2, "a step started after every node was upgraded runs on both of the job's nodes:\n{out}");
     assert!(out.contains("srun=0"), "{out}");

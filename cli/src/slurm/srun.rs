@@ -526,10 +526,19 @@ fn run_step(p: &Parsed, env: &BTreeMap<String, String>) -> Result<i32, SlurmErro
     let mut printer = Printer { label: p.has("label"), width: tasks.saturating_sub(1).to_string().len(), partial: BTreeMap::new() };
     super::block_on(PROG, async move {
         let cluster = std::sync::Arc::new(crate::client::Cluster::local(std::path::Path::new(socket)));
-        let reply = cluster
-            .call(Request::StepLaunch { job, spec })
-            .await
-            .map_err(|e| fatal(format!("Unable to create step for job {job}: {e:#}")))?;
+        // The node's daemon may be handing its runs over to the next one (a rolling upgrade):
+        // it is back within seconds, so unreachable and unavailable are retried for a while.
+        let mut tries = 0u32;
+        let reply = loop {
+            match cluster.call(Request::StepLaunch { job, spec: spec.clone() }).await {
+                Ok(Err(proto::ApiError::Unavailable(_))) | Err(_) if tries < STEP_READ_FAILURES_MAX => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(STEP_RETRY_MS)).await;
+                }
+                Ok(r) => break r,
+                Err(e) => return Err(fatal(format!("Unable to create step for job {job}: {e:#}"))),
+            }
+        };
         let step = match reply {
             Ok(Reply::StepLaunched { step, .. }) => step,
             Ok(other) => return Err(fatal(format!("unexpected reply {other:?}"))),
@@ -618,6 +627,12 @@ fn run_step(p: &Parsed, env: &BTreeMap<String, String>) -> Result<i32, SlurmErro
                     cursor.2 = done;
                 }
                 Ok(Ok(other)) => return Err(fatal(format!("unexpected reply {other:?}"))),
+                Ok(Err(proto::ApiError::Unavailable(_))) if failures < STEP_READ_FAILURES_MAX => {
+                    // A node of the step is out of reach for now (its daemon may be handing
+                    // its runs over): read it again.
+                    failures += 1;
+                    tokio::time::sleep(Duration::from_millis(STEP_RETRY_MS)).await;
+                }
                 Ok(Err(e)) => {
                     // The job ended (its steps with it) or the node is gone.
                     eprintln!("{PROG}: error: {node}: step {job}.{step}: {e}");
@@ -629,7 +644,7 @@ fn run_step(p: &Parsed, env: &BTreeMap<String, String>) -> Result<i32, SlurmErro
                     if failures > STEP_READ_FAILURES_MAX {
                         return Err(fatal(format!("lost the local corrald: {e:#}")));
                     }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    tokio::time::sleep(Duration::from_millis(STEP_RETRY_MS)).await;
                 }
             }
             if !cursor.2 {
@@ -656,8 +671,11 @@ fn current_umask() -> u32 {
     }
 }
 
-/// Consecutive failed calls to the local corrald before `srun` gives up on the step.
-const STEP_READ_FAILURES_MAX: u32 = 25;
+/// Calls in a row that fail to reach a node of the step (or the local corrald) before `srun`
+/// gives up on it: 30 s at `STEP_RETRY_MS`, well beyond a daemon handing its runs over to the
+/// next one (a rolling upgrade, about 2 s).
+const STEP_READ_FAILURES_MAX: u32 = 150;
+const STEP_RETRY_MS: u64 = 200;
 
 /// Options of an `srun` outside an allocation that shape its step, not the allocation: passed on
 /// to the `srun` the allocation's script runs.
