@@ -496,8 +496,10 @@ fn plan_faults(rng: &mut StdRng, faults: &[Fault], duration_ms: u64) -> Vec<Plan
         let hold_ms = match fault {
             Fault::Pause => rng.gen_range(1_000..6_000),
             Fault::Restart => rng.gen_range(0..2_000),
-            // Mostly within the hand-over's deadline, sometimes past it.
-            Fault::Upgrade => rng.gen_range(0..4_000),
+            // Mostly well within the hand-over's deadline (`fence_after_ms` after the last
+            // acknowledgement), sometimes past it.
+            Fault::Upgrade if rng.gen_bool(0.8) => rng.gen_range(0..800),
+            Fault::Upgrade => rng.gen_range(2_000..4_000),
             _ => rng.gen_range(2_000..8_000),
         };
         let hold_ms = hold_ms.min(duration_ms.saturating_sub(t + 5_000));

@@ -129,6 +129,7 @@ async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
         gpu_sample_interval_ms: 1_000,
         wait_s: 60,
         run_as_user: false,
+        gpu_device_files: Vec::new(),
     };
     dev::up(dir, &opts).await?;
     let workdir = dir.display().to_string();
@@ -255,6 +256,7 @@ async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
     );
     requeue_after_kill(dir, &workdir, args.requeue_kills, opts.node_down_after_ms).await?;
     step_round_trips(dir, &workdir, args.steps).await?;
+    handovers(dir, &workdir, args.handovers).await?;
     println!(
         "SUMMARY fdatasync_p50_ms={sync_p50:.3} submit_seq_per_s={seq_rate:.0} submit_p50_ms={p50:.2} submit_p50_over_fdatasync={:.2} submit_to_running_p50_ms={:.0} failover_p50_ms={:.0} failover_p99_ms={:.0}",
         p50 / sync_p50,
@@ -367,6 +369,7 @@ async fn handovers(dir: &std::path::Path, workdir: &str, rounds: usize) -> anyho
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
+        let cycle_ms = started.elapsed().as_secs_f64() * 1000.0;
         let field = |name: &str| -> Option<u64> { line.split_whitespace().find_map(|w| w.strip_prefix(name)?.parse().ok()) };
         let ms = field("silent_ms=").context("no silent_ms in the take-over line")?;
         fence_after_ms = field("fence_after_ms=").unwrap_or(0);
@@ -374,10 +377,9 @@ async fn handovers(dir: &std::path::Path, workdir: &str, rounds: usize) -> anyho
             .await?
             .with_context(|| format!("job {id} did not keep its run through hand-over {}", round + 1))?;
         println!(
-            "  hand-over {}: {node} silent {ms} ms, job {id} still run {} (whole cycle {:.0} ms)",
+            "  hand-over {}: {node} silent {ms} ms, job {id} still run {} (SIGUSR2 to the new daemon's first acknowledgement {cycle_ms:.0} ms)",
             round + 1,
-            j.run,
-            started.elapsed().as_secs_f64() * 1000.0
+            j.run
         );
         silent.push(ms as f64);
     }

@@ -69,6 +69,7 @@ async fn demo(dir: &std::path::Path) -> anyhow::Result<()> {
         gpu_sample_interval_ms: 1_000,
         wait_s: 60,
         run_as_user: false,
+        gpu_device_files: Vec::new(),
     };
     let t0 = Instant::now();
     dev::up(dir, &opts).await?;

@@ -54,6 +54,11 @@ pub struct DevOptions {
     /// Wait at most this long for the cluster to be ready.
     #[arg(long, default_value_t = 60)]
     pub wait_s: u64,
+    /// Device files standing for the simulated GPUs 0, 1, ... (comma list, e.g.
+    /// `/dev/full,/dev/zero`): each job may open only its own GPUs' where the cgroup v1 devices
+    /// controller is available.
+    #[arg(long, value_delimiter = ',')]
+    pub gpu_device_files: Vec<PathBuf>,
 }
 
 #[derive(Serialize)]
@@ -89,6 +94,8 @@ struct NodeToml {
     run_as_user: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     ca_key: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    gpu_device_files: Vec<String>,
     raft: RaftSection,
 }
 
@@ -263,6 +270,7 @@ pub async fn up(dir: &Path, opts: &DevOptions) -> anyhow::Result<()> {
             run_as_user: opts.run_as_user,
             // The first node signs the certificates of machines that enrol with a join token.
             ca_key: (i == 0).then(|| "../ca.key".to_string()),
+            gpu_device_files: opts.gpu_device_files.iter().map(|p| p.display().to_string()).collect(),
             raft: RaftSection {
                 heartbeat_interval_ms: 50,
                 election_timeout_min_ms: 200,

@@ -169,6 +169,9 @@ pub struct AgentSettings {
     /// This `corrald`'s executable: it holds a batch job's other nodes (`corrald --hold`) and
     /// shepherds runs (`corrald --shepherd`).
     pub exe: PathBuf,
+    /// The device file of each GPU (by index), denied to runs not given that GPU where the
+    /// cgroup v1 devices controller is available.
+    pub gpu_device_files: BTreeMap<u32, PathBuf>,
     /// Each run's directory on this node (`shepherd`), `JOBS_DIR/runs`.
     pub runs_dir: PathBuf,
     /// Which daemon runs this node's jobs (`shepherd::DaemonRecord`), `JOBS_DIR/daemon.json`.
@@ -466,7 +469,17 @@ impl Agent {
         stop_rx: mpsc::Receiver<StopReason>,
         span: tracing::Span,
     ) {
-        let cgroup = match self.settings.cgroups.as_ref().map(|c| c.create(spec.job, spec.run, &limits)).transpose() {
+        // The device files of this node's GPUs the run was not given (fenced where the devices
+        // controller is available).
+        let given: Vec<u32> = lock(&self.running).get(&spec.job).filter(|r| r.run == spec.run).map(|r| r.gpus.clone()).unwrap_or_default();
+        let deny: Vec<(u32, u32)> = self
+            .settings
+            .gpu_device_files
+            .iter()
+            .filter(|(gpu, _)| !given.contains(gpu))
+            .filter_map(|(_, path)| crate::cgroup::char_device(path))
+            .collect();
+        let cgroup = match self.settings.cgroups.as_ref().map(|c| c.create(spec.job, spec.run, &limits, &deny)).transpose() {
             Ok(c) => c.map(Arc::new),
             Err(e) => {
                 span.in_scope(|| warn!(error = format!("{e:#}"), "job cgroup"));
@@ -487,6 +500,7 @@ impl Agent {
             instance: self.instance,
             launch: spec.clone(),
             cgroup: cgroup.as_ref().map(|c| c.path.clone()),
+            cgroups_v1: cgroup.as_ref().map(|c| c.v1.clone()).unwrap_or_default(),
             daemon_file: self.settings.daemon_file.clone(),
             owner,
             nodes,
@@ -891,8 +905,8 @@ impl Agent {
             if let Some(mut child) = child {
                 warn!(job = launch.job, run = launch.run, pgid = child.pgid, "killing a run a previous daemon left without a hand-over");
                 launcher::signal_group(child.pgid, libc::SIGKILL);
-                if let Some(cgroup) = record.as_ref().and_then(|r| r.cgroup.clone()) {
-                    crate::cgroup::JobCgroup::existing(cgroup).kill_and_remove().await;
+                if let Some((v2, v1)) = record.as_ref().and_then(|r| r.cgroup.clone().map(|v2| (v2, r.cgroups_v1.clone()))) {
+                    crate::cgroup::JobCgroup::existing(v2, v1).kill_and_remove().await;
                 }
                 if tokio::time::timeout(Duration::from_millis(ADOPT_KILL_WAIT_MS), child.wait()).await.is_err() {
                     warn!(job = launch.job, run = launch.run, "a killed run of a previous daemon has not ended yet");
@@ -914,7 +928,8 @@ impl Agent {
         };
         let spec = record.launch;
         let next_step = std::fs::read_to_string(dir.join("next_step")).ok().and_then(|t| t.trim().parse().ok()).unwrap_or(0);
-        let cgroup = record.cgroup.map(|p| Arc::new(crate::cgroup::JobCgroup::existing(p)));
+        let cgroups_v1 = record.cgroups_v1;
+        let cgroup = record.cgroup.map(|p| Arc::new(crate::cgroup::JobCgroup::existing(p, cgroups_v1)));
         let tasks = Arc::new(launcher::TaskGroups::default());
         let (stop_tx, stop_rx) = mpsc::channel(1);
         let base = Arc::new(TaskBase { env: spec.env.clone(), workdir: spec.workdir.clone(), run_as: spec.run_as.clone() });
@@ -995,7 +1010,7 @@ impl Agent {
             })
             .map(|(pgid, start_ticks)| crate::watchdog::Group { pgid, start_ticks })
             .collect();
-        let cgroups = lock(&self.running).values().filter_map(|r| r.cgroup.as_ref().map(|c| c.path.clone())).collect();
+        let cgroups = lock(&self.running).values().filter_map(|r| r.cgroup.as_ref()).flat_map(|c| c.paths()).collect();
         let lease = crate::watchdog::Lease { deadline_boot_ms, groups, cgroups };
         // One writer at a time: the file is replaced by rename.
         let _guard = lock(&self.lease_write);

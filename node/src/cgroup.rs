@@ -7,8 +7,16 @@
 //! `corral-NODE-HASH` below the daemon's own cgroup (under systemd, with `Delegate=yes`,
 //! corrald first moves itself into the leaf `daemon` beside it). Where there is no
 //! cgroup v2 hierarchy, or it cannot be written, the node says so at start and runs jobs
-//! unconfined. GPU device files are not fenced by cgroups here: cgroup v2 does that with eBPF
-//! device programs, which this build does not load; `CUDA_VISIBLE_DEVICES` selects the GPUs.
+//! unconfined.
+//!
+//! Hybrid hosts (cgroup v1 controllers mounted beside a v2 hierarchy without them, as systemd
+//! sets up by default on many HPC distributions) get the limits v2 lacks from the v1
+//! hierarchies (`memory.limit_in_bytes`, `cpu.cfs_quota_us`, `pids.max`), in a cgroup of the
+//! same name below the daemon's own in each; the job joins every one before it executes. The
+//! v1 `devices` controller, where mounted, fences GPU device files: each run's cgroup denies
+//! the device files of the node's GPUs it was not given (`devices.deny`), so a job cannot open
+//! another job's GPU whatever `CUDA_VISIBLE_DEVICES` says. On a v2-only host that needs eBPF
+//! device programs, which this build does not load: the node says so at start.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -30,6 +38,51 @@ pub struct JobCgroups {
     pub base: PathBuf,
     /// Of [`CONTROLLERS`], those enabled for the job cgroups.
     pub controllers: Vec<String>,
+    /// cgroup v1 hierarchies used beside it: a controller v2 lacks (of [`CONTROLLERS`]), or
+    /// `devices`; each with the base of the job cgroups in it.
+    pub v1: Vec<(String, PathBuf)>,
+}
+
+/// The v1 hierarchies mounted here: (controller, mount point), from `/proc/self/mountinfo`.
+pub fn cgroup1_mounts() -> Vec<(String, PathBuf)> {
+    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else { return Vec::new() };
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let Some((left, right)) = line.split_once(" - ") else { continue };
+        let mut r = right.split_whitespace();
+        if r.next() != Some("cgroup") {
+            continue;
+        }
+        let options = r.nth(1).unwrap_or("");
+        let Some(mount) = left.split_whitespace().nth(4) else { continue };
+        for c in CONTROLLERS.iter().chain(["devices"].iter()) {
+            if options.split(',').any(|o| o == *c) {
+                out.push((c.to_string(), PathBuf::from(mount)));
+            }
+        }
+    }
+    out
+}
+
+/// This process's cgroup in the v1 hierarchy of `controller` (from `/proc/self/cgroup`).
+pub fn own_cgroup_v1(controller: &str) -> Option<String> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    text.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        controllers.split(',').any(|c| c == controller).then(|| path.to_string())
+    })
+}
+
+/// The device number (major, minor) of a character device file.
+pub fn char_device(path: &Path) -> Option<(u32, u32)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = std::fs::metadata(path).ok()?;
+    if !meta.file_type().is_char_device() {
+        return None;
+    }
+    let rdev = meta.rdev();
+    Some((libc::major(rdev), libc::minor(rdev)))
 }
 
 /// A job run's limits.
@@ -70,7 +123,39 @@ impl JobCgroups {
                 Err(e) => warn!(controller = c, cgroup = %base.display(), error = %e, "enable cgroup controller"),
             }
         }
-        Ok(JobCgroups { base: base.to_path_buf(), controllers })
+        Ok(JobCgroups { base: base.to_path_buf(), controllers, v1: Vec::new() })
+    }
+
+    /// Adds the v1 hierarchies that give what v2 lacks here: the missing limits, and device
+    /// fencing. `tag` names the base in each (`corral-TAG` below the daemon's own cgroup).
+    pub fn add_v1(&mut self, tag: &str) {
+        for (controller, mount) in cgroup1_mounts() {
+            if controller != "devices" && self.controllers.contains(&controller) {
+                continue;
+            }
+            if self.v1.iter().any(|(c, _)| *c == controller) {
+                continue;
+            }
+            let own = own_cgroup_v1(&controller).unwrap_or_else(|| "/".into());
+            let base = mount.join(own.trim_start_matches('/')).join(format!("corral-{tag}"));
+            match std::fs::create_dir_all(&base) {
+                Ok(()) => self.v1.push((controller, base)),
+                Err(e) => warn!(controller = %controller, cgroup = %base.display(), error = %e, "cgroup v1 hierarchy not writable"),
+            }
+        }
+    }
+
+    /// Whether GPU device files are fenced per run (the v1 `devices` controller).
+    pub fn fences_devices(&self) -> bool {
+        self.v1.iter().any(|(c, _)| c == "devices")
+    }
+
+    /// Controllers enforced, by v2 or v1.
+    pub fn enforced(&self) -> Vec<String> {
+        let mut all: Vec<String> = self.controllers.clone();
+        all.extend(self.v1.iter().filter(|(c, _)| c != "devices").map(|(c, _)| c.clone()));
+        all.sort();
+        all
     }
 
     /// The default base, `corral-TAG` below this process's own cgroup (`TAG` names the node and
@@ -98,26 +183,51 @@ impl JobCgroups {
 
     /// What the controllers that are missing mean, for the log at start.
     pub fn missing(&self) -> Vec<&'static str> {
-        CONTROLLERS.iter().copied().filter(|c| !self.controllers.iter().any(|have| have == c)).collect()
+        let enforced = self.enforced();
+        CONTROLLERS.iter().copied().filter(|c| !enforced.iter().any(|have| have == c)).collect()
     }
 
-    /// Creates the cgroup of one job run with its limits, and opens its `cgroup.procs` for
-    /// the launcher to join before the job executes.
-    pub fn create(&self, job: u64, run: u32, limits: &Limits) -> anyhow::Result<JobCgroup> {
-        let path = self.base.join(format!("job-{job}-{run}"));
-        match std::fs::create_dir(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e).with_context(|| format!("create cgroup {}", path.display())),
-        }
+    /// Creates the cgroup of one job run with its limits (and in each v1 hierarchy used, with
+    /// `deny` the device numbers the run may not open), and opens their `cgroup.procs` for the
+    /// launcher to join before the job executes.
+    pub fn create(&self, job: u64, run: u32, limits: &Limits, deny: &[(u32, u32)]) -> anyhow::Result<JobCgroup> {
+        let name = format!("job-{job}-{run}");
+        let path = self.base.join(&name);
+        make_dir(&path)?;
         for (file, value) in limit_files(limits, &self.controllers) {
             std::fs::write(path.join(file), &value).with_context(|| format!("write {value} to {}/{file}", path.display()))?;
         }
-        let procs = std::fs::OpenOptions::new()
-            .write(true)
-            .open(path.join("cgroup.procs"))
-            .with_context(|| format!("open {}/cgroup.procs", path.display()))?;
-        Ok(JobCgroup { path, procs: Some(procs) })
+        let mut v1 = Vec::new();
+        for (controller, base) in &self.v1 {
+            let dir = base.join(&name);
+            make_dir(&dir)?;
+            for (file, value) in limit_files_v1(controller, limits, deny) {
+                std::fs::write(dir.join(file), &value).with_context(|| format!("write {value} to {}/{file}", dir.display()))?;
+            }
+            v1.push(dir);
+        }
+        let cgroup = JobCgroup::existing(path, v1);
+        anyhow::ensure!(cgroup.procs.len() == 1 + cgroup.v1.len(), "open cgroup.procs of the cgroups of job {job} run {run}");
+        Ok(cgroup)
+    }
+}
+
+fn make_dir(path: &Path) -> anyhow::Result<()> {
+    match std::fs::create_dir(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("create cgroup {}", path.display())),
+    }
+}
+
+/// The files written in a run's cgroup of the v1 hierarchy of `controller`, in order.
+pub fn limit_files_v1(controller: &str, limits: &Limits, deny: &[(u32, u32)]) -> Vec<(&'static str, String)> {
+    match controller {
+        "cpu" => vec![("cpu.cfs_period_us", "100000".into()), ("cpu.cfs_quota_us", (u64::from(limits.cpus.max(1)) * 100_000).to_string())],
+        "memory" => vec![("memory.limit_in_bytes", (limits.memory_mib.max(1) * 1024 * 1024).to_string())],
+        "pids" => vec![("pids.max", JOB_PIDS_MAX.to_string())],
+        "devices" => deny.iter().map(|(major, minor)| ("devices.deny", format!("c {major}:{minor} rwm"))).collect(),
+        _ => Vec::new(),
     }
 }
 
@@ -139,44 +249,65 @@ pub fn limit_files(limits: &Limits, controllers: &[String]) -> Vec<(&'static str
     out
 }
 
-/// One job run's cgroup.
+/// One job run's cgroup (v2), and its cgroups in the v1 hierarchies used.
 #[derive(Debug)]
 pub struct JobCgroup {
     pub path: PathBuf,
-    /// `cgroup.procs`, opened before the fork: the child writes its pid there.
-    procs: Option<std::fs::File>,
+    pub v1: Vec<PathBuf>,
+    /// Their `cgroup.procs`, opened before the fork: the child writes its pid in each.
+    procs: Vec<std::fs::File>,
+}
+
+/// Kills every process of the cgroup at `path`: `cgroup.kill` where the kernel has it (v2),
+/// else SIGKILL to each process it lists.
+pub fn kill_cgroup(path: &Path) {
+    if std::fs::OpenOptions::new().write(true).open(path.join("cgroup.kill")).and_then(|mut f| f.write_all(b"1")).is_ok() {
+        return;
+    }
+    let Ok(text) = std::fs::read_to_string(path.join("cgroup.procs")) else { return };
+    for pid in text.lines().filter_map(|l| l.trim().parse::<i32>().ok()).filter(|p| *p > 1) {
+        // SAFETY: kill(2) on a process of a job's cgroup.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
 }
 
 impl JobCgroup {
-    /// A run's cgroup that exists already (a run taken over from a previous daemon).
-    pub fn existing(path: PathBuf) -> JobCgroup {
-        let procs = std::fs::OpenOptions::new().write(true).open(path.join("cgroup.procs")).ok();
-        JobCgroup { path, procs }
+    /// A run's cgroups that exist already (created, or a run taken over from a previous daemon).
+    pub fn existing(path: PathBuf, v1: Vec<PathBuf>) -> JobCgroup {
+        let procs = std::iter::once(&path)
+            .chain(v1.iter())
+            .filter_map(|p| std::fs::OpenOptions::new().write(true).open(p.join("cgroup.procs")).ok())
+            .collect();
+        JobCgroup { path, v1, procs }
     }
 
-    /// The raw descriptor of `cgroup.procs` for the child to write its pid into.
-    pub fn procs_fd(&self) -> Option<i32> {
-        self.procs.as_ref().map(std::os::fd::AsRawFd::as_raw_fd)
+    /// The raw descriptors of the `cgroup.procs` files for the child to write its pid into.
+    pub fn procs_fds(&self) -> Vec<i32> {
+        self.procs.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect()
     }
 
-    /// Kills every process in the cgroup and removes it, waiting briefly for them to exit.
+    /// Every path of the run's cgroups (v2 first).
+    pub fn paths(&self) -> Vec<PathBuf> {
+        std::iter::once(self.path.clone()).chain(self.v1.iter().cloned()).collect()
+    }
+
+    /// Kills every process in the cgroups and removes them, waiting briefly for them to exit.
     /// (`cgroup.procs` stays open until the last holder of this handle drops it; a task started
     /// after the removal fails to join and does not start.)
     pub async fn kill_and_remove(&self) {
-        let kill = self.path.join("cgroup.kill");
-        if let Err(e) = std::fs::OpenOptions::new().write(true).open(&kill).and_then(|mut f| f.write_all(b"1")) {
-            debug!(cgroup = %self.path.display(), error = %e, "cgroup.kill");
-        }
         let deadline = std::time::Instant::now() + Duration::from_millis(REMOVE_WAIT_MS);
-        loop {
-            match std::fs::remove_dir(&self.path) {
-                Ok(()) => return,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
-                Err(e) if std::time::Instant::now() >= deadline => {
-                    warn!(cgroup = %self.path.display(), error = %e, "remove job cgroup");
-                    return;
+        for path in self.paths() {
+            loop {
+                kill_cgroup(&path);
+                match std::fs::remove_dir(&path) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+                    Err(e) if std::time::Instant::now() >= deadline => {
+                        warn!(cgroup = %path.display(), error = %e, "remove job cgroup");
+                        break;
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
                 }
-                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
             }
         }
     }
@@ -224,7 +355,23 @@ mod tests {
     }
 
     #[test]
+    fn v1_files_limit_and_deny_the_devices_given() {
+        let limits = Limits { cpus: 2, memory_mib: 64 };
+        assert_eq!(limit_files_v1("memory", &limits, &[]), vec![("memory.limit_in_bytes", (64u64 << 20).to_string())]);
+        assert_eq!(limit_files_v1("cpu", &limits, &[])[1], ("cpu.cfs_quota_us", "200000".to_string()));
+        assert_eq!(
+            limit_files_v1("devices", &limits, &[(195, 1), (195, 3)]),
+            vec![("devices.deny", "c 195:1 rwm".to_string()), ("devices.deny", "c 195:3 rwm".to_string())]
+        );
+        assert_eq!(char_device(Path::new("/dev/null")), Some((1, 3)));
+        assert_eq!(char_device(Path::new("/")), None);
+    }
+
+    #[test]
     fn mountinfo_and_own_cgroup_parse_here() {
+        for (controller, mount) in cgroup1_mounts() {
+            assert!(mount.is_absolute(), "{controller}");
+        }
         // Every Linux this runs on has /proc; a cgroup v2 mount may be absent (then none).
         if let Some(m) = cgroup2_mount() {
             assert!(m.is_absolute());

@@ -108,6 +108,11 @@ pub struct NodeConfig {
     /// Partitions the node belongs to (none: the default partition).
     #[serde(default)]
     pub partitions: Vec<String>,
+    /// The device file of GPU 0, 1, ... in order, instead of those the probe found (NVML:
+    /// `/dev/nvidiaN`). For simulated GPUs, to exercise device fencing on a machine without
+    /// GPUs; rarely needed otherwise.
+    #[serde(default)]
+    pub gpu_device_files: Vec<PathBuf>,
 }
 
 /// Per-node overrides of the NCCL variables derived from the hardware. A job's own settings win.

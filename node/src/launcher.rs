@@ -282,9 +282,10 @@ pub fn append_output(spec: &LaunchSpec, path: &Path, text: &[u8]) -> anyhow::Res
 }
 
 /// Starts a run's process (in the shepherd) in its own session and process group, with a clean
-/// environment: in the job's cgroup (`cgroup`, its directory), as the job's user (groups, gid,
-/// uid), with its output opened as that user. It dies with the calling process.
-pub fn start_run_process(spec: &LaunchSpec, cgroup: Option<&Path>) -> anyhow::Result<std::process::Child> {
+/// environment: in the job's cgroups (`cgroups`, their directories: v2 and v1), as the job's
+/// user (groups, gid, uid), with its output opened as that user. It dies with the calling
+/// process.
+pub fn start_run_process(spec: &LaunchSpec, cgroups: &[PathBuf]) -> anyhow::Result<std::process::Child> {
     let run_as = spec.run_as.as_ref();
     let (stdout, stderr) = if spec.hold {
         (Stdio::null(), Stdio::null())
@@ -297,16 +298,22 @@ pub fn start_run_process(spec: &LaunchSpec, cgroup: Option<&Path>) -> anyhow::Re
         };
         (Stdio::from(stdout), Stdio::from(stderr))
     };
-    let procs = cgroup
+    let procs = open_procs(cgroups)?;
+    let procs_fds: Vec<i32> = procs.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
+    let proc = Process { program: &spec.program, args: &spec.args, env: &spec.env, workdir: &spec.workdir, run_as };
+    let mut cmd = command(&proc, procs_fds, stdout, stderr);
+    cmd.spawn().with_context(|| format!("start {} in {}", proc.program.display(), proc.workdir.display()))
+}
+
+/// Opens `cgroup.procs` of each cgroup, for a child to join them all.
+pub(crate) fn open_procs(cgroups: &[PathBuf]) -> anyhow::Result<Vec<std::fs::File>> {
+    cgroups
+        .iter()
         .map(|c| {
             let path = c.join("cgroup.procs");
             std::fs::OpenOptions::new().write(true).open(&path).with_context(|| format!("open {}", path.display()))
         })
-        .transpose()?;
-    let procs_fd = procs.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
-    let proc = Process { program: &spec.program, args: &spec.args, env: &spec.env, workdir: &spec.workdir, run_as };
-    let mut cmd = command(&proc, procs_fd, stdout, stderr);
-    cmd.spawn().with_context(|| format!("start {} in {}", proc.program.display(), proc.workdir.display()))
+        .collect()
 }
 
 /// One process to start for a job: a run's batch script or command, or a task of a step.
@@ -321,13 +328,14 @@ pub struct Process<'a> {
 /// The command that starts a step's task (in its run's shepherd): like a run's process (own
 /// session and process group, the job's cgroup and user, parent-death signal), its output piped
 /// to the shepherd.
-pub(crate) fn task_command(proc: &Process<'_>, procs_fd: Option<i32>) -> std::process::Command {
-    command(proc, procs_fd, Stdio::piped(), Stdio::piped())
+pub(crate) fn task_command(proc: &Process<'_>, procs_fds: Vec<i32>) -> std::process::Command {
+    command(proc, procs_fds, Stdio::piped(), Stdio::piped())
 }
 
 /// The command that starts `proc`: own session and process group, in the cgroup whose
-/// `cgroup.procs` is open as `procs_fd`, as its user, with a parent-death signal.
-fn command(proc: &Process<'_>, procs_fd: Option<i32>, stdout: Stdio, stderr: Stdio) -> std::process::Command {
+/// `cgroup.procs` files are open as `procs_fds` (it joins each), as its user, with a
+/// parent-death signal.
+fn command(proc: &Process<'_>, procs_fds: Vec<i32>, stdout: Stdio, stderr: Stdio) -> std::process::Command {
     let mut cmd = std::process::Command::new(proc.program);
     cmd.args(proc.args).env_clear().envs(proc.env).current_dir(proc.workdir).stdin(Stdio::null()).stdout(stdout).stderr(stderr);
     let ids = proc.run_as.map(|a| (a.uid, a.gid, a.groups.clone()));
@@ -349,8 +357,8 @@ fn command(proc: &Process<'_>, procs_fd: Option<i32>, stdout: Stdio, stderr: Std
             if libc::setsid() < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            if let Some(fd) = procs_fd {
-                crate::cgroup::join_in_child(fd)?;
+            for fd in &procs_fds {
+                crate::cgroup::join_in_child(*fd)?;
             }
             if let Some((uid, gid, groups)) = &ids {
                 if libc::setgroups(groups.len(), groups.as_ptr()) < 0 || libc::setgid(*gid) < 0 || libc::setuid(*uid) < 0 {

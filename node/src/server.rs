@@ -1256,10 +1256,15 @@ fn job_cgroups(config: &NodeConfig) -> Option<crate::cgroup::JobCgroups> {
         path => std::path::PathBuf::from(path),
     };
     match crate::cgroup::JobCgroups::open(&base) {
-        Ok(c) => {
+        Ok(mut c) => {
+            // What cgroup v2 lacks here, from the v1 hierarchies beside it (a hybrid host).
+            c.add_v1(&format!("{}-{:08x}", config.name, fnv32(&config.data_dir.display().to_string())));
             let missing = c.missing();
+            if !c.v1.is_empty() {
+                info!(v1 = ?c.v1, "cgroup v1 hierarchies used beside v2");
+            }
             if missing.is_empty() {
-                info!(cgroup = %c.base.display(), controllers = ?c.controllers, "jobs run in cgroups with cpu, memory and pids limits");
+                info!(cgroup = %c.base.display(), controllers = ?c.enforced(), "jobs run in cgroups with cpu, memory and pids limits");
             } else {
                 warn!(
                     cgroup = %c.base.display(),
@@ -1511,11 +1516,20 @@ pub async fn run(config: NodeConfig, mut stop: tokio::sync::watch::Receiver<Stop
     let discover_started = Instant::now();
     let discovered = probe.discover().context("discover gpus")?;
     info!(probe = probe.kind(), gpus = discovered.gpus.len(), took_ms = discover_started.elapsed().as_millis() as u64, "gpus discovered");
-    if !discovered.gpus.is_empty() && probe.kind() != "simulated" {
+    let cgroups = job_cgroups(&config);
+    let gpu_device_files: BTreeMap<u32, std::path::PathBuf> = if config.gpu_device_files.is_empty() {
+        discovered.device_files.clone()
+    } else {
+        config.gpu_device_files.iter().enumerate().map(|(i, p)| (i as u32, p.clone())).collect()
+    };
+    let fenced = cgroups.as_ref().is_some_and(|c| c.fences_devices());
+    if !gpu_device_files.is_empty() && fenced {
+        info!(files = gpu_device_files.len(), "each run may open only its own GPUs' device files (cgroup v1 devices controller)");
+    } else if !discovered.gpus.is_empty() && (probe.kind() != "simulated" || !gpu_device_files.is_empty()) {
         // Said at start, as for the cgroup controllers that are missing.
         warn!(
             gpus = discovered.gpus.len(),
-            "a job's GPUs are chosen with CUDA_VISIBLE_DEVICES, not fenced: cgroup v2 device control (a BPF program) is not implemented, so a job can open every /dev/nvidia* this node has"
+            "a job's GPUs are chosen with CUDA_VISIBLE_DEVICES, not fenced: there is no cgroup v1 devices controller here, and cgroup v2 device control (a BPF program) is not implemented, so a job can open every /dev/nvidia* this node has"
         );
     }
     let gpus = discovered.gpus.clone();
@@ -1538,7 +1552,8 @@ pub async fn run(config: NodeConfig, mut stop: tokio::sync::watch::Receiver<Stop
         cluster_name: config.cluster_name.clone(),
         lease_path: config.lease_path(),
         run_as_user: config.run_as_user,
-        cgroups: job_cgroups(&config),
+        cgroups,
+        gpu_device_files,
         exe: std::env::current_exe().context("find the corrald executable (it holds batch jobs' other nodes and shepherds runs)")?,
         runs_dir: config.runs_dir(),
         daemon_file: daemon_file.clone(),

@@ -119,6 +119,9 @@ pub struct RunRecord {
     pub launch: LaunchSpec,
     /// The run's cgroup: the job joins it, and it is killed with the job.
     pub cgroup: Option<PathBuf>,
+    /// Its cgroups in the v1 hierarchies used (limits v2 lacks here, device fencing).
+    #[serde(default)]
+    pub cgroups_v1: Vec<PathBuf>,
     /// The daemon record the shepherd consults (`JOBS_DIR/daemon.json`).
     pub daemon_file: PathBuf,
     /// The user the job belongs to.
@@ -226,15 +229,13 @@ pub fn verdict(daemon_file: &Path, instance: InstanceId, now_boot_ms: u64) -> Ve
     }
 }
 
-fn kill_job(pid: i32, cgroup: Option<&Path>) {
+fn kill_job(pid: i32, cgroups: &[PathBuf]) {
     if pid > 1 {
         // SAFETY: kill(2) on the process group of our own child, not yet reaped (so not recycled).
         unsafe { libc::kill(-pid, libc::SIGKILL) };
     }
-    if let Some(cgroup) = cgroup {
-        if let Err(e) = std::fs::write(cgroup.join("cgroup.kill"), b"1") {
-            tracing::debug!(cgroup = %cgroup.display(), error = %e, "shepherd: cgroup.kill");
-        }
+    for cgroup in cgroups {
+        crate::cgroup::kill_cgroup(cgroup);
     }
 }
 
@@ -269,7 +270,8 @@ pub fn run(dir: &Path) -> anyhow::Result<()> {
         Ok(l) => l,
         Err(e) => return fail(format!("bind {}: {e}", sock_path.display())),
     };
-    let mut child = match crate::launcher::start_run_process(&record.launch, record.cgroup.as_deref()) {
+    let cgroups: Vec<PathBuf> = record.cgroup.iter().chain(record.cgroups_v1.iter()).cloned().collect();
+    let mut child = match crate::launcher::start_run_process(&record.launch, &cgroups) {
         Ok(c) => c,
         Err(e) => return fail(format!("{e:#}")),
     };
@@ -290,10 +292,10 @@ pub fn run(dir: &Path) -> anyhow::Result<()> {
     let (spawn_tx, spawn_rx) = std::sync::mpsc::sync_channel::<(TaskRequest, std::sync::mpsc::SyncSender<String>)>(64);
     {
         let shared = Arc::clone(&shared);
-        let cgroup = record.cgroup.clone();
+        let cgroups = cgroups.clone();
         std::thread::spawn(move || {
             for (request, reply) in spawn_rx {
-                let answer = shared.start_task(&request, cgroup.as_deref());
+                let answer = shared.start_task(&request, &cgroups);
                 let _ = reply.send(answer);
             }
         });
@@ -315,7 +317,6 @@ pub fn run(dir: &Path) -> anyhow::Result<()> {
             }
         });
     }
-    let cgroup = record.cgroup.clone();
     let (daemon_file, instance) = (record.daemon_file.clone(), record.instance);
     {
         let shared = Arc::clone(&shared);
@@ -332,7 +333,7 @@ pub fn run(dir: &Path) -> anyhow::Result<()> {
                     Verdict::Kill(why) => {
                         tracing::warn!(pid, reason = %why, "shepherd: killing its job");
                         shared.kill_tasks();
-                        kill_job(pid, cgroup.as_deref());
+                        kill_job(pid, &cgroups);
                         return;
                     }
                 }
@@ -505,13 +506,15 @@ impl Shared {
     /// Starts one task (on the spawner thread): its pipes go into the step's log, and its exit
     /// after them. Answers `ok PID TICKS`, or `err WHY` when the step's log cannot be made (a
     /// task that cannot start is recorded in the log, as Slurm reports it, and answered `ok 0 0`).
-    fn start_task(&self, request: &TaskRequest, cgroup: Option<&Path>) -> String {
+    fn start_task(&self, request: &TaskRequest, cgroups: &[PathBuf]) -> String {
         let log = match self.step_log(request.step, request.tasks) {
             Ok(l) => l,
             Err(e) => return format!("err {}", format!("{e:#}").replace('\n', " ")),
         };
-        let procs = cgroup.and_then(|c| std::fs::OpenOptions::new().write(true).open(c.join("cgroup.procs")).ok());
-        let procs_fd = procs.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
+        // A cgroup gone (the run is ending) fails the join, and so the task.
+        let procs: Vec<std::fs::File> =
+            cgroups.iter().filter_map(|c| std::fs::OpenOptions::new().write(true).open(c.join("cgroup.procs")).ok()).collect();
+        let procs_fds: Vec<i32> = procs.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
         let proc = crate::launcher::Process {
             program: &request.program,
             args: &request.args,
@@ -520,7 +523,7 @@ impl Shared {
             run_as: request.run_as.as_ref(),
         };
         let rank = request.rank;
-        let mut child = match crate::launcher::task_command(&proc, procs_fd).spawn() {
+        let mut child = match crate::launcher::task_command(&proc, procs_fds).spawn() {
             Ok(c) => c,
             Err(e) => {
                 // As slurmstepd: the error on the task's stderr, and errno as its exit code.

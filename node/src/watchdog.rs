@@ -132,9 +132,7 @@ fn kill_all(lease_path: &Path) {
         unsafe { libc::kill(-g.pgid, libc::SIGKILL) };
     }
     for cgroup in &lease.cgroups {
-        if let Err(e) = std::fs::write(cgroup.join("cgroup.kill"), b"1") {
-            tracing::debug!(cgroup = %cgroup.display(), error = %e, "watchdog: cgroup.kill");
-        }
+        crate::cgroup::kill_cgroup(cgroup);
     }
     tracing::warn!(groups = groups.len(), cgroups = lease.cgroups.len(), "watchdog: corrald is gone, killed its jobs");
 }

@@ -28,6 +28,9 @@ pub use sampler::{GpuSample, GpuSampler, JobGpuAccounting, JobGpuStats};
 pub struct GpuInventory {
     pub gpus: Vec<GpuInfo>,
     pub topology: Topology,
+    /// Each GPU's device file (`/dev/nvidiaN`) by index, for fencing; node-local, never in the
+    /// log. Empty for simulated GPUs unless the config names some (`gpu_device_files`).
+    pub device_files: std::collections::BTreeMap<u32, std::path::PathBuf>,
 }
 
 impl GpuInventory {

@@ -192,7 +192,12 @@ impl GpuProbe for NvmlProbe {
         }
         let topology = Topology { gpu_links, numa_cpus: nics::numa_cpus(&self.sys_root), nics: nics::discover_nics(&self.sys_root) };
         debug!(gpus = gpus.len(), nics = topology.nics.len(), "nvml discovery done");
-        Ok(GpuInventory { gpus, topology })
+        let device_files = devices
+            .iter()
+            .zip(&gpus)
+            .filter_map(|(d, g)| d.minor_number().ok().map(|m| (g.index, std::path::PathBuf::from(format!("/dev/nvidia{m}")))))
+            .collect();
+        Ok(GpuInventory { gpus, topology, device_files })
     }
 
     fn apply_layout(&self, gpu_index: u32, profiles: &[String]) -> Result<GpuInventory, GpuError> {

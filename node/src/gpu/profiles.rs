@@ -120,7 +120,7 @@ fn build_machine(node_name: &str, model: &Model, count: u32, form: Form) -> GpuI
             })
             .collect(),
     };
-    GpuInventory { gpus, topology: Topology { gpu_links, numa_cpus, nics } }
+    GpuInventory { gpus, topology: Topology { gpu_links, numa_cpus, nics }, device_files: Default::default() }
 }
 
 /// The machine a spec names.

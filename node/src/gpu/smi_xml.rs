@@ -124,5 +124,7 @@ pub fn inventory_from_smi(xml: &str, topo_text: &str) -> anyhow::Result<GpuInven
         g.numa_node = topo.gpu_numa.get(g.index as usize).copied().flatten();
     }
     let numa_cpus: BTreeMap<u32, Vec<u32>> = topo.numa_cpus();
-    Ok(GpuInventory { gpus, topology: Topology { gpu_links: topo.gpu_links, numa_cpus, nics: Vec::new() } })
+    // `minor_number` is the index, and /dev/nvidiaN's minor.
+    let device_files = gpus.iter().map(|g: &GpuInfo| (g.index, std::path::PathBuf::from(format!("/dev/nvidia{}", g.index)))).collect();
+    Ok(GpuInventory { gpus, topology: Topology { gpu_links: topo.gpu_links, numa_cpus, nics: Vec::new() }, device_files })
 }
