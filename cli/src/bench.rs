@@ -327,20 +327,24 @@ async fn running_confirmed(cluster: &Cluster, job: u64, run: u32) -> anyhow::Res
     }
 }
 
-/// Hands the runs of a running job's node over `rounds` times (SIGUSR2, then the daemon started
-/// again, as systemd does): the job must keep its run, and the new daemon's log says how long the
-/// node was silent to the leader (its first acknowledgement after the take-over) against
-/// `fence_after_ms`, past which the jobs would have been killed.
-async fn handovers(dir: &std::path::Path, workdir: &str, rounds: usize) -> anyhow::Result<()> {
-    let cluster = Cluster::connect(dir, None)?;
+/// Submits a job holding a whole node (8 GPUs) that runs `argv`, waits until it runs (every part
+/// confirmed), and returns it with its node's name.
+async fn start_whole_node_job(
+    cluster: &Cluster,
+    workdir: &str,
+    name: &str,
+    argv: &[&str],
+    requeue: bool,
+) -> anyhow::Result<(proto::Job, String)> {
     let mut spec = run_spec(workdir);
-    spec.name = "bench-handover".into();
-    spec.argv = vec!["sleep".into(), "3600".into()];
+    spec.name = name.into();
+    spec.argv = argv.iter().map(|a| a.to_string()).collect();
+    spec.requeue = requeue;
     spec.gres = Some(GresRequest { gpu_type: None, count: 8 });
-    let id = submit(&cluster, spec).await?;
+    let id = submit(cluster, spec).await?;
     let deadline = Instant::now() + Duration::from_secs(30);
     let job = loop {
-        if let Some(j) = running_confirmed(&cluster, id, 1).await? {
+        if let Some(j) = running_confirmed(cluster, id, 1).await? {
             break j;
         }
         if Instant::now() > deadline {
@@ -350,6 +354,17 @@ async fn handovers(dir: &std::path::Path, workdir: &str, rounds: usize) -> anyho
     };
     let Reply::Nodes(nodes) = cluster.call_patiently(Request::ListNodes, Duration::from_secs(10)).await? else { bail!("unexpected reply") };
     let node = job.last_nodes.first().and_then(|n| nodes.iter().find(|x| x.id == *n)).map(|n| n.name.clone()).context("job node")?;
+    Ok((job, node))
+}
+
+/// Hands the runs of a running job's node over `rounds` times (SIGUSR2, then the daemon started
+/// again, as systemd does): the job must keep its run, and the new daemon's log says how long the
+/// node was silent to the leader (its first acknowledgement after the take-over) against
+/// `fence_after_ms`, past which the jobs would have been killed.
+async fn handovers(dir: &std::path::Path, workdir: &str, rounds: usize) -> anyhow::Result<()> {
+    let cluster = Cluster::connect(dir, None)?;
+    let (job, node) = start_whole_node_job(&cluster, workdir, "bench-handover", &["sleep", "3600"], false).await?;
+    let id = job.id;
     let log_path = dir.join(&node).join("corrald.log");
     let mut silent = Vec::new();
     let mut fence_after_ms = 0;
@@ -402,26 +417,8 @@ async fn requeue_after_kill(dir: &std::path::Path, workdir: &str, kills: usize, 
     let cluster = Cluster::connect(dir, None)?;
     let mut took = Vec::new();
     for round in 0..kills {
-        let mut spec = run_spec(workdir);
-        spec.name = "bench-requeue".into();
-        spec.argv = vec!["sleep".into(), "600".into()];
-        spec.requeue = true;
-        spec.gres = Some(GresRequest { gpu_type: None, count: 8 });
-        let id = submit(&cluster, spec).await?;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let job = loop {
-            if let Some(j) = running_confirmed(&cluster, id, 1).await? {
-                break j;
-            }
-            if Instant::now() > deadline {
-                bail!("job {id} did not start");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        let Reply::Nodes(nodes) = cluster.call_patiently(Request::ListNodes, Duration::from_secs(10)).await? else {
-            bail!("unexpected reply")
-        };
-        let victim = job.last_nodes.first().and_then(|n| nodes.iter().find(|x| x.id == *n)).map(|n| n.name.clone()).context("job node")?;
+        let (job, victim) = start_whole_node_job(&cluster, workdir, "bench-requeue", &["sleep", "600"], true).await?;
+        let id = job.id;
         dev::signal_node(dir, &victim, "KILL")?;
         let killed = Instant::now();
         let fresh = Cluster::connect(dir, None)?;

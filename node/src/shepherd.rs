@@ -195,14 +195,19 @@ pub fn write_json<T: Serialize>(path: &Path, value: &T) -> anyhow::Result<()> {
 
 /// Reads JSON from `path`, at most [`RECORD_BYTES_MAX`]; none when there is no file.
 pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<Option<T>> {
+    read_json_max(path, RECORD_BYTES_MAX)
+}
+
+/// Reads JSON from `path`, refusing a file over `bytes_max`; none when there is no file.
+pub fn read_json_max<T: serde::de::DeserializeOwned>(path: &Path, bytes_max: u64) -> anyhow::Result<Option<T>> {
     let file = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e).with_context(|| format!("open {}", path.display())),
     };
     let mut bytes = Vec::new();
-    file.take(RECORD_BYTES_MAX + 1).read_to_end(&mut bytes).with_context(|| format!("read {}", path.display()))?;
-    anyhow::ensure!(bytes.len() as u64 <= RECORD_BYTES_MAX, "{} exceeds {RECORD_BYTES_MAX} bytes", path.display());
+    file.take(bytes_max + 1).read_to_end(&mut bytes).with_context(|| format!("read {}", path.display()))?;
+    anyhow::ensure!(bytes.len() as u64 <= bytes_max, "{} exceeds {bytes_max} bytes", path.display());
     Ok(Some(serde_json::from_slice(&bytes).with_context(|| format!("decode {}", path.display()))?))
 }
 

@@ -22,7 +22,6 @@
 //! says so in the daemon record beside the lease: then the watchdog keeps enforcing the lease's
 //! deadline, and exits once a daemon of the same instance runs (it started its own watchdog).
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -97,15 +96,7 @@ pub fn write_lease(path: &Path, lease: &Lease) -> anyhow::Result<()> {
 
 /// Reads the lease; none when there is no file yet.
 pub fn read_lease(path: &Path) -> anyhow::Result<Option<Lease>> {
-    let file = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e).with_context(|| format!("open {}", path.display())),
-    };
-    let mut bytes = Vec::new();
-    file.take(LEASE_BYTES_MAX + 1).read_to_end(&mut bytes).with_context(|| format!("read {}", path.display()))?;
-    anyhow::ensure!(bytes.len() as u64 <= LEASE_BYTES_MAX, "{} exceeds {LEASE_BYTES_MAX} bytes", path.display());
-    Ok(Some(serde_json::from_slice(&bytes).with_context(|| format!("decode {}", path.display()))?))
+    crate::shepherd::read_json_max(path, LEASE_BYTES_MAX)
 }
 
 /// The groups of an expired lease that are still the processes the agent started.
