@@ -211,15 +211,19 @@ pub fn read_json_max<T: serde::de::DeserializeOwned>(path: &Path, bytes_max: u64
     Ok(Some(serde_json::from_slice(&bytes).with_context(|| format!("decode {}", path.display()))?))
 }
 
-/// Whether a shepherd (or the watchdog) trusting a daemon of `instance` keeps its jobs now that
-/// the process it trusted is gone: yes while a live daemon of that instance holds the record
-/// (returned, to trust from now on), or while a hand-over of that instance is open.
+/// What a shepherd (or the watchdog) does once the daemon it trusted is gone.
 pub enum Verdict {
+    /// A live daemon of its instance holds the record: trust it from now on.
     Trust(DaemonRecord),
+    /// A hand-over of its instance is open: keep the jobs, look again.
     Wait,
+    /// Nobody vouches for the jobs (why): kill them.
     Kill(String),
 }
 
+/// Whether a shepherd (or the watchdog) trusting a daemon of `instance` keeps its jobs now that
+/// the process it trusted is gone: yes while a live daemon of that instance holds the record,
+/// or while a hand-over of that instance is open (before its deadline).
 pub fn verdict(daemon_file: &Path, instance: InstanceId, now_boot_ms: u64) -> Verdict {
     match read_json::<DaemonRecord>(daemon_file) {
         Ok(Some(d)) if d.instance != instance => Verdict::Kill(format!("node restarted as instance {} without a hand-over", d.instance)),
