@@ -579,6 +579,10 @@ pub fn run(opts: &RunOptions) -> anyhow::Result<RunOutcome> {
         &down_after,
         "--checkpoint-root",
         &ckpt,
+        // Finished jobs move to the accounting store within the run, so the checkers find
+        // acknowledged jobs there too.
+        "--min-job-age-s",
+        "20",
     ])
     .context("start the cluster")?;
 

@@ -127,6 +127,7 @@ async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
         snapshot_logs: 1_000,
         checkpoint_root: None,
         gpu_sample_interval_ms: 1_000,
+        min_job_age_s: 300,
         wait_s: 60,
         run_as_user: false,
         gpu_device_files: Vec::new(),

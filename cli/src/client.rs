@@ -163,6 +163,33 @@ impl Cluster {
     }
 }
 
+/// Jobs one listing gathers at most, page by page (a bound on the client's memory).
+pub const QUERY_JOBS_MAX: usize = 10_000_000;
+
+impl Cluster {
+    /// Every job matching `query`, page by page (`Request::QueryJobs`): the node filters, the
+    /// client never downloads the whole history.
+    /// `CORRAL_QUERY_PAGE` sets the page size (at most the node's cap; tests use small pages).
+    pub async fn query_jobs(&self, mut query: proto::JobQuery, patience: Duration) -> anyhow::Result<Vec<proto::Job>> {
+        if let Some(page) = std::env::var("CORRAL_QUERY_PAGE").ok().and_then(|v| v.parse().ok()) {
+            query.limit = page;
+        }
+        let mut jobs = Vec::new();
+        loop {
+            let reply = self.call_patiently(Request::QueryJobs { query: query.clone() }, patience).await?;
+            let Reply::JobPage { jobs: page, next } = reply else { bail!("unexpected reply {reply:?} to a job query") };
+            jobs.extend(page);
+            match next {
+                Some(after) if jobs.len() < QUERY_JOBS_MAX => {
+                    anyhow::ensure!(after > query.after, "a job query page did not advance past job {}", query.after);
+                    query.after = after;
+                }
+                _ => return Ok(jobs),
+            }
+        }
+    }
+}
+
 /// Where a node's local socket is when deployed (node.toml `socket`; systemd's RuntimeDirectory).
 pub const DEFAULT_SOCKET: &str = "/run/corral/corral.sock";
 

@@ -41,6 +41,9 @@ pub enum ClusterCmd {
     /// Join tokens.
     #[command(subcommand)]
     Token(TokenCmd),
+    /// What the node asked (`--server`) holds: jobs in its hot state, records in its accounting
+    /// store and their digest (equal on voters that applied the same log).
+    Digest,
     /// Refuse a certificate from now on, on every node: a node's (by name) or any by fingerprint.
     Revoke {
         #[arg(long, conflicts_with = "fingerprint", required_unless_present = "fingerprint")]
@@ -586,6 +589,23 @@ pub async fn run(
         ClusterCmd::Token(TokenCmd::Revoke { id }) => {
             connect()?.call_patiently(Request::RevokeJoinToken { id }, patience).await?;
             eprintln!("join token {id} revoked");
+            Ok(())
+        }
+        ClusterCmd::Digest => {
+            let reply = connect()?.call_patiently(Request::AccountingDigest, patience).await?;
+            let Reply::AccountingDigest { node, applied_index, hot_jobs, records, digest } = reply else {
+                bail!("unexpected reply {reply:?}")
+            };
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"node": node, "applied_index": applied_index, "hot_jobs": hot_jobs, "accounting_records": records, "accounting_digest": digest})
+                );
+            } else {
+                println!(
+                    "{node}: applied {applied_index}, {hot_jobs} jobs in the hot state, {records} accounting records, digest {digest}"
+                );
+            }
             Ok(())
         }
         ClusterCmd::Revoke { node, fingerprint } => {

@@ -67,6 +67,7 @@ async fn demo(dir: &std::path::Path) -> anyhow::Result<()> {
         snapshot_logs: 1_000,
         checkpoint_root: None,
         gpu_sample_interval_ms: 1_000,
+        min_job_age_s: 300,
         wait_s: 60,
         run_as_user: false,
         gpu_device_files: Vec::new(),
@@ -108,10 +109,8 @@ async fn demo(dir: &std::path::Path) -> anyhow::Result<()> {
 
     let deadline = Instant::now() + Duration::from_secs(120);
     let finals = loop {
-        let Reply::Jobs(all) = survivors.call_patiently(Request::ListJobs { include_finished: true }, Duration::from_secs(15)).await?
-        else {
-            bail!("unexpected reply");
-        };
+        let query = proto::JobQuery { ids: jobs.clone(), live: true, finished: true, history: true, brief: true, ..Default::default() };
+        let all = survivors.query_jobs(query, Duration::from_secs(15)).await?;
         let ours: Vec<_> = all.into_iter().filter(|j| jobs.contains(&j.id)).collect();
         if ours.iter().all(|j| j.state.is_final()) {
             break ours;
@@ -226,9 +225,7 @@ async fn batch_with_a_step(dir: &std::path::Path, cluster: &Cluster, workdir: &s
 }
 
 async fn print_queue(cluster: &Cluster) -> anyhow::Result<()> {
-    let Reply::Jobs(jobs) = cluster.call_patiently(Request::ListJobs { include_finished: false }, Duration::from_secs(15)).await? else {
-        bail!("unexpected reply");
-    };
+    let jobs = cluster.query_jobs(proto::JobQuery { live: true, brief: true, ..Default::default() }, Duration::from_secs(15)).await?;
     let running = jobs.iter().filter(|j| j.state == JobState::Running).count();
     let pending = jobs.iter().filter(|j| j.state == JobState::Pending).count();
     println!("   queue: {running} running, {pending} pending");
@@ -239,9 +236,8 @@ async fn print_queue(cluster: &Cluster) -> anyhow::Result<()> {
 }
 
 async fn print_queue_all(cluster: &Cluster, ids: &[u64]) -> anyhow::Result<()> {
-    let Reply::Jobs(jobs) = cluster.call_patiently(Request::ListJobs { include_finished: true }, Duration::from_secs(15)).await? else {
-        bail!("unexpected reply");
-    };
+    let query = proto::JobQuery { ids: ids.to_vec(), live: true, finished: true, history: true, brief: true, ..Default::default() };
+    let jobs = cluster.query_jobs(query, Duration::from_secs(15)).await?;
     let Reply::Nodes(nodes) = cluster.call_patiently(Request::ListNodes, Duration::from_secs(15)).await? else { bail!("unexpected reply") };
     let names: BTreeMap<u64, String> = nodes.into_iter().map(|n| (n.id, n.name)).collect();
     println!("  {:>4} {:<16} {:<10} {:<5} {:<5} {:>7}", "JOB", "NAME", "STATE", "NODE", "GPUS", "RUN(s)");

@@ -43,6 +43,10 @@ pub struct DevOptions {
     /// How often each node samples its jobs' GPUs for accounting.
     #[arg(long, default_value_t = 1_000)]
     pub gpu_sample_interval_ms: u64,
+    /// How long a finished job stays in the replicated hot state before it moves to the
+    /// accounting store (Slurm's MinJobAge).
+    #[arg(long, default_value_t = 300)]
+    pub min_job_age_s: u64,
     /// Root of the per-job checkpoint directories of every node (shared storage in a real
     /// cluster; one directory here so a requeued job finds its checkpoint on any node).
     #[arg(long)]
@@ -88,6 +92,7 @@ struct NodeToml {
     voter_replace_after_ms: u64,
     kill_grace_ms: u64,
     gpu_sample_interval_ms: u64,
+    min_job_age_s: u64,
     admins: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     checkpoint_root: Option<String>,
@@ -253,6 +258,7 @@ pub async fn up(dir: &Path, opts: &DevOptions) -> anyhow::Result<()> {
             voter_replace_after_ms: opts.voter_replace_after_ms,
             kill_grace_ms: opts.kill_grace_ms,
             gpu_sample_interval_ms: opts.gpu_sample_interval_ms,
+            min_job_age_s: opts.min_job_age_s,
             // The developer who started the cluster administers it.
             admins: {
                 let mut admins = vec!["root".to_string()];

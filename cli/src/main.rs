@@ -397,9 +397,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Queue { all } => {
             let cluster = connect()?;
             let names = node_names(&cluster).await?;
-            let Reply::Jobs(jobs) = cluster.call_patiently(Request::ListJobs { include_finished: all }, patience).await? else {
-                bail!("unexpected reply");
-            };
+            // --all pages through the accounting store too.
+            let query = proto::JobQuery { live: true, finished: all, history: all, brief: true, ..Default::default() };
+            let jobs = cluster.query_jobs(query, patience).await?;
             if cli.json {
                 println!("{}", serde_json::Value::Array(jobs.iter().map(|j| job_json(j, &names)).collect()));
             } else {

@@ -6,7 +6,9 @@
 //! read the applied state through the [`StateHandle`]; serve peers' RPCs with
 //! [`handle_raft_rpc`].
 
+pub mod accounting;
 pub mod network;
+pub mod snapshot;
 pub mod state;
 pub mod store;
 pub mod types;
@@ -20,7 +22,7 @@ use openraft::error::{ClientWriteError, RaftError};
 use openraft::SnapshotPolicy;
 use proto::{ApiError, Command, CommandResult, NodeId};
 
-pub use network::{handle_raft_rpc, NetworkFactory, PeerClient, RaftTransport, TransportError, RAFT_PAYLOAD_BYTES_MAX};
+pub use network::{handle_raft_rpc, NetworkFactory, PeerClient, RaftTransport, SnapshotInbox, TransportError, RAFT_PAYLOAD_BYTES_MAX};
 pub use state::ClusterState;
 pub use store::{open_store, LogStore, StateHandle, StateMachine};
 pub use types::{LogCommand, LogId, MemberNode, Raft, SnapshotData, TypeConfig};

@@ -5,8 +5,16 @@
 //! ([`handle_raft_rpc`]) decodes, calls the local [`Raft`], and encodes the reply as
 //! `Result<response, String>`: `Err` carries a remote Raft failure (e.g. shutting down), which the
 //! client reports to openraft as unreachable so it backs off.
+//!
+//! A snapshot travels as a stream of `SnapshotChunk` RPCs of at most [`SNAPSHOT_CHUNK_BYTES`]
+//! each, in order, read from the sender's file and accounting store off the async runtime and
+//! appended by the follower's [`SnapshotInbox`] to a file; the last chunk installs it. Neither
+//! side holds the whole snapshot in memory, and its size has no limit but the disk.
 
+use std::fs::File;
 use std::future::Future;
+use std::io::Write;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +29,21 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tracing::{debug, warn};
 
-use crate::types::{MemberNode, Raft, Snapshot, SnapshotData, SnapshotMeta, TypeConfig, Vote};
+use crate::types::{LogId, MemberNode, Raft, Snapshot, SnapshotData, SnapshotMeta, TypeConfig, Vote};
+
+/// Bytes of snapshot one `SnapshotChunk` carries at most.
+pub const SNAPSHOT_CHUNK_BYTES: usize = 4 * 1024 * 1024;
+/// Largest snapshot a follower accepts (a bound on the disk a sender can fill).
+pub const SNAPSHOT_BYTES_MAX: u64 = 256 * 1024 * 1024 * 1024;
+/// Time for one chunk to be written, and for the last to be installed.
+const SNAPSHOT_CHUNK_TIMEOUT: Duration = Duration::from_secs(15);
+const SNAPSHOT_INSTALL_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The payload of a `SnapshotChunk` RPC: the leader's vote, the snapshot's meta, where the
+/// chunk starts, its bytes, and whether it is the last.
+type SnapshotChunkRequest = (Vote, SnapshotMeta, u64, Vec<u8>, bool);
+/// Its reply: openraft's response once the last chunk is installed.
+type SnapshotChunkReply = Option<SnapshotResponse<TypeConfig>>;
 
 /// Largest encoded Raft payload: a frame, less room for the envelope around it.
 pub const RAFT_PAYLOAD_BYTES_MAX: usize = proto::limits::FRAME_BYTES_MAX - 64 * 1024;
@@ -51,9 +73,6 @@ pub enum TransportError {
 /// The reply payload of every Raft RPC: openraft's response, or why the remote Raft could not
 /// handle it.
 type RpcReply<T> = Result<T, String>;
-
-/// The payload of a `FullSnapshot` RPC.
-type FullSnapshotRequest = (Vote, SnapshotMeta, SnapshotData);
 
 /// Creates a [`PeerClient`] per target for openraft.
 pub struct NetworkFactory<T> {
@@ -195,17 +214,59 @@ impl<T: RaftTransport> RaftNetworkV2<TypeConfig> for PeerClient<T> {
         vote: Vote,
         snapshot: Snapshot,
         cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
-        option: RPCOption,
+        _option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
-        let bytes = snapshot.snapshot.len();
-        let request: FullSnapshotRequest = (vote, snapshot.meta, snapshot.snapshot);
-        let send = self.call::<_, SnapshotResponse<TypeConfig>>(RaftRpcKind::FullSnapshot, &request, option.hard_ttl());
-        tokio::select! {
+        let meta = snapshot.meta;
+        let data = snapshot.snapshot;
+        // The file and the store are read on a blocking thread, two chunks ahead at most.
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, String>>(2);
+        let producer = tokio::task::spawn_blocking(move || {
+            let streamed = data.stream(SNAPSHOT_CHUNK_BYTES, |chunk| {
+                tx.blocking_send(Ok(chunk)).map_err(|_| std::io::Error::other("snapshot send stopped"))
+            });
+            if let Err(e) = streamed {
+                let _ = tx.blocking_send(Err(format!("read snapshot: {e}")));
+            }
+        });
+        let send = async {
+            let mut offset = 0u64;
+            let mut current = rx.recv().await;
+            loop {
+                let chunk = match current {
+                    Some(Ok(chunk)) => chunk,
+                    Some(Err(e)) => return Err(CallError::Network(e)),
+                    None => return Err(CallError::Network("snapshot stream ended early".into())),
+                };
+                let next = rx.recv().await;
+                let last = next.is_none();
+                let len = chunk.len() as u64;
+                let request: SnapshotChunkRequest = (vote, meta.clone(), offset, chunk, last);
+                let timeout = if last { SNAPSHOT_INSTALL_TIMEOUT } else { SNAPSHOT_CHUNK_TIMEOUT };
+                let reply: SnapshotChunkReply = self.call(RaftRpcKind::SnapshotChunk, &request, timeout).await?;
+                offset += len;
+                match (reply, last) {
+                    (Some(resp), true) => return Ok((resp, offset)),
+                    (None, false) => {}
+                    (_, true) => return Err(CallError::Network("the follower did not install the snapshot".into())),
+                    (Some(_), false) => return Err(CallError::Network("the follower answered before the last chunk".into())),
+                }
+                current = next;
+            }
+        };
+        let result = tokio::select! {
             closed = cancel => Err(StreamingError::Closed(closed)),
-            reply = send => reply.map_err(|e| {
-                warn!(target = self.target, bytes, "sending snapshot failed");
-                self.streaming_error(e)
-            }),
+            reply = send => reply.map_err(|e| self.streaming_error(e)),
+        };
+        producer.abort();
+        match result {
+            Ok((resp, bytes)) => {
+                debug!(target = self.target, bytes, "sent snapshot");
+                Ok(resp)
+            }
+            Err(e) => {
+                warn!(target = self.target, error = %e, "sending snapshot failed");
+                Err(e)
+            }
         }
     }
 
@@ -227,9 +288,72 @@ fn encode_reply<T: Serialize, E: std::fmt::Display>(reply: Result<T, E>) -> Vec<
     proto::encode(&reply)
 }
 
-/// Serves one Raft RPC that arrived from a peer: decodes `payload`, calls `raft`, and returns the
-/// encoded reply for the peer's [`NetworkFactory`]. `Err` only for a payload that does not decode.
-pub async fn handle_raft_rpc(raft: &Raft, kind: RaftRpcKind, payload: &[u8]) -> Result<Vec<u8>, ApiError> {
+/// A snapshot being received: one at a time, its chunks in order, appended to a file.
+pub struct SnapshotInbox {
+    dir: PathBuf,
+    current: tokio::sync::Mutex<Option<Incoming>>,
+}
+
+struct Incoming {
+    vote: Vote,
+    last_log_id: Option<LogId>,
+    path: PathBuf,
+    file: File,
+    received: u64,
+}
+
+impl SnapshotInbox {
+    /// Receives into files under `dir`.
+    pub fn new(dir: PathBuf) -> SnapshotInbox {
+        SnapshotInbox { dir, current: tokio::sync::Mutex::new(None) }
+    }
+
+    /// Appends one chunk; after the last, installs the snapshot in `raft`.
+    async fn receive(&self, raft: &Raft, request: SnapshotChunkRequest) -> Result<SnapshotChunkReply, String> {
+        let (vote, meta, offset, bytes, last) = request;
+        let mut current = self.current.lock().await;
+        if offset == 0 {
+            if let Some(old) = current.take() {
+                let _ = std::fs::remove_file(&old.path);
+            }
+            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+            let path = self.dir.join(format!("recv-{nanos}.snap"));
+            let file = File::create(&path).map_err(|e| format!("create {}: {e}", path.display()))?;
+            *current = Some(Incoming { vote, last_log_id: meta.last_log_id, path, file, received: 0 });
+        }
+        let Some(incoming) = current.as_mut() else {
+            return Err(format!("snapshot chunk at {offset} but no snapshot is being received"));
+        };
+        if incoming.vote != vote || incoming.last_log_id != meta.last_log_id || incoming.received != offset {
+            return Err(format!("snapshot chunk at {offset} does not continue the snapshot being received (at {})", incoming.received));
+        }
+        let received = incoming.received + bytes.len() as u64;
+        if received > SNAPSHOT_BYTES_MAX {
+            return Err(format!("snapshot larger than {SNAPSHOT_BYTES_MAX} bytes"));
+        }
+        incoming.file.write_all(&bytes).map_err(|e| format!("write {}: {e}", incoming.path.display()))?;
+        incoming.received = received;
+        if !last {
+            return Ok(None);
+        }
+        let Some(done) = current.take() else { return Err("snapshot vanished".into()) };
+        drop(current);
+        let installed = self.install(raft, vote, meta, &done).await;
+        let _ = std::fs::remove_file(&done.path);
+        installed.map(Some)
+    }
+
+    async fn install(&self, raft: &Raft, vote: Vote, meta: SnapshotMeta, done: &Incoming) -> Result<SnapshotResponse<TypeConfig>, String> {
+        done.file.sync_all().map_err(|e| format!("sync {}: {e}", done.path.display()))?;
+        let data = SnapshotData::received(done.path.clone()).map_err(|e| format!("open {}: {e}", done.path.display()))?;
+        raft.install_full_snapshot(vote, Snapshot { meta, snapshot: data }).await.map_err(|e| e.to_string())
+    }
+}
+
+/// Serves one Raft RPC that arrived from a peer: decodes `payload`, calls `raft` (snapshot chunks
+/// go through `inbox`), and returns the encoded reply for the peer's [`NetworkFactory`]. `Err`
+/// only for a payload that does not decode.
+pub async fn handle_raft_rpc(raft: &Raft, inbox: &SnapshotInbox, kind: RaftRpcKind, payload: &[u8]) -> Result<Vec<u8>, ApiError> {
     Ok(match kind {
         RaftRpcKind::AppendEntries => {
             let req: AppendEntriesRequest<TypeConfig> = decode_request(kind, payload)?;
@@ -244,8 +368,15 @@ pub async fn handle_raft_rpc(raft: &Raft, kind: RaftRpcKind, payload: &[u8]) -> 
             encode_reply(raft.pre_vote(req).await)
         }
         RaftRpcKind::FullSnapshot => {
-            let (vote, meta, data): FullSnapshotRequest = decode_request(kind, payload)?;
-            encode_reply(raft.install_full_snapshot(vote, Snapshot { meta, snapshot: data }).await)
+            return Err(ApiError::Invalid("whole-snapshot RPCs are gone: snapshots are streamed in chunks".into()));
+        }
+        RaftRpcKind::SnapshotChunk => {
+            let request: SnapshotChunkRequest = decode_request(kind, payload)?;
+            let reply = inbox.receive(raft, request).await;
+            if let Err(e) = &reply {
+                warn!(error = %e, "receiving a snapshot failed");
+            }
+            encode_reply(reply)
         }
         RaftRpcKind::TransferLeader => {
             let req: TransferLeaderRequest<TypeConfig> = decode_request(kind, payload)?;

@@ -38,6 +38,12 @@ pub struct ClusterState {
     /// Instances of each node that a newer one replaced: they never come back (a late heartbeat
     /// of a dead process must not take the node back from the instance that runs its jobs).
     pub retired_instances: BTreeMap<NodeId, Vec<InstanceId>>,
+    /// Tasks started so far of each array that has tasks left (their jobs may have finished and
+    /// left the hot state): a task is never started twice.
+    pub array_started: BTreeMap<JobId, BTreeSet<u32>>,
+    /// GPU-seconds used by each `user:NAME` and `account:NAME` (fair share), kept here because
+    /// finished jobs leave the hot state.
+    pub usage_gpu_seconds: BTreeMap<String, u64>,
 }
 
 /// Replaced instances remembered per node.
@@ -60,6 +66,8 @@ impl Default for ClusterState {
             revoked_certs: BTreeMap::new(),
             revoked_nodes: BTreeMap::new(),
             retired_instances: BTreeMap::new(),
+            array_started: BTreeMap::new(),
+            usage_gpu_seconds: BTreeMap::new(),
         }
     }
 }
@@ -68,11 +76,20 @@ fn rejected(reason: impl Into<String>) -> CommandResult {
     CommandResult::Rejected(reason.into())
 }
 
-/// Adds the GPU time of `part` from the run's start until `now_ms` to the job's account.
-fn account(job: &mut Job, part: &NodeRun, now_ms: u64) {
+/// Adds the GPU time of `part` from the run's start until `now_ms` to the job's account and to
+/// its user's and account's usage.
+fn account(usage: &mut BTreeMap<String, u64>, job: &mut Job, part: &NodeRun, now_ms: u64) {
     if let Some(start) = job.start_ms {
-        let seconds = now_ms.saturating_sub(start) / 1000;
-        job.gpu_seconds = job.gpu_seconds.saturating_add(seconds.saturating_mul(part.alloc.gpus.len() as u64));
+        let seconds = (now_ms.saturating_sub(start) / 1000).saturating_mul(part.alloc.gpus.len() as u64);
+        job.gpu_seconds = job.gpu_seconds.saturating_add(seconds);
+        if seconds > 0 {
+            let user = usage.entry(scheduler::usage_key_user(&job.spec.user)).or_default();
+            *user = user.saturating_add(seconds);
+            if let Some(a) = &job.spec.account {
+                let account = usage.entry(scheduler::usage_key_account(a)).or_default();
+                *account = account.saturating_add(seconds);
+            }
+        }
     }
 }
 
@@ -109,7 +126,22 @@ impl ClusterState {
     /// Applies one committed command. Deterministic: the same state and command give the same
     /// result and the same next state on every replica.
     pub fn apply(&mut self, cmd: &Command) -> CommandResult {
+        self.apply_archiving(cmd, &mut Vec::new())
+    }
+
+    /// [`ClusterState::apply`], handing the jobs an `ArchiveJobs` moved out of the hot state to
+    /// `archived` (the store writes them to the accounting store in the same step).
+    pub fn apply_archiving(&mut self, cmd: &Command, archived: &mut Vec<Job>) -> CommandResult {
         let result = match cmd {
+            Command::ArchiveJobs { jobs, now_ms: _ } => self.archive_jobs(jobs, archived),
+            Command::PruneAccounting { jobs, now_ms: _ } => {
+                if jobs.len() > proto::ARCHIVE_BATCH_MAX {
+                    rejected(format!("{} records in one prune, more than {}", jobs.len(), proto::ARCHIVE_BATCH_MAX))
+                } else {
+                    // The records live in the accounting store, which the store prunes.
+                    CommandResult::Ok
+                }
+            }
             Command::RegisterNode { name, addr, inventory, instance, cert_fingerprint, now_ms } => {
                 let result = self.register_node(name, addr, inventory, *instance, *now_ms);
                 if let Some(n) = self.nodes.values_mut().find(|n| n.name == *name) {
@@ -198,6 +230,34 @@ impl ClusterState {
         };
         self.check_invariants();
         result
+    }
+
+    /// Moves every named job that is final and holds nothing out of the hot state, into
+    /// `archived`; the others stay (a stale list is harmless).
+    fn archive_jobs(&mut self, ids: &[JobId], archived: &mut Vec<Job>) -> CommandResult {
+        if ids.len() > proto::ARCHIVE_BATCH_MAX {
+            return rejected(format!("{} jobs in one archive, more than {}", ids.len(), proto::ARCHIVE_BATCH_MAX));
+        }
+        for id in ids {
+            let done = self.jobs.get(id).is_some_and(|j| j.state.is_final() && j.parts.is_empty());
+            if let Some(job) = done.then(|| self.jobs.remove(id)).flatten() {
+                // A cancelled array starts no more tasks.
+                self.array_started.remove(id);
+                archived.push(job);
+            }
+        }
+        CommandResult::Ok
+    }
+
+    /// Finished jobs that may leave the hot state at `now_ms` when kept `min_age_ms`: final,
+    /// holding nothing, ended long enough ago; at most `limit`, in id order.
+    pub fn archivable(&self, now_ms: u64, min_age_ms: u64, limit: usize) -> Vec<JobId> {
+        self.jobs
+            .values()
+            .filter(|j| j.state.is_final() && j.parts.is_empty() && j.end_ms.is_some_and(|e| e.saturating_add(min_age_ms) <= now_ms))
+            .map(|j| j.id)
+            .take(limit)
+            .collect()
     }
 
     fn register_node(&mut self, name: &str, addr: &str, inventory: &Inventory, instance: InstanceId, now_ms: u64) -> CommandResult {
@@ -355,7 +415,7 @@ impl ClusterState {
         for job in self.jobs.values_mut() {
             let Some(pos) = job.parts.iter().position(&lost) else { continue };
             let part = job.parts.remove(pos);
-            account(job, &part, now_ms);
+            account(&mut self.usage_gpu_seconds, job, &part, now_ms);
             if part.run != job.run || job.state != JobState::Running {
                 continue;
             }
@@ -485,7 +545,7 @@ impl ClusterState {
                 if !spec.tasks.contains(&t) {
                     return Err(format!("array {} has no task {t}", job.id));
                 }
-                if self.array_task_ids(job.id).any(|(task, _)| task == t) {
+                if self.array_started.get(&job.id).is_some_and(|s| s.contains(&t)) {
                     return Err(format!("task {t} of array {} already started", job.id));
                 }
                 if let Some(limit) = spec.throttle {
@@ -509,13 +569,15 @@ impl ClusterState {
     /// Creates the job of task `task` of array `array` and returns its id. The last task to
     /// start takes over the array's own record and id, as in Slurm.
     fn start_array_task(&mut self, array: JobId, task: u32) -> JobId {
-        let started: BTreeSet<u32> = self.array_task_ids(array).map(|(t, _)| t).collect();
+        let started = self.array_started.entry(array).or_default();
         let Some(parent) = self.jobs.get_mut(&array) else { return array };
         let remaining = parent.spec.array.as_ref().map_or(0, |a| a.tasks.iter().filter(|t| !started.contains(t)).count());
         if remaining <= 1 {
+            self.array_started.remove(&array);
             parent.array = Some(ArrayTask { array_job: array, task });
             return array;
         }
+        started.insert(task);
         let mut job = parent.clone();
         job.array = Some(ArrayTask { array_job: array, task });
         let id = self.next_job_id;
@@ -570,7 +632,7 @@ impl ClusterState {
             return rejected("stale run");
         };
         let part = job.parts.remove(pos);
-        account(job, &part, now_ms);
+        account(&mut self.usage_gpu_seconds, job, &part, now_ms);
         if run != job.run || job.state != JobState::Running {
             // A part of a cancelled, failed or requeued run is gone: only its resources return.
             return CommandResult::Ok;
@@ -708,6 +770,24 @@ impl ClusterState {
     /// Jobs holding resources on `node` (running, or stopping and not yet confirmed gone).
     pub fn running_on(&self, node: NodeId) -> Vec<&Job> {
         self.jobs.values().filter(|j| j.parts.iter().any(|p| p.alloc.node == node)).collect()
+    }
+
+    /// Everything but the jobs (a snapshot's header; the jobs follow in chunks).
+    pub fn clone_without_jobs(&self) -> ClusterState {
+        ClusterState {
+            nodes: self.nodes.clone(),
+            jobs: BTreeMap::new(),
+            next_job_id: self.next_job_id,
+            next_node_id: self.next_node_id,
+            policy: self.policy.clone(),
+            join_tokens: self.join_tokens.clone(),
+            next_token_id: self.next_token_id,
+            revoked_certs: self.revoked_certs.clone(),
+            revoked_nodes: self.revoked_nodes.clone(),
+            retired_instances: self.retired_instances.clone(),
+            array_started: self.array_started.clone(),
+            usage_gpu_seconds: self.usage_gpu_seconds.clone(),
+        }
     }
 
     /// Hex SHA-256 of the encoded state: equal on every replica that applied the same log.

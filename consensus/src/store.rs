@@ -1,20 +1,24 @@
-//! Raft storage in one RocksDB database: the log, the vote and the latest snapshot, plus the
-//! in-memory state machine that applies committed entries to a [`ClusterState`].
+//! Raft storage in one RocksDB database: the log, the vote, the accounting store and the record
+//! of the latest snapshot, plus the state machine that applies committed entries to the
+//! in-memory hot [`ClusterState`] and the accounting store.
 //!
 //! Column families:
 //! - `logs`: log index as big-endian `u64` -> encoded entry;
-//! - `meta`: `vote`, `committed`, `last_purged`;
-//! - `sm`: `snapshot` -> encoded `(SnapshotMeta, snapshot bytes)`.
+//! - `meta`: `vote`, `committed`, `last_purged`, `acct_gen` (the accounting generation);
+//! - `sm`: `snapshot` -> encoded `(SnapshotMeta, file name)`; the file (frames of the hot state,
+//!   see [`crate::snapshot`]) is in `snapshots/` beside the database's files;
+//! - `acct`, `acct_idx`: the accounting store ([`crate::accounting`]), LZ4-compressed.
 //!
 //! Every value is encoded with `proto::codec`. Appends are made durable by group commit: a
 //! dedicated flusher thread takes every callback queued so far, syncs the WAL once, then completes
 //! them all, so concurrent appends share one fsync.
 
 use std::fmt::{Debug, Display};
-use std::io;
+use std::fs::File;
+use std::io::{self, BufReader};
 use std::ops::{Bound, RangeBounds};
-use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
@@ -22,15 +26,17 @@ use futures_util::{Stream, TryStreamExt};
 use openraft::entry::RaftEntry;
 use openraft::storage::{EntryResponder, IOFlushed, LogState, RaftLogStorage, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftLogReader, RaftSnapshotBuilder};
-use proto::CommandResult;
-use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, Options, WriteBatch, WriteOptions, DB};
+use proto::{Command, CommandResult, Job, JobId, JobQuery, JOB_PAGE_SCAN_MAX};
+use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, DBCompressionType, Direction, IteratorMode, Options, WriteBatch, WriteOptions, DB};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
+use crate::accounting::{self, CF_ACCT, CF_ACCT_IDX};
+use crate::snapshot::{self, AccountingSource, SnapshotData};
 use crate::state::ClusterState;
-use crate::types::{Entry, LogCommand, LogId, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig, Vote};
+use crate::types::{Entry, LogCommand, LogId, Snapshot, SnapshotMeta, StoredMembership, TypeConfig, Vote};
 
 const CF_LOGS: &str = "logs";
 const CF_META: &str = "meta";
@@ -40,6 +46,7 @@ const KEY_VOTE: &[u8] = b"vote";
 const KEY_COMMITTED: &[u8] = b"committed";
 const KEY_LAST_PURGED: &[u8] = b"last_purged";
 const KEY_SNAPSHOT: &[u8] = b"snapshot";
+const KEY_ACCT_GEN: &[u8] = b"acct_gen";
 
 /// Largest value read back from disk. Values are written by us, but a torn or foreign file must
 /// give an error, not an unbounded allocation.
@@ -103,7 +110,7 @@ pub fn open_store(dir: &Path) -> io::Result<(LogStore, StateMachine)> {
 pub fn open_store_with(dir: &Path, wal_sync_delay_ms: Arc<AtomicU64>) -> io::Result<(LogStore, StateMachine)> {
     let db = Arc::new(open_db(dir)?);
     let log = LogStore::new(db.clone(), wal_sync_delay_ms)?;
-    let sm = StateMachine::load(db)?;
+    let sm = StateMachine::load(db, dir)?;
     Ok((log, sm))
 }
 
@@ -113,7 +120,13 @@ fn open_db(dir: &Path) -> io::Result<DB> {
     opts.create_missing_column_families(true);
     let started = Instant::now();
     loop {
-        let cfs = [CF_LOGS, CF_META, CF_SM].map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
+        let cfs = [CF_LOGS, CF_META, CF_SM, CF_ACCT, CF_ACCT_IDX].map(|name| {
+            let mut cf_opts = Options::default();
+            if name == CF_ACCT || name == CF_ACCT_IDX {
+                cf_opts.set_compression_type(DBCompressionType::Lz4);
+            }
+            ColumnFamilyDescriptor::new(name, cf_opts)
+        });
         match DB::open_cf_descriptors(&opts, dir, cfs) {
             Ok(db) => return Ok(db),
             // A previous handle of this process may still be closing (its flusher thread ends
@@ -332,11 +345,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 // ---------------------------------------------------------------------------------------------
 // State machine
 
-/// Read access to the applied cluster state, shared with the rest of the node.
+/// Read access to the applied cluster state and the accounting store, shared with the rest of
+/// the node.
 #[derive(Clone)]
 pub struct StateHandle {
     state: Arc<RwLock<ClusterState>>,
     applied: watch::Receiver<u64>,
+    accounting: AccountingSource,
+    inbox: Arc<crate::network::SnapshotInbox>,
 }
 
 impl StateHandle {
@@ -363,6 +379,72 @@ impl StateHandle {
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.applied.clone()
     }
+
+    fn gen(&self) -> u32 {
+        self.accounting.gen.load(Ordering::Acquire)
+    }
+
+    /// Where this node receives snapshots (for [`crate::handle_raft_rpc`]).
+    pub fn snapshot_inbox(&self) -> &crate::network::SnapshotInbox {
+        &self.inbox
+    }
+
+    /// Job `id` from the hot state, else its accounting record.
+    pub fn job(&self, id: JobId) -> io::Result<Option<Job>> {
+        if let Some(job) = self.read(|s| s.jobs.get(&id).cloned()) {
+            return Ok(Some(job));
+        }
+        accounting::get(&*self.accounting.db()?, self.gen(), id)
+    }
+
+    /// The accounting record of job `id` (a finished job that left the hot state).
+    pub fn archived_job(&self, id: JobId) -> io::Result<Option<Job>> {
+        accounting::get(&*self.accounting.db()?, self.gen(), id)
+    }
+
+    /// One page of jobs matching `query`: the hot state's and the accounting store's, merged in
+    /// id order (the hot state's copy wins), and the cursor of the next page.
+    pub fn query_jobs(&self, query: &JobQuery) -> io::Result<(Vec<Job>, Option<JobId>)> {
+        let limit = query.page_limit();
+        let (archived, covered_to) = accounting::query(&*self.accounting.db()?, self.gen(), query, limit, JOB_PAGE_SCAN_MAX as usize)?;
+        let hot: Vec<Job> = self.read(|s| {
+            s.jobs
+                .range(query.after.saturating_add(1)..)
+                .map(|(_, j)| j)
+                .take_while(|j| covered_to.is_none_or(|c| j.id <= c))
+                .filter(|j| query.matches(j))
+                .take(limit + 1)
+                .cloned()
+                .collect()
+        });
+        let mut merged: std::collections::BTreeMap<JobId, Job> = archived.into_iter().map(|j| (j.id, j)).collect();
+        merged.extend(hot.into_iter().map(|j| (j.id, j)));
+        let mut jobs: Vec<Job> = merged.into_values().collect();
+        let next = if jobs.len() > limit {
+            jobs.truncate(limit);
+            jobs.last().map(|j| j.id)
+        } else {
+            covered_to
+        };
+        if query.brief {
+            for j in &mut jobs {
+                j.spec.env.clear();
+                j.spec.script = None;
+            }
+        }
+        Ok((jobs, next))
+    }
+
+    /// Up to `limit` ids of accounting records that ended before `before_ms` (retention).
+    pub fn accounting_ended_before(&self, before_ms: u64, limit: usize) -> io::Result<Vec<JobId>> {
+        accounting::ended_before(&*self.accounting.db()?, self.gen(), before_ms, limit)
+    }
+
+    /// Records in the accounting store and their digest (equal on replicas at the same index
+    /// once the log is applied through).
+    pub fn accounting_digest(&self) -> io::Result<(u64, String)> {
+        accounting::digest(&*self.accounting.db()?, self.gen())
+    }
 }
 
 fn read_lock(state: &RwLock<ClusterState>) -> RwLockReadGuard<'_, ClusterState> {
@@ -371,10 +453,11 @@ fn read_lock(state: &RwLock<ClusterState>) -> RwLockReadGuard<'_, ClusterState> 
     state.read().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The content of a snapshot, encoded as the snapshot bytes.
-type SnapshotContent = (Option<LogId>, StoredMembership, ClusterState);
+/// What `sm/snapshot` records: the latest snapshot's meta and its file in the snapshot folder.
+type SnapshotRecord = (SnapshotMeta, String);
 
-/// Applies committed entries to the in-memory [`ClusterState`]; builds and installs snapshots.
+/// Applies committed entries to the in-memory [`ClusterState`] and the accounting store; builds
+/// and installs snapshots.
 pub struct StateMachine {
     db: Arc<DB>,
     state: Arc<RwLock<ClusterState>>,
@@ -384,21 +467,38 @@ pub struct StateMachine {
     applied_rx: watch::Receiver<u64>,
     /// Serializes writes of the stored snapshot (a build may finish after an install).
     snapshot_write: Arc<Mutex<()>>,
+    /// Snapshot files (`snap-*.bin`) and snapshots being received (`incoming/`).
+    snap_dir: PathBuf,
+    accounting: AccountingSource,
+    inbox: Arc<crate::network::SnapshotInbox>,
 }
 
 impl StateMachine {
-    fn load(db: Arc<DB>) -> io::Result<StateMachine> {
+    fn load(db: Arc<DB>, dir: &Path) -> io::Result<StateMachine> {
         cf(&db, CF_SM)?;
-        let stored = read_snapshot(&db)?;
-        let (last_applied, membership, state) = match stored {
-            Some((meta, data)) => {
-                let (last_applied, membership, state) = decode_content(&meta, &data)?;
-                info!(last_applied = last_applied.map(|l| l.index()), jobs = state.jobs.len(), "loaded snapshot");
-                (last_applied, membership, state)
+        let snap_dir = dir.join(SNAPSHOT_DIR);
+        std::fs::create_dir_all(snap_dir.join(INCOMING_DIR)).map_err(|e| io_other("create snapshot folder", e))?;
+        let gen: u32 = read_meta(&db, KEY_ACCT_GEN)?.unwrap_or(0);
+        accounting::drop_other_generations(&db, gen)?;
+        let stored = read_snapshot_record(&db)?;
+        let (last_applied, membership, state) = match &stored {
+            Some((meta, name)) => {
+                let file = File::open(snap_dir.join(name)).map_err(|e| io_other(&format!("open snapshot {name}"), e))?;
+                let hot = snapshot::read_hot(&mut BufReader::new(file))?;
+                if hot.last_applied != meta.last_log_id {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("snapshot {name} holds state up to {:?} but its record says {:?}", hot.last_applied, meta.last_log_id),
+                    ));
+                }
+                info!(last_applied = hot.last_applied.map(|l| l.index()), jobs = hot.state.jobs.len(), "loaded snapshot");
+                (hot.last_applied, hot.membership, hot.state)
             }
             None => (None, StoredMembership::default(), ClusterState::default()),
         };
+        remove_stale_snapshots(&snap_dir, stored.as_ref().map(|(_, n)| n.as_str()), true);
         let (applied_tx, applied_rx) = watch::channel(last_applied.map_or(0, |l| l.index()));
+        let accounting = AccountingSource { db: Arc::downgrade(&db), gen: Arc::new(AtomicU32::new(gen)) };
         Ok(StateMachine {
             db,
             state: Arc::new(RwLock::new(state)),
@@ -407,12 +507,20 @@ impl StateMachine {
             applied_tx,
             applied_rx,
             snapshot_write: Arc::new(Mutex::new(())),
+            inbox: Arc::new(crate::network::SnapshotInbox::new(snap_dir.join(INCOMING_DIR))),
+            snap_dir,
+            accounting,
         })
     }
 
     /// A read handle on the applied state.
     pub fn handle(&self) -> StateHandle {
-        StateHandle { state: self.state.clone(), applied: self.applied_rx.clone() }
+        StateHandle {
+            state: self.state.clone(),
+            applied: self.applied_rx.clone(),
+            accounting: self.accounting.clone(),
+            inbox: self.inbox.clone(),
+        }
     }
 
     fn write_state(&self) -> io::Result<RwLockWriteGuard<'_, ClusterState>> {
@@ -423,60 +531,184 @@ impl StateMachine {
         self.last_applied = log_id;
         self.applied_tx.send_replace(log_id.map_or(0, |l| l.index()));
     }
+
+    /// Applies `cmd` to the hot state and, under the same write lock (so no reader sees a job in
+    /// neither place), what it moved or pruned to the accounting store.
+    fn apply_command(&self, cmd: &Command) -> io::Result<CommandResult> {
+        let mut state = self.write_state()?;
+        let mut archived = Vec::new();
+        let result = state.apply_archiving(cmd, &mut archived);
+        let pruned = match cmd {
+            Command::PruneAccounting { jobs, .. } if result == CommandResult::Ok => jobs.as_slice(),
+            _ => &[],
+        };
+        if !archived.is_empty() || !pruned.is_empty() {
+            let gen = self.accounting.gen.load(Ordering::Acquire);
+            let records: Vec<Job> = archived.iter().map(accounting::record_of).collect();
+            let mut batch = WriteBatch::default();
+            accounting::put_records(&self.db, &mut batch, gen, &records)?;
+            accounting::delete_records(&self.db, &mut batch, gen, pruned)?;
+            // Not synced: the log is the durable record, and replaying it writes the same.
+            self.db.write(batch).map_err(|e| io_other("write accounting", e))?;
+        }
+        drop(state);
+        Ok(result)
+    }
 }
 
-fn read_snapshot(db: &DB) -> io::Result<Option<(SnapshotMeta, SnapshotData)>> {
-    let bytes = db.get_cf(cf(db, CF_SM)?, KEY_SNAPSHOT).map_err(|e| io_other("read snapshot", e))?;
-    bytes.map(|b| decode(&b, "stored snapshot")).transpose()
+const SNAPSHOT_DIR: &str = "snapshots";
+const INCOMING_DIR: &str = "incoming";
+
+fn read_snapshot_record(db: &DB) -> io::Result<Option<SnapshotRecord>> {
+    let bytes = db.get_cf(cf(db, CF_SM)?, KEY_SNAPSHOT).map_err(|e| io_other("read snapshot record", e))?;
+    bytes.map(|b| decode(&b, "snapshot record")).transpose()
 }
 
-/// Stores `meta` and `data` as the latest snapshot, synced, unless a newer one is stored already.
-fn write_snapshot(db: &DB, lock: &Mutex<()>, meta: &SnapshotMeta, data: &SnapshotData, force: bool) -> io::Result<()> {
-    let _guard = lock.lock().unwrap_or_else(PoisonError::into_inner);
-    if !force {
-        if let Some((stored, _)) = read_snapshot(db)? {
-            if stored.last_log_id > meta.last_log_id {
-                debug!("a newer snapshot is stored already; keeping it");
-                return Ok(());
+/// Deletes snapshot files other than `keep` (and, at start, whatever was being received).
+fn remove_stale_snapshots(snap_dir: &Path, keep: Option<&str>, incoming_too: bool) {
+    let mut dirs = vec![snap_dir.to_path_buf()];
+    if incoming_too {
+        dirs.push(snap_dir.join(INCOMING_DIR));
+    }
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+            if is_file && Some(name.as_str()) != keep {
+                if let Err(e) = std::fs::remove_file(entry.path()) {
+                    warn!(file = %entry.path().display(), error = %e, "could not remove an old snapshot");
+                }
             }
         }
     }
-    db.put_cf_opt(cf(db, CF_SM)?, KEY_SNAPSHOT, encode(&(meta, data)), &synced()).map_err(|e| io_other("save snapshot", e))
 }
 
-fn decode_content(meta: &SnapshotMeta, data: &SnapshotData) -> io::Result<SnapshotContent> {
-    let content: SnapshotContent = decode(data, "snapshot")?;
-    if content.0 != meta.last_log_id {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("snapshot holds state up to {:?} but its meta says {:?}", content.0, meta.last_log_id),
-        ));
+/// A name no other snapshot file of this folder has.
+fn snapshot_file_name(meta: &SnapshotMeta) -> String {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let index = meta.last_log_id.map_or(0, |l| l.index());
+    format!("snap-{index:020}-{nanos}-{}.bin", SEQ.fetch_add(1, Ordering::Relaxed))
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Records `meta` and file `name` as the latest snapshot (with `gen`, the accounting
+/// generation, in the same synced write), unless `force` is off and a newer one is recorded.
+/// Returns whether it was recorded.
+fn record_snapshot(db: &DB, lock: &Mutex<()>, meta: &SnapshotMeta, name: &str, gen: Option<u32>, force: bool) -> io::Result<bool> {
+    let _guard = lock.lock().unwrap_or_else(PoisonError::into_inner);
+    if !force {
+        if let Some((stored, _)) = read_snapshot_record(db)? {
+            if stored.last_log_id > meta.last_log_id {
+                debug!("a newer snapshot is recorded already; keeping it");
+                return Ok(false);
+            }
+        }
     }
-    Ok(content)
+    let mut batch = WriteBatch::default();
+    batch.put_cf(cf(db, CF_SM)?, KEY_SNAPSHOT, encode(&(meta, name)));
+    if let Some(gen) = gen {
+        batch.put_cf(cf(db, CF_META)?, KEY_ACCT_GEN, encode(&gen));
+    }
+    db.write_opt(batch, &synced()).map_err(|e| io_other("record snapshot", e))?;
+    Ok(true)
 }
 
-/// A point-in-time copy of the state, taken on the state machine task; written out elsewhere.
+/// A point-in-time copy of the hot state, encoded on the state machine task; written out
+/// elsewhere.
 pub struct SnapshotBuilder {
     db: Arc<DB>,
     meta: SnapshotMeta,
-    data: SnapshotData,
+    frames: Vec<Vec<u8>>,
+    snap_dir: PathBuf,
     snapshot_write: Arc<Mutex<()>>,
+    accounting: AccountingSource,
+}
+
+impl SnapshotBuilder {
+    fn write(self) -> io::Result<Snapshot> {
+        let name = snapshot_file_name(&self.meta);
+        let tmp = self.snap_dir.join(INCOMING_DIR).join(format!("{name}.tmp"));
+        snapshot::write_file(&tmp, &self.frames)?;
+        let path = self.snap_dir.join(&name);
+        std::fs::rename(&tmp, &path).map_err(|e| io_other("move snapshot into place", e))?;
+        sync_dir(&self.snap_dir)?;
+        let file = File::open(&path)?;
+        if record_snapshot(&self.db, &self.snapshot_write, &self.meta, &name, None, false)? {
+            remove_stale_snapshots(&self.snap_dir, Some(&name), false);
+        } else {
+            // A newer one is recorded: this file is open for the caller and goes once closed.
+            let _ = std::fs::remove_file(&path);
+        }
+        let bytes = self.frames.iter().map(Vec::len).sum::<usize>();
+        info!(last_log = self.meta.last_log_id.map(|l| l.index()), bytes, "built snapshot");
+        Ok(Snapshot { meta: self.meta, snapshot: SnapshotData { file, path, accounting: Some(self.accounting) } })
+    }
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     type SnapshotData = SnapshotData;
 
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
-        let db = self.db.clone();
-        let lock = self.snapshot_write.clone();
-        let meta = self.meta.clone();
-        let data = std::mem::take(&mut self.data);
-        let (meta, data) = tokio::task::spawn_blocking(move || write_snapshot(&db, &lock, &meta, &data, false).map(|()| (meta, data)))
-            .await
-            .map_err(|e| io_other("build snapshot", e))??;
-        info!(last_log = meta.last_log_id.map(|l| l.index()), bytes = data.len(), "built snapshot");
-        Ok(Snapshot { meta, snapshot: data })
+        let builder = SnapshotBuilder {
+            db: self.db.clone(),
+            meta: self.meta.clone(),
+            frames: std::mem::take(&mut self.frames),
+            snap_dir: self.snap_dir.clone(),
+            snapshot_write: self.snapshot_write.clone(),
+            accounting: self.accounting.clone(),
+        };
+        tokio::task::spawn_blocking(move || builder.write()).await.map_err(|e| io_other("build snapshot", e))?
     }
+}
+
+/// Installs a received snapshot: its accounting records under the next generation, its hot
+/// part as this node's snapshot file, then one synced write switches both. Returns the hot
+/// state and the new generation.
+fn install_files(
+    db: &DB,
+    lock: &Mutex<()>,
+    snap_dir: &Path,
+    meta: &SnapshotMeta,
+    data: &SnapshotData,
+    gen: &AtomicU32,
+) -> io::Result<ClusterState> {
+    let mut reader = BufReader::new(snapshot::rewound(&data.file)?);
+    let hot = snapshot::read_hot(&mut reader)?;
+    if hot.last_applied != meta.last_log_id {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("snapshot holds state up to {:?} but its meta says {:?}", hot.last_applied, meta.last_log_id),
+        ));
+    }
+    let old_gen = gen.load(Ordering::Acquire);
+    let new_gen = old_gen.wrapping_add(1);
+    accounting::drop_other_generations(db, old_gen)?;
+    let mut write = |records: Vec<Job>| {
+        let mut batch = WriteBatch::default();
+        accounting::put_records(db, &mut batch, new_gen, &records)?;
+        db.write(batch).map_err(|e| io_other("write received accounting", e))
+    };
+    let records = match &data.accounting {
+        Some(source) => accounting::for_each_chunk(&*source.db()?, source.gen.load(Ordering::Acquire), 2048, &mut write)?,
+        None => snapshot::read_accounting(&mut reader, &mut write)?,
+    };
+    let name = snapshot_file_name(meta);
+    let tmp = snap_dir.join(INCOMING_DIR).join(format!("{name}.tmp"));
+    snapshot::copy_prefix(&data.file, hot.bytes, &tmp)?;
+    std::fs::rename(&tmp, snap_dir.join(&name)).map_err(|e| io_other("move snapshot into place", e))?;
+    sync_dir(snap_dir)?;
+    // The synced write also makes every unsynced write before it durable (one WAL).
+    record_snapshot(db, lock, meta, &name, Some(new_gen), true)?;
+    gen.store(new_gen, Ordering::Release);
+    accounting::drop_other_generations(db, new_gen)?;
+    remove_stale_snapshots(snap_dir, Some(&name), false);
+    info!(last_log = meta.last_log_id.map(|l| l.index()), jobs = hot.state.jobs.len(), records, "installed snapshot");
+    Ok(hot.state)
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachine {
@@ -495,7 +727,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let log_id = entry.log_id;
             let result = match entry.payload {
                 EntryPayload::Blank => CommandResult::Ok,
-                EntryPayload::Normal(LogCommand(cmd)) => self.write_state()?.apply(&cmd),
+                EntryPayload::Normal(LogCommand(cmd)) => self.apply_command(&cmd)?,
                 EntryPayload::Membership(membership) => {
                     self.membership = StoredMembership::new(Some(log_id), membership);
                     CommandResult::Ok
@@ -511,27 +743,37 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
     async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
         let meta = SnapshotMeta { last_log_id: self.last_applied, last_membership: self.membership.clone() };
-        let data = encode(&(&self.last_applied, &self.membership, &*read_lock(&self.state)));
-        SnapshotBuilder { db: self.db.clone(), meta, data, snapshot_write: self.snapshot_write.clone() }
+        let frames = snapshot::encode_hot(&self.last_applied, &self.membership, &read_lock(&self.state));
+        SnapshotBuilder {
+            db: self.db.clone(),
+            meta,
+            frames,
+            snap_dir: self.snap_dir.clone(),
+            snapshot_write: self.snapshot_write.clone(),
+            accounting: self.accounting.clone(),
+        }
     }
 
     async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: SnapshotData) -> Result<(), io::Error> {
-        let (_, _, state) = decode_content(meta, &snapshot)?;
         let db = self.db.clone();
         let lock = self.snapshot_write.clone();
+        let snap_dir = self.snap_dir.clone();
+        let gen = self.accounting.gen.clone();
         let stored_meta = meta.clone();
-        tokio::task::spawn_blocking(move || write_snapshot(&db, &lock, &stored_meta, &snapshot, true))
+        let state = tokio::task::spawn_blocking(move || install_files(&db, &lock, &snap_dir, &stored_meta, &snapshot, &gen))
             .await
             .map_err(|e| io_other("install snapshot", e))??;
         *self.write_state()? = state;
         self.membership = meta.last_membership.clone();
         self.set_applied(meta.last_log_id);
-        info!(last_log = meta.last_log_id.map(|l| l.index()), "installed snapshot");
         Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
-        Ok(read_snapshot(&self.db)?.map(|(meta, snapshot)| Snapshot { meta, snapshot }))
+        let Some((meta, name)) = read_snapshot_record(&self.db)? else { return Ok(None) };
+        let path = self.snap_dir.join(&name);
+        let file = File::open(&path).map_err(|e| io_other(&format!("open snapshot {name}"), e))?;
+        Ok(Some(Snapshot { meta, snapshot: SnapshotData { file, path, accounting: Some(self.accounting.clone()) } }))
     }
 }
 

@@ -61,6 +61,8 @@ impl fmt::Display for LogCommand {
             Command::AddJoinToken { .. } => write!(f, "add_join_token"),
             Command::RevokeJoinToken { id, .. } => write!(f, "revoke_join_token({id})"),
             Command::RevokeCert { fingerprint, .. } => write!(f, "revoke_cert({})", &fingerprint[..fingerprint.len().min(16)]),
+            Command::ArchiveJobs { jobs, .. } => write!(f, "archive_jobs({} jobs)", jobs.len()),
+            Command::PruneAccounting { jobs, .. } => write!(f, "prune_accounting({} records)", jobs.len()),
         }
     }
 }
@@ -77,8 +79,7 @@ openraft::declare_raft_types!(
 /// A Raft node of the job log.
 pub type Raft = openraft::Raft<TypeConfig, StateMachine>;
 
-/// Bytes of a full snapshot: `proto::encode(&(last_applied, membership, ClusterState))`.
-pub type SnapshotData = Vec<u8>;
+pub use crate::snapshot::SnapshotData;
 
 pub type LogId = openraft::type_config::alias::LogIdOf<TypeConfig>;
 pub type Vote = openraft::type_config::alias::VoteOf<TypeConfig>;

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use proto::{Allocation, Job, JobState, NodeId, NodeState};
+use proto::{Allocation, Job, JobId, JobState, NodeId, NodeState};
 use scheduler::{ClusterView, NodeView};
 
 use crate::state::ClusterState;
@@ -39,18 +39,40 @@ pub fn check_gang(nodes: &BTreeMap<NodeId, NodeView>, job: &Job, allocs: &[Alloc
     scheduler::fits_gang(nodes, &request, allocs).map_err(|m| m.to_string())
 }
 
-/// What the scheduler needs: nodes with their free resources, every job (pending and running
-/// ones to place or preempt, finished ones for dependencies) and each user's GPU usage.
+/// What the scheduler needs: nodes with their free resources, every job of the hot state
+/// (pending and running ones to place or preempt, recently finished ones) and each user's GPU
+/// usage. A dependency on a job that left the hot state is unknown here: see
+/// [`scheduler_view_with`].
 pub fn scheduler_view(state: &ClusterState) -> ClusterView {
-    let mut usage: BTreeMap<String, f64> = BTreeMap::new();
-    for job in state.jobs.values() {
-        let seconds = job.gpu_seconds as f64;
-        *usage.entry(scheduler::usage_key_user(&job.spec.user)).or_default() += seconds;
-        if let Some(account) = &job.spec.account {
-            *usage.entry(scheduler::usage_key_account(account)).or_default() += seconds;
-        }
+    scheduler_view_with(state, |_| None)
+}
+
+/// [`scheduler_view`], with the finished jobs pending jobs depend on that are no longer in the
+/// hot state read through `archived` (the accounting store), so `afterok:ID` still resolves.
+pub fn scheduler_view_with(state: &ClusterState, archived: impl Fn(JobId) -> Option<Job>) -> ClusterView {
+    let usage: BTreeMap<String, f64> = state.usage_gpu_seconds.iter().map(|(k, v)| (k.clone(), *v as f64)).collect();
+    let mut jobs: Vec<scheduler::JobRequest> = state
+        .jobs
+        .values()
+        .map(|j| {
+            let mut request = scheduler::job_request(j);
+            if let Some(started) = state.array_started.get(&j.id) {
+                request.array_started = started.iter().copied().collect();
+            }
+            request
+        })
+        .collect();
+    let missing: std::collections::BTreeSet<JobId> = state
+        .jobs
+        .values()
+        .filter(|j| j.state == JobState::Pending)
+        .flat_map(|j| j.spec.dependencies.iter().filter_map(|d| d.job))
+        .filter(|id| !state.jobs.contains_key(id))
+        .collect();
+    if !missing.is_empty() {
+        jobs.extend(missing.into_iter().filter_map(&archived).map(|j| scheduler::job_request(&j)));
+        jobs.sort_by_key(|j| j.id);
     }
-    let jobs = state.jobs.values().map(scheduler::job_request).collect();
     let partitions = state
         .policy
         .partitions

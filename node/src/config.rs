@@ -52,6 +52,13 @@ pub struct NodeConfig {
     pub kill_grace_ms: u64,
     #[serde(default = "default_schedule_interval_ms")]
     pub schedule_interval_ms: u64,
+    /// A finished job stays in the replicated hot state this long (Slurm's `MinJobAge`), then
+    /// moves to the accounting store, where `sacct` still finds it.
+    #[serde(default = "default_min_job_age_s")]
+    pub min_job_age_s: u64,
+    /// Accounting records older than this are pruned (by a committed command).
+    #[serde(default = "default_accounting_retention_days")]
+    pub accounting_retention_days: u64,
     /// How often GPU utilization and memory are sampled for each job's accounting.
     #[serde(default = "default_gpu_sample_interval_ms")]
     pub gpu_sample_interval_ms: u64,
@@ -200,6 +207,12 @@ fn default_gpu_sample_interval_ms() -> u64 {
 }
 fn default_schedule_interval_ms() -> u64 {
     100
+}
+fn default_min_job_age_s() -> u64 {
+    300
+}
+fn default_accounting_retention_days() -> u64 {
+    365
 }
 
 /// A node name: 1-64 characters of `[A-Za-z0-9._-]`.

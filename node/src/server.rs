@@ -33,6 +33,8 @@ const STEP_START_PATIENCE_MS: u64 = 30_000;
 const STEP_START_RETRY_MS: u64 = 100;
 /// How long the leader waits before re-sending a launch or kill that got no answer.
 const RESEND_AFTER: Duration = Duration::from_millis(1_000);
+/// How often the leader moves finished jobs to the accounting store and prunes old records.
+const ARCHIVE_INTERVAL: Duration = Duration::from_millis(1_000);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -47,6 +49,8 @@ struct LeaderMemory {
     launches_sent: HashMap<(JobId, RunNo, NodeId), Instant>,
     kills_sent: HashMap<(JobId, RunNo, NodeId), Instant>,
     layouts_sent: HashMap<(NodeId, u32), Instant>,
+    /// When finished jobs were last moved to the accounting store (and old records pruned).
+    archived_at: Option<Instant>,
 }
 
 pub struct Node {
@@ -110,9 +114,9 @@ impl Node {
     async fn handle(self: Arc<Self>, envelope: Envelope) -> Response {
         let Envelope { hops, request, user } = envelope;
         match request {
-            Request::Raft { kind, payload } => {
-                consensus::handle_raft_rpc(&self.raft, kind, &payload).await.map(|payload| Reply::Raft { payload })
-            }
+            Request::Raft { kind, payload } => consensus::handle_raft_rpc(&self.raft, self.state.snapshot_inbox(), kind, &payload)
+                .await
+                .map(|payload| Reply::Raft { payload }),
             Request::Launch { job, nodes, issued_index } => self.launch_if_current(*job, nodes, issued_index).await,
             Request::Kill { job, run, checkpoint } => self.agent.kill(job, run, checkpoint),
             Request::ApplyMigLayout { gpu, profiles } => self.apply_mig_layout(gpu, profiles),
@@ -153,7 +157,7 @@ impl Node {
                 }
                 // A node that knows no leader may be cut off or removed and hold a stale state:
                 // let the client ask another node. Cluster info stays local, for diagnosis.
-                if self.leader().0.is_none() && !matches!(request, Request::ClusterInfo | Request::GetPolicy) {
+                if self.leader().0.is_none() && !matches!(request, Request::ClusterInfo | Request::GetPolicy | Request::AccountingDigest) {
                     return Err(ApiError::NoLeader);
                 }
                 match self.read(request.clone()) {
@@ -283,15 +287,30 @@ impl Node {
     fn read(&self, request: Request) -> Response {
         match request {
             Request::GetJob { job } => {
-                let mut jobs: Vec<Job> = self.state.read(|s| s.jobs.get(&job).cloned()).into_iter().collect();
+                let found = self.state.job(job).map_err(|e| ApiError::Internal(format!("read job {job}: {e}")))?;
+                let mut jobs: Vec<Job> = found.into_iter().collect();
                 self.explain_pending(&mut jobs);
                 jobs.pop().map(|j| Reply::Job(Box::new(j))).ok_or_else(|| ApiError::NotFound(format!("job {job}")))
             }
             Request::ListJobs { include_finished } => {
+                // The hot state only (live jobs and those finished in the last `min_job_age_s`);
+                // history is paged through `QueryJobs`.
                 let mut jobs: Vec<Job> =
                     self.state.read(|s| s.jobs.values().filter(|j| include_finished || !j.state.is_final()).cloned().collect());
                 self.explain_pending(&mut jobs);
                 Ok(Reply::Jobs(jobs))
+            }
+            Request::AccountingDigest => {
+                let applied_index = self.state.applied_index();
+                let hot_jobs = self.state.read(|s| s.jobs.len() as u64);
+                let (records, digest) =
+                    self.state.accounting_digest().map_err(|e| ApiError::Internal(format!("read the accounting store: {e}")))?;
+                Ok(Reply::AccountingDigest { node: self.config.name.clone(), applied_index, hot_jobs, records, digest })
+            }
+            Request::QueryJobs { query } => {
+                let (mut jobs, next) = self.state.query_jobs(&query).map_err(|e| ApiError::Internal(format!("query jobs: {e}")))?;
+                self.explain_pending(&mut jobs);
+                Ok(Reply::JobPage { jobs, next })
             }
             Request::ListNodes => Ok(Reply::Nodes(self.node_infos())),
             Request::ClusterInfo => Ok(Reply::Cluster(self.cluster_info())),
@@ -343,7 +362,8 @@ impl Node {
         if !jobs.iter().any(|j| j.state == JobState::Pending) {
             return;
         }
-        let plan = self.state.read(|s| scheduler::schedule(&s.scheduler_view(), now_ms()));
+        let view = self.scheduler_view();
+        let plan = scheduler::schedule(&view, now_ms());
         for job in jobs.iter_mut().filter(|j| j.state == JobState::Pending) {
             if let Some(why) = plan.pending.get(&job.id) {
                 job.reasons.extend(why.iter().cloned());
@@ -443,12 +463,14 @@ impl Node {
 
     async fn logs(&self, hops: u8, job: JobId, stream: LogStream, offset: u64, max_bytes: u32, user: Option<String>) -> Response {
         if self.is_member() {
-            let Some((node, node_addr)) = self.state.read(|s| {
-                let j = s.jobs.get(&job)?;
-                // The first node of the job (rank 0) holds the batch script's output.
-                let node = *j.last_nodes.first()?;
-                Some((node, s.nodes.get(&node).map(|n| n.addr.clone())))
-            }) else {
+            // The first node of the job (rank 0) holds the batch script's output; a finished job
+            // that left the hot state is read from the accounting store.
+            let first = self
+                .state
+                .job(job)
+                .map_err(|e| ApiError::Internal(format!("read job {job}: {e}")))?
+                .and_then(|j| j.last_nodes.first().copied());
+            let Some((node, node_addr)) = first.map(|node| (node, self.state.read(|s| s.nodes.get(&node).map(|n| n.addr.clone())))) else {
                 return Err(ApiError::NotFound(format!("job {job} has not run yet")));
             };
             if node == self.id {
@@ -836,6 +858,7 @@ impl Node {
             }
         }
         self.check_liveness().await;
+        self.archive_pass().await;
         self.schedule_pass().await;
         self.drive_launches_and_kills();
         self.manage_voters();
@@ -861,8 +884,58 @@ impl Node {
         }
     }
 
+    /// The scheduler's input from the committed state; dependencies on jobs that left the hot
+    /// state are read from the accounting store.
+    fn scheduler_view(&self) -> scheduler::ClusterView {
+        let archived = |id: JobId| match self.state.archived_job(id) {
+            Ok(job) => job,
+            Err(e) => {
+                warn!(job = id, error = %e, "read a dependency from the accounting store");
+                None
+            }
+        };
+        self.state.read(|s| consensus::view::scheduler_view_with(s, archived))
+    }
+
+    /// Moves jobs finished more than `min_job_age_s` ago to the accounting store and prunes
+    /// records past `accounting_retention_days`, a bounded batch of each at most once a second.
+    async fn archive_pass(&self) {
+        {
+            let mut mem = lock(&self.memory);
+            if mem.archived_at.is_some_and(|t| t.elapsed() < ARCHIVE_INTERVAL) {
+                return;
+            }
+            mem.archived_at = Some(Instant::now());
+        }
+        let now = now_ms();
+        let min_age_ms = self.config.min_job_age_s.saturating_mul(1000);
+        let jobs = self.state.read(|s| s.archivable(now, min_age_ms, proto::ARCHIVE_BATCH_MAX));
+        if !jobs.is_empty() {
+            let count = jobs.len();
+            match self.propose(Command::ArchiveJobs { jobs, now_ms: now }).await {
+                Ok(_) => debug!(jobs = count, "moved finished jobs to the accounting store"),
+                Err(e) => warn!(error = %e, "move finished jobs to the accounting store"),
+            }
+        }
+        let retention_ms = self.config.accounting_retention_days.saturating_mul(86_400_000);
+        let pruned = match self.state.accounting_ended_before(now.saturating_sub(retention_ms), proto::ARCHIVE_BATCH_MAX) {
+            Ok(ids) => ids,
+            Err(e) => {
+                warn!(error = %e, "read the accounting store for pruning");
+                return;
+            }
+        };
+        if !pruned.is_empty() {
+            let count = pruned.len();
+            match self.propose(Command::PruneAccounting { jobs: pruned, now_ms: now }).await {
+                Ok(_) => info!(records = count, "pruned accounting records past retention"),
+                Err(e) => warn!(error = %e, "prune accounting records"),
+            }
+        }
+    }
+
     async fn schedule_pass(&self) {
-        let view = self.state.read(|s| s.scheduler_view());
+        let view = self.scheduler_view();
         if !view.jobs.iter().any(|j| j.state == JobState::Pending) {
             return;
         }

@@ -883,7 +883,23 @@ pub enum Command {
         reason: String,
         now_ms: u64,
     },
+    /// Move these finished jobs (final, holding nothing) out of the hot state into the
+    /// accounting store. The leader names them (older than its `min_job_age_s`); apply skips
+    /// any that is not final or still holds a part, so a stale list is harmless.
+    ArchiveJobs {
+        jobs: Vec<JobId>,
+        now_ms: u64,
+    },
+    /// Delete these records from the accounting store (past `accounting_retention_days`).
+    /// Named by the leader, so replaying the command deletes exactly the same records.
+    PruneAccounting {
+        jobs: Vec<JobId>,
+        now_ms: u64,
+    },
 }
+
+/// Jobs named by one `ArchiveJobs` or `PruneAccounting` command at most.
+pub const ARCHIVE_BATCH_MAX: usize = 4096;
 
 /// What applying a command answered, returned to the proposer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -1200,6 +1216,76 @@ pub enum Request {
     TestSubmit {
         spec: JobSpec,
     },
+    /// Jobs matching `query`, live ones from the hot state and finished ones from the
+    /// accounting store, one bounded page at a time (answered by any voter; an agent forwards).
+    QueryJobs {
+        query: JobQuery,
+    },
+    /// What this node holds: jobs in its hot state, records in its accounting store and their
+    /// digest (equal on voters that applied the same log). Answered by the node asked (a voter).
+    AccountingDigest,
+}
+
+/// A server-side job query (`squeue`, `sacct`, `corral queue`): every non-empty list must match
+/// (any of its values), pages are in job id order after `after`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobQuery {
+    /// Job ids; an array's id matches its tasks too.
+    pub ids: Vec<JobId>,
+    pub users: Vec<String>,
+    pub accounts: Vec<String>,
+    pub names: Vec<String>,
+    pub states: Vec<JobState>,
+    pub partitions: Vec<String>,
+    /// Include pending and running jobs.
+    pub live: bool,
+    /// Include finished jobs still in the hot state (the last `min_job_age_s`, as `squeue`).
+    pub finished: bool,
+    /// Include finished jobs from the accounting store too (as `sacct`); needs `finished`.
+    pub history: bool,
+    /// Finished jobs that ended before this are left out.
+    pub ended_after_ms: Option<u64>,
+    /// Jobs submitted after this are left out.
+    pub submitted_before_ms: Option<u64>,
+    /// Page cursor: only ids above this.
+    pub after: JobId,
+    /// Jobs in one page at most (capped at [`JOB_PAGE_MAX`]; 0 means the cap).
+    pub limit: u32,
+    /// Leave out each job's environment and script (what listings never show).
+    pub brief: bool,
+}
+
+/// Jobs in one reply page at most.
+pub const JOB_PAGE_MAX: u32 = 1000;
+/// Finished-job records one query page reads at most before it answers with what it has.
+pub const JOB_PAGE_SCAN_MAX: u32 = 50_000;
+
+impl JobQuery {
+    /// Whether `job` passes every filter except the cursor and the page size.
+    pub fn matches(&self, job: &Job) -> bool {
+        let final_ = job.state.is_final();
+        if (final_ && !self.finished) || (!final_ && !self.live) {
+            return false;
+        }
+        let id_ok = self.ids.is_empty() || self.ids.iter().any(|&i| i == job.id || job.array.as_ref().is_some_and(|a| a.array_job == i));
+        let user_ok = self.users.is_empty() || self.users.contains(&job.spec.user);
+        let account_ok = self.accounts.is_empty() || job.spec.account.as_ref().is_some_and(|a| self.accounts.contains(a));
+        let name_ok = self.names.is_empty() || self.names.contains(&job.spec.name);
+        let state_ok = self.states.is_empty() || self.states.contains(&job.state);
+        let partition = job.spec.partition.as_deref().unwrap_or("default");
+        let partition_ok = self.partitions.is_empty() || self.partitions.iter().any(|p| p == partition);
+        let ended_ok = match (self.ended_after_ms, job.end_ms) {
+            (Some(after), Some(end)) if final_ => end >= after,
+            _ => true,
+        };
+        let submitted_ok = self.submitted_before_ms.is_none_or(|b| job.submit_ms <= b);
+        id_ok && user_ok && account_ok && name_ok && state_ok && partition_ok && ended_ok && submitted_ok
+    }
+
+    /// The page size this query gets.
+    pub fn page_limit(&self) -> usize {
+        (if self.limit == 0 { JOB_PAGE_MAX } else { self.limit.min(JOB_PAGE_MAX) }) as usize
+    }
 }
 
 impl Request {
@@ -1235,6 +1321,8 @@ pub enum RaftRpcKind {
     PreVote,
     FullSnapshot,
     TransferLeader,
+    /// One chunk of a snapshot streamed to a follower (see `consensus::network`).
+    SnapshotChunk,
 }
 
 /// A request with its routing: `hops` counts forwards, so a misrouted request cannot loop.
@@ -1346,6 +1434,19 @@ pub enum Reply {
         next_offset: u64,
         exits: Vec<TaskExit>,
         done: bool,
+    },
+    /// One page of a [`Request::QueryJobs`]: `next` is the cursor for the next page (`after`),
+    /// none once everything matching was returned.
+    JobPage {
+        jobs: Vec<Job>,
+        next: Option<JobId>,
+    },
+    AccountingDigest {
+        node: String,
+        applied_index: u64,
+        hot_jobs: u64,
+        records: u64,
+        digest: String,
     },
 }
 

@@ -291,6 +291,9 @@ impl<'v> Pass<'v> {
         let mut array_active: BTreeMap<JobId, u32> = BTreeMap::new();
         let mut array_created: BTreeMap<JobId, BTreeSet<u32>> = BTreeMap::new();
         for j in &view.jobs {
+            if !j.array_started.is_empty() {
+                array_created.entry(j.id).or_default().extend(j.array_started.iter().copied());
+            }
             if let Some(t) = &j.array_task {
                 array_created.entry(t.array_job).or_default().insert(t.task);
                 if j.state == JobState::Running {

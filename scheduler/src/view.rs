@@ -263,6 +263,9 @@ pub fn cpu_shares(node: &NodeView, gpus: &[u32], cpus: u32) -> Vec<(u32, u32)> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JobRequest {
     pub id: JobId,
+    /// Tasks of this array already started whose jobs may have left the view (finished and
+    /// archived): they are never started again.
+    pub array_started: Vec<u32>,
     /// The run a placement starts (the job's next run while pending, its current one otherwise).
     pub run: RunNo,
     pub state: JobState,
@@ -324,6 +327,7 @@ pub fn job_request(job: &proto::Job) -> JobRequest {
     };
     JobRequest {
         id: job.id,
+        array_started: Vec::new(),
         run,
         state: job.state,
         name: spec.name.clone(),

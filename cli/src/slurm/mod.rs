@@ -172,6 +172,17 @@ pub async fn list_jobs(prog: &str, cluster: &Cluster, include_finished: bool) ->
     }
 }
 
+/// Every job matching `query`, paged through the node (errors in Slurm's words).
+pub async fn query_jobs(prog: &str, cluster: &Cluster, query: proto::JobQuery) -> Result<Vec<Job>, SlurmError> {
+    cluster.query_jobs(query, PATIENCE).await.map_err(|e| SlurmError::fatal(prog, describe_error(&e)))
+}
+
+/// The job ids named by `N` or `N_T` arguments (the array's id for a task); none if one is not
+/// a number (the caller then filters everything itself).
+pub fn query_ids(jobs: &[String]) -> Option<Vec<JobId>> {
+    jobs.iter().map(|j| j.split_once('_').map_or(j.as_str(), |(a, _)| a).parse().ok()).collect()
+}
+
 pub async fn list_nodes(prog: &str, cluster: &Cluster) -> Result<Vec<NodeInfo>, SlurmError> {
     match call(prog, cluster, Request::ListNodes).await? {
         Reply::Nodes(nodes) => Ok(nodes),
@@ -214,8 +225,9 @@ pub fn exit_code_of(job: &Job) -> i32 {
 /// Waits until the job `id` (and every task, for an array) is final; returns the worst exit
 /// code among them.
 pub async fn wait_for(prog: &str, cluster: &Cluster, id: JobId) -> Result<i32, SlurmError> {
+    let query = proto::JobQuery { ids: vec![id], live: true, finished: true, history: true, brief: true, ..Default::default() };
     loop {
-        let jobs = list_jobs(prog, cluster, true).await?;
+        let jobs = query_jobs(prog, cluster, query.clone()).await?;
         let members = members_of(&jobs, id);
         if !members.is_empty() && members.iter().all(|j| j.state.is_final()) {
             return Ok(members.iter().map(|j| exit_code_of(j)).max().unwrap_or(0));

@@ -286,6 +286,26 @@ pub struct Filter {
 }
 
 impl Filter {
+    /// What the node can filter with its indexes; [`Filter::matches`] then applies the rest
+    /// (tasks, nodes, the window's start for live jobs).
+    pub fn query(&self) -> proto::JobQuery {
+        proto::JobQuery {
+            ids: super::query_ids(&self.jobs).unwrap_or_default(),
+            users: self.users.clone(),
+            accounts: self.accounts.clone(),
+            names: self.names.clone(),
+            states: self.states.clone().unwrap_or_default(),
+            partitions: self.partitions.clone(),
+            live: true,
+            finished: true,
+            history: true,
+            ended_after_ms: self.start_ms,
+            submitted_before_ms: self.end_ms,
+            brief: true,
+            ..Default::default()
+        }
+    }
+
     pub fn matches(&self, j: &Job, names: &BTreeMap<u64, String>) -> bool {
         let partition = j.spec.partition.clone().unwrap_or_else(|| DEFAULT_PARTITION.into());
         let id_ok = self.jobs.is_empty()
@@ -379,7 +399,7 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     }
     let cluster = super::connect(PROG)?;
     let (jobs, nodes) = super::block_on(PROG, async {
-        let jobs = super::list_jobs(PROG, &cluster, true).await?;
+        let jobs = super::query_jobs(PROG, &cluster, filter.query()).await?;
         Ok::<_, SlurmError>((jobs, super::list_nodes(PROG, &cluster).await?))
     })??;
     let names = super::node_names(&nodes);

@@ -125,7 +125,9 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     let quiet = p.has("quiet");
     let cluster = super::connect(PROG)?;
     super::block_on(PROG, async {
-        let jobs = super::list_jobs(PROG, &cluster, true).await?;
+        // Only live jobs can be cancelled; a finished one named by id is told apart below.
+        let jobs =
+            super::query_jobs(PROG, &cluster, proto::JobQuery { live: true, finished: true, brief: true, ..Default::default() }).await?;
         let node_names = if nodes.is_empty() { Default::default() } else { super::node_names(&super::list_nodes(PROG, &cluster).await?) };
         let matches_filters = |j: &Job| {
             let partition = j.spec.partition.clone().unwrap_or_else(|| super::env::DEFAULT_PARTITION.into());

@@ -319,7 +319,10 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
             let id = id.map(|i| job_ids(&[i]).map(|v| v[0])).transpose()?;
             let cluster = super::connect(PROG)?;
             let (jobs, nodes) = super::block_on(PROG, async {
-                let jobs = super::list_jobs(PROG, &cluster, true).await?;
+                // slurmctld's view: live jobs and those finished within MinJobAge.
+                let ids = id.map(|i| vec![i]).unwrap_or_default();
+                let jobs =
+                    super::query_jobs(PROG, &cluster, proto::JobQuery { ids, live: true, finished: true, ..Default::default() }).await?;
                 Ok::<_, SlurmError>((jobs, super::list_nodes(PROG, &cluster).await?))
             })??;
             let names = super::node_names(&nodes);

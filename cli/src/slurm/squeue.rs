@@ -583,9 +583,23 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
         std::env::var("SQUEUE_FORMAT").ok().filter(|s| !s.is_empty()).unwrap_or_else(|| DEFAULT_FORMAT.to_string())
     };
     let include_finished = filter.states.as_ref().is_some_and(|s| s.iter().any(|st| st.is_final()));
+    // As slurmctld, squeue knows finished jobs only for MinJobAge (the hot state), never the
+    // accounting store.
+    let query = proto::JobQuery {
+        ids: super::query_ids(&filter.jobs).unwrap_or_default(),
+        users: filter.users.clone(),
+        accounts: filter.accounts.clone(),
+        names: filter.names.clone(),
+        states: filter.states.clone().unwrap_or_default(),
+        partitions: filter.partitions.clone(),
+        live: true,
+        finished: include_finished,
+        brief: true,
+        ..Default::default()
+    };
     let cluster = super::connect(PROG)?;
     let (jobs, nodes) = super::block_on(PROG, async {
-        let jobs = super::list_jobs(PROG, &cluster, include_finished).await?;
+        let jobs = super::query_jobs(PROG, &cluster, query).await?;
         let nodes = super::list_nodes(PROG, &cluster).await?;
         Ok::<_, SlurmError>((jobs, nodes))
     })??;
