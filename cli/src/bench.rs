@@ -48,6 +48,10 @@ pub struct BenchArgs {
     /// Keep the cluster directory here.
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Instead of the rest: fill a cluster with this many finished jobs and measure submits,
+    /// `sacct`, `squeue`, RSS, disk and a new voter's catch-up at 0, a tenth and all of them.
+    #[arg(long)]
+    pub history: Option<usize>,
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -84,7 +88,7 @@ fn held_spec(workdir: &str) -> JobSpec {
     let mut spec = JobSpec::command(vec!["true".into()], workdir, "bench");
     spec.name = "bench-held".into();
     spec.gres = Some(GresRequest { gpu_type: None, count: 9 });
-    spec.mem_mib = 1;
+    spec.mem_mib = 256;
     spec.output = Some("/dev/null".into());
     spec
 }
@@ -101,6 +105,9 @@ async fn submit(cluster: &Cluster, spec: JobSpec) -> anyhow::Result<u64> {
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if let Some(history) = args.history {
+        return crate::bench_history::run(history, args.dir.clone()).await;
+    }
     let keep = args.dir.is_some();
     let dir = args.dir.clone().unwrap_or_else(|| std::env::temp_dir().join(format!("corral-bench-{}", std::process::id())));
     let result = bench(&dir, &args).await;
@@ -286,7 +293,8 @@ async fn step_round_trips(dir: &std::path::Path, workdir: &str, samples: usize) 
     spec.name = "bench-steps".into();
     spec.script = Some(script);
     spec.nodes = 2;
-    spec.mem_mib = 1;
+    // Where the memory limit is enforced (cgroup v1 here), 1 MiB kills the holder at once.
+    spec.mem_mib = 256;
     spec.output = Some("bench-steps-%j.out".into());
     spec.set_batch(true);
     let job = submit(&cluster, spec).await?;

@@ -4,6 +4,7 @@
 //! the `#SBATCH` parser through here.
 
 pub mod bench;
+pub mod bench_history;
 pub mod client;
 pub mod cluster_admin;
 pub mod demo;

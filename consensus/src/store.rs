@@ -631,6 +631,7 @@ pub struct SnapshotBuilder {
 
 impl SnapshotBuilder {
     fn write(self) -> io::Result<Snapshot> {
+        let started = Instant::now();
         let name = snapshot_file_name(&self.meta);
         let tmp = self.snap_dir.join(INCOMING_DIR).join(format!("{name}.tmp"));
         snapshot::write_file(&tmp, &self.frames)?;
@@ -645,7 +646,8 @@ impl SnapshotBuilder {
             let _ = std::fs::remove_file(&path);
         }
         let bytes = self.frames.iter().map(Vec::len).sum::<usize>();
-        info!(last_log = self.meta.last_log_id.map(|l| l.index()), bytes, "built snapshot");
+        let build_ms = started.elapsed().as_millis() as u64;
+        info!(last_log = self.meta.last_log_id.map(|l| l.index()), bytes, build_ms, "built snapshot");
         Ok(Snapshot { meta: self.meta, snapshot: SnapshotData { file, path, accounting: Some(self.accounting) } })
     }
 }
