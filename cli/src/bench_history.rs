@@ -27,6 +27,8 @@ const SUBMIT_SAMPLES: usize = 1_600;
 const SACCT_SAMPLES: usize = 40;
 const SQUEUE_SAMPLES: usize = 20;
 const PATIENCE: Duration = Duration::from_secs(30);
+/// Jobs submitted (then cancelled) per round of the fill.
+const FILL_BATCH: usize = 2_000;
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
@@ -64,6 +66,9 @@ struct Level {
     squeue_p99_ms: f64,
     rss_mib: Vec<(String, f64)>,
     disk_bytes: BTreeMap<String, u64>,
+    /// Accounting store files on the leader and its record count.
+    accounting_bytes: u64,
+    accounting_records: u64,
     snapshot_build_ms: Option<f64>,
 }
 
@@ -143,6 +148,12 @@ fn time_shim(shims: &Path, dir: &Path, prog: &str, samples: usize, args: impl Fn
     Ok(sorted(out))
 }
 
+/// The Raft term now (a leader change raises it).
+async fn term(cluster: &Cluster) -> anyhow::Result<u64> {
+    let Reply::Cluster(info) = cluster.call_patiently(Request::ClusterInfo, PATIENCE).await? else { bail!("unexpected reply") };
+    Ok(info.term)
+}
+
 /// The voters by name, from the cluster's membership.
 async fn voters(cluster: &Cluster) -> anyhow::Result<Vec<(String, String)>> {
     let Reply::Cluster(info) = cluster.call_patiently(Request::ClusterInfo, PATIENCE).await? else { bail!("unexpected reply") };
@@ -199,6 +210,10 @@ async fn measure(cluster: &Arc<Cluster>, dir: &Path, shims: &Path, workdir: &str
         disk.insert(name.clone(), dir_bytes(&dir.join(name).join("data")));
     }
     let leader = voters.first().map(|v| v.0.clone()).unwrap_or_default();
+    let (accounting_records, accounting_bytes) = match cluster.call_patiently(Request::AccountingDigest, PATIENCE).await? {
+        Reply::AccountingDigest { records, disk_bytes, .. } => (records, disk_bytes),
+        other => bail!("unexpected reply {other:?}"),
+    };
     let level = Level {
         finished: pool.len() as u64,
         submit_per_s,
@@ -208,6 +223,8 @@ async fn measure(cluster: &Arc<Cluster>, dir: &Path, shims: &Path, workdir: &str
         squeue_p99_ms: percentile(&squeue, 0.99),
         rss_mib: rss,
         disk_bytes: disk,
+        accounting_bytes,
+        accounting_records,
         snapshot_build_ms: last_snapshot_build_ms(dir, &leader),
     };
     Ok((level, ids))
@@ -215,13 +232,17 @@ async fn measure(cluster: &Arc<Cluster>, dir: &Path, shims: &Path, workdir: &str
 
 /// Fills the cluster with `count` more finished jobs, printing progress.
 async fn fill(cluster: &Arc<Cluster>, workdir: &str, count: usize) -> anyhow::Result<Vec<u64>> {
-    let batch = 20_000.min(count.max(1));
+    // Small batches: the hot state never holds more than one batch of pending jobs, so the
+    // RSS measured is what history costs, not the peak of a large batch.
+    let batch = FILL_BATCH.min(count.max(1));
     let mut ids = Vec::with_capacity(count);
     let t = Instant::now();
     while ids.len() < count {
         let (more, _, _) = submit_and_cancel(cluster, workdir, batch.min(count - ids.len())).await?;
         ids.extend(more);
-        println!("  filled {} of {count} ({:.0} jobs/s)", ids.len(), ids.len() as f64 / t.elapsed().as_secs_f64());
+        if ids.len() % 20_000 < FILL_BATCH || ids.len() == count {
+            println!("  filled {} of {count} ({:.0} jobs/s)", ids.len(), ids.len() as f64 / t.elapsed().as_secs_f64());
+        }
     }
     wait_archived(cluster, Duration::from_secs(600)).await?;
     Ok(ids)
@@ -288,6 +309,7 @@ fn print_table(levels: &[Level]) {
     row("squeue p99 (ms, process)", &|l| l.squeue_p99_ms, true);
     row("max voter RSS (MiB)", &|l| l.rss_mib.iter().map(|r| r.1).fold(0.0, f64::max), true);
     row("max voter data dir (MiB)", &|l| l.disk_bytes.values().copied().max().unwrap_or(0) as f64 / 1048576.0, true);
+    row("accounting files per record (B)", &|l| l.accounting_bytes as f64 / l.accounting_records.max(1) as f64, false);
     row("last snapshot build (ms)", &|l| l.snapshot_build_ms.unwrap_or(f64::NAN), false);
     for l in levels {
         let rss: Vec<String> = l.rss_mib.iter().map(|(n, r)| format!("{n} {r:.0}")).collect();
@@ -333,6 +355,12 @@ async fn bench(dir: &Path, history: usize) -> anyhow::Result<()> {
     let workdir = dir.display().to_string();
     let cluster = Arc::new(Cluster::connect(dir, None)?);
     println!("history bench: 3 voters and 1 agent on this host; every job has a 2 KB environment; min_job_age_s = 1");
+    let term_at_start = term(&cluster).await?;
+    let mut empty_rss = Vec::new();
+    for (name, _) in voters(&cluster).await? {
+        empty_rss.push(format!("{name} {:.0}", rss_mib(dir, &name)?));
+    }
+    println!("voter RSS MiB before any job: {}", empty_rss.join(", "));
     let mut levels = Vec::new();
     let mut finished: Vec<u64> = Vec::new();
     let targets: Vec<usize> = [0, history / 10, history].into_iter().filter(|t| *t == 0 || *t >= 1_000).collect();
@@ -347,7 +375,12 @@ async fn bench(dir: &Path, history: usize) -> anyhow::Result<()> {
         println!("measured at {} finished jobs ({} of {})", level.finished, i + 1, targets.len());
         levels.push(level);
     }
+    let term_at_end = term(&cluster).await?;
     print_table(&levels);
+    println!(
+        "leader changes while filling and measuring: {} (term {term_at_start} to {term_at_end})",
+        term_at_end.saturating_sub(term_at_start)
+    );
     if let (Some(first), Some(last)) = (levels.first(), levels.last()) {
         let disk0: u64 = first.disk_bytes.values().copied().max().unwrap_or(0);
         let disk1: u64 = last.disk_bytes.values().copied().max().unwrap_or(0);

@@ -593,17 +593,17 @@ pub async fn run(
         }
         ClusterCmd::Digest => {
             let reply = connect()?.call_patiently(Request::AccountingDigest, patience).await?;
-            let Reply::AccountingDigest { node, applied_index, hot_jobs, records, digest } = reply else {
+            let Reply::AccountingDigest { node, applied_index, hot_jobs, records, digest, disk_bytes } = reply else {
                 bail!("unexpected reply {reply:?}")
             };
             if json {
                 println!(
                     "{}",
-                    serde_json::json!({"node": node, "applied_index": applied_index, "hot_jobs": hot_jobs, "accounting_records": records, "accounting_digest": digest})
+                    serde_json::json!({"node": node, "applied_index": applied_index, "hot_jobs": hot_jobs, "accounting_records": records, "accounting_digest": digest, "accounting_disk_bytes": disk_bytes})
                 );
             } else {
                 println!(
-                    "{node}: applied {applied_index}, {hot_jobs} jobs in the hot state, {records} accounting records, digest {digest}"
+                    "{node}: applied {applied_index}, {hot_jobs} jobs in the hot state, {records} accounting records ({disk_bytes} bytes on disk), digest {digest}"
                 );
             }
             Ok(())

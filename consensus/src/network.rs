@@ -31,6 +31,9 @@ use tracing::{debug, warn};
 
 use crate::types::{LogId, MemberNode, Raft, Snapshot, SnapshotData, SnapshotMeta, TypeConfig, Vote};
 
+/// The shortest timeout of an append that carries entries (see `append_entries`).
+const APPEND_TIMEOUT_MIN: Duration = Duration::from_millis(1_000);
+
 /// Bytes of snapshot one `SnapshotChunk` carries at most.
 pub const SNAPSHOT_CHUNK_BYTES: usize = 4 * 1024 * 1024;
 /// Largest snapshot a follower accepts (a bound on the disk a sender can fill).
@@ -187,8 +190,13 @@ impl<T: RaftTransport> RaftNetworkV2<TypeConfig> for PeerClient<T> {
         if truncated {
             debug!(target = self.target, entries = rpc.entries.len(), "append entries split to fit a frame");
         }
+        // openraft gives every append the heartbeat interval (tens of ms) as its timeout. A loaded
+        // follower that fsyncs a batch slower than that still appends it, but the leader gave up
+        // and sends it again: on a busy 2-core host three voters spiralled into resends and
+        // leader changes. Entries get at least `APPEND_TIMEOUT_MIN`; heartbeats keep theirs.
+        let timeout = if rpc.entries.is_empty() { option.hard_ttl() } else { option.hard_ttl().max(APPEND_TIMEOUT_MIN) };
         let resp: AppendEntriesResponse<TypeConfig> = self
-            .call_encoded(RaftRpcKind::AppendEntries, payload, option.hard_ttl())
+            .call_encoded(RaftRpcKind::AppendEntries, payload, timeout)
             .await
             .map_err(|e| self.rpc_error(RPCTypes::AppendEntries, e))?;
         Ok(match resp {

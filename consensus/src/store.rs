@@ -27,7 +27,10 @@ use openraft::entry::RaftEntry;
 use openraft::storage::{EntryResponder, IOFlushed, LogState, RaftLogStorage, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftLogReader, RaftSnapshotBuilder};
 use proto::{Command, CommandResult, Job, JobId, JobQuery, JOB_PAGE_SCAN_MAX};
-use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, DBCompressionType, Direction, IteratorMode, Options, WriteBatch, WriteOptions, DB};
+use rocksdb::{
+    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DBCompressionType, Direction, IteratorMode, Options, WriteBatch,
+    WriteOptions, DB,
+};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::{mpsc, watch};
@@ -114,14 +117,35 @@ pub fn open_store_with(dir: &Path, wal_sync_delay_ms: Arc<AtomicU64>) -> io::Res
     Ok((log, sm))
 }
 
+/// Memory RocksDB may use, whatever the history: all memtables together, and one block cache
+/// (index and filter blocks included) shared by every column family.
+const MEMTABLES_BYTES_MAX: usize = 64 * 1024 * 1024;
+const BLOCK_CACHE_BYTES: usize = 32 * 1024 * 1024;
+/// WAL kept at most: past it the column families that pin old WAL files (`meta`, `sm`, written
+/// rarely) are flushed, so the WAL does not grow with history.
+const WAL_BYTES_MAX: u64 = 64 * 1024 * 1024;
+
 fn open_db(dir: &Path) -> io::Result<DB> {
     let mut opts = Options::default();
     opts.create_if_missing(true);
     opts.create_missing_column_families(true);
+    opts.set_db_write_buffer_size(MEMTABLES_BYTES_MAX);
+    opts.set_max_total_wal_size(WAL_BYTES_MAX);
+    let cache = Cache::new_lru_cache(BLOCK_CACHE_BYTES);
     let started = Instant::now();
     loop {
         let cfs = [CF_LOGS, CF_META, CF_SM, CF_ACCT, CF_ACCT_IDX].map(|name| {
             let mut cf_opts = Options::default();
+            let mut table = BlockBasedOptions::default();
+            table.set_block_cache(&cache);
+            table.set_cache_index_and_filter_blocks(true);
+            cf_opts.set_block_based_table_factory(&table);
+            let buffer_mib = match name {
+                CF_LOGS => 16,
+                CF_ACCT | CF_ACCT_IDX => 8,
+                _ => 1,
+            };
+            cf_opts.set_write_buffer_size(buffer_mib * 1024 * 1024);
             if name == CF_ACCT || name == CF_ACCT_IDX {
                 cf_opts.set_compression_type(DBCompressionType::Lz4);
             }
@@ -438,6 +462,18 @@ impl StateHandle {
     /// Up to `limit` ids of accounting records that ended before `before_ms` (retention).
     pub fn accounting_ended_before(&self, before_ms: u64, limit: usize) -> io::Result<Vec<JobId>> {
         accounting::ended_before(&*self.accounting.db()?, self.gen(), before_ms, limit)
+    }
+
+    /// Bytes the accounting store takes on disk (its SST files; what is still in memtables is
+    /// not counted).
+    pub fn accounting_disk_bytes(&self) -> io::Result<u64> {
+        let db = self.accounting.db()?;
+        let mut bytes = 0;
+        for name in [CF_ACCT, CF_ACCT_IDX] {
+            let v = db.property_int_value_cf(cf(&db, name)?, "rocksdb.total-sst-files-size").map_err(|e| io_other("read sst size", e))?;
+            bytes += v.unwrap_or(0);
+        }
+        Ok(bytes)
     }
 
     /// Records in the accounting store and their digest (equal on replicas at the same index

@@ -305,7 +305,9 @@ impl Node {
                 let hot_jobs = self.state.read(|s| s.jobs.len() as u64);
                 let (records, digest) =
                     self.state.accounting_digest().map_err(|e| ApiError::Internal(format!("read the accounting store: {e}")))?;
-                Ok(Reply::AccountingDigest { node: self.config.name.clone(), applied_index, hot_jobs, records, digest })
+                let disk_bytes =
+                    self.state.accounting_disk_bytes().map_err(|e| ApiError::Internal(format!("read the accounting store: {e}")))?;
+                Ok(Reply::AccountingDigest { node: self.config.name.clone(), applied_index, hot_jobs, records, digest, disk_bytes })
             }
             Request::QueryJobs { query } => {
                 let (mut jobs, next) = self.state.query_jobs(&query).map_err(|e| ApiError::Internal(format!("query jobs: {e}")))?;

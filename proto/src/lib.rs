@@ -1447,6 +1447,8 @@ pub enum Reply {
         hot_jobs: u64,
         records: u64,
         digest: String,
+        /// Bytes of the store's files on disk.
+        disk_bytes: u64,
     },
 }
 
