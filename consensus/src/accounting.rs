@@ -49,8 +49,9 @@ fn cf<'a>(db: &'a DB, name: &str) -> io::Result<&'a ColumnFamily> {
 /// the environment and the script.
 pub fn record_of(job: &Job) -> Job {
     let mut record = job.clone();
-    record.spec.env.clear();
-    record.spec.script = None;
+    let spec = std::sync::Arc::make_mut(&mut record.spec);
+    spec.env.clear();
+    spec.script = None;
     record
 }
 

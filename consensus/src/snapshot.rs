@@ -142,6 +142,7 @@ pub(crate) fn read_hot(r: &mut impl Read) -> io::Result<HotState> {
                 if jobs != state.jobs.len() as u64 {
                     return Err(invalid(format!("snapshot says {jobs} jobs but holds {}", state.jobs.len())));
                 }
+                state.share_array_specs();
                 return Ok(HotState { last_applied, membership, state, bytes });
             }
             Some((other, _)) => return Err(invalid(format!("unexpected frame in a snapshot's hot state: {other:?}"))),
@@ -299,5 +300,52 @@ mod tests {
         assert!(read_hot(&mut &bytes[..bytes.len() - 3]).is_err());
         assert!(read_hot(&mut [0xff, 0xff, 0xff, 0xff].as_slice()).is_err());
         assert!(read_hot(&mut [0, 0, 0, 2, 9, 9].as_slice()).is_err());
+    }
+
+    #[test]
+    fn array_tasks_share_their_spec_in_memory_and_again_after_a_snapshot() {
+        let mut state = ClusterState::default();
+        let inventory = proto::Inventory {
+            gpus: (0..8)
+                .map(|i| proto::GpuInfo {
+                    index: i,
+                    uuid: format!("GPU-{i}"),
+                    gres_type: "h100".into(),
+                    healthy: true,
+                    ..Default::default()
+                })
+                .collect(),
+            cpus: 64,
+            memory_mib: 512 * 1024,
+            ..Default::default()
+        };
+        state.apply(&proto::Command::RegisterNode {
+            name: "n1".into(),
+            addr: "a".into(),
+            inventory,
+            instance: 1,
+            cert_fingerprint: String::new(),
+            now_ms: 1,
+        });
+        let mut spec = proto::JobSpec::command(vec!["true".into()], "/tmp", "alice");
+        spec.env.insert("BIG".into(), "x".repeat(10_000));
+        spec.gres = Some(proto::GresRequest { gpu_type: None, count: 1 });
+        spec.mem_mib = 1024;
+        spec.array = Some(proto::ArraySpec { tasks: (1..=6).collect(), throttle: None });
+        state.apply(&proto::Command::Submit { spec, now_ms: 2 });
+        let plan = scheduler::schedule(&state.scheduler_view(), 3);
+        assert_eq!(plan.placements.len(), 6, "{plan:?}");
+        let array_tasks: Vec<(u32, u32)> = plan.array_tasks.iter().map(|a| (a.placement as u32, a.task)).collect();
+        state.apply(&proto::Command::Plan { placements: plan.placements, array_tasks, now_ms: 3 });
+        let shared = |s: &ClusterState| {
+            let parent = &s.jobs[&1].spec;
+            s.jobs.values().filter(|j| std::sync::Arc::ptr_eq(&j.spec, parent)).count()
+        };
+        assert_eq!(state.jobs.len(), 6);
+        assert_eq!(shared(&state), 6, "every task shares the array's spec");
+        let frames = encode_hot(&None, &StoredMembership::default(), &state);
+        let back = read_hot(&mut frames.concat().as_slice()).expect("read back").state;
+        assert_eq!(back, state);
+        assert_eq!(shared(&back), 6, "shared again after a snapshot");
     }
 }

@@ -466,7 +466,7 @@ impl ClusterState {
             id,
             Job {
                 id,
-                spec: spec.clone(),
+                spec: std::sync::Arc::new(spec.clone()),
                 state: JobState::Pending,
                 exit_code: None,
                 run: 0,
@@ -641,7 +641,7 @@ impl ClusterState {
             // The command never started (every node learns the same verdict): hold the job
             // for a person to look at the network, keeping its restart count.
             job.state = JobState::Pending;
-            job.spec.hold = true;
+            std::sync::Arc::make_mut(&mut job.spec).hold = true;
             job.exit_code = None;
             job.start_ms = None;
             job.end_ms = None;
@@ -738,14 +738,15 @@ impl ClusterState {
         if time_limit_ms == Some(Some(0)) {
             return rejected("time limit must be positive");
         }
+        let spec = std::sync::Arc::make_mut(&mut job.spec);
         if let Some(h) = hold {
-            job.spec.hold = h;
+            spec.hold = h;
         }
         if let Some(t) = time_limit_ms {
-            job.spec.time_limit_ms = t;
+            spec.time_limit_ms = t;
         }
         if let Some(p) = partition {
-            job.spec.partition = p;
+            spec.partition = p;
         }
         CommandResult::Ok
     }
@@ -770,6 +771,27 @@ impl ClusterState {
     /// Jobs holding resources on `node` (running, or stopping and not yet confirmed gone).
     pub fn running_on(&self, node: NodeId) -> Vec<&Job> {
         self.jobs.values().filter(|j| j.parts.iter().any(|p| p.alloc.node == node)).collect()
+    }
+
+    /// Makes the tasks of each array share one spec again where they have the same (a snapshot
+    /// decodes each job's spec on its own): the environment and script are held once per
+    /// submission, not per task.
+    pub fn share_array_specs(&mut self) {
+        let mut first: BTreeMap<JobId, std::sync::Arc<JobSpec>> = BTreeMap::new();
+        for job in self.jobs.values_mut() {
+            let key = match (&job.array, &job.spec.array) {
+                (Some(task), _) => task.array_job,
+                (None, Some(_)) => job.id,
+                (None, None) => continue,
+            };
+            match first.get(&key) {
+                Some(shared) if **shared == *job.spec => job.spec = shared.clone(),
+                Some(_) => {}
+                None => {
+                    first.insert(key, job.spec.clone());
+                }
+            }
+        }
     }
 
     /// Everything but the jobs (a snapshot's header; the jobs follow in chunks).

@@ -452,8 +452,9 @@ impl StateHandle {
         };
         if query.brief {
             for j in &mut jobs {
-                j.spec.env.clear();
-                j.spec.script = None;
+                let spec = std::sync::Arc::make_mut(&mut j.spec);
+                spec.env.clear();
+                spec.script = None;
             }
         }
         Ok((jobs, next))

@@ -584,7 +584,9 @@ pub struct ArrayTask {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Job {
     pub id: JobId,
-    pub spec: JobSpec,
+    /// Shared, not copied, between an array and the tasks it starts (encoded as the spec itself;
+    /// `Arc::make_mut` to change one job's).
+    pub spec: std::sync::Arc<JobSpec>,
     pub state: JobState,
     pub exit_code: Option<i32>,
     /// The run in progress or the last one; 0 before the first start.

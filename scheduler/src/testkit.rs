@@ -179,7 +179,7 @@ impl Cluster {
     fn base(id: JobId, spec: JobSpec, state: JobState, submit_ms: u64) -> Job {
         Job {
             id,
-            spec,
+            spec: std::sync::Arc::new(spec),
             state,
             exit_code: None,
             run: 0,
@@ -217,7 +217,7 @@ impl Cluster {
 
     /// A task job of array `array` (pending, or running on `allocs`).
     pub fn array_task(&mut self, id: JobId, array: JobId, task: u32, allocs: Vec<Allocation>) -> &mut Cluster {
-        let spec = self.jobs.get(&array).map(|j| j.spec.clone()).unwrap_or_else(|| spec("gpu:1", 1));
+        let spec = self.jobs.get(&array).map(|j| (*j.spec).clone()).unwrap_or_else(|| spec("gpu:1", 1));
         let mut job = Cluster::base(id, spec, if allocs.is_empty() { JobState::Pending } else { JobState::Running }, 0);
         job.array = Some(ArrayTask { array_job: array, task });
         if !allocs.is_empty() {

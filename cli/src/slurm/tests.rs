@@ -417,7 +417,7 @@ fn seed_scripts_parse_unchanged() {
 fn job_of(spec: JobSpec, id: u64) -> Job {
     Job {
         id,
-        spec,
+        spec: spec.into(),
         state: JobState::Running,
         exit_code: None,
         run: 1,
@@ -531,7 +531,7 @@ fn array_task_env_matches_slurm() {
     // observed: JOB_ID=3212 ARRAY_JOB_ID=3211 TASK=1 COUNT=5 MIN=1 MAX=5 STEP=1
     let mut job = observed_batch_job();
     job.id = 3212;
-    job.spec.array = Some(ArraySpec { tasks: vec![1, 2, 3, 4, 5], throttle: None });
+    std::sync::Arc::make_mut(&mut job.spec).array = Some(ArraySpec { tasks: vec![1, 2, 3, 4, 5], throttle: None });
     job.array = Some(ArrayTask { array_job: 3211, task: 1 });
     let e = slurm_env(&job, &["vm".to_string()], 0, "peer", &[0]);
     let got: Vec<(&str, &str)> = [
@@ -564,7 +564,7 @@ fn array_task_env_matches_slurm() {
             ("SLURM_GPUS_ON_NODE", "1"),
         ]
     );
-    job.spec.array = Some(ArraySpec { tasks: vec![0, 4, 8, 12], throttle: None });
+    std::sync::Arc::make_mut(&mut job.spec).array = Some(ArraySpec { tasks: vec![0, 4, 8, 12], throttle: None });
     job.array = Some(ArrayTask { array_job: 3211, task: 8 });
     let e = slurm_env(&job, &["vm".to_string()], 0, "peer", &[0]);
     assert_eq!(e.get("SLURM_ARRAY_TASK_STEP").map(String::as_str), Some("4"));
@@ -606,7 +606,7 @@ fn multi_node_env() {
 #[test]
 fn output_patterns() {
     let mut job = observed_batch_job();
-    job.spec.name = "train".into();
+    std::sync::Arc::make_mut(&mut job.spec).name = "train".into();
     let names = vec!["gpu01".to_string(), "gpu02".to_string()];
     assert_eq!(env::output_path("slurm-%j.out", &job, &names, 0), "slurm-3204.out");
     assert_eq!(env::output_path("%x-%u-%N-%n-%t-%J-%%-%A_%a", &job, &names, 1), "train-root-gpu01-1-0-3204-%-3204_4294967294");
@@ -633,7 +633,7 @@ fn names_map() -> BTreeMap<u64, String> {
 #[test]
 fn squeue_default_columns() {
     let mut running = listed(12, "train", JobState::Running);
-    running.spec.partition = Some("gpu".into());
+    std::sync::Arc::make_mut(&mut running.spec).partition = Some("gpu".into());
     running.parts = vec![
         NodeRun { run: 1, alloc: Allocation { node: 1, gpus: vec![], cpus: 1, mem_mib: 1 }, launched_by: Some(1) },
         NodeRun { run: 1, alloc: Allocation { node: 2, gpus: vec![], cpus: 1, mem_mib: 1 }, launched_by: Some(1) },
@@ -644,7 +644,7 @@ fn squeue_default_columns() {
     pending.start_ms = None;
     pending.reasons = vec!["waiting for 8 free GPUs".into()];
     let mut held = listed(14, "h", JobState::Pending);
-    held.spec.hold = true;
+    std::sync::Arc::make_mut(&mut held.spec).hold = true;
     held.start_ms = None;
     let out = squeue::table(&[running, pending, held], &names_map(), squeue::DEFAULT_FORMAT, true, false, 1_000_000 + 3_723_000);
     assert_eq!(
@@ -662,7 +662,7 @@ fn squeue_arrays_formats_and_reasons() {
     for t in 1..=5 {
         let mut j = listed(100 + u64::from(t), "arr", JobState::Pending);
         j.array = Some(ArrayTask { array_job: 100, task: t });
-        j.spec.array = Some(ArraySpec { tasks: (1..=5).collect(), throttle: Some(2) });
+        std::sync::Arc::make_mut(&mut j.spec).array = Some(ArraySpec { tasks: (1..=5).collect(), throttle: Some(2) });
         j.reasons = vec!["Priority".into()];
         j.start_ms = None;
         jobs.push(j);
@@ -689,7 +689,7 @@ fn squeue_arrays_formats_and_reasons() {
 #[test]
 fn squeue_filters() {
     let mut a = listed(1, "a", JobState::Running);
-    a.spec.user = "bob".into();
+    std::sync::Arc::make_mut(&mut a.spec).user = "bob".into();
     let b = listed(2, "b", JobState::Completed);
     let c = listed(3, "c", JobState::Pending);
     let f = squeue::Filter { users: vec!["alice".into()], ..Default::default() };
@@ -703,9 +703,9 @@ fn squeue_filters() {
 #[test]
 fn sacct_columns_and_parsable() {
     let mut done = listed(42, "train_model_long", JobState::Completed);
-    done.spec.gres = Some(GresRequest { gpu_type: Some("h100".into()), count: 4 });
-    done.spec.partition = Some("gpu".into());
-    done.spec.cpus_per_task = 8;
+    std::sync::Arc::make_mut(&mut done.spec).gres = Some(GresRequest { gpu_type: Some("h100".into()), count: 4 });
+    std::sync::Arc::make_mut(&mut done.spec).partition = Some("gpu".into());
+    std::sync::Arc::make_mut(&mut done.spec).cpus_per_task = 8;
     done.exit_code = Some(0);
     done.start_ms = Some(2_000_000);
     done.end_ms = Some(2_000_000 + 65_000);
@@ -847,8 +847,8 @@ fn scontrol_commands() {
 #[test]
 fn scontrol_show_job_layout() {
     let mut j = listed(9, "train", JobState::Running);
-    j.spec.gres = Some(GresRequest { gpu_type: Some("h100".into()), count: 8 });
-    j.spec.output = Some("slurm-%j.out".into());
+    std::sync::Arc::make_mut(&mut j.spec).gres = Some(GresRequest { gpu_type: Some("h100".into()), count: 8 });
+    std::sync::Arc::make_mut(&mut j.spec).output = Some("slurm-%j.out".into());
     j.parts = vec![NodeRun { run: 1, alloc: Allocation { node: 1, gpus: vec![], cpus: 1, mem_mib: 1 }, launched_by: Some(1) }];
     j.last_nodes = vec![1];
     let text = scontrol::job_text(&j, &names_map(), 1_800_000_070_000);
