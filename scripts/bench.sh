@@ -5,5 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/corral-target}"
-cargo build --release -p corral-node -p corral-cli
+# The whole workspace, as the tests build it: building single packages resolves other features
+# for RocksDB's build and compiles its C++ again (~20 minutes on 2 cores).
+cargo build --release --workspace --bins
 "$CARGO_TARGET_DIR/release/corral" bench "$@"
