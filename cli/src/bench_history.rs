@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use proto::{GresRequest, JobQuery, JobSpec, NodeRole, Reply, Request};
 
+use crate::bench::{percentile, sorted};
 use crate::client::Cluster;
 use crate::dev::{self, DevOptions};
 
@@ -29,19 +30,6 @@ const SQUEUE_SAMPLES: usize = 20;
 const PATIENCE: Duration = Duration::from_secs(30);
 /// Jobs submitted (then cancelled) per round of the fill.
 const FILL_BATCH: usize = 2_000;
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
-fn sorted(mut v: Vec<f64>) -> Vec<f64> {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v
-}
 
 /// A job that never fits (9 GPUs on 8-GPU nodes) with a realistic environment of 2 KB.
 fn held_spec(workdir: &str) -> JobSpec {

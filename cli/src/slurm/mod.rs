@@ -165,13 +165,6 @@ pub fn describe_error(e: &anyhow::Error) -> String {
     }
 }
 
-pub async fn list_jobs(prog: &str, cluster: &Cluster, include_finished: bool) -> Result<Vec<Job>, SlurmError> {
-    match call(prog, cluster, Request::ListJobs { include_finished }).await? {
-        Reply::Jobs(jobs) => Ok(jobs),
-        other => Err(SlurmError::fatal(prog, format!("unexpected reply {other:?}"))),
-    }
-}
-
 /// Every job matching `query`, paged through the node (errors in Slurm's words).
 pub async fn query_jobs(prog: &str, cluster: &Cluster, query: proto::JobQuery) -> Result<Vec<Job>, SlurmError> {
     cluster.query_jobs(query, PATIENCE).await.map_err(|e| SlurmError::fatal(prog, describe_error(&e)))
