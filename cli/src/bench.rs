@@ -45,6 +45,9 @@ pub struct BenchArgs {
     /// Skip everything but the hand-over measurement.
     #[arg(long)]
     pub only_handover: bool,
+    /// Skip everything but the failover measurement.
+    #[arg(long)]
+    pub only_failover: bool,
     /// Keep the cluster directory here.
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -52,6 +55,20 @@ pub struct BenchArgs {
     /// `sacct`, `squeue`, RSS, disk and a new voter's catch-up at 0, a tenth and all of them.
     #[arg(long)]
     pub history: Option<usize>,
+    /// Instead of the rest: this many `sbatch --wrap true` processes, 16 at a time, over QUIC
+    /// and over the node's socket, an array and a paced run (submissions/s, jobs completed/s,
+    /// submit-to-running, host CPU per job), and the same on the Slurm peer with `--slurm-peer`.
+    #[arg(long)]
+    pub processes: Option<usize>,
+    /// Tasks of the `--processes` bench's `sbatch --array` (0 skips it).
+    #[arg(long, default_value_t = 10_000)]
+    pub array_tasks: usize,
+    /// The Slurm peer's scripts (`shared/peers/slurm`): `--processes` measures it in the same run.
+    #[arg(long)]
+    pub slurm_peer: Option<PathBuf>,
+    /// SchedulerParameters of the tuned Slurm run.
+    #[arg(long, default_value = "batch_sched_delay=0,sched_min_interval=0")]
+    pub slurm_tuned: String,
 }
 
 /// The `p` quantile (0 to 1) of `sorted`; NaN when empty.
@@ -98,6 +115,56 @@ fn run_spec(workdir: &str) -> JobSpec {
     JobSpec { name: "bench-run".into(), gres: Some(GresRequest { gpu_type: None, count: 1 }), ..held_spec(workdir) }
 }
 
+/// SIGKILLs the leader `rounds` times; each time, the ms from the kill until a submission is
+/// committed, for a client asking a surviving voter and, at the same time, for a fresh client
+/// (a new `corral` process would be one) that tries the dead node first. Both sorted.
+async fn failovers(dir: &std::path::Path, workdir: &str, rounds: usize) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+    let cluster = Cluster::connect(dir, None)?;
+    let mut survivor_ms = Vec::new();
+    let mut fresh_ms = Vec::new();
+    for round in 0..rounds {
+        let Reply::Cluster(info) = cluster.call_patiently(Request::ClusterInfo, Duration::from_secs(20)).await? else {
+            bail!("unexpected reply")
+        };
+        let leader = info.leader.context("no leader")?;
+        let dead = info.members.iter().find(|m| m.name == leader).context("the leader's address")?.addr.clone();
+        let survivor =
+            info.members.iter().find(|m| m.name != leader && m.role != proto::NodeRole::Agent).context("a surviving voter")?.addr.clone();
+        let mut dead_first = vec![dead.clone()];
+        dead_first.extend(info.members.iter().filter(|m| m.name != leader).map(|m| m.addr.clone()));
+        let (via_survivor, fresh) = (Cluster::connect(dir, Some(&survivor))?, Cluster::connect_to(dir, Some(dead_first))?);
+        // Both clients have a connection to their first node before the kill, as a client
+        // that just submitted would.
+        via_survivor.call_patiently(Request::ClusterInfo, Duration::from_secs(20)).await?;
+        dev::signal_node(dir, &leader, "KILL")?;
+        let t = Instant::now();
+        let (a, b) = tokio::join!(async { submit(&via_survivor, held_spec(workdir)).await.map(|_| t.elapsed()) }, async {
+            submit(&fresh, held_spec(workdir)).await.map(|_| t.elapsed())
+        });
+        let (a, b) = (a?.as_secs_f64() * 1000.0, b?.as_secs_f64() * 1000.0);
+        survivor_ms.push(a);
+        fresh_ms.push(b);
+        println!("  failover {}: killed {leader}, a submission through a survivor committed after {a:.0} ms, a fresh client's (dead node first) after {b:.0} ms", round + 1);
+        dev::start_one(dir, &leader)?;
+        dev::wait_ready(dir, 3, Duration::from_secs(60)).await?;
+    }
+    Ok((sorted(survivor_ms), sorted(fresh_ms)))
+}
+
+fn print_failovers(failovers: &[f64], client_view: &[f64]) {
+    println!(
+        "failover ({} SIGKILLs of the leader): p50 {:.0} ms  p99 {:.0} ms",
+        failovers.len(),
+        percentile(failovers, 0.5),
+        percentile(failovers, 0.99)
+    );
+    println!(
+        "  a fresh client trying the dead node first, from the kill: p50 {:.0} ms  p99 {:.0} ms",
+        percentile(client_view, 0.5),
+        percentile(client_view, 0.99)
+    );
+}
+
 async fn submit(cluster: &Cluster, spec: JobSpec) -> anyhow::Result<u64> {
     match cluster.call_patiently(Request::Submit { spec }, Duration::from_secs(20)).await? {
         Reply::Submitted { job } => Ok(job),
@@ -108,6 +175,15 @@ async fn submit(cluster: &Cluster, spec: JobSpec) -> anyhow::Result<u64> {
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(history) = args.history {
         return crate::bench_history::run(history, args.dir.clone()).await;
+    }
+    if let Some(processes) = args.processes {
+        let opts = crate::bench_jobs::JobsBench {
+            processes,
+            array_tasks: args.array_tasks,
+            slurm_peer: args.slurm_peer.clone(),
+            slurm_tuned: args.slurm_tuned.clone(),
+        };
+        return crate::bench_jobs::run(opts, args.dir.clone()).await;
     }
     let keep = args.dir.is_some();
     let dir = args.dir.clone().unwrap_or_else(|| std::env::temp_dir().join(format!("corral-bench-{}", std::process::id())));
@@ -150,6 +226,11 @@ async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
     }
     if args.only_handover {
         return handovers(dir, &workdir, args.handovers).await;
+    }
+    if args.only_failover {
+        let (failovers, client_view) = failovers(dir, &workdir, args.failovers).await?;
+        print_failovers(&failovers, &client_view);
+        return Ok(());
     }
     let sync = sorted(fdatasync_ms(dir, 200)?);
     let sync_p50 = percentile(&sync, 0.5);
@@ -224,45 +305,8 @@ async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
         percentile(&starts, 0.99)
     );
 
-    // Failover: SIGKILL the leader, time until a submission is committed again.
-    let mut failovers = Vec::new();
-    let mut client_view = Vec::new();
-    for round in 0..args.failovers {
-        let Reply::Cluster(info) = cluster.call_patiently(Request::ClusterInfo, Duration::from_secs(20)).await? else {
-            bail!("unexpected reply")
-        };
-        let leader = info.leader.context("no leader")?;
-        let survivor =
-            info.members.iter().find(|m| m.name != leader && m.role != proto::NodeRole::Agent).context("a surviving voter")?.addr.clone();
-        dev::signal_node(dir, &leader, "KILL")?;
-        let t = Instant::now();
-        // The cluster's failover: a client asking a surviving node, retrying while it answers
-        // that there is no leader.
-        submit(&Cluster::connect(dir, Some(&survivor))?, held_spec(&workdir)).await?;
-        let ms = t.elapsed().as_secs_f64() * 1000.0;
-        failovers.push(ms);
-        // A new `corral submit` knowing every node, the dead one first in its list.
-        let t = Instant::now();
-        submit(&Cluster::connect(dir, None)?, held_spec(&workdir)).await?;
-        let client_ms = ms + t.elapsed().as_secs_f64() * 1000.0;
-        client_view.push(client_ms);
-        println!("  failover {}: killed {leader}, submission committed after {ms:.0} ms (a fresh client trying the dead node first: {client_ms:.0} ms)", round + 1);
-        dev::start_one(dir, &leader)?;
-        dev::wait_ready(dir, 3, Duration::from_secs(60)).await?;
-    }
-    let failovers = sorted(failovers);
-    println!(
-        "failover ({} SIGKILLs of the leader): p50 {:.0} ms  p99 {:.0} ms",
-        failovers.len(),
-        percentile(&failovers, 0.5),
-        percentile(&failovers, 0.99)
-    );
-    let client_view = sorted(client_view);
-    println!(
-        "  as seen by a fresh client trying the dead node first (1 s handshake timeout): p50 {:.0} ms  p99 {:.0} ms",
-        percentile(&client_view, 0.5),
-        percentile(&client_view, 0.99)
-    );
+    let (failovers, client_view) = failovers(dir, &workdir, args.failovers).await?;
+    print_failovers(&failovers, &client_view);
     requeue_after_kill(dir, &workdir, args.requeue_kills, opts.node_down_after_ms).await?;
     step_round_trips(dir, &workdir, args.steps).await?;
     handovers(dir, &workdir, args.handovers).await?;

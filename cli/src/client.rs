@@ -41,20 +41,24 @@ pub struct Cluster {
     servers: Vec<String>,
     /// Index of the server that answered last; tried first.
     preferred: std::sync::atomic::AtomicUsize,
+    /// Servers whose handshake failed, tried last until one answers again.
+    suspects: std::sync::Mutex<std::collections::BTreeSet<usize>>,
     pub call_timeout: Duration,
 }
 
 impl Cluster {
     /// `--cluster DIR` (its `client.toml`), optionally with `--server` naming the node to ask.
     pub fn connect(cluster_dir: &Path, server: Option<&str>) -> anyhow::Result<Cluster> {
+        Cluster::connect_to(cluster_dir, server.map(|s| vec![s.to_string()]))
+    }
+
+    /// Like [`Cluster::connect`], asking `servers` in this order (none: those of `client.toml`).
+    pub fn connect_to(cluster_dir: &Path, servers: Option<Vec<String>>) -> anyhow::Result<Cluster> {
         let config = ClientConfig::load(&cluster_dir.join("client.toml"))?;
         let identity = config.tls.load().context("load client certificate")?;
         let endpoint =
             transport::endpoint("0.0.0.0:0".parse().context("parse bind address")?, &identity, false).context("open client endpoint")?;
-        let servers = match server {
-            Some(s) => vec![s.to_string()],
-            None => config.servers,
-        };
+        let servers = servers.unwrap_or(config.servers);
         if servers.is_empty() {
             bail!("no server address in {}", cluster_dir.display());
         }
@@ -64,6 +68,7 @@ impl Cluster {
             ca_fingerprint: Some(identity.ca_fingerprint()),
             servers,
             preferred: Default::default(),
+            suspects: Default::default(),
             call_timeout: Duration::from_secs(10),
         })
     }
@@ -76,6 +81,7 @@ impl Cluster {
             ca_fingerprint: None,
             servers: vec![socket.display().to_string()],
             preferred: Default::default(),
+            suspects: Default::default(),
             call_timeout: Duration::from_secs(10),
         }
     }
@@ -121,24 +127,60 @@ impl Cluster {
         };
         let mut errors = Vec::new();
         let first = self.preferred.load(std::sync::atomic::Ordering::Relaxed);
-        for k in 0..self.servers.len() {
-            let i = (first + k) % self.servers.len();
-            let addr = &self.servers[i];
-            match client.call(addr, &envelope, self.call_timeout).await {
-                Ok(Err(e @ (ApiError::NoLeader | ApiError::Unavailable(_)))) if self.servers.len() > 1 => {
-                    errors.push(format!("{addr}: {e}"));
-                }
-                Ok(resp) => {
-                    self.preferred.store(i, std::sync::atomic::Ordering::Relaxed);
-                    return Ok(resp);
-                }
-                Err(e) => {
-                    client.forget(addr);
-                    errors.push(format!("{addr}: {e}"));
-                }
+        let n = self.servers.len();
+        // A first pass gives each node's handshake a short while (a dead node first in the list
+        // costs little); the nodes whose handshake did not finish get the full timeout after.
+        let full = Duration::from_millis(transport::CONNECT_TIMEOUT_MS);
+        let brief = if n > 1 { Duration::from_millis(FIRST_PASS_CONNECT_MS) } else { full };
+        let mut slow = Vec::new();
+        let mut answered = false;
+        // Nodes whose handshake failed before go last: a retry does not wait on a dead one.
+        let suspects = lock_suspects(&self.suspects).clone();
+        let order: Vec<usize> = (0..n).map(|k| (first + k) % n).filter(|i| !suspects.contains(i)).chain(suspects.iter().copied()).collect();
+        for i in order {
+            match self.try_server(client, i, &envelope, brief, &mut errors).await {
+                Attempt::Answered(resp) => return Ok(resp),
+                Attempt::NoHandshake if brief < full => slow.push(i),
+                Attempt::NoHandshake => {}
+                Attempt::Failed => answered = true,
+            }
+        }
+        // A node that answered (no leader yet, say) shows the cluster is reachable: the caller
+        // retries soon, and a node slow to shake hands gets the full timeout only otherwise.
+        if answered {
+            slow.clear();
+        }
+        for i in slow {
+            if let Attempt::Answered(resp) = self.try_server(client, i, &envelope, full, &mut errors).await {
+                return Ok(resp);
             }
         }
         bail!("no node answered: {}", errors.join("; "))
+    }
+
+    async fn try_server(&self, client: &Client, i: usize, envelope: &Envelope, connect: Duration, errors: &mut Vec<String>) -> Attempt {
+        let addr = &self.servers[i];
+        match client.call_connecting_within(addr, envelope, self.call_timeout, connect).await {
+            Ok(Err(e @ (ApiError::NoLeader | ApiError::Unavailable(_)))) if self.servers.len() > 1 => {
+                errors.push(format!("{addr}: {e}"));
+                Attempt::Failed
+            }
+            Ok(resp) => {
+                self.preferred.store(i, std::sync::atomic::Ordering::Relaxed);
+                lock_suspects(&self.suspects).remove(&i);
+                Attempt::Answered(resp)
+            }
+            Err(e) => {
+                client.forget(addr);
+                errors.push(format!("{addr}: {e}"));
+                if matches!(e, transport::CallError::Connect(_)) {
+                    lock_suspects(&self.suspects).insert(i);
+                    Attempt::NoHandshake
+                } else {
+                    Attempt::Failed
+                }
+            }
+        }
     }
 
     /// Like [`Cluster::call`], retrying while there is no leader (an election is under way) for
@@ -162,6 +204,22 @@ impl Cluster {
         }
     }
 }
+
+fn lock_suspects(m: &std::sync::Mutex<std::collections::BTreeSet<usize>>) -> std::sync::MutexGuard<'_, std::collections::BTreeSet<usize>> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What asking one node gave.
+enum Attempt {
+    Answered(Result<Reply, ApiError>),
+    /// No handshake within the time given: maybe dead, maybe slow.
+    NoHandshake,
+    Failed,
+}
+
+/// How long the first pass over the nodes waits for each handshake (healthy nodes answer in
+/// well under a millisecond on a LAN; a slow one gets the full timeout in the second pass).
+const FIRST_PASS_CONNECT_MS: u64 = 250;
 
 /// Jobs one listing gathers at most, page by page (a bound on the client's memory).
 pub const QUERY_JOBS_MAX: usize = 10_000_000;

@@ -5,6 +5,7 @@
 
 pub mod bench;
 pub mod bench_history;
+pub mod bench_jobs;
 pub mod client;
 pub mod cluster_admin;
 pub mod demo;

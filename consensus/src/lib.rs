@@ -8,6 +8,7 @@
 
 pub mod accounting;
 pub mod network;
+pub mod proposer;
 pub mod snapshot;
 pub mod state;
 pub mod store;
@@ -23,6 +24,7 @@ use openraft::SnapshotPolicy;
 use proto::{ApiError, Command, CommandResult, NodeId};
 
 pub use network::{handle_raft_rpc, NetworkFactory, PeerClient, RaftTransport, SnapshotInbox, TransportError, RAFT_PAYLOAD_BYTES_MAX};
+pub use proposer::Proposer;
 pub use state::ClusterState;
 pub use store::{open_store, LogStore, StateHandle, StateMachine};
 pub use types::{LogCommand, LogId, MemberNode, Raft, SnapshotData, TypeConfig};

@@ -72,6 +72,33 @@ impl Default for ClusterState {
     }
 }
 
+/// The command's kind, for messages.
+fn command_name(c: &Command) -> &'static str {
+    match c {
+        Command::RegisterNode { .. } => "RegisterNode",
+        Command::AddJoinToken { .. } => "AddJoinToken",
+        Command::RevokeJoinToken { .. } => "RevokeJoinToken",
+        Command::RevokeCert { .. } => "RevokeCert",
+        Command::NodeUp { .. } => "NodeUp",
+        Command::NodeDown { .. } => "NodeDown",
+        Command::Drain { .. } => "Drain",
+        Command::Resume { .. } => "Resume",
+        Command::Submit { .. } => "Submit",
+        Command::Plan { .. } => "Plan",
+        Command::LaunchConfirmed { .. } => "LaunchConfirmed",
+        Command::RunFinished { .. } => "RunFinished",
+        Command::Cancel { .. } => "Cancel",
+        Command::Requeue { .. } => "Requeue",
+        Command::SetPolicy { .. } => "SetPolicy",
+        Command::UpdateJob { .. } => "UpdateJob",
+        Command::GpuHealth { .. } => "GpuHealth",
+        Command::UpdateInventory { .. } => "UpdateInventory",
+        Command::ArchiveJobs { .. } => "ArchiveJobs",
+        Command::PruneAccounting { .. } => "PruneAccounting",
+        Command::Batch { .. } => "Batch",
+    }
+}
+
 fn rejected(reason: impl Into<String>) -> CommandResult {
     CommandResult::Rejected(reason.into())
 }
@@ -133,6 +160,8 @@ impl ClusterState {
     /// `archived` (the store writes them to the accounting store in the same step).
     pub fn apply_archiving(&mut self, cmd: &Command, archived: &mut Vec<Job>) -> CommandResult {
         let result = match cmd {
+            // Each command of a batch is applied, and checked, as if it were its own entry.
+            Command::Batch { commands } => return self.apply_batch(commands, archived),
             Command::ArchiveJobs { jobs, now_ms: _ } => self.archive_jobs(jobs, archived),
             Command::PruneAccounting { jobs, now_ms: _ } => {
                 if jobs.len() > proto::ARCHIVE_BATCH_MAX {
@@ -230,6 +259,16 @@ impl ClusterState {
         };
         self.check_after(cmd);
         result
+    }
+
+    fn apply_batch(&mut self, commands: &[Command], archived: &mut Vec<Job>) -> CommandResult {
+        if commands.len() > proto::BATCH_COMMANDS_MAX {
+            return rejected(format!("{} commands in one batch, more than {}", commands.len(), proto::BATCH_COMMANDS_MAX));
+        }
+        if let Some(c) = commands.iter().find(|c| !c.batchable()) {
+            return rejected(format!("a batch may not carry {}", command_name(c)));
+        }
+        CommandResult::Batch(commands.iter().map(|c| self.apply_archiving(c, archived)).collect())
     }
 
     /// Moves every named job that is final and holds nothing out of the hot state, into
@@ -948,6 +987,38 @@ mod tests {
         s.gres = Some(GresRequest { gpu_type: None, count: gpus });
         s.nodes = nodes;
         s
+    }
+
+    #[test]
+    fn a_batch_applies_each_command_as_if_alone_and_a_bad_batch_applies_nothing() {
+        let mut one = ClusterState::default();
+        let mut batched = ClusterState::default();
+        for s in [&mut one, &mut batched] {
+            register(s, "a", 1);
+        }
+        let commands = vec![
+            Command::Submit { spec: spec(1, 1), now_ms: 10 },
+            Command::Submit { spec: spec(2, 1), now_ms: 10 },
+            Command::Cancel { job: 1, now_ms: 11 },
+            Command::Cancel { job: 99, now_ms: 11 },
+        ];
+        let alone: Vec<CommandResult> = commands.iter().map(|c| one.apply(c)).collect();
+        let result = batched.apply(&Command::Batch { commands: commands.clone() });
+        assert_eq!(result, CommandResult::Batch(alone.clone()));
+        assert!(matches!(alone[3], CommandResult::Rejected(_)), "a refused command refuses only itself");
+        assert_eq!(one, batched);
+
+        // Node-wide commands and nested batches are not batchable: nothing of it applies.
+        let before = batched.clone();
+        let bad = Command::Batch {
+            commands: vec![Command::Submit { spec: spec(1, 1), now_ms: 12 }, Command::NodeDown { node: 1, reason: "x".into(), now_ms: 12 }],
+        };
+        assert!(matches!(batched.apply(&bad), CommandResult::Rejected(_)));
+        let nested = Command::Batch { commands: vec![Command::Batch { commands: vec![] }] };
+        assert!(matches!(batched.apply(&nested), CommandResult::Rejected(_)));
+        let too_many = Command::Batch { commands: vec![Command::Cancel { job: 1, now_ms: 13 }; proto::BATCH_COMMANDS_MAX + 1] };
+        assert!(matches!(batched.apply(&too_many), CommandResult::Rejected(_)));
+        assert_eq!(batched, before);
     }
 
     fn register(s: &mut ClusterState, name: &str, instance: InstanceId) -> NodeId {

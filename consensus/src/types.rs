@@ -63,6 +63,7 @@ impl fmt::Display for LogCommand {
             Command::RevokeCert { fingerprint, .. } => write!(f, "revoke_cert({})", &fingerprint[..fingerprint.len().min(16)]),
             Command::ArchiveJobs { jobs, .. } => write!(f, "archive_jobs({} jobs)", jobs.len()),
             Command::PruneAccounting { jobs, .. } => write!(f, "prune_accounting({} records)", jobs.len()),
+            Command::Batch { commands } => write!(f, "batch({} commands)", commands.len()),
         }
     }
 }

@@ -51,26 +51,29 @@ pub fn scheduler_view(state: &ClusterState) -> ClusterView {
 /// hot state read through `archived` (the accounting store), so `afterok:ID` still resolves.
 pub fn scheduler_view_with(state: &ClusterState, archived: impl Fn(JobId) -> Option<Job>) -> ClusterView {
     let usage: BTreeMap<String, f64> = state.usage_gpu_seconds.iter().map(|(k, v)| (k.clone(), *v as f64)).collect();
-    let mut jobs: Vec<scheduler::JobRequest> = state
-        .jobs
-        .values()
-        .map(|j| {
-            let mut request = scheduler::job_request(j);
-            if let Some(started) = state.array_started.get(&j.id) {
-                request.array_started = started.iter().copied().collect();
-            }
-            request
-        })
-        .collect();
-    let missing: std::collections::BTreeSet<JobId> = state
+    // Only live work (pending, running, or still holding a part) and the finished jobs that
+    // pending jobs depend on: finished jobs are most of the hot state under a sweep, and the
+    // scheduler needs nothing else of them (`array_started` keeps which tasks ran).
+    let request = |j: &Job| {
+        let mut request = scheduler::job_request(j);
+        if let Some(started) = state.array_started.get(&j.id) {
+            request.array_started = started.iter().copied().collect();
+        }
+        request
+    };
+    let mut jobs: Vec<scheduler::JobRequest> = state.jobs.values().filter(|j| is_live(j)).map(request).collect();
+    let targets: std::collections::BTreeSet<JobId> = state
         .jobs
         .values()
         .filter(|j| j.state == JobState::Pending)
         .flat_map(|j| j.spec.dependencies.iter().filter_map(|d| d.job))
-        .filter(|id| !state.jobs.contains_key(id))
+        .filter(|id| !state.jobs.get(id).is_some_and(is_live))
         .collect();
-    if !missing.is_empty() {
-        jobs.extend(missing.into_iter().filter_map(&archived).map(|j| scheduler::job_request(&j)));
+    if !targets.is_empty() {
+        jobs.extend(targets.into_iter().filter_map(|id| match state.jobs.get(&id) {
+            Some(j) => Some(request(j)),
+            None => archived(id).map(|j| scheduler::job_request(&j)),
+        }));
         jobs.sort_by_key(|j| j.id);
     }
     let partitions = state
@@ -94,6 +97,11 @@ pub fn scheduler_view_with(state: &ClusterState, archived: impl Fn(JobId) -> Opt
         config.qos.insert(q.name.clone(), scheduler::Qos { priority: q.priority, preempt: q.preempt.clone(), preempt_mode: mode });
     }
     ClusterView { nodes: node_views(state), jobs, partitions, usage, config }
+}
+
+/// A job the scheduler must see whatever depends on it: not final, or holding a part.
+pub fn is_live(job: &Job) -> bool {
+    !job.state.is_final() || !job.parts.is_empty()
 }
 
 /// Jobs the scheduler may place now: pending, with no part of an earlier run still stopping.

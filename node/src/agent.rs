@@ -169,6 +169,8 @@ pub struct AgentSettings {
     /// This `corrald`'s executable: it holds a batch job's other nodes (`corrald --hold`) and
     /// shepherds runs (`corrald --shepherd`).
     pub exe: PathBuf,
+    /// Forks runs' shepherds cheaply (see `spawner`); none: each is exec'd from `exe`.
+    pub spawner: Option<Arc<crate::spawner::Spawner>>,
     /// The device file of each GPU (by index), denied to runs not given that GPU where the
     /// cgroup v1 devices controller is available.
     pub gpu_device_files: BTreeMap<u32, PathBuf>,
@@ -511,7 +513,7 @@ impl Agent {
         tokio::spawn(
             async move {
                 let dir = shepherd::run_dir(&agent.settings.runs_dir, spec.job, spec.run);
-                match Shepherd::spawn(&agent.settings.exe, &dir, &record).await {
+                match Shepherd::spawn(&agent.settings.exe, agent.settings.spawner.as_ref(), &dir, &record).await {
                     Ok(child) => {
                         let (pgid, start_ticks) = (child.pgid, child.start_ticks);
                         let tasks = {
@@ -1079,34 +1081,86 @@ impl Agent {
     /// Sends ended runs to the leader, in order, retrying until each is committed.
     pub async fn report_loop(self: Arc<Self>, link: Arc<LeaderLink>) {
         let Some(mut rx) = lock(&self.reports_rx).take() else { return };
-        while let Some(report) = rx.recv().await {
-            let mut backoff_ms = 50;
-            loop {
-                let req = Request::ReportRun {
-                    job: report.job,
-                    run: report.run,
-                    node: self.node_id(),
-                    outcome: report.outcome.clone(),
-                    usage: report.usage.clone(),
-                };
-                match link.call(req, 0).await {
-                    Ok(_) => {
-                        self.forget_run(report.job, report.run);
+        while let Some(first) = rx.recv().await {
+            // Whatever else is queued goes in the same request (the leader commits them
+            // together): a busy node's reports do not wait for one commit each.
+            let mut reports = vec![first];
+            while reports.len() < proto::REPORTS_PER_REQUEST_MAX {
+                match rx.try_recv() {
+                    Ok(r) => reports.push(r),
+                    Err(_) => break,
+                }
+            }
+            if reports.len() > 1 && self.deliver_reports(&link, &reports).await {
+                continue;
+            }
+            for report in reports {
+                self.deliver_report(&link, report).await;
+            }
+        }
+    }
+
+    /// Sends `reports` in one `ReportRuns`, retrying until a leader has them: true. False when
+    /// the leader refused the request as a whole (each is then sent alone).
+    async fn deliver_reports(&self, link: &LeaderLink, reports: &[Report]) -> bool {
+        let req = Request::ReportRuns {
+            node: self.node_id(),
+            reports: reports
+                .iter()
+                .map(|r| proto::RunReport { job: r.job, run: r.run, outcome: r.outcome.clone(), usage: r.usage.clone() })
+                .collect(),
+        };
+        let mut backoff_ms = 50;
+        loop {
+            match link.call(req.clone(), 0).await {
+                Ok(_) => {
+                    for r in reports {
+                        self.forget_run(r.job, r.run);
                         self.reports_pending.fetch_sub(1, Ordering::SeqCst);
-                        break;
                     }
-                    Err(LinkError::Api(e)) => {
-                        // The leader understood and refused: retrying will not help.
-                        warn!(job = report.job, run = report.run, error = %e, "run report refused");
-                        self.forget_run(report.job, report.run);
-                        self.reports_pending.fetch_sub(1, Ordering::SeqCst);
-                        break;
-                    }
-                    Err(e) => {
-                        debug!(job = report.job, error = %e, "run report not delivered, retrying");
-                        tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
-                        backoff_ms = (backoff_ms * 2).min(1_000);
-                    }
+                    return true;
+                }
+                Err(LinkError::Api(e)) => {
+                    debug!(reports = reports.len(), error = %e, "batched run reports refused, sending each alone");
+                    return false;
+                }
+                Err(e) => {
+                    debug!(reports = reports.len(), error = %e, "run reports not delivered, retrying");
+                    tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
+                    backoff_ms = (backoff_ms * 2).min(1_000);
+                }
+            }
+        }
+    }
+
+    /// Sends one report, retrying until a leader has it or refuses it.
+    async fn deliver_report(&self, link: &LeaderLink, report: Report) {
+        let mut backoff_ms = 50;
+        loop {
+            let req = Request::ReportRun {
+                job: report.job,
+                run: report.run,
+                node: self.node_id(),
+                outcome: report.outcome.clone(),
+                usage: report.usage.clone(),
+            };
+            match link.call(req, 0).await {
+                Ok(_) => {
+                    self.forget_run(report.job, report.run);
+                    self.reports_pending.fetch_sub(1, Ordering::SeqCst);
+                    return;
+                }
+                Err(LinkError::Api(e)) => {
+                    // The leader understood and refused: retrying will not help.
+                    warn!(job = report.job, run = report.run, error = %e, "run report refused");
+                    self.forget_run(report.job, report.run);
+                    self.reports_pending.fetch_sub(1, Ordering::SeqCst);
+                    return;
+                }
+                Err(e) => {
+                    debug!(job = report.job, error = %e, "run report not delivered, retrying");
+                    tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
+                    backoff_ms = (backoff_ms * 2).min(1_000);
                 }
             }
         }

@@ -16,6 +16,7 @@ pub mod preflight;
 pub mod probe;
 pub mod server;
 pub mod shepherd;
+pub mod spawner;
 pub mod step;
 pub mod systemd;
 pub mod watchdog;

@@ -48,6 +48,14 @@ fn main() -> anyhow::Result<()> {
     std::fs::create_dir_all(config.jobs_dir()).with_context(|| format!("create {}", config.jobs_dir().display()))?;
     let exe = std::env::current_exe().context("find the corrald executable")?;
     let _watchdog = corral_node::watchdog::spawn(&exe, config.lease_path())?;
+    // Forked now, while this process is small and has one thread: it forks each run's shepherd.
+    let spawner = match corral_node::spawner::start() {
+        Ok(s) => Some(std::sync::Arc::new(s)),
+        Err(e) => {
+            tracing::warn!(error = format!("{e:#}"), "no spawner: each run's shepherd is exec'd");
+            None
+        }
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("start async runtime")?;
     // SIGTERM (`systemctl stop`) tells systemd STOPPING=1 and stops the node gracefully: its jobs
     // get SIGTERM, their grace and SIGKILL, and are reported lost to the node (a `--requeue` job
@@ -63,7 +71,7 @@ fn main() -> anyhow::Result<()> {
         let mut term = signal(SignalKind::terminate()).context("handle SIGTERM")?;
         let mut usr2 = signal(SignalKind::user_defined2()).context("handle SIGUSR2")?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(StopRequest::None);
-        let node = corral_node::server::run(config, stop_rx);
+        let node = corral_node::server::run(config, stop_rx, spawner);
         tokio::pin!(node);
         tokio::select! {
             result = &mut node => return result,

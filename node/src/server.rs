@@ -28,6 +28,14 @@ pub fn now_ms() -> u64 {
 }
 
 const PEER_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a forward waits for a handshake with the leader (a live one answers in well under a
+/// millisecond on a LAN; a dead one should cost its clients little).
+const FORWARD_CONNECT_TIMEOUT: Duration = Duration::from_millis(250);
+/// How long a leader that could not be reached is taken for dead by forwards (an election
+/// takes at most the election timeout; past this, it is tried again).
+const UNREACHABLE_LEADER_HOLD: Duration = Duration::from_millis(1_000);
+/// How often a forward waiting on the leader checks whether an election replaced it.
+const LEADER_WATCH_INTERVAL: Duration = Duration::from_millis(20);
 /// How long a step's start waits for a node whose part of the job is still starting.
 const STEP_START_PATIENCE_MS: u64 = 30_000;
 const STEP_START_RETRY_MS: u64 = 100;
@@ -57,6 +65,8 @@ pub struct Node {
     pub config: NodeConfig,
     pub id: NodeId,
     pub raft: Raft,
+    /// Group commit of this node's proposals while it leads (`consensus::proposer`).
+    proposer: consensus::Proposer,
     pub state: StateHandle,
     pub client: Arc<Client>,
     pub agent: Arc<Agent>,
@@ -65,6 +75,8 @@ pub struct Node {
     /// Towards the leader through other members (used when this node cannot answer).
     pub forward_link: Arc<LeaderLink>,
     memory: Mutex<LeaderMemory>,
+    /// The leader a forward last failed to reach, and when (see `forward`).
+    unreachable_leader: Mutex<Option<(NodeId, Instant)>>,
     membership_busy: AtomicBool,
     kick: Notify,
     pub inventory: Inventory,
@@ -108,7 +120,7 @@ impl Node {
 
     /// Commits `cmd` through Raft and returns what applying it answered.
     pub async fn propose(&self, cmd: Command) -> Result<CommandResult, ApiError> {
-        consensus::propose(&self.raft, cmd).await.map(|(_, result)| result).map_err(ApiError::from)
+        self.proposer.propose(cmd).await.map(|(_, result)| result).map_err(ApiError::from)
     }
 
     async fn handle(self: Arc<Self>, envelope: Envelope) -> Response {
@@ -266,11 +278,31 @@ impl Node {
         let (leader, leader_addr) = self.leader();
         match (leader, leader_addr) {
             (Some(l), Some(addr)) if l != self.id => {
+                // A leader this node just failed to reach is most likely dead: until an election
+                // names another (or a while has passed), say so at once instead of waiting for
+                // a handshake each time, so the client's retry finds the new leader promptly.
+                if lock(&self.unreachable_leader).is_some_and(|(dead, at)| dead == l && at.elapsed() < UNREACHABLE_LEADER_HOLD) {
+                    return Err(ApiError::NoLeader);
+                }
                 let env = Envelope { hops: hops + 1, request, user };
-                match self.client.call(&addr, &env, PEER_CALL_TIMEOUT).await {
+                let call = self.client.call_connecting_within(&addr, &env, PEER_CALL_TIMEOUT, FORWARD_CONNECT_TIMEOUT);
+                // A leader that died with this request in flight never answers; QUIC notices the
+                // connection is gone only after its loss timers. An election names the next
+                // leader sooner: stop waiting then, and let the client ask again (as after any
+                // lost reply, the request may or may not have been applied).
+                let outcome = tokio::select! {
+                    outcome = call => outcome,
+                    () = self.leader_changed_from(l) => {
+                        return Err(ApiError::Unavailable(format!("leader {l} was replaced while a forwarded request waited")));
+                    }
+                };
+                match outcome {
                     Ok(resp) => resp,
                     Err(e) => {
                         self.client.forget(&addr);
+                        if matches!(e, transport::CallError::Connect(_)) {
+                            *lock(&self.unreachable_leader) = Some((l, Instant::now()));
+                        }
                         Err(ApiError::Unavailable(format!("forward to leader {addr}: {e}")))
                     }
                 }
@@ -281,6 +313,13 @@ impl Node {
                 Err(LinkError::Api(e)) => Err(e),
                 Err(LinkError::Unreachable(e)) => Err(ApiError::Unavailable(e)),
             },
+        }
+    }
+
+    /// Returns once this node's Raft names a leader other than `leader` (or none).
+    async fn leader_changed_from(&self, leader: NodeId) {
+        while self.leader().0 == Some(leader) {
+            tokio::time::sleep(LEADER_WATCH_INTERVAL).await;
         }
     }
 
@@ -744,6 +783,28 @@ impl Node {
                 }
                 Ok(Reply::Ok)
             }
+            Request::ReportRuns { node, reports } => {
+                if reports.len() > proto::REPORTS_PER_REQUEST_MAX {
+                    return Err(ApiError::Invalid(format!(
+                        "{} reports in one request, more than {}",
+                        reports.len(),
+                        proto::REPORTS_PER_REQUEST_MAX
+                    )));
+                }
+                // All proposed at once: the proposer puts them in as few entries as fit.
+                let proposals = reports.into_iter().map(|r| {
+                    let (job, run) = (r.job, r.run);
+                    let cmd = Command::RunFinished { job, run, node, outcome: r.outcome, usage: r.usage, now_ms: now };
+                    async move { (job, run, self.propose(cmd).await) }
+                });
+                for (job, run, result) in futures_util::future::join_all(proposals).await {
+                    if let CommandResult::Rejected(why) = result? {
+                        debug!(job, run, why = %why, "run report ignored");
+                    }
+                }
+                self.kick.notify_one();
+                Ok(Reply::Ok)
+            }
             Request::ReportGpuHealth { node, gpu, mig_uuid, healthy, reason } => {
                 warn!(node, gpu, healthy, reason = %reason, "gpu health reported");
                 let cmd = Command::GpuHealth { node, gpu, mig_uuid, healthy, reason, now_ms: now };
@@ -1016,12 +1077,14 @@ impl Node {
             let addr_of = |node: NodeId| s.nodes.get(&node).map(|n| n.addr.clone()).unwrap_or_default();
             let mut launches = Vec::new();
             let mut kills = Vec::new();
-            for j in s.jobs.values() {
+            // Only jobs with parts have anything to launch or stop (finished ones, most of the
+            // hot state under a sweep, have none).
+            for j in s.jobs.values().filter(|j| !j.parts.is_empty()) {
                 // A batch script starts once every other node of its job holds its share: its
                 // steps can start everywhere at once, as in Slurm.
-                let first = j.run_nodes().first().copied();
-                let others_pending = j.spec.is_batch() && j.launches_pending().any(|p| Some(p.alloc.node) != first);
                 if j.launches_pending().next().is_some() {
+                    let first = j.run_nodes().first().copied();
+                    let others_pending = j.spec.is_batch() && j.launches_pending().any(|p| Some(p.alloc.node) != first);
                     let nodes: Vec<(String, String)> = j
                         .run_nodes()
                         .iter()
@@ -1223,6 +1286,7 @@ fn node_only(request: &Request) -> bool {
             | Request::Join { .. }
             | Request::Heartbeat { .. }
             | Request::ReportRun { .. }
+            | Request::ReportRuns { .. }
             | Request::Launch { .. }
             | Request::Kill { .. }
             | Request::ReportGpuHealth { .. }
@@ -1554,7 +1618,13 @@ pub enum Ended {
 }
 
 /// Starts a node and runs it until `stop` asks it to stop or hand over, or the node fails.
-pub async fn run(config: NodeConfig, mut stop: tokio::sync::watch::Receiver<StopRequest>) -> anyhow::Result<Ended> {
+/// Runs the node until it stops. `spawner` forks the runs' shepherds (`spawner::start`, before
+/// the runtime); without one they are exec'd.
+pub async fn run(
+    config: NodeConfig,
+    mut stop: tokio::sync::watch::Receiver<StopRequest>,
+    spawner: Option<Arc<crate::spawner::Spawner>>,
+) -> anyhow::Result<Ended> {
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("create data directory {}", config.data_dir.display()))?;
     lock_data_dir(&config.data_dir)?;
     std::fs::create_dir_all(config.runs_dir()).with_context(|| format!("create {}", config.runs_dir().display()))?;
@@ -1630,6 +1700,7 @@ pub async fn run(config: NodeConfig, mut stop: tokio::sync::watch::Receiver<Stop
         cgroups,
         gpu_device_files,
         exe: std::env::current_exe().context("find the corrald executable (it holds batch jobs' other nodes and shepherds runs)")?,
+        spawner,
         runs_dir: config.runs_dir(),
         daemon_file: daemon_file.clone(),
         local_socket: Some(config.socket_path()),
@@ -1726,6 +1797,7 @@ pub async fn run(config: NodeConfig, mut stop: tokio::sync::watch::Receiver<Stop
     let node = Arc::new(Node {
         config: config.clone(),
         id,
+        proposer: consensus::Proposer::start(raft.clone()),
         raft,
         state,
         client: Arc::clone(&client),
@@ -1733,6 +1805,7 @@ pub async fn run(config: NodeConfig, mut stop: tokio::sync::watch::Receiver<Stop
         agent_link: Arc::clone(&agent_link),
         forward_link,
         memory: Mutex::new(LeaderMemory::default()),
+        unreachable_leader: Mutex::new(None),
         membership_busy: AtomicBool::new(false),
         kick: Notify::new(),
         inventory,

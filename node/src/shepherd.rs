@@ -252,13 +252,19 @@ fn kill_job(pid: i32, cgroups: &[PathBuf]) {
 /// says `started PID START_TICKS` (or `failed WHY`) on stdout, serves `DIR/sock`, records how
 /// the job ended in `DIR/status.json`, and exits.
 pub fn run(dir: &Path) -> anyhow::Result<()> {
+    run_trusting(dir, std::os::unix::process::parent_id() as i32)
+}
+
+/// The shepherd's work, trusting `daemon` (the `corrald` that asked for it) while it lives:
+/// [`run`] for an exec'd shepherd (its parent), or a shepherd forked by the spawner (the
+/// spawner's parent, see `spawner`).
+pub fn run_trusting(dir: &Path, daemon: i32) -> anyhow::Result<()> {
     // Its own session already (the agent's setsid): only signals sent to it by pid arrive.
     for sig in [libc::SIGHUP, libc::SIGINT, libc::SIGTERM, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2, libc::SIGPIPE] {
         // SAFETY: setting a disposition to "ignore" has no memory effects.
         unsafe { libc::signal(sig, libc::SIG_IGN) };
     }
-    let parent = std::os::unix::process::parent_id() as i32;
-    let trusted = (parent, start_ticks(parent).unwrap_or(0));
+    let trusted = (daemon, start_ticks(daemon).unwrap_or(0));
     let status_path = dir.join("status.json");
     let fail = |why: String| -> anyhow::Result<()> {
         write_json(&status_path, &ExitRecord::Failed(why.clone()))?;
@@ -372,7 +378,7 @@ pub fn run(dir: &Path) -> anyhow::Result<()> {
     // SAFETY: kill(2) on the job's process group; its leader is reaped, the group id is ours
     // until every member is gone.
     unsafe { libc::kill(-pid, libc::SIGKILL) };
-    std::process::exit(0);
+    Ok(())
 }
 
 /// How long a shepherd whose job ended waits for its supervisor to stop the step tasks left
@@ -676,31 +682,38 @@ pub struct Shepherd {
 }
 
 impl Shepherd {
-    /// Writes `record` into `dir` and starts its shepherd (`exe --shepherd DIR`, own session);
-    /// returns once the job started, or with why it did not.
-    pub async fn spawn(exe: &Path, dir: &Path, record: &RunRecord) -> anyhow::Result<Shepherd> {
+    /// Writes `record` into `dir` and starts its shepherd in its own session, forked by the
+    /// spawner when there is one that works (see `spawner`), else `exe --shepherd DIR`; returns
+    /// once the job started, or with why it did not.
+    pub async fn spawn(
+        exe: &Path,
+        spawner: Option<&Arc<crate::spawner::Spawner>>,
+        dir: &Path,
+        record: &RunRecord,
+    ) -> anyhow::Result<Shepherd> {
         std::fs::create_dir_all(dir).with_context(|| format!("create run directory {}", dir.display()))?;
         write_json(&dir.join("spec.json"), record)?;
-        let mut cmd = std::process::Command::new(exe);
-        cmd.arg(SHEPHERD_FLAG).arg(dir).stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped());
-        // SAFETY: only async-signal-safe calls (setsid) between fork and exec.
-        unsafe {
-            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
-                if libc::setsid() < 0 {
-                    return Err(std::io::Error::last_os_error());
+        let forked = match spawner {
+            Some(spawner) => {
+                let (spawner, dir) = (Arc::clone(spawner), dir.to_path_buf());
+                match tokio::task::spawn_blocking(move || spawner.spawn_shepherd(&dir)).await {
+                    Ok(Ok(forked)) => forked.map(|(_, stdout)| stdout),
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = format!("{e:#}"), "the spawner failed; shepherds are exec'd from now on");
+                        None
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the spawner's call failed; shepherds are exec'd from now on");
+                        None
+                    }
                 }
-                Ok(())
-            });
-        }
-        let mut child = tokio::process::Command::from(cmd)
-            .kill_on_drop(false)
-            .spawn()
-            .with_context(|| format!("start shepherd {} {SHEPHERD_FLAG} {}", exe.display(), dir.display()))?;
-        let stdout = child.stdout.take().context("shepherd stdout")?;
-        // Reap it whenever it ends (after a hand-over, init does).
-        tokio::spawn(async move {
-            let _ = child.wait().await;
-        });
+            }
+            None => None,
+        };
+        let stdout: Box<dyn tokio::io::AsyncRead + Unpin + Send> = match forked {
+            Some(fd) => Box::new(tokio::net::unix::pipe::Receiver::from_owned_fd(fd).context("watch the shepherd's stdout")?),
+            None => Box::new(exec_shepherd(exe, dir)?),
+        };
         let mut line = String::new();
         let mut reader = tokio::io::BufReader::new(tokio::io::AsyncReadExt::take(stdout, 4096));
         let read =
@@ -757,6 +770,31 @@ impl Shepherd {
         self.ended = Some(ended.clone());
         ended
     }
+}
+
+/// Starts `exe --shepherd DIR` in its own session (no spawner): its stdout.
+fn exec_shepherd(exe: &Path, dir: &Path) -> anyhow::Result<tokio::process::ChildStdout> {
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg(SHEPHERD_FLAG).arg(dir).stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped());
+    // SAFETY: only async-signal-safe calls (setsid) between fork and exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = tokio::process::Command::from(cmd)
+        .kill_on_drop(false)
+        .spawn()
+        .with_context(|| format!("start shepherd {} {SHEPHERD_FLAG} {}", exe.display(), dir.display()))?;
+    let stdout = child.stdout.take().context("shepherd stdout")?;
+    // Reap it whenever it ends (after a hand-over, init does).
+    tokio::spawn(async move {
+        let _ = child.wait().await;
+    });
+    Ok(stdout)
 }
 
 /// How the run in `dir` ended, from its shepherd's record.

@@ -898,10 +898,54 @@ pub enum Command {
         jobs: Vec<JobId>,
         now_ms: u64,
     },
+    /// Several commands in one log entry, applied in order, each as if alone; its result is
+    /// `CommandResult::Batch` with one result per command. The leader batches what is queued
+    /// when an entry is proposed (group commit: under load one entry, one fsync, one apply
+    /// call carry many submissions, launch confirmations and run ends). Only
+    /// [`Command::batchable`] commands, at most [`BATCH_COMMANDS_MAX`]; otherwise the whole
+    /// batch is rejected and nothing applied.
+    Batch {
+        commands: Vec<Command>,
+    },
 }
 
 /// Jobs named by one `ArchiveJobs` or `PruneAccounting` command at most.
 pub const ARCHIVE_BATCH_MAX: usize = 4096;
+/// Commands in one `Command::Batch` at most.
+pub const BATCH_COMMANDS_MAX: usize = 512;
+/// What the leader puts in one batch at most, by [`Command::weight_bytes`] (a bound on the
+/// entry, whatever the specs carry).
+pub const BATCH_BYTES_MAX: usize = 4 << 20;
+
+impl Command {
+    /// Commands that may go in a `Batch`: the per-job ones whose effects are the hot state's
+    /// alone (not node-wide, not the accounting store's).
+    pub fn batchable(&self) -> bool {
+        matches!(
+            self,
+            Command::Submit { .. }
+                | Command::LaunchConfirmed { .. }
+                | Command::RunFinished { .. }
+                | Command::Cancel { .. }
+                | Command::Requeue { .. }
+                | Command::UpdateJob { .. }
+        )
+    }
+
+    /// A bound on the command's encoded size, cheap to compute: what a submission carries
+    /// (script, environment, arguments) plus a fixed allowance for the rest.
+    pub fn weight_bytes(&self) -> usize {
+        const FIXED_BYTES: usize = 4096;
+        match self {
+            Command::Submit { spec, .. } => {
+                let env: usize = spec.env.iter().map(|(k, v)| k.len() + v.len() + 8).sum();
+                let argv: usize = spec.argv.iter().map(|a| a.len() + 4).sum();
+                FIXED_BYTES + spec.script.as_ref().map_or(0, |s| s.len()) + env + argv
+            }
+            _ => FIXED_BYTES,
+        }
+    }
+}
 
 /// What applying a command answered, returned to the proposer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -921,6 +965,8 @@ pub enum CommandResult {
     /// The command was valid on the wire but not in the current state (e.g. cancel of an
     /// unknown job). Nothing changed.
     Rejected(String),
+    /// One result per command of a `Command::Batch`, in order.
+    Batch(Vec<CommandResult>),
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1226,7 +1272,25 @@ pub enum Request {
     /// What this node holds: jobs in its hot state, records in its accounting store and their
     /// digest (equal on voters that applied the same log). Answered by the node asked (a voter).
     AccountingDigest,
+    /// Several runs' ends from one node at once (node only): what `ReportRun` says, for each
+    /// (at most [`REPORTS_PER_REQUEST_MAX`]). `Reply::Ok` once every end is committed.
+    ReportRuns {
+        node: NodeId,
+        reports: Vec<RunReport>,
+    },
 }
+
+/// How one run ended on a node, as reported to the leader.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunReport {
+    pub job: JobId,
+    pub run: RunNo,
+    pub outcome: RunOutcome,
+    pub usage: GpuUsage,
+}
+
+/// Reports in one `ReportRuns` at most.
+pub const REPORTS_PER_REQUEST_MAX: usize = 256;
 
 /// A server-side job query (`squeue`, `sacct`, `corral queue`): every non-empty list must match
 /// (any of its values), pages are in job id order after `after`.
@@ -1302,6 +1366,7 @@ impl Request {
                 | Request::Join { .. }
                 | Request::Heartbeat { .. }
                 | Request::ReportRun { .. }
+                | Request::ReportRuns { .. }
                 | Request::ReportGpuHealth { .. }
                 | Request::SetGpuHealth { .. }
                 | Request::ReportInventory { .. }

@@ -522,6 +522,18 @@ impl Client {
     /// A cached connection found dead, or on which no stream can be opened, is replaced once by
     /// a new one. A request that may have reached the peer is never sent twice.
     pub async fn call(&self, addr: &str, envelope: &Envelope, timeout: Duration) -> Result<Response, CallError> {
+        self.call_connecting_within(addr, envelope, timeout, Duration::from_millis(CONNECT_TIMEOUT_MS)).await
+    }
+
+    /// [`Client::call`], giving up on a new connection's handshake after `connect_timeout`
+    /// (a caller with other members to try asks each briefly first, so a dead one costs little).
+    pub async fn call_connecting_within(
+        &self,
+        addr: &str,
+        envelope: &Envelope,
+        timeout: Duration,
+        connect_timeout: Duration,
+    ) -> Result<Response, CallError> {
         if self.is_blocked(addr) {
             return Err(CallError::Connect(format!("{addr} is cut off (fault injection)")));
         }
@@ -529,14 +541,14 @@ impl Client {
         if request.len() > FRAME_BYTES_MAX {
             return Err(CallError::Codec(format!("request of {} bytes exceeds the frame limit of {FRAME_BYTES_MAX}", request.len())));
         }
-        match tokio::time::timeout(timeout, self.call_inner(addr, &request)).await {
+        match tokio::time::timeout(timeout, self.call_inner(addr, &request, connect_timeout)).await {
             Ok(result) => result,
             Err(_elapsed) => Err(CallError::Timeout),
         }
     }
 
-    async fn call_inner(&self, addr: &str, request: &[u8]) -> Result<Response, CallError> {
-        let (conn, fresh) = self.connection(addr).await?;
+    async fn call_inner(&self, addr: &str, request: &[u8], connect_timeout: Duration) -> Result<Response, CallError> {
+        let (conn, fresh) = self.connection(addr, connect_timeout).await?;
         let streams = match conn.open_bi().await {
             Ok(streams) => streams,
             Err(e) => {
@@ -545,7 +557,7 @@ impl Client {
                     return Err(CallError::Io(format!("open stream to {addr}: {e}")));
                 }
                 debug!(peer = %addr, error = %e, "cached connection dead, reconnecting");
-                let (conn, _) = self.connection(addr).await?;
+                let (conn, _) = self.connection(addr, connect_timeout).await?;
                 match conn.open_bi().await {
                     Ok(streams) => streams,
                     Err(e) => {
@@ -566,7 +578,7 @@ impl Client {
     }
 
     /// The cached connection to `addr` when it is alive, else a new one; `true` when new.
-    async fn connection(&self, addr: &str) -> Result<(quinn::Connection, bool), CallError> {
+    async fn connection(&self, addr: &str, connect_timeout: Duration) -> Result<(quinn::Connection, bool), CallError> {
         {
             let mut map = self.lock();
             if let Some(conn) = map.get(addr) {
@@ -576,14 +588,14 @@ impl Client {
                 map.remove(addr);
             }
         }
-        let conn = self.dial(addr).await.map_err(|e| CallError::Connect(format!("{e:#}")))?;
+        let conn = self.dial(addr, connect_timeout).await.map_err(|e| CallError::Connect(format!("{e:#}")))?;
         // Should another call have dialed at the same time, its connection is replaced here;
         // its callers keep their handle until they are done, and then it closes.
         self.lock().insert(addr.to_string(), conn.clone());
         Ok((conn, true))
     }
 
-    async fn dial(&self, addr: &str) -> anyhow::Result<quinn::Connection> {
+    async fn dial(&self, addr: &str, connect_timeout: Duration) -> anyhow::Result<quinn::Connection> {
         let target = resolve(addr, self.inner.endpoint.local_addr().ok()).await?;
         let rotated = self.inner.rotated.read().unwrap_or_else(|p| p.into_inner()).clone();
         let connecting = match rotated {
@@ -593,8 +605,8 @@ impl Client {
         .with_context(|| format!("dial {addr}"))?;
         // A dead peer never answers a handshake: give up early, before anything was sent, so
         // the caller can try another member at once.
-        let conn = match tokio::time::timeout(Duration::from_millis(CONNECT_TIMEOUT_MS), connecting).await {
-            Err(_) => bail!("handshake with {addr}: no answer within {CONNECT_TIMEOUT_MS} ms"),
+        let conn = match tokio::time::timeout(connect_timeout, connecting).await {
+            Err(_) => bail!("handshake with {addr}: no answer within {} ms", connect_timeout.as_millis()),
             Ok(Err(e)) if is_version_mismatch(&e) => bail!(
                 "handshake with {addr}: incompatible protocol versions: this build speaks {} and {addr} none of them; \
                  run builds with a protocol version in common (a rolling upgrade moves one version at a time)",
