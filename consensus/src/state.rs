@@ -72,6 +72,33 @@ impl Default for ClusterState {
     }
 }
 
+/// The rendezvous ports in use per first node, gathered once per plan (one scan of the jobs,
+/// not one per placement) and kept up to date as the plan starts runs: the same lowest free
+/// port a scan before each start would give.
+#[derive(Default)]
+struct MasterPorts {
+    used: Option<BTreeMap<NodeId, BTreeSet<u16>>>,
+}
+
+impl MasterPorts {
+    /// The lowest port free on `node`, now taken.
+    fn take(&mut self, state: &ClusterState, node: NodeId) -> Option<u16> {
+        let used = self.used.get_or_insert_with(|| {
+            let mut used: BTreeMap<NodeId, BTreeSet<u16>> = BTreeMap::new();
+            for j in state.jobs.values() {
+                if let (Some(p), Some(port)) = (j.parts.first(), j.master_port) {
+                    used.entry(p.alloc.node).or_default().insert(port);
+                }
+            }
+            used
+        });
+        let on_node = used.entry(node).or_default();
+        let port = (proto::MASTER_PORT_FIRST..proto::MASTER_PORT_FIRST + proto::MASTER_PORT_COUNT).find(|p| !on_node.contains(p))?;
+        on_node.insert(port);
+        Some(port)
+    }
+}
+
 /// The command's kind, for messages.
 fn command_name(c: &Command) -> &'static str {
     match c {
@@ -534,6 +561,7 @@ impl ClusterState {
         let tasks: BTreeMap<usize, u32> = array_tasks.iter().map(|(i, t)| (*i as usize, *t)).collect();
         let mut accepted = Vec::new();
         let mut rejected = Vec::new();
+        let mut ports = MasterPorts::default();
         for (i, placement) in placements.iter().enumerate() {
             let task = tasks.get(&i).copied();
             let check = self.check_placement(&nodes, placement, task);
@@ -548,7 +576,7 @@ impl ClusterState {
                         Some(t) => self.start_array_task(placement.job, t),
                         None => placement.job,
                     };
-                    self.start_run(id, placement, now_ms);
+                    self.start_run(id, placement, now_ms, &mut ports);
                     accepted.push(id);
                 }
                 Err(reason) => rejected.push((placement.job, reason)),
@@ -581,7 +609,7 @@ impl ClusterState {
             (true, None) => return Err(format!("job {} is an array: a placement must name a task", job.id)),
             (true, Some(t)) => {
                 let spec = job.spec.array.as_ref().ok_or("array without tasks")?;
-                if !spec.tasks.contains(&t) {
+                if spec.tasks.binary_search(&t).is_err() {
                     return Err(format!("array {} has no task {t}", job.id));
                 }
                 if self.array_started.get(&job.id).is_some_and(|s| s.contains(&t)) {
@@ -610,7 +638,9 @@ impl ClusterState {
     fn start_array_task(&mut self, array: JobId, task: u32) -> JobId {
         let started = self.array_started.entry(array).or_default();
         let Some(parent) = self.jobs.get_mut(&array) else { return array };
-        let remaining = parent.spec.array.as_ref().map_or(0, |a| a.tasks.iter().filter(|t| !started.contains(t)).count());
+        // Every started task is one of the array's (checked at placement), so this counts the
+        // tasks not started yet without a scan (tasks are unique).
+        let remaining = parent.spec.array.as_ref().map_or(0, |a| a.tasks.len().saturating_sub(started.len()));
         if remaining <= 1 {
             self.array_started.remove(&array);
             parent.array = Some(ArrayTask { array_job: array, task });
@@ -626,8 +656,8 @@ impl ClusterState {
         id
     }
 
-    fn start_run(&mut self, id: JobId, placement: &Placement, now_ms: u64) {
-        let master_port = placement.allocs.first().and_then(|a| self.free_master_port(a.node));
+    fn start_run(&mut self, id: JobId, placement: &Placement, now_ms: u64, ports: &mut MasterPorts) {
+        let master_port = placement.allocs.first().and_then(|a| ports.take(self, a.node));
         if let Some(job) = self.jobs.get_mut(&id) {
             job.state = JobState::Running;
             job.run = placement.run;
@@ -755,11 +785,6 @@ impl ClusterState {
     }
 
     /// The lowest rendezvous port no job with a part on `node` (as its first node) uses.
-    fn free_master_port(&self, node: NodeId) -> Option<u16> {
-        let used: BTreeSet<u16> =
-            self.jobs.values().filter(|j| j.parts.first().is_some_and(|p| p.alloc.node == node)).filter_map(|j| j.master_port).collect();
-        (proto::MASTER_PORT_FIRST..proto::MASTER_PORT_FIRST + proto::MASTER_PORT_COUNT).find(|p| !used.contains(p))
-    }
 
     fn update_job(
         &mut self,

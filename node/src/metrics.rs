@@ -87,7 +87,7 @@ pub fn gpu_holders<'a>(jobs: impl IntoIterator<Item = &'a proto::Job>, node: pro
 
 /// Reads everything a scrape shows from `node`.
 pub fn snapshot(node: &Node) -> MetricsSnapshot {
-    let info = node.cluster_info();
+    let info = node.cluster_info(false);
     let holders = node.state.read(|s| gpu_holders(s.jobs.values(), node.id));
     let held: BTreeSet<u32> = holders.keys().copied().collect();
     let sampler = crate::gpu::sampler_for(&node.config.gpus, &node.config.name);

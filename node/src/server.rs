@@ -169,7 +169,9 @@ impl Node {
                 }
                 // A node that knows no leader may be cut off or removed and hold a stale state:
                 // let the client ask another node. Cluster info stays local, for diagnosis.
-                if self.leader().0.is_none() && !matches!(request, Request::ClusterInfo | Request::GetPolicy | Request::AccountingDigest) {
+                if self.leader().0.is_none()
+                    && !matches!(request, Request::ClusterInfo | Request::Members | Request::GetPolicy | Request::AccountingDigest)
+                {
                     return Err(ApiError::NoLeader);
                 }
                 match self.read(request.clone()) {
@@ -354,7 +356,8 @@ impl Node {
                 Ok(Reply::JobPage { jobs, next })
             }
             Request::ListNodes => Ok(Reply::Nodes(self.node_infos())),
-            Request::ClusterInfo => Ok(Reply::Cluster(self.cluster_info())),
+            Request::ClusterInfo => Ok(Reply::Cluster(self.cluster_info(true))),
+            Request::Members => Ok(Reply::Cluster(self.cluster_info(false))),
             Request::GetPolicy => Ok(Reply::Policy(self.state.read(|s| s.policy.clone()))),
             Request::TestSubmit { spec } => self.test_submit(spec),
             other => Err(ApiError::Invalid(format!("not a read request: {other:?}"))),
@@ -460,7 +463,9 @@ impl Node {
         })
     }
 
-    pub fn cluster_info(&self) -> ClusterInfo {
+    /// Members, roles and Raft indexes; with `digest`, the applied state's digest too (which
+    /// encodes the whole hot state: for checks and diagnosis, not for routine polling).
+    pub fn cluster_info(&self, digest: bool) -> ClusterInfo {
         let st = self.status();
         let voters: BTreeSet<NodeId> = st.voters.iter().map(|(id, _)| *id).collect();
         let (leader_name, members) = self.state.read(|s| {
@@ -497,7 +502,7 @@ impl Node {
             snapshot_index: st.snapshot_index,
             purged_index: st.purged_index,
             answered_by: self.config.name.clone(),
-            state_digest: self.state.read(|s| s.digest()),
+            state_digest: if digest { self.state.read(|s| s.digest()) } else { String::new() },
             members,
         }
     }
@@ -602,7 +607,17 @@ impl Node {
             info!(job = job.id, run = job.run, "refused a stale launch: the run is no longer current here");
             return Err(ApiError::Denied(format!("job {} run {} is no longer current on this node", job.id, job.run)));
         }
-        self.agent.launch(job, &nodes)
+        self.launch_here(job, nodes).await
+    }
+
+    /// Starts this node's part of `job` off the async workers: a launch syncs the ledger and
+    /// creates the run's directory and cgroups, and a burst of them (a plan places a whole
+    /// node's worth at once) must not hold up Raft's heartbeats on the same workers.
+    async fn launch_here(&self, job: Job, nodes: Vec<(String, String)>) -> Response {
+        let agent = Arc::clone(&self.agent);
+        tokio::task::spawn_blocking(move || agent.launch(job, &nodes))
+            .await
+            .unwrap_or_else(|e| Err(ApiError::Internal(format!("launch task failed: {e}"))))
     }
 
     /// Signs a node certificate for `name` from `csr_pem` with the cluster CA: (CA certificate,
@@ -1142,7 +1157,7 @@ impl Node {
     async fn send_launch(&self, job: proto::Job, nodes: Vec<(String, String)>, target: NodeId, addr: String, issued_index: u64) {
         let (id, run) = (job.id, job.run);
         let result = if target == self.id {
-            self.agent.launch(job, &nodes)
+            self.launch_here(job, nodes).await
         } else {
             let env = Envelope { hops: 0, request: Request::Launch { job: Box::new(job), nodes, issued_index }, user: None };
             match self.client.call(&addr, &env, PEER_CALL_TIMEOUT).await {
@@ -1236,7 +1251,12 @@ impl Node {
         let mut ticker = tokio::time::interval(Duration::from_secs(2));
         loop {
             ticker.tick().await;
-            if let Ok(Reply::Cluster(info)) = self.agent_link.call(Request::ClusterInfo, 0).await {
+            let members = match self.agent_link.call(Request::Members, 0).await {
+                // A leader of an older build does not know `Members` yet.
+                Err(crate::link::LinkError::Api(ApiError::Invalid(_))) => self.agent_link.call(Request::ClusterInfo, 0).await,
+                other => other,
+            };
+            if let Ok(Reply::Cluster(info)) = members {
                 let addrs: Vec<String> = info.members.iter().filter(|m| m.role != NodeRole::Agent).map(|m| m.addr.clone()).collect();
                 self.forward_link.learn(addrs.iter().filter(|a| **a != self.config.advertise_addr()).cloned());
                 self.agent_link.learn(addrs);

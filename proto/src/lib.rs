@@ -1278,6 +1278,10 @@ pub enum Request {
         node: NodeId,
         reports: Vec<RunReport>,
     },
+    /// `ClusterInfo` without the state digest (`state_digest` empty): the members, roles and
+    /// Raft indexes, at a cost independent of the jobs (nodes ask it every few seconds; the
+    /// digest encodes the whole hot state).
+    Members,
 }
 
 /// How one run ended on a node, as reported to the leader.
