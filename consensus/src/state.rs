@@ -784,8 +784,6 @@ impl ClusterState {
         view::scheduler_view(self)
     }
 
-    /// The lowest rendezvous port no job with a part on `node` (as its first node) uses.
-
     fn update_job(
         &mut self,
         id: JobId,
