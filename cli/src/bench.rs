@@ -17,7 +17,7 @@ pub struct BenchArgs {
     /// Sequential submissions from one client.
     #[arg(long, default_value_t = 300)]
     pub submits: usize,
-    /// Submissions from 16 concurrent clients (in all).
+    /// Submissions from 16 concurrent clients (in all; 256 clients submit at least 8 each).
     #[arg(long, default_value_t = 800)]
     pub concurrent_submits: usize,
     /// Submit-to-running samples.
@@ -48,6 +48,9 @@ pub struct BenchArgs {
     /// Skip everything but the failover measurement.
     #[arg(long)]
     pub only_failover: bool,
+    /// Stop after the submission figures (1 client, 16 and 256 concurrent ones).
+    #[arg(long)]
+    pub only_submits: bool,
     /// Keep the cluster directory here.
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -165,6 +168,27 @@ fn print_failovers(failovers: &[f64], client_view: &[f64]) {
     );
 }
 
+/// Submissions/s of `total` held jobs from `clients` concurrent tasks.
+async fn concurrent_submits(cluster: &Arc<Cluster>, workdir: &str, clients: usize, total: usize) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    let per = total.div_ceil(clients);
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let cluster = Arc::clone(cluster);
+        let spec = held_spec(workdir);
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..per {
+                submit(&cluster, spec.clone()).await?;
+            }
+            Ok::<_, anyhow::Error>(())
+        }));
+    }
+    for task in tasks {
+        task.await.context("join submitter")??;
+    }
+    Ok((per * clients) as f64 / t.elapsed().as_secs_f64())
+}
+
 async fn submit(cluster: &Cluster, spec: JobSpec) -> anyhow::Result<u64> {
     match cluster.call_patiently(Request::Submit { spec }, Duration::from_secs(20)).await? {
         Reply::Submitted { job } => Ok(job),
@@ -257,25 +281,16 @@ async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
         percentile(&lat, 0.99),
         p50 / sync_p50
     );
-    // 16 concurrent clients.
-    let t = Instant::now();
-    let per = args.concurrent_submits.div_ceil(16);
-    let mut tasks = Vec::new();
-    for _ in 0..16 {
-        let cluster = Arc::clone(&cluster);
-        let workdir = workdir.clone();
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..per {
-                submit(&cluster, held_spec(&workdir)).await?;
-            }
-            Ok::<_, anyhow::Error>(())
-        }));
+    // 16 and 256 concurrent in-process clients (tasks sharing one connection, as one
+    // program's threads would).
+    for clients in [16usize, 256] {
+        let total = args.concurrent_submits.max(clients * 8);
+        let rate = concurrent_submits(&cluster, &workdir, clients, total).await?;
+        println!("submit, {clients} concurrent clients: {total} = {rate:.0}/s");
     }
-    for task in tasks {
-        task.await.context("join submitter")??;
+    if args.only_submits {
+        return Ok(());
     }
-    let n = per * 16;
-    println!("submit, 16 clients: {n} in {:.2} s = {:.0}/s", t.elapsed().as_secs_f64(), n as f64 / t.elapsed().as_secs_f64());
 
     // Submit to RUNNING (launch confirmed by the agent), from the leader's own timestamps.
     let mut starts = Vec::new();

@@ -34,6 +34,8 @@ const FORWARD_CONNECT_TIMEOUT: Duration = Duration::from_millis(250);
 /// How long a leader that could not be reached is taken for dead by forwards (an election
 /// takes at most the election timeout; past this, it is tried again).
 const UNREACHABLE_LEADER_HOLD: Duration = Duration::from_millis(1_000);
+/// The longest pause after a leader tick (see `leader_loop`).
+const TICK_PAUSE_MAX: Duration = Duration::from_millis(100);
 /// How often a forward waiting on the leader checks whether an election replaced it.
 const LEADER_WATCH_INTERVAL: Duration = Duration::from_millis(20);
 /// How long a step's start waits for a node whose part of the job is still starting.
@@ -918,7 +920,13 @@ impl Node {
                 continue;
             }
             let span = info_span!("leader", node = self.id, term = st.term);
+            let started = Instant::now();
             Arc::clone(&self).leader_tick(st.term).instrument(span).await;
+            // Kicks that came during the tick coalesce into the next one; pausing as long as
+            // the tick took (at most TICK_PAUSE_MAX) keeps the loop under about half a core
+            // when every pass is long (a deep queue under a burst of submissions), and costs
+            // nothing when passes are short.
+            tokio::time::sleep(started.elapsed().min(TICK_PAUSE_MAX)).await;
         }
     }
 
