@@ -221,8 +221,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     result
 }
 
-async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
-    let opts = DevOptions {
+/// The 3-node cluster `corral bench` and `corral bench --processes` measure.
+pub(crate) fn three_nodes() -> DevOptions {
+    DevOptions {
         nodes: 3,
         gpus: "h100:8".into(),
         voters_max: 3,
@@ -239,7 +240,11 @@ async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
         wait_s: 60,
         run_as_user: false,
         gpu_device_files: Vec::new(),
-    };
+    }
+}
+
+async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
+    let opts = three_nodes();
     dev::up(dir, &opts).await?;
     let workdir = dir.display().to_string();
     if args.only_requeue {

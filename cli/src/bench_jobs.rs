@@ -21,7 +21,7 @@ use proto::{JobQuery, JobState};
 
 use crate::bench::{percentile, sorted};
 use crate::client::Cluster;
-use crate::dev::{self, DevOptions};
+use crate::dev;
 
 /// Processes running at once, as in the measurements (`xargs -P16`).
 const CONCURRENCY: usize = 16;
@@ -178,21 +178,8 @@ async fn phase(target: &Target, cluster: Option<&Cluster>, name: &str, count: us
         let (target, name) = (target.clone(), name.to_string());
         tokio::task::spawn_blocking(move || submit_processes(&target, &name, count, rate_per_s)).await.context("join submitters")??
     };
-    let empty = {
-        let (target, name) = (target.clone(), name.to_string());
-        tokio::task::spawn_blocking(move || wait_empty(&target, &name)).await.context("join poller")??
-    };
-    let cpu = host_cpu_ms()? - cpu0;
-    let mut p = Phase {
-        label: format!("{} {}", target.label, if rate_per_s.is_some() { "paced" } else { "sbatch" }),
-        jobs: count,
-        submit_per_s: count as f64 / wall.as_secs_f64(),
-        done_per_s: count as f64 / empty.duration_since(t0).as_secs_f64(),
-        done_per_s_exact: None,
-        start_p50_ms: None,
-        start_p99_ms: None,
-        cpu_ms_per_job: cpu / count as f64,
-    };
+    let label = format!("{} {}", target.label, if rate_per_s.is_some() { "paced" } else { "sbatch" });
+    let mut p = finish(target, label, name, count, t0, wall, cpu0).await?;
     if let Some(cluster) = cluster {
         let (rate, p50, p99) = corral_times(cluster, name, count).await?;
         p.done_per_s_exact = Some(rate);
@@ -202,6 +189,26 @@ async fn phase(target: &Target, cluster: Option<&Cluster>, name: &str, count: us
     Ok(p)
 }
 
+/// Waits until no job of `name` is queued, then the phase's figures: `jobs` submitted in `wall`,
+/// all ended by the time the queue was seen empty (from `t0`), host CPU since `cpu0`.
+async fn finish(target: &Target, label: String, name: &str, jobs: usize, t0: Instant, wall: Duration, cpu0: f64) -> anyhow::Result<Phase> {
+    let empty = {
+        let (target, name) = (target.clone(), name.to_string());
+        tokio::task::spawn_blocking(move || wait_empty(&target, &name)).await.context("join poller")??
+    };
+    let cpu = host_cpu_ms()? - cpu0;
+    Ok(Phase {
+        label,
+        jobs,
+        submit_per_s: jobs as f64 / wall.as_secs_f64(),
+        done_per_s: jobs as f64 / empty.duration_since(t0).as_secs_f64(),
+        done_per_s_exact: None,
+        start_p50_ms: None,
+        start_p99_ms: None,
+        cpu_ms_per_job: cpu / jobs as f64,
+    })
+}
+
 /// One `sbatch --array=1-TASKS` on `target`.
 async fn array_phase(target: &Target, cluster: Option<&Cluster>, name: &str, tasks: usize) -> anyhow::Result<Phase> {
     let cpu0 = host_cpu_ms()?;
@@ -209,21 +216,7 @@ async fn array_phase(target: &Target, cluster: Option<&Cluster>, name: &str, tas
     let range = format!("1-{tasks}");
     target.sbatch(&["-J", name, "-o", "/dev/null", "--array", &range, "--wrap", "true"])?;
     let wall = t0.elapsed();
-    let empty = {
-        let (target, name) = (target.clone(), name.to_string());
-        tokio::task::spawn_blocking(move || wait_empty(&target, &name)).await.context("join poller")??
-    };
-    let cpu = host_cpu_ms()? - cpu0;
-    let mut p = Phase {
-        label: format!("{} array", target.label),
-        jobs: tasks,
-        submit_per_s: tasks as f64 / wall.as_secs_f64(),
-        done_per_s: tasks as f64 / empty.duration_since(t0).as_secs_f64(),
-        done_per_s_exact: None,
-        start_p50_ms: None,
-        start_p99_ms: None,
-        cpu_ms_per_job: cpu / tasks as f64,
-    };
+    let mut p = finish(target, format!("{} array", target.label), name, tasks, t0, wall, cpu0).await?;
     if let Some(cluster) = cluster {
         let (rate, _, _) = corral_times(cluster, name, tasks).await?;
         p.done_per_s_exact = Some(rate);
@@ -252,24 +245,7 @@ pub async fn run(opts: JobsBench, keep: Option<PathBuf>) -> anyhow::Result<()> {
 }
 
 async fn bench(dir: &Path, opts: &JobsBench) -> anyhow::Result<()> {
-    let dev_opts = DevOptions {
-        nodes: 3,
-        gpus: "h100:8".into(),
-        voters_max: 3,
-        cpus: 64,
-        memory_mib: 512 * 1024,
-        heartbeat_interval_ms: 200,
-        node_down_after_ms: 3_000,
-        voter_replace_after_ms: 600_000,
-        kill_grace_ms: 1_000,
-        snapshot_logs: 1_000,
-        checkpoint_root: None,
-        gpu_sample_interval_ms: 1_000,
-        min_job_age_s: 300,
-        wait_s: 60,
-        run_as_user: false,
-        gpu_device_files: Vec::new(),
-    };
+    let dev_opts = crate::bench::three_nodes();
     dev::up(dir, &dev_opts).await?;
     let shims = dir.join("shims");
     let corral = std::env::current_exe().context("find the corral executable")?;

@@ -159,6 +159,22 @@ pub struct RaftStatus {
     pub learners: Vec<(NodeId, MemberNode)>,
 }
 
+/// Returns once `raft` names a leader other than `leader` (or none), from its metrics' watch:
+/// no polling. Pending forever if Raft stopped (its metrics sender is gone) while `leader` led.
+pub async fn leader_changed_from(raft: &Raft, leader: NodeId) {
+    use openraft::async_runtime::watch::WatchReceiver;
+
+    let mut metrics = raft.metrics();
+    loop {
+        if metrics.borrow_watched().current_leader != Some(leader) {
+            return;
+        }
+        if metrics.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+    }
+}
+
 /// Reads [`RaftStatus`] from `raft`'s metrics without waiting.
 pub fn raft_status(raft: &Raft) -> RaftStatus {
     use openraft::async_runtime::watch::WatchReceiver;

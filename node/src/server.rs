@@ -36,8 +36,6 @@ const FORWARD_CONNECT_TIMEOUT: Duration = Duration::from_millis(250);
 const UNREACHABLE_LEADER_HOLD: Duration = Duration::from_millis(1_000);
 /// The longest pause after a leader tick (see `leader_loop`).
 const TICK_PAUSE_MAX: Duration = Duration::from_millis(100);
-/// How often a forward waiting on the leader checks whether an election replaced it.
-const LEADER_WATCH_INTERVAL: Duration = Duration::from_millis(20);
 /// How long a step's start waits for a node whose part of the job is still starting.
 const STEP_START_PATIENCE_MS: u64 = 30_000;
 const STEP_START_RETRY_MS: u64 = 100;
@@ -296,7 +294,7 @@ impl Node {
                 // lost reply, the request may or may not have been applied).
                 let outcome = tokio::select! {
                     outcome = call => outcome,
-                    () = self.leader_changed_from(l) => {
+                    () = consensus::leader_changed_from(&self.raft, l) => {
                         return Err(ApiError::Unavailable(format!("leader {l} was replaced while a forwarded request waited")));
                     }
                 };
@@ -317,13 +315,6 @@ impl Node {
                 Err(LinkError::Api(e)) => Err(e),
                 Err(LinkError::Unreachable(e)) => Err(ApiError::Unavailable(e)),
             },
-        }
-    }
-
-    /// Returns once this node's Raft names a leader other than `leader` (or none).
-    async fn leader_changed_from(&self, leader: NodeId) {
-        while self.leader().0 == Some(leader) {
-            tokio::time::sleep(LEADER_WATCH_INTERVAL).await;
         }
     }
 

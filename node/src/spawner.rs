@@ -142,17 +142,28 @@ union ControlBuffer {
     _align: libc::cmsghdr,
 }
 
+/// A message of one buffer and a control buffer of `control_len` bytes.
+///
+/// # Safety
+/// The returned header points into `iov` and `control`: use it only while both live.
+unsafe fn message(iov: &mut libc::iovec, control: &mut ControlBuffer, control_len: usize) -> libc::msghdr {
+    // SAFETY: a zeroed msghdr is valid; the caller keeps what it points to alive.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    // SAFETY: writing the union's byte view.
+    msg.msg_control = unsafe { control.bytes.as_mut_ptr().cast() };
+    msg.msg_controllen = control_len as _;
+    msg
+}
+
 fn send_with_fd(sock: RawFd, data: &[u8], fd: RawFd) -> std::io::Result<()> {
     let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
     let mut control = ControlBuffer { bytes: [0; 64] };
     // SAFETY: a zeroed msghdr is valid; every pointer set below outlives the sendmsg call, and
     // the control buffer holds CMSG_SPACE(4) bytes.
     unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.bytes.as_mut_ptr().cast();
-        msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) as _;
+        let msg = message(&mut iov, &mut control, libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) as usize);
         let cmsg = libc::CMSG_FIRSTHDR(&msg);
         (*cmsg).cmsg_level = libc::SOL_SOCKET;
         (*cmsg).cmsg_type = libc::SCM_RIGHTS;
@@ -178,11 +189,7 @@ fn recv_with_fd(sock: RawFd) -> std::io::Result<Received> {
     // SAFETY: as in `send_with_fd`; the kernel writes at most the lengths given. Descriptors
     // that arrive are taken into `OwnedFd`s at once, so none leaks, whatever else the message is.
     unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.bytes.as_mut_ptr().cast();
-        msg.msg_controllen = std::mem::size_of::<ControlBuffer>() as _;
+        let mut msg = message(&mut iov, &mut control, std::mem::size_of::<ControlBuffer>());
         let n = libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC);
         if n < 0 {
             return Err(std::io::Error::last_os_error());
