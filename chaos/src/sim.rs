@@ -127,16 +127,32 @@ pub struct SimReport {
 
 #[derive(Clone, Debug)]
 enum ToLeader {
-    Heartbeat { node: NodeId, instance: InstanceId },
-    Report { node: NodeId, instance: InstanceId, job: JobId, run: RunNo, outcome: RunOutcome },
-    LaunchAck { node: NodeId, job: JobId, run: RunNo, instance: InstanceId },
+    /// `sent_ms`: when the agent sent it; its lease counts from there (node/src/liveness.rs).
+    Heartbeat {
+        node: NodeId,
+        instance: InstanceId,
+        sent_ms: u64,
+    },
+    Report {
+        node: NodeId,
+        instance: InstanceId,
+        job: JobId,
+        run: RunNo,
+        outcome: RunOutcome,
+    },
+    LaunchAck {
+        node: NodeId,
+        job: JobId,
+        run: RunNo,
+        instance: InstanceId,
+    },
 }
 
 #[derive(Clone, Debug)]
 enum ToAgent {
     Launch { job: Box<Job> },
     Kill { job: JobId, run: RunNo },
-    HeartbeatAck { instance: InstanceId },
+    HeartbeatAck { instance: InstanceId, sent_ms: u64 },
     ReportAck { instance: InstanceId, job: JobId, run: RunNo },
 }
 
@@ -369,13 +385,13 @@ impl Sim {
 
     fn leader_receive(&mut self, from: usize, msg: ToLeader) {
         match msg {
-            ToLeader::Heartbeat { node, instance } => {
+            ToLeader::Heartbeat { node, instance, sent_ms } => {
                 let Some(rec) = self.state.nodes.get(&node).map(|n| (n.state, n.instance)) else { return };
                 self.mem.last_seen_ms.insert(node, self.now_ms);
                 if rec.0 == proto::NodeState::Down || rec.1 != instance {
                     self.apply(Command::NodeUp { node, instance, now_ms: self.now_ms });
                 }
-                self.send(Msg::ToAgent { to: from, msg: ToAgent::HeartbeatAck { instance } });
+                self.send(Msg::ToAgent { to: from, msg: ToAgent::HeartbeatAck { instance, sent_ms } });
             }
             ToLeader::Report { node, instance, job, run, outcome } => {
                 self.apply(Command::RunFinished { job, run, node, outcome, usage: Default::default(), now_ms: self.now_ms });
@@ -544,9 +560,9 @@ impl Sim {
                     p.stop_at_ms = Some(now + grace);
                 }
             }
-            ToAgent::HeartbeatAck { instance } => {
+            ToAgent::HeartbeatAck { instance, sent_ms } => {
                 if self.nodes[i].instance == instance {
-                    self.nodes[i].last_ack_ms = now;
+                    self.nodes[i].last_ack_ms = self.nodes[i].last_ack_ms.max(sent_ms);
                 }
             }
             ToAgent::ReportAck { instance, job, run } => {
@@ -632,7 +648,7 @@ impl Sim {
                 }
                 let (id, instance) = (self.nodes[i].id, self.nodes[i].instance);
                 if self.nodes[i].partitioned_until_ms.is_none_or(|t| t <= now) {
-                    self.send(Msg::ToLeader { from: i, msg: ToLeader::Heartbeat { node: id, instance } });
+                    self.send(Msg::ToLeader { from: i, msg: ToLeader::Heartbeat { node: id, instance, sent_ms: now } });
                 }
             }
             // Reports, retried until acknowledged.

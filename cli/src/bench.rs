@@ -72,6 +72,29 @@ pub struct BenchArgs {
     /// SchedulerParameters of the tuned Slurm run.
     #[arg(long, default_value = "batch_sched_delay=0,sched_min_interval=0")]
     pub slurm_tuned: String,
+    /// Instead of the rest: a 3-voter cluster with this many simulated nodes (comma list, one
+    /// cluster each): voter CPU and RSS at rest and with jobs running, detection and requeue
+    /// of a silenced node, leader failovers; and the leader at rest with direct heartbeats.
+    #[arg(long, value_delimiter = ',')]
+    pub nodes: Vec<usize>,
+    /// Jobs running during the `--nodes` busy figures.
+    #[arg(long, default_value_t = 1_000)]
+    pub nodes_jobs: usize,
+    /// Silenced nodes timed per `--nodes` size.
+    #[arg(long, default_value_t = 20)]
+    pub nodes_detections: usize,
+    /// Leader SIGKILLs per `--nodes` size.
+    #[arg(long, default_value_t = 10)]
+    pub nodes_failovers: usize,
+    #[arg(long, default_value_t = 500)]
+    pub nodes_heartbeat_interval_ms: u64,
+    /// With 500 ms heartbeats, 4 s leaves nodes 2.1 s of lease (`fence_after_ms`): a leader
+    /// failover (election and relays finding the new leader) fits in it.
+    #[arg(long, default_value_t = 4_000)]
+    pub nodes_down_after_ms: u64,
+    /// Skip the peer run with direct heartbeats.
+    #[arg(long)]
+    pub nodes_no_direct_peer: bool,
 }
 
 /// The `p` quantile (0 to 1) of `sorted`; NaN when empty.
@@ -199,6 +222,18 @@ async fn submit(cluster: &Cluster, spec: JobSpec) -> anyhow::Result<u64> {
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(history) = args.history {
         return crate::bench_history::run(history, args.dir.clone()).await;
+    }
+    if !args.nodes.is_empty() {
+        let opts = crate::bench_nodes::NodesBench {
+            sizes: args.nodes.clone(),
+            jobs: args.nodes_jobs,
+            detections: args.nodes_detections,
+            failovers: args.nodes_failovers,
+            heartbeat_interval_ms: args.nodes_heartbeat_interval_ms,
+            node_down_after_ms: args.nodes_down_after_ms,
+            direct_peer: !args.nodes_no_direct_peer,
+        };
+        return crate::bench_nodes::run(opts, args.dir.clone()).await;
     }
     if let Some(processes) = args.processes {
         let opts = crate::bench_jobs::JobsBench {

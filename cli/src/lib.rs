@@ -6,6 +6,7 @@
 pub mod bench;
 pub mod bench_history;
 pub mod bench_jobs;
+pub mod bench_nodes;
 pub mod client;
 pub mod cluster_admin;
 pub mod demo;

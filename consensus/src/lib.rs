@@ -162,11 +162,20 @@ pub struct RaftStatus {
 /// Returns once `raft` names a leader other than `leader` (or none), from its metrics' watch:
 /// no polling. Pending forever if Raft stopped (its metrics sender is gone) while `leader` led.
 pub async fn leader_changed_from(raft: &Raft, leader: NodeId) {
+    leader_where(raft, |now| now != Some(leader)).await
+}
+
+/// Returns once `raft` names a leader, and one other than `leader` if that is given.
+pub async fn leader_other_than(raft: &Raft, leader: Option<NodeId>) {
+    leader_where(raft, |now| now.is_some() && now != leader).await
+}
+
+async fn leader_where(raft: &Raft, done: impl Fn(Option<NodeId>) -> bool) {
     use openraft::async_runtime::watch::WatchReceiver;
 
     let mut metrics = raft.metrics();
     loop {
-        if metrics.borrow_watched().current_leader != Some(leader) {
+        if done(metrics.borrow_watched().current_leader) {
             return;
         }
         if metrics.changed().await.is_err() {

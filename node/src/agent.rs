@@ -196,6 +196,8 @@ pub struct Agent {
     last_ack: Mutex<Option<std::time::Instant>>,
     /// The leader's commit index in its last acknowledgement.
     ack_commit_index: AtomicU64,
+    /// The term of the last heartbeat acknowledgement (a new one: ask for the members again).
+    ack_term: AtomicU64,
     /// GPU utilization and memory of running jobs, sampled.
     accounting: Mutex<crate::gpu::JobGpuAccounting>,
     /// Serializes lease writes.
@@ -234,6 +236,7 @@ impl Agent {
             reports_rx: Mutex::new(Some(reports_rx)),
             last_ack: Mutex::new(None),
             ack_commit_index: AtomicU64::new(0),
+            ack_term: AtomicU64::new(0),
             accounting: Mutex::new(crate::gpu::JobGpuAccounting::default()),
             lease_write: Mutex::new(()),
             reports_pending: AtomicU64::new(0),
@@ -986,6 +989,10 @@ impl Agent {
     }
 
     /// The leader's commit index in the last heartbeat acknowledgement.
+    pub fn ack_term(&self) -> u64 {
+        self.ack_term.load(Ordering::SeqCst)
+    }
+
     pub fn ack_commit_index(&self) -> u64 {
         self.ack_commit_index.load(Ordering::SeqCst)
     }
@@ -1187,63 +1194,38 @@ impl Agent {
             }
         }
     }
+}
 
-    /// Heartbeats the leader every `interval`. When the leader no longer knows this node (or a
-    /// new instance of it), `rejoin` registers it again.
-    pub async fn heartbeat_loop(self: Arc<Self>, link: Arc<LeaderLink>, interval: Duration, rejoin: Request) {
-        let mut ticker = tokio::time::interval(interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut missed = 0u32;
-        // A daemon that took its runs over keeps its predecessor's last acknowledgement.
-        let inherited = *lock(&self.last_ack);
-        let mut last_ack = inherited.unwrap_or_else(std::time::Instant::now);
-        let fence_after = Duration::from_millis(self.settings.fence_after_ms);
-        let mut fenced = false;
-        loop {
-            ticker.tick().await;
-            if last_ack.elapsed() > fence_after && !self.running().is_empty() {
-                // The leader may declare this node down and start its jobs elsewhere: stop them
-                // first (the timing argument is in ARCHITECTURE.md).
-                let n = self.fence();
-                if !fenced {
-                    warn!(jobs = n, silent_ms = last_ack.elapsed().as_millis() as u64, "no leader reachable, fencing: stopping every job");
-                }
-                fenced = true;
-            }
-            let req = Request::Heartbeat { node: self.node_id(), instance: self.instance, running: self.running() };
-            match link.call(req, 0).await {
-                Ok(reply) => {
-                    if let Reply::HeartbeatAck { commit_index, .. } = reply {
-                        self.ack_commit_index.fetch_max(commit_index, Ordering::SeqCst);
-                    }
-                    if missed > 0 {
-                        info!(missed, "heartbeat delivered again");
-                    }
-                    missed = 0;
-                    fenced = false;
-                    if inherited.is_some_and(|t| t == last_ack) {
-                        // The first since this daemon took its predecessor's runs over: how
-                        // long the node was silent, against the lease it had.
-                        let silent_ms = last_ack.elapsed().as_millis() as u64;
-                        info!(silent_ms, fence_after_ms = self.settings.fence_after_ms, "first heartbeat acknowledged since the take-over");
-                    }
-                    last_ack = std::time::Instant::now();
-                    *lock(&self.last_ack) = Some(last_ack);
-                }
-                Err(LinkError::Api(ApiError::NotFound(_))) => {
-                    warn!("leader does not know this node, joining again");
-                    if let Err(e) = link.call(rejoin.clone(), 0).await {
-                        warn!(error = %e, "join again");
-                    }
-                }
-                Err(e) => {
-                    missed += 1;
-                    if missed == 1 || missed.is_multiple_of(10) {
-                        warn!(missed, error = %e, "heartbeat not delivered");
-                    }
-                }
-            }
-            self.renew_lease();
+impl crate::liveness::Heartbeating for Agent {
+    fn heartbeat(&self) -> Request {
+        Request::Heartbeat { node: self.node_id(), instance: self.instance, running: self.running() }
+    }
+
+    fn holds_work(&self) -> bool {
+        !self.running().is_empty()
+    }
+
+    fn fence(&self) -> usize {
+        Agent::fence(self)
+    }
+
+    fn acknowledged(&self, lease: crate::liveness::Lease, ack: &Reply) {
+        if let Reply::HeartbeatAck { commit_index, term, .. } = ack {
+            self.ack_commit_index.fetch_max(*commit_index, Ordering::SeqCst);
+            self.ack_term.store(*term, Ordering::SeqCst);
         }
+        *lock(&self.last_ack) = Some(lease.since());
+    }
+
+    fn tick_done(&self) {
+        self.renew_lease();
+    }
+
+    fn inherited_ack(&self) -> Option<std::time::Instant> {
+        *lock(&self.last_ack)
+    }
+
+    fn fence_after(&self) -> Duration {
+        Duration::from_millis(self.settings.fence_after_ms)
     }
 }

@@ -12,6 +12,8 @@ pub struct LeaderLink {
     /// Addresses of members to ask, in order (join addresses first, then learned members).
     candidates: Mutex<Vec<String>>,
     preferred: Mutex<Option<String>>,
+    /// Tried before the candidates (after the preferred one): a heartbeat's relays.
+    first: Mutex<Vec<String>>,
     call_timeout: Duration,
 }
 
@@ -25,7 +27,17 @@ pub enum LinkError {
 
 impl LeaderLink {
     pub fn new(client: Arc<Client>, candidates: Vec<String>, call_timeout: Duration) -> LeaderLink {
-        LeaderLink { client, candidates: Mutex::new(candidates), preferred: Mutex::new(None), call_timeout }
+        LeaderLink { client, candidates: Mutex::new(candidates), preferred: Mutex::new(None), first: Mutex::new(Vec::new()), call_timeout }
+    }
+
+    /// The members to try first, in order (`liveness::relay_order`). A new order forgets the
+    /// preferred member, so nodes move to their new relay when the voters change.
+    pub fn set_first(&self, order: Vec<String>) {
+        let mut first = lock(&self.first);
+        if *first != order {
+            *first = order;
+            self.set_preferred(None);
+        }
     }
 
     /// Adds member addresses learned from the cluster (deduplicated, bounded).
@@ -53,7 +65,7 @@ impl LeaderLink {
         if let Some(p) = lock(&self.preferred).clone() {
             order.push(p);
         }
-        for a in lock(&self.candidates).iter() {
+        for a in lock(&self.first).iter().chain(lock(&self.candidates).iter()) {
             if !order.contains(a) {
                 order.push(a.clone());
             }

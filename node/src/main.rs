@@ -9,7 +9,7 @@ use clap::Parser;
 #[command(name = "corrald", version, about = "Corral node daemon")]
 struct Args {
     /// Node configuration file (TOML).
-    #[arg(long, short, required_unless_present_any = ["watchdog", "hold", "shepherd"])]
+    #[arg(long, short, required_unless_present_any = ["watchdog", "hold", "shepherd", "sim_nodes"])]
     config: Option<PathBuf>,
     /// Run as the node's watchdog over this lease file (started by corrald itself).
     #[arg(long, hide = true)]
@@ -20,6 +20,21 @@ struct Args {
     /// Shepherd the run whose directory this is (started by corrald itself).
     #[arg(long, hide = true)]
     shepherd: Option<PathBuf>,
+    /// Run this many simulated nodes (no processes) against the cluster of the node whose
+    /// `node.toml` is `--sim-config`, with certificates from the CA in `--sim-ca-dir`
+    /// (`ca.crt`, `ca.key`): the load generator of `corral bench --nodes`.
+    #[arg(long, hide = true, requires_all = ["sim_config", "sim_ca_dir"])]
+    sim_nodes: Option<usize>,
+    #[arg(long, hide = true)]
+    sim_config: Option<PathBuf>,
+    #[arg(long, hide = true)]
+    sim_ca_dir: Option<PathBuf>,
+    /// Names of the simulated nodes: PREFIX1, PREFIX2, ...
+    #[arg(long, hide = true, default_value = "sim")]
+    sim_prefix: String,
+    /// Simulated nodes heartbeat the leader directly (no relay), for comparison.
+    #[arg(long, hide = true)]
+    sim_direct_to_leader: bool,
 }
 
 /// The exit status of a daemon that handed its runs over (EX_TEMPFAIL): systemd restarts it
@@ -41,6 +56,16 @@ fn main() -> anyhow::Result<()> {
     }
     if let Some(dir) = &args.shepherd {
         return corral_node::shepherd::run(dir);
+    }
+    if let (Some(count), Some(config), Some(ca)) = (args.sim_nodes, &args.sim_config, &args.sim_ca_dir) {
+        return corral_node::simnodes::run(corral_node::simnodes::SimOptions {
+            node_config: config.clone(),
+            ca_cert: ca.join("ca.crt"),
+            ca_key: ca.join("ca.key"),
+            count,
+            prefix: args.sim_prefix.clone(),
+            direct_to_leader: args.sim_direct_to_leader,
+        });
     }
     let config_path = args.config.context("--config is required")?;
     let config = corral_node::config::NodeConfig::load(&config_path)?;

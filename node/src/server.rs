@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use consensus::{MemberNode, Raft, StateHandle};
 use proto::{
-    ApiError, ClusterInfo, ClusterMember, Command, CommandResult, Envelope, Inventory, Job, JobId, JobState, LogStream, NodeId, NodeInfo,
-    NodeRole, NodeState, Reply, Request, Response, RunNo, FORWARD_HOPS_MAX,
+    ApiError, ClusterInfo, ClusterMember, Command, CommandResult, Envelope, InstanceId, Inventory, Job, JobId, JobState, LogStream, NodeId,
+    NodeInfo, NodeRole, NodeState, Reply, Request, Response, RunNo, FORWARD_HOPS_MAX,
 };
 use tokio::sync::Notify;
 use tracing::{debug, error, info, info_span, warn, Instrument};
@@ -74,6 +74,10 @@ pub struct Node {
     pub agent_link: Arc<LeaderLink>,
     /// Towards the leader through other members (used when this node cannot answer).
     pub forward_link: Arc<LeaderLink>,
+    /// Where this node's heartbeats go: its relays first (`liveness::relay_order`).
+    pub heartbeat_link: Arc<LeaderLink>,
+    /// The heartbeats this node passes on to the leader while it is not the leader.
+    relay: crate::liveness::Relay,
     memory: Mutex<LeaderMemory>,
     /// The leader a forward last failed to reach, and when (see `forward`).
     unreachable_leader: Mutex<Option<(NodeId, Instant)>>,
@@ -155,6 +159,9 @@ impl Node {
             Request::ListJoinTokens => {
                 self.require_admin(user.as_deref(), "list join tokens")?;
                 Ok(Reply::JoinTokens(self.state.read(|s| s.join_tokens.values().cloned().collect())))
+            }
+            Request::Heartbeat { node, instance, running: _ } if !self.is_leader() => {
+                self.relay.relay(proto::Beat { node, instance }).await
             }
             request if request.needs_leader() => {
                 if self.is_leader() {
@@ -463,9 +470,14 @@ impl Node {
         let voters: BTreeSet<NodeId> = st.voters.iter().map(|(id, _)| *id).collect();
         let (leader_name, members) = self.state.read(|s| {
             let leader_name = st.leader.and_then(|l| s.nodes.get(&l).map(|n| n.name.clone()));
-            let mut members: Vec<ClusterMember> = s
-                .nodes
-                .values()
+            // Without the digest (`Members`, which every node asks), the voters and learners
+            // only: listing every node for every node was quadratic in the fleet.
+            let listed: Box<dyn Iterator<Item = &proto::NodeRecord>> = if digest {
+                Box::new(s.nodes.values())
+            } else {
+                Box::new(st.voters.iter().chain(st.learners.iter()).filter_map(|(id, _)| s.nodes.get(id)))
+            };
+            let mut members: Vec<ClusterMember> = listed
                 .map(|n| ClusterMember {
                     id: n.id,
                     name: n.name.clone(),
@@ -571,13 +583,8 @@ impl Node {
     /// this node was known alive again); then the run must still be the job's current run with an
     /// unconfirmed part here, or one this instance confirmed.
     async fn launch_if_current(&self, job: proto::Job, nodes: Vec<(String, String)>, issued_index: u64) -> Response {
-        let me = self.id;
-        let instance = self.agent.instance;
-        let is_current = |j: &proto::Job| {
-            j.run == job.run
-                && j.state == JobState::Running
-                && j.parts.iter().any(|p| p.run == job.run && p.alloc.node == me && p.launched_by.is_none_or(|by| by == instance))
-        };
+        let (me, instance) = (self.id, self.agent.instance);
+        let is_current = |j: &proto::Job| run_is_current_here(j, job.run, me, instance);
         let current = if self.is_member() {
             let wanted = issued_index.max(self.agent.ack_commit_index());
             if !self.state.wait_applied(wanted, Duration::from_millis(LAUNCH_APPLY_WAIT_MS)).await {
@@ -764,25 +771,22 @@ impl Node {
                 }
             }
             Request::Heartbeat { node, instance, running: _ } => {
-                // An ack tells the agent a leader still counts it alive; a leader cut off from its
-                // quorum must not give one, or its own agent would never fence.
-                self.check_leader_lease()?;
-                let known = self.state.read(|s| s.nodes.get(&node).map(|n| (n.state, n.instance)));
-                let Some((state, recorded_instance)) = known else {
-                    return Err(ApiError::NotFound(format!("node {node}")));
-                };
-                lock(&self.memory).last_seen.insert(node, Instant::now());
-                if state == NodeState::Down || recorded_instance != instance {
-                    if let CommandResult::Rejected(why) = self.propose(Command::NodeUp { node, instance, now_ms: now }).await? {
-                        // A replaced instance (its process should be dead) gets no acknowledgement.
-                        warn!(node, instance, why = %why, "heartbeat of a replaced instance refused");
-                        return Err(ApiError::Denied(why));
-                    }
-                    info!(node, "node is back");
-                    self.kick.notify_one();
+                let (leader, term, commit_index, refused) = self.accept_heartbeats(&[proto::Beat { node, instance }]).await?;
+                match refused.into_iter().next() {
+                    Some((_, e)) => Err(e),
+                    None => Ok(Reply::HeartbeatAck { leader, term, commit_index }),
                 }
-                let status = self.status();
-                Ok(Reply::HeartbeatAck { leader: self.id, term: status.term, commit_index: status.commit_index.unwrap_or(0) })
+            }
+            Request::Heartbeats { relay: _, beats } => {
+                if beats.len() > proto::HEARTBEATS_PER_REQUEST_MAX {
+                    return Err(ApiError::Invalid(format!(
+                        "{} heartbeats in one request, more than {}",
+                        beats.len(),
+                        proto::HEARTBEATS_PER_REQUEST_MAX
+                    )));
+                }
+                let (leader, term, commit_index, refused) = self.accept_heartbeats(&beats).await?;
+                Ok(Reply::HeartbeatAcks { leader, term, commit_index, refused })
             }
             Request::ReportRun { job, run, node, outcome, usage } => {
                 match self.propose(Command::RunFinished { job, run, node, outcome, usage, now_ms: now }).await? {
@@ -873,21 +877,172 @@ impl Node {
 
     /// Fails unless a quorum acknowledged this leader within the minimum election timeout (no
     /// other leader can have been elected since).
-    fn check_leader_lease(&self) -> Result<(), ApiError> {
+    /// Counts every node of `beats` alive as of now (the leader's receipt, after each node
+    /// sent its beat) and brings back those it had declared down or knew as another instance:
+    /// (leader, term, commit index, the beats refused with why). An acknowledgement tells a
+    /// node a leader still counts it alive; a leader cut off from its quorum must not give one,
+    /// or its nodes would never fence.
+    async fn accept_heartbeats(&self, beats: &[proto::Beat]) -> Result<(NodeId, u64, u64, Vec<(NodeId, ApiError)>), ApiError> {
+        self.confirm_leadership().await?;
+        let known: Vec<Option<(NodeState, InstanceId)>> =
+            self.state.read(|s| beats.iter().map(|b| s.nodes.get(&b.node).map(|n| (n.state, n.instance))).collect());
+        let mut refused = Vec::new();
+        let mut back = Vec::new();
+        {
+            let seen_at = Instant::now();
+            let mut mem = lock(&self.memory);
+            for (beat, known) in beats.iter().zip(known) {
+                match known {
+                    None => refused.push((beat.node, ApiError::NotFound(format!("node {}", beat.node)))),
+                    Some((state, recorded)) => {
+                        mem.last_seen.insert(beat.node, seen_at);
+                        if state == NodeState::Down || recorded != beat.instance {
+                            back.push(*beat);
+                        }
+                    }
+                }
+            }
+        }
+        // Nodes coming back are rare but may come in a crowd (a rack powered on): proposed
+        // together, the group commit packs them.
+        let now = now_ms();
+        let ups = back.iter().map(|b| self.propose(Command::NodeUp { node: b.node, instance: b.instance, now_ms: now }));
+        let results = futures_util::future::join_all(ups).await;
+        for (beat, result) in back.iter().zip(results) {
+            match result {
+                Ok(CommandResult::Rejected(why)) => {
+                    // A replaced instance (its process should be dead) gets no acknowledgement.
+                    warn!(node = beat.node, instance = beat.instance, why = %why, "heartbeat of a replaced instance refused");
+                    refused.push((beat.node, ApiError::Denied(why)));
+                }
+                Ok(_) => {
+                    info!(node = beat.node, "node is back");
+                    self.kick.notify_one();
+                }
+                Err(e) => refused.push((beat.node, e)),
+            }
+        }
+        let status = self.status();
+        Ok((self.id, status.term, status.commit_index.unwrap_or(0), refused))
+    }
+
+    /// Passes the heartbeats this node receives while it is not the leader on to the leader,
+    /// a batch at a time (`liveness::Relay`).
+    async fn relay_loop(self: Arc<Self>) {
+        let node = Arc::clone(&self);
+        self.relay.run(move |beats| Arc::clone(&node).relay_batch(beats), relay_linger(&self.config)).await;
+    }
+
+    /// Sends one batch to the leader Raft names here, again to the next one if the leader
+    /// changes meanwhile (beats are idempotent), within the nodes' call timeout; a node without
+    /// a replica sends it through its members.
+    async fn relay_batch(self: Arc<Self>, beats: Vec<proto::Beat>) -> Response {
+        // Three quarters of the nodes' own timeout: a relay that cannot get through answers
+        // while they still wait on it, so each tries its next member at once instead of
+        // timing out first.
+        let timeout = heartbeat_call_timeout(&self.config) * 3 / 4;
+        let request = Request::Heartbeats { relay: self.id, beats: beats.clone() };
+        let answer = if self.is_member() {
+            tokio::time::timeout(timeout, self.relay_to_leader(&request, &beats)).await
+        } else {
+            tokio::time::timeout(timeout, async {
+                self.forward_link.call(request.clone(), 1).await.map_err(|e| match e {
+                    LinkError::Api(e) => e,
+                    other => ApiError::Unavailable(format!("pass heartbeats to the leader: {other}")),
+                })
+            })
+            .await
+        };
+        let answer = match answer {
+            // A leader of an older build does not know batches: pass each beat on by itself.
+            Ok(Err(ApiError::Invalid(_))) => self.relay_one_by_one(&beats, timeout).await,
+            Ok(other) => other,
+            Err(_) => Err(ApiError::Unavailable(format!("the leader did not answer a heartbeat batch within {} ms", timeout.as_millis()))),
+        };
+        if let Err(e) = &answer {
+            // Each node tries its next member; said here once per batch, not once per node.
+            warn!(beats = beats.len(), error = %e, "heartbeat batch not passed on");
+        }
+        answer
+    }
+
+    async fn relay_to_leader(&self, request: &Request, beats: &[proto::Beat]) -> Response {
+        let envelope = Envelope { hops: 1, request: request.clone(), user: None };
+        loop {
+            if self.is_leader() {
+                let (leader, term, commit_index, refused) = self.accept_heartbeats(beats).await?;
+                return Ok(Reply::HeartbeatAcks { leader, term, commit_index, refused });
+            }
+            let (leader, addr) = self.leader();
+            let Some(addr) = addr else {
+                consensus::leader_other_than(&self.raft, None).await;
+                continue;
+            };
+            let call = self.client.call_connecting_within(&addr, &envelope, PEER_CALL_TIMEOUT, FORWARD_CONNECT_TIMEOUT);
+            tokio::select! {
+                answer = call => match answer {
+                    Ok(response) => return response,
+                    Err(e) => {
+                        self.client.forget(&addr);
+                        // The leader may be gone: wait for Raft to name another, then resend.
+                        debug!(leader = %addr, error = %e, "heartbeat batch not delivered");
+                        consensus::leader_other_than(&self.raft, leader).await;
+                    }
+                },
+                () = consensus::leader_other_than(&self.raft, leader) => {}
+            }
+        }
+    }
+
+    async fn relay_one_by_one(&self, beats: &[proto::Beat], timeout: Duration) -> Response {
+        let calls = beats.iter().map(|b| {
+            let request = Request::Heartbeat { node: b.node, instance: b.instance, running: Vec::new() };
+            tokio::time::timeout(timeout, self.forward_link.call(request, 1))
+        });
+        let mut acked = None;
+        let mut refused = Vec::new();
+        for (beat, result) in beats.iter().zip(futures_util::future::join_all(calls).await) {
+            match result {
+                Ok(Ok(Reply::HeartbeatAck { leader, term, commit_index })) => acked = Some((leader, term, commit_index)),
+                Ok(Err(crate::link::LinkError::Api(e))) => refused.push((beat.node, e)),
+                other => refused.push((beat.node, ApiError::Unavailable(format!("pass a heartbeat to the leader: {other:?}")))),
+            }
+        }
+        match acked {
+            Some((leader, term, commit_index)) => Ok(Reply::HeartbeatAcks { leader, term, commit_index, refused }),
+            None => Err(ApiError::Unavailable("the leader acknowledged none of the heartbeats".into())),
+        }
+    }
+
+    /// Whether this node may still acknowledge a heartbeat it received before this call: no
+    /// other leader can have been elected since. Fast: a quorum acknowledged an append this
+    /// leader sent within `election_timeout_min_ms` (no voter can have timed out on it yet).
+    /// Otherwise (just elected, or a busy follower answered late) a quorum must acknowledge an
+    /// append sent after the call (openraft's ReadIndex): any new leader's election came after
+    /// that, so after the beat. A leader cut off from its quorum gets neither and refuses.
+    async fn confirm_leadership(&self) -> Result<(), ApiError> {
         use openraft::async_runtime::watch::WatchReceiver;
         use openraft::Instant as _;
         if self.voter_ids().iter().all(|v| *v == self.id) {
             return Ok(()); // a single voter is its own quorum
         }
-        let metrics = self.raft.metrics();
-        let m = metrics.borrow_watched();
         let lease_ms = self.config.raft.election_timeout_min_ms;
-        let since_ms = m.last_quorum_acked.as_ref().map(|at| at.elapsed().as_millis() as u64);
-        match since_ms {
-            Some(ms) if ms < lease_ms => Ok(()),
-            other => {
-                Err(ApiError::Unavailable(format!("leader has no quorum acknowledgement within {lease_ms} ms (last: {other:?} ms ago)")))
-            }
+        let since_ms = {
+            let metrics = self.raft.metrics();
+            let m = metrics.borrow_watched();
+            m.last_quorum_acked.as_ref().map(|at| at.elapsed().as_millis() as u64)
+        };
+        if since_ms.is_some_and(|ms| ms < lease_ms) {
+            return Ok(());
+        }
+        let wait = heartbeat_call_timeout(&self.config);
+        match tokio::time::timeout(wait, self.raft.ensure_linearizable(openraft::raft::ReadPolicy::ReadIndex)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(ApiError::Unavailable(format!("not confirmed as leader by a quorum: {e}"))),
+            Err(_) => Err(ApiError::Unavailable(format!(
+                "leader has no quorum acknowledgement within {lease_ms} ms (last: {since_ms:?} ms ago) and none came within {} ms",
+                wait.as_millis()
+            ))),
         }
     }
 
@@ -1012,10 +1167,13 @@ impl Node {
     }
 
     async fn schedule_pass(&self) {
-        let view = self.scheduler_view();
-        if !view.jobs.iter().any(|j| j.state == JobState::Pending) {
+        // Nothing pending, nothing to place (MIG demand and preemption come from pending jobs
+        // too): the view, one record per node, is not built at all. At 1,000 nodes building it
+        // ten times a second was most of an idle leader's CPU.
+        if !self.state.read(|s| s.jobs.values().any(|j| j.state == JobState::Pending)) {
             return;
         }
+        let view = self.scheduler_view();
         let now = now_ms();
         let started = Instant::now();
         let plan = scheduler::schedule(&view, now);
@@ -1197,6 +1355,7 @@ impl Node {
                     .nodes
                     .values()
                     .filter(|n| n.state == NodeState::Up && !voters.contains(&n.id))
+                    .filter(|n| !n.inventory.features.iter().any(|f| f == crate::liveness::NEVER_VOTER_FEATURE))
                     .find(|n| mem.last_seen.get(&n.id).is_some_and(|t| t.elapsed() < fresh_within))
                     .map(|n| (n.id, MemberNode { name: n.name.clone(), addr: n.addr.clone() }));
                 let dead: Vec<NodeId> = voters
@@ -1247,18 +1406,28 @@ impl Node {
 
     /// Periodically learns the members' addresses so this node can find the leader.
     async fn learn_members_loop(self: Arc<Self>) {
-        let mut ticker = tokio::time::interval(Duration::from_secs(2));
+        let mut ticker = tokio::time::interval(crate::liveness::MEMBERS_CHECK_INTERVAL);
+        let mut learned: Option<(u64, Instant)> = None;
         loop {
             ticker.tick().await;
-            let members = match self.agent_link.call(Request::Members, 0).await {
+            let term = self.agent.ack_term();
+            if !crate::liveness::members_due(learned, term, Instant::now()) {
+                continue;
+            }
+            // A relay answers (any voter does): the leader is asked only when none can.
+            let members = match self.heartbeat_link.call(Request::Members, 0).await {
                 // A leader of an older build does not know `Members` yet.
-                Err(crate::link::LinkError::Api(ApiError::Invalid(_))) => self.agent_link.call(Request::ClusterInfo, 0).await,
+                Err(crate::link::LinkError::Api(ApiError::Invalid(_))) => self.heartbeat_link.call(Request::ClusterInfo, 0).await,
                 other => other,
             };
             if let Ok(Reply::Cluster(info)) = members {
                 let addrs: Vec<String> = info.members.iter().filter(|m| m.role != NodeRole::Agent).map(|m| m.addr.clone()).collect();
                 self.forward_link.learn(addrs.iter().filter(|a| **a != self.config.advertise_addr()).cloned());
-                self.agent_link.learn(addrs);
+                self.agent_link.learn(addrs.clone());
+                self.heartbeat_link.learn(addrs);
+                let voters: Vec<(NodeId, NodeRole, String)> = info.members.iter().map(|m| (m.id, m.role, m.addr.clone())).collect();
+                self.heartbeat_link.set_first(crate::liveness::relay_order(self.id, &voters));
+                learned = Some((term, Instant::now()));
             }
         }
     }
@@ -1756,9 +1925,10 @@ pub async fn run(
     agent_candidates.extend(others.iter().cloned());
     // Heartbeats and reports give up on a silent member quickly and try the next one: a call
     // stuck on a dead leader must not make this node look dead to the new one.
-    let link_timeout = Duration::from_millis((config.heartbeat_interval_ms * 2).clamp(300, 2_000));
-    let agent_link = Arc::new(LeaderLink::new(Arc::clone(&client), agent_candidates, link_timeout));
+    let link_timeout = heartbeat_call_timeout(&config);
+    let agent_link = Arc::new(LeaderLink::new(Arc::clone(&client), agent_candidates.clone(), link_timeout));
     let forward_link = Arc::new(LeaderLink::new(Arc::clone(&client), others, PEER_CALL_TIMEOUT));
+    let heartbeat_link = Arc::new(LeaderLink::new(Arc::clone(&client), agent_candidates, link_timeout));
     let join = Request::Join {
         token: config.join_token.clone(),
         name: config.name.clone(),
@@ -1823,6 +1993,8 @@ pub async fn run(
         agent: Arc::clone(&agent),
         agent_link: Arc::clone(&agent_link),
         forward_link,
+        heartbeat_link: Arc::clone(&heartbeat_link),
+        relay: crate::liveness::Relay::default(),
         memory: Mutex::new(LeaderMemory::default()),
         unreachable_leader: Mutex::new(None),
         membership_busy: AtomicBool::new(false),
@@ -1835,6 +2007,7 @@ pub async fn run(
     }
     tokio::spawn(Arc::clone(&node).leader_loop());
     tokio::spawn(Arc::clone(&node).learn_members_loop());
+    tokio::spawn(Arc::clone(&node).relay_loop());
 
     // Register this instance (new inventory, new instance id) before taking work.
     match call_until(&agent_link, join.clone(), "register with the cluster", Duration::from_secs(600)).await? {
@@ -1855,7 +2028,7 @@ pub async fn run(
     tokio::spawn(renew_certificate_loop(config.clone(), endpoint.clone(), Arc::clone(&client), Arc::clone(&node)));
     tokio::spawn(crate::fault::watch_gpu_faults(config.data_dir.join("fault-gpu"), Arc::clone(&probe)));
     let heartbeat = Duration::from_millis(config.heartbeat_interval_ms);
-    let hb = tokio::spawn(Arc::clone(&agent).heartbeat_loop(agent_link, heartbeat, join));
+    let hb = tokio::spawn(crate::liveness::heartbeat_loop(Arc::clone(&agent), heartbeat_link, heartbeat, join));
     tokio::select! {
         ended = hb => match ended {
             Ok(()) => Ok(Ended::Stopped),
@@ -1880,6 +2053,27 @@ pub async fn run(
             Ok(Ended::Stopped)
         }
     }
+}
+
+/// Whether run `run` of `job` (as the committed state has it) is still the job's current run
+/// with a part on node `me` that no other instance of it confirmed: only then may a launch
+/// start it.
+pub fn run_is_current_here(job: &Job, run: RunNo, me: NodeId, instance: InstanceId) -> bool {
+    job.run == run
+        && job.state == JobState::Running
+        && job.parts.iter().any(|p| p.run == run && p.alloc.node == me && p.launched_by.is_none_or(|by| by == instance))
+}
+
+/// How long a relay's batch waits for more heartbeats after its first: a tenth of the heartbeat
+/// interval, at most 50 ms (well inside the node's call timeout of twice the interval).
+pub fn relay_linger(config: &NodeConfig) -> Duration {
+    Duration::from_millis((config.heartbeat_interval_ms / 10).min(50))
+}
+
+/// How long a heartbeat (or report) waits on one member before it tries the next: twice the
+/// heartbeat interval, within 300 ms to 2 s.
+pub fn heartbeat_call_timeout(config: &NodeConfig) -> Duration {
+    Duration::from_millis((config.heartbeat_interval_ms * 2).clamp(300, 2_000))
 }
 
 /// Takes `DATA_DIR/corrald.lock` for the life of this process: a second daemon on the same data

@@ -1280,9 +1280,30 @@ pub enum Request {
     },
     /// `ClusterInfo` without the state digest (`state_digest` empty): the members, roles and
     /// Raft indexes, at a cost independent of the jobs (nodes ask it every few seconds; the
-    /// digest encodes the whole hot state).
+    /// digest encodes the whole hot state). Since heartbeats are relayed, `members` lists the
+    /// voters and learners only (not every agent: at thousands of nodes, every node asking for
+    /// every node every few seconds was quadratic).
     Members,
+    /// From a relay (a node that is not the leader), to the leader: the heartbeats it received
+    /// since its last batch (node only, at most [`HEARTBEATS_PER_REQUEST_MAX`]). The leader
+    /// counts each node alive as of its own receipt of the batch, which is after the node sent
+    /// its heartbeat; the relay acknowledges each node only once the leader answered
+    /// (`Reply::HeartbeatAcks`), so an acknowledgement still means a leader counts it alive.
+    Heartbeats {
+        relay: NodeId,
+        beats: Vec<Beat>,
+    },
 }
+
+/// One node's heartbeat, as a relay passes it to the leader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Beat {
+    pub node: NodeId,
+    pub instance: InstanceId,
+}
+
+/// Heartbeats in one `Heartbeats` at most.
+pub const HEARTBEATS_PER_REQUEST_MAX: usize = 8_192;
 
 /// How one run ended on a node, as reported to the leader.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -1369,6 +1390,7 @@ impl Request {
                 | Request::Resume { .. }
                 | Request::Join { .. }
                 | Request::Heartbeat { .. }
+                | Request::Heartbeats { .. }
                 | Request::ReportRun { .. }
                 | Request::ReportRuns { .. }
                 | Request::ReportGpuHealth { .. }
@@ -1520,6 +1542,14 @@ pub enum Reply {
         digest: String,
         /// Bytes of the store's files on disk.
         disk_bytes: u64,
+    },
+    /// The leader's answer to a relay's `Heartbeats`: what a `HeartbeatAck` says, for every
+    /// beat but the `refused` ones (each with the error the node gets).
+    HeartbeatAcks {
+        leader: NodeId,
+        term: u64,
+        commit_index: u64,
+        refused: Vec<(NodeId, ApiError)>,
     },
 }
 

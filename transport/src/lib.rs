@@ -431,10 +431,35 @@ impl From<FrameError> for CallError {
     }
 }
 
+/// A cached connection: when a call last started on it and how many calls are on it now.
+struct Cached {
+    conn: quinn::Connection,
+    used: std::time::Instant,
+    in_flight: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Counts a call on a cached connection while it lasts.
+struct InFlight(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A cached connection no call used for this long is closed (at the next call's sweep): QUIC
+/// keep-alives cost both ends packets every second for as long as a connection is open, and a
+/// leader that every node of a fleet once called would otherwise pay that for each of them.
+pub const CONNECTION_IDLE_CLOSE: Duration = Duration::from_secs(10);
+/// How often a client looks for idle connections (on a call; never between calls).
+const CONNECTION_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+
 struct ClientInner {
     endpoint: quinn::Endpoint,
     /// One connection per address as given to [`Client::call`].
-    connections: Mutex<HashMap<String, quinn::Connection>>,
+    connections: Mutex<HashMap<String, Cached>>,
+    swept: Mutex<std::time::Instant>,
+    idle_close: Duration,
     /// Fault injection: addresses this client cannot reach (`*` for all), as if partitioned.
     blocked: std::sync::RwLock<Vec<String>>,
     /// After a certificate rotation: the configuration new connections dial with.
@@ -458,10 +483,18 @@ impl Client {
     /// A client dialing from `endpoint`, which must have a default client config (as
     /// [`endpoint`] gives it).
     pub fn new(endpoint: quinn::Endpoint) -> Client {
+        Client::with_idle_close(endpoint, CONNECTION_IDLE_CLOSE)
+    }
+
+    /// [`Client::new`], closing connections idle for `idle_close` instead of
+    /// [`CONNECTION_IDLE_CLOSE`].
+    pub fn with_idle_close(endpoint: quinn::Endpoint, idle_close: Duration) -> Client {
         Client {
             inner: Arc::new(ClientInner {
                 endpoint,
                 connections: Mutex::new(HashMap::new()),
+                swept: Mutex::new(std::time::Instant::now()),
+                idle_close,
                 blocked: std::sync::RwLock::new(Vec::new()),
                 rotated: std::sync::RwLock::new(None),
             }),
@@ -497,12 +530,12 @@ impl Client {
 
     /// Drops the cached connection to `addr`, if any; the next call dials anew.
     pub fn forget(&self, addr: &str) {
-        if let Some(conn) = self.lock().remove(addr) {
-            conn.close(VarInt::from_u32(0), b"forgotten");
+        if let Some(cached) = self.lock().remove(addr) {
+            cached.conn.close(VarInt::from_u32(0), b"forgotten");
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, quinn::Connection>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Cached>> {
         // The map holds no invariant a panicking holder could break.
         self.inner.connections.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -510,7 +543,7 @@ impl Client {
     /// Drops `conn` from the cache if it is still the one cached for `addr`.
     fn drop_cached(&self, addr: &str, conn: &quinn::Connection) {
         let mut map = self.lock();
-        if map.get(addr).is_some_and(|c| c.stable_id() == conn.stable_id()) {
+        if map.get(addr).is_some_and(|c| c.conn.stable_id() == conn.stable_id()) {
             map.remove(addr);
         }
     }
@@ -548,7 +581,7 @@ impl Client {
     }
 
     async fn call_inner(&self, addr: &str, request: &[u8], connect_timeout: Duration) -> Result<Response, CallError> {
-        let (conn, fresh) = self.connection(addr, connect_timeout).await?;
+        let (conn, fresh, _in_flight) = self.connection(addr, connect_timeout).await?;
         let streams = match conn.open_bi().await {
             Ok(streams) => streams,
             Err(e) => {
@@ -557,7 +590,7 @@ impl Client {
                     return Err(CallError::Io(format!("open stream to {addr}: {e}")));
                 }
                 debug!(peer = %addr, error = %e, "cached connection dead, reconnecting");
-                let (conn, _) = self.connection(addr, connect_timeout).await?;
+                let (conn, _, _in_flight) = self.connection(addr, connect_timeout).await?;
                 match conn.open_bi().await {
                     Ok(streams) => streams,
                     Err(e) => {
@@ -578,12 +611,15 @@ impl Client {
     }
 
     /// The cached connection to `addr` when it is alive, else a new one; `true` when new.
-    async fn connection(&self, addr: &str, connect_timeout: Duration) -> Result<(quinn::Connection, bool), CallError> {
+    async fn connection(&self, addr: &str, connect_timeout: Duration) -> Result<(quinn::Connection, bool, InFlight), CallError> {
+        self.sweep_idle();
         {
             let mut map = self.lock();
-            if let Some(conn) = map.get(addr) {
-                if conn.close_reason().is_none() {
-                    return Ok((conn.clone(), false));
+            if let Some(cached) = map.get_mut(addr) {
+                if cached.conn.close_reason().is_none() {
+                    cached.used = std::time::Instant::now();
+                    cached.in_flight.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    return Ok((cached.conn.clone(), false, InFlight(Arc::clone(&cached.in_flight))));
                 }
                 map.remove(addr);
             }
@@ -591,8 +627,30 @@ impl Client {
         let conn = self.dial(addr, connect_timeout).await.map_err(|e| CallError::Connect(format!("{e:#}")))?;
         // Should another call have dialed at the same time, its connection is replaced here;
         // its callers keep their handle until they are done, and then it closes.
-        self.lock().insert(addr.to_string(), conn.clone());
-        Ok((conn, true))
+        let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(1));
+        let cached = Cached { conn: conn.clone(), used: std::time::Instant::now(), in_flight: Arc::clone(&in_flight) };
+        self.lock().insert(addr.to_string(), cached);
+        Ok((conn, true, InFlight(in_flight)))
+    }
+
+    /// Closes the cached connections no call used for their idle limit, at most once
+    /// per [`CONNECTION_SWEEP_INTERVAL`].
+    fn sweep_idle(&self) {
+        {
+            let mut swept = self.inner.swept.lock().unwrap_or_else(|p| p.into_inner());
+            if swept.elapsed() < CONNECTION_SWEEP_INTERVAL {
+                return;
+            }
+            *swept = std::time::Instant::now();
+        }
+        self.lock().retain(|addr, c| {
+            let keep = c.in_flight.load(std::sync::atomic::Ordering::SeqCst) > 0 || c.used.elapsed() < self.inner.idle_close;
+            if !keep {
+                debug!(peer = %addr, "closing an idle connection");
+                c.conn.close(VarInt::from_u32(0), b"idle");
+            }
+            keep
+        });
     }
 
     async fn dial(&self, addr: &str, connect_timeout: Duration) -> anyhow::Result<quinn::Connection> {

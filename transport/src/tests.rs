@@ -277,10 +277,10 @@ async fn call_times_out_and_dead_connections_are_replaced() {
     assert_eq!(cancel(&client, &addr, 1).await.expect("call after timeout"), Ok(Reply::Submitted { job: 1 }));
 
     // A cached connection that died is replaced by a new one.
-    let first = client.lock().get(&addr).cloned().expect("cached");
+    let first = client.lock().get(&addr).map(|c| c.conn.clone()).expect("cached");
     first.close(VarInt::from_u32(0), b"test");
     assert_eq!(cancel(&client, &addr, 2).await.expect("call after close"), Ok(Reply::Submitted { job: 2 }));
-    let second = client.lock().get(&addr).cloned().expect("cached again");
+    let second = client.lock().get(&addr).map(|c| c.conn.clone()).expect("cached again");
     assert_ne!(first.stable_id(), second.stable_id());
 
     // forget drops it.
@@ -291,7 +291,7 @@ async fn call_times_out_and_dead_connections_are_replaced() {
     // The server restarts on the same port: the old connection is closed, the next call dials anew.
     let port_addr = server.addr;
     server.endpoint.close(VarInt::from_u32(0), b"restart");
-    let cached = client.lock().get(&addr).cloned().expect("cached");
+    let cached = client.lock().get(&addr).map(|c| c.conn.clone()).expect("cached");
     tokio::time::timeout(CALL_TIMEOUT, cached.closed()).await.expect("client sees the close");
     tokio::time::timeout(CALL_TIMEOUT, server.task).await.expect("serve ends").expect("join");
     server.endpoint.wait_idle().await;
@@ -361,4 +361,35 @@ async fn a_machine_without_a_certificate_reaches_only_a_server_of_the_pinned_ca(
     let err = call_pinned(&addr, &wrong, &envelope(Request::ListNodes), CALL_TIMEOUT).await.expect_err("refused");
     assert!(err.to_string().contains("handshake"), "{err}");
     assert_eq!(server.handler.calls.load(Ordering::SeqCst), calls, "the request never reached the server");
+}
+
+#[tokio::test]
+async fn a_connection_idle_past_the_limit_is_closed_and_the_next_call_dials_anew() {
+    let cluster = Cluster::new();
+    let server = start_server(&cluster.server_id, LOOPBACK.parse().expect("addr"));
+    let addr = server.addr.to_string();
+    let client = Client::with_idle_close(
+        endpoint(LOOPBACK.parse().expect("addr"), &cluster.user("alice"), false).expect("client endpoint"),
+        Duration::from_millis(100),
+    );
+    assert_eq!(cancel(&client, &addr, 1).await.expect("first call"), Ok(Reply::Submitted { job: 1 }));
+    let first = client.lock().get(&addr).map(|c| c.conn.clone()).expect("cached");
+    // Past the idle limit and the sweep interval, the next call closes it and dials a new one.
+    tokio::time::sleep(CONNECTION_SWEEP_INTERVAL + Duration::from_millis(200)).await;
+    assert_eq!(cancel(&client, &addr, 2).await.expect("call after idling"), Ok(Reply::Submitted { job: 2 }));
+    assert!(first.close_reason().is_some(), "the idle connection was not closed");
+    let second = client.lock().get(&addr).map(|c| c.conn.clone()).expect("cached again");
+    assert_ne!(first.stable_id(), second.stable_id());
+    // A connection with a call on it is kept, however long the call: a call made past the
+    // idle limit while another waits reuses the same connection.
+    let waiting = {
+        let (client, addr) = (client.clone(), addr.clone());
+        tokio::spawn(async move { client.call(&addr, &envelope(Request::ClusterInfo), Duration::from_secs(5)).await })
+    };
+    tokio::time::sleep(CONNECTION_SWEEP_INTERVAL + Duration::from_millis(200)).await;
+    assert_eq!(cancel(&client, &addr, 3).await.expect("call while another waits"), Ok(Reply::Submitted { job: 3 }));
+    assert!(second.close_reason().is_none(), "a connection with a call on it was closed");
+    let third = client.lock().get(&addr).map(|c| c.conn.clone()).expect("cached");
+    assert_eq!(second.stable_id(), third.stable_id());
+    waiting.abort();
 }

@@ -1,0 +1,420 @@
+//! `corral bench --nodes N[,N...]`: a real 3-voter `dev up` cluster and N simulated nodes
+//! (`corrald --sim-nodes`: each its own certificate, QUIC endpoint, inventory and the agent's
+//! own heartbeat loop, no processes), measuring what node count costs the control plane: the
+//! CPU and RSS of each voter at rest and while jobs run, how long a silenced node takes to be
+//! declared down and its `--requeue` job to run again, and leader failovers (how long until
+//! every node has a heartbeat acknowledged by the new leader; nodes wrongly declared down;
+//! nodes that fenced). The same cluster is measured with the nodes heartbeating the leader
+//! directly, as every node did before relays, as the peer of the relayed figures.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use proto::{GresRequest, JobQuery, JobSpec, JobState, NodeState, Reply, Request};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+use crate::bench::{percentile, sorted};
+use crate::client::Cluster;
+use crate::dev::{self, DevOptions};
+
+pub struct NodesBench {
+    pub sizes: Vec<usize>,
+    pub jobs: usize,
+    pub detections: usize,
+    pub failovers: usize,
+    pub heartbeat_interval_ms: u64,
+    pub node_down_after_ms: u64,
+    /// Also measure the cluster at rest with every node heartbeating the leader directly.
+    pub direct_peer: bool,
+}
+
+/// The simulated nodes' process and its control lines.
+struct Sim {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    stdout: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+}
+
+impl Sim {
+    async fn start(dir: &Path, count: usize, direct: bool, patience: Duration) -> anyhow::Result<(Sim, u64)> {
+        let log = std::fs::File::create(dir.join(if direct { "sim-direct.log" } else { "sim.log" })).context("create the sim log")?;
+        let mut cmd = tokio::process::Command::new(dev::corrald_binary());
+        cmd.arg("--sim-nodes")
+            .arg(count.to_string())
+            .arg("--sim-config")
+            .arg(dir.join("n1").join("node.toml"))
+            .arg("--sim-ca-dir")
+            .arg(dir)
+            .arg("--sim-prefix")
+            .arg(if direct { "direct" } else { "sim" });
+        if direct {
+            cmd.arg("--sim-direct-to-leader");
+        }
+        cmd.env("RUST_LOG", "error")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(log)
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().context("start corrald --sim-nodes")?;
+        let stdin = child.stdin.take().context("sim stdin")?;
+        let stdout = BufReader::new(child.stdout.take().context("sim stdout")?).lines();
+        let mut sim = Sim { child, stdin, stdout };
+        let line = tokio::time::timeout(patience, sim.line()).await.context("simulated nodes did not all join in time")??;
+        let join_ms = match line.split_whitespace().collect::<Vec<_>>().as_slice() {
+            ["ready", _, ms] => ms.parse().context("parse the join time")?,
+            _ => bail!("simulated nodes said {line:?}, not ready"),
+        };
+        Ok((sim, join_ms))
+    }
+
+    async fn line(&mut self) -> anyhow::Result<String> {
+        self.stdout.next_line().await.context("read from the simulated nodes")?.context("the simulated nodes exited (see sim.log)")
+    }
+
+    async fn ask(&mut self, command: &str) -> anyhow::Result<String> {
+        self.stdin.write_all(format!("{command}\n").as_bytes()).await.context("write to the simulated nodes")?;
+        self.stdin.flush().await.context("write to the simulated nodes")?;
+        self.line().await
+    }
+
+    fn pid(&self) -> Option<i32> {
+        self.child.id().map(|p| p as i32)
+    }
+
+    async fn fences(&mut self) -> anyhow::Result<u64> {
+        let line = self.ask("stats").await?;
+        let json = line.strip_prefix("stats ").context("stats reply")?;
+        let v: serde_json::Value = serde_json::from_str(json).context("parse stats")?;
+        Ok(v.get("fences").and_then(|f| f.as_u64()).unwrap_or(0))
+    }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// CPU seconds (user + system) a process used so far, from `/proc/PID/stat`.
+fn cpu_seconds(pid: i32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).with_context(|| format!("read /proc/{pid}/stat"))?;
+    let after = stat.rsplit_once(')').context("parse /proc/PID/stat")?.1;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: u64 = fields.get(11).context("utime")?.parse::<u64>()? + fields.get(12).context("stime")?.parse::<u64>()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Ok(ticks as f64 / hz)
+}
+
+fn rss_mib(pid: i32) -> anyhow::Result<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).with_context(|| format!("read /proc/{pid}/status"))?;
+    let kib: f64 =
+        status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).context("VmRSS")?;
+    Ok(kib / 1024.0)
+}
+
+fn node_pid(dir: &Path, name: &str) -> anyhow::Result<i32> {
+    let text = std::fs::read_to_string(dir.join(name).join("corrald.pid")).with_context(|| format!("read {name}/corrald.pid"))?;
+    text.trim().parse().context("parse corrald.pid")
+}
+
+/// % of a core each process used over `window`, and its RSS at the end: (name, %, MiB).
+async fn cpu_over(procs: &[(String, i32)], window: Duration) -> anyhow::Result<Vec<(String, f64, f64)>> {
+    let before: Vec<f64> = procs.iter().map(|(_, pid)| cpu_seconds(*pid)).collect::<anyhow::Result<_>>()?;
+    let t = Instant::now();
+    tokio::time::sleep(window).await;
+    let secs = t.elapsed().as_secs_f64();
+    let mut out = Vec::new();
+    for ((name, pid), b) in procs.iter().zip(before) {
+        out.push((name.clone(), (cpu_seconds(*pid)? - b) / secs * 100.0, rss_mib(*pid)?));
+    }
+    Ok(out)
+}
+
+/// The voters by role (leader first) and the simulated nodes' process.
+async fn processes(cluster: &Cluster, dir: &Path, sim: &Sim) -> anyhow::Result<Vec<(String, i32)>> {
+    let Reply::Cluster(info) = cluster.call_patiently(Request::ClusterInfo, Duration::from_secs(20)).await? else {
+        bail!("unexpected reply to ClusterInfo")
+    };
+    let leader = info.leader.context("no leader")?;
+    let mut procs = vec![(format!("leader {leader}"), node_pid(dir, &leader)?)];
+    for m in info.members.iter().filter(|m| m.role == proto::NodeRole::Voter) {
+        procs.push((format!("voter {}", m.name), node_pid(dir, &m.name)?));
+    }
+    procs.push(("simulated nodes".into(), sim.pid().context("sim pid")?));
+    Ok(procs)
+}
+
+fn print_cpu(label: &str, figures: &[(String, f64, f64)]) {
+    let parts: Vec<String> = figures.iter().map(|(n, cpu, rss)| format!("{n} {cpu:.1}% {rss:.0} MiB")).collect();
+    println!("  {label}: {}", parts.join(", "));
+}
+
+fn sim_spec(workdir: &str, run_ms: u64, requeue: bool) -> JobSpec {
+    let mut spec = JobSpec::command(vec!["sleep".into(), "3600".into()], workdir, "bench");
+    spec.name = "bench-nodes".into();
+    spec.gres = Some(GresRequest { gpu_type: None, count: 1 });
+    spec.mem_mib = 256;
+    spec.output = Some("/dev/null".into());
+    spec.requeue = requeue;
+    // Only on simulated nodes: the real three run no job.
+    spec.exclude = vec!["n1".into(), "n2".into(), "n3".into()];
+    spec.env.insert("CORRAL_SIM_RUN_MS".into(), run_ms.to_string());
+    spec
+}
+
+async fn submit(cluster: &Cluster, spec: JobSpec) -> anyhow::Result<u64> {
+    match cluster.call_patiently(Request::Submit { spec }, Duration::from_secs(20)).await? {
+        Reply::Submitted { job } => Ok(job),
+        other => bail!("unexpected reply {other:?}"),
+    }
+}
+
+async fn running_jobs(cluster: &Cluster) -> anyhow::Result<usize> {
+    let query = JobQuery { states: vec![JobState::Running], live: true, brief: true, ..JobQuery::default() };
+    Ok(cluster.query_jobs(query, Duration::from_secs(20)).await?.len())
+}
+
+async fn node_names(cluster: &Cluster) -> anyhow::Result<BTreeMap<u64, (String, NodeState)>> {
+    match cluster.call_patiently(Request::ListNodes, Duration::from_secs(20)).await? {
+        Reply::Nodes(list) => Ok(list.into_iter().map(|n| (n.id, (n.name, n.state))).collect()),
+        other => bail!("unexpected reply {other:?}"),
+    }
+}
+
+/// Submits `jobs` long simulated jobs, 16 at a time, and waits until all run.
+async fn run_jobs(cluster: &std::sync::Arc<Cluster>, workdir: &str, jobs: usize) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..16 {
+        let (cluster, spec) = (std::sync::Arc::clone(cluster), sim_spec(workdir, 3_600_000, false));
+        let share = jobs / 16 + usize::from(c < jobs % 16);
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..share {
+                submit(&cluster, spec.clone()).await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for task in tasks {
+        task.await.context("join submitter")??;
+    }
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while running_jobs(cluster).await? < jobs {
+        if Instant::now() > deadline {
+            bail!("{jobs} jobs not all running after 300 s");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// Silences the node of a running `--requeue` job: (ms to `NodeDown` as the job shows it,
+/// ms until it runs again elsewhere), both from the silence.
+async fn detection(
+    cluster: &Cluster,
+    sim: &mut Sim,
+    workdir: &str,
+    names: &BTreeMap<u64, (String, NodeState)>,
+) -> anyhow::Result<(f64, f64)> {
+    let id = submit(cluster, sim_spec(workdir, 3_600_000, true)).await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let node = loop {
+        if let Reply::Job(j) = cluster.call_patiently(Request::GetJob { job: id }, Duration::from_secs(10)).await? {
+            if j.state == JobState::Running && j.launches_pending().next().is_none() {
+                break j.parts.first().map(|p| p.alloc.node).context("a running job without parts")?;
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("job {id} did not start within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let name = names.get(&node).map(|(n, _)| n.clone()).context("the job's node is not simulated")?;
+    let answer = sim.ask(&format!("silence {name}")).await?;
+    let silenced_ms: u64 = answer.split_whitespace().nth(2).and_then(|t| t.parse().ok()).context("silence reply")?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut down_ms = None;
+    loop {
+        if let Reply::Job(j) = cluster.call_patiently(Request::GetJob { job: id }, Duration::from_secs(10)).await? {
+            let now = unix_ms().saturating_sub(silenced_ms) as f64;
+            if down_ms.is_none() && (j.restart_count >= 1 || j.run >= 2) {
+                down_ms = Some(now);
+            }
+            if j.run >= 2 && j.state == JobState::Running && j.launches_pending().next().is_none() {
+                cluster.call_patiently(Request::Cancel { job: id }, Duration::from_secs(10)).await?;
+                return Ok((down_ms.unwrap_or(now), now));
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("job {id} did not run again within 60 s of silencing {name}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// SIGKILLs the leader and measures until every live node had a heartbeat sent after the kill
+/// acknowledged; then restarts it.
+async fn failover(dir: &Path, cluster: &Cluster, sim: &mut Sim) -> anyhow::Result<(String, f64)> {
+    let Reply::Cluster(info) = cluster.call_patiently(Request::ClusterInfo, Duration::from_secs(20)).await? else {
+        bail!("unexpected reply to ClusterInfo")
+    };
+    let leader = info.leader.context("no leader")?;
+    let killed_ms = unix_ms();
+    dev::signal_node(dir, &leader, "KILL")?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let took = loop {
+        let answer = sim.ask(&format!("acked_since {killed_ms}")).await?;
+        let counts: Vec<usize> = answer.split_whitespace().skip(1).filter_map(|w| w.parse().ok()).collect();
+        if let [acked, all] = counts.as_slice() {
+            if acked == all {
+                break unix_ms().saturating_sub(killed_ms) as f64;
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("not every node was acknowledged within 60 s of killing the leader {leader}: {answer}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    dev::start_one(dir, &leader)?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let up = node_names(cluster).await.ok().is_some_and(|m| m.values().any(|(n, s)| *n == leader && *s == NodeState::Up));
+        if up {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("{leader} not back up within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok((leader, took))
+}
+
+async fn one_size(base: &Path, opts: &NodesBench, count: usize) -> anyhow::Result<()> {
+    println!(
+        "{count} simulated nodes (heartbeat_interval_ms={}, node_down_after_ms={}):",
+        opts.heartbeat_interval_ms, opts.node_down_after_ms
+    );
+    let dev_opts = DevOptions {
+        heartbeat_interval_ms: opts.heartbeat_interval_ms,
+        node_down_after_ms: opts.node_down_after_ms,
+        ..crate::bench::three_nodes()
+    };
+    let mut direct = None;
+    if opts.direct_peer {
+        let dir = base.join(format!("nodes-{count}-direct"));
+        dev::up(&dir, &dev_opts).await?;
+        let result = at_rest_direct(&dir, count).await;
+        if let Err(e) = dev::down(&dir) {
+            eprintln!("stop the bench cluster: {e:#}");
+        }
+        direct = Some(result?);
+    }
+    let dir = base.join(format!("nodes-{count}"));
+    dev::up(&dir, &dev_opts).await?;
+    let result = measure(&dir, opts, count, direct).await;
+    if let Err(e) = dev::down(&dir) {
+        eprintln!("stop the bench cluster: {e:#}");
+    }
+    result
+}
+
+/// Past the connections of the join (closed once idle for `CONNECTION_IDLE_CLOSE`).
+const SETTLE: Duration = Duration::from_secs(15);
+const WINDOW: Duration = Duration::from_secs(10);
+
+/// The peer: the same cluster with every node heartbeating the leader directly, at rest. The
+/// leader's % of a core.
+async fn at_rest_direct(dir: &Path, count: usize) -> anyhow::Result<f64> {
+    let cluster = Cluster::connect(dir, None)?;
+    let (mut sim, join_ms) = Sim::start(dir, count, true, Duration::from_secs(900)).await?;
+    tokio::time::sleep(SETTLE).await;
+    let procs = processes(&cluster, dir, &sim).await?;
+    let figures = cpu_over(&procs, WINDOW).await?;
+    print_cpu(&format!("at rest, every node heartbeating the leader directly (joined in {join_ms} ms)"), &figures);
+    println!("    nodes that fenced: {}", sim.fences().await?);
+    Ok(figures[0].1)
+}
+
+async fn measure(dir: &Path, opts: &NodesBench, count: usize, direct_leader_pct: Option<f64>) -> anyhow::Result<()> {
+    let workdir = dir.display().to_string();
+    let cluster = std::sync::Arc::new(Cluster::connect(dir, None)?);
+    let (mut sim, join_ms) = Sim::start(dir, count, false, Duration::from_secs(900)).await?;
+    tokio::time::sleep(SETTLE).await;
+    let procs = processes(&cluster, dir, &sim).await?;
+    let rest = cpu_over(&procs, WINDOW).await?;
+    print_cpu(&format!("at rest, relayed (joined in {join_ms} ms)"), &rest);
+    if let Some(direct) = direct_leader_pct {
+        println!(
+            "    the leader at rest: relayed {:.1}% of a core against {direct:.1}% direct (ratio {:.1}x)",
+            rest[0].1,
+            direct / rest[0].1.max(0.1)
+        );
+    }
+    // At most half the simulated GPUs (8 per node), so each job starts at once.
+    let jobs = opts.jobs.min(count * 4);
+    let took_s = run_jobs(&cluster, &workdir, jobs).await?;
+    let procs = processes(&cluster, dir, &sim).await?;
+    let busy = cpu_over(&procs, WINDOW).await?;
+    print_cpu(&format!("{jobs} jobs running (all started {took_s:.1} s after the first submission)"), &busy);
+    let names: BTreeMap<u64, (String, NodeState)> =
+        node_names(&cluster).await?.into_iter().filter(|(_, (n, _))| n.starts_with("sim")).collect();
+    let (mut down, mut again) = (Vec::new(), Vec::new());
+    for _ in 0..opts.detections {
+        let (d, a) = detection(&cluster, &mut sim, &workdir, &names).await?;
+        down.push(d);
+        again.push(a);
+    }
+    if !down.is_empty() {
+        let (down, again) = (sorted(down), sorted(again));
+        println!(
+            "  node silenced -> NodeDown seen: p50 {:.0} ms  p99 {:.0} ms; its --requeue job running again: p50 {:.0} ms  p99 {:.0} ms ({} trials; Slurm's defaults: 300 s + 120 s requeue delay, ratio {:.0}x)",
+            percentile(&down, 0.5),
+            percentile(&down, 0.99),
+            percentile(&again, 0.5),
+            percentile(&again, 0.99),
+            again.len(),
+            420_000.0 / percentile(&again, 0.99).max(1.0)
+        );
+    }
+    let fences_before = sim.fences().await?;
+    let down_before = node_names(&cluster).await?.values().filter(|(n, s)| n.starts_with("sim") && *s == NodeState::Down).count();
+    let mut rejoin = Vec::new();
+    for round in 0..opts.failovers {
+        let (leader, ms) = failover(dir, &cluster, &mut sim).await?;
+        println!("    failover {}: killed {leader}; every node acknowledged by the new leader {ms:.0} ms after the kill", round + 1);
+        rejoin.push(ms);
+    }
+    if !rejoin.is_empty() {
+        // Past a full grace period, any node the new leaders wrongly gave up on shows DOWN.
+        tokio::time::sleep(Duration::from_millis(opts.node_down_after_ms + 1_000)).await;
+        let down_after = node_names(&cluster).await?.values().filter(|(n, s)| n.starts_with("sim") && *s == NodeState::Down).count();
+        let fences = sim.fences().await? - fences_before;
+        let rejoin = sorted(rejoin);
+        println!(
+            "  {} leader SIGKILLs: every node acknowledged again p50 {:.0} ms  p99 {:.0} ms after the kill; nodes wrongly declared down: {}; nodes that fenced: {fences}",
+            rejoin.len(),
+            percentile(&rejoin, 0.5),
+            percentile(&rejoin, 0.99),
+            down_after.saturating_sub(down_before)
+        );
+    }
+    Ok(())
+}
+
+pub async fn run(opts: NodesBench, dir: Option<PathBuf>) -> anyhow::Result<()> {
+    let keep = dir.is_some();
+    let base = dir.unwrap_or_else(|| std::env::temp_dir().join(format!("corral-bench-nodes-{}", std::process::id())));
+    let mut result = Ok(());
+    for &count in &opts.sizes {
+        result = one_size(&base, &opts, count).await;
+        if result.is_err() {
+            break;
+        }
+    }
+    if !keep {
+        let _ = std::fs::remove_dir_all(&base);
+    }
+    result
+}

@@ -1,0 +1,374 @@
+//! Heartbeats at the size of a fleet: which member each node heartbeats (`relay_order`), the
+//! agent's lease (`Lease`), and the relay a follower runs to pass the heartbeats it receives to
+//! the leader in one `Heartbeats` request per batch (`Relay`).
+//!
+//! Every node heartbeats a follower voter chosen by its id (the leader only when it has no
+//! followers), so the leader handles a few batches per interval instead of one request per
+//! node. A relay answers a node only after the leader answered the batch that carried its beat,
+//! and a node counts its lease from when it *sent* the heartbeat, which is before the leader
+//! received it by any path: the fencing argument in ARCHITECTURE.md holds for any number of
+//! hops. The simulated nodes of `corral bench --nodes` use this same code.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use proto::{ApiError, Beat, NodeId, NodeRole, Reply, Request, Response, HEARTBEATS_PER_REQUEST_MAX};
+use tokio::sync::{oneshot, Notify};
+use tracing::{info, warn};
+
+use crate::link::{LeaderLink, LinkError};
+
+/// Heartbeats a relay holds at most while a batch is in flight; past it, a node is told the
+/// relay is unavailable and tries its next member.
+pub const RELAY_PENDING_MAX: usize = 4 * HEARTBEATS_PER_REQUEST_MAX;
+
+/// A node with this feature is never promoted to voter (the simulated nodes of `corral bench
+/// --nodes` hold no replica; an operator may keep a node out of the quorum the same way).
+pub const NEVER_VOTER_FEATURE: &str = "never-voter";
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The members node `me` heartbeats, in the order to try them: the follower voters starting at
+/// `me` modulo their number (so nodes spread evenly over them), then the leader. `members` are
+/// the voters as `(id, role, addr)`; agents in it are ignored. Pure and deterministic.
+pub fn relay_order(me: NodeId, members: &[(NodeId, NodeRole, String)]) -> Vec<String> {
+    let mut followers: Vec<&(NodeId, NodeRole, String)> = members.iter().filter(|m| m.1 == NodeRole::Voter).collect();
+    followers.sort_by_key(|m| m.0);
+    let mut order = Vec::with_capacity(followers.len() + 1);
+    if !followers.is_empty() {
+        let start = (me % followers.len() as u64) as usize;
+        for i in 0..followers.len() {
+            order.push(followers[(start + i) % followers.len()].2.clone());
+        }
+    }
+    order.extend(members.iter().filter(|m| m.1 == NodeRole::Leader).map(|m| m.2.clone()));
+    order
+}
+
+/// A node's lease on being counted alive: it starts when the node sent the last heartbeat a
+/// leader acknowledged (not when the acknowledgement came back), so it never outlasts the
+/// leader's own view of the node, whatever the path and its delays.
+#[derive(Clone, Copy, Debug)]
+pub struct Lease {
+    sent_at: Instant,
+}
+
+impl Lease {
+    /// A lease as of `sent_at` (a fresh node, or the acknowledgement a predecessor left).
+    pub fn new(sent_at: Instant) -> Lease {
+        Lease { sent_at }
+    }
+
+    /// A heartbeat sent at `sent_at` was acknowledged.
+    pub fn acknowledged(&mut self, sent_at: Instant) {
+        self.sent_at = self.sent_at.max(sent_at);
+    }
+
+    pub fn since(&self) -> Instant {
+        self.sent_at
+    }
+
+    /// Whether the node must stop its jobs: the leader may declare it down soon.
+    pub fn expired(&self, now: Instant, fence_after: Duration) -> bool {
+        now.saturating_duration_since(self.sent_at) > fence_after
+    }
+}
+
+/// What the heartbeat loop needs of the node it keeps counted alive: the agent, or a simulated
+/// node of `corral bench --nodes` (which runs this same loop).
+pub trait Heartbeating: Send + Sync + 'static {
+    /// The node's `Heartbeat` request as of now.
+    fn heartbeat(&self) -> Request;
+    /// Whether anything runs here that fencing would have to stop.
+    fn holds_work(&self) -> bool;
+    /// Stops every job (the cluster may soon start them elsewhere); how many.
+    fn fence(&self) -> usize;
+    /// A leader acknowledged the heartbeat sent at the lease's start.
+    fn acknowledged(&self, lease: Lease, ack: &Reply);
+    /// End of a tick, delivered or not (the agent rewrites the watchdog's lease file).
+    fn tick_done(&self) {}
+    /// A predecessor's last acknowledgement this daemon inherited with its runs.
+    fn inherited_ack(&self) -> Option<Instant> {
+        None
+    }
+    fn fence_after(&self) -> Duration;
+    /// Whether the loop should end (a simulated node silenced on purpose).
+    fn silenced(&self) -> bool {
+        false
+    }
+}
+
+/// Heartbeats through `link` every `interval`, fencing once no heartbeat sent in the last
+/// `fence_after` was acknowledged (the timing argument is in ARCHITECTURE.md). When the leader
+/// no longer knows this node (or a new instance of it), `rejoin` registers it again.
+pub async fn heartbeat_loop<H: Heartbeating>(node: Arc<H>, link: Arc<LeaderLink>, interval: Duration, rejoin: Request) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut missed = 0u32;
+    let inherited = node.inherited_ack();
+    let mut lease = Lease::new(inherited.unwrap_or_else(Instant::now));
+    let fence_after = node.fence_after();
+    let mut fenced = false;
+    loop {
+        ticker.tick().await;
+        if node.silenced() {
+            return;
+        }
+        if lease.expired(Instant::now(), fence_after) && node.holds_work() {
+            // The leader may declare this node down and start its jobs elsewhere: stop them first.
+            let n = node.fence();
+            if !fenced {
+                warn!(jobs = n, silent_ms = lease.since().elapsed().as_millis() as u64, "no leader reachable, fencing: stopping every job");
+            }
+            fenced = true;
+        }
+        // The lease counts from the send: the leader hears the beat after this, by any path.
+        let sent_at = Instant::now();
+        match link.call(node.heartbeat(), 0).await {
+            Ok(reply) => {
+                if missed > 0 {
+                    info!(missed, "heartbeat delivered again");
+                }
+                missed = 0;
+                fenced = false;
+                if inherited.is_some_and(|t| t == lease.since()) {
+                    // The first since this daemon took its predecessor's runs over: how long the
+                    // node was silent, against the lease it had.
+                    let silent_ms = lease.since().elapsed().as_millis() as u64;
+                    info!(silent_ms, fence_after_ms = fence_after.as_millis() as u64, "first heartbeat acknowledged since the take-over");
+                }
+                lease.acknowledged(sent_at);
+                node.acknowledged(lease, &reply);
+            }
+            Err(LinkError::Api(ApiError::NotFound(_))) => {
+                warn!("leader does not know this node, joining again");
+                if let Err(e) = link.call(rejoin.clone(), 0).await {
+                    warn!(error = %e, "join again");
+                }
+            }
+            Err(e) => {
+                missed += 1;
+                if missed == 1 || missed.is_multiple_of(10) {
+                    warn!(missed, error = %e, "heartbeat not delivered");
+                }
+            }
+        }
+        node.tick_done();
+    }
+}
+
+/// How often a node checks whether to ask for the members (`members_due`): soon after a new
+/// term, so its relays are the new leader's followers within half a second of an election.
+pub const MEMBERS_CHECK_INTERVAL: Duration = Duration::from_millis(500);
+
+/// How often a node asks for the members when nothing changed; a heartbeat acknowledgement of
+/// a new term (a new leader, maybe new voters) makes it ask at its next tick.
+pub const MEMBERS_REFRESH_MAX: Duration = Duration::from_secs(30);
+
+/// Whether a node should ask for the members now: never asked, the acknowledged term moved on,
+/// or `MEMBERS_REFRESH_MAX` passed. Pure.
+pub fn members_due(learned: Option<(u64, Instant)>, acked_term: u64, now: Instant) -> bool {
+    match learned {
+        None => true,
+        Some((term, at)) => term != acked_term || now.saturating_duration_since(at) >= MEMBERS_REFRESH_MAX,
+    }
+}
+
+type Waiter = (Beat, oneshot::Sender<Response>);
+
+/// Collects the heartbeats a non-leader receives and answers each once the leader answered the
+/// batch that carried it. One batch is in flight at a time; what arrives meanwhile forms the
+/// next one (so an idle relay adds no wait and a busy one sends few, large batches).
+#[derive(Default)]
+pub struct Relay {
+    pending: Mutex<Vec<Waiter>>,
+    wake: Notify,
+}
+
+impl Relay {
+    /// Queues `beat` for the next batch and waits for the leader's answer to it.
+    pub async fn relay(&self, beat: Beat) -> Response {
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut pending = lock(&self.pending);
+            if pending.len() >= RELAY_PENDING_MAX {
+                return Err(ApiError::Unavailable(format!("heartbeat relay full ({RELAY_PENDING_MAX} waiting)")));
+            }
+            pending.push((beat, tx));
+        }
+        self.wake.notify_one();
+        rx.await.unwrap_or_else(|_| Err(ApiError::Unavailable("heartbeat relay stopped".into())))
+    }
+
+    fn take(&self) -> Vec<Waiter> {
+        let mut pending = lock(&self.pending);
+        let n = pending.len().min(HEARTBEATS_PER_REQUEST_MAX);
+        pending.drain(..n).collect()
+    }
+
+    /// Sends batches with `send` for ever (one at a time) and answers their waiters. A batch
+    /// waits `linger` after its first beat for others to join it: without it, beats spread over
+    /// an interval each went alone and the leader's cost hardly fell.
+    pub async fn run<F, Fut>(&self, send: F, linger: Duration)
+    where
+        F: Fn(Vec<Beat>) -> Fut,
+        Fut: std::future::Future<Output = Response>,
+    {
+        loop {
+            self.wake.notified().await;
+            tokio::time::sleep(linger).await;
+            loop {
+                let batch = self.take();
+                if batch.is_empty() {
+                    break;
+                }
+                let beats: Vec<Beat> = batch.iter().map(|(b, _)| *b).collect();
+                let reply = send(beats).await;
+                answer(batch, reply);
+            }
+        }
+    }
+}
+
+/// Gives each waiter of a batch its own answer from the leader's reply to the batch.
+fn answer(batch: Vec<Waiter>, reply: Response) {
+    match reply {
+        Ok(Reply::HeartbeatAcks { leader, term, commit_index, refused }) => {
+            for (beat, tx) in batch {
+                let own = match refused.iter().find(|(n, _)| *n == beat.node) {
+                    Some((_, e)) => Err(e.clone()),
+                    None => Ok(Reply::HeartbeatAck { leader, term, commit_index }),
+                };
+                let _ = tx.send(own); // a waiter that gave up needs no answer
+            }
+        }
+        other => {
+            // The batch as a whole failed: each node tries its next member.
+            let why = match other {
+                Ok(r) => format!("unexpected reply to a heartbeat batch: {r:?}"),
+                Err(e) => format!("relay could not reach the leader: {e}"),
+            };
+            for (_, tx) in batch {
+                let _ = tx.send(Err(ApiError::Unavailable(why.clone())));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn members() -> Vec<(NodeId, NodeRole, String)> {
+        vec![
+            (3, NodeRole::Voter, "c".into()),
+            (1, NodeRole::Leader, "a".into()),
+            (2, NodeRole::Voter, "b".into()),
+            (9, NodeRole::Agent, "z".into()),
+        ]
+    }
+
+    #[test]
+    fn nodes_spread_over_the_followers_and_fall_back_to_the_leader() {
+        assert_eq!(relay_order(4, &members()), vec!["b", "c", "a"]);
+        assert_eq!(relay_order(5, &members()), vec!["c", "b", "a"]);
+        let counts = (1..=1000u64).fold([0usize; 2], |mut c, n| {
+            c[usize::from(relay_order(n, &members())[0] == "c")] += 1;
+            c
+        });
+        assert_eq!(counts, [500, 500]);
+    }
+
+    #[test]
+    fn a_cluster_without_followers_heartbeats_its_leader() {
+        assert_eq!(relay_order(7, &[(1, NodeRole::Leader, "a".into())]), vec!["a"]);
+        assert!(relay_order(7, &[]).is_empty());
+    }
+
+    #[test]
+    fn a_lease_counts_from_the_send_time_and_never_goes_back() {
+        let t0 = Instant::now();
+        let mut lease = Lease::new(t0);
+        lease.acknowledged(t0 + Duration::from_millis(500));
+        lease.acknowledged(t0 + Duration::from_millis(100)); // a late answer to an older beat
+        assert_eq!(lease.since(), t0 + Duration::from_millis(500));
+        assert!(!lease.expired(t0 + Duration::from_millis(1_400), Duration::from_millis(1_000)));
+        assert!(lease.expired(t0 + Duration::from_millis(1_501), Duration::from_millis(1_000)));
+    }
+
+    #[tokio::test]
+    async fn a_relay_batches_waiting_beats_and_answers_each_with_its_own_verdict() {
+        let relay = Arc::new(Relay::default());
+        let batches = Arc::new(Mutex::new(Vec::<Vec<NodeId>>::new()));
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let runner = {
+            let (relay, batches, gate) = (Arc::clone(&relay), Arc::clone(&batches), Arc::clone(&gate));
+            tokio::spawn(async move {
+                relay
+                    .run(
+                        |beats| {
+                            let (batches, gate) = (Arc::clone(&batches), Arc::clone(&gate));
+                            async move {
+                                batches.lock().unwrap().push(beats.iter().map(|b| b.node).collect());
+                                gate.acquire().await.unwrap().forget();
+                                Ok(Reply::HeartbeatAcks {
+                                    leader: 1,
+                                    term: 2,
+                                    commit_index: 3,
+                                    refused: vec![(12, ApiError::NotFound("node 12".into()))],
+                                })
+                            }
+                        },
+                        Duration::ZERO,
+                    )
+                    .await
+            })
+        };
+        let first = tokio::spawn({
+            let relay = Arc::clone(&relay);
+            async move { relay.relay(Beat { node: 10, instance: 1 }).await }
+        });
+        while batches.lock().unwrap().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        // While the first batch is in flight, two more beats queue and go as one batch.
+        let later: Vec<_> = [11, 12]
+            .into_iter()
+            .map(|node| {
+                let relay = Arc::clone(&relay);
+                tokio::spawn(async move { relay.relay(Beat { node, instance: 1 }).await })
+            })
+            .collect();
+        while lock(&relay.pending).len() < 2 {
+            tokio::task::yield_now().await;
+        }
+        gate.add_permits(2);
+        assert_eq!(first.await.unwrap(), Ok(Reply::HeartbeatAck { leader: 1, term: 2, commit_index: 3 }));
+        let mut answers = Vec::new();
+        for h in later {
+            answers.push(h.await.unwrap());
+        }
+        assert_eq!(answers[0], Ok(Reply::HeartbeatAck { leader: 1, term: 2, commit_index: 3 }));
+        assert_eq!(answers[1], Err(ApiError::NotFound("node 12".into())));
+        assert_eq!(*batches.lock().unwrap(), vec![vec![10], vec![11, 12]]);
+        runner.abort();
+    }
+
+    #[test]
+    fn members_are_asked_again_on_a_new_term_or_after_a_while() {
+        let t0 = Instant::now();
+        assert!(members_due(None, 1, t0));
+        assert!(!members_due(Some((3, t0)), 3, t0 + Duration::from_secs(29)));
+        assert!(members_due(Some((3, t0)), 4, t0 + Duration::from_secs(1)));
+        assert!(members_due(Some((3, t0)), 3, t0 + MEMBERS_REFRESH_MAX));
+    }
+
+    #[test]
+    fn a_failed_batch_sends_every_node_to_its_next_member() {
+        let (tx, rx) = oneshot::channel();
+        answer(vec![(Beat { node: 1, instance: 1 }, tx)], Err(ApiError::NoLeader));
+        assert!(matches!(rx.blocking_recv().unwrap(), Err(ApiError::Unavailable(_))));
+    }
+}
