@@ -92,6 +92,9 @@ impl LeaderLink {
                 Ok(Err(e)) => return Err(LinkError::Api(e)),
                 Err(e) => {
                     self.client.forget(&addr);
+                    if lock(&self.preferred).as_deref() == Some(addr.as_str()) {
+                        self.set_preferred(None);
+                    }
                     last_error = format!("{addr}: {e}");
                 }
             }

@@ -101,9 +101,12 @@ pub trait Heartbeating: Send + Sync + 'static {
 }
 
 /// Heartbeats through `link` every `interval`, fencing once no heartbeat sent in the last
-/// `fence_after` was acknowledged (the timing argument is in ARCHITECTURE.md). When the leader
-/// no longer knows this node (or a new instance of it), `rejoin` registers it again.
-pub async fn heartbeat_loop<H: Heartbeating>(node: Arc<H>, link: Arc<LeaderLink>, interval: Duration, rejoin: Request) {
+/// `fence_after` was acknowledged (the timing argument is in ARCHITECTURE.md). One beat gets
+/// `budget` over all the members it tries: a beat that cannot get through is dropped for the
+/// next tick's fresh one (walking every member with a full timeout each, a node stayed stuck on
+/// one beat for 2.5 s after a leader died). When the leader no longer knows this node (or a new
+/// instance of it), `rejoin` registers it again.
+pub async fn heartbeat_loop<H: Heartbeating>(node: Arc<H>, link: Arc<LeaderLink>, interval: Duration, budget: Duration, rejoin: Request) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut missed = 0u32;
@@ -126,7 +129,11 @@ pub async fn heartbeat_loop<H: Heartbeating>(node: Arc<H>, link: Arc<LeaderLink>
         }
         // The lease counts from the send: the leader hears the beat after this, by any path.
         let sent_at = Instant::now();
-        match link.call(node.heartbeat(), 0).await {
+        let beat = match tokio::time::timeout(budget, link.call(node.heartbeat(), 0)).await {
+            Ok(beat) => beat,
+            Err(_) => Err(LinkError::Unreachable(format!("no member acknowledged within {} ms", budget.as_millis()))),
+        };
+        match beat {
             Ok(reply) => {
                 if missed > 0 {
                     info!(missed, "heartbeat delivered again");
@@ -149,6 +156,9 @@ pub async fn heartbeat_loop<H: Heartbeating>(node: Arc<H>, link: Arc<LeaderLink>
                 }
             }
             Err(e) => {
+                // Start from the relays again: a preferred member that died (the old leader)
+                // would otherwise take every later beat's whole budget.
+                link.set_preferred(None);
                 missed += 1;
                 if missed == 1 || missed.is_multiple_of(10) {
                     warn!(missed, error = %e, "heartbeat not delivered");

@@ -937,10 +937,9 @@ impl Node {
     /// changes meanwhile (beats are idempotent), within the nodes' call timeout; a node without
     /// a replica sends it through its members.
     async fn relay_batch(self: Arc<Self>, beats: Vec<proto::Beat>) -> Response {
-        // Three quarters of the nodes' own timeout: a relay that cannot get through answers
-        // while they still wait on it, so each tries its next member at once instead of
-        // timing out first.
-        let timeout = heartbeat_call_timeout(&self.config) * 3 / 4;
+        // Half the nodes' budget for a beat (one interval): a relay that cannot get through
+        // answers while they still wait on it, so each has time to try its next member.
+        let timeout = heartbeat_call_timeout(&self.config) / 2;
         let request = Request::Heartbeats { relay: self.id, beats: beats.clone() };
         let answer = if self.is_member() {
             tokio::time::timeout(timeout, self.relay_to_leader(&request, &beats)).await
@@ -2028,7 +2027,8 @@ pub async fn run(
     tokio::spawn(renew_certificate_loop(config.clone(), endpoint.clone(), Arc::clone(&client), Arc::clone(&node)));
     tokio::spawn(crate::fault::watch_gpu_faults(config.data_dir.join("fault-gpu"), Arc::clone(&probe)));
     let heartbeat = Duration::from_millis(config.heartbeat_interval_ms);
-    let hb = tokio::spawn(crate::liveness::heartbeat_loop(Arc::clone(&agent), heartbeat_link, heartbeat, join));
+    let budget = heartbeat_call_timeout(&config);
+    let hb = tokio::spawn(crate::liveness::heartbeat_loop(Arc::clone(&agent), heartbeat_link, heartbeat, budget, join));
     tokio::select! {
         ended = hb => match ended {
             Ok(()) => Ok(Ended::Stopped),

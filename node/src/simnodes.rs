@@ -267,12 +267,13 @@ async fn run_async(opts: SimOptions) -> anyhow::Result<()> {
         let joins = Arc::clone(&joins);
         let interval = Duration::from_millis(config.heartbeat_interval_ms);
         let direct = opts.direct_to_leader;
+        let budget = crate::server::heartbeat_call_timeout(&config);
         joined.spawn(async move {
             let _permit = joins.acquire_owned().await.context("join permits")?;
             let id = join_until(&node.forward, &join, &name).await?;
             let _ = node.id.set(id);
             tokio::spawn(members_loop(Arc::clone(&node), Arc::clone(&heartbeat_link), direct));
-            tokio::spawn(crate::liveness::heartbeat_loop(node, heartbeat_link, interval, join));
+            tokio::spawn(crate::liveness::heartbeat_loop(node, heartbeat_link, interval, budget, join));
             anyhow::Ok(())
         });
     }
@@ -387,10 +388,12 @@ async fn control(nodes: &BTreeMap<String, Arc<SimNode>>, stats: &SimStats) -> an
             // How many live nodes had a heartbeat sent at or after UNIX_MS acknowledged.
             ["acked_since", at] => {
                 let at: u64 = at.parse().context("acked_since takes Unix milliseconds")?;
-                let live = nodes.values().filter(|n| !n.silenced.load(Ordering::SeqCst));
-                let (acked, all) =
-                    live.fold((0, 0), |(a, n), node| (a + usize::from(node.acked_sent_unix_ms.load(Ordering::SeqCst) >= at), n + 1));
-                println!("acked {acked} {all}");
+                let live: Vec<&Arc<SimNode>> = nodes.values().filter(|n| !n.silenced.load(Ordering::SeqCst)).collect();
+                let behind: Vec<&str> =
+                    live.iter().filter(|n| n.acked_sent_unix_ms.load(Ordering::SeqCst) < at).map(|n| n.name.as_str()).collect();
+                // The first few not yet acknowledged, by name, for diagnosis.
+                let names = behind.iter().take(5).copied().collect::<Vec<_>>().join(",");
+                println!("acked {} {} {names}", live.len() - behind.len(), live.len());
             }
             ["stats"] => println!("stats {}", serde_json::to_string(stats).context("encode stats")?),
             _ => warn!(line = %line, "unknown control command"),
