@@ -14,6 +14,8 @@ pub struct LeaderLink {
     preferred: Mutex<Option<String>>,
     /// Tried before the candidates (after the preferred one): a heartbeat's relays.
     first: Mutex<Vec<String>>,
+    /// Members that could not be reached lately, and until when they go last.
+    suspects: Mutex<Vec<(String, std::time::Instant)>>,
     call_timeout: Duration,
 }
 
@@ -27,7 +29,14 @@ pub enum LinkError {
 
 impl LeaderLink {
     pub fn new(client: Arc<Client>, candidates: Vec<String>, call_timeout: Duration) -> LeaderLink {
-        LeaderLink { client, candidates: Mutex::new(candidates), preferred: Mutex::new(None), first: Mutex::new(Vec::new()), call_timeout }
+        LeaderLink {
+            client,
+            candidates: Mutex::new(candidates),
+            preferred: Mutex::new(None),
+            first: Mutex::new(Vec::new()),
+            suspects: Mutex::new(Vec::new()),
+            call_timeout,
+        }
     }
 
     /// The members to try first, in order (`liveness::relay_order`). A new order forgets the
@@ -70,6 +79,14 @@ impl LeaderLink {
                 order.push(a.clone());
             }
         }
+        // A member that could not be reached goes last for a while (a dead voter is still a
+        // voter, and may be a node's first relay until the voters change).
+        {
+            let now = std::time::Instant::now();
+            let mut suspects = lock(&self.suspects);
+            suspects.retain(|(_, until)| *until > now);
+            order.sort_by_key(|a| suspects.iter().any(|(s, _)| s == a));
+        }
         let envelope = Envelope { hops, request, user };
         let mut last_error = String::from("no member address known");
         let mut redirects = 0;
@@ -95,6 +112,10 @@ impl LeaderLink {
                     if lock(&self.preferred).as_deref() == Some(addr.as_str()) {
                         self.set_preferred(None);
                     }
+                    let mut suspects = lock(&self.suspects);
+                    if suspects.len() < 64 && !suspects.iter().any(|(s, _)| *s == addr) {
+                        suspects.push((addr.clone(), std::time::Instant::now() + SUSPECT_FOR));
+                    }
                     last_error = format!("{addr}: {e}");
                 }
             }
@@ -102,6 +123,9 @@ impl LeaderLink {
         Err(LinkError::Unreachable(last_error))
     }
 }
+
+/// How long a member that could not be reached goes last in the order.
+const SUSPECT_FOR: Duration = Duration::from_secs(10);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())

@@ -937,9 +937,9 @@ impl Node {
     /// changes meanwhile (beats are idempotent), within the nodes' call timeout; a node without
     /// a replica sends it through its members.
     async fn relay_batch(self: Arc<Self>, beats: Vec<proto::Beat>) -> Response {
-        // Half the nodes' budget for a beat (one interval): a relay that cannot get through
-        // answers while they still wait on it, so each has time to try its next member.
-        let timeout = heartbeat_call_timeout(&self.config) / 2;
+        // Within the time a node gives one member (half its budget for a beat): a relay that
+        // cannot get through answers while the node still waits on it, so it tries its next.
+        let timeout = heartbeat_call_timeout(&self.config) * 3 / 8;
         let request = Request::Heartbeats { relay: self.id, beats: beats.clone() };
         let answer = if self.is_member() {
             tokio::time::timeout(timeout, self.relay_to_leader(&request, &beats)).await
@@ -1927,7 +1927,9 @@ pub async fn run(
     let link_timeout = heartbeat_call_timeout(&config);
     let agent_link = Arc::new(LeaderLink::new(Arc::clone(&client), agent_candidates.clone(), link_timeout));
     let forward_link = Arc::new(LeaderLink::new(Arc::clone(&client), others, PEER_CALL_TIMEOUT));
-    let heartbeat_link = Arc::new(LeaderLink::new(Arc::clone(&client), agent_candidates, link_timeout));
+    // Each member gets half a beat's budget, so a dead one (a killed voter is still a voter,
+    // maybe this node's first relay) leaves time for the next.
+    let heartbeat_link = Arc::new(LeaderLink::new(Arc::clone(&client), agent_candidates, link_timeout / 2));
     let join = Request::Join {
         token: config.join_token.clone(),
         name: config.name.clone(),

@@ -303,7 +303,7 @@ fn start_node(
     let mut members = vec![config.advertise_addr()];
     members.extend(config.join.iter().filter(|a| **a != config.advertise_addr()).cloned());
     let forward = Arc::new(LeaderLink::new(Arc::clone(&client), members.clone(), timeout));
-    let heartbeat_link = Arc::new(LeaderLink::new(client, members, timeout));
+    let heartbeat_link = Arc::new(LeaderLink::new(client, members, timeout / 2));
     let instance: InstanceId = rand::random();
     let node = Arc::new(SimNode {
         name: name.to_string(),
@@ -363,6 +363,8 @@ async fn members_loop(node: Arc<SimNode>, heartbeat_link: Arc<LeaderLink>, direc
                 .filter(|m| !direct_to_leader || m.role == proto::NodeRole::Leader)
                 .map(|m| (m.id, m.role, m.addr.clone()))
                 .collect();
+            // As a real node does: every voter becomes a candidate too, not only the relay order.
+            heartbeat_link.learn(voters.iter().map(|(_, _, addr)| addr.clone()).collect::<Vec<_>>());
             heartbeat_link.set_first(crate::liveness::relay_order(node.node_id(), &voters));
             learned = Some((term, Instant::now()));
         }
