@@ -454,10 +454,33 @@ pub const CONNECTION_IDLE_CLOSE: Duration = Duration::from_secs(10);
 /// How often a client looks for idle connections (on a call; never between calls).
 const CONNECTION_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
+/// A call's hold on the dial to one address; the last one out removes the address's entry
+/// (also when the call is cancelled while it waits).
+struct DialGate<'a> {
+    client: &'a Client,
+    addr: &'a str,
+    gate: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Drop for DialGate<'_> {
+    fn drop(&mut self) {
+        let mut dialing = self.client.lock_dialing();
+        // Ours and the map's: nobody else waits on this gate.
+        if Arc::strong_count(&self.gate) <= 2 {
+            dialing.remove(self.addr);
+        }
+    }
+}
+
 struct ClientInner {
     endpoint: quinn::Endpoint,
     /// One connection per address as given to [`Client::call`].
     connections: Mutex<HashMap<String, Cached>>,
+    /// One dial per address at a time: calls that find a dial under way wait for its
+    /// connection instead of each paying a handshake of their own (a leader launching eight
+    /// jobs on a node it never called dialed it eight times). An entry lives while its dial
+    /// has callers.
+    dialing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     swept: Mutex<std::time::Instant>,
     idle_close: Duration,
     /// Fault injection: addresses this client cannot reach (`*` for all), as if partitioned.
@@ -493,6 +516,7 @@ impl Client {
             inner: Arc::new(ClientInner {
                 endpoint,
                 connections: Mutex::new(HashMap::new()),
+                dialing: Mutex::new(HashMap::new()),
                 swept: Mutex::new(std::time::Instant::now()),
                 idle_close,
                 blocked: std::sync::RwLock::new(Vec::new()),
@@ -610,27 +634,57 @@ impl Client {
         result
     }
 
-    /// The cached connection to `addr` when it is alive, else a new one; `true` when new.
+    /// The cached connection to `addr` when it is alive, else a new one; `true` when new. A
+    /// call that waited on another's dial to `addr` takes its connection, or its failure: one
+    /// handshake per burst of calls, even to a peer that does not answer.
     async fn connection(&self, addr: &str, connect_timeout: Duration) -> Result<(quinn::Connection, bool, InFlight), CallError> {
         self.sweep_idle();
-        {
-            let mut map = self.lock();
-            if let Some(cached) = map.get_mut(addr) {
-                if cached.conn.close_reason().is_none() {
-                    cached.used = std::time::Instant::now();
-                    cached.in_flight.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    return Ok((cached.conn.clone(), false, InFlight(Arc::clone(&cached.in_flight))));
-                }
-                map.remove(addr);
-            }
+        if let Some(found) = self.cached(addr) {
+            return Ok(found);
+        }
+        let gate = DialGate { client: self, addr, gate: Arc::clone(self.lock_dialing().entry(addr.to_string()).or_default()) };
+        self.dial_through(addr, &gate.gate, connect_timeout).await
+    }
+
+    async fn dial_through(
+        &self,
+        addr: &str,
+        gate: &tokio::sync::Mutex<()>,
+        connect_timeout: Duration,
+    ) -> Result<(quinn::Connection, bool, InFlight), CallError> {
+        let (_dialing, waited) = match gate.try_lock() {
+            Ok(guard) => (guard, false),
+            Err(_) => (gate.lock().await, true),
+        };
+        if let Some(found) = self.cached(addr) {
+            return Ok(found);
+        }
+        if waited {
+            return Err(CallError::Connect(format!("handshake with {addr}: a concurrent call's dial did not connect")));
         }
         let conn = self.dial(addr, connect_timeout).await.map_err(|e| CallError::Connect(format!("{e:#}")))?;
-        // Should another call have dialed at the same time, its connection is replaced here;
-        // its callers keep their handle until they are done, and then it closes.
         let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(1));
         let cached = Cached { conn: conn.clone(), used: std::time::Instant::now(), in_flight: Arc::clone(&in_flight) };
         self.lock().insert(addr.to_string(), cached);
         Ok((conn, true, InFlight(in_flight)))
+    }
+
+    /// The cached connection to `addr` if it is alive (a dead one is dropped), counted in use.
+    fn cached(&self, addr: &str) -> Option<(quinn::Connection, bool, InFlight)> {
+        let mut map = self.lock();
+        let cached = map.get_mut(addr)?;
+        if cached.conn.close_reason().is_some() {
+            map.remove(addr);
+            return None;
+        }
+        cached.used = std::time::Instant::now();
+        cached.in_flight.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Some((cached.conn.clone(), false, InFlight(Arc::clone(&cached.in_flight))))
+    }
+
+    fn lock_dialing(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<tokio::sync::Mutex<()>>>> {
+        // The map holds no invariant a panicking holder could break.
+        self.inner.dialing.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Closes the cached connections no call used for their idle limit, at most once

@@ -393,3 +393,48 @@ async fn a_connection_idle_past_the_limit_is_closed_and_the_next_call_dials_anew
     assert_eq!(second.stable_id(), third.stable_id());
     waiting.abort();
 }
+
+#[tokio::test]
+async fn concurrent_first_calls_to_a_peer_share_one_handshake() {
+    let cluster = Cluster::new();
+    let server = start_server(&cluster.server_id, LOOPBACK.parse().expect("addr"));
+    let addr = server.addr.to_string();
+    let client = cluster.client("alice");
+    let calls: Vec<_> = (0..16u64)
+        .map(|job| {
+            let (client, addr) = (client.clone(), addr.clone());
+            tokio::spawn(async move { cancel(&client, &addr, job).await })
+        })
+        .collect();
+    for (job, call) in calls.into_iter().enumerate() {
+        assert_eq!(call.await.expect("join").expect("call"), Ok(Reply::Submitted { job: job as u64 }));
+    }
+    assert_eq!(server.endpoint.open_connections(), 1, "one connection for sixteen concurrent calls");
+    assert_eq!(client.endpoint().open_connections(), 1);
+    assert!(client.lock_dialing().is_empty(), "no dial entry outlives its calls");
+}
+
+#[tokio::test]
+async fn concurrent_calls_to_a_silent_peer_pay_one_handshake_timeout() {
+    // A bound socket that never answers: every handshake to it times out.
+    let silent = std::net::UdpSocket::bind(LOOPBACK).expect("bind");
+    let addr = silent.local_addr().expect("addr").to_string();
+    let client = Cluster::new().client("alice");
+    let connect = Duration::from_millis(300);
+    let started = std::time::Instant::now();
+    let calls: Vec<_> = (0..8u64)
+        .map(|job| {
+            let (client, addr) = (client.clone(), addr.clone());
+            tokio::spawn(
+                async move { client.call_connecting_within(&addr, &envelope(Request::Cancel { job }), CALL_TIMEOUT, connect).await },
+            )
+        })
+        .collect();
+    for call in calls {
+        let err = call.await.expect("join").expect_err("a silent peer");
+        assert!(matches!(err, CallError::Connect(_)), "{err}");
+    }
+    // Serialized, eight dials would take eight timeouts.
+    assert!(started.elapsed() < connect * 3, "took {:?}", started.elapsed());
+    assert!(client.lock_dialing().is_empty(), "no dial entry outlives its calls");
+}
