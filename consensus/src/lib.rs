@@ -184,6 +184,27 @@ async fn leader_where(raft: &Raft, done: impl Fn(Option<NodeId>) -> bool) {
     }
 }
 
+/// Whether `raft` leads now (asked on every request: reads the metrics, copies nothing).
+pub fn is_leader(raft: &Raft) -> bool {
+    use openraft::async_runtime::watch::WatchReceiver;
+
+    let metrics = raft.metrics();
+    let m = metrics.borrow_watched();
+    let (leads, leader, me) = (m.state.is_leader(), m.current_leader, m.id);
+    leads && leader == Some(me)
+}
+
+/// Whether `raft`'s own node is a voter or learner of its effective membership.
+pub fn is_member(raft: &Raft) -> bool {
+    use openraft::async_runtime::watch::WatchReceiver;
+
+    let metrics = raft.metrics();
+    let m = metrics.borrow_watched();
+    let me = m.id;
+    let member = m.membership_config.membership().nodes().any(|(id, _)| *id == me);
+    member
+}
+
 /// Reads [`RaftStatus`] from `raft`'s metrics without waiting.
 pub fn raft_status(raft: &Raft) -> RaftStatus {
     use openraft::async_runtime::watch::WatchReceiver;

@@ -1024,6 +1024,10 @@ mod tests {
             Command::Submit { spec: spec(2, 1), now_ms: 10 },
             Command::Cancel { job: 1, now_ms: 11 },
             Command::Cancel { job: 99, now_ms: 11 },
+            // A node found down and back (liveness proposes a crowd of them together).
+            Command::NodeDown { node: 1, reason: "no heartbeat".into(), now_ms: 11 },
+            Command::NodeUp { node: 1, instance: 1, now_ms: 12 },
+            Command::NodeUp { node: 7, instance: 1, now_ms: 12 },
         ];
         let alone: Vec<CommandResult> = commands.iter().map(|c| one.apply(c)).collect();
         let result = batched.apply(&Command::Batch { commands: commands.clone() });
@@ -1031,10 +1035,13 @@ mod tests {
         assert!(matches!(alone[3], CommandResult::Rejected(_)), "a refused command refuses only itself");
         assert_eq!(one, batched);
 
-        // Node-wide commands and nested batches are not batchable: nothing of it applies.
+        assert!(matches!(alone[6], CommandResult::Rejected(_)), "an unknown node refuses only itself");
+        assert_eq!(one.nodes.values().next().map(|n| n.state), Some(NodeState::Up));
+
+        // Administrative node commands and nested batches are not batchable: nothing applies.
         let before = batched.clone();
         let bad = Command::Batch {
-            commands: vec![Command::Submit { spec: spec(1, 1), now_ms: 12 }, Command::NodeDown { node: 1, reason: "x".into(), now_ms: 12 }],
+            commands: vec![Command::Submit { spec: spec(1, 1), now_ms: 12 }, Command::Drain { node: 1, reason: "x".into(), now_ms: 12 }],
         };
         assert!(matches!(batched.apply(&bad), CommandResult::Rejected(_)));
         let nested = Command::Batch { commands: vec![Command::Batch { commands: vec![] }] };

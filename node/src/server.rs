@@ -22,6 +22,7 @@ use transport::{Client, Handler, Peer};
 use crate::agent::Agent;
 use crate::config::NodeConfig;
 use crate::link::{LeaderLink, LinkError};
+use crate::liveness;
 
 pub fn now_ms() -> u64 {
     crate::fault::wall_ms()
@@ -57,6 +58,12 @@ struct LeaderMemory {
     launches_sent: HashMap<(JobId, RunNo, NodeId), Instant>,
     kills_sent: HashMap<(JobId, RunNo, NodeId), Instant>,
     layouts_sent: HashMap<(NodeId, u32), Instant>,
+    /// How many nodes a mass silence holds back from `NodeDown` (`liveness::nodes_down`), to
+    /// say so when it starts and ends.
+    held_down: usize,
+    /// When this leader declared nodes down, within the last grace period (at most one entry
+    /// per node: a node is declared down once until it is back).
+    declared_down: std::collections::VecDeque<Instant>,
     /// When finished jobs were last moved to the accounting store (and old records pruned).
     archived_at: Option<Instant>,
 }
@@ -77,7 +84,7 @@ pub struct Node {
     /// Where this node's heartbeats go: its relays first (`liveness::relay_order`).
     pub heartbeat_link: Arc<LeaderLink>,
     /// The heartbeats this node passes on to the leader while it is not the leader.
-    relay: crate::liveness::Relay,
+    relay: liveness::Relay,
     memory: Mutex<LeaderMemory>,
     /// The leader a forward last failed to reach, and when (see `forward`).
     unreachable_leader: Mutex<Option<(NodeId, Instant)>>,
@@ -93,14 +100,12 @@ impl Node {
     }
 
     pub fn is_leader(&self) -> bool {
-        let s = self.status();
-        s.is_leader && s.leader == Some(self.id)
+        consensus::is_leader(&self.raft)
     }
 
     /// Whether this node holds the replicated state (voter or learner).
     fn is_member(&self) -> bool {
-        let s = self.status();
-        s.voters.iter().chain(s.learners.iter()).any(|(id, _)| *id == self.id)
+        consensus::is_member(&self.raft)
     }
 
     fn leader(&self) -> (Option<NodeId>, Option<String>) {
@@ -883,12 +888,15 @@ impl Node {
     /// node a leader still counts it alive; a leader cut off from its quorum must not give one,
     /// or its nodes would never fence.
     async fn accept_heartbeats(&self, beats: &[proto::Beat]) -> Result<(NodeId, u64, u64, Vec<(NodeId, ApiError)>), ApiError> {
-        self.confirm_leadership().await?;
         let known: Vec<Option<(NodeState, InstanceId)>> =
             self.state.read(|s| beats.iter().map(|b| s.nodes.get(&b.node).map(|n| (n.state, n.instance))).collect());
         let mut refused = Vec::new();
         let mut back = Vec::new();
         {
+            // Seen on receipt, before leadership is confirmed: a later last-seen only delays a
+            // `NodeDown` (the node's lease counts from its send, earlier still), and a leader
+            // slow to confirm (its quorum lease lapsed under load) must not take its own delay
+            // for the nodes' silence.
             let seen_at = Instant::now();
             let mut mem = lock(&self.memory);
             for (beat, known) in beats.iter().zip(known) {
@@ -903,6 +911,7 @@ impl Node {
                 }
             }
         }
+        self.confirm_leadership().await?;
         // Nodes coming back are rare but may come in a crowd (a rack powered on): proposed
         // together, the group commit packs them.
         let now = now_ms();
@@ -1096,22 +1105,60 @@ impl Node {
     }
 
     async fn check_liveness(&self) {
-        let down_after = Duration::from_millis(self.config.node_down_after_ms);
+        let down_after_ms = self.config.node_down_after_ms;
         let candidates: Vec<(NodeId, String)> =
             self.state.read(|s| s.nodes.values().filter(|n| n.state != NodeState::Down).map(|n| (n.id, n.name.clone())).collect());
-        for (id, name) in candidates {
-            let silent_for = {
-                let mut mem = lock(&self.memory);
-                let seen = *mem.last_seen.entry(id).or_insert_with(Instant::now);
-                seen.elapsed()
-            };
-            if silent_for > down_after {
-                warn!(node = %name, silent_ms = silent_for.as_millis() as u64, "node missed heartbeats, marking it down");
-                let reason = format!("no heartbeat for {} ms", silent_for.as_millis());
-                if let Err(e) = self.propose(Command::NodeDown { node: id, reason, now_ms: now_ms() }).await {
-                    warn!(node = %name, error = %e, "mark node down");
-                }
+        let (silent_ms, recent_downs) = {
+            let mut mem = lock(&self.memory);
+            let silent: Vec<(NodeId, u64)> = candidates
+                .iter()
+                .map(|(id, _)| (*id, mem.last_seen.entry(*id).or_insert_with(Instant::now).elapsed().as_millis() as u64))
+                .collect();
+            let grace = Duration::from_millis(down_after_ms);
+            while mem.declared_down.front().is_some_and(|at| at.elapsed() > grace) {
+                mem.declared_down.pop_front();
             }
+            (silent, mem.declared_down.len())
+        };
+        let verdict = liveness::nodes_down(&silent_ms, down_after_ms, recent_downs);
+        self.say_held(verdict.held.len());
+        if verdict.down.is_empty() {
+            return;
+        }
+        let silent: HashMap<NodeId, u64> = silent_ms.into_iter().collect();
+        let names: HashMap<NodeId, String> = candidates.into_iter().collect();
+        // Proposed together, the group commit packs them into a few entries.
+        let now = now_ms();
+        let downs = verdict.down.iter().map(|id| {
+            let reason = format!("no heartbeat for {} ms", silent.get(id).copied().unwrap_or(0));
+            self.propose(Command::NodeDown { node: *id, reason, now_ms: now })
+        });
+        let results = futures_util::future::join_all(downs).await;
+        for (id, result) in verdict.down.iter().zip(results) {
+            let name = names.get(id).map_or("?", String::as_str);
+            let silent_ms = silent.get(id).copied().unwrap_or(0);
+            match result {
+                Ok(CommandResult::Rejected(why)) => warn!(node = %name, why = %why, "NodeDown refused"),
+                Ok(_) => {
+                    lock(&self.memory).declared_down.push_back(Instant::now());
+                    warn!(node = %name, silent_ms, "node declared down: it missed its heartbeats");
+                }
+                Err(e) => warn!(node = %name, error = %e, "mark node down"),
+            }
+        }
+    }
+
+    /// Says once when a mass silence starts holding nodes back from `NodeDown`, and when it ends.
+    fn say_held(&self, held: usize) {
+        let before = std::mem::replace(&mut lock(&self.memory).held_down, held);
+        if held > 0 && before == 0 {
+            warn!(
+                nodes = held,
+                "too many nodes unheard at once to believe: declaring them down only after {} grace periods",
+                liveness::MASS_DOWN_GRACES
+            );
+        } else if held == 0 && before > 0 {
+            info!(nodes = before, "the mass silence is over");
         }
     }
 
@@ -1354,7 +1401,7 @@ impl Node {
                     .nodes
                     .values()
                     .filter(|n| n.state == NodeState::Up && !voters.contains(&n.id))
-                    .filter(|n| !n.inventory.features.iter().any(|f| f == crate::liveness::NEVER_VOTER_FEATURE))
+                    .filter(|n| !n.inventory.features.iter().any(|f| f == liveness::NEVER_VOTER_FEATURE))
                     .find(|n| mem.last_seen.get(&n.id).is_some_and(|t| t.elapsed() < fresh_within))
                     .map(|n| (n.id, MemberNode { name: n.name.clone(), addr: n.addr.clone() }));
                 let dead: Vec<NodeId> = voters
@@ -1405,12 +1452,12 @@ impl Node {
 
     /// Periodically learns the members' addresses so this node can find the leader.
     async fn learn_members_loop(self: Arc<Self>) {
-        let mut ticker = tokio::time::interval(crate::liveness::MEMBERS_CHECK_INTERVAL);
+        let mut ticker = tokio::time::interval(liveness::MEMBERS_CHECK_INTERVAL);
         let mut learned: Option<(u64, Instant)> = None;
         loop {
             ticker.tick().await;
             let term = self.agent.ack_term();
-            if !crate::liveness::members_due(learned, term, Instant::now()) {
+            if !liveness::members_due(learned, term, Instant::now()) {
                 continue;
             }
             // A relay answers (any voter does): the leader is asked only when none can.
@@ -1425,7 +1472,7 @@ impl Node {
                 self.agent_link.learn(addrs.clone());
                 self.heartbeat_link.learn(addrs);
                 let voters: Vec<(NodeId, NodeRole, String)> = info.members.iter().map(|m| (m.id, m.role, m.addr.clone())).collect();
-                self.heartbeat_link.set_first(crate::liveness::relay_order(self.id, &voters));
+                self.heartbeat_link.set_first(liveness::relay_order(self.id, &voters));
                 learned = Some((term, Instant::now()));
             }
         }
@@ -1995,7 +2042,7 @@ pub async fn run(
         agent_link: Arc::clone(&agent_link),
         forward_link,
         heartbeat_link: Arc::clone(&heartbeat_link),
-        relay: crate::liveness::Relay::default(),
+        relay: liveness::Relay::default(),
         memory: Mutex::new(LeaderMemory::default()),
         unreachable_leader: Mutex::new(None),
         membership_busy: AtomicBool::new(false),
@@ -2030,7 +2077,7 @@ pub async fn run(
     tokio::spawn(crate::fault::watch_gpu_faults(config.data_dir.join("fault-gpu"), Arc::clone(&probe)));
     let heartbeat = Duration::from_millis(config.heartbeat_interval_ms);
     let budget = heartbeat_call_timeout(&config);
-    let hb = tokio::spawn(crate::liveness::heartbeat_loop(Arc::clone(&agent), heartbeat_link, heartbeat, budget, join));
+    let hb = tokio::spawn(liveness::heartbeat_loop(Arc::clone(&agent), heartbeat_link, heartbeat, budget, join));
     tokio::select! {
         ended = hb => match ended {
             Ok(()) => Ok(Ended::Stopped),

@@ -918,12 +918,15 @@ pub const BATCH_COMMANDS_MAX: usize = 512;
 pub const BATCH_BYTES_MAX: usize = 4 << 20;
 
 impl Command {
-    /// Commands that may go in a `Batch`: the per-job ones whose effects are the hot state's
-    /// alone (not node-wide, not the accounting store's).
+    /// Commands that may go in a `Batch`: those whose effects are the hot state's alone (not
+    /// the accounting store's, not the membership's): the per-job ones, and a node found down
+    /// or back (a crowd of them is one entry, not one each).
     pub fn batchable(&self) -> bool {
         matches!(
             self,
             Command::Submit { .. }
+                | Command::NodeDown { .. }
+                | Command::NodeUp { .. }
                 | Command::LaunchConfirmed { .. }
                 | Command::RunFinished { .. }
                 | Command::Cancel { .. }
