@@ -253,6 +253,33 @@ async fn detection(
     }
 }
 
+/// The voters' logs (`nN/corrald.log` of the dev cluster) and how long each is now.
+fn voter_logs(dir: &Path) -> Vec<(PathBuf, u64)> {
+    ["n1", "n2", "n3"]
+        .iter()
+        .map(|n| dir.join(n).join("corrald.log"))
+        .map(|p| {
+            let len = std::fs::metadata(&p).map_or(0, |m| m.len());
+            (p, len)
+        })
+        .collect()
+}
+
+/// Simulated nodes a leader declared down since `since` (what [`voter_logs`] gave): each
+/// committed `NodeDown` is said once, by the leader that committed it, as "node declared down".
+fn declared_down_since(since: &[(PathBuf, u64)]) -> anyhow::Result<usize> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut count = 0;
+    for (path, offset) in since {
+        let mut file = std::fs::File::open(path).with_context(|| format!("open {}", path.display()))?;
+        file.seek(SeekFrom::Start(*offset)).with_context(|| format!("seek in {}", path.display()))?;
+        let mut text = String::new();
+        file.read_to_string(&mut text).with_context(|| format!("read {}", path.display()))?;
+        count += text.lines().filter(|l| l.contains("node declared down") && l.contains("node=sim")).count();
+    }
+    Ok(count)
+}
+
 /// SIGKILLs the leader and measures until every live node had a heartbeat sent after the kill
 /// acknowledged; then restarts it.
 async fn failover(dir: &Path, cluster: &Cluster, sim: &mut Sim) -> anyhow::Result<(String, f64)> {
@@ -380,20 +407,26 @@ async fn measure(dir: &Path, opts: &NodesBench, count: usize, direct_leader_pct:
     }
     let fences_before = sim.fences().await?;
     let down_before = node_names(&cluster).await?.values().filter(|(n, s)| n.starts_with("sim") && *s == NodeState::Down).count();
-    let mut rejoin = Vec::new();
+    let (mut rejoin, mut declared) = (Vec::new(), 0);
     for round in 0..opts.failovers {
+        let logs = voter_logs(dir);
         let (leader, ms) = failover(dir, &cluster, &mut sim).await?;
-        println!("    failover {}: killed {leader}; every node acknowledged by the new leader {ms:.0} ms after the kill", round + 1);
+        // Past the new leader's grace period, any node it gave up on has been declared down.
+        tokio::time::sleep(Duration::from_millis(opts.node_down_after_ms + 1_000)).await;
+        let downs = declared_down_since(&logs)?;
+        declared += downs;
+        println!(
+            "    failover {}: killed {leader}; every node acknowledged by the new leader {ms:.0} ms after the kill; nodes declared down: {downs}",
+            round + 1
+        );
         rejoin.push(ms);
     }
     if !rejoin.is_empty() {
-        // Past a full grace period, any node the new leaders wrongly gave up on shows DOWN.
-        tokio::time::sleep(Duration::from_millis(opts.node_down_after_ms + 1_000)).await;
         let down_after = node_names(&cluster).await?.values().filter(|(n, s)| n.starts_with("sim") && *s == NodeState::Down).count();
         let fences = sim.fences().await? - fences_before;
         let rejoin = sorted(rejoin);
         println!(
-            "  {} leader SIGKILLs: every node acknowledged again p50 {:.0} ms  p99 {:.0} ms after the kill; nodes wrongly declared down: {}; nodes that fenced: {fences}",
+            "  {} leader SIGKILLs: every node acknowledged again p50 {:.0} ms  p99 {:.0} ms after the kill; live nodes declared down: {declared} ({} still DOWN at the end); nodes that fenced: {fences}",
             rejoin.len(),
             percentile(&rejoin, 0.5),
             percentile(&rejoin, 0.99),
