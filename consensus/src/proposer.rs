@@ -143,7 +143,7 @@ mod tests {
     }
 
     #[test]
-    fn an_entry_takes_what_is_queued_up_to_its_bounds_and_never_a_node_wide_command() {
+    fn an_entry_takes_what_is_queued_up_to_its_bounds_and_never_an_unbatchable_command() {
         // Alone: nothing queued.
         let (batch, rest) = fill(cancel(1), || None);
         assert_eq!(batch.len(), 1);
@@ -157,14 +157,15 @@ mod tests {
         assert_eq!(queue.len(), 1000 - proto::BATCH_COMMANDS_MAX);
         assert_eq!(batch.iter().map(|(_, j)| *j).collect::<Vec<_>>(), (1..=proto::BATCH_COMMANDS_MAX as u64).collect::<Vec<_>>());
 
-        // A node-wide command ends the batch and goes in the next entry, alone.
-        let down = (Command::NodeDown { node: 3, reason: "silent".into(), now_ms: 1 }, 99);
+        // A command that may not be batched (an operator's drain) ends the batch and goes in
+        // the next entry, alone.
+        let down = (Command::Drain { node: 3, reason: "maintenance".into(), now_ms: 1 }, 99);
         let mut queue: VecDeque<(Command, u64)> = vec![cancel(2), down.clone(), cancel(3)].into();
         let (batch, rest) = fill(cancel(1), || queue.pop_front());
         assert_eq!(batch.iter().map(|(_, j)| *j).collect::<Vec<_>>(), vec![1, 2]);
         assert_eq!(rest.map(|(_, j)| j), Some(99));
         let (batch, rest) = fill(down, || queue.pop_front());
-        assert_eq!(batch.len(), 1, "a node-wide command is never batched");
+        assert_eq!(batch.len(), 1, "an unbatchable command is never batched");
         assert!(rest.is_none());
         assert_eq!(queue.len(), 1, "nothing taken after it");
 
@@ -178,5 +179,13 @@ mod tests {
         let (batch, rest) = fill(big(1), || queue.pop_front());
         assert!(batch.len() < 5 && batch.len() > 1, "{} submissions of 1 MiB", batch.len());
         assert!(rest.is_some());
+
+        // Nodes found down and back are batched with the rest (a crowd of them is one entry).
+        let node_down = (Command::NodeDown { node: 3, reason: "silent".into(), now_ms: 1 }, 7);
+        let node_up = (Command::NodeUp { node: 4, instance: 1, now_ms: 1 }, 8);
+        let mut queue: VecDeque<(Command, u64)> = vec![node_down, node_up, cancel(9)].into();
+        let (batch, rest) = fill(cancel(6), || queue.pop_front());
+        assert_eq!(batch.iter().map(|(_, j)| *j).collect::<Vec<_>>(), vec![6, 7, 8, 9]);
+        assert!(rest.is_none());
     }
 }
