@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use proto::{ApiError, Envelope, Reply, Request};
-use transport::Client;
+use transport::{CallError, Client};
 
 pub struct LeaderLink {
     client: Arc<Client>,
@@ -108,7 +108,13 @@ impl LeaderLink {
                 }
                 Ok(Err(e)) => return Err(LinkError::Api(e)),
                 Err(e) => {
-                    self.client.forget(&addr);
+                    // A call that timed out leaves its connection: the member was slow, not
+                    // gone (QUIC's idle timeout closes a dead one within 5 s), and a new
+                    // handshake costs a loaded member far more than the call did. Dropping it on
+                    // every timeout turned slow relays into a storm of handshakes at 5,000 nodes.
+                    if !matches!(e, CallError::Timeout) {
+                        self.client.forget(&addr);
+                    }
                     if lock(&self.preferred).as_deref() == Some(addr.as_str()) {
                         self.set_preferred(None);
                     }
@@ -129,4 +135,52 @@ const SUSPECT_FOR: Duration = Duration::from_secs(10);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::pin::Pin;
+
+    use proto::{Envelope, Response};
+    use transport::{Handler, Peer, TlsIdentity};
+
+    use super::*;
+
+    /// Answers `Cancel` at once and never answers anything else (a member too loaded to reply).
+    struct SlowMember;
+
+    impl Handler for SlowMember {
+        fn handle(&self, _peer: Peer, envelope: Envelope) -> Pin<Box<dyn Future<Output = Response> + Send + 'static>> {
+            Box::pin(async move {
+                match envelope.request {
+                    Request::Cancel { job } => Ok(Reply::Submitted { job }),
+                    _ => std::future::pending().await,
+                }
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_member_that_answers_late_keeps_its_connection() {
+        let ca = transport::generate_ca("test").expect("ca");
+        let node = transport::issue_node_cert(&ca, "m1", &["127.0.0.1".into()]).expect("node cert");
+        let server_id = TlsIdentity::from_pems(&ca.cert_pem, &node.cert_pem, &node.key_pem).expect("server identity");
+        let server = transport::endpoint("127.0.0.1:0".parse().expect("addr"), &server_id, true).expect("server endpoint");
+        let addr = server.local_addr().expect("addr").to_string();
+        tokio::spawn(transport::serve(server.clone(), Arc::new(SlowMember)));
+        let user = transport::issue_client_cert(&ca, "alice").expect("client cert");
+        let client_id = TlsIdentity::from_pems(&ca.cert_pem, &user.cert_pem, &user.key_pem).expect("client identity");
+        let client = Arc::new(Client::new(transport::endpoint("127.0.0.1:0".parse().expect("addr"), &client_id, false).expect("endpoint")));
+        let link = LeaderLink::new(Arc::clone(&client), vec![addr], Duration::from_millis(300));
+
+        assert!(matches!(link.call(Request::Cancel { job: 1 }, 0).await, Ok(Reply::Submitted { job: 1 })));
+        // From now on the member accepts no new connection: only the first one can carry calls.
+        server.set_server_config(None);
+        let err = link.call(Request::ClusterInfo, 0).await.expect_err("a member that does not answer");
+        assert!(err.to_string().contains("timed out"), "{err}");
+        // The same connection carries the next call: no second handshake for a slow member.
+        let next = link.call(Request::Cancel { job: 2 }, 0).await;
+        assert!(matches!(next, Ok(Reply::Submitted { job: 2 })), "{next:?}");
+    }
 }
