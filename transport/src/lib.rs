@@ -57,8 +57,10 @@ pub const KEEP_ALIVE_INTERVAL_MS: u64 = 1_000;
 pub const IDLE_TIMEOUT_MS: u64 = 5_000;
 /// Streams a peer may have open on one connection at once.
 pub const STREAMS_PER_CONNECTION_MAX: u32 = 256;
-/// Connections a server holds at once; more are refused.
-pub const CONNECTIONS_MAX: usize = 4096;
+/// Connections a server holds at once; more are refused. A relay of a fleet may hold one from
+/// every node (its own share, and the nodes of a relay that died): at 4,096 both relays of a
+/// 5,000-node cluster refused nodes, which then went silent. An idle connection costs a few KiB.
+pub const CONNECTIONS_MAX: usize = 16_384;
 /// How long a server waits for the whole request frame of a stream.
 pub const REQUEST_READ_TIMEOUT_MS: u64 = 60_000;
 
