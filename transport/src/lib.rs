@@ -461,8 +461,11 @@ const CONNECTION_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 struct DialGate<'a> {
     client: &'a Client,
     addr: &'a str,
-    gate: Arc<tokio::sync::Mutex<()>>,
+    gate: Arc<DialState>,
 }
+
+/// The dial to one address: held while dialing; the last failure and when it happened.
+type DialState = tokio::sync::Mutex<Option<(std::time::Instant, String)>>;
 
 impl Drop for DialGate<'_> {
     fn drop(&mut self) {
@@ -482,7 +485,7 @@ struct ClientInner {
     /// connection instead of each paying a handshake of their own (a leader launching eight
     /// jobs on a node it never called dialed it eight times). An entry lives while its dial
     /// has callers.
-    dialing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    dialing: Mutex<HashMap<String, Arc<DialState>>>,
     swept: Mutex<std::time::Instant>,
     idle_close: Duration,
     /// Fault injection: addresses this client cannot reach (`*` for all), as if partitioned.
@@ -600,14 +603,35 @@ impl Client {
         if request.len() > FRAME_BYTES_MAX {
             return Err(CallError::Codec(format!("request of {} bytes exceeds the frame limit of {FRAME_BYTES_MAX}", request.len())));
         }
-        match tokio::time::timeout(timeout, self.call_inner(addr, &request, connect_timeout)).await {
+        let used: Mutex<Option<(quinn::Connection, u64)>> = Mutex::new(None);
+        match tokio::time::timeout(timeout, self.call_inner(addr, &request, connect_timeout, &used)).await {
             Ok(result) => result,
-            Err(_elapsed) => Err(CallError::Timeout),
+            Err(_elapsed) => {
+                // A peer that is alive but slow still acknowledges our packets and sends its
+                // keep-alives: its connection is kept (a new handshake would cost it far more).
+                // Nothing at all arrived during the call: the peer is likely gone (killed, or
+                // restarted on the same port, which does not know the connection), so the next
+                // call dials anew instead of waiting for QUIC's idle timeout.
+                let used = used.lock().unwrap_or_else(|p| p.into_inner()).take();
+                if let Some((conn, rx_before)) = used {
+                    if conn.stats().udp_rx.datagrams == rx_before {
+                        self.drop_cached(addr, &conn);
+                    }
+                }
+                Err(CallError::Timeout)
+            }
         }
     }
 
-    async fn call_inner(&self, addr: &str, request: &[u8], connect_timeout: Duration) -> Result<Response, CallError> {
+    async fn call_inner(
+        &self,
+        addr: &str,
+        request: &[u8],
+        connect_timeout: Duration,
+        used: &Mutex<Option<(quinn::Connection, u64)>>,
+    ) -> Result<Response, CallError> {
         let (conn, fresh, _in_flight) = self.connection(addr, connect_timeout).await?;
+        *used.lock().unwrap_or_else(|p| p.into_inner()) = Some((conn.clone(), conn.stats().udp_rx.datagrams));
         let streams = match conn.open_bi().await {
             Ok(streams) => streams,
             Err(e) => {
@@ -651,20 +675,33 @@ impl Client {
     async fn dial_through(
         &self,
         addr: &str,
-        gate: &tokio::sync::Mutex<()>,
+        gate: &DialState,
         connect_timeout: Duration,
     ) -> Result<(quinn::Connection, bool, InFlight), CallError> {
-        let (_dialing, waited) = match gate.try_lock() {
-            Ok(guard) => (guard, false),
-            Err(_) => (gate.lock().await, true),
+        let started = std::time::Instant::now();
+        let mut failed = match gate.try_lock() {
+            Ok(guard) => guard,
+            Err(_) => gate.lock().await,
         };
         if let Some(found) = self.cached(addr) {
             return Ok(found);
         }
-        if waited {
-            return Err(CallError::Connect(format!("handshake with {addr}: a concurrent call's dial did not connect")));
+        // A dial that failed while this call waited is this call's failure too; one that was
+        // given up (its caller's own timeout ran out) left nothing, and this call dials.
+        if let Some((at, why)) = failed.as_ref() {
+            if *at >= started {
+                return Err(CallError::Connect(format!("{why} (a concurrent call's dial)")));
+            }
         }
-        let conn = self.dial(addr, connect_timeout).await.map_err(|e| CallError::Connect(format!("{e:#}")))?;
+        let conn = match self.dial(addr, connect_timeout).await {
+            Ok(conn) => conn,
+            Err(e) => {
+                let why = format!("{e:#}");
+                *failed = Some((std::time::Instant::now(), why.clone()));
+                return Err(CallError::Connect(why));
+            }
+        };
+        *failed = None;
         let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(1));
         let cached = Cached { conn: conn.clone(), used: std::time::Instant::now(), in_flight: Arc::clone(&in_flight) };
         self.lock().insert(addr.to_string(), cached);
@@ -684,7 +721,7 @@ impl Client {
         Some((cached.conn.clone(), false, InFlight(Arc::clone(&cached.in_flight))))
     }
 
-    fn lock_dialing(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<tokio::sync::Mutex<()>>>> {
+    fn lock_dialing(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<DialState>>> {
         // The map holds no invariant a panicking holder could break.
         self.inner.dialing.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
