@@ -394,18 +394,26 @@ async fn a_connection_idle_past_the_limit_is_closed_and_the_next_call_dials_anew
     waiting.abort();
 }
 
+/// `Cancel` for jobs 0..`jobs` to `addr`, all at once, each giving a new connection's
+/// handshake `connect`.
+fn cancels_at_once(client: &Client, addr: &str, jobs: u64, connect: Duration) -> Vec<tokio::task::JoinHandle<Result<Response, CallError>>> {
+    (0..jobs)
+        .map(|job| {
+            let (client, addr) = (client.clone(), addr.to_string());
+            tokio::spawn(
+                async move { client.call_connecting_within(&addr, &envelope(Request::Cancel { job }), CALL_TIMEOUT, connect).await },
+            )
+        })
+        .collect()
+}
+
 #[tokio::test]
 async fn concurrent_first_calls_to_a_peer_share_one_handshake() {
     let cluster = Cluster::new();
     let server = start_server(&cluster.server_id, LOOPBACK.parse().expect("addr"));
     let addr = server.addr.to_string();
     let client = cluster.client("alice");
-    let calls: Vec<_> = (0..16u64)
-        .map(|job| {
-            let (client, addr) = (client.clone(), addr.clone());
-            tokio::spawn(async move { cancel(&client, &addr, job).await })
-        })
-        .collect();
+    let calls = cancels_at_once(&client, &addr, 16, Duration::from_millis(CONNECT_TIMEOUT_MS));
     for (job, call) in calls.into_iter().enumerate() {
         assert_eq!(call.await.expect("join").expect("call"), Ok(Reply::Submitted { job: job as u64 }));
     }
@@ -422,15 +430,7 @@ async fn concurrent_calls_to_a_silent_peer_pay_one_handshake_timeout() {
     let client = Cluster::new().client("alice");
     let connect = Duration::from_millis(300);
     let started = std::time::Instant::now();
-    let calls: Vec<_> = (0..8u64)
-        .map(|job| {
-            let (client, addr) = (client.clone(), addr.clone());
-            tokio::spawn(
-                async move { client.call_connecting_within(&addr, &envelope(Request::Cancel { job }), CALL_TIMEOUT, connect).await },
-            )
-        })
-        .collect();
-    for call in calls {
+    for call in cancels_at_once(&client, &addr, 8, connect) {
         let err = call.await.expect("join").expect_err("a silent peer");
         assert!(matches!(err, CallError::Connect(_)), "{err}");
     }
