@@ -4,6 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# The real programs of the client tests (torch, Lightning, submitit, dask-jobqueue) in a venv
+# outside the clone (CORRAL_PYENV), downloaded once per machine.
+scripts/setup-clients.sh
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/corral-target}"
 export CARGO_TERM_COLOR=never
 cargo build --workspace --bins

@@ -275,6 +275,7 @@ pub(crate) fn three_nodes() -> DevOptions {
         wait_s: 60,
         run_as_user: false,
         gpu_device_files: Vec::new(),
+        partitions: vec!["default".into(), "gpu".into()],
     }
 }
 

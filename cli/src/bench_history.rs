@@ -335,6 +335,7 @@ async fn bench(dir: &Path, history: usize) -> anyhow::Result<()> {
         wait_s: 60,
         run_as_user: false,
         gpu_device_files: Vec::new(),
+        partitions: vec!["default".into(), "gpu".into()],
     };
     dev::up(dir, &opts).await?;
     let shims = dir.join("shims");

@@ -71,6 +71,7 @@ async fn demo(dir: &std::path::Path) -> anyhow::Result<()> {
         wait_s: 60,
         run_as_user: false,
         gpu_device_files: Vec::new(),
+        partitions: vec!["default".into(), "gpu".into()],
     };
     let t0 = Instant::now();
     dev::up(dir, &opts).await?;

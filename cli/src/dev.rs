@@ -63,6 +63,10 @@ pub struct DevOptions {
     /// controller is available.
     #[arg(long, value_delimiter = ',')]
     pub gpu_device_files: Vec<PathBuf>,
+    /// Partitions every new node belongs to (`default`, where jobs without `--partition` go,
+    /// and `gpu`, which the Slurm seed scripts name).
+    #[arg(long, value_delimiter = ',', default_value = "default,gpu")]
+    pub partitions: Vec<String>,
 }
 
 #[derive(Serialize)]
@@ -101,7 +105,29 @@ struct NodeToml {
     ca_key: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     gpu_device_files: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    partitions: Vec<String>,
+    /// `DIR/hosts`: the nodes' names, for their jobs (they resolve nowhere else).
+    job_hosts_file: String,
     raft: RaftSection,
+}
+
+/// Writes `DIR/hosts`, which every node's jobs see as `/etc/hosts` (`job_hosts_file`): this
+/// host's own `/etc/hosts`, then the nodes' names at their listen addresses.
+fn write_hosts(dir: &Path, node_dirs: &[PathBuf]) -> anyhow::Result<()> {
+    let mut text = std::fs::read_to_string("/etc/hosts").unwrap_or_else(|_| "127.0.0.1 localhost\n".into());
+    if !text.ends_with('\n') {
+        text.push('\n');
+    }
+    text.push_str("# corral dev up: the nodes of this cluster\n");
+    for d in node_dirs {
+        let name = d.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let listen = read_listen(d)?;
+        let host = listen.rsplit_once(':').map_or(listen.as_str(), |(h, _)| h);
+        text.push_str(&format!("{host} {name}\n"));
+    }
+    let path = dir.join("hosts");
+    std::fs::write(&path, text).with_context(|| format!("write {}", path.display()))
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -277,6 +303,8 @@ pub async fn up(dir: &Path, opts: &DevOptions) -> anyhow::Result<()> {
             // The first node signs the certificates of machines that enrol with a join token.
             ca_key: (i == 0).then(|| "../ca.key".to_string()),
             gpu_device_files: opts.gpu_device_files.iter().map(|p| p.display().to_string()).collect(),
+            partitions: opts.partitions.iter().filter(|p| !p.is_empty()).cloned().collect(),
+            job_hosts_file: "../hosts".into(),
             raft: RaftSection {
                 heartbeat_interval_ms: 50,
                 election_timeout_min_ms: 200,
@@ -291,6 +319,7 @@ pub async fn up(dir: &Path, opts: &DevOptions) -> anyhow::Result<()> {
         existing.push(node_dir);
     }
     write_client_toml(dir)?;
+    write_hosts(dir, &existing)?;
     for node_dir in &existing {
         start_node(node_dir)?;
     }

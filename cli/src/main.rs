@@ -177,9 +177,10 @@ pub struct SubmitArgs {
     gres: Option<String>,
     #[arg(long, short = 'c', default_value_t = 1)]
     cpus_per_task: u32,
-    /// Memory per node: 4096 (MiB), 512M, 4G.
-    #[arg(long, default_value = "1G")]
-    mem: String,
+    /// Memory per node: 4096 (MiB), 512M, 4G. Default: 16 GiB per GPU or 1 GiB per CPU on the
+    /// node, whichever is more (the cluster's `DefMemPerGPU`/`DefMemPerCPU`).
+    #[arg(long)]
+    mem: Option<String>,
     /// Time limit: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
     #[arg(long, short = 't')]
     time: Option<String>,
@@ -311,7 +312,10 @@ pub fn build_spec(args: &SubmitArgs) -> anyhow::Result<JobSpec> {
     spec.script = script;
     spec.gres = gres;
     spec.cpus_per_task = args.cpus_per_task;
-    spec.mem_mib = units::parse_mem_mib(&args.mem).map_err(anyhow::Error::msg)?;
+    spec.mem_mib = match &args.mem {
+        Some(m) => units::parse_mem_mib(m).map_err(anyhow::Error::msg)?,
+        None => 0,
+    };
     spec.time_limit_ms = time_limit_ms;
     spec.env = env;
     spec.output = args.output.clone();
@@ -341,9 +345,7 @@ fn sbatch_overrides(args: &SubmitArgs) -> Vec<(&'static str, Option<String>)> {
     if args.cpus_per_task != 1 {
         put("cpus-per-task", Some(args.cpus_per_task.to_string()));
     }
-    if args.mem != "1G" {
-        put("mem", Some(args.mem.clone()));
-    }
+    args.mem.clone().into_iter().for_each(|v| put("mem", Some(v)));
     if args.nodes != 1 {
         put("nodes", Some(args.nodes.to_string()));
     }

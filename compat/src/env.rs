@@ -205,6 +205,7 @@ pub const NODE_OWNED: &[&str] = &[
     "CUDA_VISIBLE_DEVICES",
     "NVIDIA_VISIBLE_DEVICES",
     "NODE_RANK",
+    "PET_NODE_RANK",
     "CORRAL_NODE",
     "CORRAL_NODE_RANK",
     "CORRAL_GPU_INDICES",
@@ -214,12 +215,27 @@ pub const NODE_OWNED: &[&str] = &[
     "LOGNAME",
 ];
 
+/// The variables torchrun's static rendezvous takes its defaults from (`PET_MASTER_ADDR`,
+/// `PET_MASTER_PORT`, `PET_NNODES`; each node's `PET_NODE_RANK` is set per node). torchrun reads
+/// neither `MASTER_ADDR` nor `NODE_RANK`: without these, every node's `torchrun` of a script such
+/// as `srun torchrun --nnodes=4 ...` is node rank 0 with its store on 127.0.0.1:29500.
+pub fn torchrun_env(master_host: &str, master_port: u16, nnodes: usize) -> [(String, String); 3] {
+    [
+        ("PET_MASTER_ADDR".to_string(), master_host.to_string()),
+        ("PET_MASTER_PORT".to_string(), master_port.to_string()),
+        ("PET_NNODES".to_string(), nnodes.to_string()),
+    ]
+}
+
 /// The environment of one task of a step: this node's environment for the job (`node_env`,
 /// what its batch script or holder got), the step's (`step_env`: the caller's environment as
 /// `--export` chose it, and the step's variables) over it except [`NODE_OWNED`], then the
 /// task's own: `SLURM_STEP_ID` (`step`), `SLURM_NODEID` (`node_index` in the step), `SLURM_PROCID`, `SLURM_LOCALID`,
-/// `SLURM_GTIDS` (`ranks_here`: every rank on this node), and with `gpus_per_task` its share
-/// of the node's `CUDA_VISIBLE_DEVICES` by local id.
+/// `SLURM_GTIDS` (`ranks_here`: every rank on this node), `PET_NODE_RANK` (`node_index`: the
+/// node rank torchrun's static rendezvous reads; the step's `PET_MASTER_*` and `PET_NNODES`
+/// come with `step_env`), torch's `RANK`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE` and `WORLD_SIZE` (the
+/// step's tasks, from `SLURM_STEP_NUM_TASKS`), and with `gpus_per_task` its share of the node's
+/// `CUDA_VISIBLE_DEVICES` by local id.
 pub fn step_task_env(
     node_env: &BTreeMap<String, String>,
     step_env: &BTreeMap<String, String>,
@@ -235,8 +251,18 @@ pub fn step_task_env(
     env.insert("SLURM_STEP_ID".into(), step.to_string());
     env.insert("SLURM_STEPID".into(), step.to_string());
     env.insert("SLURM_NODEID".into(), node_index.to_string());
+    env.insert("PET_NODE_RANK".into(), node_index.to_string());
     env.insert("SLURM_PROCID".into(), rank.to_string());
     env.insert("SLURM_LOCALID".into(), local.to_string());
+    // torch.distributed's env:// rendezvous (and DeepSpeed's, Accelerate's) reads these; with
+    // the job's MASTER_ADDR and MASTER_PORT, `srun python train.py` forms one world as under
+    // torchrun. torchrun sets its own workers' over these.
+    env.insert("RANK".into(), rank.to_string());
+    env.insert("LOCAL_RANK".into(), local.to_string());
+    env.insert("LOCAL_WORLD_SIZE".into(), ranks_here.len().to_string());
+    if let Some(n) = step_env.get("SLURM_STEP_NUM_TASKS") {
+        env.insert("WORLD_SIZE".into(), n.clone());
+    }
     env.insert("SLURM_GTIDS".into(), ranks_here.iter().map(u32::to_string).collect::<Vec<_>>().join(","));
     // The step's GPUs on this node, by index: all of the node's, or the task's share.
     let list = |key: &str| -> Vec<&str> { node_env.get(key).map_or(Vec::new(), |v| v.split(',').filter(|s| !s.is_empty()).collect()) };
@@ -321,6 +347,30 @@ mod tests {
 
     fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn a_step_task_gets_torchruns_rendezvous_with_its_own_node_rank() {
+        let mut step = map(&[("PET_NODE_RANK", "0"), ("PATH", "/usr/bin")]);
+        step.extend(torchrun_env("10.0.0.1", 41_234, 4));
+        for node_index in 0..4 {
+            let env = step_task_env(&BTreeMap::new(), &step, 0, node_index, &[node_index as u32], 0, None);
+            let got: Vec<&str> =
+                ["PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_NNODES", "PET_NODE_RANK"].iter().map(|k| env[*k].as_str()).collect();
+            assert_eq!(got, ["10.0.0.1", "41234", "4", node_index.to_string().as_str()]);
+        }
+    }
+
+    #[test]
+    fn a_step_task_gets_torchs_env_rendezvous_ranks() {
+        let node = map(&[("WORLD_SIZE", "16"), ("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "29500")]);
+        let step = map(&[("SLURM_STEP_NUM_TASKS", "6"), ("RANK", "0")]);
+        for (local, rank) in [3u32, 4, 5].iter().enumerate() {
+            let env = step_task_env(&node, &step, 0, 1, &[3, 4, 5], local, None);
+            let got: Vec<&str> =
+                ["RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "MASTER_PORT"].iter().map(|k| env[*k].as_str()).collect();
+            assert_eq!(got, [rank.to_string().as_str(), local.to_string().as_str(), "3", "6", "29500"]);
+        }
     }
 
     #[test]

@@ -72,6 +72,11 @@ impl Default for ClusterState {
     }
 }
 
+/// The partition of jobs and nodes that name none, when the policy marks no partition default.
+pub const DEFAULT_PARTITION: &str = "default";
+/// The QoS of jobs that name none.
+pub const DEFAULT_QOS: &str = "normal";
+
 /// The rendezvous ports in use per first node, gathered once per plan (one scan of the jobs,
 /// not one per placement) and kept up to date as the plan starts runs: the same lowest free
 /// port a scan before each start would give.
@@ -826,6 +831,30 @@ impl ClusterState {
         self.jobs.values().flat_map(|j| j.parts.iter()).filter(move |p| p.alloc.node == node)
     }
 
+    /// What a submission names that this cluster does not define, in Slurm's words (`None`:
+    /// everything it names exists): a partition that neither the policy nor any node's
+    /// `partitions` names (the default partition always exists), a QoS the policy lacks
+    /// (`normal`, every job's without one, always exists). Slurm refuses both at submit; a job
+    /// accepted with either would pend for ever. Accounts are not checked: there is no account
+    /// database yet, as in a Slurm that does not enforce associations.
+    pub fn undefined_in_submission(&self, spec: &JobSpec) -> Option<&'static str> {
+        if let Some(p) = spec.partition.as_deref() {
+            let default = self.policy.partitions.iter().find(|d| d.default).map_or(DEFAULT_PARTITION, |d| d.name.as_str());
+            let known = p == default
+                || self.policy.partitions.iter().any(|d| d.name == p)
+                || self.nodes.values().any(|n| n.inventory.partitions.iter().any(|q| q == p));
+            if !known {
+                return Some("Invalid partition name specified");
+            }
+        }
+        if let Some(q) = spec.qos.as_deref() {
+            if q != DEFAULT_QOS && !self.policy.qos.iter().any(|d| d.name == q) {
+                return Some("Invalid qos specification");
+            }
+        }
+        None
+    }
+
     pub fn node_by_name(&self, name: &str) -> Option<&NodeRecord> {
         self.nodes.values().find(|n| n.name == name)
     }
@@ -1187,6 +1216,37 @@ mod tests {
         finish(&mut s, job, 1, a, RunOutcome::Exited(0));
         finish(&mut s, job, 1, b, RunOutcome::Lost("stopped before it started".into()));
         assert_eq!(s.jobs[&job].state, JobState::Completed);
+    }
+
+    #[test]
+    fn a_submission_naming_an_undefined_partition_or_qos_is_refused_in_slurms_words() {
+        let mut s = ClusterState::default();
+        let mut inv = scheduler::testkit::dgx("gpu:h100:8");
+        inv.partitions = vec!["gpu".into()];
+        s.apply(&Command::RegisterNode {
+            name: "n1".into(),
+            addr: "a".into(),
+            inventory: inv,
+            instance: 1,
+            cert_fingerprint: String::new(),
+            now_ms: 0,
+        });
+        let with = |s: &ClusterState, partition: Option<&str>, qos: Option<&str>| {
+            let mut spec = scheduler::testkit::spec("gpu:1", 1);
+            spec.partition = partition.map(str::to_string);
+            spec.qos = qos.map(str::to_string);
+            s.undefined_in_submission(&spec)
+        };
+        assert_eq!(with(&s, None, None), None);
+        assert_eq!(with(&s, Some("gpu"), None), None, "a node names it");
+        assert_eq!(with(&s, Some(DEFAULT_PARTITION), None), None, "the default partition always exists");
+        assert_eq!(with(&s, Some("long"), None), Some("Invalid partition name specified"));
+        assert_eq!(with(&s, None, Some(DEFAULT_QOS)), None);
+        assert_eq!(with(&s, None, Some("high")), Some("Invalid qos specification"));
+        s.policy.partitions.push(proto::PartitionDef { name: "long".into(), default: true, ..Default::default() });
+        s.policy.qos.push(proto::QosDef { name: "high".into(), priority: 10, preempt: vec![], preempt_mode: "requeue".into() });
+        assert_eq!(with(&s, Some("long"), Some("high")), None, "the policy defines both");
+        assert_eq!(with(&s, Some(DEFAULT_PARTITION), None), Some("Invalid partition name specified"), "`long` is the default now");
     }
 
     #[test]

@@ -128,11 +128,22 @@ struct Running {
 /// Name and address of every node of a run, in rank order.
 pub type RunNodes = Vec<(String, String)>;
 
+/// A step numbered on the node of its batch script.
+pub struct NumberedStep {
+    pub run: RunNo,
+    pub step: u32,
+    /// The run's nodes (name, address), in rank order.
+    pub nodes: RunNodes,
+    /// The job's `MASTER_PORT` (reserved for it on its first node).
+    pub master_port: Option<u16>,
+}
+
 /// The part of a run's launch its step tasks start from.
 struct TaskBase {
     env: BTreeMap<String, String>,
     workdir: PathBuf,
     run_as: Option<crate::identity::Account>,
+    hosts_file: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -180,6 +191,8 @@ pub struct AgentSettings {
     pub daemon_file: PathBuf,
     /// This node's local socket, named in jobs' `CORRAL_SOCKET`.
     pub local_socket: Option<PathBuf>,
+    /// The hosts file jobs see as `/etc/hosts` (`job_hosts_file`; only as root).
+    pub job_hosts: Option<PathBuf>,
 }
 
 pub struct Agent {
@@ -358,6 +371,7 @@ impl Agent {
             cluster_name: &self.settings.cluster_name,
             holder: &self.settings.exe,
             local_socket: self.settings.local_socket.as_deref(),
+            job_hosts: self.settings.job_hosts.as_deref(),
         };
         let spec = launcher::prepare(&job, &ctx).map_err(|e| ApiError::Internal(format!("{e:#}")))?;
         lock(&self.ledger)
@@ -391,7 +405,12 @@ impl Agent {
             timeout: Duration::from_millis(PREFLIGHT_TIMEOUT_MS),
         });
         // Until its process starts the run holds its GPUs with no process group (pgid 0).
-        let base = Arc::new(TaskBase { env: spec.env.clone(), workdir: spec.workdir.clone(), run_as: spec.run_as.clone() });
+        let base = Arc::new(TaskBase {
+            env: spec.env.clone(),
+            workdir: spec.workdir.clone(),
+            run_as: spec.run_as.clone(),
+            hosts_file: spec.hosts_file.clone(),
+        });
         lock(&self.running).insert(
             job.id,
             Running {
@@ -686,8 +705,8 @@ impl Agent {
     }
 
     /// Numbers a new step of `job`, which must run here (the batch script's node asks), for
-    /// `user` (none: an admin or a node): (run, step, the run's nodes by name and address).
-    pub fn number_step(&self, job: JobId, user: Option<&str>) -> Result<(RunNo, u32, RunNodes), ApiError> {
+    /// `user` (none: an admin or a node): its run and number, the run's nodes and the job's port.
+    pub fn number_step(&self, job: JobId, user: Option<&str>) -> Result<NumberedStep, ApiError> {
         let mut running = lock(&self.running);
         let r = running.get_mut(&job).ok_or_else(|| ApiError::NotFound(format!("job {job} does not run on {}", self.name)))?;
         owner_may(user, &r.owner, job)?;
@@ -697,7 +716,8 @@ impl Agent {
         }
         let step = r.next_step;
         r.next_step = r.next_step.checked_add(1).ok_or_else(|| ApiError::Unavailable("out of step numbers".into()))?;
-        Ok((r.run, step, r.nodes.clone()))
+        let master_port = r.base.env.get("MASTER_PORT").and_then(|p| p.parse().ok());
+        Ok(NumberedStep { run: r.run, step, nodes: r.nodes.clone(), master_port })
     }
 
     /// Starts this node's tasks of step `step` of `job` run `run` through the run's shepherd,
@@ -746,6 +766,7 @@ impl Agent {
                 workdir: workdir.clone(),
                 run_as: base.run_as.clone(),
                 node: self.name.clone(),
+                hosts_file: base.hosts_file.clone(),
             };
             match shepherd::spawn_task(&dir, &request).await {
                 Ok((pgid, start_ticks)) if pgid > 1 => {
@@ -937,7 +958,12 @@ impl Agent {
         let cgroup = record.cgroup.map(|p| Arc::new(crate::cgroup::JobCgroup::existing(p, cgroups_v1)));
         let tasks = Arc::new(launcher::TaskGroups::default());
         let (stop_tx, stop_rx) = mpsc::channel(1);
-        let base = Arc::new(TaskBase { env: spec.env.clone(), workdir: spec.workdir.clone(), run_as: spec.run_as.clone() });
+        let base = Arc::new(TaskBase {
+            env: spec.env.clone(),
+            workdir: spec.workdir.clone(),
+            run_as: spec.run_as.clone(),
+            hosts_file: spec.hosts_file.clone(),
+        });
         lock(&self.running).insert(
             spec.job,
             Running {

@@ -115,6 +115,12 @@ pub struct NodeConfig {
     /// Partitions the node belongs to (none: the default partition).
     #[serde(default)]
     pub partitions: Vec<String>,
+    /// A hosts file the node's jobs see as `/etc/hosts` (each run in a mount namespace of its
+    /// own, with the file bind-mounted there; needs corrald to run as root): for clusters whose
+    /// node names no resolver knows, such as `corral dev up`'s. Whole: it replaces the system's
+    /// file for the jobs. Unset: the system's `/etc/hosts`.
+    #[serde(default)]
+    pub job_hosts_file: Option<PathBuf>,
     /// The device file of GPU 0, 1, ... in order, instead of those the probe found (NVML:
     /// `/dev/nvidiaN`). For simulated GPUs, to exercise device fencing on a machine without
     /// GPUs; rarely needed otherwise.
@@ -239,7 +245,9 @@ impl NodeConfig {
                 *p = base.join(&*p);
             }
         }
-        for p in [self.checkpoint_root.as_mut(), self.ca_key.as_mut(), self.socket.as_mut()].into_iter().flatten() {
+        for p in
+            [self.checkpoint_root.as_mut(), self.ca_key.as_mut(), self.socket.as_mut(), self.job_hosts_file.as_mut()].into_iter().flatten()
+        {
             if p.is_relative() {
                 *p = base.join(&*p);
             }

@@ -40,6 +40,9 @@ pub struct LaunchSpec {
     pub hold: bool,
     /// A batch job (`sbatch`): signals without `B:` go to its steps, not its script (Slurm).
     pub batch: bool,
+    /// A hosts file the run's processes see as `/etc/hosts` (`job_hosts_file`).
+    #[serde(default)]
+    pub hosts_file: Option<PathBuf>,
 }
 
 /// Resolves an output file pattern (Slurm's `%j %J %A %a %x %u %N %n %t %%`) for the part on
@@ -90,6 +93,8 @@ pub struct LaunchContext<'a> {
     pub holder: &'a Path,
     /// This node's local socket (`CORRAL_SOCKET` in the job: `srun` starts steps through it).
     pub local_socket: Option<&'a Path>,
+    /// The hosts file the job sees as `/etc/hosts` (`job_hosts_file`), if any.
+    pub job_hosts: Option<&'a Path>,
 }
 
 /// The host part of `host:port` (`[v6]:port` too).
@@ -149,6 +154,8 @@ pub fn prepare(job: &Job, ctx: &LaunchContext<'_>) -> anyhow::Result<LaunchSpec>
     let mut env = BTreeMap::new();
     if let Some(ifname) = &ctx.nccl.socket_ifname {
         env.insert("NCCL_SOCKET_IFNAME".to_string(), ifname.clone());
+        // torch.distributed's gloo backend (CPU tensors) picks its interface by this one.
+        env.insert("GLOO_SOCKET_IFNAME".to_string(), ifname.clone());
     }
     if let Some(hca) = &ctx.nccl.ib_hca {
         env.insert("NCCL_IB_HCA".to_string(), hca.clone());
@@ -158,10 +165,15 @@ pub fn prepare(job: &Job, ctx: &LaunchContext<'_>) -> anyhow::Result<LaunchSpec>
     }
     let nnodes = ctx.nodes.len().max(1);
     let master = ctx.nodes.first().map(|(_, addr)| host_of(addr)).unwrap_or_else(|| "127.0.0.1".into());
-    env.insert("MASTER_ADDR".into(), master);
     if let Some(port) = job.master_port {
         env.insert("MASTER_PORT".into(), port.to_string());
+        // A command run on every node (`corral submit -N2 -- torchrun ...`) rendezvouses on the
+        // job's port; a batch job's steps get their own (`srun`, see the server's step launch).
+        if !job.spec.is_batch() {
+            env.extend(slurm_compat::env::torchrun_env(&master, port, nnodes));
+        }
     }
+    env.insert("MASTER_ADDR".into(), master);
     env.insert("NNODES".into(), nnodes.to_string());
     env.insert("NODE_RANK".into(), ctx.node_rank.to_string());
     env.insert("NPROC_PER_NODE".into(), nproc_per_node.to_string());
@@ -181,6 +193,9 @@ pub fn prepare(job: &Job, ctx: &LaunchContext<'_>) -> anyhow::Result<LaunchSpec>
     env.insert("CORRAL_GPU_INDICES".into(), ctx.gpu_indices.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(","));
     env.insert("CORRAL_NNODES".into(), nnodes.to_string());
     env.insert("CORRAL_NODE_RANK".into(), ctx.node_rank.to_string());
+    if !job.spec.is_batch() && job.master_port.is_some() {
+        env.insert("PET_NODE_RANK".into(), ctx.node_rank.to_string());
+    }
     env.insert("CORRAL_HOSTFILE".into(), hostfile.display().to_string());
     env.insert("CORRAL_CHECKPOINT_DIR".into(), checkpoint_dir.display().to_string());
     if let Some(socket) = ctx.local_socket {
@@ -211,6 +226,7 @@ pub fn prepare(job: &Job, ctx: &LaunchContext<'_>) -> anyhow::Result<LaunchSpec>
         run_as: ctx.run_as.cloned(),
         hold,
         batch: job.spec.is_batch(),
+        hosts_file: ctx.job_hosts.map(Path::to_path_buf),
     })
 }
 
@@ -300,7 +316,14 @@ pub fn start_run_process(spec: &LaunchSpec, cgroups: &[PathBuf]) -> anyhow::Resu
     };
     let procs = open_procs(cgroups)?;
     let procs_fds: Vec<i32> = procs.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
-    let proc = Process { program: &spec.program, args: &spec.args, env: &spec.env, workdir: &spec.workdir, run_as };
+    let proc = Process {
+        program: &spec.program,
+        args: &spec.args,
+        env: &spec.env,
+        workdir: &spec.workdir,
+        run_as,
+        hosts_file: spec.hosts_file.as_deref(),
+    };
     let mut cmd = command(&proc, procs_fds, stdout, stderr);
     cmd.spawn().with_context(|| format!("start {} in {}", proc.program.display(), proc.workdir.display()))
 }
@@ -323,6 +346,8 @@ pub struct Process<'a> {
     pub env: &'a BTreeMap<String, String>,
     pub workdir: &'a Path,
     pub run_as: Option<&'a crate::identity::Account>,
+    /// Seen as `/etc/hosts` by the process, in a mount namespace of its own (needs root).
+    pub hosts_file: Option<&'a Path>,
 }
 
 /// The command that starts a step's task (in its run's shepherd): like a run's process (own
@@ -339,8 +364,11 @@ fn command(proc: &Process<'_>, procs_fds: Vec<i32>, stdout: Stdio, stderr: Stdio
     let mut cmd = std::process::Command::new(proc.program);
     cmd.args(proc.args).env_clear().envs(proc.env).current_dir(proc.workdir).stdin(Stdio::null()).stdout(stdout).stderr(stderr);
     let ids = proc.run_as.map(|a| (a.uid, a.gid, a.groups.clone()));
-    // SAFETY: only async-signal-safe calls (signal, sigprocmask, setsid, write, setgroups,
-    // setgid, setuid, prctl) between fork and exec; nothing allocates.
+    // Made before the fork: the child may not allocate. A path with a NUL byte cannot be a
+    // hosts file; the child then fails to start with EINVAL.
+    let hosts = proc.hosts_file.map(|p| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).ok());
+    // SAFETY: only async-signal-safe calls (signal, sigprocmask, setsid, write, unshare, mount,
+    // setgroups, setgid, setuid, prctl) between fork and exec; nothing allocates.
     unsafe {
         cmd.pre_exec(move || {
             // Ignored signals stay ignored across exec, and a shell cannot trap a signal
@@ -360,6 +388,10 @@ fn command(proc: &Process<'_>, procs_fds: Vec<i32>, stdout: Stdio, stderr: Stdio
             for fd in &procs_fds {
                 crate::cgroup::join_in_child(*fd)?;
             }
+            if let Some(hosts) = &hosts {
+                let hosts = hosts.as_ref().ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+                see_as_etc_hosts(hosts)?;
+            }
             if let Some((uid, gid, groups)) = &ids {
                 if libc::setgroups(groups.len(), groups.as_ptr()) < 0 || libc::setgid(*gid) < 0 || libc::setuid(*uid) < 0 {
                     return Err(std::io::Error::last_os_error());
@@ -373,6 +405,26 @@ fn command(proc: &Process<'_>, procs_fds: Vec<i32>, stdout: Stdio, stderr: Stdio
         });
     }
     cmd
+}
+
+/// In a child before exec: a mount namespace of its own in which `hosts` is bind-mounted on
+/// `/etc/hosts`, so the system's resolver (glibc's `files`, for every address family and flag)
+/// knows the names in it. Nothing it mounts is seen outside. Needs `CAP_SYS_ADMIN`.
+///
+/// # Safety
+/// Only async-signal-safe calls; for use between fork and exec.
+unsafe fn see_as_etc_hosts(hosts: &std::ffi::CStr) -> std::io::Result<()> {
+    if libc::unshare(libc::CLONE_NEWNS) < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // Private first: a bind under a shared root would propagate back to the host.
+    if libc::mount(c"none".as_ptr(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if libc::mount(hosts.as_ptr(), c"/etc/hosts".as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Why the agent stops a running job.
@@ -653,6 +705,82 @@ mod tests {
             let status = child.wait().expect("wait");
             assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
         }
+    }
+
+    /// Job 7's run on two nodes (rendezvous port 29_501), as node `rank` prepares it.
+    fn prepared(batch: bool, rank: usize, hosts: Option<&Path>, env: &[(&str, &str)]) -> LaunchSpec {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut spec = proto::JobSpec::command(vec!["/bin/true".into()], "/tmp", "alice");
+        spec.nodes = 2;
+        spec.set_batch(batch);
+        if batch {
+            spec.script = Some("#!/bin/sh\ntrue\n".into());
+        }
+        spec.env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let mut job = scheduler::testkit::Cluster::new().submit(7, spec, 1).jobs[&7].clone();
+        job.run = 1;
+        job.master_port = Some(29_501);
+        let nodes = vec![("n1".to_string(), "10.0.0.1:7100".to_string()), ("n2".to_string(), "10.0.0.2:7100".to_string())];
+        let nccl = NcclEnv { socket_ifname: Some("eth0".into()), ib_hca: None, ib_disable: true };
+        let ctx = LaunchContext {
+            node_name: &nodes[rank].0,
+            node_rank: rank,
+            nodes: &nodes,
+            gpu_indices: &[],
+            gpu_uuids: &[],
+            jobs_dir: dir.path(),
+            checkpoint_root: dir.path(),
+            nccl: &nccl,
+            cluster_name: "c",
+            run_as: None,
+            holder: Path::new("/bin/false"),
+            local_socket: None,
+            job_hosts: hosts,
+        };
+        prepare(&job, &ctx).expect("prepare")
+    }
+
+    #[test]
+    fn a_command_on_every_node_gets_torchruns_static_rendezvous() {
+        for rank in 0..2 {
+            let env = prepared(false, rank, None, &[]).env;
+            let got: Vec<Option<&str>> = ["PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_NNODES", "PET_NODE_RANK", "GLOO_SOCKET_IFNAME"]
+                .iter()
+                .map(|k| env.get(*k).map(String::as_str))
+                .collect();
+            let rank = rank.to_string();
+            assert_eq!(got, [Some("10.0.0.1"), Some("29501"), Some("2"), Some(rank.as_str()), Some("eth0")]);
+        }
+        // The job's own choice wins; its node rank is each node's own.
+        let env = prepared(false, 1, None, &[("PET_MASTER_PORT", "4000"), ("PET_NODE_RANK", "0")]).env;
+        assert_eq!((env["PET_MASTER_PORT"].as_str(), env["PET_NODE_RANK"].as_str()), ("4000", "1"));
+        // A batch script gets none: its steps get their own (`srun torchrun`).
+        let env = prepared(true, 0, None, &[]).env;
+        assert!(!env.keys().any(|k| k.starts_with("PET_")), "{env:?}");
+    }
+
+    #[test]
+    fn a_run_resolves_names_with_the_nodes_hosts_file() {
+        let spec = prepared(false, 0, Some(Path::new("/c/hosts")), &[]);
+        assert_eq!(spec.hosts_file.as_deref(), Some(Path::new("/c/hosts")));
+        assert_eq!(prepared(false, 0, None, &[]).hosts_file, None);
+        // As root, the process reads the file as /etc/hosts, and nothing changes outside.
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("SKIPPED: the mount namespace needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().expect("temp dir");
+        let hosts = dir.path().join("hosts");
+        std::fs::write(&hosts, "127.0.0.1 localhost\n127.0.0.9 corral-test-node\n").expect("write hosts");
+        let env = BTreeMap::from([("PATH".to_string(), "/usr/bin:/bin".to_string())]);
+        let args = ["hosts".to_string(), "corral-test-node".to_string()];
+        let proc =
+            Process { program: Path::new("getent"), args: &args, env: &env, workdir: dir.path(), run_as: None, hosts_file: Some(&hosts) };
+        let out = command(&proc, Vec::new(), Stdio::piped(), Stdio::piped()).output().expect("run getent");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).split_whitespace().collect::<Vec<_>>(), ["127.0.0.9", "corral-test-node"]);
+        let outside = std::process::Command::new("getent").args(&args).output().expect("run getent");
+        assert!(!outside.status.success(), "the host's /etc/hosts is unchanged");
     }
 
     #[test]

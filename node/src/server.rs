@@ -202,14 +202,17 @@ impl Node {
     /// has every node start its tasks, and stops them all again if one node cannot.
     async fn launch_step(self: &Arc<Self>, job: JobId, spec: proto::StepSpec, user: Option<String>) -> Response {
         spec.validate().map_err(ApiError::Invalid)?;
-        let (run, step, run_nodes) = self.agent.number_step(job, user.as_deref())?;
+        let numbered = self.agent.number_step(job, user.as_deref())?;
+        let (run, step) = (numbered.run, numbered.step);
         let mut targets = Vec::new();
         for n in &spec.nodes {
-            let Some((_, addr)) = run_nodes.iter().find(|(name, _)| *name == n.name) else {
+            let Some((_, addr)) = numbered.nodes.iter().find(|(name, _)| *name == n.name) else {
                 return Err(ApiError::Invalid(format!("node {} is not in the allocation of job {job}", n.name)));
             };
             targets.push((n.name.clone(), addr.clone()));
         }
+        let mut spec = spec;
+        self.add_step_rendezvous(&mut spec, job, step, &targets, numbered.master_port);
         let spec = Arc::new(spec);
         // A node whose part is still starting (its preflight) answers "unavailable": ask again
         // for a while.
@@ -265,6 +268,33 @@ impl Node {
             }
         }
         Err(ApiError::Unavailable(format!("step {job}.{step} could not start on {}", failed.join("; "))))
+    }
+
+    /// Gives a step what torchrun's static rendezvous needs (`PET_MASTER_ADDR`,
+    /// `PET_MASTER_PORT`, `PET_NNODES`; each node adds its `PET_NODE_RANK`), unless the caller's
+    /// environment names them itself: the step's first node, and a port free there. On this
+    /// node a port is free when it can be bound now (the first from the step's place in
+    /// [`proto::STEP_PORT_FIRST`]'s range, so concurrent steps start apart); another node's free
+    /// port is not known here, so a step whose first node is elsewhere gets the job's
+    /// `MASTER_PORT`, reserved for the job on the job's first node.
+    fn add_step_rendezvous(&self, spec: &mut proto::StepSpec, job: JobId, step: u32, targets: &[(String, String)], job_port: Option<u16>) {
+        let Some((first, addr)) = targets.first() else { return };
+        let port = if *first == self.config.name {
+            let start = (job.wrapping_mul(31).wrapping_add(u64::from(step)) % u64::from(proto::STEP_PORT_COUNT)) as u16;
+            let free = (0..proto::STEP_PORT_COUNT)
+                .map(|i| proto::STEP_PORT_FIRST + (start + i) % proto::STEP_PORT_COUNT)
+                .find(|p| std::net::TcpListener::bind(("0.0.0.0", *p)).is_ok());
+            if free.is_none() {
+                warn!(job, step, "no free port for a step's rendezvous: the job's MASTER_PORT it is");
+            }
+            free.or(job_port)
+        } else {
+            job_port
+        };
+        let Some(port) = port else { return };
+        for (k, v) in slurm_compat::env::torchrun_env(&crate::launcher::host_of(addr), port, targets.len()) {
+            spec.env.entry(k).or_insert(v);
+        }
     }
 
     /// Sends a step request to node `name` of `job`'s run, whose address this node knows
@@ -371,7 +401,10 @@ impl Node {
 
     /// `sbatch --test-only`: submits `spec` to a copy of the state and asks the scheduler what it
     /// would do with it now; the log is not touched.
-    fn test_submit(&self, spec: proto::JobSpec) -> Response {
+    fn test_submit(&self, mut spec: proto::JobSpec) -> Response {
+        if spec.mem_mib == 0 {
+            spec.mem_mib = spec.default_mem_mib();
+        }
         spec.validate().map_err(ApiError::Invalid)?;
         let now = now_ms();
         self.state.read(|s| {
@@ -696,7 +729,13 @@ impl Node {
                 if let Some(u) = &user {
                     spec.user = u.clone();
                 }
+                if spec.mem_mib == 0 {
+                    spec.mem_mib = spec.default_mem_mib();
+                }
                 spec.validate().map_err(ApiError::Invalid)?;
+                if let Some(why) = self.state.read(|s| s.undefined_in_submission(&spec)) {
+                    return Err(ApiError::Invalid(why.to_string()));
+                }
                 match self.propose(Command::Submit { spec, now_ms: now }).await? {
                     CommandResult::Submitted { job } => {
                         self.kick.notify_one();
@@ -1938,6 +1977,14 @@ pub async fn run(
         runs_dir: config.runs_dir(),
         daemon_file: daemon_file.clone(),
         local_socket: Some(config.socket_path()),
+        // SAFETY: geteuid cannot fail.
+        job_hosts: match (&config.job_hosts_file, unsafe { libc::geteuid() } == 0) {
+            (Some(file), false) => {
+                warn!(file = %file.display(), "job_hosts_file needs corrald to run as root (a mount namespace per run): jobs resolve names with the system's /etc/hosts");
+                None
+            }
+            (file, _) => file.clone(),
+        },
     };
     // SAFETY: geteuid cannot fail.
     if config.run_as_user && unsafe { libc::geteuid() } != 0 {

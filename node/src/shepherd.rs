@@ -80,6 +80,9 @@ pub struct TaskRequest {
     pub run_as: Option<crate::identity::Account>,
     /// This node's name, for Slurm's error line when the task cannot start.
     pub node: String,
+    /// Seen as `/etc/hosts` by the task (its run's).
+    #[serde(default)]
+    pub hosts_file: Option<PathBuf>,
 }
 
 /// Encodes one frame of a step's output log.
@@ -536,6 +539,7 @@ impl Shared {
             env: &request.env,
             workdir: &request.workdir,
             run_as: request.run_as.as_ref(),
+            hosts_file: request.hosts_file.as_deref(),
         };
         let rank = request.rank;
         let mut child = match crate::launcher::task_command(&proc, procs_fds).spawn() {

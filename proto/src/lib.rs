@@ -254,6 +254,8 @@ pub struct JobSpec {
     pub script: Option<String>,
     pub gres: Option<GresRequest>,
     pub cpus_per_task: u32,
+    /// Memory per node. 0: not asked; the node that takes the submission gives it the
+    /// cluster's default ([`JobSpec::default_mem_mib`]) before it is committed.
     pub mem_mib: u64,
     pub time_limit_ms: Option<u64>,
     pub workdir: String,
@@ -397,6 +399,17 @@ impl JobSpec {
     /// GPUs per node.
     pub fn gpus(&self) -> u32 {
         self.gres.as_ref().map_or(0, |g| g.count)
+    }
+
+    /// The memory per node of a job that asked none, as Slurm's `DefMemPerGPU` and
+    /// `DefMemPerCPU` give it: [`DEF_MEM_PER_GPU_MIB`] per GPU or [`DEF_MEM_PER_CPU_MIB`] per CPU
+    /// on the node, whichever is more. A flat default (1 GiB was Corral's) kills the worker
+    /// processes of real training jobs at their cgroup's limit: torch alone holds ~800 MiB.
+    pub fn default_mem_mib(&self) -> u64 {
+        let cpus = u64::from(self.cpus_per_task).saturating_mul(u64::from(self.ntasks_per_node.max(1)));
+        let by_cpu = cpus.saturating_mul(DEF_MEM_PER_CPU_MIB);
+        let by_gpu = u64::from(self.gpus()).saturating_mul(DEF_MEM_PER_GPU_MIB);
+        by_cpu.max(by_gpu).max(DEF_MEM_PER_CPU_MIB)
     }
 
     /// A Slurm batch job (`sbatch`): its script runs on the first node only, and the other
@@ -1433,9 +1446,19 @@ pub struct Envelope {
 
 pub const FORWARD_HOPS_MAX: u8 = 3;
 
+/// Memory per GPU on its node of a job that asks none (Slurm's `DefMemPerGPU`).
+pub const DEF_MEM_PER_GPU_MIB: u64 = 16 * 1024;
+/// Memory per CPU on its node of a job that asks none (Slurm's `DefMemPerCPU`).
+pub const DEF_MEM_PER_CPU_MIB: u64 = 1024;
+
 /// Ports handed out as `MASTER_PORT`, one per job per first node.
 pub const MASTER_PORT_FIRST: u16 = 29_500;
 pub const MASTER_PORT_COUNT: u16 = 1_000;
+/// Ports a step's rendezvous (`PET_MASTER_PORT` of an `srun`) is chosen from, on the node that
+/// numbers it: after the jobs' range and below Linux's ephemeral ports (32768 up), so no
+/// outgoing connection takes one between the choice and the bind.
+pub const STEP_PORT_FIRST: u16 = 30_500;
+pub const STEP_PORT_COUNT: u16 = 2_000;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterMember {

@@ -1,7 +1,8 @@
-//! Issue 5 end to end: the seed job scripts (shared/seed/*.sbatch, copied here verbatim) run
-//! unchanged through the `sbatch` shim on a `corral dev up` cluster. Stand-ins for `python`,
-//! `torchrun` and `deepspeed` record their arguments and environment into files, which the
-//! tests compare with what Slurm would have given them.
+//! Issue 5 end to end: the seed job scripts (shared/seed/*.sbatch, copied verbatim into
+//! tests/fixtures/seed/) run unchanged through the `sbatch` shim on a `corral dev up` cluster.
+//! Stand-ins for `python`, `torchrun` and `deepspeed` record their arguments and environment
+//! into files, which the tests compare with what Slurm would have given them (`clients.rs` runs
+//! the same scripts with the real programs).
 //!
 //! Skips (with a message) only when `corrald` has not been built.
 
@@ -12,44 +13,10 @@ use std::time::Duration;
 
 use corral_tests::{wait_until, TestCluster};
 
-const TRAIN_FSDP: &str = r#"#!/bin/bash
-#SBATCH --partition=gpu
-#SBATCH --nodes=4
-#SBATCH --gres=gpu:h100:8
-#SBATCH --ntasks-per-node=1
-#SBATCH --cpus-per-task=64
-
-export NCCL_SOCKET_IFNAME=ib0
-export MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1)
-
-srun torchrun --nnodes=$SLURM_NNODES --nproc_per_node=8 train_fsdp.py
-"#;
-
-const HPARAM_ARRAY: &str = r#"#!/bin/bash
-#SBATCH --array=1-100
-#SBATCH --gres=gpu:h100:1
-
-HPARAMS="hparams_${SLURM_ARRAY_TASK_ID}.json"
-python train.py --config ${HPARAMS}
-"#;
-
-const REQUEUE: &str = r#"#!/bin/bash
-#SBATCH --requeue   # Auto-requeue on node failure
-
-if [ -f "checkpoint_latest.pt" ]; then
-    python train.py --resume checkpoint_latest.pt
-else
-    python train.py --from-scratch
-fi
-"#;
-
-const DEEPSPEED_ZERO3: &str = r#"#!/bin/bash
-#SBATCH --nodes=2
-#SBATCH --gres=gpu:h100:8
-
-deepspeed --num_nodes=$SLURM_NNODES --num_gpus=8 train.py \
-  --deepspeed ds_config_zero3.json
-"#;
+const TRAIN_FSDP: &str = include_str!("../fixtures/seed/train_fsdp.sbatch");
+const HPARAM_ARRAY: &str = include_str!("../fixtures/seed/hparam_array.sbatch");
+const REQUEUE: &str = include_str!("../fixtures/seed/requeue.sbatch");
+const DEEPSPEED_ZERO3: &str = include_str!("../fixtures/seed/deepspeed_zero3.sbatch");
 
 /// A stand-in that writes `ARGV ...` and its SLURM/CUDA/NCCL/MASTER variables to a new file
 /// in `$SEED_RECORDS`, named after itself, the job, the node and the rank.
@@ -96,22 +63,6 @@ impl Seed {
             std::fs::set_permissions(&path, perm).expect("chmod stand-in");
         }
         Some(Seed { cluster, bin, records })
-    }
-
-    /// Puts every node in `partition` (`corral dev up` has no option for it): each node is
-    /// stopped, given `partitions = [...]` in its node.toml, and started again.
-    fn put_nodes_in_partition(&self, nodes: usize, partition: &str) {
-        for i in 1..=nodes {
-            let name = format!("n{i}");
-            self.cluster.signal(&name, "KILL");
-            let path = self.cluster.path().join(&name).join("node.toml");
-            let text = std::fs::read_to_string(&path).expect("read node.toml");
-            // A top-level key must come before the first [table].
-            let cut = text.find("\n[").map_or(text.len(), |i| i + 1);
-            let edited = format!("{}partitions = [\"{partition}\"]\n{}", &text[..cut], &text[cut..]);
-            std::fs::write(&path, edited).expect("write node.toml");
-            self.cluster.start(&name);
-        }
     }
 
     /// Runs a Slurm command through its shim, in the work dir, with the cluster's environment.
@@ -191,8 +142,8 @@ impl Record {
 
 #[test]
 fn train_fsdp_runs_torchrun_once_per_node_with_slurm_variables() {
+    // `corral dev up` defines the `gpu` partition the script names.
     let Some(s) = Seed::up("4") else { return };
-    s.put_nodes_in_partition(4, "gpu");
     let id = s.sbatch("train_fsdp.sbatch", TRAIN_FSDP);
     let job = s.cluster.wait_final(id, Duration::from_secs(90));
     assert_eq!(job["state"], "COMPLETED", "{job}\n{}", s.cluster.logs());
@@ -343,6 +294,19 @@ fn slurm_errors_reach_the_user_unchanged() {
     let out = s.slurm("sbatch", &["--wrap", "exit 3", "--wait"]);
     assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("Submitted batch job "));
+    // A partition or QoS the cluster does not define is refused at submit, in Slurm's words.
+    let out = s.slurm("sbatch", &["-p", "nosuch", "--wrap", "true"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "sbatch: error: Batch job submission failed: Invalid partition name specified\n");
+    let out = s.slurm("sbatch", &["--qos", "nosuch", "--wrap", "true"]);
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "sbatch: error: Batch job submission failed: Invalid qos specification\n");
+    let out = s.slurm("srun", &["-p", "nosuch", "true"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "srun: error: Unable to allocate resources: Invalid partition name specified\n");
+    for p in ["gpu", "default"] {
+        let out = s.slurm("sbatch", &["-p", p, "--wrap", "true", "--wait"]);
+        assert_eq!(out.status.code(), Some(0), "partition {p}: {}", String::from_utf8_lossy(&out.stderr));
+    }
     let out = s.slurm("squeue", &[]);
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),

@@ -160,6 +160,8 @@ pub fn describe_error(e: &anyhow::Error) -> String {
         Some(ApiError::NoLeader | ApiError::Unavailable(_) | ApiError::NotLeader { .. }) => {
             format!("Unable to contact slurm controller (connect failure): {e}")
         }
+        // The cluster's refusals of what a request names are in Slurm's words already.
+        Some(ApiError::Invalid(why)) => why.clone(),
         Some(other) => other.to_string(),
         None => format!("Unable to contact slurm controller (connect failure): {e:#}"),
     }

@@ -901,7 +901,8 @@ impl<'a> Builder<'a> {
             }
             per_gpu.saturating_mul(u64::from(gpus_per_node))
         } else {
-            JobSpec::command(vec![String::new()], "/", "x").mem_mib
+            // Not asked: the cluster's default (`JobSpec::default_mem_mib`), as slurmctld's.
+            0
         };
         let workdir = self.chdir.clone().unwrap_or_else(|| ctx.cwd.clone());
         let env = export_env(self.export.as_deref().unwrap_or("ALL"), &ctx.env);

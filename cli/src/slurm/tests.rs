@@ -91,7 +91,11 @@ fn defaults_of_a_plain_script() {
     assert_eq!(s.workdir, "/work/exp");
     assert_eq!(s.output.as_deref(), Some("slurm-%j.out"));
     assert_eq!(s.error, None);
-    assert_eq!((s.nodes, s.ntasks_per_node, s.cpus_per_task, s.mem_mib), (1, 1, 1, 1024));
+    // No memory asked: the cluster gives its default at submit.
+    assert_eq!((s.nodes, s.ntasks_per_node, s.cpus_per_task, s.mem_mib), (1, 1, 1, 0));
+    assert_eq!(s.default_mem_mib(), 1024);
+    assert_eq!(spec(&["--gres=gpu:2"]).default_mem_mib(), 32 * 1024, "DefMemPerGPU");
+    assert_eq!(spec(&["-c", "8", "--ntasks-per-node=2"]).default_mem_mib(), 16 * 1024, "DefMemPerCPU");
     assert_eq!(s.user, "alice");
     assert_eq!(s.submit_host, "login1");
     assert_eq!(s.env.get("FOO").map(String::as_str), Some("foo"));

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The client tests too heavy for the default suite: train_fsdp.sbatch exactly as written (4 nodes,
+# 8 torch workers each: 36 torch processes on one host). Needs what scripts/test.sh builds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+scripts/setup-clients.sh
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/corral-target}"
+cargo build --workspace --bins
+CORRAL_HEAVY=1 cargo test -p corral-tests --test clients -- --test-threads 1 --nocapture
