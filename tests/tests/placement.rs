@@ -52,7 +52,8 @@ fn mig_instances_are_gres_and_an_idle_gpu_is_repartitioned_for_pending_demand() 
 
 #[test]
 fn the_replicated_policy_limits_partitions_and_lets_a_qos_preempt() {
-    let c = TestCluster::up(&["--nodes", "1", "--gpus", "h100:2", "--voters-max", "1"]);
+    // The node names no partition, so it is in whichever the policy makes the default.
+    let c = TestCluster::up(&["--nodes", "1", "--gpus", "h100:2", "--voters-max", "1", "--partitions", ""]);
     let policy = c.work.join("policy.toml");
     std::fs::write(
         &policy,

@@ -418,7 +418,12 @@ fn seed_scripts_parse_unchanged() {
 // ---------------------------------------------------------------------------------------------
 // The job environment
 
-fn job_of(spec: JobSpec, id: u64) -> Job {
+/// The job `spec` becomes once committed: memory not asked for is the cluster's default (the
+/// leader fills it in at submit).
+fn job_of(mut spec: JobSpec, id: u64) -> Job {
+    if spec.mem_mib == 0 {
+        spec.mem_mib = spec.default_mem_mib();
+    }
     Job {
         id,
         spec: spec.into(),
@@ -519,7 +524,8 @@ fn batch_env_matches_slurm_field_by_field() {
         ours.iter().filter(|(k, _)| !observed.contains(&k.as_str())).map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let expected: BTreeMap<&str, &str> = [
         ("SLURM_JOB_START_TIME", "1800000010"),
-        ("SLURM_MEM_PER_NODE", "1024"),
+        // 4 GPUs at 16 GiB each (the default per GPU: the job asked no memory).
+        ("SLURM_MEM_PER_NODE", "65536"),
         ("SLURM_NPROCS", "1"),
         ("SLURM_NTASKS", "1"),
         ("SLURM_NTASKS_PER_NODE", "1"),
