@@ -108,7 +108,8 @@ enum Cmd {
         #[arg(long, value_enum, default_value_t = nccl::Method::Auto)]
         method: nccl::Method,
     },
-    /// Stop a running job and queue it again (its --signal first, to checkpoint).
+    /// Stop a running job and queue it again, as `scontrol requeue` does (SIGTERM, then SIGKILL
+    /// after kill_grace_ms; a job requeued by the cluster gets its --signal first instead).
     Requeue { job: u64 },
     /// Stop placing new jobs on a node.
     Drain {
@@ -313,7 +314,10 @@ pub fn build_spec(args: &SubmitArgs) -> anyhow::Result<JobSpec> {
     spec.gres = gres;
     spec.cpus_per_task = args.cpus_per_task;
     spec.mem_mib = match &args.mem {
-        Some(m) => units::parse_mem_mib(m).map_err(anyhow::Error::msg)?,
+        Some(m) => match units::parse_mem_mib(m).map_err(anyhow::Error::msg)? {
+            0 => anyhow::bail!("--mem 0 (Slurm's all of each node's memory) is not supported: ask for a size"),
+            mib => mib,
+        },
         None => 0,
     };
     spec.time_limit_ms = time_limit_ms;

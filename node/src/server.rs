@@ -876,7 +876,7 @@ impl Node {
                 self.propose(Command::UpdateInventory { node, inventory, reason, now_ms: now }).await.and_then(ok_or_rejected)
             }
             Request::Requeue { job } => {
-                let cmd = Command::Requeue { job, reason: "requeued on request".into(), now_ms: now };
+                let cmd = Command::Requeue { job, reason: proto::REQUEUED_ON_REQUEST.into(), now_ms: now };
                 let result = self.propose(cmd).await.and_then(ok_or_rejected);
                 self.kick.notify_one();
                 result
@@ -1351,8 +1351,14 @@ impl Node {
                         launches.push((j.clone(), nodes.clone(), part.alloc.node, addr_of(part.alloc.node)));
                     }
                 }
-                // A requeued job gets its --signal first, to write a checkpoint.
-                let checkpoint = j.state == JobState::Pending && j.spec.signal.is_some();
+                // A job requeued by the cluster (its node lost, preempted) gets its --signal
+                // first, to write a checkpoint. One requeued on request is stopped as Slurm's
+                // `scontrol requeue` stops it (SIGTERM, grace, SIGKILL): Lightning and submitit
+                // request it from their own --signal handler once they checkpointed, and the
+                // signal again would run that handler again (a second checkpoint, a second
+                // requeue refused, and submitit records the job as failed).
+                let on_request = j.reasons.iter().any(|r| r.ends_with(proto::REQUEUED_ON_REQUEST));
+                let checkpoint = j.state == JobState::Pending && j.spec.signal.is_some() && !on_request;
                 for part in j.parts_to_stop() {
                     kills.push((j.id, part.run, checkpoint, part.alloc.node, addr_of(part.alloc.node)));
                 }

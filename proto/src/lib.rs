@@ -1446,6 +1446,10 @@ pub struct Envelope {
 
 pub const FORWARD_HOPS_MAX: u8 = 3;
 
+/// Why a job asked to be requeued (`corral requeue`, `scontrol requeue`) was: in its reasons
+/// (`requeued: ...`), so the leader stops it as Slurm does, without its `--signal`.
+pub const REQUEUED_ON_REQUEST: &str = "requeued on request";
+
 /// Memory per GPU on its node of a job that asks none (Slurm's `DefMemPerGPU`).
 pub const DEF_MEM_PER_GPU_MIB: u64 = 16 * 1024;
 /// Memory per CPU on its node of a job that asks none (Slurm's `DefMemPerCPU`).

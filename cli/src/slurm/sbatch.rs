@@ -616,6 +616,15 @@ pub fn parse_mem_mib(text: &str) -> Option<u64> {
     crate::units::parse_mem_mib(text).ok()
 }
 
+/// A memory size of zero is Slurm's "all of the node's memory", which Corral does not give: it
+/// is refused rather than taken for an ordinary size.
+fn positive_mem(mib: u64, option: &str, fatal: &dyn Fn(&str) -> SlurmError) -> Result<u64, SlurmError> {
+    if mib == 0 {
+        return Err(fatal(&format!("{option}=0 (all of each node's memory) is not supported: ask for a size")));
+    }
+    Ok(mib)
+}
+
 /// Host names of `-w`/`-x`: a host list, or a file of names when it holds a `/`.
 fn parse_hosts(prog: &str, text: &str, cwd: &Path) -> Result<Vec<String>, SlurmError> {
     let bad = || SlurmError::fatal(prog, "Batch job submission failed: Invalid node name specified");
@@ -735,17 +744,19 @@ impl<'a> Builder<'a> {
             "cpus-per-task" => self.cpus_per_task = Some(parse_int(self.prog, "--cpus-per-task", v)?),
             "cpus-per-gpu" => self.cpus_per_gpu = Some(parse_int(self.prog, "--cpus-per-gpu", v)?),
             "mem" => {
-                self.mem_mib = Some(parse_mem_mib(v).ok_or_else(|| fatal("Invalid --mem specification"))?);
+                self.mem_mib = Some(positive_mem(parse_mem_mib(v).ok_or_else(|| fatal("Invalid --mem specification"))?, "--mem", &fatal)?);
                 self.mem_per_cpu_mib = None;
                 self.mem_per_gpu_mib = None;
             }
             "mem-per-cpu" => {
-                self.mem_per_cpu_mib = Some(parse_mem_mib(v).ok_or_else(|| fatal("Invalid --mem-per-cpu specification"))?);
+                let per_cpu = parse_mem_mib(v).ok_or_else(|| fatal("Invalid --mem-per-cpu specification"))?;
+                self.mem_per_cpu_mib = Some(positive_mem(per_cpu, "--mem-per-cpu", &fatal)?);
                 self.mem_mib = None;
                 self.mem_per_gpu_mib = None;
             }
             "mem-per-gpu" => {
-                self.mem_per_gpu_mib = Some(parse_mem_mib(v).ok_or_else(|| fatal("Invalid --mem-per-gpu specification"))?);
+                let per_gpu = parse_mem_mib(v).ok_or_else(|| fatal("Invalid --mem-per-gpu specification"))?;
+                self.mem_per_gpu_mib = Some(positive_mem(per_gpu, "--mem-per-gpu", &fatal)?);
                 self.mem_mib = None;
                 self.mem_per_cpu_mib = None;
             }

@@ -95,6 +95,10 @@ fn defaults_of_a_plain_script() {
     assert_eq!((s.nodes, s.ntasks_per_node, s.cpus_per_task, s.mem_mib), (1, 1, 1, 0));
     assert_eq!(s.default_mem_mib(), 1024);
     assert_eq!(spec(&["--gres=gpu:2"]).default_mem_mib(), 32 * 1024, "DefMemPerGPU");
+    for zero in ["--mem=0", "--mem-per-cpu=0", "--mem-per-gpu=0G"] {
+        let option = zero.split('=').next().unwrap_or_default();
+        assert_eq!(err(&[zero]), format!("sbatch: error: {option}=0 (all of each node's memory) is not supported: ask for a size"));
+    }
     assert_eq!(spec(&["-c", "8", "--ntasks-per-node=2"]).default_mem_mib(), 16 * 1024, "DefMemPerCPU");
     assert_eq!(s.user, "alice");
     assert_eq!(s.submit_host, "login1");
