@@ -119,16 +119,23 @@ impl Clients {
         serde_json::from_str(last).unwrap_or_else(|e| panic!("{program} printed no JSON ({e}): {stdout}\n{stderr}"))
     }
 
+    /// `sbatch` of `text` (as `name`), then its end, which must be COMPLETED: the job id.
+    fn sbatch_completed(&self, name: &str, text: &str, env: &[(&str, &str)], patience: Duration) -> u64 {
+        let id = self.sbatch(name, text, env);
+        let job = self.cluster.wait_final(id, patience);
+        assert_eq!(job["state"], "COMPLETED", "{job}\n{}", self.output_of(id));
+        id
+    }
+
     fn output_of(&self, job: u64) -> String {
         std::fs::read_to_string(self.cluster.work.join(format!("slurm-{job}.out"))).unwrap_or_default()
     }
 
-    /// The JSON lines `train_fsdp.py` wrote for `job` in `dir`, by global rank.
-    fn fsdp_results_in(dir: &Path, job: u64) -> BTreeMap<u64, Value> {
+    /// The JSON files in `dir` whose names start with `prefix`, by their `rank` field.
+    fn results_by_rank(dir: &Path, prefix: &str) -> BTreeMap<u64, Value> {
         let mut out = BTreeMap::new();
         for e in std::fs::read_dir(dir).expect("read results").flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with(&format!("train_fsdp.{job}.")) {
+            if e.file_name().to_string_lossy().starts_with(prefix) {
                 let v: Value = serde_json::from_str(&std::fs::read_to_string(e.path()).expect("read result")).expect("parse result");
                 out.insert(v["rank"].as_u64().expect("rank"), v);
             }
@@ -136,17 +143,14 @@ impl Clients {
         out
     }
 
+    /// What `train_fsdp.py` wrote for `job` in `dir`, by global rank.
+    fn fsdp_results_in(dir: &Path, job: u64) -> BTreeMap<u64, Value> {
+        Clients::results_by_rank(dir, &format!("train_fsdp.{job}."))
+    }
+
     /// What `lightning_ddp.py` wrote for run `restart` of `job`, by global rank.
     fn lightning_results(&self, job: u64, restart: u32) -> BTreeMap<u64, Value> {
-        let prefix = format!("lightning.{job}.{restart}.");
-        let mut out = BTreeMap::new();
-        for e in std::fs::read_dir(&self.results).expect("read results").flatten() {
-            if e.file_name().to_string_lossy().starts_with(&prefix) {
-                let v: Value = serde_json::from_str(&std::fs::read_to_string(e.path()).expect("read result")).expect("parse result");
-                out.insert(v["rank"].as_u64().expect("rank"), v);
-            }
-        }
-        out
+        Clients::results_by_rank(&self.results, &format!("lightning.{job}.{restart}."))
     }
 
     fn fsdp_results(&self, job: u64) -> BTreeMap<u64, Value> {
@@ -213,25 +217,19 @@ srun torchrun --nnodes=2 --nproc_per_node=1 --rdzv_id=$SLURM_JOB_ID --rdzv_backe
 fn torchrun_through_srun_forms_one_world_across_nodes() {
     let Some(py) = pyenv() else { return };
     let c = Clients::up("2", &py);
-    let id = c.sbatch("torchrun.sbatch", TORCHRUN_2X2, &[]);
-    let job = c.cluster.wait_final(id, Duration::from_secs(180));
-    assert_eq!(job["state"], "COMPLETED", "{job}\n{}", c.output_of(id));
+    let id = c.sbatch_completed("torchrun.sbatch", TORCHRUN_2X2, &[], Duration::from_secs(180));
     c.assert_fsdp_world(id, 2, 2);
     // The name resolved to the first node's address, as getent printed it.
     let out = c.output_of(id);
     let first = c.fsdp_results(id)[&0]["node"].as_str().expect("node").to_string();
     assert!(out.lines().any(|l| l.split_whitespace().eq(["127.0.0.1", first.as_str()])), "{out}");
 
-    let id = c.sbatch("c10d.sbatch", TORCHRUN_C10D, &[]);
-    let job = c.cluster.wait_final(id, Duration::from_secs(180));
-    assert_eq!(job["state"], "COMPLETED", "{job}\n{}", c.output_of(id));
+    let id = c.sbatch_completed("c10d.sbatch", TORCHRUN_C10D, &[], Duration::from_secs(180));
     c.assert_fsdp_world(id, 2, 1);
 
     // No torchrun: `srun python` tasks rendezvous through env:// on the job's MASTER_ADDR and
     // MASTER_PORT with the RANK, LOCAL_RANK and WORLD_SIZE each task gets.
-    let id = c.sbatch("srun_python.sbatch", SRUN_PYTHON, &[]);
-    let job = c.cluster.wait_final(id, Duration::from_secs(180));
-    assert_eq!(job["state"], "COMPLETED", "{job}\n{}", c.output_of(id));
+    let id = c.sbatch_completed("srun_python.sbatch", SRUN_PYTHON, &[], Duration::from_secs(180));
     c.assert_fsdp_world(id, 2, 2);
 }
 
@@ -397,9 +395,7 @@ srun python lightning_ddp.py
 fn lightning_ddp_on_two_nodes_and_its_sigusr1_auto_requeue() {
     let Some(py) = pyenv() else { return };
     let c = Clients::up("2", &py);
-    let id = c.sbatch("lightning.sbatch", LIGHTNING_SBATCH, &[]);
-    let job = c.cluster.wait_final(id, Duration::from_secs(240));
-    assert_eq!(job["state"], "COMPLETED", "{job}\n{}", c.output_of(id));
+    let id = c.sbatch_completed("lightning.sbatch", LIGHTNING_SBATCH, &[], Duration::from_secs(240));
     let ranks = c.lightning_results(id, 0);
     assert_eq!(ranks.len(), 2, "{ranks:?}\n{}", c.output_of(id));
     let nodes: BTreeSet<&str> = ranks.values().filter_map(|v| v["node"].as_str()).collect();
@@ -468,9 +464,7 @@ RESULT_DIR=results/python srun python train_fsdp.py
 fn torch_forms_one_world_on_four_nodes_with_and_without_torchrun() {
     let Some(py) = pyenv() else { return };
     let c = Clients::up("4", &py);
-    let id = c.sbatch("four.sbatch", FOUR_NODES, &[]);
-    let job = c.cluster.wait_final(id, Duration::from_secs(300));
-    assert_eq!(job["state"], "COMPLETED", "{job}\n{}", c.output_of(id));
+    let id = c.sbatch_completed("four.sbatch", FOUR_NODES, &[], Duration::from_secs(300));
     for step in ["torchrun", "python"] {
         c.assert_fsdp_world_in(&c.results.join(step), id, 4, 1);
     }
@@ -546,8 +540,6 @@ fn deepspeed_zero3_runs_across_nodes_through_srun() {
 fn train_fsdp_seed_script_unchanged_on_4_nodes_of_8_workers() {
     let Some(py) = pyenv() else { return };
     let c = Clients::up("4", &py);
-    let id = c.sbatch("train_fsdp.sbatch", TRAIN_FSDP_SBATCH, &[]);
-    let job = c.cluster.wait_final(id, Duration::from_secs(600));
-    assert_eq!(job["state"], "COMPLETED", "{job}\n{}", c.output_of(id));
+    let id = c.sbatch_completed("train_fsdp.sbatch", TRAIN_FSDP_SBATCH, &[], Duration::from_secs(600));
     c.assert_fsdp_world(id, 4, 8);
 }
