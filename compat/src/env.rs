@@ -9,7 +9,7 @@ use proto::{Job, JobSpec};
 
 /// Name of the partition a job without `--partition` runs in (and that nodes without a
 /// partition belong to).
-pub const DEFAULT_PARTITION: &str = "default";
+pub use proto::DEFAULT_PARTITION;
 
 /// Keys of [`JobSpec::extra`] that `sbatch`/`srun` fill in and this module reads.
 pub mod extra {

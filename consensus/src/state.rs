@@ -72,11 +72,6 @@ impl Default for ClusterState {
     }
 }
 
-/// The partition of jobs and nodes that name none, when the policy marks no partition default.
-pub const DEFAULT_PARTITION: &str = "default";
-/// The QoS of jobs that name none.
-pub const DEFAULT_QOS: &str = "normal";
-
 /// The rendezvous ports in use per first node, gathered once per plan (one scan of the jobs,
 /// not one per placement) and kept up to date as the plan starts runs: the same lowest free
 /// port a scan before each start would give.
@@ -839,7 +834,7 @@ impl ClusterState {
     /// database yet, as in a Slurm that does not enforce associations.
     pub fn undefined_in_submission(&self, spec: &JobSpec) -> Option<&'static str> {
         if let Some(p) = spec.partition.as_deref() {
-            let default = self.policy.partitions.iter().find(|d| d.default).map_or(DEFAULT_PARTITION, |d| d.name.as_str());
+            let default = self.policy.partitions.iter().find(|d| d.default).map_or(proto::DEFAULT_PARTITION, |d| d.name.as_str());
             let known = p == default
                 || self.policy.partitions.iter().any(|d| d.name == p)
                 || self.nodes.values().any(|n| n.inventory.partitions.iter().any(|q| q == p));
@@ -848,7 +843,7 @@ impl ClusterState {
             }
         }
         if let Some(q) = spec.qos.as_deref() {
-            if q != DEFAULT_QOS && !self.policy.qos.iter().any(|d| d.name == q) {
+            if q != proto::DEFAULT_QOS && !self.policy.qos.iter().any(|d| d.name == q) {
                 return Some("Invalid qos specification");
             }
         }
@@ -1239,14 +1234,14 @@ mod tests {
         };
         assert_eq!(with(&s, None, None), None);
         assert_eq!(with(&s, Some("gpu"), None), None, "a node names it");
-        assert_eq!(with(&s, Some(DEFAULT_PARTITION), None), None, "the default partition always exists");
+        assert_eq!(with(&s, Some(proto::DEFAULT_PARTITION), None), None, "the default partition always exists");
         assert_eq!(with(&s, Some("long"), None), Some("Invalid partition name specified"));
-        assert_eq!(with(&s, None, Some(DEFAULT_QOS)), None);
+        assert_eq!(with(&s, None, Some(proto::DEFAULT_QOS)), None);
         assert_eq!(with(&s, None, Some("high")), Some("Invalid qos specification"));
         s.policy.partitions.push(proto::PartitionDef { name: "long".into(), default: true, ..Default::default() });
         s.policy.qos.push(proto::QosDef { name: "high".into(), priority: 10, preempt: vec![], preempt_mode: "requeue".into() });
         assert_eq!(with(&s, Some("long"), Some("high")), None, "the policy defines both");
-        assert_eq!(with(&s, Some(DEFAULT_PARTITION), None), Some("Invalid partition name specified"), "`long` is the default now");
+        assert_eq!(with(&s, Some(proto::DEFAULT_PARTITION), None), Some("Invalid partition name specified"), "`long` is the default now");
     }
 
     #[test]

@@ -146,6 +146,18 @@ struct TaskBase {
     hosts_file: Option<PathBuf>,
 }
 
+impl TaskBase {
+    /// What the step tasks of the run `spec` launches start from.
+    fn of(spec: &launcher::LaunchSpec) -> Arc<TaskBase> {
+        Arc::new(TaskBase {
+            env: spec.env.clone(),
+            workdir: spec.workdir.clone(),
+            run_as: spec.run_as.clone(),
+            hosts_file: spec.hosts_file.clone(),
+        })
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct Report {
     job: JobId,
@@ -405,12 +417,7 @@ impl Agent {
             timeout: Duration::from_millis(PREFLIGHT_TIMEOUT_MS),
         });
         // Until its process starts the run holds its GPUs with no process group (pgid 0).
-        let base = Arc::new(TaskBase {
-            env: spec.env.clone(),
-            workdir: spec.workdir.clone(),
-            run_as: spec.run_as.clone(),
-            hosts_file: spec.hosts_file.clone(),
-        });
+        let base = TaskBase::of(&spec);
         lock(&self.running).insert(
             job.id,
             Running {
@@ -958,12 +965,7 @@ impl Agent {
         let cgroup = record.cgroup.map(|p| Arc::new(crate::cgroup::JobCgroup::existing(p, cgroups_v1)));
         let tasks = Arc::new(launcher::TaskGroups::default());
         let (stop_tx, stop_rx) = mpsc::channel(1);
-        let base = Arc::new(TaskBase {
-            env: spec.env.clone(),
-            workdir: spec.workdir.clone(),
-            run_as: spec.run_as.clone(),
-            hosts_file: spec.hosts_file.clone(),
-        });
+        let base = TaskBase::of(&spec);
         lock(&self.running).insert(
             spec.job,
             Running {

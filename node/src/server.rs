@@ -402,9 +402,7 @@ impl Node {
     /// `sbatch --test-only`: submits `spec` to a copy of the state and asks the scheduler what it
     /// would do with it now; the log is not touched.
     fn test_submit(&self, mut spec: proto::JobSpec) -> Response {
-        if spec.mem_mib == 0 {
-            spec.mem_mib = spec.default_mem_mib();
-        }
+        spec.fill_default_mem();
         spec.validate().map_err(ApiError::Invalid)?;
         let now = now_ms();
         self.state.read(|s| {
@@ -729,9 +727,7 @@ impl Node {
                 if let Some(u) = &user {
                     spec.user = u.clone();
                 }
-                if spec.mem_mib == 0 {
-                    spec.mem_mib = spec.default_mem_mib();
-                }
+                spec.fill_default_mem();
                 spec.validate().map_err(ApiError::Invalid)?;
                 if let Some(why) = self.state.read(|s| s.undefined_in_submission(&spec)) {
                     return Err(ApiError::Invalid(why.to_string()));
@@ -1357,8 +1353,9 @@ impl Node {
                 // request it from their own --signal handler once they checkpointed, and the
                 // signal again would run that handler again (a second checkpoint, a second
                 // requeue refused, and submitit records the job as failed).
-                let on_request = j.reasons.iter().any(|r| r.ends_with(proto::REQUEUED_ON_REQUEST));
-                let checkpoint = j.state == JobState::Pending && j.spec.signal.is_some() && !on_request;
+                let checkpoint = j.state == JobState::Pending
+                    && j.spec.signal.is_some()
+                    && !j.reasons.iter().any(|r| r.ends_with(proto::REQUEUED_ON_REQUEST));
                 for part in j.parts_to_stop() {
                     kills.push((j.id, part.run, checkpoint, part.alloc.node, addr_of(part.alloc.node)));
                 }

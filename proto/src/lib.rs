@@ -401,6 +401,14 @@ impl JobSpec {
         self.gres.as_ref().map_or(0, |g| g.count)
     }
 
+    /// Gives a job that asked no memory (`mem_mib` 0) the default ([`JobSpec::default_mem_mib`]),
+    /// as the node that takes a submission does before anything else reads it.
+    pub fn fill_default_mem(&mut self) {
+        if self.mem_mib == 0 {
+            self.mem_mib = self.default_mem_mib();
+        }
+    }
+
     /// The memory per node of a job that asked none, as Slurm's `DefMemPerGPU` and
     /// `DefMemPerCPU` give it: [`DEF_MEM_PER_GPU_MIB`] per GPU or [`DEF_MEM_PER_CPU_MIB`] per CPU
     /// on the node, whichever is more. A flat default (1 GiB was Corral's) kills the worker
@@ -1445,6 +1453,11 @@ pub struct Envelope {
 }
 
 pub const FORWARD_HOPS_MAX: u8 = 3;
+
+/// The partition of jobs and nodes that name none, when the policy marks no partition default.
+pub const DEFAULT_PARTITION: &str = "default";
+/// The QoS of jobs that name none.
+pub const DEFAULT_QOS: &str = "normal";
 
 /// Why a job asked to be requeued (`corral requeue`, `scontrol requeue`) was: in its reasons
 /// (`requeued: ...`), so the leader stops it as Slurm does, without its `--signal`.

@@ -425,9 +425,7 @@ fn seed_scripts_parse_unchanged() {
 /// The job `spec` becomes once committed: memory not asked for is the cluster's default (the
 /// leader fills it in at submit).
 fn job_of(mut spec: JobSpec, id: u64) -> Job {
-    if spec.mem_mib == 0 {
-        spec.mem_mib = spec.default_mem_mib();
-    }
+    spec.fill_default_mem();
     Job {
         id,
         spec: spec.into(),
