@@ -575,6 +575,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Dev(DevCmd::Up { dir, opts }) => {
             dev::up(&dir, &opts).await?;
             println!("cluster of {} nodes is up in {}; use --cluster {}", opts.nodes, dir.display(), dir.display());
+            for (name, url) in dev::metrics_urls(&dir)? {
+                println!("{name} metrics: {url}");
+            }
         }
         Cmd::Dev(DevCmd::Down { dir }) => dev::down(&dir)?,
         Cmd::Dev(DevCmd::Signal { dir, node, signal }) => dev::signal_node(&dir, &node, &signal)?,
@@ -606,6 +609,10 @@ fn truncate(s: &str, n: usize) -> String {
 }
 
 fn main() {
+    // A closed stdout (`corral cluster | head`, `squeue | head -1`) ends the process quietly, as
+    // it ends `ls` or Slurm's own commands: Rust ignores SIGPIPE, so each print would panic.
+    // SAFETY: no other thread exists yet; this restores the signal's default disposition.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     // Called as sbatch, srun, ... (a symlink made by `install-slurm-shims`): behave as Slurm.
     let argv0 = std::env::args_os().next().unwrap_or_default();
     let name = std::path::Path::new(&argv0).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();

@@ -62,15 +62,6 @@ fn cpus_per_node(job: &Job, tasks: &[u32]) -> Vec<u32> {
     }
 }
 
-/// Step between array indices: the common difference when the ids are evenly spaced, else 1.
-fn array_step(tasks: &[u32]) -> u32 {
-    let diffs: Vec<u32> = tasks.windows(2).map(|w| w[1].saturating_sub(w[0])).collect();
-    match diffs.first() {
-        Some(&d) if d > 0 && diffs.iter().all(|&x| x == d) => d,
-        _ => 1,
-    }
-}
-
 /// Every `SLURM_*` variable (and `GPU_DEVICE_ORDINAL`) Slurm sets for the batch script of
 /// `job` on its `node_index`-th node. `node_names` are the job's nodes in allocation order;
 /// `gpu_indices_on_node` the GPUs this node gave it. `CUDA_VISIBLE_DEVICES` is left to the
@@ -147,13 +138,13 @@ pub fn slurm_env(
     set("SLURM_GTIDS", (first_rank..first_rank + tasks[here].max(1)).map(|r| r.to_string()).collect::<Vec<_>>().join(","));
     set("SLURM_RESTART_COUNT", job.restart_count.to_string());
     if let Some(task) = &job.array {
-        let ids: Vec<u32> = spec.array.as_ref().map(|a| a.tasks.clone()).unwrap_or_else(|| vec![task.task]);
+        let ids = spec.array.clone().unwrap_or_else(|| proto::ArraySpec::from_ids(&[task.task], None));
         set("SLURM_ARRAY_JOB_ID", task.array_job.to_string());
         set("SLURM_ARRAY_TASK_ID", task.task.to_string());
         set("SLURM_ARRAY_TASK_COUNT", ids.len().to_string());
-        set("SLURM_ARRAY_TASK_MIN", ids.first().copied().unwrap_or(task.task).to_string());
-        set("SLURM_ARRAY_TASK_MAX", ids.last().copied().unwrap_or(task.task).to_string());
-        set("SLURM_ARRAY_TASK_STEP", array_step(&ids).to_string());
+        set("SLURM_ARRAY_TASK_MIN", ids.first().unwrap_or(task.task).to_string());
+        set("SLURM_ARRAY_TASK_MAX", ids.last().unwrap_or(task.task).to_string());
+        set("SLURM_ARRAY_TASK_STEP", ids.step().to_string());
     }
     if !gpu_indices_on_node.is_empty() {
         let list = gpu_indices_on_node.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(",");

@@ -331,7 +331,7 @@ mod tests {
         spec.env.insert("BIG".into(), "x".repeat(10_000));
         spec.gres = Some(proto::GresRequest { gpu_type: None, count: 1 });
         spec.mem_mib = 1024;
-        spec.array = Some(proto::ArraySpec { tasks: (1..=6).collect(), throttle: None });
+        spec.array = Some(proto::ArraySpec::from_ids(&(1..=6).collect::<Vec<u32>>(), None));
         state.apply(&proto::Command::Submit { spec, now_ms: 2 });
         let plan = scheduler::schedule(&state.scheduler_view(), 3);
         assert_eq!(plan.placements.len(), 6, "{plan:?}");

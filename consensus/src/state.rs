@@ -11,8 +11,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use proto::{
-    ArrayTask, Command, CommandResult, InstanceId, Inventory, Job, JobId, JobSpec, JobState, NodeId, NodeRecord, NodeRun, NodeState,
-    Placement, RunNo, RunOutcome,
+    ArrayTask, Command, CommandResult, GresRequest, InstanceId, Inventory, Job, JobId, JobSpec, JobState, NodeId, NodeRecord, NodeRun,
+    NodeState, Placement, RunNo, RunOutcome,
 };
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -148,7 +148,7 @@ fn account(usage: &mut BTreeMap<String, u64>, job: &mut Job, part: &NodeRun, now
 }
 
 /// The final state of a run all of whose parts ended, from how each ended: a launch failure
-/// first, then a time-out, a signal, a non-zero exit; then a kill; all zero is COMPLETED. A kill
+/// first, then a time-out, an OOM kill, a signal, a non-zero exit; then a kill; all zero is COMPLETED. A kill
 /// ranks below a failure: a cancelled job is final before its parts report, so a `Killed` here
 /// is the cluster stopping the rest of a gang after one part ended, and the part that ended
 /// decides.
@@ -158,6 +158,9 @@ fn final_state(outcomes: &[(NodeId, RunOutcome)]) -> (JobState, Option<i32>, Opt
     }
     if outcomes.iter().any(|(_, o)| *o == RunOutcome::TimedOut) {
         return (JobState::Timeout, None, Some("time limit reached".into()));
+    }
+    if let Some((node, RunOutcome::OutOfMemory(why))) = outcomes.iter().find(|(_, o)| matches!(o, RunOutcome::OutOfMemory(_))) {
+        return (JobState::OutOfMemory, None, Some(format!("out of memory on node {node}: {why}")));
     }
     if let Some((_, RunOutcome::Signaled(sig))) = outcomes.iter().find(|(_, o)| matches!(o, RunOutcome::Signaled(_))) {
         return (JobState::Failed, Some(sig.saturating_add(128)), Some(format!("killed by signal {sig}")));
@@ -609,7 +612,7 @@ impl ClusterState {
             (true, None) => return Err(format!("job {} is an array: a placement must name a task", job.id)),
             (true, Some(t)) => {
                 let spec = job.spec.array.as_ref().ok_or("array without tasks")?;
-                if spec.tasks.binary_search(&t).is_err() {
+                if !spec.contains(t) {
                     return Err(format!("array {} has no task {t}", job.id));
                 }
                 if self.array_started.get(&job.id).is_some_and(|s| s.contains(&t)) {
@@ -640,7 +643,7 @@ impl ClusterState {
         let Some(parent) = self.jobs.get_mut(&array) else { return array };
         // Every started task is one of the array's (checked at placement), so this counts the
         // tasks not started yet without a scan (tasks are unique).
-        let remaining = parent.spec.array.as_ref().map_or(0, |a| a.tasks.len().saturating_sub(started.len()));
+        let remaining = parent.spec.array.as_ref().map_or(0, |a| a.len().saturating_sub(started.len()));
         if remaining <= 1 {
             self.array_started.remove(&array);
             parent.array = Some(ArrayTask { array_job: array, task });
@@ -822,6 +825,16 @@ impl ClusterState {
         record.inventory.gpus.iter().filter(|g| g.healthy && !busy.contains(&g.index)).count() as u32
     }
 
+    /// CPUs and memory (MiB) held on each node by the jobs' parts: one pass over the jobs.
+    pub fn cpus_and_memory_held(&self) -> BTreeMap<NodeId, (u32, u64)> {
+        let mut held: BTreeMap<NodeId, (u32, u64)> = BTreeMap::new();
+        for p in self.jobs.values().flat_map(|j| j.parts.iter()) {
+            let h = held.entry(p.alloc.node).or_default();
+            *h = (h.0.saturating_add(p.alloc.cpus), h.1.saturating_add(p.alloc.mem_mib));
+        }
+        held
+    }
+
     fn parts_on(&self, node: NodeId) -> impl Iterator<Item = &NodeRun> {
         self.jobs.values().flat_map(|j| j.parts.iter()).filter(move |p| p.alloc.node == node)
     }
@@ -829,22 +842,30 @@ impl ClusterState {
     /// What a submission names that this cluster does not define, in Slurm's words (`None`:
     /// everything it names exists): a partition that neither the policy nor any node's
     /// `partitions` names (the default partition always exists), a QoS the policy lacks
-    /// (`normal`, every job's without one, always exists). Slurm refuses both at submit; a job
-    /// accepted with either would pend for ever. Accounts are not checked: there is no account
-    /// database yet, as in a Slurm that does not enforce associations.
-    pub fn undefined_in_submission(&self, spec: &JobSpec) -> Option<&'static str> {
+    /// (`normal`, every job's without one, always exists), MIG instances per node that no
+    /// node's MIG-mode GPUs could hold in any valid layout (`scheduler::mig::never_fits`). Slurm
+    /// refuses these at submit; a job accepted with one would pend for ever. Accounts are not
+    /// checked: there is no account database yet, as in a Slurm that does not enforce
+    /// associations.
+    pub fn undefined_in_submission(&self, spec: &JobSpec) -> Option<String> {
         if let Some(p) = spec.partition.as_deref() {
             let default = self.policy.partitions.iter().find(|d| d.default).map_or(proto::DEFAULT_PARTITION, |d| d.name.as_str());
             let known = p == default
                 || self.policy.partitions.iter().any(|d| d.name == p)
                 || self.nodes.values().any(|n| n.inventory.partitions.iter().any(|q| q == p));
             if !known {
-                return Some("Invalid partition name specified");
+                return Some("Invalid partition name specified".into());
             }
         }
         if let Some(q) = spec.qos.as_deref() {
             if q != proto::DEFAULT_QOS && !self.policy.qos.iter().any(|d| d.name == q) {
-                return Some("Invalid qos specification");
+                return Some("Invalid qos specification".into());
+            }
+        }
+        if let Some(GresRequest { gpu_type: Some(profile), count }) = &spec.gres {
+            let nodes = self.nodes.values().map(|n| (n.name.as_str(), n.inventory.gpus.as_slice()));
+            if let Some(why) = scheduler::mig::never_fits(nodes, profile, *count) {
+                return Some(format!("Requested node configuration is not available: {why}"));
             }
         }
         None
@@ -1235,13 +1256,39 @@ mod tests {
         assert_eq!(with(&s, None, None), None);
         assert_eq!(with(&s, Some("gpu"), None), None, "a node names it");
         assert_eq!(with(&s, Some(proto::DEFAULT_PARTITION), None), None, "the default partition always exists");
-        assert_eq!(with(&s, Some("long"), None), Some("Invalid partition name specified"));
+        assert_eq!(with(&s, Some("long"), None).as_deref(), Some("Invalid partition name specified"));
         assert_eq!(with(&s, None, Some(proto::DEFAULT_QOS)), None);
-        assert_eq!(with(&s, None, Some("high")), Some("Invalid qos specification"));
+        assert_eq!(with(&s, None, Some("high")).as_deref(), Some("Invalid qos specification"));
         s.policy.partitions.push(proto::PartitionDef { name: "long".into(), default: true, ..Default::default() });
         s.policy.qos.push(proto::QosDef { name: "high".into(), priority: 10, preempt: vec![], preempt_mode: "requeue".into() });
         assert_eq!(with(&s, Some("long"), Some("high")), None, "the policy defines both");
-        assert_eq!(with(&s, Some(proto::DEFAULT_PARTITION), None), Some("Invalid partition name specified"), "`long` is the default now");
+        assert_eq!(
+            with(&s, Some(proto::DEFAULT_PARTITION), None).as_deref(),
+            Some("Invalid partition name specified"),
+            "`long` is the default now"
+        );
+    }
+
+    #[test]
+    fn a_mig_request_no_node_could_ever_hold_is_refused_with_the_hardware_limit() {
+        let mut s = ClusterState::default();
+        let mut inv = scheduler::testkit::dgx("gpu:h100:8");
+        inv.gpus = vec![GpuInfo { model: "NVIDIA H200".into(), memory_mib: 143_771, mig_enabled: true, ..Default::default() }];
+        s.apply(&Command::RegisterNode {
+            name: "n1".into(),
+            addr: "a".into(),
+            inventory: inv,
+            instance: 1,
+            cert_fingerprint: String::new(),
+            now_ms: 0,
+        });
+        let asking = |gres: &str| s.undefined_in_submission(&scheduler::testkit::spec(gres, 1));
+        assert_eq!(
+            asking("gpu:3g.71gb:7").as_deref(),
+            Some("Requested node configuration is not available: no node can ever hold 7x 3g.71gb at once: one H200 holds at most 2 (MIG slice rules), and the most any node holds is 2 (n1)")
+        );
+        assert_eq!(asking("gpu:3g.71gb:2"), None);
+        assert_eq!(asking("gpu:1g.18gb:7"), None);
     }
 
     #[test]
@@ -1270,6 +1317,16 @@ mod tests {
         finish(&mut s, job, 1, a, RunOutcome::Signaled(9));
         finish(&mut s, job, 1, b, RunOutcome::Exited(0));
         assert_eq!((s.jobs[&job].state, s.jobs[&job].exit_code), (JobState::Failed, Some(137)));
+        let (mut s, a, b, job) = gang();
+        finish(&mut s, job, 1, a, RunOutcome::OutOfMemory("the kernel killed 1 process".into()));
+        finish(&mut s, job, 1, b, RunOutcome::Signaled(9));
+        let j = &s.jobs[&job];
+        assert_eq!((j.state, j.exit_code), (JobState::OutOfMemory, None), "an OOM kill ranks above a signal");
+        assert!(
+            j.reason().is_some_and(|r| r.contains("out of memory on node") && r.contains("the kernel killed 1 process")),
+            "{:?}",
+            j.reason()
+        );
     }
 
     #[test]

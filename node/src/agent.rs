@@ -336,6 +336,9 @@ impl Agent {
             })
             .collect::<Option<_>>()
             .ok_or_else(|| ApiError::Invalid(format!("job {} names a gpu or mig instance this node does not have", job.id)))?;
+        // What the job sees as its GPUs' numbers: MIG instances as devices of their own.
+        let ordinals = crate::gpu::mig::device_ordinals(&self.gpus, &alloc.gpus)
+            .ok_or_else(|| ApiError::Invalid(format!("job {} names a gpu or mig instance this node does not have", job.id)))?;
         // Whom the job runs as: the uid the submitting node's kernel named, else the user's name
         // looked up here. A user without an account on this node cannot run here.
         let run_as = if self.settings.run_as_user {
@@ -375,7 +378,7 @@ impl Agent {
             node_name: &self.name,
             node_rank: rank,
             nodes,
-            gpu_indices: &alloc.gpus,
+            gpu_indices: &ordinals,
             gpu_uuids: &uuids,
             jobs_dir: &self.settings.jobs_dir,
             checkpoint_root: &self.settings.checkpoint_root,
@@ -587,6 +590,7 @@ impl Agent {
     ) {
         let mut outcome = launcher::supervise(child, &spec, stop_rx, self.settings.stop, &tasks, elapsed_ms).await;
         if let Some(cgroup) = cgroup {
+            outcome = launcher::with_oom_kills(outcome, cgroup.oom_kills(), cgroup.memory_limit_mib());
             // Whatever the job left behind, in or out of its process group.
             cgroup.kill_and_remove().await;
         }

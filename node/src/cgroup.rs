@@ -291,6 +291,32 @@ impl JobCgroup {
         std::iter::once(self.path.clone()).chain(self.v1.iter().cloned()).collect()
     }
 
+    /// Processes the kernel killed for the run's memory limit so far: `oom_kill` of v2's
+    /// `memory.events` and of v1's `memory.oom_control` (kernel 4.13 and later), wherever the
+    /// run has a memory controller. Read before the cgroups are removed.
+    pub fn oom_kills(&self) -> u64 {
+        let v2 = std::iter::once(self.path.join("memory.events"));
+        let v1 = self.v1.iter().map(|p| p.join("memory.oom_control"));
+        v2.chain(v1)
+            .filter_map(|file| match std::fs::read_to_string(&file) {
+                Ok(text) => Some(oom_kill_count(&text)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => {
+                    warn!(file = %file.display(), error = %e, "read the run's OOM kill count");
+                    None
+                }
+            })
+            .sum()
+    }
+
+    /// The run's memory limit in MiB, as its cgroups hold it (v2 `memory.max`, else v1
+    /// `memory.limit_in_bytes`); none where no memory controller limits it.
+    pub fn memory_limit_mib(&self) -> Option<u64> {
+        let v2 = std::iter::once(self.path.join("memory.max"));
+        let v1 = self.v1.iter().map(|p| p.join("memory.limit_in_bytes"));
+        v2.chain(v1).find_map(|f| std::fs::read_to_string(f).ok()?.trim().parse::<u64>().ok()).map(|bytes| bytes >> 20)
+    }
+
     /// Kills every process in the cgroups and removes them, waiting briefly for them to exit.
     /// (`cgroup.procs` stays open until the last holder of this handle drops it; a task started
     /// after the removal fails to join and does not start.)
@@ -311,6 +337,11 @@ impl JobCgroup {
             }
         }
     }
+}
+
+/// The `oom_kill N` line of a `memory.events` or `memory.oom_control` file (0 without one).
+pub fn oom_kill_count(text: &str) -> u64 {
+    text.lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|n| n.trim().parse().ok()).unwrap_or(0)
 }
 
 /// In the forked child, before exec: writes this process's pid into the cgroup's `procs` file.
@@ -377,5 +408,12 @@ mod tests {
             assert!(m.is_absolute());
             assert!(own_cgroup().is_some_and(|c| c.starts_with('/')));
         }
+    }
+
+    #[test]
+    fn the_oom_kill_count_is_read_from_v2_events_and_v1_oom_control() {
+        let v2 = "low 0\nhigh 0\nmax 12\noom 2\noom_kill 2\noom_group_kill 0\n";
+        let v1 = "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n";
+        assert_eq!((oom_kill_count(v2), oom_kill_count(v1), oom_kill_count("oom_kill_disable 0\n")), (2, 1, 0));
     }
 }

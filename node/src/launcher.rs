@@ -676,6 +676,19 @@ pub async fn supervise(
     outcome
 }
 
+/// How a run ended, given the processes its cgroup's memory limit got killed (`oom_kills`): a
+/// run that ended by itself after one is OUT_OF_MEMORY, as in Slurm, whatever its exit (a shell
+/// often goes on after its child was killed). A run stopped for its time, a cancel or its node
+/// keeps that outcome.
+pub fn with_oom_kills(outcome: RunOutcome, oom_kills: u64, limit_mib: Option<u64>) -> RunOutcome {
+    if oom_kills == 0 || !matches!(outcome, RunOutcome::Exited(_) | RunOutcome::Signaled(_)) {
+        return outcome;
+    }
+    let processes = if oom_kills == 1 { "process" } else { "processes" };
+    let limit = limit_mib.map(|m| format!(" of {m} MiB")).unwrap_or_default();
+    RunOutcome::OutOfMemory(format!("the kernel killed {oom_kills} {processes} for the job's memory limit{limit} ({outcome:?})"))
+}
+
 /// SIGTERM to the run's group and its step tasks, the grace, then SIGKILL to all of them.
 async fn stop(child: &mut Shepherd, pgid: i32, kill_grace_ms: u64, hold: bool, tasks: &TaskGroups) {
     signal_group(pgid, libc::SIGTERM);
@@ -691,6 +704,19 @@ async fn stop(child: &mut Shepherd, pgid: i32, kill_grace_ms: u64, hold: bool, t
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_that_ended_after_an_oom_kill_is_out_of_memory_and_others_keep_their_outcome() {
+        let oom = with_oom_kills(RunOutcome::Exited(0), 1, Some(32));
+        assert_eq!(oom, RunOutcome::OutOfMemory("the kernel killed 1 process for the job's memory limit of 32 MiB (Exited(0))".into()));
+        assert!(
+            matches!(with_oom_kills(RunOutcome::Signaled(9), 2, None), RunOutcome::OutOfMemory(why) if why.starts_with("the kernel killed 2 processes for the job's memory limit ("))
+        );
+        for kept in [RunOutcome::TimedOut, RunOutcome::Killed, RunOutcome::Lost("fenced".into())] {
+            assert_eq!(with_oom_kills(kept.clone(), 3, Some(32)), kept);
+        }
+        assert_eq!(with_oom_kills(RunOutcome::Exited(3), 0, Some(32)), RunOutcome::Exited(3));
+    }
 
     #[test]
     fn a_task_group_added_after_its_run_closed_is_killed_at_once() {

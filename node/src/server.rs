@@ -469,9 +469,11 @@ impl Node {
         let (leader, _) = self.leader();
         let voters = self.voter_ids();
         self.state.read(|s| {
+            let held = s.cpus_and_memory_held();
             s.nodes
                 .values()
                 .map(|n| {
+                    let (cpus_alloc, memory_alloc_mib) = held.get(&n.id).copied().unwrap_or_default();
                     let mut types: Vec<String> = n.inventory.gpus.iter().map(|g| g.gres_type.clone()).collect();
                     types.dedup();
                     NodeInfo {
@@ -490,6 +492,10 @@ impl Node {
                         gpus_total: n.inventory.gpus.len() as u32,
                         gpus_free: s.gpus_free(n.id),
                         gpu_types: types,
+                        cpus_total: n.inventory.cpus,
+                        cpus_alloc,
+                        memory_mib: n.inventory.memory_mib,
+                        memory_alloc_mib,
                         reason: n.state_reason.clone(),
                         cert_fingerprint: n.cert_fingerprint.clone(),
                         partitions: n.inventory.partitions.clone(),
@@ -730,7 +736,7 @@ impl Node {
                 spec.fill_default_mem();
                 spec.validate().map_err(ApiError::Invalid)?;
                 if let Some(why) = self.state.read(|s| s.undefined_in_submission(&spec)) {
-                    return Err(ApiError::Invalid(why.to_string()));
+                    return Err(ApiError::Invalid(why));
                 }
                 match self.propose(Command::Submit { spec, now_ms: now }).await? {
                     CommandResult::Submitted { job } => {

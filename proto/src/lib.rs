@@ -2,6 +2,7 @@
 //! requests, and the one codec that turns them into bytes. No IO, no clock, no async: serde and a
 //! size-checked, versioned postcard encoding, nothing more.
 
+mod array;
 pub mod codec;
 pub mod fuzzing;
 pub mod limits;
@@ -11,11 +12,12 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+pub use array::{ArraySpec, TaskRun};
 pub use codec::{decode, encode, CodecError};
 
 /// Bumped on any incompatible change to a type in this crate. The first byte of every encoded
 /// message; a peer speaking another version is refused with a clear error.
-pub const PROTOCOL_VERSION: u8 = 1;
+pub const PROTOCOL_VERSION: u8 = 2;
 
 pub type NodeId = u64;
 pub type JobId = u64;
@@ -203,6 +205,11 @@ pub struct NodeInfo {
     pub gpus_total: u32,
     pub gpus_free: u32,
     pub gpu_types: Vec<String>,
+    pub cpus_total: u32,
+    /// CPUs the jobs running there hold.
+    pub cpus_alloc: u32,
+    pub memory_mib: u64,
+    pub memory_alloc_mib: u64,
     pub reason: Option<String>,
     /// GPUs marked unhealthy, with why.
     pub unhealthy_gpus: Vec<(u32, String)>,
@@ -321,14 +328,6 @@ pub struct PreflightSpec {
 impl PreflightSpec {
     pub const BYTES_DEFAULT: u64 = 64 << 20;
     pub const BYTES_MAX: u64 = 16 << 30;
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ArraySpec {
-    /// Task ids, ascending and unique.
-    pub tasks: Vec<u32>,
-    /// At most this many tasks run at once (`%N`).
-    pub throttle: Option<u32>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -495,15 +494,7 @@ impl JobSpec {
             }
         }
         if let Some(a) = &self.array {
-            if a.tasks.is_empty() || a.tasks.len() > ARRAY_TASKS_MAX {
-                return Err(format!("an array holds 1..={ARRAY_TASKS_MAX} tasks"));
-            }
-            if a.tasks.windows(2).any(|w| w[0] >= w[1]) {
-                return Err("array task ids must be ascending and unique".into());
-            }
-            if a.throttle == Some(0) {
-                return Err("array throttle must be positive".into());
-            }
+            a.validate()?;
         }
         let list_bytes: usize = self.constraint.iter().chain(&self.nodelist).chain(&self.exclude).map(|s| s.len() + 1).sum();
         if list_bytes > PATH_BYTES_MAX || self.dependencies.len() > 1024 {
@@ -526,9 +517,23 @@ pub enum JobState {
     Cancelled,
     Timeout,
     NodeFail,
+    /// A process of the job was killed for its memory limit.
+    OutOfMemory,
 }
 
 impl JobState {
+    /// Every state, in declaration order.
+    pub const ALL: [JobState; 8] = [
+        JobState::Pending,
+        JobState::Running,
+        JobState::Completed,
+        JobState::Failed,
+        JobState::Cancelled,
+        JobState::Timeout,
+        JobState::NodeFail,
+        JobState::OutOfMemory,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             JobState::Pending => "PENDING",
@@ -538,6 +543,7 @@ impl JobState {
             JobState::Cancelled => "CANCELLED",
             JobState::Timeout => "TIMEOUT",
             JobState::NodeFail => "NODE_FAIL",
+            JobState::OutOfMemory => "OUT_OF_MEMORY",
         }
     }
 
@@ -775,6 +781,9 @@ pub enum RunOutcome {
     Lost(String),
     /// The preflight (`--preflight`) failed; the job's command never started.
     PreflightFailed(String),
+    /// The run's processes ended after the kernel killed at least one of them for the run's
+    /// memory limit (its cgroup's OOM kill count): Slurm's OUT_OF_MEMORY, whatever the exit.
+    OutOfMemory(String),
 }
 
 /// One placement of a plan: job `job`, run `run`, on one allocation per node (a gang).

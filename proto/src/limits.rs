@@ -18,6 +18,8 @@ pub const LOG_CHUNK_BYTES_MAX: u32 = 1024 * 1024;
 pub const NODES_PER_JOB_MAX: u32 = 4096;
 pub const TASKS_PER_NODE_MAX: u32 = 1024;
 pub const ARRAY_TASKS_MAX: usize = 100_000;
+/// Ranges of task ids in one array's spec (`--array=1,3,7-9` is three).
+pub const ARRAY_RUNS_MAX: usize = 4096;
 /// Tasks of one job step, over all its nodes.
 pub const STEP_TASKS_MAX: usize = 65_536;
 /// Output of a step's tasks on one node held for its `srun` before the tasks are made to wait.

@@ -351,8 +351,9 @@ impl<'v> Pass<'v> {
     }
 
     fn array_tasks_left(&self, j: &JobRequest) -> bool {
-        let created = self.array_created.get(&j.id);
-        j.array.as_ref().is_some_and(|a| a.tasks.iter().any(|t| created.is_none_or(|c| !c.contains(t))))
+        // Every created task is one of the array's (the state checks each placement's task).
+        let created = self.array_created.get(&j.id).map_or(0, BTreeSet::len);
+        j.array.as_ref().is_some_and(|a| created < a.len())
     }
 
     fn partition_of(&self, j: &JobRequest) -> Option<u16> {
@@ -512,30 +513,21 @@ impl<'v> Pass<'v> {
 
     fn consider_array(&mut self, j: &'v JobRequest, part: u16, tid: u16, end_ms: Option<u64>) {
         let Some(spec) = &j.array else { return };
-        let created = self.array_created.get(&j.id).cloned().unwrap_or_default();
-        let mut left: Vec<u32> = Vec::new();
+        // Taken out while tasks are placed (nothing below reads it) and put back after: no copy.
+        let created = self.array_created.remove(&j.id).unwrap_or_default();
         let mut reasons = Vec::new();
         let mut started = 0u32;
-        let room = spec.throttle.map_or(u32::MAX, |t| t.saturating_sub(self.array_active.get(&j.id).copied().unwrap_or(0)));
-        let mut stop = false;
-        for &task in spec.tasks.iter().filter(|t| !created.contains(t)) {
-            if stop {
-                left.push(task);
-                continue;
-            }
+        let active = self.array_active.get(&j.id).copied().unwrap_or(0);
+        let room = spec.throttle.map_or(u32::MAX, |t| t.saturating_sub(active));
+        for task in spec.iter().filter(|t| !created.contains(t)) {
             if started >= room {
                 let t = spec.throttle.unwrap_or(0);
-                let active = self.array_active.get(&j.id).copied().unwrap_or(0);
-                reasons.push(format!("array throttle %{t} reached ({active} tasks running)"));
-                stop = true;
-                left.push(task);
-                continue;
+                reasons.push(format!("array throttle %{t} reached ({} tasks running)", active + started));
+                break;
             }
             if started >= self.view.config.array_tasks_per_pass_max {
                 reasons.push("array task start limit of this pass reached".to_string());
-                stop = true;
-                left.push(task);
-                continue;
+                break;
             }
             let before = self.plan.placements.len();
             match self.attempt(j, part, tid, end_ms, false) {
@@ -548,13 +540,16 @@ impl<'v> Pass<'v> {
                     let i = self.job_ix.get(&j.id).copied().unwrap_or(0);
                     self.after_failure(j, i, part, tid, &mut r);
                     reasons.extend(r);
-                    stop = true;
-                    left.push(task);
+                    break;
                 }
             }
         }
-        if !left.is_empty() {
-            let mut all = vec![format!("array: {} of {} tasks not started", left.len(), spec.tasks.len())];
+        let left = spec.len().saturating_sub(created.len() + started as usize);
+        if !created.is_empty() {
+            self.array_created.insert(j.id, created);
+        }
+        if left > 0 {
+            let mut all = vec![format!("array: {left} of {} tasks not started", spec.len())];
             all.extend(reasons);
             self.plan.pending.insert(j.id, all);
         }
@@ -1241,11 +1236,17 @@ impl<'v> Pass<'v> {
                 if !g.mig_enabled || !g.healthy || g.busy || g.mig.iter().any(|m| m.busy) {
                     continue;
                 }
-                if g.mig.iter().any(|m| demand.get(&m.profile).is_some_and(|&c| c > 0)) {
-                    continue;
-                }
+                // Relaid only where the new layout serves more of the demand than the one it
+                // has (3g+2g+1g while jobs want two 3g): a layout the demand made stays.
                 let layout = mig::plan_layout(model, &demand);
-                if layout.instances.is_empty() {
+                let serves = |profiles: &mut dyn Iterator<Item = &str>| -> u32 {
+                    let mut counts: BTreeMap<&str, u32> = BTreeMap::new();
+                    profiles.for_each(|p| *counts.entry(p).or_default() += 1);
+                    counts.iter().map(|(p, &n)| n.min(demand.get(*p).copied().unwrap_or(0))).sum()
+                };
+                let now = serves(&mut g.mig.iter().map(|m| m.profile.as_str()));
+                let planned = serves(&mut layout.instances.iter().map(|i| i.profile.as_str()));
+                if layout.instances.is_empty() || planned <= now {
                     continue;
                 }
                 for p in layout.profiles() {

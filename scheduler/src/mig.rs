@@ -337,6 +337,43 @@ pub fn placeable_with<S: AsRef<str>>(model: Model, existing: &[Placed], profiles
     Ok(Layout { model, instances })
 }
 
+/// The most instances of `profile` one idle GPU of `model` holds at once (0 where the model has
+/// no such profile): `3g.71gb` on an H200 is 2, whatever its table's `instances_max` says.
+pub fn instances_per_gpu_max(model: Model, profile: &str) -> u32 {
+    let Some(p) = model.profile(profile) else { return 0 };
+    (1..=p.instances_max.min(INSTANCES_PER_GPU_MAX as u32))
+        .rev()
+        .find(|&k| placeable(model, &vec![p.name; k as usize]).is_ok())
+        .unwrap_or(0)
+}
+
+/// Why no node could ever hold `count` instances of MIG profile `profile` for one job at once,
+/// however its MIG-mode GPUs were laid out: `nodes` are (name, GPUs). `None` when some node
+/// could, and when no node has a MIG-mode GPU whose model knows the profile (such a node may
+/// join; the job pends until then).
+pub fn never_fits<'a>(nodes: impl IntoIterator<Item = (&'a str, &'a [proto::GpuInfo])>, profile: &str, count: u32) -> Option<String> {
+    let mut best: Option<(u32, &str)> = None;
+    let mut per_gpu: Option<(Model, u32)> = None;
+    for (name, gpus) in nodes {
+        let mut holds = 0u32;
+        for g in gpus.iter().filter(|g| g.mig_enabled) {
+            let Some(model) = Model::detect(&g.model, g.memory_mib).filter(|m| m.profile(profile).is_some()) else { continue };
+            let n = instances_per_gpu_max(model, profile);
+            per_gpu.get_or_insert((model, n));
+            holds = holds.saturating_add(n);
+        }
+        if per_gpu.is_some() && best.is_none_or(|(b, _)| holds > b) {
+            best = Some((holds, name));
+        }
+    }
+    let ((most, node), (model, n)) = (best?, per_gpu?);
+    (most < count).then(|| {
+        format!(
+            "no node can ever hold {count}x {profile} at once: one {model} holds at most {n} (MIG slice rules), and the most any node holds is {most} ({node})"
+        )
+    })
+}
+
 /// The layout an idle GPU of `model` should take to serve as much of `demand` (profile ->
 /// instances wanted) as one GPU can: largest profiles first, each added while it still fits.
 /// Unknown profiles are ignored. Empty demand gives an empty layout.
@@ -414,6 +451,39 @@ mod tests {
         assert_eq!(l.profiles(), vec!["1g.18gb", "1g.18gb", "1g.18gb", "1g.18gb", "3g.71gb"]);
         let l = plan_layout(Model::A100Gb40, &[("3g.20gb".to_string(), 3)].into());
         assert_eq!(l.profiles(), vec!["3g.20gb", "3g.20gb"]);
+    }
+
+    #[test]
+    fn instances_per_gpu_follow_the_slice_rules() {
+        let h200 = Model::H200Gb141;
+        let got: Vec<(&str, u32)> = h200.profiles().iter().map(|p| (p.name, instances_per_gpu_max(h200, p.name))).collect();
+        assert_eq!(
+            got,
+            [("1g.18gb", 7), ("1g.18gb+me", 1), ("1g.35gb", 4), ("2g.35gb", 3), ("3g.71gb", 2), ("4g.71gb", 1), ("7g.141gb", 1)]
+        );
+        assert_eq!(instances_per_gpu_max(h200, "1g.10gb"), 0);
+    }
+
+    fn gpu(model: &str, memory_mib: u64, mig_enabled: bool) -> proto::GpuInfo {
+        proto::GpuInfo { model: model.into(), memory_mib, mig_enabled, ..Default::default() }
+    }
+
+    #[test]
+    fn a_request_no_node_can_hold_says_the_hardware_limit() {
+        let one = [gpu("NVIDIA H200", 143_771, true)];
+        let two = [gpu("NVIDIA H200", 143_771, true), gpu("NVIDIA H200", 143_771, true)];
+        let nodes = [("n1", &one[..]), ("n2", &two[..])];
+        assert_eq!(
+            never_fits(nodes, "3g.71gb", 7).as_deref(),
+            Some("no node can ever hold 7x 3g.71gb at once: one H200 holds at most 2 (MIG slice rules), and the most any node holds is 4 (n2)")
+        );
+        assert_eq!(never_fits(nodes, "3g.71gb", 4), None);
+        assert_eq!(never_fits(nodes, "1g.18gb", 14), None);
+        assert!(never_fits(nodes, "1g.18gb", 15).is_some());
+        // No MIG-mode GPU of a model that knows the profile: not refused (one may join).
+        let plain = [gpu("NVIDIA H200", 143_771, false)];
+        assert_eq!(never_fits([("n1", &plain[..])], "3g.71gb", 7), None);
+        assert_eq!(never_fits(nodes, "1g.10gb", 50), None);
     }
 
     #[test]

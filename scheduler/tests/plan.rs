@@ -113,6 +113,24 @@ fn switches_limit_waits_then_relaxes() {
 }
 
 #[test]
+fn an_idle_mig_gpu_whose_layout_serves_only_part_of_the_demand_is_relaid_and_a_full_one_is_not() {
+    let mut c = Cluster::new();
+    c.node(1, "m1", h200_mig(&[&[("3g.71gb", 0), ("2g.35gb", 4), ("1g.18gb", 6)]]));
+    c.submit(1, spec("gpu:3g.71gb:2", 1), 0);
+    let plan = c.schedule(1000);
+    assert!(plan.placements.is_empty());
+    assert_eq!(plan.mig_layouts, vec![(1, 0, vec!["3g.71gb".to_string(), "3g.71gb".to_string()])]);
+
+    // Seven 1g instances serve as much of eight as any layout can: nothing to relay.
+    let mut c = Cluster::new();
+    let sevens: Vec<(&str, u32)> = (0..7).map(|s| ("1g.18gb", s)).collect();
+    c.node(1, "m1", h200_mig(&[&sevens]));
+    c.submit(1, spec("gpu:1g.18gb:8", 1), 0);
+    let plan = c.schedule(1000);
+    assert!(plan.placements.is_empty() && plan.mig_layouts.is_empty(), "{:?}", plan.mig_layouts);
+}
+
+#[test]
 fn mig_instances_are_gres_with_start_slices() {
     let mut c = Cluster::new();
     c.node(1, "m1", h200_mig(&[&[("3g.71gb", 0), ("3g.71gb", 4)], &[("1g.18gb", 0), ("1g.18gb", 1), ("1g.18gb", 2), ("2g.35gb", 4)], &[]]));
@@ -258,7 +276,7 @@ fn arrays_expand_lazily_within_the_throttle() {
     let mut c = Cluster::new();
     c.node(1, "n1", dgx("h100"));
     let mut s = spec("gpu:1", 1);
-    s.array = Some(ArraySpec { tasks: vec![1, 2, 3, 4, 5], throttle: Some(2) });
+    s.array = Some(ArraySpec::from_ids(&[1, 2, 3, 4, 5], Some(2)));
     c.submit(5, s, 0);
     c.array_task(6, 5, 1, vec![alloc(1, &[0], 1, 1024)]);
     let plan = c.schedule(1000);
@@ -273,7 +291,7 @@ fn arrays_expand_lazily_within_the_throttle() {
     let mut c = Cluster::new();
     c.node(1, "n1", dgx("h100"));
     let mut s = spec("gpu:2", 1);
-    s.array = Some(ArraySpec { tasks: (0..16).collect(), throttle: None });
+    s.array = Some(ArraySpec::from_ids(&(0..16).collect::<Vec<u32>>(), None));
     c.submit(5, s, 0);
     let plan = c.schedule(1000);
     assert_eq!(plan.array_tasks.iter().map(|t| t.task).collect::<Vec<_>>(), vec![0, 1, 2, 3]);

@@ -95,12 +95,20 @@ fn a_run_past_its_memory_limit_is_killed_by_the_kernel() {
     let small = "head -c 20000000 /dev/zero | tail -c 8000000 | wc -c; echo rc=$?";
     let over = c.submit(&["--mem", "32M", "-o", "over.out"], &["sh", "-c", hog]);
     let under = c.submit(&["--mem", "64M", "-o", "under.out"], &["sh", "-c", small]);
-    for id in [over, under] {
-        c.wait_final(id, Duration::from_secs(60));
-    }
+    let (over_job, under_job) = (c.wait_final(over, Duration::from_secs(60)), c.wait_final(under, Duration::from_secs(60)));
     let read = |name: &str| std::fs::read_to_string(c.work.join(name)).unwrap_or_default();
     let (over_out, under_out) = (read("over.out"), read("under.out"));
     assert!(under_out.contains("8000000") && under_out.contains("rc=0"), "within its limit it runs:\n{under_out}");
+    assert_eq!(under_job["state"], "COMPLETED", "{under_job}");
     assert!(over_out.contains("tail=137"), "past its limit the kernel killed it (SIGKILL):\n{over_out}");
-    println!("over the limit:\n{over_out}\nwithin it:\n{under_out}");
+    // The shell went on and exited 0, but a process of the job was OOM-killed: Slurm's
+    // OUT_OF_MEMORY, with the cgroup's event as the reason and ExitCode 0:125.
+    assert_eq!(over_job["state"], "OUT_OF_MEMORY", "{over_job}");
+    let reason = over_job["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("the kernel killed 1 process for the job's memory limit of 32 MiB"), "{over_job}");
+    let sacct = c.shim("sacct", &["-X", "-P", "-n", "-j", &format!("{over},{under}"), "-o", "JobID,State,ExitCode"], &[]);
+    assert_eq!(String::from_utf8_lossy(&sacct.stdout), format!("{over}|OUT_OF_MEMORY|0:125\n{under}|COMPLETED|0:0\n"));
+    let squeue = c.shim("squeue", &["-h", "-t", "OOM", "-o", "%i %t"], &[]);
+    assert_eq!(String::from_utf8_lossy(&squeue.stdout), format!("{over} OOM\n"));
+    println!("over the limit ({reason}):\n{over_out}\nwithin it:\n{under_out}");
 }

@@ -35,11 +35,33 @@ fn one_gpu_jobs_pack_so_a_whole_node_job_starts_at_once_and_waits_are_explained(
 #[test]
 fn mig_instances_are_gres_and_an_idle_gpu_is_repartitioned_for_pending_demand() {
     let c = TestCluster::up(&["--nodes", "1", "--gpus", "h200-mig", "--voters-max", "1"]);
-    let existing = c.submit(&["--gres", "gpu:1g.18gb:1"], &["sh", "-c", "echo CVD=$CUDA_VISIBLE_DEVICES"]);
+    // The GPU starts as 3g.71gb@0, 2g.35gb@4, 1g.18gb@6: the 1g instance is the node's third
+    // GPU device, which is what Slurm's variables number.
+    let show = "echo CVD=$CUDA_VISIBLE_DEVICES JG=$SLURM_JOB_GPUS GDO=$GPU_DEVICE_ORDINAL";
+    let existing = c.submit(&["--gres", "gpu:1g.18gb:1"], &["sh", "-c", show]);
     let job = c.wait_final(existing, Duration::from_secs(20));
     assert_eq!(job["state"], "COMPLETED", "{job}\n{}", c.logs());
     let out = String::from_utf8_lossy(&c.corral(&["logs", &existing.to_string()]).stdout).into_owned();
     assert!(out.trim().starts_with("CVD=MIG-"), "a MIG instance's UUID: {out}");
+    assert!(out.trim().ends_with(" JG=2 GDO=2"), "device ordinals, not slot numbers: {out}");
+
+    // Seven 3g.71gb on one node: an H200 holds two, and this node has one. Refused at submit
+    // with the hardware's limit, and nothing is relaid for it.
+    let refused = c.shim("sbatch", &["--gres=gpu:3g.71gb:7", "--wrap", "true"], &[]);
+    assert!(!refused.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&refused.stderr).trim(),
+        "sbatch: error: Batch job submission failed: Requested node configuration is not available: no node can ever hold 7x \
+         3g.71gb at once: one H200 holds at most 2 (MIG slice rules), and the most any node holds is 2 (n1)"
+    );
+
+    // Two 3g.71gb: the layout holds one, so the idle GPU is relaid as two and the job runs.
+    let pair = c.submit(&["--gres", "gpu:3g.71gb:2"], &["sh", "-c", show]);
+    let job = c.wait_final(pair, Duration::from_secs(30));
+    assert_eq!(job["state"], "COMPLETED", "{job}\n{}", c.logs());
+    let out = String::from_utf8_lossy(&c.corral(&["logs", &pair.to_string()]).stdout).into_owned();
+    assert_eq!(out.matches("MIG-").count(), 2, "{out}");
+    assert!(out.trim().ends_with(" JG=0,1 GDO=0,1"), "{out}");
 
     // No GPU has a 7g.141gb instance: the scheduler asks for a layout on an idle GPU, the agent
     // applies it through the probe, the new inventory is committed and the job runs.

@@ -1,6 +1,7 @@
 //! `scontrol hold/release/update` and `scancel --signal` against a live cluster.
 
-use std::process::Output;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use corral_tests::{wait_until, TestCluster};
@@ -41,6 +42,33 @@ fn hold_release_update_and_signal_a_job() {
     let out = shim(&c, "scontrol", &["release", &held.to_string()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(c.wait_final(held, Duration::from_secs(20))["state"], "COMPLETED");
+
+    // A CPU-only job holding all 64 CPUs makes the node `alloc`, with its GPU free.
+    let cpus = c.submit(&["-c", "64"], &["sleep", "60"]);
+    wait_until("the CPU job to run", Duration::from_secs(20), || c.job(cpus)["state"] == "RUNNING");
+    let sinfo = shim(&c, "sinfo", &["-h", "-N", "-p", "default", "-o", "%N %t %G"]);
+    assert_eq!(String::from_utf8_lossy(&sinfo.stdout), "n1 alloc gpu:h100:1\n");
+    assert!(c.corral(&["cancel", &cpus.to_string()]).status.success());
+
+    // Read by a pipe whose reader has gone (`squeue | head`): ended by SIGPIPE, no panic.
+    for (program, args) in [("corral", vec!["--cluster", c.path_str(), "cluster"]), ("squeue", vec!["-t", "all"])] {
+        let mut command = match program {
+            "corral" => Command::new(corral_tests::corral_bin()),
+            _ => Command::new(c.path().join("shims").join(program)),
+        };
+        let mut child = command
+            .args(&args)
+            .env("CORRAL_CLUSTER", c.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("run {program}: {e}"));
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap_or_else(|e| panic!("wait for {program}: {e}"));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{program} with its reader gone: {:?} {stderr}", out.status);
+        assert!(!stderr.contains("panicked"), "{program}: {stderr}");
+    }
 }
 
 #[test]

@@ -208,6 +208,19 @@ pub fn display_id(job: &Job) -> String {
     }
 }
 
+/// Slurm's `ExitCode` (`sacct`, `scontrol show job`): `code:signal`. A job stopped for its time
+/// or by a cancel shows SIGTERM; one the kernel killed for its memory limit 125 (Slurm's
+/// `SIG_OOM`).
+pub fn exit_code_text(job: &Job) -> String {
+    match (job.state, job.exit_code) {
+        (_, Some(code)) if code >= 0 => format!("{code}:0"),
+        (_, Some(code)) => format!("0:{}", code.unsigned_abs()),
+        (JobState::Timeout | JobState::Cancelled, None) => "0:15".into(),
+        (JobState::OutOfMemory, None) => "0:125".into(),
+        _ => "0:0".into(),
+    }
+}
+
 /// The exit code `sbatch --wait` and `srun` return for a finished job.
 pub fn exit_code_of(job: &Job) -> i32 {
     match (job.state, job.exit_code) {

@@ -131,15 +131,6 @@ fn alloc_tres(job: &Job) -> String {
     parts.join(",")
 }
 
-fn exit_code(job: &Job) -> String {
-    match job.exit_code {
-        Some(c) if c >= 0 => format!("{c}:0"),
-        Some(c) => format!("0:{}", -c),
-        None if job.state == JobState::Cancelled || job.state == JobState::Timeout => "0:15".into(),
-        None => "0:0".into(),
-    }
-}
-
 /// One field of one job.
 pub fn value(job: &Job, name: &str, names: &BTreeMap<u64, String>, now_ms: u64) -> String {
     let s = &job.spec;
@@ -171,7 +162,7 @@ pub fn value(job: &Job, name: &str, names: &BTreeMap<u64, String>, now_ms: u64) 
         "ElapsedRaw" => run_seconds(job, now_ms).to_string(),
         "Eligible" => time::datetime(s.begin_ms.unwrap_or(job.submit_ms)),
         "End" => job.end_ms.map_or("Unknown".into(), time::datetime),
-        "ExitCode" => exit_code(job),
+        "ExitCode" => super::exit_code_text(job),
         "Group" => s.gid.map_or(String::new(), |g| g.to_string()),
         "JobID" => super::display_id(job),
         "JobIDRaw" => job.id.to_string(),

@@ -500,7 +500,8 @@ pub fn parse_array(text: &str) -> Option<ArraySpec> {
     }
     tasks.sort_unstable();
     tasks.dedup();
-    (!tasks.is_empty()).then_some(ArraySpec { tasks, throttle })
+    let spec = ArraySpec::from_ids(&tasks, throttle);
+    spec.validate().is_ok().then_some(spec)
 }
 
 /// Signal names and numbers `--signal` and `scancel --signal` accept.

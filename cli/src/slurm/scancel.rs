@@ -51,7 +51,7 @@ pub fn parse_target(text: &str) -> Option<Target> {
             let array: u64 = a.parse().ok()?;
             let inner = t.strip_prefix('[').and_then(|x| x.strip_suffix(']')).unwrap_or(t);
             let spec = super::sbatch::parse_array(inner)?;
-            Some(Target::Tasks(array, spec.tasks))
+            Some(Target::Tasks(array, spec.iter().collect()))
         }
     }
 }

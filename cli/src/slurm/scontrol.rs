@@ -27,15 +27,6 @@ pub fn hostlist_of(list: &str, sorted: bool) -> Result<String, SlurmError> {
     Ok(format!("{}\n", hostlist::compress(&hosts)))
 }
 
-fn exit_code_text(job: &Job) -> String {
-    match (job.state, job.exit_code) {
-        (_, Some(code)) if code >= 0 => format!("{code}:0"),
-        (_, Some(code)) => format!("0:{}", -code),
-        (JobState::Timeout | JobState::Cancelled, None) => "0:15".into(),
-        _ => "0:0".into(),
-    }
-}
-
 fn or_null(v: Option<&String>) -> String {
     v.cloned().unwrap_or_else(|| "(null)".into())
 }
@@ -85,7 +76,7 @@ pub fn job_text(job: &Job, names: &BTreeMap<u64, String>, now_ms: u64) -> String
             u8::from(s.requeue),
             job.restart_count,
             u8::from(s.script.is_some()),
-            exit_code_text(job)
+            super::exit_code_text(job)
         ),
         format!(
             "RunTime={} TimeLimit={} TimeMin=N/A",

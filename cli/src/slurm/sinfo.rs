@@ -40,15 +40,21 @@ const OPTIONS: &[OptDef] = &[
 ];
 
 /// A node's state the way sinfo abbreviates it (`idle`, `mix`, `alloc`, `drain`, `drng`,
-/// `down*`) and spells it out (`%T`).
+/// `down*`) and spells it out (`%T`), from what its jobs hold: `alloc` when all its CPUs, all its
+/// memory or all its GPUs are held (Slurm counts CPUs only; a GPU node whose GPUs are all
+/// held takes no more GPU work, so Corral says `alloc` there too), `mix` when some of any.
 pub fn node_state(n: &NodeInfo) -> (&'static str, &'static str) {
-    let busy = n.gpus_free < n.gpus_total;
+    let gpus_busy = n.gpus_free < n.gpus_total;
+    let busy = gpus_busy || n.cpus_alloc > 0 || n.memory_alloc_mib > 0;
+    let full = (n.gpus_total > 0 && n.gpus_free == 0)
+        || (n.cpus_total > 0 && n.cpus_alloc >= n.cpus_total)
+        || (n.memory_mib > 0 && n.memory_alloc_mib >= n.memory_mib);
     match n.state {
         NodeState::Down if n.reason.as_deref().is_some_and(|r| r.contains("drain")) => ("drain*", "drained*"),
         NodeState::Down => ("down*", "down*"),
         NodeState::Drained if busy => ("drng", "draining"),
         NodeState::Drained => ("drain", "drained"),
-        NodeState::Up if n.gpus_total > 0 && n.gpus_free == 0 => ("alloc", "allocated"),
+        NodeState::Up if full => ("alloc", "allocated"),
         NodeState::Up if busy => ("mix", "mixed"),
         NodeState::Up => ("idle", "idle"),
     }

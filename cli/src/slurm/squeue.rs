@@ -144,6 +144,7 @@ pub fn state_short(state: JobState) -> &'static str {
         JobState::Cancelled => "CA",
         JobState::Timeout => "TO",
         JobState::NodeFail => "NF",
+        JobState::OutOfMemory => "OOM",
     }
 }
 
@@ -158,9 +159,9 @@ pub fn parse_state(text: &str) -> Option<Vec<JobState>> {
         "CA" | "CANCELLED" => vec![Cancelled],
         "TO" | "TIMEOUT" => vec![Timeout],
         "NF" | "NODE_FAIL" => vec![NodeFail],
-        "CG" | "COMPLETING" | "S" | "SUSPENDED" | "PR" | "PREEMPTED" | "RQ" | "REQUEUED" | "CF" | "CONFIGURING" | "OOM"
-        | "OUT_OF_MEMORY" => vec![],
-        "ALL" => vec![Pending, Running, Completed, Failed, Cancelled, Timeout, NodeFail],
+        "OOM" | "OUT_OF_MEMORY" => vec![OutOfMemory],
+        "CG" | "COMPLETING" | "S" | "SUSPENDED" | "PR" | "PREEMPTED" | "RQ" | "REQUEUED" | "CF" | "CONFIGURING" => vec![],
+        "ALL" => JobState::ALL.to_vec(),
         _ => return None,
     })
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use proto::{
     Allocation, ArraySpec, ArrayTask, Dependency, DependencyKind, GresRequest, Job, JobSpec, JobState, NodeInfo, NodeRole, NodeRun,
-    NodeState, SignalSpec,
+    NodeState, SignalSpec, TaskRun,
 };
 
 use super::env::{self, extra, slurm_env};
@@ -193,11 +193,12 @@ fn gpus_in_every_form() {
 #[test]
 fn arrays() {
     let a = |v: &str| spec(&["--array", v]).array;
-    assert_eq!(a("1-5"), Some(ArraySpec { tasks: vec![1, 2, 3, 4, 5], throttle: None }));
-    assert_eq!(a("0-15:4"), Some(ArraySpec { tasks: vec![0, 4, 8, 12], throttle: None }));
-    assert_eq!(a("1,3,7"), Some(ArraySpec { tasks: vec![1, 3, 7], throttle: None }));
-    assert_eq!(a("1-100%10").map(|x| (x.tasks.len(), x.throttle)), Some((100, Some(10))));
-    assert_eq!(a("7,1-3"), Some(ArraySpec { tasks: vec![1, 2, 3, 7], throttle: None }));
+    assert_eq!(a("1-5"), Some(ArraySpec::from_ids(&[1, 2, 3, 4, 5], None)));
+    assert_eq!(a("1-100000").map(|x| x.runs), Some(vec![TaskRun { first: 1, last: 100_000, step: 1 }]));
+    assert_eq!(a("0-15:4"), Some(ArraySpec::from_ids(&[0, 4, 8, 12], None)));
+    assert_eq!(a("1,3,7"), Some(ArraySpec::from_ids(&[1, 3, 7], None)));
+    assert_eq!(a("1-100%10").map(|x| (x.len(), x.throttle)), Some((100, Some(10))));
+    assert_eq!(a("7,1-3"), Some(ArraySpec::from_ids(&[1, 2, 3, 7], None)));
     let s = spec(&["-a", "1-3"]);
     assert_eq!(s.output.as_deref(), Some("slurm-%A_%a.out"));
     assert_eq!(s.extra.get(extra::ARRAY).map(String::as_str), Some("1-3"));
@@ -407,7 +408,7 @@ fn seed_scripts_parse_unchanged() {
                 assert_eq!(s.gres, h100(8));
             }
             "hparam_array.sbatch" => {
-                assert_eq!(s.array.as_ref().map(|a| a.tasks.len()), Some(100));
+                assert_eq!(s.array.as_ref().map(|a| a.len()), Some(100));
                 assert_eq!(s.gres, h100(1));
             }
             "requeue.sbatch" => assert!(s.requeue),
@@ -543,7 +544,7 @@ fn array_task_env_matches_slurm() {
     // observed: JOB_ID=3212 ARRAY_JOB_ID=3211 TASK=1 COUNT=5 MIN=1 MAX=5 STEP=1
     let mut job = observed_batch_job();
     job.id = 3212;
-    std::sync::Arc::make_mut(&mut job.spec).array = Some(ArraySpec { tasks: vec![1, 2, 3, 4, 5], throttle: None });
+    std::sync::Arc::make_mut(&mut job.spec).array = Some(ArraySpec::from_ids(&[1, 2, 3, 4, 5], None));
     job.array = Some(ArrayTask { array_job: 3211, task: 1 });
     let e = slurm_env(&job, &["vm".to_string()], 0, "peer", &[0]);
     let got: Vec<(&str, &str)> = [
@@ -576,7 +577,7 @@ fn array_task_env_matches_slurm() {
             ("SLURM_GPUS_ON_NODE", "1"),
         ]
     );
-    std::sync::Arc::make_mut(&mut job.spec).array = Some(ArraySpec { tasks: vec![0, 4, 8, 12], throttle: None });
+    std::sync::Arc::make_mut(&mut job.spec).array = Some(ArraySpec::from_ids(&[0, 4, 8, 12], None));
     job.array = Some(ArrayTask { array_job: 3211, task: 8 });
     let e = slurm_env(&job, &["vm".to_string()], 0, "peer", &[0]);
     assert_eq!(e.get("SLURM_ARRAY_TASK_STEP").map(String::as_str), Some("4"));
@@ -674,7 +675,7 @@ fn squeue_arrays_formats_and_reasons() {
     for t in 1..=5 {
         let mut j = listed(100 + u64::from(t), "arr", JobState::Pending);
         j.array = Some(ArrayTask { array_job: 100, task: t });
-        std::sync::Arc::make_mut(&mut j.spec).array = Some(ArraySpec { tasks: (1..=5).collect(), throttle: Some(2) });
+        std::sync::Arc::make_mut(&mut j.spec).array = Some(ArraySpec::from_ids(&(1..=5).collect::<Vec<u32>>(), Some(2)));
         j.reasons = vec!["Priority".into()];
         j.start_ms = None;
         jobs.push(j);
@@ -772,11 +773,33 @@ fn node(id: u64, name: &str, state: NodeState, total: u32, free: u32) -> NodeInf
         gpus_total: total,
         gpus_free: free,
         gpu_types: vec!["h100".into()],
+        cpus_total: 64,
+        cpus_alloc: 0,
+        memory_mib: 512 * 1024,
+        memory_alloc_mib: 0,
         reason: None,
         unhealthy_gpus: vec![],
         cert_fingerprint: String::new(),
         partitions: vec![],
     }
+}
+
+#[test]
+fn sinfo_node_states_count_cpus_and_memory_too() {
+    let with = |gpus_free: u32, cpus_alloc: u32, memory_alloc_mib: u64| {
+        let mut n = node(1, "n1", NodeState::Up, 8, gpus_free);
+        (n.cpus_alloc, n.memory_alloc_mib) = (cpus_alloc, memory_alloc_mib);
+        sinfo::node_state(&n).0
+    };
+    assert_eq!(with(8, 0, 0), "idle");
+    assert_eq!(with(8, 64, 1024), "alloc", "every CPU held by CPU-only jobs");
+    assert_eq!(with(8, 1, 1024), "mix", "a CPU-only job on a GPU node");
+    assert_eq!(with(8, 4, 512 * 1024), "alloc", "all its memory held");
+    assert_eq!(with(0, 8, 1024), "alloc", "all its GPUs held");
+    assert_eq!(with(4, 8, 1024), "mix");
+    let mut drained = node(1, "n1", NodeState::Drained, 8, 8);
+    drained.cpus_alloc = 2;
+    assert_eq!(sinfo::node_state(&drained).0, "drng", "a drained node still running a CPU job is draining");
 }
 
 #[test]

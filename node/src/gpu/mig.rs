@@ -188,6 +188,32 @@ pub fn apply_layout(backend: &dyn MigBackend, gpu_index: u32, layout: &[String])
     Ok(backend.discover()?)
 }
 
+/// The node-wide device ordinals Slurm gives a job's GPUs (`SLURM_JOB_GPUS`,
+/// `GPU_DEVICE_ORDINAL`): the node's GPU devices in order, a whole GPU one device and each MIG
+/// instance of a MIG-mode GPU one device (by GPU index, then start slice), as Slurm's NVML
+/// autodetection numbers them. `slots` are the scheduler's allocation slots; `None` when one
+/// names a GPU or instance the node does not have.
+pub fn device_ordinals(gpus: &[GpuInfo], slots: &[u32]) -> Option<Vec<u32>> {
+    let mut sorted: Vec<&GpuInfo> = gpus.iter().collect();
+    sorted.sort_by_key(|g| g.index);
+    let mut ordinal_of: BTreeMap<scheduler::Slot, u32> = BTreeMap::new();
+    let mut next = 0u32;
+    for g in sorted {
+        if g.mig_enabled {
+            let mut instances: Vec<u32> = g.mig.iter().map(|m| m.start_slice).collect();
+            instances.sort_unstable();
+            for start_slice in instances {
+                ordinal_of.insert(scheduler::Slot::Mig { gpu: g.index, start_slice }, next);
+                next += 1;
+            }
+        } else {
+            ordinal_of.insert(scheduler::Slot::Gpu(g.index), next);
+            next += 1;
+        }
+    }
+    slots.iter().map(|s| ordinal_of.get(&scheduler::decode_slot(*s)).copied()).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -209,5 +235,19 @@ mod tests {
         assert!(matches!(plan_layout(0, &t, &names(&["4g.71gb", "4g.71gb"])), Err(GpuError::LayoutDoesNotFit { .. })));
         assert!(matches!(plan_layout(0, &t, &names(&["9g.1tb"])), Err(GpuError::UnknownProfile { .. })));
         assert!(plan_layout(0, &t, &[]).expect("empty layout").is_empty());
+    }
+
+    #[test]
+    fn device_ordinals_count_each_mig_instance_as_a_device() {
+        let mig = |start_slice| proto::MigInstance { start_slice, ..Default::default() };
+        let gpus = [
+            GpuInfo { index: 0, ..Default::default() },
+            GpuInfo { index: 1, mig_enabled: true, mig: vec![mig(4), mig(0)], ..Default::default() },
+            GpuInfo { index: 2, ..Default::default() },
+        ];
+        let slots = [scheduler::mig_slot(1, 4), scheduler::mig_slot(1, 0), 2, 0];
+        assert_eq!(device_ordinals(&gpus, &slots), Some(vec![2, 1, 3, 0]));
+        assert_eq!(device_ordinals(&gpus, &[1]), None, "GPU 1 is in MIG mode: its whole GPU is no device");
+        assert_eq!(device_ordinals(&gpus, &[scheduler::mig_slot(1, 2)]), None);
     }
 }

@@ -57,7 +57,7 @@ fn pending(c: &mut Cluster, first_job: u64, count: u64) {
         s.user = format!("u{}", k % 50);
         s.time_limit_ms = Some(1_800_000 + (k % 11) * 900_000);
         if k % 100 == 99 {
-            s.array = Some(ArraySpec { tasks: (0..100).collect(), throttle: Some(10) });
+            s.array = Some(ArraySpec::from_ids(&(0..100).collect::<Vec<u32>>(), Some(10)));
         }
         c.submit(id, s, k);
     }
