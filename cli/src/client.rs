@@ -16,6 +16,10 @@ use transport::Client;
 pub struct ClientConfig {
     pub servers: Vec<String>,
     pub tls: TlsPaths,
+    /// Where the nodes serve Prometheus metrics (`http://ADDR/metrics`), for scrapers and
+    /// people; `corral dev up` fills it in. The CLI itself does not read it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub metrics: Vec<String>,
 }
 
 impl ClientConfig {

@@ -509,6 +509,7 @@ fn write_client_dir(out: &Path, ca_cert_pem: &str, stem: &str, pair: &PemPair, s
     let config = ClientConfig {
         servers,
         tls: TlsPaths { ca_cert: "ca.crt".into(), cert: format!("{stem}.crt").into(), key: format!("{stem}.key").into() },
+        metrics: Vec::new(),
     };
     let text = toml::to_string(&config).context("encode client.toml")?;
     write_file(&out.join("client.toml"), &format!("# corral client configuration (`corral --cluster {}`).\n{text}", out.display()), 0o644)

@@ -2,7 +2,7 @@
 //! demo. `DIR/` holds the cluster CA and `client.toml`; `DIR/NODE/` holds each node's config,
 //! certificate, data, log and `corrald.pid`.
 
-use std::net::UdpSocket;
+use std::net::{TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -109,6 +109,8 @@ struct NodeToml {
     partitions: Vec<String>,
     /// `DIR/hosts`: the nodes' names, for their jobs (they resolve nowhere else).
     job_hosts_file: String,
+    /// Prometheus metrics over HTTP, on a port of its own per node.
+    metrics_listen: String,
     raft: RaftSection,
 }
 
@@ -135,6 +137,11 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(sock.local_addr().context("read bound port")?.port())
 }
 
+fn free_tcp_port() -> anyhow::Result<u16> {
+    let sock = TcpListener::bind("127.0.0.1:0").context("find a free tcp port")?;
+    Ok(sock.local_addr().context("read bound port")?.port())
+}
+
 fn node_dirs(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     if !dir.exists() {
@@ -154,9 +161,27 @@ fn node_dirs(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
 }
 
 fn read_listen(node_dir: &Path) -> anyhow::Result<String> {
+    read_node_toml(node_dir, "listen")?.context("node.toml has no listen address")
+}
+
+/// The string `key` of a node's `node.toml`.
+fn read_node_toml(node_dir: &Path, key: &str) -> anyhow::Result<Option<String>> {
     let text = std::fs::read_to_string(node_dir.join("node.toml")).with_context(|| format!("read {}/node.toml", node_dir.display()))?;
     let value: toml::Value = toml::from_str(&text).with_context(|| format!("parse {}/node.toml", node_dir.display()))?;
-    value.get("listen").and_then(|v| v.as_str()).map(str::to_string).context("node.toml has no listen address")
+    Ok(value.get(key).and_then(|v| v.as_str()).map(str::to_string))
+}
+
+/// Each node's name and the address of its Prometheus metrics (`http://ADDR/metrics`), for
+/// the nodes that serve them.
+pub fn metrics_urls(dir: &Path) -> anyhow::Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for nd in node_dirs(dir)? {
+        if let Some(addr) = read_node_toml(&nd, "metrics_listen")? {
+            let name = nd.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            out.push((name, format!("http://{addr}/metrics")));
+        }
+    }
+    Ok(out)
 }
 
 fn read_pid(node_dir: &Path) -> Option<i32> {
@@ -207,7 +232,9 @@ fn write_client_toml(dir: &Path) -> anyhow::Result<()> {
     for nd in node_dirs(dir)? {
         servers.push(read_listen(&nd)?);
     }
-    let config = ClientConfig { servers, tls: TlsPaths { ca_cert: "ca.crt".into(), cert: "client.crt".into(), key: "client.key".into() } };
+    let metrics = metrics_urls(dir)?.into_iter().map(|(_, url)| url).collect();
+    let config =
+        ClientConfig { servers, tls: TlsPaths { ca_cert: "ca.crt".into(), cert: "client.crt".into(), key: "client.key".into() }, metrics };
     let text = toml::to_string(&config).context("encode client.toml")?;
     std::fs::write(dir.join("client.toml"), text).with_context(|| format!("write {}/client.toml", dir.display()))
 }
@@ -305,6 +332,7 @@ pub async fn up(dir: &Path, opts: &DevOptions) -> anyhow::Result<()> {
             gpu_device_files: opts.gpu_device_files.iter().map(|p| p.display().to_string()).collect(),
             partitions: opts.partitions.iter().filter(|p| !p.is_empty()).cloned().collect(),
             job_hosts_file: "../hosts".into(),
+            metrics_listen: format!("127.0.0.1:{}", free_tcp_port()?),
             raft: RaftSection {
                 heartbeat_interval_ms: 50,
                 election_timeout_min_ms: 200,

@@ -27,17 +27,6 @@ const REQUEST_BYTES_MAX: usize = 8 * 1024;
 type Labels = Vec<(String, String)>;
 type FloatGauge = Gauge<f64, AtomicU64>;
 
-/// Job states listed even when no job is in them.
-const JOB_STATES: [JobState; 7] = [
-    JobState::Pending,
-    JobState::Running,
-    JobState::Completed,
-    JobState::Failed,
-    JobState::Cancelled,
-    JobState::Timeout,
-    JobState::NodeFail,
-];
-
 /// What one scrape shows.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MetricsSnapshot {
@@ -59,6 +48,8 @@ pub struct ClusterSnapshot {
     pub jobs_by_state: BTreeMap<&'static str, u64>,
     /// (partition, `pending` | `held` | `running`) → jobs.
     pub queue_depth: BTreeMap<(String, &'static str), u64>,
+    /// Partition → how long its oldest pending (not held) job has waited.
+    pub queue_wait_ms_max: BTreeMap<String, u64>,
     pub nodes: Vec<NodeSnapshot>,
 }
 
@@ -106,9 +97,12 @@ pub fn snapshot(node: &Node) -> MetricsSnapshot {
     };
     let node_infos = node.node_infos();
     let cluster = node_infos.iter().any(|n| n.id == node.id && n.role != NodeRole::Agent).then(|| {
-        let (jobs_by_state, queue_depth) = node.state.read(|s| {
-            let mut by_state: BTreeMap<&'static str, u64> = JOB_STATES.iter().map(|st| (st.as_str(), 0)).collect();
+        let now_ms = crate::server::now_ms();
+        let (jobs_by_state, queue_depth, queue_wait_ms_max) = node.state.read(|s| {
+            // Every state is listed, even with no job in it.
+            let mut by_state: BTreeMap<&'static str, u64> = JobState::ALL.iter().map(|st| (st.as_str(), 0)).collect();
             let mut queue: BTreeMap<(String, &'static str), u64> = BTreeMap::new();
+            let mut wait: BTreeMap<String, u64> = BTreeMap::new();
             for j in s.jobs.values() {
                 *by_state.entry(j.state.as_str()).or_default() += 1;
                 let kind = match j.state {
@@ -117,10 +111,15 @@ pub fn snapshot(node: &Node) -> MetricsSnapshot {
                     JobState::Running => "running",
                     _ => continue,
                 };
-                let partition = j.spec.partition.clone().unwrap_or_else(|| "default".into());
+                let partition = j.spec.partition.clone().unwrap_or_else(|| proto::DEFAULT_PARTITION.into());
+                if kind == "pending" {
+                    let waited_ms = now_ms.saturating_sub(j.submit_ms);
+                    let longest = wait.entry(partition.clone()).or_default();
+                    *longest = (*longest).max(waited_ms);
+                }
                 *queue.entry((partition, kind)).or_default() += 1;
             }
-            (by_state, queue)
+            (by_state, queue, wait)
         });
         let ages = node.heartbeat_ages_ms();
         let nodes = node_infos
@@ -133,7 +132,7 @@ pub fn snapshot(node: &Node) -> MetricsSnapshot {
                 heartbeat_age_ms: ages.get(&n.id).copied(),
             })
             .collect();
-        ClusterSnapshot { jobs_by_state, queue_depth, nodes }
+        ClusterSnapshot { jobs_by_state, queue_depth, queue_wait_ms_max, nodes }
     });
     MetricsSnapshot {
         hostname: node.config.name.clone(),
@@ -196,6 +195,11 @@ fn register_cluster(corral: &mut Registry, c: &ClusterSnapshot) {
         queue.get_or_create(&labels(&[("partition", partition), ("state", state)])).set(*n as i64);
     }
     corral.register("queue_depth", "Unfinished jobs by partition and state (pending, held, running)", queue);
+    let wait: Family<Labels, FloatGauge> = Family::default();
+    for (partition, ms) in &c.queue_wait_ms_max {
+        wait.get_or_create(&labels(&[("partition", partition)])).set(*ms as f64 / 1000.0);
+    }
+    corral.register("queue_wait_seconds_max", "How long the oldest pending job of each partition has waited", wait);
     let gpus_total: Family<Labels, Gauge> = Family::default();
     let gpus_free: Family<Labels, Gauge> = Family::default();
     let node_up: Family<Labels, Gauge> = Family::default();
@@ -273,6 +277,24 @@ fn register_dcgm(root: &mut Registry, snap: &MetricsSnapshot) {
     root.register("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", power);
 }
 
+/// The request line and headers (up to the blank line; a client may send them in several
+/// writes), at most [`REQUEST_BYTES_MAX`] within 5 s; `None` when the client sent less.
+async fn read_request_head(stream: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
+    let mut head = Vec::with_capacity(1024);
+    let mut buf = [0u8; 1024];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        if head.len() >= REQUEST_BYTES_MAX {
+            return None;
+        }
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => head.extend_from_slice(&buf[..n]),
+            _ => return None,
+        }
+    }
+    Some(head)
+}
+
 pub async fn serve(addr: SocketAddr, node: Arc<Node>) {
     let listener = match TcpListener::bind(addr).await {
         Ok(l) => l,
@@ -292,12 +314,8 @@ pub async fn serve(addr: SocketAddr, node: Arc<Node>) {
         };
         let node = Arc::clone(&node);
         tokio::spawn(async move {
-            let mut buf = vec![0u8; REQUEST_BYTES_MAX];
-            let n = match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await {
-                Ok(Ok(n)) => n,
-                _ => return,
-            };
-            let request = String::from_utf8_lossy(&buf[..n]);
+            let Some(head) = read_request_head(&mut stream).await else { return };
+            let request = String::from_utf8_lossy(&head);
             let (status, body) = if request.starts_with("GET /metrics") {
                 // NVML sampling blocks for a few milliseconds per GPU.
                 let node = Arc::clone(&node);

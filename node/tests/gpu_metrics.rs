@@ -50,6 +50,7 @@ fn scrape_parses_with_dcgm_names_and_job_labels() {
         cluster: Some(ClusterSnapshot {
             jobs_by_state: [("PENDING", 2), ("RUNNING", 1)].into_iter().collect(),
             queue_depth: [(("default".to_string(), "pending"), 2), (("default".to_string(), "running"), 1)].into_iter().collect(),
+            queue_wait_ms_max: [("default".to_string(), 90_500)].into_iter().collect(),
             nodes: vec![NodeSnapshot { name: "gpu-node-1".into(), gpus_total: 8, gpus_free: 6, up: true, heartbeat_age_ms: Some(1500) }],
         }),
         gpus: gpus.collect(),
@@ -67,6 +68,7 @@ fn scrape_parses_with_dcgm_names_and_job_labels() {
     assert_eq!(get("corral_queue_depth", &[("partition", "default"), ("state", "pending")]), 2.0);
     assert_eq!(get("corral_node_gpus_free", &[("node", "gpu-node-1")]), 6.0);
     assert_eq!(get("corral_node_heartbeat_age_seconds", &[("node", "gpu-node-1")]), 1.5);
+    assert_eq!(get("corral_queue_wait_seconds_max", &[("partition", "default")]), 90.5);
 
     let inv = probe.discover().expect("discover");
     let mut util_sum = 0.0;
@@ -102,6 +104,28 @@ fn scrape_parses_with_dcgm_names_and_job_labels() {
     assert_eq!(get("corral_job_gpu_utilization", &job), util_sum / 2.0);
     assert_eq!(get("corral_job_gpu_memory_used_bytes", &job), used_bytes);
     assert!(text.contains("# TYPE DCGM_FI_DEV_GPU_UTIL gauge"), "{text}");
+
+    // Every series the Grafana dashboard in deploy/ queries is one a scrape has.
+    let dashboard = include_str!("../../deploy/grafana/corral-dashboard.json");
+    let json: serde_json::Value = serde_json::from_str(dashboard).expect("the dashboard is JSON");
+    let exprs: Vec<&str> = json["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .flat_map(|p| p["targets"].as_array().expect("targets"))
+        .filter_map(|t| t["expr"].as_str())
+        .collect();
+    let names: BTreeSet<&str> = m.keys().map(|(n, _)| n.as_str()).collect();
+    let mut queried = BTreeSet::new();
+    for expr in &exprs {
+        for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if word.starts_with("corral_") || word.starts_with("DCGM_") {
+                assert!(names.contains(word), "the dashboard queries {word}, which no scrape has ({expr})");
+                queried.insert(word);
+            }
+        }
+    }
+    assert!(queried.len() >= 10, "{queried:?}");
 }
 
 #[test]

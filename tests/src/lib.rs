@@ -233,3 +233,21 @@ pub fn close_spans(spans: &mut [chaos::ProcessSpan], deaths: &std::collections::
         }
     }
 }
+
+/// The venv of the real client programs (`scripts/setup-clients.sh`: torch, Lightning,
+/// submitit, dask-jobqueue, DeepSpeed, prometheus-client), or `None` (said) when
+/// `CORRAL_SKIP_CLIENTS=1`. Missing otherwise is a failure: the tests that use it are part of
+/// the suite.
+pub fn pyenv() -> Option<PathBuf> {
+    if std::env::var("CORRAL_SKIP_CLIENTS").is_ok_and(|v| v == "1") {
+        eprintln!("SKIPPED: CORRAL_SKIP_CLIENTS=1");
+        return None;
+    }
+    let dir = PathBuf::from(std::env::var("CORRAL_PYENV").unwrap_or_else(|_| "/var/tmp/corral-pyenv".into()));
+    assert!(
+        dir.join("bin/torchrun").exists(),
+        "{} has no torchrun: run scripts/setup-clients.sh (or set CORRAL_SKIP_CLIENTS=1 to leave these tests out)",
+        dir.display()
+    );
+    Some(dir)
+}

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use corral_tests::{wait_until, TestCluster};
+use corral_tests::{pyenv, wait_until, TestCluster};
 use serde_json::Value;
 
 const TRAIN_FSDP_SBATCH: &str = include_str!("../fixtures/seed/train_fsdp.sbatch");
@@ -28,22 +28,6 @@ const DASK_PY: &str = include_str!("../fixtures/torch/dask_check.py");
 /// One test of this file at a time: each cluster's jobs take rendezvous ports from the same
 /// range on this one host (29500 up), and torch processes fill both cores anyway.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// The venv with torch, or `None` (said) when `CORRAL_SKIP_CLIENTS=1`. Missing otherwise is a
-/// failure: these tests are part of the suite.
-fn pyenv() -> Option<PathBuf> {
-    if std::env::var("CORRAL_SKIP_CLIENTS").is_ok_and(|v| v == "1") {
-        eprintln!("SKIPPED: CORRAL_SKIP_CLIENTS=1");
-        return None;
-    }
-    let dir = PathBuf::from(std::env::var("CORRAL_PYENV").unwrap_or_else(|_| "/var/tmp/corral-pyenv".into()));
-    assert!(
-        dir.join("bin/torchrun").exists(),
-        "{} has no torchrun: run scripts/setup-clients.sh (or set CORRAL_SKIP_CLIENTS=1 to leave these tests out)",
-        dir.display()
-    );
-    Some(dir)
-}
 
 /// A dev cluster whose jobs find the shims and the venv's `python` and `torchrun` on `PATH`.
 struct Clients {
