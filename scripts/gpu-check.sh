@@ -53,7 +53,7 @@ fi
 step dev-up "$CORRAL" dev up --dir "$DIR" --nodes 1 --voters-max 1 --gpus "$GPUS" --cpus 8 --memory-mib 65536 || { echo "gpu-check: the node did not start"; exit 1; }
 step nodes "$CORRAL" --cluster "$DIR" --json nodes
 grep -E "gpu|nvml|mig|topolog" "$DIR/n1/corrald.log" > "$OUTDIR/discovery-log.txt" 2>&1
-step sinfo "$CORRAL" --cluster "$DIR" slurm sinfo -N -o "%N %G %T"
+step sinfo env CORRAL_CLUSTER="$DIR" "$CORRAL" slurm sinfo -N -o "%N %G %T"
 
 # A job that sees its GPU by UUID and runs a CUDA program: torch's NCCL all_reduce on one GPU
 # where torch imports, else nvidia-smi -L from inside the job.
@@ -96,7 +96,7 @@ done
 step job-wait "$CORRAL" --cluster "$DIR" wait "$job" --timeout 300
 cp "$DIR/job.out" "$OUTDIR/job.out" 2>/dev/null
 step job-show "$CORRAL" --cluster "$DIR" --json show "$job"
-step sacct "$CORRAL" --cluster "$DIR" slurm sacct -j "$job" -X -P -o JobID,State,ExitCode,AllocTRES
+step sacct env CORRAL_CLUSTER="$DIR" "$CORRAL" slurm sacct -j "$job" -X -P -o JobID,State,ExitCode,AllocTRES
 
 # XID and ECC as the machine reports them (the node's health watcher reads the same).
 if command -v nvidia-smi >/dev/null; then

@@ -1,7 +1,7 @@
 //! The agent side of a node: launches the runs the leader committed, at most once per (job,
 //! run), supervises them, reports how they ended, and heartbeats the leader.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -215,6 +215,8 @@ pub struct Agent {
     settings: AgentSettings,
     running: Mutex<BTreeMap<JobId, Running>>,
     ledger: Mutex<Ledger>,
+    /// Runs a `launch` call is starting now (see [`LaunchClaim`]).
+    launching: Mutex<BTreeSet<(JobId, RunNo)>>,
     reports_tx: mpsc::Sender<Report>,
     reports_rx: Mutex<Option<mpsc::Receiver<Report>>>,
     /// When a leader last acknowledged a heartbeat; none yet for a new instance.
@@ -231,6 +233,30 @@ pub struct Agent {
     reports_pending: AtomicU64,
     /// Set once this daemon hands its runs over to the next one: it starts nothing more.
     handing_over: std::sync::atomic::AtomicBool,
+}
+
+/// One `launch` call's hold on a (job, run) from before it reads the ledger until it returns. A
+/// leader re-sends a launch it got no answer to, and launches run on a blocking pool: without
+/// this, two calls for one run could both find the ledger without it and both start it (seen:
+/// one node started a run twice, 5 ms apart, under a 10,000-task array). A second call while
+/// the first holds the claim is answered "unavailable" and re-sent; by then the ledger has it.
+struct LaunchClaim<'a> {
+    claims: &'a Mutex<BTreeSet<(JobId, RunNo)>>,
+    key: (JobId, RunNo),
+}
+
+impl<'a> LaunchClaim<'a> {
+    fn take(claims: &'a Mutex<BTreeSet<(JobId, RunNo)>>, key: (JobId, RunNo)) -> Option<LaunchClaim<'a>> {
+        // Not `then_some`: it would build (and drop, so release) a claim for a call turned away.
+        let claimed = lock(claims).insert(key);
+        claimed.then(|| LaunchClaim { claims, key })
+    }
+}
+
+impl Drop for LaunchClaim<'_> {
+    fn drop(&mut self) {
+        lock(self.claims).remove(&self.key);
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -257,6 +283,7 @@ impl Agent {
             settings,
             running: Mutex::new(BTreeMap::new()),
             ledger: Mutex::new(ledger),
+            launching: Mutex::new(BTreeSet::new()),
             reports_tx,
             reports_rx: Mutex::new(Some(reports_rx)),
             last_ack: Mutex::new(None),
@@ -302,6 +329,11 @@ impl Agent {
         if acked_ms.is_none_or(|ms| ms > self.settings.fence_after_ms) {
             return Err(ApiError::Unavailable(format!("node {} has no recent heartbeat acknowledgement; not starting work", self.name)));
         }
+        // Claimed before the ledger is read: a call that finds no claim finds the ledger entry
+        // of any call that held one before it.
+        let Some(_claim) = LaunchClaim::take(&self.launching, (job.id, job.run)) else {
+            return Err(ApiError::Unavailable(format!("job {} run {} is being launched on {} already", job.id, job.run, self.name)));
+        };
         let earlier = {
             let ledger = lock(&self.ledger);
             match ledger.entries.get(&(job.id, job.run)) {
@@ -389,16 +421,24 @@ impl Agent {
             job_hosts: self.settings.job_hosts.as_deref(),
         };
         let spec = launcher::prepare(&job, &ctx).map_err(|e| ApiError::Internal(format!("{e:#}")))?;
-        lock(&self.ledger)
-            .record(LedgerEntry {
-                job: job.id,
-                run: job.run,
-                instance: self.instance,
-                stdout: spec.stdout_path.clone(),
-                stderr: spec.stderr_path.clone(),
-                refused: false,
-            })
-            .map_err(|e| ApiError::Internal(format!("{e:#}")))?;
+        {
+            let mut ledger = lock(&self.ledger);
+            // A kill that came while this call prepared refused the run for good (and reported
+            // it gone): it must not start now.
+            if ledger.entries.contains_key(&(job.id, job.run)) {
+                return Err(ApiError::Denied(format!("job {} run {} was stopped before it started", job.id, job.run)));
+            }
+            ledger
+                .record(LedgerEntry {
+                    job: job.id,
+                    run: job.run,
+                    instance: self.instance,
+                    stdout: spec.stdout_path.clone(),
+                    stderr: spec.stderr_path.clone(),
+                    refused: false,
+                })
+                .map_err(|e| ApiError::Internal(format!("{e:#}")))?;
+        }
         self.open_run_dir(job.id, job.run).map_err(|e| ApiError::Internal(format!("{e:#}")))?;
         let span = info_span!("job", job = job.id, run = job.run);
         let gpus: Vec<u32> = alloc
@@ -594,10 +634,8 @@ impl Agent {
             // Whatever the job left behind, in or out of its process group.
             cgroup.kill_and_remove().await;
         }
-        if !matches!(outcome, RunOutcome::Lost(_)) && self.out_of_touch() {
-            // Ended while no leader could hear from this node (the watchdog may have killed
-            // it): the cluster may have restarted it elsewhere.
-            outcome = RunOutcome::Lost(format!("ended while {} was out of touch with the leader ({outcome:?})", self.name));
+        if self.out_of_touch() {
+            outcome = launcher::ended_out_of_touch(outcome, &self.name);
         }
         info!(outcome = ?outcome, "job ended");
         lock(&self.running).remove(&spec.job);
@@ -1259,5 +1297,22 @@ impl crate::liveness::Heartbeating for Agent {
 
     fn fence_after(&self) -> Duration {
         Duration::from_millis(self.settings.fence_after_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_is_claimed_by_one_launch_call_at_a_time() {
+        let claims = Mutex::new(BTreeSet::new());
+        let first = LaunchClaim::take(&claims, (7, 1)).expect("the first call claims the run");
+        assert!(LaunchClaim::take(&claims, (7, 1)).is_none(), "a concurrent call for the same run is turned away");
+        let other = LaunchClaim::take(&claims, (7, 2)).expect("another run of the job is another claim");
+        drop(first);
+        assert!(LaunchClaim::take(&claims, (7, 1)).is_some(), "released when the first call returns");
+        drop(other);
+        assert!(lock(&claims).is_empty());
     }
 }

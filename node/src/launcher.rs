@@ -676,6 +676,21 @@ pub async fn supervise(
     outcome
 }
 
+/// What to report of a run that ended while no leader could hear from its node. Killed by a
+/// signal, it may have been the watchdog fencing the node: reported lost, so the leader
+/// requeues it or ends it NODE_FAIL. Anything else is how it really ended (an exit code is no
+/// fencing kill) and is reported as it is: if the leader meanwhile declared the node down and
+/// restarted or failed the job, the report names a part the leader no longer has and is
+/// ignored; if not, the job ended as it did. (Reporting every such end as lost turned jobs
+/// that exited 0 into NODE_FAIL, and would run a `--requeue` job that had completed again,
+/// whenever a busy host delayed heartbeats past `fence_after_ms`.)
+pub fn ended_out_of_touch(outcome: RunOutcome, node: &str) -> RunOutcome {
+    match outcome {
+        RunOutcome::Signaled(_) => RunOutcome::Lost(format!("ended while {node} was out of touch with the leader ({outcome:?})")),
+        other => other,
+    }
+}
+
 /// How a run ended, given the processes its cgroup's memory limit got killed (`oom_kills`): a
 /// run that ended by itself after one is OUT_OF_MEMORY, as in Slurm, whatever its exit (a shell
 /// often goes on after its child was killed). A run stopped for its time, a cancel or its node
@@ -704,6 +719,17 @@ async fn stop(child: &mut Shepherd, pgid: i32, kill_grace_ms: u64, hold: bool, t
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_signal_while_out_of_touch_is_reported_lost() {
+        let lost = ended_out_of_touch(RunOutcome::Signaled(9), "n1");
+        assert_eq!(lost, RunOutcome::Lost("ended while n1 was out of touch with the leader (Signaled(9))".into()));
+        for kept in
+            [RunOutcome::Exited(0), RunOutcome::Exited(3), RunOutcome::TimedOut, RunOutcome::Killed, RunOutcome::OutOfMemory("x".into())]
+        {
+            assert_eq!(ended_out_of_touch(kept.clone(), "n1"), kept);
+        }
+    }
 
     #[test]
     fn a_run_that_ended_after_an_oom_kill_is_out_of_memory_and_others_keep_their_outcome() {

@@ -270,11 +270,11 @@ fn register_dcgm(root: &mut Registry, snap: &MetricsSnapshot) {
         temp.get_or_create(&l).set(i64::from(s.temperature_c));
         power.get_or_create(&l).set(s.power_mw as f64 / 1000.0);
     }
-    root.register("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", util);
-    root.register("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", fb_used);
-    root.register("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", fb_free);
-    root.register("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", temp);
-    root.register("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", power);
+    root.register("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)", util);
+    root.register("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)", fb_used);
+    root.register("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB)", fb_free);
+    root.register("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C)", temp);
+    root.register("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W)", power);
 }
 
 /// The request line and headers (up to the blank line; a client may send them in several

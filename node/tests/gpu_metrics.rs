@@ -104,6 +104,7 @@ fn scrape_parses_with_dcgm_names_and_job_labels() {
     assert_eq!(get("corral_job_gpu_utilization", &job), util_sum / 2.0);
     assert_eq!(get("corral_job_gpu_memory_used_bytes", &job), used_bytes);
     assert!(text.contains("# TYPE DCGM_FI_DEV_GPU_UTIL gauge"), "{text}");
+    assert!(text.contains("# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).\n"), "DCGM exporter's help text: {text}");
 
     // Every series the Grafana dashboard in deploy/ queries is one a scrape has.
     let dashboard = include_str!("../../deploy/grafana/corral-dashboard.json");
