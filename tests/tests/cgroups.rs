@@ -110,5 +110,7 @@ fn a_run_past_its_memory_limit_is_killed_by_the_kernel() {
     assert_eq!(String::from_utf8_lossy(&sacct.stdout), format!("{over}|OUT_OF_MEMORY|0:125\n{under}|COMPLETED|0:0\n"));
     let squeue = c.shim("squeue", &["-h", "-t", "OOM", "-o", "%i %t"], &[]);
     assert_eq!(String::from_utf8_lossy(&squeue.stdout), format!("{over} OOM\n"));
+    let shown = String::from_utf8_lossy(&c.shim("scontrol", &["show", "job", &over.to_string()], &[]).stdout).into_owned();
+    assert!(shown.contains("JobState=OUT_OF_MEMORY Reason=OutOfMemory ") && shown.contains("ExitCode=0:125"), "{shown}");
     println!("over the limit ({reason}):\n{over_out}\nwithin it:\n{under_out}");
 }

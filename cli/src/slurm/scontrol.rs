@@ -35,6 +35,18 @@ fn time_or_unknown(ms: Option<u64>) -> String {
     ms.map_or("Unknown".into(), time::datetime)
 }
 
+/// Slurm's `Reason` of a job that left the queue: why it ended where it did not complete.
+pub fn final_reason(job: &Job) -> &'static str {
+    match (job.state, job.exit_code) {
+        (JobState::Timeout, _) => "TimeLimit",
+        (JobState::NodeFail, _) => "NodeDown",
+        (JobState::OutOfMemory, _) => "OutOfMemory",
+        (JobState::Failed, Some(code)) if code != 0 => "NonZeroExitCode",
+        (JobState::Failed, _) => "JobLaunchFailure",
+        _ => "None",
+    }
+}
+
 /// `scontrol show job` for one job, in Slurm's layout (the fields Corral knows).
 pub fn job_text(job: &Job, names: &BTreeMap<u64, String>, now_ms: u64) -> String {
     let s = &job.spec;
@@ -49,7 +61,7 @@ pub fn job_text(job: &Job, names: &BTreeMap<u64, String>, now_ms: u64) -> String
     head.push_str(&format!(" JobName={}", s.name));
     let uid = s.uid.map_or(String::new(), |u| format!("({u})"));
     let gid = s.gid.map_or(String::new(), |g| format!("({g})"));
-    let reason = if job.state == JobState::Pending { reason_code(job) } else { "None".into() };
+    let reason = if job.state == JobState::Pending { reason_code(job) } else { final_reason(job).into() };
     let pattern = |p: Option<&String>| {
         p.map(|p| {
             let expanded = super::env::output_path(p, job, &nodes, 0);

@@ -894,6 +894,23 @@ fn scontrol_show_job_layout() {
     assert!(lines.contains(&"   NodeList=gpu01"));
     assert!(lines.contains(&"   StdOut=/w/slurm-9.out"));
     assert!(lines.contains(&"   TresPerNode=gres:gpu:h100:8"));
+    // A job that left the queue shows why, as Slurm does.
+    for (state, exit_code, reason, code) in [
+        (JobState::Timeout, None, "TimeLimit", "0:15"),
+        (JobState::NodeFail, None, "NodeDown", "0:0"),
+        (JobState::OutOfMemory, None, "OutOfMemory", "0:125"),
+        (JobState::Failed, Some(3), "NonZeroExitCode", "3:0"),
+        (JobState::Failed, None, "JobLaunchFailure", "0:0"),
+        (JobState::Completed, Some(0), "None", "0:0"),
+        (JobState::Cancelled, None, "None", "0:15"),
+    ] {
+        let mut done = j.clone();
+        (done.state, done.exit_code) = (state, exit_code);
+        let text = scontrol::job_text(&done, &names_map(), 1_800_000_070_000);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[3], format!("   JobState={state} Reason={reason} Dependency=(null)"));
+        assert!(lines[4].ends_with(&format!("ExitCode={code}")), "{}", lines[4]);
+    }
 }
 
 #[test]
