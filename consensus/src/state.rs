@@ -1111,6 +1111,21 @@ mod tests {
         }
     }
 
+    /// A state with one node, `n1`, of `inventory`.
+    fn with_node_n1(inventory: Inventory) -> ClusterState {
+        let mut s = ClusterState::default();
+        let cmd = Command::RegisterNode {
+            name: "n1".into(),
+            addr: "a".into(),
+            inventory,
+            instance: 1,
+            cert_fingerprint: String::new(),
+            now_ms: 0,
+        };
+        assert!(matches!(s.apply(&cmd), CommandResult::NodeRegistered { .. }));
+        s
+    }
+
     fn submit(s: &mut ClusterState, spec: JobSpec) -> JobId {
         match s.apply(&Command::Submit { spec, now_ms: 10 }) {
             CommandResult::Submitted { job } => job,
@@ -1236,17 +1251,9 @@ mod tests {
 
     #[test]
     fn a_submission_naming_an_undefined_partition_or_qos_is_refused_in_slurms_words() {
-        let mut s = ClusterState::default();
         let mut inv = scheduler::testkit::dgx("gpu:h100:8");
         inv.partitions = vec!["gpu".into()];
-        s.apply(&Command::RegisterNode {
-            name: "n1".into(),
-            addr: "a".into(),
-            inventory: inv,
-            instance: 1,
-            cert_fingerprint: String::new(),
-            now_ms: 0,
-        });
+        let mut s = with_node_n1(inv);
         let with = |s: &ClusterState, partition: Option<&str>, qos: Option<&str>| {
             let mut spec = scheduler::testkit::spec("gpu:1", 1);
             spec.partition = partition.map(str::to_string);
@@ -1271,17 +1278,9 @@ mod tests {
 
     #[test]
     fn a_mig_request_no_node_could_ever_hold_is_refused_with_the_hardware_limit() {
-        let mut s = ClusterState::default();
         let mut inv = scheduler::testkit::dgx("gpu:h100:8");
         inv.gpus = vec![GpuInfo { model: "NVIDIA H200".into(), memory_mib: 143_771, mig_enabled: true, ..Default::default() }];
-        s.apply(&Command::RegisterNode {
-            name: "n1".into(),
-            addr: "a".into(),
-            inventory: inv,
-            instance: 1,
-            cert_fingerprint: String::new(),
-            now_ms: 0,
-        });
+        let s = with_node_n1(inv);
         let asking = |gres: &str| s.undefined_in_submission(&scheduler::testkit::spec(gres, 1));
         assert_eq!(
             asking("gpu:3g.71gb:7").as_deref(),
