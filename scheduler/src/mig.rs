@@ -354,11 +354,13 @@ pub fn instances_per_gpu_max(model: Model, profile: &str) -> u32 {
 pub fn never_fits<'a>(nodes: impl IntoIterator<Item = (&'a str, &'a [proto::GpuInfo])>, profile: &str, count: u32) -> Option<String> {
     let mut best: Option<(u32, &str)> = None;
     let mut per_gpu: Option<(Model, u32)> = None;
+    // One layout search per model, not per GPU: this runs on every MIG submission.
+    let mut per_model: BTreeMap<Model, u32> = BTreeMap::new();
     for (name, gpus) in nodes {
         let mut holds = 0u32;
         for g in gpus.iter().filter(|g| g.mig_enabled) {
             let Some(model) = Model::detect(&g.model, g.memory_mib).filter(|m| m.profile(profile).is_some()) else { continue };
-            let n = instances_per_gpu_max(model, profile);
+            let n = *per_model.entry(model).or_insert_with(|| instances_per_gpu_max(model, profile));
             per_gpu.get_or_insert((model, n));
             holds = holds.saturating_add(n);
         }
