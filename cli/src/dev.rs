@@ -132,14 +132,44 @@ fn write_hosts(dir: &Path, node_dirs: &[PathBuf]) -> anyhow::Result<()> {
     std::fs::write(&path, text).with_context(|| format!("write {}", path.display()))
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    let sock = UdpSocket::bind("127.0.0.1:0").context("find a free udp port")?;
-    Ok(sock.local_addr().context("read bound port")?.port())
+/// The lowest port a listener picked here may use.
+const LISTEN_PORT_MIN: u16 = 20_000;
+
+/// A port free for both UDP and TCP on 127.0.0.1, outside the kernel's ephemeral range where
+/// it can: a port the kernel handed out for `bind(:0)` is released before `corrald` binds it,
+/// and any process that binds `:0` meanwhile (every QUIC client does) may get it. Ports below
+/// the ephemeral range are handed out only on request, so only another picker like this one
+/// could take it, and each pick is random.
+pub fn free_listen_port() -> anyhow::Result<u16> {
+    let ephemeral_min = ephemeral_port_min();
+    if ephemeral_min > LISTEN_PORT_MIN + 1_000 {
+        for _ in 0..256 {
+            let port = rand::Rng::gen_range(&mut rand::thread_rng(), LISTEN_PORT_MIN..ephemeral_min);
+            if port_is_free(port) {
+                return Ok(port);
+            }
+        }
+    }
+    // No room below the ephemeral range (or all tried were taken): let the kernel pick.
+    for _ in 0..64 {
+        let port = UdpSocket::bind("127.0.0.1:0").context("find a free udp port")?.local_addr().context("read bound port")?.port();
+        if port_is_free(port) {
+            return Ok(port);
+        }
+    }
+    bail!("found no port free for both UDP and TCP on 127.0.0.1")
 }
 
-fn free_tcp_port() -> anyhow::Result<u16> {
-    let sock = TcpListener::bind("127.0.0.1:0").context("find a free tcp port")?;
-    Ok(sock.local_addr().context("read bound port")?.port())
+fn port_is_free(port: u16) -> bool {
+    UdpSocket::bind(("127.0.0.1", port)).is_ok() && TcpListener::bind(("127.0.0.1", port)).is_ok()
+}
+
+/// The first port of `net.ipv4.ip_local_port_range` (Linux's default when unreadable).
+fn ephemeral_port_min() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|text| text.split_whitespace().next().and_then(|first| first.parse().ok()))
+        .unwrap_or(32_768)
 }
 
 fn node_dirs(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
@@ -291,7 +321,7 @@ pub async fn up(dir: &Path, opts: &DevOptions) -> anyhow::Result<()> {
         std::fs::create_dir_all(&node_dir).with_context(|| format!("create {}", node_dir.display()))?;
         let cert = pki::issue_node_cert(&ca, &name, &["127.0.0.1".to_string(), "localhost".to_string()])?;
         pki::write_pem_pair(&node_dir, "node", &cert)?;
-        let listen = format!("127.0.0.1:{}", free_port()?);
+        let listen = format!("127.0.0.1:{}", free_listen_port()?);
         let mut join = addrs.clone();
         join.truncate(5);
         let config = NodeToml {
@@ -332,7 +362,7 @@ pub async fn up(dir: &Path, opts: &DevOptions) -> anyhow::Result<()> {
             gpu_device_files: opts.gpu_device_files.iter().map(|p| p.display().to_string()).collect(),
             partitions: opts.partitions.iter().filter(|p| !p.is_empty()).cloned().collect(),
             job_hosts_file: "../hosts".into(),
-            metrics_listen: format!("127.0.0.1:{}", free_tcp_port()?),
+            metrics_listen: format!("127.0.0.1:{}", free_listen_port()?),
             raft: RaftSection {
                 heartbeat_interval_ms: 50,
                 election_timeout_min_ms: 200,
@@ -367,8 +397,7 @@ pub async fn wait_ready(dir: &Path, nodes: usize, patience: Duration) -> anyhow:
                 unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) };
                 if !alive(pid) {
                     let log = std::fs::read_to_string(node_dir.join("corrald.log")).unwrap_or_default();
-                    let tail: Vec<&str> = log.lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect();
-                    bail!("corrald in {} exited during start:\n{}", node_dir.display(), tail.join("\n"));
+                    bail!("corrald in {} exited during start:\n{}", node_dir.display(), why_it_exited(&log));
                 }
             }
         }
@@ -386,6 +415,18 @@ pub async fn wait_ready(dir: &Path, nodes: usize, patience: Duration) -> anyhow:
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     bail!("cluster in {} not ready after {} s: {last} (see */corrald.log)", dir.display(), patience.as_secs())
+}
+
+/// What a node's log says of why it stopped: its error lines and panics (a backtrace follows
+/// them and would hide them in a plain tail), else its last lines.
+fn why_it_exited(log: &str) -> String {
+    const LINES_MAX: usize = 8;
+    let lines: Vec<&str> = log.lines().collect();
+    let causes: Vec<&str> =
+        lines.iter().copied().filter(|l| l.contains(" ERROR ") || l.starts_with("Error:") || l.contains("panicked at")).collect();
+    let shown =
+        if causes.is_empty() { &lines[lines.len().saturating_sub(LINES_MAX)..] } else { &causes[causes.len().saturating_sub(LINES_MAX)..] };
+    shown.join("\n")
 }
 
 /// Sends `signal` to one node's `corrald` (`KILL`, `TERM`, `STOP`, `CONT`, or `USR2`: hand
@@ -450,4 +491,33 @@ pub fn down(dir: &Path) -> anyhow::Result<()> {
         let _ = std::fs::remove_file(node_dir.join("corrald.pid"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listen_port_is_free_for_both_protocols_and_below_the_ephemeral_range() {
+        let ephemeral_min = ephemeral_port_min();
+        for _ in 0..32 {
+            let port = free_listen_port().expect("free port");
+            assert!(port_is_free(port), "port {port} was handed out taken");
+            if ephemeral_min > LISTEN_PORT_MIN + 1_000 {
+                assert!((LISTEN_PORT_MIN..ephemeral_min).contains(&port), "port {port} is in the ephemeral range from {ephemeral_min}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_node_that_stopped_is_explained_by_its_error_not_its_backtrace() {
+        let log = "2026-12-02T10:03:52Z  INFO corral_node::server: gpus discovered\n\
+                   2026-12-02T10:03:52Z ERROR corrald: corrald stopped error=\"bind 127.0.0.1:4000: Address in use\"\n\
+                   Error: bind 127.0.0.1:4000\n\nStack backtrace:\n   0: main\n   1: _start\n";
+        let why = why_it_exited(log);
+        assert!(why.contains("Address in use") && why.contains("Error: bind"), "{why}");
+        assert!(!why.contains("_start") && !why.contains("gpus discovered"), "{why}");
+        let quiet = (0..20).map(|i| format!("line {i}")).collect::<Vec<_>>().join("\n");
+        assert_eq!(why_it_exited(&quiet), (12..20).map(|i| format!("line {i}")).collect::<Vec<_>>().join("\n"));
+    }
 }

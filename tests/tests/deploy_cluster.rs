@@ -26,7 +26,7 @@ fn json_ok(args: &[&str]) -> Value {
 }
 
 fn free_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0").expect("bind udp").local_addr().expect("local addr").port()
+    corral_cli::dev::free_listen_port().expect("free port")
 }
 
 fn mode(path: &Path) -> u32 {

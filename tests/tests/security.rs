@@ -135,7 +135,7 @@ fn a_machine_enrols_with_a_token_alone_and_revocations_hold() {
     let join = |name: &str, token: &str| {
         let dir = c.path().join(format!("joining-{name}"));
         let dir_text = dir.to_str().expect("utf-8").to_string();
-        let port = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp").local_addr().expect("addr").port();
+        let port = corral_cli::dev::free_listen_port().expect("free port");
         let listen = format!("127.0.0.1:{port}");
         let data = dir.join("data");
         let args = [
