@@ -69,6 +69,17 @@ fn hold_release_update_and_signal_a_job() {
         assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{program} with its reader gone: {:?} {stderr}", out.status);
         assert!(!stderr.contains("panicked"), "{program}: {stderr}");
     }
+
+    // ExitCode is code:signal: a job killed by SIGKILL is 0:9, one that exited 137 is 137:0.
+    let killed = c.submit(&[], &["sh", "-c", "kill -9 $$"]);
+    let exited = c.submit(&[], &["sh", "-c", "exit 137"]);
+    for id in [killed, exited] {
+        assert_eq!(c.wait_final(id, Duration::from_secs(20))["state"], "FAILED");
+    }
+    let sacct = shim(&c, "sacct", &["-X", "-P", "-n", "-j", &format!("{killed},{exited}"), "-o", "JobID,State,ExitCode"]);
+    assert_eq!(String::from_utf8_lossy(&sacct.stdout), format!("{killed}|FAILED|0:9\n{exited}|FAILED|137:0\n"));
+    let shown = String::from_utf8_lossy(&shim(&c, "scontrol", &["show", "job", &killed.to_string()]).stdout).into_owned();
+    assert!(shown.contains("ExitCode=0:9"), "{shown}");
 }
 
 #[test]

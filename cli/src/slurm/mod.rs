@@ -210,8 +210,12 @@ pub fn display_id(job: &Job) -> String {
 
 /// Slurm's `ExitCode` (`sacct`, `scontrol show job`): `code:signal`. A job stopped for its time
 /// or by a cancel shows SIGTERM; one the kernel killed for its memory limit 125 (Slurm's
-/// `SIG_OOM`).
+/// `SIG_OOM`). One whose process a signal killed shows `0:SIGNAL`, as Slurm does (the state
+/// keeps the shell's `128 + SIGNAL` as its exit code; the run's outcome says it was a signal).
 pub fn exit_code_text(job: &Job) -> String {
+    if let Some(signal) = killed_by_signal(job) {
+        return format!("0:{signal}");
+    }
     match (job.state, job.exit_code) {
         (_, Some(code)) if code >= 0 => format!("{code}:0"),
         (_, Some(code)) => format!("0:{}", code.unsigned_abs()),
@@ -219,6 +223,24 @@ pub fn exit_code_text(job: &Job) -> String {
         (JobState::OutOfMemory, None) => "0:125".into(),
         _ => "0:0".into(),
     }
+}
+
+/// The signal that killed a failed job's process, from its last run's outcomes (or, for a
+/// record that kept only its reason, the reason the cluster wrote: "killed by signal N").
+fn killed_by_signal(job: &Job) -> Option<i32> {
+    if job.state != JobState::Failed {
+        return None;
+    }
+    let signal = job
+        .outcomes
+        .iter()
+        .find_map(|(_, o)| match o {
+            proto::RunOutcome::Signaled(sig) => Some(*sig),
+            _ => None,
+        })
+        .or_else(|| job.reasons.iter().find_map(|r| r.strip_prefix("killed by signal ").and_then(|n| n.trim().parse().ok())))?;
+    // Only where the cluster recorded it as such (a later non-zero exit is not a signal).
+    (job.exit_code == Some(signal.saturating_add(128))).then_some(signal)
 }
 
 /// The exit code `sbatch --wait` and `srun` return for a finished job.

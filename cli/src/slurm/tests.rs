@@ -911,6 +911,17 @@ fn scontrol_show_job_layout() {
         assert_eq!(lines[3], format!("   JobState={state} Reason={reason} Dependency=(null)"));
         assert!(lines[4].ends_with(&format!("ExitCode={code}")), "{}", lines[4]);
     }
+    // Killed by a signal: Slurm's code:signal is 0:9; a script that exited 137 itself is 137:0.
+    let mut killed = j.clone();
+    (killed.state, killed.exit_code) = (JobState::Failed, Some(137));
+    killed.outcomes = vec![(1, proto::RunOutcome::Signaled(9))];
+    assert_eq!(super::exit_code_text(&killed), "0:9");
+    killed.outcomes.clear();
+    killed.reasons = vec!["killed by signal 9".into()];
+    assert_eq!(super::exit_code_text(&killed), "0:9", "an archived record keeps only the reason");
+    killed.reasons.clear();
+    killed.outcomes = vec![(1, proto::RunOutcome::Exited(137))];
+    assert_eq!(super::exit_code_text(&killed), "137:0");
 }
 
 #[test]
