@@ -13,6 +13,7 @@ pub mod link;
 pub mod liveness;
 pub mod metrics;
 pub mod nccl;
+pub mod pacing;
 pub mod preflight;
 pub mod probe;
 pub mod server;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -37,6 +38,8 @@ pub struct MetricsSnapshot {
     pub raft_commit_index: u64,
     pub raft_applied_index: u64,
     pub agent_running_jobs: u64,
+    /// Scheduling passes this node held back while leading, by why (`pacing::Paced`).
+    pub passes_paced: Vec<(&'static str, u64)>,
     /// Cluster-wide series; only on members that hold the replicated state.
     pub cluster: Option<ClusterSnapshot>,
     /// This node's GPUs and the job holding each.
@@ -141,6 +144,7 @@ pub fn snapshot(node: &Node) -> MetricsSnapshot {
         raft_commit_index: info.commit_index,
         raft_applied_index: info.applied_index,
         agent_running_jobs: node.agent.running().len() as u64,
+        passes_paced: node.paced.read(),
         cluster,
         gpus,
     }
@@ -171,6 +175,15 @@ pub fn render_snapshot(snap: &MetricsSnapshot) -> String {
         int_gauge(corral, "raft_commit_index", "Last committed log index", snap.raft_commit_index);
         int_gauge(corral, "raft_applied_index", "Last applied log index", snap.raft_applied_index);
         int_gauge(corral, "agent_running_jobs", "Job processes this node supervises", snap.agent_running_jobs);
+        let paced: Family<Labels, Counter> = Family::default();
+        for (why, passes) in &snap.passes_paced {
+            paced.get_or_create(&labels(&[("why", why)])).inc_by(*passes);
+        }
+        corral.register(
+            "scheduler_passes_paced",
+            "Scheduling passes that started fewer jobs than fit: launches in flight, voters lagging or stalled",
+            paced,
+        );
         if let Some(c) = &snap.cluster {
             register_cluster(corral, c);
         }

@@ -66,6 +66,10 @@ struct LeaderMemory {
     declared_down: std::collections::VecDeque<Instant>,
     /// When finished jobs were last moved to the accounting store (and old records pruned).
     archived_at: Option<Instant>,
+    /// Launch calls under way, by node (at most `pacing::LAUNCH_CALLS_PER_NODE_MAX` each).
+    launch_calls: HashMap<NodeId, Arc<tokio::sync::Semaphore>>,
+    /// How the last pass was paced, to say when pacing starts and ends.
+    paced: Option<crate::pacing::Paced>,
 }
 
 pub struct Node {
@@ -92,6 +96,8 @@ pub struct Node {
     kick: Notify,
     pub inventory: Inventory,
     probe: Arc<dyn crate::gpu::GpuProbe>,
+    /// Scheduling passes this node held back while leading (`pacing`).
+    pub paced: crate::pacing::PacedCounts,
 }
 
 impl Node {
@@ -1260,7 +1266,15 @@ impl Node {
         if !self.state.read(|s| s.jobs.values().any(|j| j.state == JobState::Pending)) {
             return;
         }
-        let view = self.scheduler_view();
+        let (starts_max, paced) = crate::pacing::starts_per_pass_max(&self.leader_load());
+        self.say_paced(paced, starts_max);
+        if starts_max == 0 {
+            // Behind: not even the view is built (the pass would start nothing; preemptions
+            // and MIG layouts, both for jobs to start, wait too).
+            return;
+        }
+        let mut view = self.scheduler_view();
+        view.config.starts_per_pass_max = starts_max;
         let now = now_ms();
         let started = Instant::now();
         let plan = scheduler::schedule(&view, now);
@@ -1291,6 +1305,43 @@ impl Node {
             Ok(other) => warn!(result = ?other, "unexpected plan result"),
             Err(e) => warn!(error = %e, "commit plan"),
         }
+    }
+
+    /// What pacing needs to know of this leader's load (`pacing::LeaderLoad`).
+    fn leader_load(&self) -> crate::pacing::LeaderLoad {
+        use openraft::async_runtime::watch::WatchReceiver;
+        use openraft::Instant as _;
+        let quorum_ack_age_ms = {
+            let metrics = self.raft.metrics();
+            let m = metrics.borrow_watched();
+            m.last_quorum_acked.as_ref().map(|at| at.elapsed().as_millis() as u64)
+        };
+        let single_voter = self.voter_ids().iter().all(|v| *v == self.id);
+        let launches_unconfirmed =
+            self.state.read(|s| s.jobs.values().filter(|j| !j.parts.is_empty()).map(|j| j.launches_pending().count()).sum());
+        crate::pacing::LeaderLoad {
+            quorum_ack_age_ms,
+            single_voter,
+            raft_heartbeat_ms: self.config.raft.heartbeat_interval_ms,
+            lease_ms: self.config.raft.election_timeout_min_ms,
+            launches_unconfirmed,
+        }
+    }
+
+    /// Says when the leader starts and stops holding starts back for its own lag (pacing for
+    /// launches in flight is routine and said at debug level only).
+    fn say_paced(&self, paced: crate::pacing::Paced, starts_max: u32) {
+        use crate::pacing::Paced;
+        let before = lock(&self.memory).paced.replace(paced);
+        let lagging = |p: Option<Paced>| matches!(p, Some(Paced::Lagging | Paced::Stalled));
+        if lagging(Some(paced)) && !lagging(before) {
+            info!(paced = ?paced, starts_max, "voters acknowledge late: pacing job starts");
+        } else if !lagging(Some(paced)) && lagging(before) {
+            info!(starts_max, "voters caught up: job starts no longer held back");
+        } else if paced != Paced::No {
+            debug!(paced = ?paced, starts_max, "job starts paced");
+        }
+        self.paced.count(paced);
     }
 
     /// Asks agents to re-partition idle MIG GPUs as the scheduler suggests, each GPU at most
@@ -1380,7 +1431,22 @@ impl Node {
             }
             let node = Arc::clone(self);
             let span = info_span!("launch", job = key.0, run = key.1, node = target);
-            tokio::spawn(async move { node.send_launch(job, nodes, target, addr, issued_index).await }.instrument(span));
+            let calls = Arc::clone(
+                lock(&self.memory)
+                    .launch_calls
+                    .entry(target)
+                    .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(crate::pacing::LAUNCH_CALLS_PER_NODE_MAX))),
+            );
+            tokio::spawn(
+                async move {
+                    // A node has at most so many launch calls under way; the rest wait here.
+                    let Ok(_call) = calls.acquire().await else { return };
+                    // A re-send counts from when the call starts, not from its wait.
+                    lock(&node.memory).launches_sent.insert(key, Instant::now());
+                    node.send_launch(job, nodes, target, addr, issued_index).await;
+                }
+                .instrument(span),
+            );
         }
         for (job, run, checkpoint, target, addr) in kills {
             {
@@ -2105,6 +2171,7 @@ pub async fn run(
         kick: Notify::new(),
         inventory,
         probe: Arc::clone(&probe),
+        paced: crate::pacing::PacedCounts::default(),
     });
     if api.node.set(Arc::clone(&node)).is_err() {
         bail!("node handler set twice");

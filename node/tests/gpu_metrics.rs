@@ -47,6 +47,7 @@ fn scrape_parses_with_dcgm_names_and_job_labels() {
         raft_commit_index: 17,
         raft_applied_index: 16,
         agent_running_jobs: 1,
+        passes_paced: vec![("in_flight", 4), ("lagging", 2), ("stalled", 1)],
         cluster: Some(ClusterSnapshot {
             jobs_by_state: [("PENDING", 2), ("RUNNING", 1)].into_iter().collect(),
             queue_depth: [(("default".to_string(), "pending"), 2), (("default".to_string(), "running"), 1)].into_iter().collect(),
@@ -69,6 +70,8 @@ fn scrape_parses_with_dcgm_names_and_job_labels() {
     assert_eq!(get("corral_node_gpus_free", &[("node", "gpu-node-1")]), 6.0);
     assert_eq!(get("corral_node_heartbeat_age_seconds", &[("node", "gpu-node-1")]), 1.5);
     assert_eq!(get("corral_queue_wait_seconds_max", &[("partition", "default")]), 90.5);
+    assert_eq!(get("corral_scheduler_passes_paced_total", &[("why", "lagging")]), 2.0);
+    assert_eq!(get("corral_scheduler_passes_paced_total", &[("why", "stalled")]), 1.0);
 
     let inv = probe.discover().expect("discover");
     let mut util_sum = 0.0;

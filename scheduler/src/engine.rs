@@ -209,6 +209,10 @@ fn dep_label(kind: DependencyKind) -> &'static str {
     }
 }
 
+/// Why a job that may start waits when the pass reached `starts_per_pass_max` (squeue shows
+/// `Priority`, as Slurm does for the jobs its main loop did not reach).
+pub const PACED: &str = "Priority: the leader paces job starts while it catches up";
+
 /// Decides where jobs run now. Pure: the same view and `now_ms` give the same plan.
 pub fn schedule(view: &ClusterView, now_ms: u64) -> Plan {
     let mut pass = Pass::new(view, now_ms);
@@ -345,9 +349,18 @@ impl<'v> Pass<'v> {
         queue.sort_by_key(|&i| (Reverse(self.prio[i]), view.jobs[i].submit_ms, view.jobs[i].id));
         self.plan.queue = queue.iter().map(|&i| (view.jobs[i].id, self.prio[i])).collect();
         for &i in &queue {
+            if self.starts_left() == 0 {
+                self.plan.pending.insert(view.jobs[i].id, vec![PACED.to_string()]);
+                continue;
+            }
             self.consider(i);
         }
         self.mig_relayout();
+    }
+
+    /// Starts this pass may still make under `starts_per_pass_max`.
+    fn starts_left(&self) -> usize {
+        (self.view.config.starts_per_pass_max as usize).saturating_sub(self.plan.placements.len())
     }
 
     fn array_tasks_left(&self, j: &JobRequest) -> bool {
@@ -527,6 +540,10 @@ impl<'v> Pass<'v> {
             }
             if started >= self.view.config.array_tasks_per_pass_max {
                 reasons.push("array task start limit of this pass reached".to_string());
+                break;
+            }
+            if self.starts_left() == 0 {
+                reasons.push(PACED.to_string());
                 break;
             }
             let before = self.plan.placements.len();

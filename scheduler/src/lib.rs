@@ -19,7 +19,7 @@ pub mod testkit;
 pub mod topo;
 mod view;
 
-pub use engine::{fmt_duration_ms, fmt_time_ms, schedule, ArrayTaskStart, Binding, Plan, Reservation, NEVER};
+pub use engine::{fmt_duration_ms, fmt_time_ms, schedule, ArrayTaskStart, Binding, Plan, Reservation, NEVER, PACED};
 pub use fit::{fits, fits_gang, is_mig_profile, Misfit};
 pub use view::{
     cpu_shares, decode_slot, job_request, mig_slot, node_view, usage_key_account, usage_key_user, ClusterView, GpuSlot, JobRequest,

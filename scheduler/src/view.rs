@@ -412,6 +412,9 @@ pub struct SchedulerConfig {
     pub mig_layouts_per_pass_max: u32,
     /// At most this many tasks of one array started per pass (bounds the work of huge arrays).
     pub array_tasks_per_pass_max: u32,
+    /// At most this many jobs and array tasks started per pass, in priority order: the leader
+    /// lowers it while it is behind (see `corral_node::pacing`); the jobs after wait a pass.
+    pub starts_per_pass_max: u32,
 }
 
 impl Default for SchedulerConfig {
@@ -424,6 +427,7 @@ impl Default for SchedulerConfig {
             default_partition: "default".to_string(),
             mig_layouts_per_pass_max: 16,
             array_tasks_per_pass_max: 100_000,
+            starts_per_pass_max: u32::MAX,
         }
     }
 }

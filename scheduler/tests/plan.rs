@@ -464,3 +464,31 @@ fn every_plan_passes_fits_and_is_deterministic() {
     assert_eq!(plan.placements.len() + plan.pending.len(), 50);
     let _ = schedule;
 }
+
+#[test]
+fn a_paced_pass_starts_at_most_its_budget_in_priority_order() {
+    let mut c = Cluster::new();
+    c.node(1, "n1", dgx("h100"));
+    for id in 1..=4 {
+        c.submit(id, spec("gpu:1", 1), id * 10);
+    }
+    let mut s = spec("gpu:1", 1);
+    s.array = Some(ArraySpec::from_ids(&(0..8).collect::<Vec<u32>>(), None));
+    c.submit(5, s, 100);
+    c.view.config.starts_per_pass_max = 3;
+    let plan = c.schedule(1000);
+    // The oldest three start; the rest wait a pass, saying why (squeue: Priority).
+    assert_eq!(plan.placements.iter().map(|p| p.job).collect::<Vec<_>>(), vec![1, 2, 3]);
+    assert_eq!(plan.pending[&4], vec![corral_scheduler::PACED.to_string()]);
+    assert_eq!(plan.pending[&5], vec![corral_scheduler::PACED.to_string()]);
+    // An array stops at the budget too, mid-array.
+    c.view.config.starts_per_pass_max = 6;
+    let plan = c.schedule(1000);
+    assert_eq!(plan.array_tasks.iter().map(|t| t.task).collect::<Vec<_>>(), vec![0, 1]);
+    assert_eq!(plan.pending[&5], vec!["array: 6 of 8 tasks not started".to_string(), corral_scheduler::PACED.to_string()]);
+    // A budget of nothing starts nothing; the default starts all that fit.
+    c.view.config.starts_per_pass_max = 0;
+    assert!(c.schedule(1000).placements.is_empty());
+    c.view.config.starts_per_pass_max = u32::MAX;
+    assert_eq!(c.schedule(1000).placements.len(), 8);
+}
