@@ -120,6 +120,6 @@ if [ "$run_systemctl" = 1 ] && command -v systemctl >/dev/null && [ -d /run/syst
 fi
 
 say "installed corrald and corral in $DESTDIR$bindir, Slurm shims in $DESTDIR$shimdir, unit $DESTDIR$UNITDIR/corrald.service"
-say "next: $bindir/corral cluster init --dir $confdir --name NAME --listen ADDR:7100   (first node)"
-say "  or: $bindir/corral cluster join --dir $confdir --token TOKEN --bundle FILE --server ADDR:7100 --name NAME --listen ADDR:7100"
+say "next: $bindir/corral cluster init --dir $confdir --name NAME --listen ADDR:7100 --socket /run/corral/corral.sock --runtime-dir /run/corral/jobs   (first node)"
+say "  or: $bindir/corral cluster join --dir $confdir --token TOKEN --bundle FILE --server ADDR:7100 --name NAME --listen ADDR:7100 --socket /run/corral/corral.sock --runtime-dir /run/corral/jobs"
 say "then: systemctl enable --now corrald   (see $docdir/README.md)"

@@ -110,6 +110,10 @@ pub struct NodeSettings {
     /// default DATA_DIR/corral.sock).
     #[arg(long)]
     pub socket: Option<PathBuf>,
+    /// Where each run's files go: a tmpfs such as /run/corral/jobs (systemd's
+    /// RuntimeDirectory; default DATA_DIR/jobs, on disk).
+    #[arg(long)]
+    pub runtime_dir: Option<PathBuf>,
     /// Overwrite files left by an earlier init or join.
     #[arg(long)]
     pub force: bool,
@@ -303,6 +307,8 @@ struct NodeToml {
     #[serde(skip_serializing_if = "Option::is_none")]
     socket: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    runtime_dir: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     ca_key: Option<String>,
     tls: TlsPaths,
 }
@@ -455,6 +461,7 @@ impl NodeSettings {
             voters_max: self.voters_max,
             metrics_listen: self.metrics_listen.map(|a| a.to_string()),
             socket: self.socket.as_ref().map(|p| p.display().to_string()),
+            runtime_dir: self.runtime_dir.as_ref().map(|p| p.display().to_string()),
             // The first node keeps the CA key and signs the certificates of enrolling machines.
             ca_key: bootstrap.then(|| "ca.key".to_string()),
             tls: TlsPaths { ca_cert: "ca.crt".into(), cert: "node.crt".into(), key: "node.key".into() },

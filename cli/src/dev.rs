@@ -111,7 +111,43 @@ struct NodeToml {
     job_hosts_file: String,
     /// Prometheus metrics over HTTP, on a port of its own per node.
     metrics_listen: String,
+    /// Per-run files on a tmpfs where there is one (`dev_runtime_root`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    runtime_dir: Option<String>,
     raft: RaftSection,
+}
+
+/// Dev clusters keep their nodes' per-run files (`runtime_dir`) under here when it is a
+/// writable tmpfs, in `corral-dev-RANDOM/NODE`; `dev down` removes them.
+const DEV_RUNTIME_PARENT: &str = "/dev/shm";
+const DEV_RUNTIME_PREFIX: &str = "corral-dev-";
+
+/// A new directory for one dev cluster's runtime files, if `/dev/shm` is a writable tmpfs.
+fn dev_runtime_root() -> Option<PathBuf> {
+    let parent = Path::new(DEV_RUNTIME_PARENT);
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    let tmpfs = mounts.lines().any(|l| {
+        let mut fields = l.split_whitespace();
+        let (_, mount, kind) = (fields.next(), fields.next(), fields.next());
+        mount == Some(DEV_RUNTIME_PARENT) && kind == Some("tmpfs")
+    });
+    if !tmpfs {
+        return None;
+    }
+    let suffix: u64 = rand::random();
+    let root = parent.join(format!("{DEV_RUNTIME_PREFIX}{suffix:016x}"));
+    std::fs::create_dir(&root).ok()?;
+    std::fs::set_permissions(&root, std::os::unix::fs::PermissionsExt::from_mode(0o700)).ok()?;
+    Some(root)
+}
+
+/// The runtime directory `dev up` gave a node, if it is one of ours to remove.
+fn dev_runtime_dir(node_dir: &Path) -> Option<PathBuf> {
+    let dir = PathBuf::from(read_node_toml(node_dir, "runtime_dir").ok()??);
+    let root = dir.parent()?;
+    let ours = root.parent() == Some(Path::new(DEV_RUNTIME_PARENT))
+        && root.file_name().is_some_and(|n| n.to_string_lossy().starts_with(DEV_RUNTIME_PREFIX));
+    ours.then_some(dir)
 }
 
 /// Writes `DIR/hosts`, which every node's jobs see as `/etc/hosts` (`job_hosts_file`): this
@@ -315,7 +351,12 @@ pub async fn up(dir: &Path, opts: &DevOptions) -> anyhow::Result<()> {
         }
     };
     let mut addrs: Vec<String> = existing.iter().map(|d| read_listen(d)).collect::<anyhow::Result<_>>()?;
+    // New nodes join the cluster's runtime root (made with its first node), else get one.
+    let mut runtime_root = existing.iter().find_map(|d| dev_runtime_dir(d)).and_then(|d| d.parent().map(Path::to_path_buf));
     for i in existing.len()..opts.nodes {
+        if runtime_root.is_none() && i == existing.len() {
+            runtime_root = dev_runtime_root();
+        }
         let name = format!("n{}", i + 1);
         let node_dir = dir.join(&name);
         std::fs::create_dir_all(&node_dir).with_context(|| format!("create {}", node_dir.display()))?;
@@ -363,6 +404,7 @@ pub async fn up(dir: &Path, opts: &DevOptions) -> anyhow::Result<()> {
             partitions: opts.partitions.iter().filter(|p| !p.is_empty()).cloned().collect(),
             job_hosts_file: "../hosts".into(),
             metrics_listen: format!("127.0.0.1:{}", free_listen_port()?),
+            runtime_dir: runtime_root.as_ref().map(|root| root.join(&name).display().to_string()),
             raft: RaftSection {
                 heartbeat_interval_ms: 50,
                 election_timeout_min_ms: 200,
@@ -489,6 +531,14 @@ pub fn down(dir: &Path) -> anyhow::Result<()> {
             }
         }
         let _ = std::fs::remove_file(node_dir.join("corrald.pid"));
+        // Its runs ended with it (a node that had to be killed leaves them to its watchdog,
+        // which keeps the last lease it read).
+        if let Some(runtime) = dev_runtime_dir(&node_dir) {
+            let _ = std::fs::remove_dir_all(&runtime);
+            if let Some(root) = runtime.parent() {
+                let _ = std::fs::remove_dir(root); // once its last node's directory is gone
+            }
+        }
     }
     Ok(())
 }

@@ -176,7 +176,10 @@ struct StoredReport {
 
 /// What the agent needs beyond its identity: where jobs live and how they are stopped.
 pub struct AgentSettings {
+    /// Where the launch ledger lives (`jobs_dir`).
     pub jobs_dir: PathBuf,
+    /// Where each run's script and hostfile go, a directory per job (`job_files_dir`).
+    pub job_files_dir: PathBuf,
     pub checkpoint_root: PathBuf,
     pub nccl: launcher::NcclEnv,
     pub stop: launcher::StopTimings,
@@ -412,7 +415,7 @@ impl Agent {
             nodes,
             gpu_indices: &ordinals,
             gpu_uuids: &uuids,
-            jobs_dir: &self.settings.jobs_dir,
+            jobs_dir: &self.settings.job_files_dir,
             checkpoint_root: &self.settings.checkpoint_root,
             nccl: &self.settings.nccl,
             cluster_name: &self.settings.cluster_name,
@@ -893,12 +896,24 @@ impl Agent {
         lock(&self.running).get(&job).and_then(|r| r.nodes.iter().find(|(n, _)| n == name).map(|(_, a)| a.clone()))
     }
 
-    /// A leader has the run's report: its directory goes.
+    /// A leader has the run's report: its directory goes, and the job's script and hostfile
+    /// unless another run of the job is here (they are written again for each run).
     fn forget_run(&self, job: JobId, run: RunNo) {
         let dir = shepherd::run_dir(&self.settings.runs_dir, job, run);
         if let Err(e) = std::fs::remove_dir_all(&dir) {
             if e.kind() != std::io::ErrorKind::NotFound {
                 warn!(job, run, error = %e, "remove run directory {}", dir.display());
+            }
+        }
+        // Under the claims' lock a launch of the job cannot start preparing its files meanwhile.
+        let launching = lock(&self.launching);
+        if launching.range((job, 0)..=(job, RunNo::MAX)).next().is_some() || lock(&self.running).contains_key(&job) {
+            return;
+        }
+        let files = launcher::job_files_dir(&self.settings.job_files_dir, job);
+        if let Err(e) = std::fs::remove_dir_all(&files) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                warn!(job, run, error = %e, "remove job files {}", files.display());
             }
         }
     }

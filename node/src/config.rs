@@ -97,6 +97,14 @@ pub struct NodeConfig {
     /// Time between SIGTERM and SIGKILL when fencing (short: the node may already be replaced).
     #[serde(default = "default_fence_kill_grace_ms")]
     pub fence_kill_grace_ms: u64,
+    /// Where each run's records (`shepherd`), the watchdog lease, the daemon record and the
+    /// runs' scripts and hostfiles live: files that matter only while this host is up (a reboot
+    /// ends every job). About ten are created and removed per run; on a tmpfs that costs no
+    /// disk inode allocation (on ext4 it was a quarter of a busy host's CPU under a sweep of
+    /// trivial jobs). Default `DATA_DIR/jobs`; deployed nodes use `/run/corral/jobs`, and
+    /// `corral dev up` a directory under `/dev/shm`.
+    #[serde(default)]
+    pub runtime_dir: Option<PathBuf>,
     /// Root of the per-job checkpoint directories (`CORRAL_CHECKPOINT_DIR`); meant for shared
     /// storage. Default: `data_dir/checkpoints`.
     #[serde(default)]
@@ -245,8 +253,15 @@ impl NodeConfig {
                 *p = base.join(&*p);
             }
         }
-        for p in
-            [self.checkpoint_root.as_mut(), self.ca_key.as_mut(), self.socket.as_mut(), self.job_hosts_file.as_mut()].into_iter().flatten()
+        for p in [
+            self.checkpoint_root.as_mut(),
+            self.ca_key.as_mut(),
+            self.socket.as_mut(),
+            self.job_hosts_file.as_mut(),
+            self.runtime_dir.as_mut(),
+        ]
+        .into_iter()
+        .flatten()
         {
             if p.is_relative() {
                 *p = base.join(&*p);
@@ -313,17 +328,27 @@ impl NodeConfig {
 
     /// The lease the watchdog process enforces (`watchdog`).
     pub fn lease_path(&self) -> PathBuf {
-        self.jobs_dir().join("watchdog.lease")
+        self.runtime_dir().join("watchdog.lease")
     }
 
-    /// Where job output, scripts and the launch ledger live.
+    /// Where the launch ledger lives (synced: it must outlive the host's crash).
     pub fn jobs_dir(&self) -> PathBuf {
         self.data_dir.join("jobs")
     }
 
+    /// Where what matters only while the host is up lives (`runtime_dir`, default `jobs_dir`).
+    pub fn runtime_dir(&self) -> PathBuf {
+        self.runtime_dir.clone().unwrap_or_else(|| self.jobs_dir())
+    }
+
     /// Each run's directory (`shepherd`).
     pub fn runs_dir(&self) -> PathBuf {
-        self.jobs_dir().join("runs")
+        self.runtime_dir().join("runs")
+    }
+
+    /// Each run's script and hostfile, in a directory per job.
+    pub fn job_files_dir(&self) -> PathBuf {
+        self.runtime_dir()
     }
 
     /// Which daemon runs this node's jobs (`shepherd::DaemonRecord`); beside the lease, where

@@ -105,10 +105,15 @@ pub fn host_of(addr: &str) -> String {
     addr.rsplit_once(':').map_or(addr, |(h, _)| h).to_string()
 }
 
+/// The directory of a job's script and hostfile under `jobs_dir`.
+pub fn job_files_dir(jobs_dir: &Path, job: JobId) -> PathBuf {
+    jobs_dir.join(job.to_string())
+}
+
 /// Builds the launch of this node's part of `job`'s current run: the program (a script written
 /// under `jobs_dir`, or the job's argv), its environment, hostfile and checkpoint directory.
 pub fn prepare(job: &Job, ctx: &LaunchContext<'_>) -> anyhow::Result<LaunchSpec> {
-    let dir = ctx.jobs_dir.join(job.id.to_string());
+    let dir = job_files_dir(ctx.jobs_dir, job.id);
     std::fs::create_dir_all(&dir).with_context(|| format!("create job directory {}", dir.display()))?;
     if let Some(a) = ctx.run_as {
         // The job reads its script and hostfile; nobody else may.

@@ -70,7 +70,9 @@ fn main() -> anyhow::Result<()> {
     let config_path = args.config.context("--config is required")?;
     let config = corral_node::config::NodeConfig::load(&config_path)?;
     // The watchdog kills the jobs' processes when this process dies (it polls for its parent).
-    std::fs::create_dir_all(config.jobs_dir()).with_context(|| format!("create {}", config.jobs_dir().display()))?;
+    for dir in [config.jobs_dir(), config.runtime_dir()] {
+        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    }
     let exe = std::env::current_exe().context("find the corrald executable")?;
     let _watchdog = corral_node::watchdog::spawn(&exe, config.lease_path())?;
     // Forked now, while this process is small and has one thread: it forks each run's shepherd.

@@ -2038,6 +2038,7 @@ pub async fn run(
     info!(node = %config.name, gpus = gpus.len(), cpus = inventory.cpus, memory_mib = inventory.memory_mib, "inventory discovered");
     let settings = crate::agent::AgentSettings {
         jobs_dir: config.jobs_dir(),
+        job_files_dir: config.job_files_dir(),
         checkpoint_root: config.checkpoint_root(),
         nccl: crate::nccl::derive(&config.nccl, &inventory, &config.advertise_addr()),
         stop: crate::launcher::StopTimings { kill_grace_ms: config.kill_grace_ms, fence_kill_grace_ms: config.fence_kill_grace_ms },

@@ -107,14 +107,21 @@ pub fn due(lease: &Lease, now_boot_ms: u64, start_ticks_of: impl Fn(i32) -> Opti
     lease.groups.iter().filter(|g| g.pgid > 1 && start_ticks_of(g.pgid) == Some(g.start_ticks)).cloned().collect()
 }
 
-/// Kills what the lease lists, whatever its deadline: the daemon is gone.
-fn kill_all(lease_path: &Path) {
+/// Kills what the lease lists, whatever its deadline: the daemon is gone. A lease that can no
+/// longer be read (its directory removed) is the last one read.
+fn kill_all(lease_path: &Path, last: Option<&Lease>) {
     let lease = match read_lease(lease_path) {
         Ok(Some(l)) => l,
-        Ok(None) => return,
+        Ok(None) => match last {
+            Some(l) => l.clone(),
+            None => return,
+        },
         Err(e) => {
             tracing::warn!(error = format!("{e:#}"), "watchdog: read lease");
-            return;
+            match last {
+                Some(l) => l.clone(),
+                None => return,
+            }
         }
     };
     let groups = due(&Lease { deadline_boot_ms: 0, ..lease.clone() }, 1, start_ticks);
@@ -142,6 +149,9 @@ pub fn run(lease_path: &Path) -> anyhow::Result<()> {
     let mut instance: Option<proto::InstanceId> = None;
     let mut killed: std::collections::BTreeSet<(i32, u64)> = std::collections::BTreeSet::new();
     let mut last_error: Option<String> = None;
+    // The last lease read: a lease file gone (its runtime directory removed while jobs still
+    // run) must not unfence them.
+    let mut last_lease: Option<Lease> = None;
     tracing::info!(lease = %lease_path.display(), parent, "watchdog started");
     loop {
         let orphaned = std::os::unix::process::parent_id() != parent;
@@ -164,14 +174,19 @@ pub fn run(lease_path: &Path) -> anyhow::Result<()> {
                 crate::shepherd::Verdict::Wait => {}
                 crate::shepherd::Verdict::Kill(why) => {
                     tracing::debug!(reason = %why, "watchdog: the daemon is gone");
-                    kill_all(lease_path);
+                    kill_all(lease_path, last_lease.as_ref());
                     return Ok(());
                 }
             }
         }
-        match read_lease(lease_path) {
+        let read = match read_lease(lease_path) {
+            Ok(None) => Ok(last_lease.clone()),
+            other => other,
+        };
+        match read {
             Ok(Some(lease)) => {
                 last_error = None;
+                last_lease = Some(lease.clone());
                 for g in due(&lease, boot_ms(), start_ticks) {
                     if !killed.insert((g.pgid, g.start_ticks)) {
                         continue;

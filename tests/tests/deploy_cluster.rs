@@ -166,6 +166,8 @@ fn init_bootstraps_a_node_and_join_adds_another() {
         "",
         "--token-ttl",
         "1h",
+        "--runtime-dir",
+        &s(&root.join("run-n1").join("jobs")),
     ]);
     let token = init["token"].as_str().expect("init prints a token").to_string();
     let fingerprint = init["ca_fingerprint"].as_str().expect("init prints the CA fingerprint").to_string();
@@ -175,6 +177,7 @@ fn init_bootstraps_a_node_and_join_adds_another() {
     }
     let node_toml = std::fs::read_to_string(d1.join("node.toml")).expect("read node.toml");
     assert!(node_toml.contains("bootstrap = true") && node_toml.contains("name = \"n1\""), "{node_toml}");
+    assert!(node_toml.contains(&format!("runtime_dir = \"{}\"", s(&root.join("run-n1").join("jobs")))), "{node_toml}");
     let inspected = json_ok(&["--json", "cluster", "token", "inspect", &token]);
     assert_eq!(inspected["ca_fingerprint"].as_str(), Some(fingerprint.as_str()));
     assert_eq!(inspected["expired"].as_bool(), Some(false));
@@ -256,6 +259,9 @@ fn init_bootstraps_a_node_and_join_adds_another() {
         let up = |name: &str| v.as_array().is_some_and(|a| a.iter().any(|n| n["name"] == name && n["state"] == "UP"));
         up("n1") && up("n2")
     });
+    // Each run's files and the watchdog's lease are under runtime_dir, the ledger under data_dir.
+    assert!(root.join("run-n1/jobs/watchdog.lease").exists() && root.join("run-n1/jobs/runs").is_dir());
+    assert!(d1.join("data/jobs/launched.jsonl").exists() && !d1.join("data/jobs/watchdog.lease").exists());
 
     // --- a user's cluster directory works against the same cluster
     let alice = root.join("alice");
