@@ -641,6 +641,9 @@ impl Agent {
             outcome = launcher::ended_out_of_touch(outcome, &self.name);
         }
         info!(outcome = ?outcome, "job ended");
+        if let Err(e) = launcher::tidy_checkpoint_dir(&spec, &outcome) {
+            debug!(error = %e, "remove the empty checkpoint directory of a completed job");
+        }
         lock(&self.running).remove(&spec.job);
         self.renew_lease();
         self.queue_report(spec.job, spec.run, outcome).await;

@@ -43,6 +43,26 @@ pub struct LaunchSpec {
     /// A hosts file the run's processes see as `/etc/hosts` (`job_hosts_file`).
     #[serde(default)]
     pub hosts_file: Option<PathBuf>,
+    /// The job's checkpoint directory, where the run may remove it once it completed and left
+    /// nothing there ([`tidy_checkpoint_dir`]): only for a job on one node, whose completion
+    /// ends it (a gang's peer may still write into a shared directory).
+    #[serde(default)]
+    pub checkpoint_dir_tidy: Option<PathBuf>,
+}
+
+/// Removes the checkpoint directory of a single-node run that completed (exit 0) if the job
+/// left nothing in it: a sweep of trivial jobs otherwise leaves one empty directory per job
+/// for ever. A directory with anything in it is the user's and stays; a later run of the job
+/// makes the directory again.
+pub fn tidy_checkpoint_dir(spec: &LaunchSpec, outcome: &RunOutcome) -> std::io::Result<bool> {
+    let Some(dir) = spec.checkpoint_dir_tidy.as_deref().filter(|_| *outcome == RunOutcome::Exited(0)) else {
+        return Ok(false);
+    };
+    match std::fs::remove_dir(dir) {
+        Ok(()) => Ok(true),
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::DirectoryNotEmpty) => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// Resolves an output file pattern (Slurm's `%j %J %A %a %x %u %N %n %t %%`) for the part on
@@ -232,6 +252,7 @@ pub fn prepare(job: &Job, ctx: &LaunchContext<'_>) -> anyhow::Result<LaunchSpec>
         hold,
         batch: job.spec.is_batch(),
         hosts_file: ctx.job_hosts.map(Path::to_path_buf),
+        checkpoint_dir_tidy: (ctx.nodes.len() <= 1).then_some(checkpoint_dir),
     })
 }
 
@@ -795,6 +816,27 @@ mod tests {
             job_hosts: hosts,
         };
         prepare(&job, &ctx).expect("prepare")
+    }
+
+    #[test]
+    fn a_completed_single_node_run_removes_its_checkpoint_directory_only_when_empty() {
+        let mut spec = prepared(false, 0, None, &[]);
+        assert_eq!(spec.checkpoint_dir_tidy, None, "a gang's peer may still write into a shared directory");
+        let root = tempfile::tempdir().expect("temp dir");
+        let dir = root.path().join("job-7");
+        std::fs::create_dir(&dir).expect("make dir");
+        spec.checkpoint_dir_tidy = Some(dir.clone());
+        for failed in [RunOutcome::Exited(1), RunOutcome::Signaled(9), RunOutcome::Killed] {
+            assert!(!tidy_checkpoint_dir(&spec, &failed).expect("tidy"), "{failed:?}: may be requeued and resume");
+            assert!(dir.is_dir());
+        }
+        std::fs::write(dir.join("ckpt"), "step 5").expect("write ckpt");
+        assert!(!tidy_checkpoint_dir(&spec, &RunOutcome::Exited(0)).expect("tidy"));
+        assert!(dir.join("ckpt").exists(), "a checkpoint is the user's");
+        std::fs::remove_file(dir.join("ckpt")).expect("remove ckpt");
+        assert!(tidy_checkpoint_dir(&spec, &RunOutcome::Exited(0)).expect("tidy"));
+        assert!(!dir.exists());
+        assert!(!tidy_checkpoint_dir(&spec, &RunOutcome::Exited(0)).expect("tidy gone"), "already gone");
     }
 
     #[test]

@@ -42,6 +42,8 @@ fn hold_release_update_and_signal_a_job() {
     let out = shim(&c, "scontrol", &["release", &held.to_string()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(c.wait_final(held, Duration::from_secs(20))["state"], "COMPLETED");
+    // It left its checkpoint directory empty: gone with it (one per job would pile up for ever).
+    assert!(!c.path().join("checkpoints").join(format!("job-{held}")).exists());
 
     // A CPU-only job holding all 64 CPUs makes the node `alloc`, with its GPU free.
     let cpus = c.submit(&["-c", "64"], &["sleep", "60"]);
