@@ -72,6 +72,20 @@ fn hold_release_update_and_signal_a_job() {
         assert!(!stderr.contains("panicked"), "{program}: {stderr}");
     }
 
+    // An admin drains and resumes a node the way Slurm's admins do.
+    let out = shim(&c, "scontrol", &["update", "NodeName=n1", "State=DRAIN", "Reason=bad fan"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // (The jobs cancelled above may still be ending: drng until they have.)
+    let state = || String::from_utf8_lossy(&shim(&c, "sinfo", &["-h", "-N", "-p", "default", "-o", "%N %t"]).stdout).into_owned();
+    wait_until("n1 to be drained", Duration::from_secs(20), || state() == "n1 drain\n");
+    let shown = String::from_utf8_lossy(&shim(&c, "scontrol", &["show", "node", "n1"]).stdout).into_owned();
+    assert!(shown.contains("Reason=bad fan"), "{shown}");
+    let out = shim(&c, "scontrol", &["update", "NodeName=n9", "State=DRAIN", "Reason=x"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("Invalid node name specified for node n9"));
+    let out = shim(&c, "scontrol", &["update", "NodeName=n1", "State=RESUME"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(state(), "n1 idle\n");
+
     // ExitCode is code:signal: a job killed by SIGKILL is 0:9, one that exited 137 is 137:0.
     let killed = c.submit(&[], &["sh", "-c", "kill -9 $$"]);
     let exited = c.submit(&[], &["sh", "-c", "exit 137"]);

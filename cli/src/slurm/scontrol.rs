@@ -1,6 +1,5 @@
-//! `scontrol`: `show hostnames|hostlist|job|node|partition`, `requeue`, and the job changes
-//! `hold`, `release` and `update` (parsed and checked; the protocol has no request for them
-//! yet, so they end with a clear error).
+//! `scontrol`: `show hostnames|hostlist|job|node|partition`, `requeue`, the job changes
+//! `hold`, `release` and `update JobId=`, and `update NodeName= State=DRAIN|RESUME|UNDRAIN`.
 
 use std::collections::BTreeMap;
 
@@ -160,8 +159,77 @@ pub enum Command {
     Requeue(Vec<u64>, bool),
     Hold(Vec<u64>),
     Release(Vec<u64>),
-    Update { job: u64, time_limit_ms: Option<Option<u64>>, partition: Option<String> },
+    Update {
+        job: u64,
+        time_limit_ms: Option<Option<u64>>,
+        partition: Option<String>,
+    },
+    /// `update NodeName=LIST State=DRAIN Reason=...` (drain) or `State=RESUME|UNDRAIN`.
+    UpdateNodes {
+        nodes: Vec<String>,
+        drain: Option<String>,
+    },
     Version,
+}
+
+/// `update NodeName=LIST State=... [Reason=...]`, as Slurm takes it for the states Corral has:
+/// DRAIN (a reason required, as in Slurm), RESUME and UNDRAIN (the drain cleared). DOWN and
+/// the power states are refused with what to use instead.
+fn parse_node_update(args: &[String]) -> Result<Command, SlurmError> {
+    let (mut nodes, mut state, mut reason) = (None, None, None);
+    for kv in args {
+        let (k, v) = kv.split_once('=').ok_or_else(|| SlurmError::fatal(PROG, format!("Invalid input: {kv}")))?;
+        match k.to_ascii_lowercase().as_str() {
+            "nodename" | "nodes" => nodes = Some(hostlist::expand(v).map_err(|e| SlurmError::fatal(PROG, e))?),
+            "state" => state = Some(v.to_ascii_uppercase()),
+            "reason" => reason = Some(v.to_string()).filter(|r| !r.is_empty()),
+            _ => return Err(SlurmError::fatal(PROG, format!("Update of node {k} is not supported; Corral can update State and Reason"))),
+        }
+    }
+    let nodes = nodes.filter(|n| !n.is_empty()).ok_or_else(|| SlurmError::fatal(PROG, "No NodeName given"))?;
+    let state = state.ok_or_else(|| SlurmError::fatal(PROG, "No State given: Corral can set State=DRAIN, RESUME or UNDRAIN"))?;
+    let drain = match state.as_str() {
+        "DRAIN" => Some(
+            reason.ok_or_else(|| SlurmError::fatal(PROG, "You must specify a reason when DOWNING or DRAINING a node. Request denied"))?,
+        ),
+        "RESUME" | "UNDRAIN" | "IDLE" => None,
+        "DOWN" | "FAIL" | "FAILING" => {
+            return Err(SlurmError::fatal(
+                PROG,
+                format!(
+                    "State={state} is not supported: Corral declares a node down only when it stops heartbeating \
+                     (its jobs are then requeued or end NODE_FAIL); use State=DRAIN to take it out of use"
+                ),
+            ))
+        }
+        other => {
+            return Err(SlurmError::fatal(PROG, format!("State={other} is not supported: Corral can set State=DRAIN, RESUME or UNDRAIN")))
+        }
+    };
+    Ok(Command::UpdateNodes { nodes, drain })
+}
+
+/// Drains or resumes each node, printing Slurm's kind of error for each refusal.
+fn update_nodes(nodes: Vec<String>, drain: Option<String>) -> Result<i32, SlurmError> {
+    let cluster = super::connect(PROG)?;
+    super::block_on(PROG, async {
+        let mut failed = false;
+        for node in nodes {
+            let req = match &drain {
+                Some(reason) => Request::Drain { node: node.clone(), reason: reason.clone() },
+                None => Request::Resume { node: node.clone() },
+            };
+            if let Err(e) = cluster.call_patiently(req, super::PATIENCE).await {
+                let why = match e.downcast_ref::<ApiError>() {
+                    Some(ApiError::NotFound(_)) => "Invalid node name specified".to_string(),
+                    _ => super::describe_error(&e),
+                };
+                eprintln!("{why} for node {node}");
+                failed = true;
+            }
+        }
+        i32::from(failed)
+    })
 }
 
 fn job_ids(args: &[String]) -> Result<Vec<u64>, SlurmError> {
@@ -221,6 +289,12 @@ pub fn parse(args: &[String]) -> Result<Command, SlurmError> {
         return Ok(Command::Release(job_ids(rest)?));
     }
     if is(verb, "update", 1) {
+        if rest
+            .iter()
+            .any(|kv| kv.split_once('=').is_some_and(|(k, _)| k.eq_ignore_ascii_case("nodename") || k.eq_ignore_ascii_case("nodes")))
+        {
+            return parse_node_update(rest);
+        }
         let mut job = None;
         let mut time_limit_ms = None;
         let mut partition = None;
@@ -406,6 +480,7 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
         Command::Hold(ids) => update_jobs(ids, Some(true), None, None),
         Command::Release(ids) => update_jobs(ids, Some(false), None, None),
         Command::Update { job, time_limit_ms, partition } => update_jobs(vec![job], None, time_limit_ms, partition.map(Some)),
+        Command::UpdateNodes { nodes, drain } => update_nodes(nodes, drain),
     }
 }
 

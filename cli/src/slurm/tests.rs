@@ -874,6 +874,20 @@ fn scontrol_commands() {
     assert_eq!(p(&["update", "JobId=5", "TimeLimit=soon"]).unwrap_err().text, "scontrol: error: Invalid TimeLimit value: soon");
     assert_eq!(p(&["requeue", "x"]).unwrap_err().text, "scontrol: error: Invalid job id specified: x");
     assert_eq!(p(&["frobnicate"]).unwrap_err().text, "scontrol: error: Invalid keyword: frobnicate");
+    // Nodes: DRAIN needs a reason (Slurm's words), RESUME and UNDRAIN clear it, DOWN is refused.
+    assert_eq!(
+        p(&["update", "NodeName=gpu[01-02]", "State=drain", "Reason=bad fan"]),
+        Ok(C::UpdateNodes { nodes: vec!["gpu01".into(), "gpu02".into()], drain: Some("bad fan".into()) })
+    );
+    assert_eq!(p(&["update", "nodename=gpu01", "State=RESUME"]), Ok(C::UpdateNodes { nodes: vec!["gpu01".into()], drain: None }));
+    assert_eq!(p(&["update", "NodeName=gpu01", "State=UNDRAIN"]), Ok(C::UpdateNodes { nodes: vec!["gpu01".into()], drain: None }));
+    assert_eq!(
+        p(&["update", "NodeName=gpu01", "State=DRAIN"]).unwrap_err().text,
+        "scontrol: error: You must specify a reason when DOWNING or DRAINING a node. Request denied"
+    );
+    let down = p(&["update", "NodeName=gpu01", "State=DOWN", "Reason=x"]).unwrap_err().text;
+    assert!(down.contains("State=DOWN is not supported") && down.contains("State=DRAIN"), "{down}");
+    assert!(p(&["update", "NodeName=gpu01", "Weight=5"]).unwrap_err().text.contains("Update of node Weight is not supported"));
     // Hold is a real request now: with no cluster configured it fails to reach one.
     let err = scontrol::run(&argv(&["hold", "5"])).unwrap_err().text;
     assert!(err.starts_with("scontrol: error: Unable to contact slurm controller"), "{err}");
