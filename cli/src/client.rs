@@ -175,7 +175,6 @@ impl Cluster {
                 Attempt::Answered(resp)
             }
             Err(e) => {
-                client.forget(addr);
                 errors.push(format!("{addr}: {e}"));
                 if matches!(e, transport::CallError::Connect(_)) {
                     lock_suspects(&self.suspects).insert(i);

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use proto::{ApiError, Envelope, Reply, Request};
-use transport::{CallError, Client};
+use transport::Client;
 
 pub struct LeaderLink {
     client: Arc<Client>,
@@ -108,13 +108,10 @@ impl LeaderLink {
                 }
                 Ok(Err(e)) => return Err(LinkError::Api(e)),
                 Err(e) => {
-                    // A call that timed out leaves its connection: the member was slow, not
-                    // gone (QUIC's idle timeout closes a dead one within 5 s), and a new
-                    // handshake costs a loaded member far more than the call did. Dropping it on
-                    // every timeout turned slow relays into a storm of handshakes at 5,000 nodes.
-                    if !matches!(e, CallError::Timeout) {
-                        self.client.forget(&addr);
-                    }
+                    // The connection stays unless the transport found it dead (it decides for
+                    // every caller): a slow member still answers on it, and a new handshake
+                    // costs a loaded member far more than the call did. Dropping it on every
+                    // timeout turned slow relays into a storm of handshakes at 5,000 nodes.
                     if lock(&self.preferred).as_deref() == Some(addr.as_str()) {
                         self.set_preferred(None);
                     }

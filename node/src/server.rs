@@ -314,10 +314,7 @@ impl Node {
             .run_node_addr(job, name)
             .ok_or_else(|| ApiError::NotFound(format!("node {name} in job {job}'s run on this node")))?;
         let env = Envelope { hops: hops + 1, request, user };
-        self.client.call(&addr, &env, timeout).await.unwrap_or_else(|e| {
-            self.client.forget(&addr);
-            Err(ApiError::Unavailable(format!("reach {name} at {addr}: {e}")))
-        })
+        self.client.call(&addr, &env, timeout).await.unwrap_or_else(|e| Err(ApiError::Unavailable(format!("reach {name} at {addr}: {e}"))))
     }
 
     /// Sends a request this node cannot answer to the leader.
@@ -349,7 +346,6 @@ impl Node {
                 match outcome {
                     Ok(resp) => resp,
                     Err(e) => {
-                        self.client.forget(&addr);
                         if matches!(e, transport::CallError::Connect(_)) {
                             *lock(&self.unreachable_leader) = Some((l, Instant::now()));
                         }
@@ -1038,7 +1034,6 @@ impl Node {
                 answer = call => match answer {
                     Ok(response) => return response,
                     Err(e) => {
-                        self.client.forget(&addr);
                         // The leader may be gone: wait for Raft to name another, then resend.
                         debug!(leader = %addr, error = %e, "heartbeat batch not delivered");
                         consensus::leader_other_than(&self.raft, leader).await;
@@ -1479,10 +1474,7 @@ impl Node {
             let env = Envelope { hops: 0, request: Request::Launch { job: Box::new(job), nodes, issued_index }, user: None };
             match self.client.call(&addr, &env, PEER_CALL_TIMEOUT).await {
                 Ok(r) => r,
-                Err(e) => {
-                    self.client.forget(&addr);
-                    Err(ApiError::Unavailable(format!("reach {addr}: {e}")))
-                }
+                Err(e) => Err(ApiError::Unavailable(format!("reach {addr}: {e}"))),
             }
         };
         match result {
@@ -1896,10 +1888,7 @@ impl consensus::RaftTransport for QuicRaftTransport {
                 Ok(Ok(other)) => Err(consensus::TransportError::Remote(format!("unexpected reply {other:?}"))),
                 Ok(Err(e)) => Err(consensus::TransportError::Remote(e.to_string())),
                 Err(transport::CallError::Timeout) => Err(consensus::TransportError::Timeout),
-                Err(e) => {
-                    client.forget(&addr);
-                    Err(consensus::TransportError::Unreachable(e.to_string()))
-                }
+                Err(e) => Err(consensus::TransportError::Unreachable(e.to_string())),
             }
         }
     }
