@@ -175,12 +175,14 @@ const LISTEN_PORT_MIN: u16 = 20_000;
 /// it can: a port the kernel handed out for `bind(:0)` is released before `corrald` binds it,
 /// and any process that binds `:0` meanwhile (every QUIC client does) may get it. Ports below
 /// the ephemeral range are handed out only on request, so only another picker like this one
-/// could take it, and each pick is random.
+/// could take it, and each pick is random. Picked below the jobs' `MASTER_PORT`s and the
+/// steps' rendezvous ports, which are handed out from there (a node's port there made a
+/// job's TCPStore fail to bind, and torch abort, when all nodes share one host).
 pub fn free_listen_port() -> anyhow::Result<u16> {
-    let ephemeral_min = ephemeral_port_min();
-    if ephemeral_min > LISTEN_PORT_MIN + 1_000 {
+    let below = ephemeral_port_min().min(proto::MASTER_PORT_FIRST);
+    if below > LISTEN_PORT_MIN + 1_000 {
         for _ in 0..256 {
-            let port = rand::Rng::gen_range(&mut rand::thread_rng(), LISTEN_PORT_MIN..ephemeral_min);
+            let port = rand::Rng::gen_range(&mut rand::thread_rng(), LISTEN_PORT_MIN..below);
             if port_is_free(port) {
                 return Ok(port);
             }
@@ -548,11 +550,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_listen_port_is_free_for_both_protocols_and_below_the_ephemeral_range() {
+    fn a_listen_port_is_free_for_both_protocols_and_below_the_ephemeral_and_job_ranges() {
         let ephemeral_min = ephemeral_port_min();
-        for _ in 0..32 {
+        let jobs = proto::MASTER_PORT_FIRST..proto::STEP_PORT_FIRST + proto::STEP_PORT_COUNT;
+        for _ in 0..64 {
             let port = free_listen_port().expect("free port");
             assert!(port_is_free(port), "port {port} was handed out taken");
+            assert!(!jobs.contains(&port), "port {port} is one jobs and steps get as MASTER_PORT");
             if ephemeral_min > LISTEN_PORT_MIN + 1_000 {
                 assert!((LISTEN_PORT_MIN..ephemeral_min).contains(&port), "port {port} is in the ephemeral range from {ephemeral_min}");
             }
