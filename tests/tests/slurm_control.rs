@@ -85,6 +85,11 @@ fn hold_release_update_and_signal_a_job() {
     let out = shim(&c, "scontrol", &["update", "NodeName=n1", "State=RESUME"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(state(), "n1 idle\n");
+    // Every partition its node.toml names, as Slurm shows them.
+    let shown = String::from_utf8_lossy(&shim(&c, "scontrol", &["show", "partition", "gpu"]).stdout).into_owned();
+    assert!(shown.starts_with("PartitionName=gpu\n") && shown.contains("   Nodes=n1\n") && shown.contains("TRES=gres/gpu=1"), "{shown}");
+    let shown = String::from_utf8_lossy(&shim(&c, "scontrol", &["show", "partition"]).stdout).into_owned();
+    assert!(shown.contains("PartitionName=default\n") && shown.contains("PartitionName=gpu\n"), "{shown}");
 
     // ExitCode is code:signal: a job killed by SIGKILL is 0:9, one that exited 137 is 137:0.
     let killed = c.submit(&[], &["sh", "-c", "kill -9 $$"]);

@@ -137,7 +137,7 @@ pub fn node_text(n: &NodeInfo) -> String {
     out.push_str(&format!("   Gres={}\n", sinfo::gres_text(n)));
     out.push_str(&format!("   NodeAddr={} NodeHostName={}\n", n.addr, n.name));
     out.push_str(&format!("   State={state}\n"));
-    out.push_str(&format!("   Partitions={DEFAULT_PARTITION}\n"));
+    out.push_str(&format!("   Partitions={}\n", sinfo::partitions_of(n, DEFAULT_PARTITION).join(",")));
     out.push_str(&format!("   CfgTRES=gres/gpu={}\n", n.gpus_total));
     out.push_str(&format!("   AllocTRES={}\n", if used > 0 { format!("gres/gpu={used}") } else { String::new() }));
     out.push_str(&format!("   CorralRole={}\n", n.role.as_str()));
@@ -146,6 +146,41 @@ pub fn node_text(n: &NodeInfo) -> String {
     }
     out.push('\n');
     out
+}
+
+/// `scontrol show partition [NAME]`: every partition a node is in (its node.toml's, else the
+/// policy's default) or the policy defines, in Slurm's layout (the fields Corral knows).
+pub fn partitions_text(nodes: &[NodeInfo], parts: &sinfo::Partitions, name: Option<&str>) -> Result<String, SlurmError> {
+    let mut members: BTreeMap<String, Vec<&NodeInfo>> = BTreeMap::new();
+    for p in parts.max_time_limit_ms.keys().chain(parts.default.iter()) {
+        members.entry(p.clone()).or_default();
+    }
+    for n in nodes {
+        for p in sinfo::partitions_of(n, parts.default_name()) {
+            members.entry(p).or_default().push(n);
+        }
+    }
+    if let Some(name) = name {
+        members.retain(|p, _| p == name);
+        if members.is_empty() {
+            return Err(SlurmError { text: format!("Partition {name} not found"), code: 1 });
+        }
+    }
+    let mut out = String::new();
+    for (p, in_it) in &members {
+        let mut names: Vec<String> = in_it.iter().map(|n| n.name.clone()).collect();
+        names.sort();
+        let gpus: u32 = in_it.iter().map(|n| n.gpus_total).sum();
+        let max_time = parts.max_time_limit_ms.get(p).map_or("UNLIMITED".to_string(), |ms| time::duration(ms / 1000));
+        out.push_str(&format!("PartitionName={p}\n"));
+        out.push_str("   AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL\n");
+        out.push_str(&format!("   Default={} QoS=N/A\n", if p == parts.default_name() { "YES" } else { "NO" }));
+        out.push_str(&format!("   MaxNodes=UNLIMITED MaxTime={max_time} MinNodes=0\n"));
+        out.push_str(&format!("   Nodes={}\n", if names.is_empty() { "(null)".into() } else { hostlist::compress(&names) }));
+        out.push_str(&format!("   State=UP TotalNodes={}\n", names.len()));
+        out.push_str(&format!("   TRES=gres/gpu={gpus}\n\n"));
+    }
+    Ok(out)
 }
 
 /// A parsed `scontrol` command line.
@@ -437,21 +472,17 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
             Ok(0)
         }
         Command::ShowPartition(name) => {
-            if name.as_deref().is_some_and(|n| n != DEFAULT_PARTITION) {
-                return Err(SlurmError { text: format!("Partition {} not found", name.unwrap_or_default()), code: 1 });
-            }
             let cluster = super::connect(PROG)?;
-            let nodes = super::block_on(PROG, super::list_nodes(PROG, &cluster))??;
-            let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
-            let gpus: u32 = nodes.iter().map(|n| n.gpus_total).sum();
-            println!("PartitionName={DEFAULT_PARTITION}");
-            println!("   AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL");
-            println!("   Default=YES QoS=N/A");
-            println!("   MaxNodes=UNLIMITED MaxTime=UNLIMITED MinNodes=0");
-            println!("   Nodes={}", if names.is_empty() { "(null)".into() } else { hostlist::compress(&names) });
-            println!("   State=UP TotalNodes={}", nodes.len());
-            println!("   TRES=gres/gpu={gpus}");
-            println!();
+            let (nodes, policy) = super::block_on(PROG, async {
+                let nodes = super::list_nodes(PROG, &cluster).await?;
+                let policy = match cluster.call_patiently(Request::GetPolicy, super::PATIENCE).await {
+                    Ok(proto::Reply::Policy(p)) => p,
+                    Ok(other) => return Err(SlurmError::fatal(PROG, format!("unexpected reply {other:?}"))),
+                    Err(e) => return Err(SlurmError::fatal(PROG, super::describe_error(&e))),
+                };
+                Ok::<_, SlurmError>((nodes, policy))
+            })??;
+            print!("{}", partitions_text(&nodes, &sinfo::Partitions::from_policy(&policy), name.as_deref())?);
             Ok(0)
         }
         Command::Requeue(ids, hold) => {

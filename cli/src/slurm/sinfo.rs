@@ -71,7 +71,7 @@ pub fn gres_text(n: &NodeInfo) -> String {
 }
 
 /// The partitions a node is in: those its node.toml names, else the default one.
-fn partitions_of(n: &NodeInfo, default: &str) -> Vec<String> {
+pub(crate) fn partitions_of(n: &NodeInfo, default: &str) -> Vec<String> {
     if n.partitions.is_empty() {
         vec![default.to_string()]
     } else {
@@ -95,7 +95,7 @@ impl Partitions {
         }
     }
 
-    fn default_name(&self) -> &str {
+    pub(crate) fn default_name(&self) -> &str {
         self.default.as_deref().unwrap_or(DEFAULT_PARTITION)
     }
 }

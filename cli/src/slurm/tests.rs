@@ -1170,3 +1170,33 @@ fn corral_variables_stand_in_for_missing_slurm_ones() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn scontrol_show_partition_lists_what_nodes_and_the_policy_define() {
+    let mut a = node(1, "gpu01", NodeState::Up, 8, 8);
+    a.partitions = vec!["batch".into(), "gpu".into()];
+    let mut b = node(2, "gpu02", NodeState::Up, 8, 8);
+    b.partitions = vec!["gpu".into()];
+    let plain = node(3, "cpu01", NodeState::Up, 0, 0);
+    let policy = proto::SchedulerPolicy {
+        partitions: vec![
+            proto::PartitionDef { name: "batch".into(), default: true, max_time_limit_ms: Some(2 * 86_400_000), ..Default::default() },
+            proto::PartitionDef { name: "empty".into(), max_time_limit_ms: Some(1_800_000), ..Default::default() },
+        ],
+        ..Default::default()
+    };
+    let parts = sinfo::Partitions::from_policy(&policy);
+    let nodes = [a, b, plain];
+    let all = scontrol::partitions_text(&nodes, &parts, None).expect("all");
+    let names: Vec<&str> = all.lines().filter_map(|l| l.strip_prefix("PartitionName=")).collect();
+    assert_eq!(names, ["batch", "empty", "gpu"]);
+    // A node naming no partition is in the default one (here the policy's `batch`).
+    let batch = scontrol::partitions_text(&nodes, &parts, Some("batch")).expect("batch");
+    assert!(batch.contains("   Default=YES QoS=N/A\n") && batch.contains("MaxTime=2-00:00:00"), "{batch}");
+    assert!(batch.contains("   Nodes=cpu01,gpu01\n") && batch.contains("TotalNodes=2\n") && batch.contains("gres/gpu=8\n"), "{batch}");
+    let gpu = scontrol::partitions_text(&nodes, &parts, Some("gpu")).expect("gpu");
+    assert!(gpu.contains("Default=NO") && gpu.contains("MaxTime=UNLIMITED") && gpu.contains("Nodes=gpu[01-02]"), "{gpu}");
+    assert!(scontrol::partitions_text(&nodes, &parts, Some("empty")).expect("empty").contains("Nodes=(null)"));
+    assert_eq!(scontrol::partitions_text(&nodes, &parts, Some("nope")).unwrap_err().text, "Partition nope not found");
+    assert!(scontrol::node_text(&nodes[0]).contains("   Partitions=batch,gpu\n"));
+}
