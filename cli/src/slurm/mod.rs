@@ -185,6 +185,14 @@ pub async fn list_nodes(prog: &str, cluster: &Cluster) -> Result<Vec<NodeInfo>, 
     }
 }
 
+/// The replicated scheduling policy (partitions' defaults and time limits).
+pub async fn get_policy(prog: &str, cluster: &Cluster) -> Result<proto::SchedulerPolicy, SlurmError> {
+    match call(prog, cluster, Request::GetPolicy).await? {
+        Reply::Policy(policy) => Ok(policy),
+        other => Err(SlurmError::fatal(prog, format!("unexpected reply {other:?}"))),
+    }
+}
+
 /// Node id to name.
 pub fn node_names(nodes: &[NodeInfo]) -> BTreeMap<u64, String> {
     nodes.iter().map(|n| (n.id, n.name.clone())).collect()

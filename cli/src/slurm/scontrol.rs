@@ -474,13 +474,7 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
         Command::ShowPartition(name) => {
             let cluster = super::connect(PROG)?;
             let (nodes, policy) = super::block_on(PROG, async {
-                let nodes = super::list_nodes(PROG, &cluster).await?;
-                let policy = match cluster.call_patiently(Request::GetPolicy, super::PATIENCE).await {
-                    Ok(proto::Reply::Policy(p)) => p,
-                    Ok(other) => return Err(SlurmError::fatal(PROG, format!("unexpected reply {other:?}"))),
-                    Err(e) => return Err(SlurmError::fatal(PROG, super::describe_error(&e))),
-                };
-                Ok::<_, SlurmError>((nodes, policy))
+                Ok::<_, SlurmError>((super::list_nodes(PROG, &cluster).await?, super::get_policy(PROG, &cluster).await?))
             })??;
             print!("{}", partitions_text(&nodes, &sinfo::Partitions::from_policy(&policy), name.as_deref())?);
             Ok(0)

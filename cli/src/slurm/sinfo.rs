@@ -305,13 +305,7 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     };
     let cluster = super::connect(PROG)?;
     let nodes = super::block_on(PROG, super::list_nodes(PROG, &cluster))??;
-    let policy = super::block_on(PROG, async {
-        match cluster.call_patiently(proto::Request::GetPolicy, std::time::Duration::from_secs(10)).await {
-            Ok(proto::Reply::Policy(p)) => Ok(p),
-            Ok(other) => Err(SlurmError::fatal(PROG, format!("unexpected reply {other:?}"))),
-            Err(e) => Err(SlurmError::fatal(PROG, format!("{e:#}"))),
-        }
-    })??;
+    let policy = super::block_on(PROG, super::get_policy(PROG, &cluster))??;
     let mut nodes = nodes;
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
     print!("{}", table_with(&nodes, &Partitions::from_policy(&policy), &format, !p.has("noheader"), node_rows, &filter));
