@@ -110,20 +110,11 @@ pub fn due(lease: &Lease, now_boot_ms: u64, start_ticks_of: impl Fn(i32) -> Opti
 /// Kills what the lease lists, whatever its deadline: the daemon is gone. A lease that can no
 /// longer be read (its directory removed) is the last one read.
 fn kill_all(lease_path: &Path, last: Option<&Lease>) {
-    let lease = match read_lease(lease_path) {
-        Ok(Some(l)) => l,
-        Ok(None) => match last {
-            Some(l) => l.clone(),
-            None => return,
-        },
-        Err(e) => {
-            tracing::warn!(error = format!("{e:#}"), "watchdog: read lease");
-            match last {
-                Some(l) => l.clone(),
-                None => return,
-            }
-        }
-    };
+    let read = read_lease(lease_path).unwrap_or_else(|e| {
+        tracing::warn!(error = format!("{e:#}"), "watchdog: read lease");
+        None
+    });
+    let Some(lease) = read.or_else(|| last.cloned()) else { return };
     let groups = due(&Lease { deadline_boot_ms: 0, ..lease.clone() }, 1, start_ticks);
     for g in &groups {
         // SAFETY: kill(2) on a process group the agent started and listed.
