@@ -100,7 +100,7 @@ pub struct NodeConfig {
     /// Where each run's records (`shepherd`), the watchdog lease, the daemon record and the
     /// runs' scripts and hostfiles live: files that matter only while this host is up (a reboot
     /// ends every job). About ten are created and removed per run; on a tmpfs that costs no
-    /// disk inode allocation (on ext4 it was a quarter of a busy host's CPU under a sweep of
+    /// disk inode allocation (on ext4 inode allocation alone was 16% of a busy host's CPU under a sweep of
     /// trivial jobs). Default `DATA_DIR/jobs`; deployed nodes use `/run/corral/jobs`, and
     /// `corral dev up` a directory under `/dev/shm`.
     #[serde(default)]
