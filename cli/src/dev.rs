@@ -550,12 +550,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_listen_port_is_free_for_both_protocols_and_below_the_ephemeral_and_job_ranges() {
+    fn a_listen_port_is_below_the_ephemeral_and_job_ranges() {
         let ephemeral_min = ephemeral_port_min();
         let jobs = proto::MASTER_PORT_FIRST..proto::STEP_PORT_FIRST + proto::STEP_PORT_COUNT;
         for _ in 0..64 {
+            // (Whether it is still free a moment later depends on every other test picking
+            // ports on this host at the same time: not asserted.)
             let port = free_listen_port().expect("free port");
-            assert!(port_is_free(port), "port {port} was handed out taken");
             assert!(!jobs.contains(&port), "port {port} is one jobs and steps get as MASTER_PORT");
             if ephemeral_min > LISTEN_PORT_MIN + 1_000 {
                 assert!((LISTEN_PORT_MIN..ephemeral_min).contains(&port), "port {port} is in the ephemeral range from {ephemeral_min}");
