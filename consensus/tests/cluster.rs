@@ -49,11 +49,14 @@ fn member(id: NodeId) -> MemberNode {
     MemberNode { name: format!("n{id}"), addr: format!("127.0.0.1:{}", 7000 + id) }
 }
 
+/// Short enough that a failover takes about a second; long enough that a 2-core CI host running
+/// other tests does not stall heartbeats past an election timeout (openraft's leader lease is
+/// `election_timeout_max_ms`: past it without quorum acks the leader refuses writes).
 fn timings() -> RaftTimings {
     RaftTimings {
         heartbeat_interval_ms: 50,
-        election_timeout_min_ms: 300,
-        election_timeout_max_ms: 600,
+        election_timeout_min_ms: 800,
+        election_timeout_max_ms: 1_200,
         snapshot_logs_since_last: 10,
         max_in_snapshot_log_to_keep: 0,
     }
@@ -97,6 +100,24 @@ async fn submit(raft: &Raft, n: u32) -> (u64, u64) {
     }
 }
 
+/// Submits job `n` through the group's leader, as a client does: a `NotLeader` reply means
+/// openraft refused the write before appending it (no leader known, or the leader's lease
+/// lapsed because a loaded host delayed the quorum's acks), so it waits for a leader again and
+/// retries. Gives up after `WAIT_MS`.
+async fn submit_to_leader(rafts: &BTreeMap<NodeId, Raft>, n: u32) -> (u64, u64) {
+    let deadline = Instant::now() + Duration::from_millis(WAIT_MS);
+    loop {
+        let leader = wait_leader(rafts).await;
+        match propose(&rafts[&leader], Command::Submit { spec: spec(n), now_ms: 1_000 + u64::from(n) }).await {
+            Ok((index, CommandResult::Submitted { job })) => return (index, job),
+            Err(consensus::ProposeError::NotLeader { .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => panic!("submit {n} through leader {leader} failed: {other:?}"),
+        }
+    }
+}
+
 /// Waits until every handle applied `index` and all digests are equal; returns the digest.
 async fn wait_converged(handles: &[&StateHandle], index: u64) -> String {
     for h in handles {
@@ -137,7 +158,7 @@ async fn three_nodes_replicate_fail_over_and_a_late_node_catches_up_by_snapshot(
 
     let mut last_index = 0;
     for n in 0..15 {
-        let (index, job) = submit(&rafts[&1], n).await;
+        let (index, job) = submit_to_leader(&rafts, n).await;
         assert_eq!(job, u64::from(n) + 1);
         last_index = index;
     }
@@ -161,7 +182,7 @@ async fn three_nodes_replicate_fail_over_and_a_late_node_catches_up_by_snapshot(
     let leader = wait_leader(&rafts).await;
     assert_ne!(leader, 1);
     for n in 15..40 {
-        let (index, job) = submit(&rafts[&leader], n).await;
+        let (index, job) = submit_to_leader(&rafts, n).await;
         assert_eq!(job, u64::from(n) + 1);
         last_index = index;
     }
@@ -173,8 +194,9 @@ async fn three_nodes_replicate_fail_over_and_a_late_node_catches_up_by_snapshot(
     wait_until("leader purged its log", || raft_status(&rafts[&leader]).purged_index.is_some()).await;
     let (raft4, handle4) = open_raft(4, dirs[&4].path(), router.clone(), timings(), Default::default()).await.expect("open raft 4");
     router.add(4, raft4.clone(), &handle4);
+    let leader = wait_leader(&rafts).await;
     rafts[&leader].add_learner(4, member(4), true).await.expect("add learner 4");
-    let (index, _) = submit(&rafts[&leader], 40).await;
+    let (index, _) = submit_to_leader(&rafts, 40).await;
     let alive: Vec<&StateHandle> = handles.values().chain([&handle4]).collect();
     let digest4 = wait_converged(&alive, index).await;
     assert_eq!(handle4.read(|s| s.jobs.len()), 41);
