@@ -64,17 +64,11 @@ enum Cmd {
         /// Print the trace of the first failing run.
         #[arg(long)]
         trace: bool,
-        /// Model the agent before its fix: a stop for a run it never started is ignored (the
-        /// part's GPUs then leak). For reproducing the bug the simulator found.
-        #[arg(long)]
-        old_stop_unstarted: bool,
-        /// Model the agent before its fix: it accepts launches while out of touch with a leader.
-        #[arg(long)]
-        old_launch_when_fenced: bool,
-        /// Model the agent before its fix: it starts a launch that is no longer current (composed
-        /// before its node was declared down, delivered after).
-        #[arg(long)]
-        old_stale_launch: bool,
+        /// Plant a bug in one of the product's decisions (it wraps the real function) to see the
+        /// simulator catch it: stop-unstarted, launch-when-out-of-touch, stale-launch,
+        /// stop-dead-instance.
+        #[arg(long, value_parser = parse_mutation)]
+        mutate: Option<sim::Mutation>,
     },
 }
 
@@ -108,26 +102,14 @@ fn main() -> ExitCode {
                 Ok(false)
             }
         })(),
-        Cmd::Sim {
-            runs,
-            seed,
-            fault_phase_s,
-            no_pause,
-            old_no_watchdog,
-            trace,
-            old_stop_unstarted,
-            old_launch_when_fenced,
-            old_stale_launch,
-        } => {
+        Cmd::Sim { runs, seed, fault_phase_s, no_pause, old_no_watchdog, trace, mutate } => {
             {
                 let seed = seed.unwrap_or_else(time_seed);
                 let cfg = SimConfig {
                     fault_phase_ms: fault_phase_s * 1000,
                     pause_faults: !no_pause,
                     watchdog: !old_no_watchdog,
-                    fix_stop_unstarted: !old_stop_unstarted,
-                    fix_refuse_launch_when_fenced: !old_launch_when_fenced,
-                    fix_refuse_stale_launch: !old_stale_launch,
+                    mutation: mutate,
                     ..SimConfig::default()
                 };
                 let started = Instant::now();
@@ -167,12 +149,7 @@ fn main() -> ExitCode {
                         "{}{}{}",
                         if no_pause { " --no-pause" } else { "" },
                         if old_no_watchdog { " --old-no-watchdog" } else { "" },
-                        if old_stop_unstarted { " --old-stop-unstarted" } else { "" }
-                    );
-                    let p = format!(
-                        "{p}{}{}",
-                        if old_launch_when_fenced { " --old-launch-when-fenced" } else { "" },
-                        if old_stale_launch { " --old-stale-launch" } else { "" }
+                        mutate.map(|m| format!(" --mutate {}", m.name())).unwrap_or_default()
                     );
                     println!("reproduce: corral-chaos sim --runs 1 --seed {} --fault-phase-s {fault_phase_s}{p} --trace", first.seed);
                 }
@@ -188,4 +165,11 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+fn parse_mutation(name: &str) -> Result<sim::Mutation, String> {
+    sim::Mutation::parse(name).ok_or_else(|| {
+        let names: Vec<&str> = sim::Mutation::ALL.iter().map(|(n, _)| *n).collect();
+        format!("unknown mutation {name:?}; one of {}", names.join(", "))
+    })
 }

@@ -1,13 +1,16 @@
-//! Deterministic simulation of the pure parts of Corral: the replicated state machine
-//! ([`consensus::ClusterState::apply`]), the scheduler ([`scheduler::schedule`]) and a model of the
-//! leader's control loop and of every node's agent (heartbeats, launches, launch ledger, reports,
-//! fencing), all under a simulated clock with message delays, drops and reorders, node crashes
-//! and restarts, pauses, partitions and leader failovers drawn from one seed.
+//! Deterministic simulation of Corral's decisions: the replicated state machine
+//! ([`consensus::ClusterState::apply`]), the scheduler ([`scheduler::schedule`]), the leader's
+//! decisions (which silent nodes go down, where launches and stops go, when they are re-sent:
+//! [`control::leader`]) and every agent's (accept or refuse a launch, what a stop does, when it
+//! fences itself, the watchdog's deadline: [`control::agent`]) are the product's own functions,
+//! driven under a simulated clock with message delays, drops and reorders, node crashes and
+//! restarts, pauses, partitions and leader failovers drawn from one seed. What is modelled is
+//! only the IO around them: messages, processes, the ledger file, the watchdog process.
 //!
 //! Raft itself (openraft) is not simulated: the log is one `ClusterState` and a leader failover is
 //! modelled as a window in which no command commits, followed by a leader with fresh memory.
-//! The agent and leader models follow `node/src/agent.rs` and `node/src/server.rs`; keep them in
-//! step when those change.
+//! [`Mutation`] plants a bug in one decision (wrapping the real function) to show that the
+//! simulator finds it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::AssertUnwindSafe;
@@ -19,14 +22,44 @@ use proto::{
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use control::agent::{LaunchDecision, StopDecision};
+
 use crate::ProcessSpan;
 
 /// Timings and sizes of one simulated run. All times are simulated milliseconds.
 /// After the settle bound, the run keeps going while some job became final this recently.
 const SETTLE_PROGRESS_MS: u64 = 30_000;
 
-/// The watchdog's poll interval (`node::watchdog::POLL_MS`; the sim does not link the node).
-const WATCHDOG_POLL_MS: u64 = 100;
+/// A bug planted in one of the product's decisions, for showing that the simulator catches it:
+/// each wraps the real function in `control` and changes one of its answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mutation {
+    /// A stop of a run the node never started is ignored (its part's GPUs then leak).
+    StopUnstarted,
+    /// A node out of touch with every leader still starts launches.
+    LaunchWhenOutOfTouch,
+    /// A launch composed before its node was declared down, delivered after, still starts.
+    StaleLaunch,
+    /// A stop of a run an earlier (dead) instance started waits for a report that never comes.
+    StopDeadInstance,
+}
+
+impl Mutation {
+    pub const ALL: [(&'static str, Mutation); 4] = [
+        ("stop-unstarted", Mutation::StopUnstarted),
+        ("launch-when-out-of-touch", Mutation::LaunchWhenOutOfTouch),
+        ("stale-launch", Mutation::StaleLaunch),
+        ("stop-dead-instance", Mutation::StopDeadInstance),
+    ];
+
+    pub fn parse(name: &str) -> Option<Mutation> {
+        Mutation::ALL.iter().find(|(n, _)| *n == name).map(|(_, m)| *m)
+    }
+
+    pub fn name(self) -> &'static str {
+        Mutation::ALL.iter().find(|(_, m)| *m == self).map_or("?", |(n, _)| n)
+    }
+}
 
 #[derive(Clone, Debug)]
 pub struct SimConfig {
@@ -54,22 +87,8 @@ pub struct SimConfig {
     /// daemon's lease (last ack + `fence_after_ms` + `fence_kill_grace_ms`) has run out, it kills
     /// the node's jobs within its poll interval.
     pub watchdog: bool,
-    /// Model the proposed agent fix: a stop for a run this node never started is answered by
-    /// recording the run as refused in the launch ledger and reporting it `Lost`, so the part is
-    /// freed (today the agent ignores it and the part holds its GPUs for ever).
-    pub fix_stop_unstarted: bool,
-    /// Model the proposed fix of the launch race: an agent whose last heartbeat ack is older than
-    /// its fence deadline refuses launches (the leader retries), so a node about to be declared
-    /// down never starts work that will be started elsewhere.
-    pub fix_refuse_launch_when_fenced: bool,
-    /// Model the agent's stale-launch check (`Node::launch_if_current`): it starts a run only if
-    /// the log it applied, at least as new as its last heartbeat ack, still holds that run with a
-    /// part on this node. (The model reads the newest state: every decision that makes a launch
-    /// stale, a `NodeDown` above all, precedes the ack that lets the node start work again.)
-    pub fix_refuse_stale_launch: bool,
-    /// Model the agent's fix for a stop of a run an earlier (dead) instance of the node started:
-    /// it reports the run lost instead of waiting for a report that will never come.
-    pub fix_stop_dead_instance: bool,
+    /// A bug planted in one decision (None: the product as it is).
+    pub mutation: Option<Mutation>,
     /// Keep every event of the run in [`SimReport::trace`] (slower; for one seed at a time).
     pub keep_trace: bool,
 }
@@ -92,11 +111,7 @@ impl Default for SimConfig {
             drop_per_mille: 20,
             pause_faults: true,
             watchdog: true,
-            // The agent as it is: both fixes the simulator motivated are in node/src/agent.rs.
-            fix_stop_unstarted: true,
-            fix_refuse_launch_when_fenced: true,
-            fix_refuse_stale_launch: true,
-            fix_stop_dead_instance: true,
+            mutation: None,
             keep_trace: false,
         }
     }
@@ -105,8 +120,11 @@ impl Default for SimConfig {
 impl SimConfig {
     /// As `NodeConfig::fence_after_ms` computes it by default.
     pub fn fence_after_ms(&self) -> u64 {
-        let margin_ms = (self.node_down_after_ms / 10).max(200);
-        self.node_down_after_ms.saturating_sub(self.fence_kill_grace_ms + 2 * self.heartbeat_interval_ms + margin_ms)
+        control::agent::fence_after_ms(self.node_down_after_ms, self.fence_kill_grace_ms, self.heartbeat_interval_ms)
+    }
+
+    fn mutated(&self, m: Mutation) -> bool {
+        self.mutation == Some(m)
     }
 }
 
@@ -193,10 +211,12 @@ struct SimNode {
     partitioned_until_ms: Option<u64>,
     restart_at_ms: Option<u64>,
     procs: BTreeMap<JobId, Proc>,
-    /// The launch ledger on disk: survives restarts. (job, run) -> instance that launched it.
-    ledger: BTreeMap<(JobId, RunNo), InstanceId>,
+    /// The launch ledger on disk: survives restarts. (job, run) -> the instance that launched
+    /// or refused it, and whether it refused it.
+    ledger: BTreeMap<(JobId, RunNo), (InstanceId, bool)>,
     outbox: Vec<Report>,
-    last_ack_ms: u64,
+    /// When this instance sent the last heartbeat a leader acknowledged (None: none yet).
+    last_ack_ms: Option<u64>,
     next_heartbeat_ms: u64,
 }
 
@@ -207,13 +227,39 @@ impl SimNode {
     fn running(&self, now_ms: u64) -> bool {
         self.alive && self.paused_until_ms.is_none_or(|t| t <= now_ms)
     }
+
+    fn ack_age_ms(&self, now_ms: u64) -> Option<u64> {
+        self.last_ack_ms.map(|t| now_ms.saturating_sub(t))
+    }
+
+    /// The ledger entry of a run as `control::agent` reads it (as `node::agent::ledger_mark`).
+    fn ledger_mark(&self, job: JobId, run: RunNo) -> control::agent::Ledger {
+        use control::agent::Ledger;
+        match self.ledger.get(&(job, run)) {
+            None => Ledger::Absent,
+            Some((by, true)) => Ledger::Refused { this_instance: *by == self.instance },
+            Some((by, false)) => Ledger::Started { this_instance: *by == self.instance },
+        }
+    }
 }
 
-#[derive(Default)]
 struct LeaderMemory {
     last_seen_ms: BTreeMap<NodeId, u64>,
-    launches_sent_ms: BTreeMap<(JobId, RunNo, NodeId), u64>,
-    kills_sent_ms: BTreeMap<(JobId, RunNo, NodeId), u64>,
+    /// When this leader declared nodes down (for the mass-silence rule).
+    declared_down_ms: Vec<u64>,
+    launches_sent: control::leader::Resend<(JobId, RunNo, NodeId)>,
+    kills_sent: control::leader::Resend<(JobId, RunNo, NodeId)>,
+}
+
+impl LeaderMemory {
+    fn new(resend_after_ms: u64) -> LeaderMemory {
+        LeaderMemory {
+            last_seen_ms: BTreeMap::new(),
+            declared_down_ms: Vec::new(),
+            launches_sent: control::leader::Resend::new(resend_after_ms),
+            kills_sent: control::leader::Resend::new(resend_after_ms),
+        }
+    }
 }
 
 struct Sim {
@@ -287,11 +333,11 @@ impl Sim {
                 procs: BTreeMap::new(),
                 ledger: BTreeMap::new(),
                 outbox: Vec::new(),
-                last_ack_ms: 0,
+                last_ack_ms: None,
                 next_heartbeat_ms: rng.gen_range(0..cfg.heartbeat_interval_ms),
             });
         }
-        let mut mem = LeaderMemory::default();
+        let mut mem = LeaderMemory::new(cfg.resend_after_ms);
         for n in &nodes {
             mem.last_seen_ms.insert(n.id, 0);
         }
@@ -407,15 +453,7 @@ impl Sim {
         if !self.leader_up() {
             return;
         }
-        // Liveness.
-        let candidates: Vec<NodeId> = self.state.nodes.values().filter(|n| n.state != proto::NodeState::Down).map(|n| n.id).collect();
-        for id in candidates {
-            let seen = *self.mem.last_seen_ms.entry(id).or_insert(self.now_ms);
-            if self.now_ms.saturating_sub(seen) > self.cfg.node_down_after_ms {
-                let reason = format!("no heartbeat for {} ms", self.now_ms - seen);
-                self.apply(Command::NodeDown { node: id, reason, now_ms: self.now_ms });
-            }
-        }
+        self.check_liveness();
         // Scheduling (a pure function of the state: skipped when nothing changed).
         if self.dirty && self.state.jobs.values().any(|j| j.state == JobState::Pending) {
             self.dirty = false;
@@ -425,40 +463,51 @@ impl Sim {
                 self.apply(Command::Plan { placements: plan.placements, array_tasks, now_ms: self.now_ms });
             }
         }
-        // Launches and kills, re-sent after `resend_after_ms`.
+        // Launches and stops, re-sent after `resend_after_ms` (node/src/server.rs
+        // `drive_launches_and_kills`).
+        let now = self.now_ms;
+        self.mem.launches_sent.prune(now);
+        self.mem.kills_sent.prune(now);
         let mut launches = Vec::new();
         let mut kills = Vec::new();
-        let (now, resend) = (self.now_ms, self.cfg.resend_after_ms);
-        for j in self.state.jobs.values() {
-            for part in j.launches_pending() {
-                // Clone only the jobs whose launch is due (most steps send none).
-                if self.mem.launches_sent_ms.get(&(j.id, j.run, part.alloc.node)).is_some_and(|t| now - t < resend) {
-                    continue;
+        for j in self.state.jobs.values().filter(|j| !j.parts.is_empty()) {
+            for target in control::leader::launch_targets(j) {
+                if self.mem.launches_sent.take_due((j.id, j.run, target), now) {
+                    launches.push((j.clone(), target));
                 }
-                launches.push((j.clone(), part.alloc.node));
             }
-            for part in j.parts_to_stop() {
-                kills.push((j.id, part.run, part.alloc.node));
+            for stop in control::leader::stops(j) {
+                if self.mem.kills_sent.take_due((j.id, stop.run, stop.node), now) {
+                    kills.push((j.id, stop.run, stop.node));
+                }
             }
         }
         for (job, node) in launches {
-            let key = (job.id, job.run, node);
-            if self.mem.launches_sent_ms.get(&key).is_some_and(|t| self.now_ms - t < self.cfg.resend_after_ms) {
-                continue;
-            }
-            self.mem.launches_sent_ms.insert(key, self.now_ms);
             if let Some(to) = self.node_index(node) {
                 self.send(Msg::ToAgent { to, msg: ToAgent::Launch { job: Box::new(job) } });
             }
         }
         for (job, run, node) in kills {
-            let key = (job, run, node);
-            if self.mem.kills_sent_ms.get(&key).is_some_and(|t| self.now_ms - t < self.cfg.resend_after_ms) {
-                continue;
-            }
-            self.mem.kills_sent_ms.insert(key, self.now_ms);
             if let Some(to) = self.node_index(node) {
                 self.send(Msg::ToAgent { to, msg: ToAgent::Kill { job, run } });
+            }
+        }
+    }
+
+    /// Declares silent nodes down as the leader does (node/src/server.rs `check_liveness`).
+    fn check_liveness(&mut self) {
+        let now = self.now_ms;
+        let candidates: Vec<NodeId> = self.state.nodes.values().filter(|n| n.state != proto::NodeState::Down).map(|n| n.id).collect();
+        let silent_ms: Vec<(NodeId, u64)> =
+            candidates.iter().map(|id| (*id, now.saturating_sub(*self.mem.last_seen_ms.entry(*id).or_insert(now)))).collect();
+        let grace_ms = self.cfg.node_down_after_ms;
+        self.mem.declared_down_ms.retain(|at| now.saturating_sub(*at) <= grace_ms);
+        let verdict = control::leader::nodes_down(&silent_ms, grace_ms, self.mem.declared_down_ms.len());
+        for id in verdict.down {
+            let silent = silent_ms.iter().find(|(n, _)| *n == id).map_or(0, |(_, ms)| *ms);
+            let reason = format!("no heartbeat for {silent} ms");
+            if !matches!(self.apply(Command::NodeDown { node: id, reason, now_ms: now }), CommandResult::Rejected(_)) {
+                self.mem.declared_down_ms.push(now);
             }
         }
     }
@@ -467,108 +516,110 @@ impl Sim {
     // The agents (node/src/agent.rs)
 
     fn agent_receive(&mut self, i: usize, msg: ToAgent) {
-        let now = self.now_ms;
         match msg {
-            ToAgent::Launch { job } => {
-                let node = &self.nodes[i];
-                if self.cfg.fix_refuse_launch_when_fenced && now.saturating_sub(node.last_ack_ms) > self.cfg.fence_after_ms() {
-                    return;
-                }
-                let Some(part) = job.parts.iter().find(|p| p.run == job.run && p.alloc.node == node.id) else { return };
-                if self.cfg.fix_refuse_stale_launch {
-                    let (me, instance) = (node.id, node.instance);
-                    let current = self.state.jobs.get(&job.id).is_some_and(|j| {
-                        j.run == job.run
-                            && j.state == JobState::Running
-                            && j.parts
-                                .iter()
-                                .any(|p| p.run == job.run && p.alloc.node == me && p.launched_by.is_none_or(|by| by == instance))
-                    });
-                    if !current {
-                        let name = node.name.clone();
-                        self.log(|| format!("{name} refuses a stale launch of job {} run {}", job.id, job.run));
-                        return;
-                    }
-                }
-                let gpus = part.alloc.gpus.clone();
-                let instance = node.instance;
-                let ack = Msg::ToLeader { from: i, msg: ToLeader::LaunchAck { node: node.id, job: job.id, run: job.run, instance } };
-                match node.ledger.get(&(job.id, job.run)) {
-                    Some(by) if *by == instance => self.send(ack),
-                    Some(_) => {
-                        let why = "started by an earlier instance of this node, which died".to_string();
-                        self.nodes[i].outbox.push(Report { job: job.id, run: job.run, outcome: RunOutcome::Lost(why), next_send_ms: now });
-                    }
-                    None => {
-                        let duration_ms = job.spec.env.get("SIM_MS").and_then(|t| t.parse().ok()).unwrap_or(1_000);
-                        let exit_code = job.spec.env.get("SIM_EXIT").and_then(|t| t.parse().ok()).unwrap_or(0);
-                        let span = self.spans.len();
-                        let name = self.nodes[i].name.clone();
-                        self.spans.push(ProcessSpan {
-                            job: job.id,
-                            run: job.run,
-                            node: name.clone(),
-                            gpus: gpus.iter().map(|g| format!("g{g}")).collect(),
-                            start_ms: now,
-                            end_ms: None,
-                            pid: None,
-                        });
-                        self.log(|| format!("{name} starts job {} run {} on gpus {gpus:?}", job.id, job.run));
-                        let n = &mut self.nodes[i];
-                        n.ledger.insert((job.id, job.run), instance);
-                        if let Some(old) = n.procs.insert(
-                            job.id,
-                            Proc {
-                                run: job.run,
-                                gpus,
-                                ends_at_ms: now + duration_ms,
-                                exit_code,
-                                stop_at_ms: None,
-                                watchdog_killed: false,
-                                span,
-                            },
-                        ) {
-                            // The real agent keys its running jobs by job id as well.
-                            let what = format!("{name} started job {} run {} while run {} of it still ran there", job.id, job.run, old.run);
-                            self.violation(what);
-                        }
-                        self.send(ack);
-                    }
-                }
-            }
-            ToAgent::Kill { job, run } => {
-                if self.cfg.fix_stop_unstarted && !self.nodes[i].ledger.contains_key(&(job, run)) {
-                    // Instance 0 is no real instance: a later launch of this run is refused.
-                    let n = &mut self.nodes[i];
-                    n.ledger.insert((job, run), 0);
-                    let why = "stopped before it started".to_string();
-                    n.outbox.push(Report { job, run, outcome: RunOutcome::Lost(why), next_send_ms: now });
-                    return;
-                }
-                // Started by an earlier instance, which died with it before reporting: nobody else
-                // will report it (the part would hold its GPUs for ever).
-                let started_by = self.nodes[i].ledger.get(&(job, run)).copied();
-                if self.cfg.fix_stop_dead_instance && started_by.is_some_and(|by| by != 0 && by != self.nodes[i].instance) {
-                    let n = &mut self.nodes[i];
-                    n.ledger.insert((job, run), 0);
-                    let why = "started by an earlier instance of this node, which died".to_string();
-                    n.outbox.push(Report { job, run, outcome: RunOutcome::Lost(why), next_send_ms: now });
-                    return;
-                }
-                let grace = self.rng.gen_range(0..=self.cfg.kill_grace_ms);
-                if let Some(p) = self.nodes[i].procs.get_mut(&job).filter(|p| p.run == run && p.stop_at_ms.is_none()) {
-                    p.stop_at_ms = Some(now + grace);
-                }
-            }
+            ToAgent::Launch { job } => self.agent_launch(i, *job),
+            ToAgent::Kill { job, run } => self.agent_stop(i, job, run),
             ToAgent::HeartbeatAck { instance, sent_ms } => {
                 if self.nodes[i].instance == instance {
-                    self.nodes[i].last_ack_ms = self.nodes[i].last_ack_ms.max(sent_ms);
+                    self.nodes[i].last_ack_ms = self.nodes[i].last_ack_ms.max(Some(sent_ms));
                 }
             }
             ToAgent::ReportAck { instance, job, run } => {
                 if self.nodes[i].instance == instance {
                     self.nodes[i].outbox.retain(|r| !(r.job == job && r.run == run));
                 }
+            }
+        }
+    }
+
+    /// A launch reaches node `i` (node/src/server.rs `launch_if_current`, node/src/agent.rs
+    /// `launch`).
+    fn agent_launch(&mut self, i: usize, job: Job) {
+        let now = self.now_ms;
+        let node = &self.nodes[i];
+        let Some(part) = job.parts.iter().find(|p| p.run == job.run && p.alloc.node == node.id) else { return };
+        // The stale-launch check (node/src/server.rs `launch_if_current`) reads the node's
+        // replica, at least as new as its last ack; the model reads the newest state:
+        // every decision that makes a launch stale, a `NodeDown` above all, precedes the
+        // ack that lets the node start work again.
+        let (me, instance) = (node.id, node.instance);
+        let current = self.state.jobs.get(&job.id).is_some_and(|j| control::agent::run_is_current_here(j, job.run, me, instance));
+        if !current && !self.cfg.mutated(Mutation::StaleLaunch) {
+            let name = node.name.clone();
+            self.log(|| format!("{name} refuses a stale launch of job {} run {}", job.id, job.run));
+            return;
+        }
+        let ack_age_ms = if self.cfg.mutated(Mutation::LaunchWhenOutOfTouch) { Some(0) } else { node.ack_age_ms(now) };
+        let decision = control::agent::decide_launch(ack_age_ms, self.cfg.fence_after_ms(), node.ledger_mark(job.id, job.run));
+        let gpus = part.alloc.gpus.clone();
+        let ack = Msg::ToLeader { from: i, msg: ToLeader::LaunchAck { node: node.id, job: job.id, run: job.run, instance } };
+        match decision {
+            LaunchDecision::NotInTouch | LaunchDecision::StoppedBefore => {}
+            LaunchDecision::AckAgain => self.send(ack),
+            LaunchDecision::ReportLost => {
+                let why = control::agent::LOST_EARLIER_INSTANCE.to_string();
+                self.nodes[i].outbox.push(Report { job: job.id, run: job.run, outcome: RunOutcome::Lost(why), next_send_ms: now });
+            }
+            LaunchDecision::Start => {
+                let duration_ms = job.spec.env.get("SIM_MS").and_then(|t| t.parse().ok()).unwrap_or(1_000);
+                let exit_code = job.spec.env.get("SIM_EXIT").and_then(|t| t.parse().ok()).unwrap_or(0);
+                let span = self.spans.len();
+                let name = self.nodes[i].name.clone();
+                self.spans.push(ProcessSpan {
+                    job: job.id,
+                    run: job.run,
+                    node: name.clone(),
+                    gpus: gpus.iter().map(|g| format!("g{g}")).collect(),
+                    start_ms: now,
+                    end_ms: None,
+                    pid: None,
+                });
+                self.log(|| format!("{name} starts job {} run {} on gpus {gpus:?}", job.id, job.run));
+                let n = &mut self.nodes[i];
+                n.ledger.insert((job.id, job.run), (instance, false));
+                if let Some(old) = n.procs.insert(
+                    job.id,
+                    Proc { run: job.run, gpus, ends_at_ms: now + duration_ms, exit_code, stop_at_ms: None, watchdog_killed: false, span },
+                ) {
+                    // The real agent keys its running jobs by job id as well.
+                    let what = format!("{name} started job {} run {} while run {} of it still ran there", job.id, job.run, old.run);
+                    self.violation(what);
+                }
+                self.send(ack);
+            }
+        }
+    }
+
+    /// A stop reaches node `i` (node/src/agent.rs `kill`).
+    fn agent_stop(&mut self, i: usize, job: JobId, run: RunNo) {
+        let now = self.now_ms;
+        let running = self.nodes[i].procs.get(&job).is_some_and(|p| p.run == run);
+        let decision = match control::agent::decide_stop(running, self.nodes[i].ledger_mark(job, run)) {
+            StopDecision::RefuseAndReportLost(why)
+                if why == control::agent::LOST_STOPPED_BEFORE_START && self.cfg.mutated(Mutation::StopUnstarted) =>
+            {
+                StopDecision::Nothing
+            }
+            StopDecision::RefuseAndReportLost(why)
+                if why == control::agent::LOST_EARLIER_INSTANCE && self.cfg.mutated(Mutation::StopDeadInstance) =>
+            {
+                StopDecision::Nothing
+            }
+            decision => decision,
+        };
+        match decision {
+            StopDecision::Stop => {
+                let grace = self.rng.gen_range(0..=self.cfg.kill_grace_ms);
+                if let Some(p) = self.nodes[i].procs.get_mut(&job).filter(|p| p.stop_at_ms.is_none()) {
+                    p.stop_at_ms = Some(now + grace);
+                }
+            }
+            StopDecision::Nothing => {}
+            StopDecision::RefuseAndReportLost(why) => {
+                let n = &mut self.nodes[i];
+                let instance = n.instance;
+                n.ledger.insert((job, run), (instance, true));
+                n.outbox.push(Report { job, run, outcome: RunOutcome::Lost(why.into()), next_send_ms: now });
             }
         }
     }
@@ -592,8 +643,11 @@ impl Sim {
             // Job processes run on while corrald is paused (they are in their own process
             // groups), until the watchdog, which is not paused, finds the lease run out.
             if self.cfg.watchdog && self.nodes[i].alive && !self.nodes[i].running(now) && self.nodes[i].paused_until_ms.is_some() {
-                let deadline = self.nodes[i].last_ack_ms + self.cfg.fence_after_ms() + self.cfg.fence_kill_grace_ms + WATCHDOG_POLL_MS;
-                if now >= deadline {
+                // It notices within its poll interval that the lease's deadline passed.
+                let age_at_poll_ms = self.nodes[i].ack_age_ms(now.saturating_sub(control::agent::WATCHDOG_POLL_MS));
+                let lets_run_ms =
+                    control::agent::watchdog_deadline_in_ms(age_at_poll_ms, self.cfg.fence_after_ms(), self.cfg.fence_kill_grace_ms);
+                if lets_run_ms == 0 {
                     for p in self.nodes[i].procs.values_mut() {
                         if p.stop_at_ms.is_none_or(|t| t > now) && p.ends_at_ms > now {
                             p.stop_at_ms = Some(now);
@@ -631,8 +685,9 @@ impl Sim {
             // Heartbeats and fencing.
             if now >= self.nodes[i].next_heartbeat_ms {
                 self.nodes[i].next_heartbeat_ms = now + self.cfg.heartbeat_interval_ms;
-                let silent_ms = now.saturating_sub(self.nodes[i].last_ack_ms);
-                if silent_ms > self.cfg.fence_after_ms() {
+                let ack_age_ms = self.nodes[i].ack_age_ms(now);
+                if control::agent::out_of_touch(ack_age_ms, self.cfg.fence_after_ms()) {
+                    let silent_ms = ack_age_ms.unwrap_or(now);
                     let grace = self.cfg.fence_kill_grace_ms;
                     let name = self.nodes[i].name.clone();
                     let mut fenced = 0;
@@ -693,13 +748,12 @@ impl Sim {
         for i in 0..self.nodes.len() {
             if self.nodes[i].restart_at_ms.is_some_and(|t| t <= now) {
                 let instance: InstanceId = self.rng.gen();
-                // With the proposed fix a new instance counts as fenced until a leader acked it.
-                let fresh_ack_ms = if self.cfg.fix_refuse_launch_when_fenced { 0 } else { now };
                 let n = &mut self.nodes[i];
                 n.restart_at_ms = None;
                 n.alive = true;
                 n.instance = instance;
-                n.last_ack_ms = fresh_ack_ms;
+                // A new instance is out of touch until a leader acknowledges it.
+                n.last_ack_ms = None;
                 n.next_heartbeat_ms = now;
                 let name = n.name.clone();
                 self.log(|| format!("{name} restarts with instance {instance}"));
@@ -733,7 +787,7 @@ impl Sim {
                 *self.report.faults.entry("failover").or_default() += 1;
                 self.leader_down_until_ms = self.now_ms + ms;
                 // The new leader starts with fresh memory: every node gets a fresh grace period.
-                self.mem = LeaderMemory::default();
+                self.mem = LeaderMemory::new(self.cfg.resend_after_ms);
                 for id in self.state.nodes.keys() {
                     self.mem.last_seen_ms.insert(*id, self.leader_down_until_ms);
                 }
@@ -1032,24 +1086,31 @@ mod tests {
     }
 
     fn quick() -> SimConfig {
-        SimConfig {
-            fault_phase_ms: 20_000,
-            settle_ms: 90_000,
-            fix_stop_unstarted: true,
-            fix_refuse_launch_when_fenced: true,
-            ..SimConfig::default()
-        }
+        SimConfig { fault_phase_ms: 20_000, settle_ms: 90_000, ..SimConfig::default() }
     }
 
-    /// The product today: a job cancelled after its plan committed but before its launch reached
-    /// the node keeps its GPUs for ever (seed 13: the launch to n1 is dropped, the cancel commits
-    /// 400 ms later, the stop is a no-op on n1, no report ever frees GPU 0).
+    /// The first of `seeds` whose run with `mutation` planted breaks an invariant that `wanted`
+    /// recognises; that seed without the mutation breaks none.
+    fn caught(mutation: Mutation, seeds: std::ops::Range<u64>, wanted: &str) -> u64 {
+        let planted = SimConfig { mutation: Some(mutation), ..quick() };
+        let found = seeds.clone().map(|seed| run_one(seed, &planted)).find(|r| r.violations.iter().any(|v| v.contains(wanted)));
+        let found = found.unwrap_or_else(|| panic!("no seed in {seeds:?} caught {mutation:?} ({wanted})"));
+        let real = run_one(found.seed, &quick());
+        assert!(real.violations.is_empty(), "seed {}: {:?}", found.seed, real.violations);
+        found.seed
+    }
+
+    /// A job cancelled after its plan committed but before its launch reached the node keeps its
+    /// GPUs for ever if the agent ignores the stop of a run it never started.
     #[test]
-    fn a_stop_before_the_launch_leaks_the_gpus_without_the_fix() {
-        let without = run_one(13, &SimConfig { fix_stop_unstarted: false, ..quick() });
-        assert!(without.violations.iter().any(|v| v.contains("final job 12 still holds parts")), "{:?}", without.violations);
-        let with = run_one(13, &quick());
-        assert!(with.violations.is_empty(), "{:?}", with.violations);
+    fn a_planted_bug_in_the_stop_of_an_unstarted_run_is_caught() {
+        caught(Mutation::StopUnstarted, 1..40, "still holds parts");
+    }
+
+    /// A node out of touch that still starts work runs a job that the cluster starts elsewhere.
+    #[test]
+    fn a_planted_bug_in_the_launch_while_out_of_touch_is_caught() {
+        caught(Mutation::LaunchWhenOutOfTouch, 1..60, "");
     }
 
     #[test]

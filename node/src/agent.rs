@@ -14,6 +14,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tracing::{debug, info, info_span, warn, Instrument};
 
+use control::agent::{LaunchDecision, StopDecision};
+
 use crate::launcher::{self, StopReason};
 use crate::link::{LeaderLink, LinkError};
 use crate::shepherd::{self, ExitRecord, Handover, LaunchRecord, RunRecord, Shepherd};
@@ -104,7 +106,7 @@ struct Running {
     pgid: i32,
     /// The batch shell's start time, so the watchdog never kills a recycled pid.
     start_ticks: u64,
-    stop_tx: mpsc::Sender<StopReason>,
+    stop_tx: launcher::StopSender,
     /// The user the job belongs to: only they (or an admin) may start and read its steps.
     owner: String,
     /// Only holds resources for steps (a batch job's node other than the first).
@@ -267,6 +269,16 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// `user` (none: root on a node, or a node) may act on the steps of `owner`'s job.
+/// A ledger entry as `control::agent` reads it, for the daemon instance `instance`.
+fn ledger_mark(entry: Option<&LedgerEntry>, instance: InstanceId) -> control::agent::Ledger {
+    use control::agent::Ledger;
+    match entry {
+        None => Ledger::Absent,
+        Some(e) if e.refused => Ledger::Refused { this_instance: e.instance == instance },
+        Some(e) => Ledger::Started { this_instance: e.instance == instance },
+    }
+}
+
 fn owner_may(user: Option<&str>, owner: &str, job: JobId) -> Result<(), ApiError> {
     match user {
         Some(u) if u != owner => Err(ApiError::Denied(format!("user {u} may not use the steps of job {job} of user {owner}"))),
@@ -326,35 +338,31 @@ impl Agent {
         if self.handing_over.load(Ordering::SeqCst) {
             return Err(ApiError::Unavailable(format!("node {} is handing its runs over to a new corrald", self.name)));
         }
-        // A node out of touch with the leader may already be declared down, and a new instance
-        // is not known to be alive until a leader acknowledged it: start nothing then.
-        let acked_ms = lock(&self.last_ack).map(|t| t.elapsed().as_millis() as u64);
-        if acked_ms.is_none_or(|ms| ms > self.settings.fence_after_ms) {
-            return Err(ApiError::Unavailable(format!("node {} has no recent heartbeat acknowledgement; not starting work", self.name)));
-        }
         // Claimed before the ledger is read: a call that finds no claim finds the ledger entry
         // of any call that held one before it.
         let Some(_claim) = LaunchClaim::take(&self.launching, (job.id, job.run)) else {
             return Err(ApiError::Unavailable(format!("job {} run {} is being launched on {} already", job.id, job.run, self.name)));
         };
-        let earlier = {
-            let ledger = lock(&self.ledger);
-            match ledger.entries.get(&(job.id, job.run)) {
-                Some(entry) if entry.refused => {
-                    return Err(ApiError::Denied(format!("job {} run {} was stopped before it started", job.id, job.run)));
-                }
-                Some(entry) if entry.instance == self.instance => return Ok(ack), // re-sent: started already
-                Some(_) => true,
-                None => false,
+        let ledger = self.ledger_mark(job.id, job.run);
+        match control::agent::decide_launch(self.ack_age_ms(), self.settings.fence_after_ms, ledger) {
+            LaunchDecision::NotInTouch => {
+                return Err(ApiError::Unavailable(format!(
+                    "node {} has no recent heartbeat acknowledgement; not starting work",
+                    self.name
+                )));
             }
-        };
-        if earlier {
-            // Started by an earlier instance of this node, and died with it: never start it twice.
-            let why = "started by an earlier instance of this node, which died".to_string();
-            let agent = Arc::clone(self);
-            let (id, run) = (job.id, job.run);
-            tokio::spawn(async move { agent.queue_report(id, run, RunOutcome::Lost(why)).await });
-            return Err(ApiError::Denied(format!("job {} run {} was launched by an earlier instance of this node", job.id, job.run)));
+            LaunchDecision::StoppedBefore => {
+                return Err(ApiError::Denied(format!("job {} run {} was stopped before it started", job.id, job.run)));
+            }
+            LaunchDecision::AckAgain => return Ok(ack),
+            LaunchDecision::ReportLost => {
+                let agent = Arc::clone(self);
+                let (id, run) = (job.id, job.run);
+                let why = control::agent::LOST_EARLIER_INSTANCE.to_string();
+                tokio::spawn(async move { agent.queue_report(id, run, RunOutcome::Lost(why)).await });
+                return Err(ApiError::Denied(format!("job {} run {} was launched by an earlier instance of this node", job.id, job.run)));
+            }
+            LaunchDecision::Start => {}
         }
         // Whole GPUs by index, MIG instances by (gpu, start slice): each to the UUID CUDA takes.
         let uuids: Vec<String> = alloc
@@ -452,7 +460,7 @@ impl Agent {
                 scheduler::Slot::Mig { gpu, .. } => gpu,
             })
             .collect();
-        let (stop_tx, mut stop_rx) = mpsc::channel(1);
+        let (stop_tx, mut stop_rx) = launcher::stop_channel();
         let preflight = job.spec.preflight.as_ref().filter(|_| gang_size > 1).map(|p| crate::preflight::Preflight {
             rank,
             hosts: nodes.iter().map(|(name, _)| name.clone()).collect(),
@@ -495,7 +503,7 @@ impl Agent {
                 info!(rank = preflight.rank, port = preflight.port, "preflight started");
                 let verdict = tokio::select! {
                     verdict = crate::preflight::run(&preflight) => verdict,
-                    reason = stop_rx.recv() => {
+                    reason = stop_rx.next() => {
                         lock(&agent.running).remove(&spec.job);
                         let outcome = if reason == Some(StopReason::NodeStopping) {
                             RunOutcome::Lost("its node stopped (corrald shut down) in its preflight".into())
@@ -543,7 +551,7 @@ impl Agent {
         self: &Arc<Self>,
         spec: launcher::LaunchSpec,
         limits: crate::cgroup::Limits,
-        stop_rx: mpsc::Receiver<StopReason>,
+        stop_rx: launcher::StopReceiver,
         span: tracing::Span,
     ) {
         // The device files of this node's GPUs the run was not given (fenced where the devices
@@ -626,7 +634,7 @@ impl Agent {
         self: Arc<Self>,
         child: Shepherd,
         spec: launcher::LaunchSpec,
-        stop_rx: mpsc::Receiver<StopReason>,
+        stop_rx: launcher::StopReceiver,
         cgroup: Option<Arc<crate::cgroup::JobCgroup>>,
         tasks: Arc<launcher::TaskGroups>,
         elapsed_ms: u64,
@@ -687,22 +695,19 @@ impl Agent {
             let running = lock(&self.running);
             if let Some(r) = running.get(&job).filter(|r| r.run == run) {
                 let reason = if checkpoint { StopReason::Checkpoint } else { StopReason::Cancelled };
-                // A full channel means a stop is already under way.
-                let _ = r.stop_tx.try_send(reason);
+                r.stop_tx.request(reason);
                 return Ok(Reply::Ok);
             }
         }
-        // Not running here. If it never started here, refuse it for good and report it gone, or
-        // its resources would stay held: a launch may still be on its way. If an earlier instance
-        // of this node started it, that instance died with it, maybe before reporting: report it
-        // lost (a second report of a run is ignored).
+        // Not running here (a second report of a run is ignored by the log).
         let mut ledger = lock(&self.ledger);
-        let (why, stdout, stderr) = match ledger.entries.get(&(job, run)) {
-            Some(e) if e.instance == self.instance => return Ok(Reply::Ok), // it ended here; its report is on its way
-            // Its output stays where `corral logs` finds it.
-            Some(e) => ("started by an earlier instance of this node, which died", e.stdout.clone(), e.stderr.clone()),
-            None => ("stopped before it started", PathBuf::new(), PathBuf::new()),
+        let mark = ledger_mark(ledger.entries.get(&(job, run)), self.instance);
+        let why = match control::agent::decide_stop(false, mark) {
+            StopDecision::Stop | StopDecision::Nothing => return Ok(Reply::Ok),
+            StopDecision::RefuseAndReportLost(why) => why,
         };
+        // Its output, if an earlier instance ran it, stays where `corral logs` finds it.
+        let (stdout, stderr) = ledger.entries.get(&(job, run)).map(|e| (e.stdout.clone(), e.stderr.clone())).unwrap_or_default();
         let entry = LedgerEntry { job, run, instance: self.instance, stdout, stderr, refused: true };
         ledger.record(entry).map_err(|e| ApiError::Internal(format!("{e:#}")))?;
         drop(ledger);
@@ -1024,7 +1029,7 @@ impl Agent {
         let cgroups_v1 = record.cgroups_v1;
         let cgroup = record.cgroup.map(|p| Arc::new(crate::cgroup::JobCgroup::existing(p, cgroups_v1)));
         let tasks = Arc::new(launcher::TaskGroups::default());
-        let (stop_tx, stop_rx) = mpsc::channel(1);
+        let (stop_tx, stop_rx) = launcher::stop_channel();
         let base = TaskBase::of(&spec);
         lock(&self.running).insert(
             spec.job,
@@ -1087,18 +1092,29 @@ impl Agent {
 
     /// Whether no leader acknowledged this node for `fence_after_ms`.
     fn out_of_touch(&self) -> bool {
-        lock(&self.last_ack).is_none_or(|t| t.elapsed().as_millis() as u64 > self.settings.fence_after_ms)
+        control::agent::out_of_touch(self.ack_age_ms(), self.settings.fence_after_ms)
+    }
+
+    /// How long ago this node sent the last heartbeat a leader acknowledged (None: no leader
+    /// acknowledged this instance yet).
+    fn ack_age_ms(&self) -> Option<u64> {
+        lock(&self.last_ack).map(|t| t.elapsed().as_millis() as u64)
+    }
+
+    /// What the launch ledger says about `job`'s run `run` (for `control::agent`'s decisions).
+    fn ledger_mark(&self, job: JobId, run: RunNo) -> control::agent::Ledger {
+        ledger_mark(lock(&self.ledger).entries.get(&(job, run)), self.instance)
     }
 
     /// Rewrites the watchdog's lease: the running process groups, and the moment after which
     /// they must be dead unless a leader acknowledges this node again.
     pub fn renew_lease(&self) {
         let now_ms = crate::watchdog::boot_ms();
-        let deadline_boot_ms = match *lock(&self.last_ack) {
-            Some(t) => (now_ms + self.settings.fence_after_ms + self.settings.stop.fence_kill_grace_ms)
-                .saturating_sub(t.elapsed().as_millis() as u64),
-            None => 0,
-        };
+        let ack_age_ms = self.ack_age_ms();
+        let in_ms =
+            control::agent::watchdog_deadline_in_ms(ack_age_ms, self.settings.fence_after_ms, self.settings.stop.fence_kill_grace_ms);
+        // No leader acknowledged this instance: what it runs (adopted) must not outlive it.
+        let deadline_boot_ms = if ack_age_ms.is_some() { now_ms + in_ms } else { 0 };
         let groups = lock(&self.running)
             .values()
             .flat_map(|r| {
@@ -1124,7 +1140,7 @@ impl Agent {
         let stopping = {
             let running = lock(&self.running);
             for r in running.values() {
-                let _ = r.stop_tx.try_send(StopReason::NodeStopping);
+                r.stop_tx.request(StopReason::NodeStopping);
             }
             running.len()
         };
@@ -1143,7 +1159,7 @@ impl Agent {
     fn fence(&self) -> usize {
         let running = lock(&self.running);
         for r in running.values() {
-            let _ = r.stop_tx.try_send(StopReason::Fenced);
+            r.stop_tx.request(StopReason::Fenced);
         }
         running.len()
     }

@@ -312,8 +312,7 @@ impl NodeConfig {
     /// stopping takes `fence_kill_grace_ms`. The margin covers the round trip.
     pub fn fence_after_ms(&self) -> u64 {
         self.fence_after_ms.unwrap_or_else(|| {
-            let margin_ms = (self.node_down_after_ms / 10).max(200);
-            self.node_down_after_ms.saturating_sub(self.fence_kill_grace_ms + 2 * self.heartbeat_interval_ms + margin_ms)
+            control::agent::fence_after_ms(self.node_down_after_ms, self.fence_kill_grace_ms, self.heartbeat_interval_ms)
         })
     }
 

@@ -14,7 +14,7 @@ use anyhow::Context;
 use proto::{Job, JobId, RunNo, RunOutcome};
 
 use crate::shepherd::{ExitRecord, Shepherd};
-use tokio::sync::mpsc;
+use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 /// Everything needed to start one run of a job on this node.
@@ -467,6 +467,55 @@ pub enum StopReason {
     NodeStopping,
 }
 
+impl StopReason {
+    /// How urgent a stop is: a more urgent request replaces a pending or running less urgent
+    /// one (a fence during a checkpoint wait must not wait for the checkpoint), never the other
+    /// way round (the leader re-sends a requeue's checkpoint stop every second).
+    fn urgency(self) -> u8 {
+        match self {
+            StopReason::Checkpoint => 0,
+            StopReason::Cancelled => 1,
+            StopReason::NodeStopping => 2,
+            StopReason::Fenced => 3,
+        }
+    }
+}
+
+/// Asks a run to stop. Keeps only the most urgent request so far, so it is never full and no
+/// request is lost (a one-slot queue dropped a fence while a re-sent checkpoint stop sat in it).
+#[derive(Clone, Debug)]
+pub struct StopSender(watch::Sender<Option<StopReason>>);
+
+/// The run's side: each [`StopReceiver::next`] is a request more urgent than the one before.
+#[derive(Debug)]
+pub struct StopReceiver(watch::Receiver<Option<StopReason>>);
+
+pub fn stop_channel() -> (StopSender, StopReceiver) {
+    let (tx, rx) = watch::channel(None);
+    (StopSender(tx), StopReceiver(rx))
+}
+
+impl StopSender {
+    /// Requests a stop; a request no more urgent than one already made changes nothing.
+    pub fn request(&self, reason: StopReason) {
+        self.0.send_if_modified(|current| {
+            let more_urgent = current.is_none_or(|c| reason.urgency() > c.urgency());
+            if more_urgent {
+                *current = Some(reason);
+            }
+            more_urgent
+        });
+    }
+}
+
+impl StopReceiver {
+    /// The next, more urgent, stop request; None once no sender is left.
+    pub async fn next(&mut self) -> Option<StopReason> {
+        self.0.changed().await.ok()?;
+        *self.0.borrow_and_update()
+    }
+}
+
 /// Longest wait for a job to write its checkpoint after its signal on a requeue.
 const CHECKPOINT_WAIT_MS_MAX: u64 = 300_000;
 
@@ -619,7 +668,7 @@ pub struct StopTimings {
 pub async fn supervise(
     mut child: Shepherd,
     spec: &LaunchSpec,
-    mut stop_rx: mpsc::Receiver<StopReason>,
+    mut stop_rx: StopReceiver,
     timings: StopTimings,
     tasks: &TaskGroups,
     elapsed_ms: u64,
@@ -666,32 +715,24 @@ pub async fn supervise(
                 stop(&mut child, pgid, timings.kill_grace_ms, hold, tasks).await;
                 break RunOutcome::TimedOut;
             }
-            Some(reason) = stop_rx.recv() => {
-                match reason {
-                    StopReason::Cancelled => stop(&mut child, pgid, timings.kill_grace_ms, hold, tasks).await,
-                    StopReason::NodeStopping => {
-                        stop(&mut child, pgid, timings.kill_grace_ms, hold, tasks).await;
-                        break RunOutcome::Lost("its node stopped (corrald shut down)".into());
-                    }
-                    StopReason::Fenced => {
-                        stop(&mut child, pgid, timings.fence_kill_grace_ms, hold, tasks).await;
-                        // Not a cancel: the node lost the cluster, so the job is requeued or
-                        // ends NODE_FAIL like on a dead node.
-                        break RunOutcome::Lost("stopped by fencing: the node lost contact with the leader".into());
-                    }
-                    StopReason::Checkpoint => {
-                        if let Some(sig) = &spec.signal {
-                            send_job_signal(pgid, sig, spec, tasks);
-                            let wait_ms = (u64::from(sig.before_end_s) * 1000).min(CHECKPOINT_WAIT_MS_MAX);
-                            if !wait_ended(&mut child, hold, tasks, wait_ms).await {
-                                stop(&mut child, pgid, timings.kill_grace_ms, hold, tasks).await;
-                            }
-                        } else {
-                            stop(&mut child, pgid, timings.kill_grace_ms, hold, tasks).await;
+            Some(reason) = stop_rx.next() => {
+                // A checkpoint wait ends early on a more urgent stop, which then runs instead.
+                let reason = match (reason, &spec.signal) {
+                    (StopReason::Checkpoint, Some(sig)) => {
+                        send_job_signal(pgid, sig, spec, tasks);
+                        let wait_ms = (u64::from(sig.before_end_s) * 1000).min(CHECKPOINT_WAIT_MS_MAX);
+                        let urgent = tokio::select! {
+                            ended = wait_ended(&mut child, hold, tasks, wait_ms) => if ended { None } else { Some(StopReason::Cancelled) },
+                            Some(urgent) = stop_rx.next() => Some(urgent),
+                        };
+                        match urgent {
+                            Some(reason) => reason,
+                            None => break RunOutcome::Killed,
                         }
                     }
-                }
-                break RunOutcome::Killed;
+                    (reason, _) => reason,
+                };
+                break stop_for(reason, &mut child, pgid, timings, hold, tasks).await;
             }
         }
     };
@@ -700,6 +741,27 @@ pub async fn supervise(
     signal_group(pgid, libc::SIGKILL);
     tasks.close(libc::SIGKILL);
     outcome
+}
+
+/// Stops a run for `reason` (a checkpoint without a `--signal`, or whose wait ran out, stops as
+/// a cancel) and says how to report it.
+async fn stop_for(reason: StopReason, child: &mut Shepherd, pgid: i32, timings: StopTimings, hold: bool, tasks: &TaskGroups) -> RunOutcome {
+    match reason {
+        StopReason::Cancelled | StopReason::Checkpoint => {
+            stop(child, pgid, timings.kill_grace_ms, hold, tasks).await;
+            RunOutcome::Killed
+        }
+        StopReason::NodeStopping => {
+            stop(child, pgid, timings.kill_grace_ms, hold, tasks).await;
+            RunOutcome::Lost("its node stopped (corrald shut down)".into())
+        }
+        StopReason::Fenced => {
+            stop(child, pgid, timings.fence_kill_grace_ms, hold, tasks).await;
+            // Not a cancel: the node lost the cluster, so the job is requeued or ends
+            // NODE_FAIL like on a dead node.
+            RunOutcome::Lost("stopped by fencing: the node lost contact with the leader".into())
+        }
+    }
 }
 
 /// What to report of a run that ended while no leader could hear from its node. Killed by a
@@ -745,6 +807,26 @@ async fn stop(child: &mut Shepherd, pgid: i32, kill_grace_ms: u64, hold: bool, t
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The leader re-sends a requeue's checkpoint stop every second while the job writes its
+    /// checkpoint; a fence that comes meanwhile must reach the run at once (a one-slot queue
+    /// holding a re-sent checkpoint stop dropped it, and only the watchdog was left).
+    #[tokio::test]
+    async fn a_fence_during_a_checkpoint_wait_is_never_lost_and_a_resent_checkpoint_changes_nothing() {
+        let (tx, mut rx) = stop_channel();
+        tx.request(StopReason::Checkpoint);
+        assert_eq!(rx.next().await, Some(StopReason::Checkpoint));
+        tx.request(StopReason::Checkpoint);
+        tx.request(StopReason::Checkpoint);
+        let quiet = tokio::time::timeout(Duration::from_millis(50), rx.next()).await;
+        assert!(quiet.is_err(), "a re-sent checkpoint stop woke the run: {quiet:?}");
+        tx.request(StopReason::Checkpoint);
+        tx.request(StopReason::Fenced);
+        tx.request(StopReason::Cancelled);
+        assert_eq!(rx.next().await, Some(StopReason::Fenced));
+        drop(tx);
+        assert_eq!(rx.next().await, None);
+    }
 
     #[test]
     fn only_a_signal_while_out_of_touch_is_reported_lost() {

@@ -72,7 +72,8 @@ impl Lease {
 
     /// Whether the node must stop its jobs: the leader may declare it down soon.
     pub fn expired(&self, now: Instant, fence_after: Duration) -> bool {
-        now.saturating_duration_since(self.sent_at) > fence_after
+        let age_ms = now.saturating_duration_since(self.sent_at).as_millis() as u64;
+        control::agent::out_of_touch(Some(age_ms), fence_after.as_millis() as u64)
     }
 }
 
@@ -186,42 +187,6 @@ pub fn members_due(learned: Option<(u64, Instant)>, acked_term: u64, now: Instan
     }
 }
 
-/// Nodes due at once past which the leader doubts its own view before the nodes' (see
-/// [`nodes_down`]): more than this many, and more than [`MASS_DOWN_PERCENT`] of the nodes.
-pub const MASS_DOWN_MIN: usize = 8;
-pub const MASS_DOWN_PERCENT: usize = 10;
-/// How many grace periods a node of a mass silence must stay silent before it is declared down.
-pub const MASS_DOWN_GRACES: u64 = 2;
-
-/// The leader's verdict on silent nodes: those to declare down now, and those it holds back.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DownVerdict {
-    pub down: Vec<NodeId>,
-    pub held: Vec<NodeId>,
-}
-
-/// Which nodes the leader declares down now, given every node not yet DOWN with how long it
-/// has gone unheard (`silent_ms`) and how many nodes it declared down within the last grace
-/// period (`recent_downs`). A node unheard for more than `down_after_ms` is due. When the due
-/// and the recently declared together are more than [`MASS_DOWN_MIN`] and
-/// [`MASS_DOWN_PERCENT`] of the nodes, the likelier fault is the leader's own or the host's
-/// (starved of CPU, cut off, just elected while the nodes still look for it), as Kubernetes'
-/// node controller also assumes, and declaring them down feeds it (their jobs are requeued
-/// and launched elsewhere): those nodes are declared down only once unheard for
-/// [`MASS_DOWN_GRACES`] grace periods. A real mass failure (a rack's power) is then requeued a
-/// grace period later; a false one costs nothing more, since a node no leader acknowledged has
-/// fenced itself anyway. Pure: the order of `silent_ms` is kept.
-pub fn nodes_down(silent_ms: &[(NodeId, u64)], down_after_ms: u64, recent_downs: usize) -> DownVerdict {
-    let due: Vec<(NodeId, u64)> = silent_ms.iter().copied().filter(|(_, ms)| *ms > down_after_ms).collect();
-    let failing = due.len() + recent_downs;
-    let mass = failing > MASS_DOWN_MIN && failing * 100 > (silent_ms.len() + recent_downs) * MASS_DOWN_PERCENT;
-    if !mass {
-        return DownVerdict { down: due.into_iter().map(|(id, _)| id).collect(), held: Vec::new() };
-    }
-    let (down, held): (Vec<_>, Vec<_>) = due.into_iter().partition(|(_, ms)| *ms > down_after_ms * MASS_DOWN_GRACES);
-    DownVerdict { down: down.into_iter().map(|(id, _)| id).collect(), held: held.into_iter().map(|(id, _)| id).collect() }
-}
-
 type Waiter = (Beat, oneshot::Sender<Response>);
 
 /// Collects the heartbeats a non-leader receives and answers each once the leader answered the
@@ -325,54 +290,6 @@ mod tests {
             c
         });
         assert_eq!(counts, [500, 500]);
-    }
-
-    #[test]
-    fn silent_nodes_are_declared_down_after_the_grace_period() {
-        let silent = [(1, 3_999), (2, 4_001), (3, 10), (4, 9_000)];
-        assert_eq!(nodes_down(&silent, 4_000, 0), DownVerdict { down: vec![2, 4], held: vec![] });
-        assert_eq!(nodes_down(&[], 4_000, 0), DownVerdict::default());
-        // A small cluster loses a node at once, whatever the share: 1 of 3.
-        assert_eq!(nodes_down(&[(1, 5_000), (2, 0), (3, 0)], 4_000, 0).down, vec![1]);
-    }
-
-    #[test]
-    fn a_mass_silence_waits_for_a_second_grace_period() {
-        // 1,000 nodes, 150 unheard past the grace period (a leader starved or just elected):
-        // held, except those unheard for two grace periods.
-        let mut silent: Vec<(NodeId, u64)> = (1..=1000).map(|n| (n, 100)).collect();
-        for (n, ms) in silent.iter_mut().take(150) {
-            *ms = if *n <= 5 { 8_001 } else { 4_500 };
-        }
-        let verdict = nodes_down(&silent, 4_000, 0);
-        assert_eq!(verdict.down, vec![1, 2, 3, 4, 5]);
-        assert_eq!(verdict.held, (6..=150).collect::<Vec<_>>());
-        // At the bound (MASS_DOWN_PERCENT of the nodes, or MASS_DOWN_MIN) it is no mass yet.
-        let hundred: Vec<(NodeId, u64)> = (1..=1000).map(|n| (n, if n <= 100 { 4_500 } else { 0 })).collect();
-        assert_eq!(nodes_down(&hundred, 4_000, 0).down.len(), 100);
-        let eight: Vec<(NodeId, u64)> = (1..=10).map(|n| (n, if n <= 8 { 4_500 } else { 0 })).collect();
-        assert_eq!(nodes_down(&eight, 4_000, 0).down.len(), 8);
-        let nine: Vec<(NodeId, u64)> = (1..=10).map(|n| (n, if n <= 9 { 4_500 } else { 0 })).collect();
-        assert_eq!(nodes_down(&nine, 4_000, 0), DownVerdict { down: vec![], held: (1..=9).collect() });
-    }
-
-    #[test]
-    fn a_silence_that_spreads_pass_by_pass_is_a_mass_too() {
-        // A few nodes at a time, each pass under the bound: the nodes declared down within the
-        // grace period count, so the spread stops at the bound instead of taking the fleet.
-        let mut recent = 0;
-        let mut declared = 0;
-        for pass in 0..50u64 {
-            let silent: Vec<(NodeId, u64)> =
-                (1..=1000u64).filter(|n| *n > declared).map(|n| (n, if n <= declared + 20 { 4_100 + pass } else { 0 })).collect();
-            let verdict = nodes_down(&silent, 4_000, recent);
-            recent += verdict.down.len();
-            declared += verdict.down.len() as u64;
-            if !verdict.held.is_empty() {
-                break;
-            }
-        }
-        assert_eq!(declared, 100, "declared down before the mass rule held the rest");
     }
 
     #[test]

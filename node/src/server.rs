@@ -41,7 +41,8 @@ const TICK_PAUSE_MAX: Duration = Duration::from_millis(100);
 const STEP_START_PATIENCE_MS: u64 = 30_000;
 const STEP_START_RETRY_MS: u64 = 100;
 /// How long the leader waits before re-sending a launch or kill that got no answer.
-const RESEND_AFTER: Duration = Duration::from_millis(1_000);
+const RESEND_AFTER_MS: u64 = 1_000;
+const RESEND_AFTER: Duration = Duration::from_millis(RESEND_AFTER_MS);
 /// How often the leader moves finished jobs to the accounting store and prunes old records.
 const ARCHIVE_INTERVAL: Duration = Duration::from_millis(1_000);
 
@@ -51,14 +52,17 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// What only the leader keeps, in memory, for the term it leads. Rebuilt on every election, so
 /// a new leader gives every node a fresh grace period.
-#[derive(Default)]
 struct LeaderMemory {
     term: Option<u64>,
+    /// The origin of the millisecond clock the pure decisions (`control::leader`) are given.
+    epoch: Instant,
     last_seen: HashMap<NodeId, Instant>,
-    launches_sent: HashMap<(JobId, RunNo, NodeId), Instant>,
-    kills_sent: HashMap<(JobId, RunNo, NodeId), Instant>,
+    /// Sends of launches and stops not yet answered through the log, to re-send after
+    /// `RESEND_AFTER_MS` (pruned every pass: at most what one period sent).
+    launches_sent: control::leader::Resend<(JobId, RunNo, NodeId)>,
+    kills_sent: control::leader::Resend<(JobId, RunNo, NodeId)>,
     layouts_sent: HashMap<(NodeId, u32), Instant>,
-    /// How many nodes a mass silence holds back from `NodeDown` (`liveness::nodes_down`), to
+    /// How many nodes a mass silence holds back from `NodeDown` (`control::leader::nodes_down`), to
     /// say so when it starts and ends.
     held_down: usize,
     /// When this leader declared nodes down, within the last grace period (at most one entry
@@ -70,6 +74,31 @@ struct LeaderMemory {
     launch_calls: HashMap<NodeId, Arc<tokio::sync::Semaphore>>,
     /// How the last pass was paced, to say when pacing starts and ends.
     paced: Option<crate::pacing::Paced>,
+}
+
+impl Default for LeaderMemory {
+    fn default() -> Self {
+        LeaderMemory {
+            term: None,
+            epoch: Instant::now(),
+            last_seen: HashMap::new(),
+            launches_sent: control::leader::Resend::new(RESEND_AFTER_MS),
+            kills_sent: control::leader::Resend::new(RESEND_AFTER_MS),
+            layouts_sent: HashMap::new(),
+            held_down: 0,
+            declared_down: std::collections::VecDeque::new(),
+            archived_at: None,
+            launch_calls: HashMap::new(),
+            paced: None,
+        }
+    }
+}
+
+impl LeaderMemory {
+    /// Milliseconds on this memory's clock (monotonic).
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
 }
 
 pub struct Node {
@@ -628,7 +657,7 @@ impl Node {
     /// unconfirmed part here, or one this instance confirmed.
     async fn launch_if_current(&self, job: proto::Job, nodes: Vec<(String, String)>, issued_index: u64) -> Response {
         let (me, instance) = (self.id, self.agent.instance);
-        let is_current = |j: &proto::Job| run_is_current_here(j, job.run, me, instance);
+        let is_current = |j: &proto::Job| control::agent::run_is_current_here(j, job.run, me, instance);
         let current = if self.is_member() {
             let wanted = issued_index.max(self.agent.ack_commit_index());
             if !self.state.wait_applied(wanted, Duration::from_millis(LAUNCH_APPLY_WAIT_MS)).await {
@@ -1162,7 +1191,7 @@ impl Node {
             }
             (silent, mem.declared_down.len())
         };
-        let verdict = liveness::nodes_down(&silent_ms, down_after_ms, recent_downs);
+        let verdict = control::leader::nodes_down(&silent_ms, down_after_ms, recent_downs);
         self.say_held(verdict.held.len());
         if verdict.down.is_empty() {
             return;
@@ -1197,7 +1226,7 @@ impl Node {
             warn!(
                 nodes = held,
                 "too many nodes unheard at once to believe: declaring them down only after {} grace periods",
-                liveness::MASS_DOWN_GRACES
+                control::leader::MASS_DOWN_GRACES
             );
         } else if held == 0 && before > 0 {
             info!(nodes = before, "the mass silence is over");
@@ -1385,44 +1414,37 @@ impl Node {
             // Only jobs with parts have anything to launch or stop (finished ones, most of the
             // hot state under a sweep, have none).
             for j in s.jobs.values().filter(|j| !j.parts.is_empty()) {
-                // A batch script starts once every other node of its job holds its share: its
-                // steps can start everywhere at once, as in Slurm.
-                if j.launches_pending().next().is_some() {
-                    let first = j.run_nodes().first().copied();
-                    let others_pending = j.spec.is_batch() && j.launches_pending().any(|p| Some(p.alloc.node) != first);
+                let targets = control::leader::launch_targets(j);
+                if !targets.is_empty() {
                     let nodes: Vec<(String, String)> = j
                         .run_nodes()
                         .iter()
                         .map(|n| s.nodes.get(n).map(|r| (r.name.clone(), r.addr.clone())).unwrap_or_default())
                         .collect();
-                    for part in j.launches_pending().filter(|p| !(others_pending && Some(p.alloc.node) == first)) {
-                        launches.push((j.clone(), nodes.clone(), part.alloc.node, addr_of(part.alloc.node)));
+                    for target in targets {
+                        launches.push((j.clone(), nodes.clone(), target, addr_of(target)));
                     }
                 }
-                // A job requeued by the cluster (its node lost, preempted) gets its --signal
-                // first, to write a checkpoint. One requeued on request is stopped as Slurm's
-                // `scontrol requeue` stops it (SIGTERM, grace, SIGKILL): Lightning and submitit
-                // request it from their own --signal handler once they checkpointed, and the
-                // signal again would run that handler again (a second checkpoint, a second
-                // requeue refused, and submitit records the job as failed).
-                let checkpoint = j.state == JobState::Pending
-                    && j.spec.signal.is_some()
-                    && !j.reasons.iter().any(|r| r.ends_with(proto::REQUEUED_ON_REQUEST));
-                for part in j.parts_to_stop() {
-                    kills.push((j.id, part.run, checkpoint, part.alloc.node, addr_of(part.alloc.node)));
+                for stop in control::leader::stops(j) {
+                    kills.push((j.id, stop.run, stop.checkpoint, stop.node, addr_of(stop.node)));
                 }
             }
             (launches, kills)
         });
-        let now = Instant::now();
+        {
+            let mut mem = lock(&self.memory);
+            let now_ms = mem.now_ms();
+            mem.launches_sent.prune(now_ms);
+            mem.kills_sent.prune(now_ms);
+        }
         for (job, nodes, target, addr) in launches {
             let key = (job.id, job.run, target);
             {
                 let mut mem = lock(&self.memory);
-                if mem.launches_sent.get(&key).is_some_and(|t| now.duration_since(*t) < RESEND_AFTER) {
+                let now_ms = mem.now_ms();
+                if !mem.launches_sent.take_due(key, now_ms) {
                     continue;
                 }
-                mem.launches_sent.insert(key, now);
             }
             let node = Arc::clone(self);
             let span = info_span!("launch", job = key.0, run = key.1, node = target);
@@ -1437,7 +1459,11 @@ impl Node {
                     // A node has at most so many launch calls under way; the rest wait here.
                     let Ok(_call) = calls.acquire().await else { return };
                     // A re-send counts from when the call starts, not from its wait.
-                    lock(&node.memory).launches_sent.insert(key, Instant::now());
+                    {
+                        let mut mem = lock(&node.memory);
+                        let now_ms = mem.now_ms();
+                        mem.launches_sent.sent(key, now_ms);
+                    }
                     node.send_launch(job, nodes, target, addr, issued_index).await;
                 }
                 .instrument(span),
@@ -1446,10 +1472,10 @@ impl Node {
         for (job, run, checkpoint, target, addr) in kills {
             {
                 let mut mem = lock(&self.memory);
-                if mem.kills_sent.get(&(job, run, target)).is_some_and(|t| now.duration_since(*t) < RESEND_AFTER) {
+                let now_ms = mem.now_ms();
+                if !mem.kills_sent.take_due((job, run, target), now_ms) {
                     continue;
                 }
-                mem.kills_sent.insert((job, run, target), now);
             }
             let node = Arc::clone(self);
             tokio::spawn(async move {
@@ -2215,15 +2241,6 @@ pub async fn run(
             Ok(Ended::Stopped)
         }
     }
-}
-
-/// Whether run `run` of `job` (as the committed state has it) is still the job's current run
-/// with a part on node `me` that no other instance of it confirmed: only then may a launch
-/// start it.
-pub fn run_is_current_here(job: &Job, run: RunNo, me: NodeId, instance: InstanceId) -> bool {
-    job.run == run
-        && job.state == JobState::Running
-        && job.parts.iter().any(|p| p.run == run && p.alloc.node == me && p.launched_by.is_none_or(|by| by == instance))
 }
 
 /// How long a relay's batch waits for more heartbeats after its first: a tenth of the heartbeat

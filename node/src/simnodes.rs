@@ -4,7 +4,7 @@
 //! "h100:8"` builds it), joins with the real `Join`, heartbeats with the agent's own loop
 //! (`liveness::heartbeat_loop`: relays, lease, fencing) and answers `Launch` and `Kill` by the
 //! real protocol, checking a launch with the same rule as a real node
-//! (`server::run_is_current_here`). What it does not do is start processes: a run "ends" after
+//! (`control::agent::run_is_current_here`). What it does not do is start processes: a run "ends" after
 //! the job's `CORRAL_SIM_RUN_MS` (or when killed, or at its time limit) and is reported with
 //! `ReportRuns`. Simulated nodes carry the `never-voter` feature, so none is made a voter.
 //!
@@ -93,7 +93,7 @@ impl SimNode {
         let (me, instance, run) = (self.node_id(), self.instance, job.run);
         // The same check a node without a replica makes: the leader's state decides.
         let current = match self.forward.call(Request::GetJob { job: job.id }, 0).await {
-            Ok(Reply::Job(j)) => crate::server::run_is_current_here(&j, run, me, instance),
+            Ok(Reply::Job(j)) => control::agent::run_is_current_here(&j, run, me, instance),
             Ok(other) => return Err(ApiError::Internal(format!("unexpected reply {other:?}"))),
             Err(LinkError::Api(ApiError::NotFound(_))) => false,
             Err(e) => return Err(ApiError::Unavailable(format!("check the launch with the leader: {e}"))),

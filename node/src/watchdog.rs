@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 
 /// How often the watchdog reads the lease. Must stay below `heartbeat_interval_ms` for the
 /// timing argument in ARCHITECTURE.md (the config keeps heartbeats at 100 ms or more).
-pub const POLL_MS: u64 = 100;
+pub const POLL_MS: u64 = control::agent::WATCHDOG_POLL_MS;
 
 /// The most a lease file may hold; a bigger one is refused, not read.
 pub const LEASE_BYTES_MAX: u64 = 1 << 20;

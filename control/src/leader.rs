@@ -1,0 +1,245 @@
+//! The leader's decisions: which silent nodes to declare down ([`nodes_down`]), which nodes to
+//! send a job's launches and stops to ([`launch_targets`], [`stops`]), and when a send is due
+//! again ([`Resend`], whose memory is bounded by what one re-send period sends).
+
+use std::collections::BTreeMap;
+
+use proto::{Job, JobState, NodeId, RunNo};
+
+/// Nodes due at once past which the leader doubts its own view before the nodes' (see
+/// [`nodes_down`]): more than this many, and more than [`MASS_DOWN_PERCENT`] of the nodes.
+pub const MASS_DOWN_MIN: usize = 8;
+pub const MASS_DOWN_PERCENT: usize = 10;
+/// How many grace periods a node of a mass silence must stay silent before it is declared down.
+pub const MASS_DOWN_GRACES: u64 = 2;
+
+/// The leader's verdict on silent nodes: those to declare down now, and those it holds back.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DownVerdict {
+    pub down: Vec<NodeId>,
+    pub held: Vec<NodeId>,
+}
+
+/// Which nodes the leader declares down now, given every node not yet DOWN with how long it
+/// has gone unheard (`silent_ms`) and how many nodes it declared down within the last grace
+/// period (`recent_downs`). A node unheard for more than `down_after_ms` is due. When the due
+/// and the recently declared together are more than [`MASS_DOWN_MIN`] and
+/// [`MASS_DOWN_PERCENT`] of the nodes, the likelier fault is the leader's own or the host's
+/// (starved of CPU, cut off, just elected while the nodes still look for it), as Kubernetes'
+/// node controller also assumes, and declaring them down feeds it (their jobs are requeued
+/// and launched elsewhere): those nodes are declared down only once unheard for
+/// [`MASS_DOWN_GRACES`] grace periods. A real mass failure (a rack's power) is then requeued a
+/// grace period later; a false one costs nothing more, since a node no leader acknowledged has
+/// fenced itself anyway. The order of `silent_ms` is kept.
+pub fn nodes_down(silent_ms: &[(NodeId, u64)], down_after_ms: u64, recent_downs: usize) -> DownVerdict {
+    let due: Vec<(NodeId, u64)> = silent_ms.iter().copied().filter(|(_, ms)| *ms > down_after_ms).collect();
+    let failing = due.len() + recent_downs;
+    let mass = failing > MASS_DOWN_MIN && failing * 100 > (silent_ms.len() + recent_downs) * MASS_DOWN_PERCENT;
+    if !mass {
+        return DownVerdict { down: due.into_iter().map(|(id, _)| id).collect(), held: Vec::new() };
+    }
+    let (down, held): (Vec<_>, Vec<_>) = due.into_iter().partition(|(_, ms)| *ms > down_after_ms * MASS_DOWN_GRACES);
+    DownVerdict { down: down.into_iter().map(|(id, _)| id).collect(), held: held.into_iter().map(|(id, _)| id).collect() }
+}
+
+/// The nodes a launch of `job`'s current run goes to now: every part not yet confirmed, except
+/// that a batch script (the first node's part) starts only once every other node of its job
+/// confirmed its share, so its steps can start everywhere at once, as in Slurm.
+pub fn launch_targets(job: &Job) -> Vec<NodeId> {
+    let pending: Vec<NodeId> = job.launches_pending().map(|p| p.alloc.node).collect();
+    let first = job.run_nodes().first().copied();
+    let others_pending = job.spec.is_batch() && pending.iter().any(|n| Some(*n) != first);
+    pending.into_iter().filter(|n| !(others_pending && Some(*n) == first)).collect()
+}
+
+/// One stop the leader sends: part `run` of a job on `node`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StopOrder {
+    pub run: RunNo,
+    pub node: NodeId,
+    /// Signal the job's `--signal` first so it can write a checkpoint.
+    pub checkpoint: bool,
+}
+
+/// The stops `job` needs now: every part of an earlier run, and every part once the job ended,
+/// was requeued, a part failed or its batch script ended ([`Job::parts_to_stop`]).
+///
+/// A job requeued by the cluster (its node lost, preempted) gets its `--signal` first, to write
+/// a checkpoint. One requeued on request is stopped as Slurm's `scontrol requeue` stops it
+/// (SIGTERM, grace, SIGKILL): Lightning and submitit request it from their own `--signal`
+/// handler once they checkpointed, and the signal again would run that handler again (a second
+/// checkpoint, a second requeue refused, and submitit records the job as failed).
+pub fn stops(job: &Job) -> Vec<StopOrder> {
+    let checkpoint =
+        job.state == JobState::Pending && job.spec.signal.is_some() && !job.reasons.iter().any(|r| r.ends_with(proto::REQUEUED_ON_REQUEST));
+    job.parts_to_stop().map(|p| StopOrder { run: p.run, node: p.alloc.node, checkpoint }).collect()
+}
+
+/// When each launch or stop was last sent, so it is re-sent only after `resend_after_ms`
+/// without an answer the log shows. Entries older than that say nothing more than no entry
+/// (the send is due either way) and [`Resend::prune`] drops them: the map holds at most what
+/// one re-send period sent.
+#[derive(Clone, Debug)]
+pub struct Resend<K: Ord> {
+    resend_after_ms: u64,
+    sent_ms: BTreeMap<K, u64>,
+}
+
+impl<K: Ord> Resend<K> {
+    pub fn new(resend_after_ms: u64) -> Resend<K> {
+        Resend { resend_after_ms, sent_ms: BTreeMap::new() }
+    }
+
+    /// Whether `key` is due at `now_ms`; if so it counts as sent now.
+    pub fn take_due(&mut self, key: K, now_ms: u64) -> bool {
+        let due = self.sent_ms.get(&key).is_none_or(|sent| now_ms.saturating_sub(*sent) >= self.resend_after_ms);
+        if due {
+            self.sent_ms.insert(key, now_ms);
+        }
+        due
+    }
+
+    /// `key` was (also) sent at `now_ms`: the re-send counts from here.
+    pub fn sent(&mut self, key: K, now_ms: u64) {
+        let at = self.sent_ms.entry(key).or_insert(now_ms);
+        *at = (*at).max(now_ms);
+    }
+
+    /// Drops the entries whose re-send is due anyway.
+    pub fn prune(&mut self, now_ms: u64) {
+        let after_ms = self.resend_after_ms;
+        self.sent_ms.retain(|_, sent| now_ms.saturating_sub(*sent) < after_ms);
+    }
+
+    pub fn len(&self) -> usize {
+        self.sent_ms.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sent_ms.is_empty()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use proto::{Allocation, JobSpec, NodeRun};
+
+    pub(crate) fn job_on(nodes: &[NodeId], batch: bool) -> Job {
+        job(nodes, batch)
+    }
+
+    fn job(nodes: &[NodeId], batch: bool) -> Job {
+        let mut spec = JobSpec::command(vec!["true".into()], "/tmp", "u");
+        spec.set_batch(batch);
+        Job {
+            id: 1,
+            spec: std::sync::Arc::new(spec),
+            state: JobState::Running,
+            exit_code: None,
+            run: 1,
+            parts: nodes
+                .iter()
+                .map(|n| NodeRun { run: 1, alloc: Allocation { node: *n, gpus: Vec::new(), cpus: 1, mem_mib: 0 }, launched_by: None })
+                .collect(),
+            outcomes: Vec::new(),
+            last_nodes: nodes.to_vec(),
+            last_gpus: Vec::new(),
+            array: None,
+            submit_ms: 0,
+            start_ms: None,
+            end_ms: None,
+            restart_count: 0,
+            reasons: Vec::new(),
+            gpu_seconds: 0,
+            gpu_usage: Default::default(),
+            master_port: None,
+        }
+    }
+
+    #[test]
+    fn a_batch_script_starts_after_every_other_node_holds_its_share() {
+        let mut j = job(&[3, 4, 5], true);
+        assert_eq!(launch_targets(&j), vec![4, 5]);
+        j.parts[1].launched_by = Some(9);
+        assert_eq!(launch_targets(&j), vec![5]);
+        j.parts[2].launched_by = Some(9);
+        assert_eq!(launch_targets(&j), vec![3]);
+        // Not a batch script: every node at once.
+        assert_eq!(launch_targets(&job(&[3, 4, 5], false)), vec![3, 4, 5]);
+    }
+
+    #[test]
+    fn a_requeued_job_gets_its_signal_first_unless_it_asked_for_the_requeue() {
+        let mut j = job(&[3, 4], false);
+        assert!(stops(&j).is_empty());
+        j.state = JobState::Pending;
+        std::sync::Arc::make_mut(&mut j.spec).signal = Some(proto::SignalSpec { signal: 10, before_end_s: 60, batch_only: false });
+        assert_eq!(stops(&j), vec![StopOrder { run: 1, node: 3, checkpoint: true }, StopOrder { run: 1, node: 4, checkpoint: true }]);
+        j.reasons.push(format!("by alice: {}", proto::REQUEUED_ON_REQUEST));
+        assert!(stops(&j).iter().all(|s| !s.checkpoint));
+    }
+
+    #[test]
+    fn a_send_is_due_again_after_the_resend_period_and_old_entries_go() {
+        let mut resend = Resend::new(1_000);
+        assert!(resend.take_due((1, 1), 0));
+        assert!(!resend.take_due((1, 1), 999));
+        resend.sent((1, 1), 500);
+        assert!(!resend.take_due((1, 1), 1_499));
+        assert!(resend.take_due((1, 1), 1_500));
+        assert!(resend.take_due((2, 1), 1_500));
+        resend.prune(2_499);
+        assert_eq!(resend.len(), 2);
+        resend.prune(2_500);
+        assert!(resend.is_empty());
+    }
+
+    #[test]
+    fn silent_nodes_are_declared_down_after_the_grace_period() {
+        let silent = [(1, 3_999), (2, 4_001), (3, 10), (4, 9_000)];
+        assert_eq!(nodes_down(&silent, 4_000, 0), DownVerdict { down: vec![2, 4], held: vec![] });
+        assert_eq!(nodes_down(&[], 4_000, 0), DownVerdict::default());
+        // A small cluster loses a node at once, whatever the share: 1 of 3.
+        assert_eq!(nodes_down(&[(1, 5_000), (2, 0), (3, 0)], 4_000, 0).down, vec![1]);
+    }
+
+    #[test]
+    fn a_mass_silence_waits_for_a_second_grace_period() {
+        // 1,000 nodes, 150 unheard past the grace period (a leader starved or just elected):
+        // held, except those unheard for two grace periods.
+        let mut silent: Vec<(NodeId, u64)> = (1..=1000).map(|n| (n, 100)).collect();
+        for (n, ms) in silent.iter_mut().take(150) {
+            *ms = if *n <= 5 { 8_001 } else { 4_500 };
+        }
+        let verdict = nodes_down(&silent, 4_000, 0);
+        assert_eq!(verdict.down, vec![1, 2, 3, 4, 5]);
+        assert_eq!(verdict.held, (6..=150).collect::<Vec<_>>());
+        // At the bound (MASS_DOWN_PERCENT of the nodes, or MASS_DOWN_MIN) it is no mass yet.
+        let hundred: Vec<(NodeId, u64)> = (1..=1000).map(|n| (n, if n <= 100 { 4_500 } else { 0 })).collect();
+        assert_eq!(nodes_down(&hundred, 4_000, 0).down.len(), 100);
+        let eight: Vec<(NodeId, u64)> = (1..=10).map(|n| (n, if n <= 8 { 4_500 } else { 0 })).collect();
+        assert_eq!(nodes_down(&eight, 4_000, 0).down.len(), 8);
+        let nine: Vec<(NodeId, u64)> = (1..=10).map(|n| (n, if n <= 9 { 4_500 } else { 0 })).collect();
+        assert_eq!(nodes_down(&nine, 4_000, 0), DownVerdict { down: vec![], held: (1..=9).collect() });
+    }
+
+    #[test]
+    fn a_silence_that_spreads_pass_by_pass_is_a_mass_too() {
+        // A few nodes at a time, each pass under the bound: the nodes declared down within the
+        // grace period count, so the spread stops at the bound instead of taking the fleet.
+        let mut recent = 0;
+        let mut declared = 0;
+        for pass in 0..50u64 {
+            let silent: Vec<(NodeId, u64)> =
+                (1..=1000u64).filter(|n| *n > declared).map(|n| (n, if n <= declared + 20 { 4_100 + pass } else { 0 })).collect();
+            let verdict = nodes_down(&silent, 4_000, recent);
+            recent += verdict.down.len();
+            declared += verdict.down.len() as u64;
+            if !verdict.held.is_empty() {
+                break;
+            }
+        }
+        assert_eq!(declared, 100, "declared down before the mass rule held the rest");
+    }
+}
