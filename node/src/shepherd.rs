@@ -529,9 +529,17 @@ impl Shared {
             Ok(l) => l,
             Err(e) => return format!("err {}", format!("{e:#}").replace('\n', " ")),
         };
-        // A cgroup gone (the run is ending) fails the join, and so the task.
-        let procs: Vec<std::fs::File> =
-            cgroups.iter().filter_map(|c| std::fs::OpenOptions::new().write(true).open(c.join("cgroup.procs")).ok()).collect();
+        // A cgroup gone (the run is ending) fails the join, and so the task: it never runs
+        // outside its run's cgroups (their limits and the fencing kill would miss it).
+        let procs = match open_cgroup_procs(cgroups) {
+            Ok(procs) => procs,
+            Err(why) => {
+                let line = format!("slurmstepd-{}: error: {}: {why}\n", request.node, request.program.display());
+                log.append(FRAME_STDERR, request.rank, line.as_bytes());
+                log.exit(request.rank, Some(libc::ENOENT), None);
+                return "ok 0 0".into();
+            }
+        };
         let procs_fds: Vec<i32> = procs.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
         let proc = crate::launcher::Process {
             program: &request.program,
@@ -891,9 +899,35 @@ async fn connect(dir: &Path) -> anyhow::Result<Option<(i32, u64, tokio::net::Uni
     Ok(Some((pid, ticks, conn)))
 }
 
+/// Opens `cgroup.procs` of each of a run's cgroups for a task to join (its pid is written to
+/// each before it runs); an error names the cgroup that could not be opened.
+fn open_cgroup_procs(cgroups: &[PathBuf]) -> Result<Vec<std::fs::File>, String> {
+    cgroups
+        .iter()
+        .map(|c| {
+            let path = c.join("cgroup.procs");
+            std::fs::OpenOptions::new().write(true).open(&path).map_err(|e| format!("join cgroup {}: {e}", path.display()))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A task joins every cgroup of its run or does not start (a cgroup it could not open was
+    /// skipped, and the task ran outside its run's limits).
+    #[test]
+    fn a_task_that_cannot_join_one_of_its_cgroups_does_not_start() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let here = dir.path().join("memory");
+        std::fs::create_dir(&here).expect("mkdir");
+        std::fs::write(here.join("cgroup.procs"), "").expect("write");
+        assert_eq!(open_cgroup_procs(std::slice::from_ref(&here)).map(|f| f.len()), Ok(1));
+        let gone = dir.path().join("pids");
+        let why = open_cgroup_procs(&[here, gone.clone()]).expect_err("a gone cgroup fails the join");
+        assert!(why.contains(&gone.join("cgroup.procs").display().to_string()), "{why}");
+    }
 
     #[test]
     fn a_shepherd_keeps_its_job_only_for_a_live_daemon_or_an_open_handover_of_its_instance() {
