@@ -733,7 +733,18 @@ fn drive_and_check(h: &mut Harness, opts: &RunOptions) -> anyhow::Result<RunOutc
     // Process spans.
     std::thread::sleep(Duration::from_millis(300));
     let deaths = watch.finish();
-    let mut spans = crate::parse_spans(&std::fs::read_to_string(h.work.join("spans.log")).unwrap_or_default());
+    // Every job records its start there: a file that cannot be read (or none, with jobs
+    // acknowledged) would leave the checkers below an empty history that always passes.
+    let spans_log = h.work.join("spans.log");
+    let text = match std::fs::read_to_string(&spans_log) {
+        Ok(text) => text,
+        Err(e) if !submitted.is_empty() => {
+            violations.push(format!("cannot read the process spans at {}: {e}; the process checks did not run", spans_log.display()));
+            String::new()
+        }
+        Err(_) => String::new(),
+    };
+    let mut spans = crate::parse_spans(&text);
     for s in spans.iter_mut().filter(|s| s.end_ms.is_none()) {
         if let Some(ms) = s.pid.and_then(|p| deaths.get(&p)) {
             s.end_ms = Some(*ms);
