@@ -427,7 +427,7 @@ impl Sim {
     }
 
     // -----------------------------------------------------------------------------------------
-    // The leader (node/src/server.rs)
+    // The leader (node/src/server/leader.rs)
 
     fn leader_receive(&mut self, from: usize, msg: ToLeader) {
         match msg {
@@ -463,7 +463,7 @@ impl Sim {
                 self.apply(Command::Plan { placements: plan.placements, array_tasks, now_ms: self.now_ms });
             }
         }
-        // Launches and stops, re-sent after `resend_after_ms` (node/src/server.rs
+        // Launches and stops, re-sent after `resend_after_ms` (node/src/server/leader.rs
         // `drive_launches_and_kills`).
         let now = self.now_ms;
         self.mem.launches_sent.prune(now);
@@ -494,7 +494,7 @@ impl Sim {
         }
     }
 
-    /// Declares silent nodes down as the leader does (node/src/server.rs `check_liveness`).
+    /// Declares silent nodes down as the leader does (node/src/server/leader.rs `check_liveness`).
     fn check_liveness(&mut self) {
         let now = self.now_ms;
         let candidates: Vec<NodeId> = self.state.nodes.values().filter(|n| n.state != proto::NodeState::Down).map(|n| n.id).collect();
@@ -532,13 +532,13 @@ impl Sim {
         }
     }
 
-    /// A launch reaches node `i` (node/src/server.rs `launch_if_current`, node/src/agent.rs
+    /// A launch reaches node `i` (node/src/server/mod.rs `launch_if_current`, node/src/agent.rs
     /// `launch`).
     fn agent_launch(&mut self, i: usize, job: Job) {
         let now = self.now_ms;
         let node = &self.nodes[i];
         let Some(part) = job.parts.iter().find(|p| p.run == job.run && p.alloc.node == node.id) else { return };
-        // The stale-launch check (node/src/server.rs `launch_if_current`) reads the node's
+        // The stale-launch check (node/src/server/mod.rs `launch_if_current`) reads the node's
         // replica, at least as new as its last ack; the model reads the newest state:
         // every decision that makes a launch stale, a `NodeDown` above all, precedes the
         // ack that lets the node start work again.

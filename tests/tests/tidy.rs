@@ -24,8 +24,8 @@ const LONG_FUNCTIONS: &[&str] = &[
     "compat/src/env.rs::slurm_env",
     "node/src/agent.rs::launch",
     "node/src/launcher.rs::prepare",
-    "node/src/server.rs::handle_on_leader",
-    "node/src/server.rs::run",
+    "node/src/server/mod.rs::handle_on_leader",
+    "node/src/server/start.rs::run",
     "node/src/shepherd.rs::run_trusting",
     "scheduler/src/engine.rs::new",
 ];

@@ -1,0 +1,543 @@
+//! The leader's control loop: every tick it declares silent nodes down, moves finished jobs to
+//! the accounting store, schedules, sends launches and stops (re-sent until the log shows them
+//! done) and manages the voters. The decisions are `control::leader`'s and the scheduler's; this
+//! file carries them out.
+
+use super::*;
+
+/// How long the leader waits before re-sending a launch or kill that got no answer.
+const RESEND_AFTER_MS: u64 = 1_000;
+const RESEND_AFTER: Duration = Duration::from_millis(RESEND_AFTER_MS);
+/// How often the leader moves finished jobs to the accounting store and prunes old records.
+const ARCHIVE_INTERVAL: Duration = Duration::from_millis(1_000);
+
+/// What only the leader keeps, in memory, for the term it leads. Rebuilt on every election, so
+/// a new leader gives every node a fresh grace period.
+pub(super) struct LeaderMemory {
+    pub(super) term: Option<u64>,
+    /// The origin of the millisecond clock the pure decisions (`control::leader`) are given.
+    pub(super) epoch: Instant,
+    pub(super) last_seen: HashMap<NodeId, Instant>,
+    /// Sends of launches and stops not yet answered through the log, to re-send after
+    /// `RESEND_AFTER_MS` (pruned every pass: at most what one period sent).
+    pub(super) launches_sent: control::leader::Resend<(JobId, RunNo, NodeId)>,
+    pub(super) kills_sent: control::leader::Resend<(JobId, RunNo, NodeId)>,
+    pub(super) layouts_sent: HashMap<(NodeId, u32), Instant>,
+    /// How many nodes a mass silence holds back from `NodeDown` (`control::leader::nodes_down`), to
+    /// say so when it starts and ends.
+    pub(super) held_down: usize,
+    /// When this leader declared nodes down, within the last grace period (at most one entry
+    /// per node: a node is declared down once until it is back).
+    pub(super) declared_down: std::collections::VecDeque<Instant>,
+    /// When finished jobs were last moved to the accounting store (and old records pruned).
+    pub(super) archived_at: Option<Instant>,
+    /// Launch calls under way, by node (at most `pacing::LAUNCH_CALLS_PER_NODE_MAX` each).
+    pub(super) launch_calls: HashMap<NodeId, Arc<tokio::sync::Semaphore>>,
+    /// How the last pass was paced, to say when pacing starts and ends.
+    pub(super) paced: Option<crate::pacing::Paced>,
+}
+
+impl Default for LeaderMemory {
+    fn default() -> Self {
+        LeaderMemory {
+            term: None,
+            epoch: Instant::now(),
+            last_seen: HashMap::new(),
+            launches_sent: control::leader::Resend::new(RESEND_AFTER_MS),
+            kills_sent: control::leader::Resend::new(RESEND_AFTER_MS),
+            layouts_sent: HashMap::new(),
+            held_down: 0,
+            declared_down: std::collections::VecDeque::new(),
+            archived_at: None,
+            launch_calls: HashMap::new(),
+            paced: None,
+        }
+    }
+}
+
+impl LeaderMemory {
+    /// Milliseconds on this memory's clock (monotonic).
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+}
+
+impl Node {
+    pub async fn leader_loop(self: Arc<Self>) {
+        let interval = Duration::from_millis(self.config.schedule_interval_ms);
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(interval) => {}
+                () = self.kick.notified() => {}
+            }
+            let st = self.status();
+            if !st.is_leader || st.leader != Some(self.id) {
+                lock(&self.memory).term = None;
+                continue;
+            }
+            let span = info_span!("leader", node = self.id, term = st.term);
+            let started = Instant::now();
+            Arc::clone(&self).leader_tick(st.term).instrument(span).await;
+            // Kicks that came during the tick coalesce into the next one; pausing as long as
+            // the tick took (at most TICK_PAUSE_MAX) keeps the loop under about half a core
+            // when every pass is long (a deep queue under a burst of submissions), and costs
+            // nothing when passes are short.
+            tokio::time::sleep(started.elapsed().min(TICK_PAUSE_MAX)).await;
+        }
+    }
+
+    async fn leader_tick(self: Arc<Self>, term: u64) {
+        let node_ids: Vec<NodeId> = self.state.read(|s| s.nodes.keys().copied().collect());
+        {
+            let mut mem = lock(&self.memory);
+            if mem.term != Some(term) {
+                info!("leading: every node gets a fresh heartbeat grace period");
+                *mem = LeaderMemory { term: Some(term), ..LeaderMemory::default() };
+                let now = Instant::now();
+                for id in &node_ids {
+                    mem.last_seen.insert(*id, now);
+                }
+            }
+        }
+        self.check_liveness().await;
+        self.archive_pass().await;
+        self.schedule_pass().await;
+        self.drive_launches_and_kills();
+        self.manage_voters();
+    }
+
+    async fn check_liveness(&self) {
+        let down_after_ms = self.config.node_down_after_ms;
+        let candidates: Vec<(NodeId, String)> =
+            self.state.read(|s| s.nodes.values().filter(|n| n.state != NodeState::Down).map(|n| (n.id, n.name.clone())).collect());
+        let (silent_ms, recent_downs) = {
+            let mut mem = lock(&self.memory);
+            let silent: Vec<(NodeId, u64)> = candidates
+                .iter()
+                .map(|(id, _)| (*id, mem.last_seen.entry(*id).or_insert_with(Instant::now).elapsed().as_millis() as u64))
+                .collect();
+            let grace = Duration::from_millis(down_after_ms);
+            while mem.declared_down.front().is_some_and(|at| at.elapsed() > grace) {
+                mem.declared_down.pop_front();
+            }
+            (silent, mem.declared_down.len())
+        };
+        let verdict = control::leader::nodes_down(&silent_ms, down_after_ms, recent_downs);
+        self.say_held(verdict.held.len());
+        if verdict.down.is_empty() {
+            return;
+        }
+        let silent: HashMap<NodeId, u64> = silent_ms.into_iter().collect();
+        let names: HashMap<NodeId, String> = candidates.into_iter().collect();
+        // Proposed together, the group commit packs them into a few entries.
+        let now = now_ms();
+        let downs = verdict.down.iter().map(|id| {
+            let reason = format!("no heartbeat for {} ms", silent.get(id).copied().unwrap_or(0));
+            self.propose(Command::NodeDown { node: *id, reason, now_ms: now })
+        });
+        let results = futures_util::future::join_all(downs).await;
+        for (id, result) in verdict.down.iter().zip(results) {
+            let name = names.get(id).map_or("?", String::as_str);
+            let silent_ms = silent.get(id).copied().unwrap_or(0);
+            match result {
+                Ok(CommandResult::Rejected(why)) => warn!(node = %name, why = %why, "NodeDown refused"),
+                Ok(_) => {
+                    lock(&self.memory).declared_down.push_back(Instant::now());
+                    warn!(node = %name, silent_ms, "node declared down: it missed its heartbeats");
+                }
+                Err(e) => warn!(node = %name, error = %e, "mark node down"),
+            }
+        }
+    }
+
+    /// Says once when a mass silence starts holding nodes back from `NodeDown`, and when it ends.
+    fn say_held(&self, held: usize) {
+        let before = std::mem::replace(&mut lock(&self.memory).held_down, held);
+        if held > 0 && before == 0 {
+            warn!(
+                nodes = held,
+                "too many nodes unheard at once to believe: declaring them down only after {} grace periods",
+                control::leader::MASS_DOWN_GRACES
+            );
+        } else if held == 0 && before > 0 {
+            info!(nodes = before, "the mass silence is over");
+        }
+    }
+
+    /// The scheduler's input from the committed state; dependencies on jobs that left the hot
+    /// state are read from the accounting store.
+    pub(super) fn scheduler_view(&self) -> scheduler::ClusterView {
+        let archived = |id: JobId| match self.state.archived_job(id) {
+            Ok(job) => job,
+            Err(e) => {
+                warn!(job = id, error = %e, "read a dependency from the accounting store");
+                None
+            }
+        };
+        self.state.read(|s| consensus::view::scheduler_view_with(s, archived))
+    }
+
+    /// Moves jobs finished more than `min_job_age_s` ago to the accounting store and prunes
+    /// records past `accounting_retention_days`, a bounded batch of each at most once a second.
+    async fn archive_pass(&self) {
+        {
+            let mut mem = lock(&self.memory);
+            if mem.archived_at.is_some_and(|t| t.elapsed() < ARCHIVE_INTERVAL) {
+                return;
+            }
+            mem.archived_at = Some(Instant::now());
+        }
+        let now = now_ms();
+        let min_age_ms = self.config.min_job_age_s.saturating_mul(1000);
+        let jobs = self.state.read(|s| s.archivable(now, min_age_ms, proto::ARCHIVE_BATCH_MAX));
+        if !jobs.is_empty() {
+            let count = jobs.len();
+            match self.propose(Command::ArchiveJobs { jobs, now_ms: now }).await {
+                Ok(_) => debug!(jobs = count, "moved finished jobs to the accounting store"),
+                Err(e) => warn!(error = %e, "move finished jobs to the accounting store"),
+            }
+        }
+        let retention_ms = self.config.accounting_retention_days.saturating_mul(86_400_000);
+        let pruned = match self.state.accounting_ended_before(now.saturating_sub(retention_ms), proto::ARCHIVE_BATCH_MAX) {
+            Ok(ids) => ids,
+            Err(e) => {
+                warn!(error = %e, "read the accounting store for pruning");
+                return;
+            }
+        };
+        if !pruned.is_empty() {
+            let count = pruned.len();
+            match self.propose(Command::PruneAccounting { jobs: pruned, now_ms: now }).await {
+                Ok(_) => info!(records = count, "pruned accounting records past retention"),
+                Err(e) => warn!(error = %e, "prune accounting records"),
+            }
+        }
+    }
+
+    async fn schedule_pass(&self) {
+        // Nothing pending, nothing to place (MIG demand and preemption come from pending jobs
+        // too): the view, one record per node, is not built at all. At 1,000 nodes building it
+        // ten times a second was most of an idle leader's CPU.
+        if !self.state.read(|s| s.jobs.values().any(|j| j.state == JobState::Pending)) {
+            return;
+        }
+        let (starts_max, paced) = crate::pacing::starts_per_pass_max(&self.leader_load());
+        self.say_paced(paced, starts_max);
+        if starts_max == 0 {
+            // Behind: not even the view is built (the pass would start nothing; preemptions
+            // and MIG layouts, both for jobs to start, wait too).
+            return;
+        }
+        let mut view = self.scheduler_view();
+        view.config.starts_per_pass_max = starts_max;
+        let now = now_ms();
+        let started = Instant::now();
+        let plan = scheduler::schedule(&view, now);
+        let pass_ms = started.elapsed().as_millis() as u64;
+        for (job, action) in &plan.preemptions {
+            let cmd = match action {
+                scheduler::PreemptAction::Requeue => Command::Requeue { job: *job, reason: "preempted".into(), now_ms: now },
+                scheduler::PreemptAction::Cancel => Command::Cancel { job: *job, now_ms: now },
+            };
+            info!(job, action = ?action, "preempting job");
+            if let Err(e) = self.propose(cmd).await {
+                warn!(job, error = %e, "preempt job");
+            }
+        }
+        self.send_mig_layouts(&plan.mig_layouts);
+        if plan.placements.is_empty() {
+            return;
+        }
+        let array_tasks: Vec<(u32, u32)> = plan.array_tasks.iter().map(|a| (a.placement as u32, a.task)).collect();
+        let placements = plan.placements.len();
+        match self.propose(Command::Plan { placements: plan.placements, array_tasks, now_ms: now }).await {
+            Ok(CommandResult::Planned { accepted, rejected }) => {
+                debug!(placements, accepted = accepted.len(), rejected = rejected.len(), pass_ms, "plan committed");
+                for (job, why) in rejected {
+                    debug!(job, why = %why, "placement rejected as stale");
+                }
+            }
+            Ok(other) => warn!(result = ?other, "unexpected plan result"),
+            Err(e) => warn!(error = %e, "commit plan"),
+        }
+    }
+
+    /// What pacing needs to know of this leader's load (`pacing::LeaderLoad`).
+    fn leader_load(&self) -> crate::pacing::LeaderLoad {
+        use openraft::async_runtime::watch::WatchReceiver;
+        use openraft::Instant as _;
+        let quorum_ack_age_ms = {
+            let metrics = self.raft.metrics();
+            let m = metrics.borrow_watched();
+            m.last_quorum_acked.as_ref().map(|at| at.elapsed().as_millis() as u64)
+        };
+        let single_voter = self.voter_ids().iter().all(|v| *v == self.id);
+        let launches_unconfirmed =
+            self.state.read(|s| s.jobs.values().filter(|j| !j.parts.is_empty()).map(|j| j.launches_pending().count()).sum());
+        crate::pacing::LeaderLoad {
+            quorum_ack_age_ms,
+            single_voter,
+            raft_heartbeat_ms: self.config.raft.heartbeat_interval_ms,
+            lease_ms: self.config.raft.election_timeout_min_ms,
+            launches_unconfirmed,
+        }
+    }
+
+    /// Says when the leader starts and stops holding starts back for its own lag (pacing for
+    /// launches in flight is routine and said at debug level only).
+    fn say_paced(&self, paced: crate::pacing::Paced, starts_max: u32) {
+        use crate::pacing::Paced;
+        let before = lock(&self.memory).paced.replace(paced);
+        let lagging = |p: Option<Paced>| matches!(p, Some(Paced::Lagging | Paced::Stalled));
+        if lagging(Some(paced)) && !lagging(before) {
+            info!(paced = ?paced, starts_max, "voters acknowledge late: pacing job starts");
+        } else if !lagging(Some(paced)) && lagging(before) {
+            info!(starts_max, "voters caught up: job starts no longer held back");
+        } else if paced != Paced::No {
+            debug!(paced = ?paced, starts_max, "job starts paced");
+        }
+        self.paced.count(paced);
+    }
+
+    /// Asks agents to re-partition idle MIG GPUs as the scheduler suggests, each GPU at most
+    /// once per ten `RESEND_AFTER` (the new inventory comes back through the log).
+    fn send_mig_layouts(&self, layouts: &[(NodeId, u32, Vec<String>)]) {
+        for (target, gpu, profiles) in layouts {
+            {
+                let mut mem = lock(&self.memory);
+                let key = (*target, *gpu);
+                if mem.layouts_sent.get(&key).is_some_and(|t| t.elapsed() < RESEND_AFTER * 10) {
+                    continue;
+                }
+                mem.layouts_sent.insert(key, Instant::now());
+            }
+            info!(node = target, gpu, profiles = ?profiles, "asking for a mig layout");
+            if *target == self.id {
+                if let Err(e) = self.apply_mig_layout(*gpu, profiles.clone()) {
+                    warn!(gpu, error = %e, "mig layout");
+                }
+                continue;
+            }
+            let Some(addr) = self.state.read(|s| s.nodes.get(target).map(|n| n.addr.clone())) else { continue };
+            let client = Arc::clone(&self.client);
+            let env = Envelope { hops: 0, request: Request::ApplyMigLayout { gpu: *gpu, profiles: profiles.clone() }, user: None };
+            let gpu = *gpu;
+            tokio::spawn(async move {
+                match client.call(&addr, &env, PEER_CALL_TIMEOUT).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => warn!(gpu, error = %e, "mig layout refused"),
+                    Err(e) => warn!(gpu, error = %e, "mig layout not delivered"),
+                }
+            });
+        }
+    }
+
+    /// Sends every committed-but-unconfirmed launch of a part to its node, and every stop of a
+    /// part that must end (cancelled, failed gang, requeued, earlier run) to its node; re-sends
+    /// after `RESEND_AFTER`.
+    fn drive_launches_and_kills(self: &Arc<Self>) {
+        // Read before the state: the state read below is at least this recent.
+        let issued_index = self.state.applied_index();
+        let (launches, kills) = self.state.read(|s| {
+            let addr_of = |node: NodeId| s.nodes.get(&node).map(|n| n.addr.clone()).unwrap_or_default();
+            let mut launches = Vec::new();
+            let mut kills = Vec::new();
+            // Only jobs with parts have anything to launch or stop (finished ones, most of the
+            // hot state under a sweep, have none).
+            for j in s.jobs.values().filter(|j| !j.parts.is_empty()) {
+                let targets = control::leader::launch_targets(j);
+                if !targets.is_empty() {
+                    let nodes: Vec<(String, String)> = j
+                        .run_nodes()
+                        .iter()
+                        .map(|n| s.nodes.get(n).map(|r| (r.name.clone(), r.addr.clone())).unwrap_or_default())
+                        .collect();
+                    for target in targets {
+                        launches.push((j.clone(), nodes.clone(), target, addr_of(target)));
+                    }
+                }
+                for stop in control::leader::stops(j) {
+                    kills.push((j.id, stop.run, stop.checkpoint, stop.node, addr_of(stop.node)));
+                }
+            }
+            (launches, kills)
+        });
+        {
+            let mut mem = lock(&self.memory);
+            let now_ms = mem.now_ms();
+            mem.launches_sent.prune(now_ms);
+            mem.kills_sent.prune(now_ms);
+        }
+        for (job, nodes, target, addr) in launches {
+            let key = (job.id, job.run, target);
+            {
+                let mut mem = lock(&self.memory);
+                let now_ms = mem.now_ms();
+                if !mem.launches_sent.take_due(key, now_ms) {
+                    continue;
+                }
+            }
+            let node = Arc::clone(self);
+            let span = info_span!("launch", job = key.0, run = key.1, node = target);
+            let calls = Arc::clone(
+                lock(&self.memory)
+                    .launch_calls
+                    .entry(target)
+                    .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(crate::pacing::LAUNCH_CALLS_PER_NODE_MAX))),
+            );
+            tokio::spawn(
+                async move {
+                    // A node has at most so many launch calls under way; the rest wait here.
+                    let Ok(_call) = calls.acquire().await else { return };
+                    // A re-send counts from when the call starts, not from its wait.
+                    {
+                        let mut mem = lock(&node.memory);
+                        let now_ms = mem.now_ms();
+                        mem.launches_sent.sent(key, now_ms);
+                    }
+                    node.send_launch(job, nodes, target, addr, issued_index).await;
+                }
+                .instrument(span),
+            );
+        }
+        for (job, run, checkpoint, target, addr) in kills {
+            {
+                let mut mem = lock(&self.memory);
+                let now_ms = mem.now_ms();
+                if !mem.kills_sent.take_due((job, run, target), now_ms) {
+                    continue;
+                }
+            }
+            let node = Arc::clone(self);
+            tokio::spawn(async move {
+                let result = if target == node.id {
+                    node.agent.kill(job, run, checkpoint)
+                } else {
+                    let env = Envelope { hops: 0, request: Request::Kill { job, run, checkpoint }, user: None };
+                    node.client.call(&addr, &env, PEER_CALL_TIMEOUT).await.unwrap_or_else(|e| Err(ApiError::Unavailable(e.to_string())))
+                };
+                if let Err(e) = result {
+                    debug!(job, run, error = %e, "stop not delivered, will retry");
+                }
+            });
+        }
+    }
+
+    async fn send_launch(&self, job: proto::Job, nodes: Vec<(String, String)>, target: NodeId, addr: String, issued_index: u64) {
+        let (id, run) = (job.id, job.run);
+        let result = if target == self.id {
+            self.launch_here(job, nodes).await
+        } else {
+            let env = Envelope { hops: 0, request: Request::Launch { job: Box::new(job), nodes, issued_index }, user: None };
+            match self.client.call(&addr, &env, PEER_CALL_TIMEOUT).await {
+                Ok(r) => r,
+                Err(e) => Err(ApiError::Unavailable(format!("reach {addr}: {e}"))),
+            }
+        };
+        match result {
+            Ok(Reply::LaunchAck { instance, .. }) => {
+                let cmd = Command::LaunchConfirmed { job: id, run, node: target, instance, now_ms: now_ms() };
+                match self.propose(cmd).await {
+                    Ok(CommandResult::Ok) => debug!("launch confirmed"),
+                    Ok(other) => debug!(result = ?other, "launch confirmation not applied"),
+                    Err(e) => warn!(error = %e, "commit launch confirmation"),
+                }
+            }
+            Ok(other) => warn!(reply = ?other, "unexpected launch reply"),
+            Err(e) => warn!(error = %e, "launch not accepted, will retry"),
+        }
+    }
+
+    /// Keeps `voters_max` voters: promotes a healthy agent when there are fewer, and replaces a
+    /// voter that has been DOWN for `voter_replace_after_ms`. One change at a time.
+    fn manage_voters(self: &Arc<Self>) {
+        if self.membership_busy.load(Ordering::SeqCst) {
+            return;
+        }
+        let voters = self.voter_ids();
+        let now = now_ms();
+        let fresh_within = Duration::from_millis(self.config.heartbeat_interval_ms * 3);
+        let (candidate, dead) = {
+            let mem = lock(&self.memory);
+            self.state.read(|s| {
+                let candidate = s
+                    .nodes
+                    .values()
+                    .filter(|n| n.state == NodeState::Up && !voters.contains(&n.id))
+                    .filter(|n| !n.inventory.features.iter().any(|f| f == liveness::NEVER_VOTER_FEATURE))
+                    .find(|n| mem.last_seen.get(&n.id).is_some_and(|t| t.elapsed() < fresh_within))
+                    .map(|n| (n.id, MemberNode { name: n.name.clone(), addr: n.addr.clone() }));
+                let dead: Vec<NodeId> = voters
+                    .iter()
+                    .copied()
+                    .filter(|v| {
+                        s.nodes.get(v).is_some_and(|n| {
+                            n.state == NodeState::Down && now.saturating_sub(n.state_changed_ms) > self.config.voter_replace_after_ms
+                        })
+                    })
+                    .collect();
+                (candidate, dead)
+            })
+        };
+        let Some((new_id, new_node)) = candidate else { return };
+        let change = if voters.len() < self.config.voters_max {
+            let mut v = voters.clone();
+            v.insert(new_id);
+            v
+        } else if let Some(gone) = dead.first() {
+            let mut v = voters.clone();
+            v.remove(gone);
+            v.insert(new_id);
+            v
+        } else {
+            return;
+        };
+        self.membership_busy.store(true, Ordering::SeqCst);
+        let node = Arc::clone(self);
+        tokio::spawn(async move {
+            info!(node = %new_node.name, voters = ?change, "promoting node to voter");
+            let result = async {
+                node.raft.add_learner(new_id, new_node.clone(), true).await.map_err(|e| format!("add learner: {e}"))?;
+                // retain: a replaced voter stays a learner, so when it comes back the log tells it
+                // it is no longer a voter (a removed node would otherwise campaign for ever and
+                // serve a stale state).
+                node.raft.change_membership(change.clone(), true).await.map_err(|e| format!("change membership: {e}"))?;
+                Ok::<_, String>(())
+            }
+            .await;
+            match result {
+                Ok(()) => info!(node = %new_node.name, "voters now {:?}", change),
+                Err(e) => warn!(node = %new_node.name, error = %e, "promotion failed"),
+            }
+            node.membership_busy.store(false, Ordering::SeqCst);
+        });
+    }
+
+    /// Periodically learns the members' addresses so this node can find the leader.
+    pub(super) async fn learn_members_loop(self: Arc<Self>) {
+        let mut ticker = tokio::time::interval(liveness::MEMBERS_CHECK_INTERVAL);
+        let mut learned: Option<(u64, Instant)> = None;
+        loop {
+            ticker.tick().await;
+            let term = self.agent.ack_term();
+            if !liveness::members_due(learned, term, Instant::now()) {
+                continue;
+            }
+            // A relay answers (any voter does): the leader is asked only when none can.
+            let members = match self.heartbeat_link.call(Request::Members, 0).await {
+                // A leader of an older build does not know `Members` yet.
+                Err(crate::link::LinkError::Api(ApiError::Invalid(_))) => self.heartbeat_link.call(Request::ClusterInfo, 0).await,
+                other => other,
+            };
+            if let Ok(Reply::Cluster(info)) = members {
+                let addrs: Vec<String> = info.members.iter().filter(|m| m.role != NodeRole::Agent).map(|m| m.addr.clone()).collect();
+                self.forward_link.learn(addrs.iter().filter(|a| **a != self.config.advertise_addr()).cloned());
+                self.agent_link.learn(addrs.clone());
+                self.heartbeat_link.learn(addrs);
+                let voters: Vec<(NodeId, NodeRole, String)> = info.members.iter().map(|m| (m.id, m.role, m.addr.clone())).collect();
+                self.heartbeat_link.set_first(liveness::relay_order(self.id, &voters));
+                learned = Some((term, Instant::now()));
+            }
+        }
+    }
+}

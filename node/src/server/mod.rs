@@ -1,0 +1,1033 @@
+//! One running node: the request handler every peer and client talks to (routing, reads,
+//! authorization, forwarding to the leader, what only the leader answers), with the rest by
+//! concern: the leader's control loop (`leader`), heartbeats and their relay (`heartbeats`),
+//! certificates and enrolment (`enrol`), and the start-up and stop of a node (`start`).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use consensus::{MemberNode, Raft, StateHandle};
+use proto::{
+    ApiError, ClusterInfo, ClusterMember, Command, CommandResult, Envelope, InstanceId, Inventory, Job, JobId, JobState, LogStream, NodeId,
+    NodeInfo, NodeRole, NodeState, Reply, Request, Response, RunNo, FORWARD_HOPS_MAX,
+};
+use tokio::sync::Notify;
+use tracing::{debug, error, info, info_span, warn, Instrument};
+use transport::{Client, Handler, Peer};
+
+use crate::agent::Agent;
+use crate::config::NodeConfig;
+use crate::link::{LeaderLink, LinkError};
+use crate::liveness;
+
+mod enrol;
+mod heartbeats;
+mod leader;
+mod start;
+
+use enrol::{constant_time_eq, renew_certificate_loop, sha256_hex, JOIN_TOKEN_TTL_MS_MAX};
+use leader::LeaderMemory;
+pub use start::{heartbeat_call_timeout, relay_linger, run, Ended, StopRequest, STOP_REPORT_MS};
+
+pub fn now_ms() -> u64 {
+    crate::fault::wall_ms()
+}
+
+const PEER_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a forward waits for a handshake with the leader (a live one answers in well under a
+/// millisecond on a LAN; a dead one should cost its clients little).
+const FORWARD_CONNECT_TIMEOUT: Duration = Duration::from_millis(250);
+/// How long a leader that could not be reached is taken for dead by forwards (an election
+/// takes at most the election timeout; past this, it is tried again).
+const UNREACHABLE_LEADER_HOLD: Duration = Duration::from_millis(1_000);
+/// The longest pause after a leader tick (see `leader_loop`).
+const TICK_PAUSE_MAX: Duration = Duration::from_millis(100);
+/// How long a step's start waits for a node whose part of the job is still starting.
+const STEP_START_PATIENCE_MS: u64 = 30_000;
+const STEP_START_RETRY_MS: u64 = 100;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+pub struct Node {
+    pub config: NodeConfig,
+    pub id: NodeId,
+    pub raft: Raft,
+    /// Group commit of this node's proposals while it leads (`consensus::proposer`).
+    proposer: consensus::Proposer,
+    pub state: StateHandle,
+    pub client: Arc<Client>,
+    pub agent: Arc<Agent>,
+    /// Towards the leader, starting with this node itself.
+    pub agent_link: Arc<LeaderLink>,
+    /// Towards the leader through other members (used when this node cannot answer).
+    pub forward_link: Arc<LeaderLink>,
+    /// Where this node's heartbeats go: its relays first (`liveness::relay_order`).
+    pub heartbeat_link: Arc<LeaderLink>,
+    /// The heartbeats this node passes on to the leader while it is not the leader.
+    relay: liveness::Relay,
+    memory: Mutex<LeaderMemory>,
+    /// The leader a forward last failed to reach, and when (see `forward`).
+    unreachable_leader: Mutex<Option<(NodeId, Instant)>>,
+    membership_busy: AtomicBool,
+    kick: Notify,
+    pub inventory: Inventory,
+    probe: Arc<dyn crate::gpu::GpuProbe>,
+    /// Scheduling passes this node held back while leading (`pacing`).
+    pub paced: crate::pacing::PacedCounts,
+}
+
+impl Node {
+    fn status(&self) -> consensus::RaftStatus {
+        consensus::raft_status(&self.raft)
+    }
+
+    pub fn is_leader(&self) -> bool {
+        consensus::is_leader(&self.raft)
+    }
+
+    /// Whether this node holds the replicated state (voter or learner).
+    fn is_member(&self) -> bool {
+        consensus::is_member(&self.raft)
+    }
+
+    fn leader(&self) -> (Option<NodeId>, Option<String>) {
+        let s = self.status();
+        let addr = s.leader.and_then(|l| s.voters.iter().chain(s.learners.iter()).find(|(id, _)| *id == l).map(|(_, n)| n.addr.clone()));
+        (s.leader, addr)
+    }
+
+    fn voter_ids(&self) -> BTreeSet<NodeId> {
+        self.status().voters.iter().map(|(id, _)| *id).collect()
+    }
+
+    /// How long ago the leader last heard each node's heartbeat (empty on other nodes).
+    pub fn heartbeat_ages_ms(&self) -> BTreeMap<NodeId, u64> {
+        let mem = lock(&self.memory);
+        if mem.term.is_none() {
+            return BTreeMap::new();
+        }
+        mem.last_seen.iter().map(|(id, t)| (*id, t.elapsed().as_millis() as u64)).collect()
+    }
+
+    /// Commits `cmd` through Raft and returns what applying it answered.
+    pub async fn propose(&self, cmd: Command) -> Result<CommandResult, ApiError> {
+        self.proposer.propose(cmd).await.map(|(_, result)| result).map_err(ApiError::from)
+    }
+
+    async fn handle(self: Arc<Self>, envelope: Envelope) -> Response {
+        let Envelope { hops, request, user } = envelope;
+        match request {
+            Request::Raft { kind, payload } => consensus::handle_raft_rpc(&self.raft, self.state.snapshot_inbox(), kind, &payload)
+                .await
+                .map(|payload| Reply::Raft { payload }),
+            Request::Launch { job, nodes, issued_index } => self.launch_if_current(*job, nodes, issued_index).await,
+            Request::Kill { job, run, checkpoint } => self.agent.kill(job, run, checkpoint),
+            Request::ApplyMigLayout { gpu, profiles } => self.apply_mig_layout(gpu, profiles),
+            Request::SignalPart { job, run, signal, batch_only } => self.agent.signal(job, run, signal, batch_only),
+            Request::Logs { job, stream, offset, max_bytes } => self.logs(hops, job, stream, offset, max_bytes, user).await,
+            Request::Enroll { secret, name, csr_pem } => self.enroll(&secret, &name, &csr_pem),
+            Request::StepLaunch { job, spec } => self.launch_step(job, spec, user).await,
+            Request::StepStart { job, run, step, spec } => self.agent.start_step(job, run, step, &spec, user.as_deref()).await,
+            Request::StepRead { job, step, node, offset, exits_seen, wait_ms } => {
+                if node == self.config.name {
+                    return self.agent.read_step(job, step, offset, exits_seen, wait_ms, user.as_deref()).await;
+                }
+                let wait = Duration::from_millis(u64::from(wait_ms.min(proto::limits::STEP_READ_WAIT_MS_MAX)));
+                let request = Request::StepRead { job, step, node: node.clone(), offset, exits_seen, wait_ms };
+                self.to_run_node(hops, job, &node, request, user, PEER_CALL_TIMEOUT + wait).await
+            }
+            Request::StepSignal { job, step, node, signal } => {
+                if node == self.config.name {
+                    return self.agent.signal_step(job, step, signal, user.as_deref());
+                }
+                let request = Request::StepSignal { job, step, node: node.clone(), signal };
+                self.to_run_node(hops, job, &node, request, user, PEER_CALL_TIMEOUT).await
+            }
+            Request::ListJoinTokens => {
+                self.require_admin(user.as_deref(), "list join tokens")?;
+                Ok(Reply::JoinTokens(self.state.read(|s| s.join_tokens.values().cloned().collect())))
+            }
+            Request::Heartbeat { node, instance, running: _ } if !self.is_leader() => {
+                self.relay.relay(proto::Beat { node, instance }).await
+            }
+            request if request.needs_leader() => {
+                if self.is_leader() {
+                    self.handle_on_leader(request, user).await
+                } else {
+                    self.forward(hops, request, user).await
+                }
+            }
+            request => {
+                if !self.is_member() {
+                    return self.forward(hops, request, user).await;
+                }
+                // A node that knows no leader may be cut off or removed and hold a stale state:
+                // let the client ask another node. Cluster info stays local, for diagnosis.
+                if self.leader().0.is_none()
+                    && !matches!(request, Request::ClusterInfo | Request::Members | Request::GetPolicy | Request::AccountingDigest)
+                {
+                    return Err(ApiError::NoLeader);
+                }
+                match self.read(request.clone()) {
+                    // A follower may not have applied a job its client just submitted through the
+                    // leader: ask the leader rather than deny the job exists.
+                    Err(ApiError::NotFound(_)) if !self.is_leader() && matches!(request, Request::GetJob { .. }) => {
+                        self.forward(hops, request, user).await
+                    }
+                    other => other,
+                }
+            }
+        }
+    }
+
+    /// Starts a step of `job`, whose batch script runs here, on the nodes it names: numbers it,
+    /// has every node start its tasks, and stops them all again if one node cannot.
+    async fn launch_step(self: &Arc<Self>, job: JobId, spec: proto::StepSpec, user: Option<String>) -> Response {
+        spec.validate().map_err(ApiError::Invalid)?;
+        let numbered = self.agent.number_step(job, user.as_deref())?;
+        let (run, step) = (numbered.run, numbered.step);
+        let mut targets = Vec::new();
+        for n in &spec.nodes {
+            let Some((_, addr)) = numbered.nodes.iter().find(|(name, _)| *name == n.name) else {
+                return Err(ApiError::Invalid(format!("node {} is not in the allocation of job {job}", n.name)));
+            };
+            targets.push((n.name.clone(), addr.clone()));
+        }
+        let mut spec = spec;
+        self.add_step_rendezvous(&mut spec, job, step, &targets, numbered.master_port);
+        let spec = Arc::new(spec);
+        // A node whose part is still starting (its preflight) answers "unavailable": ask again
+        // for a while.
+        let deadline = std::time::Instant::now() + Duration::from_millis(STEP_START_PATIENCE_MS);
+        let mut pending = targets;
+        let mut started = Vec::new();
+        let mut failed = Vec::new();
+        while !pending.is_empty() {
+            let mut starts = Vec::new();
+            for (name, addr) in std::mem::take(&mut pending) {
+                let node = Arc::clone(self);
+                let spec = Arc::clone(&spec);
+                let user = user.clone();
+                starts.push(tokio::spawn(async move {
+                    let result = if name == node.config.name {
+                        node.agent.start_step(job, run, step, &spec, user.as_deref()).await
+                    } else {
+                        let request = Request::StepStart { job, run, step, spec: (*spec).clone() };
+                        let env = Envelope { hops: 0, request, user };
+                        node.client
+                            .call(&addr, &env, PEER_CALL_TIMEOUT)
+                            .await
+                            .unwrap_or_else(|e| Err(ApiError::Unavailable(format!("reach {addr}: {e}"))))
+                    };
+                    (name, addr, result)
+                }));
+            }
+            let retry = std::time::Instant::now() < deadline;
+            for s in starts {
+                match s.await {
+                    Ok((name, _, Ok(_))) => started.push(name),
+                    Ok((name, addr, Err(ApiError::Unavailable(_)))) if retry => pending.push((name, addr)),
+                    Ok((name, _, Err(e))) => failed.push(format!("{name}: {e}")),
+                    Err(e) => failed.push(format!("a start panicked: {e}")),
+                }
+            }
+            if !failed.is_empty() {
+                break;
+            }
+            if !pending.is_empty() {
+                tokio::time::sleep(Duration::from_millis(STEP_START_RETRY_MS)).await;
+            }
+        }
+        if failed.is_empty() {
+            info!(job, run, step, nodes = started.len(), "step launched");
+            return Ok(Reply::StepLaunched { step, run });
+        }
+        warn!(job, run, step, failed = %failed.join("; "), "step not started everywhere: stopping it");
+        for name in started {
+            let request = Request::StepSignal { job, step, node: name.clone(), signal: libc::SIGKILL };
+            if let Err(e) = Box::pin(Arc::clone(self).handle(Envelope { hops: 0, request, user: user.clone() })).await {
+                warn!(job, step, node = %name, error = %e, "stop a step that did not start everywhere");
+            }
+        }
+        Err(ApiError::Unavailable(format!("step {job}.{step} could not start on {}", failed.join("; "))))
+    }
+
+    /// Gives a step what torchrun's static rendezvous needs (`PET_MASTER_ADDR`,
+    /// `PET_MASTER_PORT`, `PET_NNODES`; each node adds its `PET_NODE_RANK`), unless the caller's
+    /// environment names them itself: the step's first node, and a port free there. On this
+    /// node a port is free when it can be bound now (the first from the step's place in
+    /// [`proto::STEP_PORT_FIRST`]'s range, so concurrent steps start apart); another node's free
+    /// port is not known here, so a step whose first node is elsewhere gets the job's
+    /// `MASTER_PORT`, reserved for the job on the job's first node.
+    fn add_step_rendezvous(&self, spec: &mut proto::StepSpec, job: JobId, step: u32, targets: &[(String, String)], job_port: Option<u16>) {
+        let Some((first, addr)) = targets.first() else { return };
+        let port = if *first == self.config.name {
+            let start = (job.wrapping_mul(31).wrapping_add(u64::from(step)) % u64::from(proto::STEP_PORT_COUNT)) as u16;
+            let free = (0..proto::STEP_PORT_COUNT)
+                .map(|i| proto::STEP_PORT_FIRST + (start + i) % proto::STEP_PORT_COUNT)
+                .find(|p| std::net::TcpListener::bind(("0.0.0.0", *p)).is_ok());
+            if free.is_none() {
+                warn!(job, step, "no free port for a step's rendezvous: the job's MASTER_PORT it is");
+            }
+            free.or(job_port)
+        } else {
+            job_port
+        };
+        let Some(port) = port else { return };
+        for (k, v) in slurm_compat::env::torchrun_env(&crate::launcher::host_of(addr), port, targets.len()) {
+            spec.env.entry(k).or_insert(v);
+        }
+    }
+
+    /// Sends a step request to node `name` of `job`'s run, whose address this node knows
+    /// because the run runs here too.
+    async fn to_run_node(&self, hops: u8, job: JobId, name: &str, request: Request, user: Option<String>, timeout: Duration) -> Response {
+        if hops >= FORWARD_HOPS_MAX {
+            return Err(ApiError::Unavailable(format!("gave up after {hops} forwards")));
+        }
+        let addr = self
+            .agent
+            .run_node_addr(job, name)
+            .ok_or_else(|| ApiError::NotFound(format!("node {name} in job {job}'s run on this node")))?;
+        let env = Envelope { hops: hops + 1, request, user };
+        self.client.call(&addr, &env, timeout).await.unwrap_or_else(|e| Err(ApiError::Unavailable(format!("reach {name} at {addr}: {e}"))))
+    }
+
+    /// Sends a request this node cannot answer to the leader.
+    async fn forward(&self, hops: u8, request: Request, user: Option<String>) -> Response {
+        if hops >= FORWARD_HOPS_MAX {
+            return Err(ApiError::Unavailable(format!("gave up after {hops} forwards")));
+        }
+        let (leader, leader_addr) = self.leader();
+        match (leader, leader_addr) {
+            (Some(l), Some(addr)) if l != self.id => {
+                // A leader this node just failed to reach is most likely dead: until an election
+                // names another (or a while has passed), say so at once instead of waiting for
+                // a handshake each time, so the client's retry finds the new leader promptly.
+                if lock(&self.unreachable_leader).is_some_and(|(dead, at)| dead == l && at.elapsed() < UNREACHABLE_LEADER_HOLD) {
+                    return Err(ApiError::NoLeader);
+                }
+                let env = Envelope { hops: hops + 1, request, user };
+                let call = self.client.call_connecting_within(&addr, &env, PEER_CALL_TIMEOUT, FORWARD_CONNECT_TIMEOUT);
+                // A leader that died with this request in flight never answers; QUIC notices the
+                // connection is gone only after its loss timers. An election names the next
+                // leader sooner: stop waiting then, and let the client ask again (as after any
+                // lost reply, the request may or may not have been applied).
+                let outcome = tokio::select! {
+                    outcome = call => outcome,
+                    () = consensus::leader_changed_from(&self.raft, l) => {
+                        return Err(ApiError::Unavailable(format!("leader {l} was replaced while a forwarded request waited")));
+                    }
+                };
+                match outcome {
+                    Ok(resp) => resp,
+                    Err(e) => {
+                        if matches!(e, transport::CallError::Connect(_)) {
+                            *lock(&self.unreachable_leader) = Some((l, Instant::now()));
+                        }
+                        Err(ApiError::Unavailable(format!("forward to leader {addr}: {e}")))
+                    }
+                }
+            }
+            _ if self.is_member() => Err(ApiError::NoLeader),
+            _ => match self.forward_link.call_as(request, hops + 1, user).await {
+                Ok(reply) => Ok(reply),
+                Err(LinkError::Api(e)) => Err(e),
+                Err(LinkError::Unreachable(e)) => Err(ApiError::Unavailable(e)),
+            },
+        }
+    }
+
+    fn read(&self, request: Request) -> Response {
+        match request {
+            Request::GetJob { job } => {
+                let found = self.state.job(job).map_err(|e| ApiError::Internal(format!("read job {job}: {e}")))?;
+                let mut jobs: Vec<Job> = found.into_iter().collect();
+                self.explain_pending(&mut jobs);
+                jobs.pop().map(|j| Reply::Job(Box::new(j))).ok_or_else(|| ApiError::NotFound(format!("job {job}")))
+            }
+            Request::ListJobs { include_finished } => {
+                // The hot state only (live jobs and those finished in the last `min_job_age_s`);
+                // history is paged through `QueryJobs`.
+                let mut jobs: Vec<Job> =
+                    self.state.read(|s| s.jobs.values().filter(|j| include_finished || !j.state.is_final()).cloned().collect());
+                self.explain_pending(&mut jobs);
+                Ok(Reply::Jobs(jobs))
+            }
+            Request::AccountingDigest => {
+                let applied_index = self.state.applied_index();
+                let hot_jobs = self.state.read(|s| s.jobs.len() as u64);
+                let (records, digest) =
+                    self.state.accounting_digest().map_err(|e| ApiError::Internal(format!("read the accounting store: {e}")))?;
+                let disk_bytes =
+                    self.state.accounting_disk_bytes().map_err(|e| ApiError::Internal(format!("read the accounting store: {e}")))?;
+                Ok(Reply::AccountingDigest { node: self.config.name.clone(), applied_index, hot_jobs, records, digest, disk_bytes })
+            }
+            Request::QueryJobs { query } => {
+                let (mut jobs, next) = self.state.query_jobs(&query).map_err(|e| ApiError::Internal(format!("query jobs: {e}")))?;
+                self.explain_pending(&mut jobs);
+                Ok(Reply::JobPage { jobs, next })
+            }
+            Request::ListNodes => Ok(Reply::Nodes(self.node_infos())),
+            Request::ClusterInfo => Ok(Reply::Cluster(self.cluster_info(true))),
+            Request::Members => Ok(Reply::Cluster(self.cluster_info(false))),
+            Request::GetPolicy => Ok(Reply::Policy(self.state.read(|s| s.policy.clone()))),
+            Request::TestSubmit { spec } => self.test_submit(spec),
+            other => Err(ApiError::Invalid(format!("not a read request: {other:?}"))),
+        }
+    }
+
+    /// `sbatch --test-only`: submits `spec` to a copy of the state and asks the scheduler what it
+    /// would do with it now; the log is not touched.
+    fn test_submit(&self, mut spec: proto::JobSpec) -> Response {
+        spec.fill_default_mem();
+        spec.validate().map_err(ApiError::Invalid)?;
+        let now = now_ms();
+        self.state.read(|s| {
+            let mut trial = s.clone();
+            let job = match trial.apply(&Command::Submit { spec, now_ms: now }) {
+                CommandResult::Submitted { job } => job,
+                other => return Err(rejected(other)),
+            };
+            let plan = scheduler::schedule(&trial.scheduler_view(), now);
+            let name = |id: &NodeId| trial.nodes.get(id).map_or_else(|| format!("node{id}"), |n| n.name.clone());
+            if let Some(p) = plan.placements.iter().find(|p| p.job == job) {
+                let nodes = p.allocs.iter().map(|a| name(&a.node)).collect();
+                let cpus = p.allocs.iter().map(|a| a.cpus).sum();
+                return Ok(Reply::TestSubmitted { job, start_ms: Some(now), nodes, cpus, reasons: Vec::new() });
+            }
+            let reasons = plan.pending.get(&job).cloned().unwrap_or_default();
+            match plan.reservation.filter(|r| r.job == job) {
+                Some(r) => {
+                    let nodes = r.nodes.iter().map(name).collect();
+                    let cpus = trial.jobs.get(&job).map_or(0, |j| j.spec.cpus_per_task * j.spec.ntasks_per_node * j.spec.nodes);
+                    Ok(Reply::TestSubmitted { job, start_ms: Some(r.start_ms), nodes, cpus, reasons })
+                }
+                None => Ok(Reply::TestSubmitted { job, start_ms: None, nodes: Vec::new(), cpus: 0, reasons }),
+            }
+        })
+    }
+
+    /// Applies a MIG layout on this node, starting from its inventory as the log has it.
+    fn apply_mig_layout(&self, gpu: u32, profiles: Vec<String>) -> Response {
+        let base = self.state.read(|s| s.nodes.get(&self.id).map(|n| n.inventory.clone())).unwrap_or_else(|| self.inventory.clone());
+        self.agent.apply_mig_layout(Arc::clone(&self.probe), base, gpu, profiles, Arc::clone(&self.agent_link))
+    }
+
+    /// Fills in why each pending job does not start now: the pure scheduler run on this node's
+    /// committed state gives the same answer the leader's pass would.
+    fn explain_pending(&self, jobs: &mut [Job]) {
+        if !jobs.iter().any(|j| j.state == JobState::Pending) {
+            return;
+        }
+        let view = self.scheduler_view();
+        let plan = scheduler::schedule(&view, now_ms());
+        for job in jobs.iter_mut().filter(|j| j.state == JobState::Pending) {
+            if let Some(why) = plan.pending.get(&job.id) {
+                job.reasons.extend(why.iter().cloned());
+            } else if !job.parts.is_empty() {
+                job.reasons.push(format!("waiting for run {} to stop", job.run));
+            } else if plan.placements.iter().any(|p| p.job == job.id) {
+                job.reasons.push("starting".into());
+            }
+        }
+    }
+
+    fn role_of(&self, id: NodeId, leader: Option<NodeId>, voters: &BTreeSet<NodeId>) -> NodeRole {
+        if leader == Some(id) {
+            NodeRole::Leader
+        } else if voters.contains(&id) {
+            NodeRole::Voter
+        } else {
+            NodeRole::Agent
+        }
+    }
+
+    pub fn node_infos(&self) -> Vec<NodeInfo> {
+        let (leader, _) = self.leader();
+        let voters = self.voter_ids();
+        self.state.read(|s| {
+            let held = s.cpus_and_memory_held();
+            s.nodes
+                .values()
+                .map(|n| {
+                    let (cpus_alloc, memory_alloc_mib) = held.get(&n.id).copied().unwrap_or_default();
+                    let mut types: Vec<String> = n.inventory.gpus.iter().map(|g| g.gres_type.clone()).collect();
+                    types.dedup();
+                    NodeInfo {
+                        unhealthy_gpus: n
+                            .inventory
+                            .gpus
+                            .iter()
+                            .filter(|g| !g.healthy)
+                            .map(|g| (g.index, g.health_reason.clone().unwrap_or_default()))
+                            .collect(),
+                        id: n.id,
+                        name: n.name.clone(),
+                        addr: n.addr.clone(),
+                        state: n.state,
+                        role: self.role_of(n.id, leader, &voters),
+                        gpus_total: n.inventory.gpus.len() as u32,
+                        gpus_free: s.gpus_free(n.id),
+                        gpu_types: types,
+                        cpus_total: n.inventory.cpus,
+                        cpus_alloc,
+                        memory_mib: n.inventory.memory_mib,
+                        memory_alloc_mib,
+                        reason: n.state_reason.clone(),
+                        cert_fingerprint: n.cert_fingerprint.clone(),
+                        partitions: n.inventory.partitions.clone(),
+                    }
+                })
+                .collect()
+        })
+    }
+
+    /// Members, roles and Raft indexes; with `digest`, the applied state's digest too (which
+    /// encodes the whole hot state: for checks and diagnosis, not for routine polling).
+    pub fn cluster_info(&self, digest: bool) -> ClusterInfo {
+        let st = self.status();
+        let voters: BTreeSet<NodeId> = st.voters.iter().map(|(id, _)| *id).collect();
+        let (leader_name, members) = self.state.read(|s| {
+            let leader_name = st.leader.and_then(|l| s.nodes.get(&l).map(|n| n.name.clone()));
+            // Without the digest (`Members`, which every node asks), the voters and learners
+            // only: listing every node for every node was quadratic in the fleet.
+            let listed: Box<dyn Iterator<Item = &proto::NodeRecord>> = if digest {
+                Box::new(s.nodes.values())
+            } else {
+                Box::new(st.voters.iter().chain(st.learners.iter()).filter_map(|(id, _)| s.nodes.get(id)))
+            };
+            let mut members: Vec<ClusterMember> = listed
+                .map(|n| ClusterMember {
+                    id: n.id,
+                    name: n.name.clone(),
+                    role: self.role_of(n.id, st.leader, &voters),
+                    addr: n.addr.clone(),
+                })
+                .collect();
+            // Voters not (yet) registered as nodes still show up.
+            for (id, node) in st.voters.iter().chain(st.learners.iter()) {
+                if !s.nodes.contains_key(id) {
+                    members.push(ClusterMember {
+                        id: *id,
+                        name: node.name.clone(),
+                        role: self.role_of(*id, st.leader, &voters),
+                        addr: node.addr.clone(),
+                    });
+                }
+            }
+            (leader_name, members)
+        });
+        ClusterInfo {
+            leader: leader_name,
+            leader_id: st.leader,
+            term: st.term,
+            commit_index: st.commit_index.unwrap_or(0),
+            applied_index: st.applied_index.unwrap_or(0),
+            snapshot_index: st.snapshot_index,
+            purged_index: st.purged_index,
+            answered_by: self.config.name.clone(),
+            state_digest: if digest { self.state.read(|s| s.digest()) } else { String::new() },
+            members,
+        }
+    }
+
+    async fn logs(&self, hops: u8, job: JobId, stream: LogStream, offset: u64, max_bytes: u32, user: Option<String>) -> Response {
+        if self.is_member() {
+            // The first node of the job (rank 0) holds the batch script's output; a finished job
+            // that left the hot state is read from the accounting store.
+            let first = self
+                .state
+                .job(job)
+                .map_err(|e| ApiError::Internal(format!("read job {job}: {e}")))?
+                .and_then(|j| j.last_nodes.first().copied());
+            let Some((node, node_addr)) = first.map(|node| (node, self.state.read(|s| s.nodes.get(&node).map(|n| n.addr.clone())))) else {
+                return Err(ApiError::NotFound(format!("job {job} has not run yet")));
+            };
+            if node == self.id {
+                return self.agent.read_log(job, stream, offset, max_bytes);
+            }
+            if hops >= FORWARD_HOPS_MAX {
+                return Err(ApiError::Unavailable("too many forwards".into()));
+            }
+            let addr = node_addr.ok_or_else(|| ApiError::NotFound(format!("node {node}")))?;
+            let env = Envelope { hops: hops + 1, request: Request::Logs { job, stream, offset, max_bytes }, user };
+            return self
+                .client
+                .call(&addr, &env, PEER_CALL_TIMEOUT)
+                .await
+                .map_err(|e| ApiError::Unavailable(format!("read output from {addr}: {e}")))?;
+        }
+        match self.agent.read_log(job, stream, offset, max_bytes) {
+            Err(ApiError::NotFound(_)) => self.forward(hops, Request::Logs { job, stream, offset, max_bytes }, user).await,
+            other => other,
+        }
+    }
+
+    /// Whether `user` may act on jobs of other users and on the cluster: an admin, or the node
+    /// itself (no user).
+    fn is_admin(&self, user: Option<&str>) -> bool {
+        user.is_none_or(|u| self.config.admins.iter().any(|a| a == u))
+    }
+
+    fn require_admin(&self, user: Option<&str>, what: &str) -> Result<(), ApiError> {
+        if self.is_admin(user) {
+            return Ok(());
+        }
+        let who = user.unwrap_or_default();
+        warn!(user = %who, action = what, "denied: not an admin");
+        Err(ApiError::Denied(format!("user {who} may not {what}: only admins may")))
+    }
+
+    /// Users act on their own jobs only; admins on any.
+    fn require_owner(&self, user: Option<&str>, job: JobId, what: &str) -> Result<(), ApiError> {
+        if self.is_admin(user) {
+            return Ok(());
+        }
+        let who = user.unwrap_or_default();
+        let owner = self.state.read(|s| s.jobs.get(&job).map(|j| j.spec.user.clone()));
+        match owner {
+            None => Err(ApiError::NotFound(format!("job {job}"))),
+            Some(owner) if owner == who => Ok(()),
+            Some(owner) => {
+                warn!(user = %who, job, owner = %owner, action = what, "denied: not the job's owner");
+                Err(ApiError::Denied(format!("user {who} may not {what} job {job} of user {owner}")))
+            }
+        }
+    }
+
+    /// Starts a run a leader sent, unless it is stale: a launch composed before the cluster gave
+    /// the run up (a `NodeDown`, a requeue) may arrive after it, at a new instance of this node or
+    /// once a paused one runs again. First this node's replica applies the log up to what the
+    /// launch was read from and what its last acknowledgement named (everything decided before
+    /// this node was known alive again); then the run must still be the job's current run with an
+    /// unconfirmed part here, or one this instance confirmed.
+    async fn launch_if_current(&self, job: proto::Job, nodes: Vec<(String, String)>, issued_index: u64) -> Response {
+        let (me, instance) = (self.id, self.agent.instance);
+        let is_current = |j: &proto::Job| control::agent::run_is_current_here(j, job.run, me, instance);
+        let current = if self.is_member() {
+            let wanted = issued_index.max(self.agent.ack_commit_index());
+            if !self.state.wait_applied(wanted, Duration::from_millis(LAUNCH_APPLY_WAIT_MS)).await {
+                return Err(ApiError::Unavailable(format!(
+                    "this node has applied {} of the log, the launch needs {wanted}: not starting yet",
+                    self.state.applied_index()
+                )));
+            }
+            self.state.read(|s| s.jobs.get(&job.id).is_some_and(is_current))
+        } else {
+            // No replica here: ask the leader, whose state holds everything decided so far.
+            match self.forward_link.call(Request::GetJob { job: job.id }, 0).await {
+                Ok(Reply::Job(j)) => is_current(&j),
+                Ok(other) => return Err(ApiError::Internal(format!("unexpected reply {other:?}"))),
+                Err(crate::link::LinkError::Api(ApiError::NotFound(_))) => false,
+                Err(e) => return Err(ApiError::Unavailable(format!("check the launch with the leader: {e}"))),
+            }
+        };
+        if !current {
+            info!(job = job.id, run = job.run, "refused a stale launch: the run is no longer current here");
+            return Err(ApiError::Denied(format!("job {} run {} is no longer current on this node", job.id, job.run)));
+        }
+        self.launch_here(job, nodes).await
+    }
+
+    /// Starts this node's part of `job` off the async workers: a launch syncs the ledger and
+    /// creates the run's directory and cgroups, and a burst of them (a plan places a whole
+    /// node's worth at once) must not hold up Raft's heartbeats on the same workers.
+    async fn launch_here(&self, job: Job, nodes: Vec<(String, String)>) -> Response {
+        let agent = Arc::clone(&self.agent);
+        tokio::task::spawn_blocking(move || agent.launch(job, &nodes))
+            .await
+            .unwrap_or_else(|e| Err(ApiError::Internal(format!("launch task failed: {e}"))))
+    }
+
+    async fn handle_on_leader(&self, request: Request, user: Option<String>) -> Response {
+        let now = now_ms();
+        let who = user.as_deref();
+        match &request {
+            Request::Cancel { job } => self.require_owner(who, *job, "cancel")?,
+            Request::Requeue { job } => self.require_owner(who, *job, "requeue")?,
+            Request::UpdateJob { job, .. } => self.require_owner(who, *job, "update")?,
+            Request::Signal { job, .. } => self.require_owner(who, *job, "signal")?,
+            Request::Drain { .. } => self.require_admin(who, "drain nodes")?,
+            Request::Resume { .. } => self.require_admin(who, "resume nodes")?,
+            Request::SetPolicy { .. } => self.require_admin(who, "change the scheduling policy")?,
+            Request::SetGpuHealth { .. } => self.require_admin(who, "change GPU health")?,
+            Request::CreateJoinToken { .. } => self.require_admin(who, "create join tokens")?,
+            Request::RevokeJoinToken { .. } => self.require_admin(who, "revoke join tokens")?,
+            Request::RevokeCert { .. } => self.require_admin(who, "revoke certificates")?,
+            _ => {}
+        }
+        match request {
+            Request::Submit { mut spec } => {
+                // The certificate says who submits, not the client's environment.
+                if let Some(u) = &user {
+                    spec.user = u.clone();
+                }
+                spec.fill_default_mem();
+                spec.validate().map_err(ApiError::Invalid)?;
+                if let Some(why) = self.state.read(|s| s.undefined_in_submission(&spec)) {
+                    return Err(ApiError::Invalid(why));
+                }
+                match self.propose(Command::Submit { spec, now_ms: now }).await? {
+                    CommandResult::Submitted { job } => {
+                        self.kick.notify_one();
+                        Ok(Reply::Submitted { job })
+                    }
+                    other => Err(rejected(other)),
+                }
+            }
+            Request::Cancel { job } => match self.propose(Command::Cancel { job, now_ms: now }).await? {
+                CommandResult::Ok => {
+                    self.kick.notify_one();
+                    Ok(Reply::Ok)
+                }
+                other => Err(rejected(other)),
+            },
+            Request::Drain { node, reason } => {
+                let id = self.node_id_by_name(&node)?;
+                self.propose(Command::Drain { node: id, reason, now_ms: now }).await.and_then(ok_or_rejected)
+            }
+            Request::Resume { node } => {
+                let id = self.node_id_by_name(&node)?;
+                self.propose(Command::Resume { node: id, now_ms: now }).await.and_then(ok_or_rejected)
+            }
+            Request::CreateJoinToken { ttl_ms } => {
+                if ttl_ms == 0 || ttl_ms > JOIN_TOKEN_TTL_MS_MAX {
+                    return Err(ApiError::Invalid(format!("a join token lives 1..={JOIN_TOKEN_TTL_MS_MAX} ms")));
+                }
+                let secret = hex::encode(rand::random::<[u8; 32]>());
+                let secret_sha256 = sha256_hex(secret.as_bytes());
+                let expires_ms = now.saturating_add(ttl_ms);
+                let created_by = user.clone().unwrap_or_else(|| "root".into());
+                let cmd =
+                    Command::AddJoinToken { secret_sha256: secret_sha256.clone(), expires_ms, created_by: created_by.clone(), now_ms: now };
+                ok_or_rejected(self.propose(cmd).await?)?;
+                let id = self.state.read(|s| s.join_tokens.values().find(|t| t.secret_sha256 == secret_sha256).map(|t| t.id)).unwrap_or(0);
+                info!(id, by = %created_by, expires_ms, "join token created");
+                Ok(Reply::JoinTokenCreated { id, secret, expires_ms })
+            }
+            Request::RevokeJoinToken { id } => {
+                ok_or_rejected(self.propose(Command::RevokeJoinToken { id, now_ms: now }).await?)?;
+                info!(id, by = %who.unwrap_or("root"), "join token revoked");
+                Ok(Reply::Ok)
+            }
+            Request::RevokeCert { node, fingerprint } => {
+                let (fingerprint, node, reason) = match (node, fingerprint) {
+                    (Some(name), None) => {
+                        // The certificate it joined with, and every one of its name after it.
+                        let fp = self.state.read(|s| s.nodes.values().find(|n| n.name == name).map(|n| n.cert_fingerprint.clone()));
+                        let Some(fp) = fp else { return Err(ApiError::NotFound(format!("node {name}"))) };
+                        let reason = format!("node {name} removed by {}", who.unwrap_or("root"));
+                        (fp, Some(name), reason)
+                    }
+                    (None, Some(fp)) if fp.len() == 64 && fp.bytes().all(|b| b.is_ascii_hexdigit()) => {
+                        (fp.to_ascii_lowercase(), None, format!("revoked by {}", who.unwrap_or("root")))
+                    }
+                    _ => return Err(ApiError::Invalid("name a node or a 64-digit certificate fingerprint".into())),
+                };
+                let cmd = Command::RevokeCert { fingerprint: fingerprint.clone(), node: node.clone(), reason: reason.clone(), now_ms: now };
+                ok_or_rejected(self.propose(cmd).await?)?;
+                warn!(fingerprint = %fingerprint, node = ?node, reason = %reason, "certificate revoked");
+                Ok(Reply::Ok)
+            }
+            Request::Join { token, name, addr, inventory, instance, cert_fingerprint } => {
+                if !constant_time_eq(token.as_bytes(), self.config.join_token.as_bytes()) {
+                    warn!(node = %name, "join refused: bad token");
+                    return Err(ApiError::Denied("bad join token".into()));
+                }
+                let cmd = Command::RegisterNode { name: name.clone(), addr, inventory, instance, cert_fingerprint, now_ms: now };
+                match self.propose(cmd).await? {
+                    CommandResult::NodeRegistered { id } => {
+                        lock(&self.memory).last_seen.insert(id, Instant::now());
+                        info!(node = %name, id, "node registered");
+                        self.kick.notify_one();
+                        Ok(Reply::Joined { id, name })
+                    }
+                    other => Err(rejected(other)),
+                }
+            }
+            Request::Heartbeat { node, instance, running: _ } => {
+                let (leader, term, commit_index, refused) = self.accept_heartbeats(&[proto::Beat { node, instance }]).await?;
+                match refused.into_iter().next() {
+                    Some((_, e)) => Err(e),
+                    None => Ok(Reply::HeartbeatAck { leader, term, commit_index }),
+                }
+            }
+            Request::Heartbeats { relay: _, beats } => {
+                if beats.len() > proto::HEARTBEATS_PER_REQUEST_MAX {
+                    return Err(ApiError::Invalid(format!(
+                        "{} heartbeats in one request, more than {}",
+                        beats.len(),
+                        proto::HEARTBEATS_PER_REQUEST_MAX
+                    )));
+                }
+                let (leader, term, commit_index, refused) = self.accept_heartbeats(&beats).await?;
+                Ok(Reply::HeartbeatAcks { leader, term, commit_index, refused })
+            }
+            Request::ReportRun { job, run, node, outcome, usage } => {
+                match self.propose(Command::RunFinished { job, run, node, outcome, usage, now_ms: now }).await? {
+                    CommandResult::Rejected(why) => debug!(job, run, why = %why, "run report ignored"),
+                    _ => self.kick.notify_one(),
+                }
+                Ok(Reply::Ok)
+            }
+            Request::ReportRuns { node, reports } => {
+                if reports.len() > proto::REPORTS_PER_REQUEST_MAX {
+                    return Err(ApiError::Invalid(format!(
+                        "{} reports in one request, more than {}",
+                        reports.len(),
+                        proto::REPORTS_PER_REQUEST_MAX
+                    )));
+                }
+                // All proposed at once: the proposer puts them in as few entries as fit.
+                let proposals = reports.into_iter().map(|r| {
+                    let (job, run) = (r.job, r.run);
+                    let cmd = Command::RunFinished { job, run, node, outcome: r.outcome, usage: r.usage, now_ms: now };
+                    async move { (job, run, self.propose(cmd).await) }
+                });
+                for (job, run, result) in futures_util::future::join_all(proposals).await {
+                    if let CommandResult::Rejected(why) = result? {
+                        debug!(job, run, why = %why, "run report ignored");
+                    }
+                }
+                self.kick.notify_one();
+                Ok(Reply::Ok)
+            }
+            Request::ReportGpuHealth { node, gpu, mig_uuid, healthy, reason } => {
+                warn!(node, gpu, healthy, reason = %reason, "gpu health reported");
+                let cmd = Command::GpuHealth { node, gpu, mig_uuid, healthy, reason, now_ms: now };
+                self.propose(cmd).await.and_then(ok_or_rejected)
+            }
+            Request::SetGpuHealth { node, gpu, healthy, reason } => {
+                let id = self.node_id_by_name(&node)?;
+                info!(node = %node, gpu, healthy, "operator sets gpu health");
+                let cmd = Command::GpuHealth { node: id, gpu, mig_uuid: None, healthy, reason, now_ms: now };
+                self.propose(cmd).await.and_then(ok_or_rejected)
+            }
+            Request::ReportInventory { node, inventory, reason } => {
+                self.propose(Command::UpdateInventory { node, inventory, reason, now_ms: now }).await.and_then(ok_or_rejected)
+            }
+            Request::Requeue { job } => {
+                let cmd = Command::Requeue { job, reason: proto::REQUEUED_ON_REQUEST.into(), now_ms: now };
+                let result = self.propose(cmd).await.and_then(ok_or_rejected);
+                self.kick.notify_one();
+                result
+            }
+            Request::SetPolicy { policy } => {
+                policy.validate().map_err(ApiError::Invalid)?;
+                let result = self.propose(Command::SetPolicy { policy, now_ms: now }).await.and_then(ok_or_rejected);
+                self.kick.notify_one();
+                result
+            }
+            Request::UpdateJob { job, hold, time_limit_ms, partition } => {
+                let cmd = Command::UpdateJob { job, hold, time_limit_ms, partition, now_ms: now };
+                let result = self.propose(cmd).await.and_then(ok_or_rejected);
+                self.kick.notify_one();
+                result
+            }
+            Request::Signal { job, signal, batch_only } => {
+                let parts = self.state.read(|s| {
+                    s.jobs.get(&job).filter(|j| j.state == JobState::Running).map(|j| {
+                        j.parts
+                            .iter()
+                            .filter(|p| p.run == j.run)
+                            .map(|p| (p.run, p.alloc.node, s.nodes.get(&p.alloc.node).map(|n| n.addr.clone()).unwrap_or_default()))
+                            .collect::<Vec<_>>()
+                    })
+                });
+                let parts = parts.ok_or_else(|| ApiError::Invalid(format!("job {job} is not running")))?;
+                for (run, target, addr) in parts {
+                    let result = if target == self.id {
+                        self.agent.signal(job, run, signal, batch_only)
+                    } else {
+                        let env = Envelope { hops: 0, request: Request::SignalPart { job, run, signal, batch_only }, user: None };
+                        self.client.call(&addr, &env, PEER_CALL_TIMEOUT).await.unwrap_or_else(|e| Err(ApiError::Unavailable(e.to_string())))
+                    };
+                    result?;
+                }
+                Ok(Reply::Ok)
+            }
+            other => Err(ApiError::Invalid(format!("not a leader request: {other:?}"))),
+        }
+    }
+}
+
+fn rejected(result: CommandResult) -> ApiError {
+    match result {
+        CommandResult::Rejected(why) if why.contains("unknown") || why.contains("not found") => ApiError::NotFound(why),
+        CommandResult::Rejected(why) => ApiError::Invalid(why),
+        other => ApiError::Internal(format!("unexpected result {other:?}")),
+    }
+}
+
+fn ok_or_rejected(result: CommandResult) -> Response {
+    match result {
+        CommandResult::Ok => Ok(Reply::Ok),
+        other => Err(rejected(other)),
+    }
+}
+
+/// How long a launch waits for this node's replica to catch up before it is refused (the
+/// leader sends it again).
+const LAUNCH_APPLY_WAIT_MS: u64 = 2_000;
+
+/// Requests only a node may send (a client's are forwarded by its node, under the node's name).
+fn node_only(request: &Request) -> bool {
+    matches!(
+        request,
+        Request::Raft { .. }
+            | Request::Join { .. }
+            | Request::Heartbeat { .. }
+            | Request::ReportRun { .. }
+            | Request::ReportRuns { .. }
+            | Request::Launch { .. }
+            | Request::Kill { .. }
+            | Request::ReportGpuHealth { .. }
+            | Request::ReportInventory { .. }
+            | Request::ApplyMigLayout { .. }
+            | Request::SignalPart { .. }
+            | Request::StepStart { .. }
+    )
+}
+
+/// The handler registered with the QUIC server before the node is fully up: until Raft is
+/// open it answers `Unavailable`.
+pub struct Api {
+    node: OnceLock<Arc<Node>>,
+    fault: Arc<crate::fault::FaultSwitch>,
+}
+
+impl Handler for Api {
+    fn handle(&self, peer: Peer, mut envelope: Envelope) -> Pin<Box<dyn Future<Output = Response> + Send + 'static>> {
+        // Who is asking: a user's certificate names them; a node may act for the user whose
+        // request it forwards.
+        // A machine without a certificate may only enrol.
+        if peer.common_name == transport::ANONYMOUS_PEER {
+            return match (&envelope.request, self.node.get()) {
+                (Request::Enroll { .. }, Some(node)) => {
+                    envelope.user = None;
+                    envelope.hops = 0;
+                    Box::pin(Arc::clone(node).handle(envelope))
+                }
+                (Request::Enroll { .. }, None) => Box::pin(async { Err(ApiError::Unavailable("node is starting".into())) }),
+                _ => {
+                    debug!(peer = %peer.remote, "refused a request without a certificate");
+                    Box::pin(async { Err(ApiError::Denied("a certificate of the cluster is required".into())) })
+                }
+            };
+        }
+        if let Some(node) = self.node.get() {
+            let revoked =
+                node.state.read(|s| s.revoked_certs.get(&peer.fingerprint).or_else(|| s.revoked_nodes.get(&peer.common_name)).cloned());
+            if let Some(why) = revoked {
+                warn!(peer = %peer.common_name, fingerprint = %peer.fingerprint, reason = %why, "refused a revoked certificate");
+                return Box::pin(async move { Err(ApiError::Denied(format!("certificate revoked: {why}"))) });
+            }
+        }
+        // A node renews its own certificate: the name is the one its current certificate proves.
+        if let Request::RenewCert { csr_pem } = &envelope.request {
+            if peer.common_name.starts_with(transport::pki::USER_CN_PREFIX) {
+                return Box::pin(async { Err(ApiError::Denied("only nodes renew certificates".into())) });
+            }
+            let answer = match self.node.get() {
+                Some(node) => node.sign_renewal(&peer.common_name, csr_pem),
+                None => Err(ApiError::Unavailable("node is starting".into())),
+            };
+            return Box::pin(async move { answer });
+        }
+        // A joining node's certificate, as this handshake proved it (a forwarded Join keeps what
+        // the first node saw).
+        if let Request::Join { cert_fingerprint, .. } = &mut envelope.request {
+            if envelope.hops == 0 {
+                *cert_fingerprint = peer.fingerprint.clone();
+            }
+        }
+        if let Some(name) = peer.common_name.strip_prefix(transport::pki::USER_CN_PREFIX) {
+            envelope.user = Some(name.to_string());
+            // A remote user's uid is not known here: the node that runs the job looks the name
+            // up. Only a node (the local socket's kernel-checked answer) may state one.
+            if let Request::Submit { spec } = &mut envelope.request {
+                spec.uid = None;
+                spec.gid = None;
+            }
+        }
+        if self.fault.refuses(&peer.common_name) {
+            return Box::pin(async { Err(ApiError::Unavailable("partitioned (fault injection)".into())) });
+        }
+        // Only node certificates may speak the node-to-node part of the protocol; a user's
+        // certificate (CN `user:NAME`) is limited to the client API.
+        if peer.common_name.starts_with(transport::pki::USER_CN_PREFIX) && node_only(&envelope.request) {
+            warn!(peer = %peer.common_name, "refused a node-only request from a user certificate");
+            return Box::pin(async { Err(ApiError::Denied("this request is for cluster nodes only".into())) });
+        }
+        match self.node.get() {
+            Some(node) => Box::pin(Arc::clone(node).handle(envelope)),
+            None => Box::pin(async { Err(ApiError::Unavailable("node is starting".into())) }),
+        }
+    }
+}
+
+impl transport::local::LocalHandler for Api {
+    fn handle_local(
+        &self,
+        peer: transport::local::LocalPeer,
+        mut envelope: Envelope,
+    ) -> Pin<Box<dyn Future<Output = Response> + Send + 'static>> {
+        if node_only(&envelope.request) {
+            warn!(uid = peer.uid, "refused a node-only request on the local socket");
+            return Box::pin(async { Err(ApiError::Denied("this request is for cluster nodes only".into())) });
+        }
+        // The kernel names the caller. Root on a node holds the node's key anyway: it acts as
+        // the node (an admin); every other uid is the user of that name.
+        let Some(account) = crate::identity::by_uid(peer.uid) else {
+            warn!(uid = peer.uid, "refused a local caller without a user name");
+            return Box::pin(async move { Err(ApiError::Denied(format!("uid {} has no user name on this node", peer.uid))) });
+        };
+        envelope.user = (peer.uid != 0).then(|| account.name.clone());
+        if let Request::Submit { spec } = &mut envelope.request {
+            spec.user = account.name.clone();
+            spec.uid = Some(peer.uid);
+            spec.gid = Some(peer.gid);
+        }
+        match self.node.get() {
+            Some(node) => Box::pin(Arc::clone(node).handle(envelope)),
+            None => Box::pin(async { Err(ApiError::Unavailable("node is starting".into())) }),
+        }
+    }
+}
+
+/// The Raft network over the node's QUIC client.
+struct QuicRaftTransport {
+    client: Arc<Client>,
+}
+
+impl consensus::RaftTransport for QuicRaftTransport {
+    fn call(
+        &self,
+        _target: NodeId,
+        node: &MemberNode,
+        kind: proto::RaftRpcKind,
+        payload: Vec<u8>,
+    ) -> impl Future<Output = Result<Vec<u8>, consensus::TransportError>> + Send {
+        let client = Arc::clone(&self.client);
+        let addr = node.addr.clone();
+        async move {
+            let env = Envelope { hops: 0, request: Request::Raft { kind, payload }, user: None };
+            match client.call(&addr, &env, Duration::from_secs(10)).await {
+                Ok(Ok(Reply::Raft { payload })) => Ok(payload),
+                Ok(Ok(other)) => Err(consensus::TransportError::Remote(format!("unexpected reply {other:?}"))),
+                Ok(Err(e)) => Err(consensus::TransportError::Remote(e.to_string())),
+                Err(transport::CallError::Timeout) => Err(consensus::TransportError::Timeout),
+                Err(e) => Err(consensus::TransportError::Unreachable(e.to_string())),
+            }
+        }
+    }
+}

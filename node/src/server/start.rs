@@ -1,0 +1,449 @@
+//! Starting a node: the data directory, identity and certificates, Raft, the agent and its
+//! loops, the API server; and stopping it (`run`).
+
+use super::*;
+
+/// FNV-1a: a short stable tag for a path.
+fn fnv32(text: &str) -> u32 {
+    text.bytes().fold(0x811c_9dc5u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193))
+}
+
+/// Job cgroups as the config asks, saying at start what is and is not enforced.
+fn job_cgroups(config: &NodeConfig) -> Option<crate::cgroup::JobCgroups> {
+    let base = match config.cgroup.as_deref().unwrap_or("auto") {
+        "off" => {
+            warn!("cgroups are off (cgroup = \"off\"): jobs are not confined or limited");
+            return None;
+        }
+        "auto" => {
+            match crate::cgroup::JobCgroups::default_base(&format!("{}-{:08x}", config.name, fnv32(&config.data_dir.display().to_string())))
+            {
+                Ok(base) => base,
+                Err(e) => {
+                    warn!(error = format!("{e:#}"), "cgroup v2 is not available: jobs are not confined or limited");
+                    return None;
+                }
+            }
+        }
+        path => std::path::PathBuf::from(path),
+    };
+    match crate::cgroup::JobCgroups::open(&base) {
+        Ok(mut c) => {
+            // What cgroup v2 lacks here, from the v1 hierarchies beside it (a hybrid host).
+            c.add_v1(&format!("{}-{:08x}", config.name, fnv32(&config.data_dir.display().to_string())));
+            let missing = c.missing();
+            if !c.v1.is_empty() {
+                info!(v1 = ?c.v1, "cgroup v1 hierarchies used beside v2");
+            }
+            if missing.is_empty() {
+                info!(cgroup = %c.base.display(), controllers = ?c.enforced(), "jobs run in cgroups with cpu, memory and pids limits");
+            } else {
+                warn!(
+                    cgroup = %c.base.display(),
+                    missing = ?missing,
+                    "jobs run in cgroups (killed whole at their end) but these controllers are not delegated here: those limits are not enforced"
+                );
+            }
+            Some(c)
+        }
+        Err(e) => {
+            warn!(cgroup = %base.display(), error = format!("{e:#}"), "cgroup v2 is not writable: jobs are not confined or limited");
+            None
+        }
+    }
+}
+
+fn read_node_id(path: &Path) -> anyhow::Result<Option<NodeId>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text.trim().parse().with_context(|| format!("parse node id in {}", path.display()))?)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("read node id at {}", path.display())),
+    }
+}
+
+fn write_node_id(path: &Path, id: NodeId) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, format!("{id}\n")).with_context(|| format!("write node id to {}", tmp.display()))?;
+    std::fs::File::open(&tmp).and_then(|f| f.sync_all()).with_context(|| format!("sync {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("move node id into {}", path.display()))
+}
+
+/// Calls `request` through `link` until it succeeds or `deadline` passes.
+async fn call_until(link: &LeaderLink, request: Request, what: &str, deadline: Duration) -> anyhow::Result<Reply> {
+    let started = Instant::now();
+    let mut backoff_ms = 100;
+    loop {
+        match link.call(request.clone(), 0).await {
+            Ok(reply) => return Ok(reply),
+            Err(LinkError::Api(e @ (ApiError::Denied(_) | ApiError::Invalid(_) | ApiError::Version { .. }))) => {
+                bail!("{what}: {e}")
+            }
+            Err(e) if started.elapsed() > deadline => bail!("{what}: gave up after {} s: {e}", deadline.as_secs()),
+            Err(e) => {
+                debug!(error = %e, "{what}: retrying");
+                tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
+                backoff_ms = (backoff_ms * 2).min(2_000);
+            }
+        }
+    }
+}
+
+/// How long a graceful stop waits for the node's jobs to stop and be reported, beyond their
+/// `kill_grace_ms`.
+pub const STOP_REPORT_MS: u64 = 5_000;
+
+/// What the daemon is asked to do (`main.rs` turns signals into these).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopRequest {
+    /// Keep running.
+    None,
+    /// Stop gracefully (SIGTERM): the node's jobs are stopped and reported, see
+    /// [`Agent::shut_down`].
+    Stop,
+    /// Exit to be replaced (SIGUSR2, a rolling upgrade): the jobs go on, see
+    /// [`Agent::hand_over`].
+    HandOver,
+}
+
+/// How [`run`] ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    Stopped,
+    /// The runs are handed over: the process must exit now, without stopping anything.
+    HandedOver,
+}
+
+/// Starts a node and runs it until `stop` asks it to stop or hand over, or the node fails.
+/// Runs the node until it stops. `spawner` forks the runs' shepherds (`spawner::start`, before
+/// the runtime); without one they are exec'd.
+pub async fn run(
+    config: NodeConfig,
+    mut stop: tokio::sync::watch::Receiver<StopRequest>,
+    spawner: Option<Arc<crate::spawner::Spawner>>,
+) -> anyhow::Result<Ended> {
+    std::fs::create_dir_all(&config.data_dir).with_context(|| format!("create data directory {}", config.data_dir.display()))?;
+    lock_data_dir(&config.data_dir)?;
+    std::fs::create_dir_all(config.runs_dir()).with_context(|| format!("create {}", config.runs_dir().display()))?;
+    // Run records hold jobs' environments.
+    std::fs::set_permissions(config.runs_dir(), std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .with_context(|| format!("chmod {}", config.runs_dir().display()))?;
+    // The previous daemon may have handed its runs over: then this one keeps its instance (the
+    // cluster sees no restart) and takes them over. Otherwise it is a new instance, and the
+    // cluster ends whatever the node ran before.
+    let daemon_file = config.daemon_file();
+    let previous = match crate::shepherd::read_json::<crate::shepherd::DaemonRecord>(&daemon_file) {
+        Ok(p) => p,
+        Err(e) => {
+            warn!(error = format!("{e:#}"), "read the previous daemon's record: starting as a new instance");
+            None
+        }
+    };
+    let handover = previous.as_ref().and_then(|p| p.open_handover(crate::watchdog::boot_ms()));
+    if let (Some(p), None) = (&previous, handover) {
+        if p.handover.is_some() {
+            warn!(instance = p.instance, "the previous daemon's hand-over expired: its jobs were killed, starting as a new instance");
+        }
+    }
+    let instance: u64 = match (&previous, handover) {
+        (Some(p), Some(_)) => p.instance,
+        _ => rand::random(),
+    };
+    crate::shepherd::write_json(&daemon_file, &crate::shepherd::DaemonRecord::me(instance))?;
+    let identity = config.tls.load().context("load tls identity")?;
+    let endpoint =
+        transport::endpoint(config.listen, &identity, true).with_context(|| format!("bind quic endpoint on {}", config.listen))?;
+    let client = Arc::new(Client::new(endpoint.clone()));
+    let probe: Arc<dyn crate::gpu::GpuProbe> = Arc::from(crate::probe::probe_from_config(&config.gpus, &config.name));
+    let discover_started = Instant::now();
+    let discovered = probe.discover().context("discover gpus")?;
+    info!(probe = probe.kind(), gpus = discovered.gpus.len(), took_ms = discover_started.elapsed().as_millis() as u64, "gpus discovered");
+    let cgroups = job_cgroups(&config);
+    let gpu_device_files: BTreeMap<u32, std::path::PathBuf> = if config.gpu_device_files.is_empty() {
+        discovered.device_files.clone()
+    } else {
+        config.gpu_device_files.iter().enumerate().map(|(i, p)| (i as u32, p.clone())).collect()
+    };
+    let fenced = cgroups.as_ref().is_some_and(|c| c.fences_devices());
+    if !gpu_device_files.is_empty() && fenced {
+        info!(files = gpu_device_files.len(), "each run may open only its own GPUs' device files (cgroup v1 devices controller)");
+    } else if !discovered.gpus.is_empty() && (probe.kind() != "simulated" || !gpu_device_files.is_empty()) {
+        // Said at start, as for the cgroup controllers that are missing.
+        warn!(
+            gpus = discovered.gpus.len(),
+            "a job's GPUs are chosen with CUDA_VISIBLE_DEVICES, not fenced: there is no cgroup v1 devices controller here, and cgroup v2 device control (a BPF program) is not implemented, so a job can open every /dev/nvidia* this node has"
+        );
+    }
+    let gpus = discovered.gpus.clone();
+    let inventory = Inventory {
+        gpus: gpus.clone(),
+        topology: discovered.topology,
+        cpus: config.cpus.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32)),
+        memory_mib: config.memory_mib.unwrap_or_else(host_memory_mib),
+        location: config.location.clone(),
+        features: config.features.clone(),
+        partitions: config.partitions.clone(),
+    };
+    info!(node = %config.name, gpus = gpus.len(), cpus = inventory.cpus, memory_mib = inventory.memory_mib, "inventory discovered");
+    let settings = crate::agent::AgentSettings {
+        jobs_dir: config.jobs_dir(),
+        job_files_dir: config.job_files_dir(),
+        checkpoint_root: config.checkpoint_root(),
+        nccl: crate::nccl::derive(&config.nccl, &inventory, &config.advertise_addr()),
+        stop: crate::launcher::StopTimings { kill_grace_ms: config.kill_grace_ms, fence_kill_grace_ms: config.fence_kill_grace_ms },
+        fence_after_ms: config.fence_after_ms(),
+        cluster_name: config.cluster_name.clone(),
+        lease_path: config.lease_path(),
+        run_as_user: config.run_as_user,
+        cgroups,
+        gpu_device_files,
+        exe: std::env::current_exe().context("find the corrald executable (it holds batch jobs' other nodes and shepherds runs)")?,
+        spawner,
+        runs_dir: config.runs_dir(),
+        daemon_file: daemon_file.clone(),
+        local_socket: Some(config.socket_path()),
+        // SAFETY: geteuid cannot fail.
+        job_hosts: match (&config.job_hosts_file, unsafe { libc::geteuid() } == 0) {
+            (Some(file), false) => {
+                warn!(file = %file.display(), "job_hosts_file needs corrald to run as root (a mount namespace per run): jobs resolve names with the system's /etc/hosts");
+                None
+            }
+            (file, _) => file.clone(),
+        },
+    };
+    // SAFETY: geteuid cannot fail.
+    if config.run_as_user && unsafe { libc::geteuid() } != 0 {
+        bail!("run_as_user needs corrald to run as root (or set run_as_user = false to run every job as this user)");
+    }
+    info!(nccl = ?settings.nccl, fence_after_ms = settings.fence_after_ms, "agent settings");
+    if settings.fence_after_ms < 2 * config.raft.election_timeout_max_ms {
+        warn!(
+            fence_after_ms = settings.fence_after_ms,
+            election_timeout_max_ms = config.raft.election_timeout_max_ms,
+            "fence_after_ms is shorter than two elections: a leader failover may stop this node's jobs; raise node_down_after_ms"
+        );
+    }
+    let agent = Agent::new(config.name.clone(), instance, gpus, settings)?;
+    let adopted = agent.recover(handover).await.context("recover the previous daemon's runs")?;
+    if handover.is_some() {
+        info!(instance, runs = adopted, "took over the previous daemon's instance and runs");
+    }
+    let fault = Arc::new(crate::fault::FaultSwitch::default());
+    tokio::spawn(Arc::clone(&fault).watch(config.data_dir.join("fault-partition"), Arc::clone(&client)));
+    let api = Arc::new(Api { node: OnceLock::new(), fault });
+    tokio::spawn(transport::serve(endpoint.clone(), api.clone()));
+    let socket = config.socket_path();
+    let listener = transport::local::bind(&socket)?;
+    info!(socket = %socket.display(), "local socket open");
+    tokio::spawn(transport::local::serve_local(listener, api.clone()));
+
+    let advertise = config.advertise_addr();
+    let others: Vec<String> = config.join.iter().filter(|a| **a != advertise).cloned().collect();
+    let mut agent_candidates = vec![advertise.clone()];
+    agent_candidates.extend(others.iter().cloned());
+    // Heartbeats and reports give up on a silent member quickly and try the next one: a call
+    // stuck on a dead leader must not make this node look dead to the new one.
+    let link_timeout = heartbeat_call_timeout(&config);
+    let agent_link = Arc::new(LeaderLink::new(Arc::clone(&client), agent_candidates.clone(), link_timeout));
+    let forward_link = Arc::new(LeaderLink::new(Arc::clone(&client), others, PEER_CALL_TIMEOUT));
+    // Each member gets half a beat's budget, so a dead one (a killed voter is still a voter,
+    // maybe this node's first relay) leaves time for the next.
+    let heartbeat_link = Arc::new(LeaderLink::new(Arc::clone(&client), agent_candidates, link_timeout / 2));
+    let join = Request::Join {
+        token: config.join_token.clone(),
+        name: config.name.clone(),
+        addr: advertise.clone(),
+        inventory: inventory.clone(),
+        instance,
+        cert_fingerprint: String::new(),
+    };
+
+    let id_path = config.data_dir.join("node_id");
+    let id = match read_node_id(&id_path)? {
+        Some(id) => id,
+        None if config.bootstrap => 1,
+        None => match call_until(&forward_link, join.clone(), "join the cluster", Duration::from_secs(600)).await? {
+            Reply::Joined { id, .. } => id,
+            other => bail!("join the cluster: unexpected reply {other:?}"),
+        },
+    };
+    write_node_id(&id_path, id)?;
+    agent.set_node_id(id);
+
+    let raft_dir = config.data_dir.join("raft");
+    let wal_sync_delay_ms = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    tokio::spawn(crate::fault::watch_disk_and_clock(config.data_dir.clone(), Arc::clone(&wal_sync_delay_ms)));
+    let transport = QuicRaftTransport { client: Arc::clone(&client) };
+    let (raft, state) = consensus::open_raft(id, &raft_dir, transport, config.raft.timings(), wal_sync_delay_ms)
+        .await
+        .with_context(|| format!("open raft at {}", raft_dir.display()))?;
+    if config.bootstrap && !raft.is_initialized().await.context("read raft initialization")? && id == 1 {
+        info!(node = %config.name, "bootstrapping a new cluster");
+        let members = BTreeMap::from([(id, MemberNode { name: config.name.clone(), addr: advertise.clone() })]);
+        raft.initialize(members).await.context("initialize the cluster")?;
+        // Register this node before the API answers anyone, so no joining node can be given
+        // the bootstrap node's id.
+        let started = Instant::now();
+        while !consensus::raft_status(&raft).is_leader {
+            if started.elapsed() > Duration::from_secs(30) {
+                bail!("bootstrap: this node did not become leader of its own cluster within 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let cmd = Command::RegisterNode {
+            name: config.name.clone(),
+            addr: advertise.clone(),
+            inventory: inventory.clone(),
+            instance,
+            cert_fingerprint: identity.fingerprint(),
+            now_ms: now_ms(),
+        };
+        match consensus::propose(&raft, cmd).await.map_err(|e| anyhow::anyhow!("register the bootstrap node: {e}"))? {
+            (_, CommandResult::NodeRegistered { id: assigned }) if assigned == id => {}
+            (_, other) => bail!("register the bootstrap node: expected id {id}, got {other:?}"),
+        }
+    }
+    let node = Arc::new(Node {
+        config: config.clone(),
+        id,
+        proposer: consensus::Proposer::start(raft.clone()),
+        raft,
+        state,
+        client: Arc::clone(&client),
+        agent: Arc::clone(&agent),
+        agent_link: Arc::clone(&agent_link),
+        forward_link,
+        heartbeat_link: Arc::clone(&heartbeat_link),
+        relay: liveness::Relay::default(),
+        memory: Mutex::new(LeaderMemory::default()),
+        unreachable_leader: Mutex::new(None),
+        membership_busy: AtomicBool::new(false),
+        kick: Notify::new(),
+        inventory,
+        probe: Arc::clone(&probe),
+        paced: crate::pacing::PacedCounts::default(),
+    });
+    if api.node.set(Arc::clone(&node)).is_err() {
+        bail!("node handler set twice");
+    }
+    tokio::spawn(Arc::clone(&node).leader_loop());
+    tokio::spawn(Arc::clone(&node).learn_members_loop());
+    tokio::spawn(Arc::clone(&node).relay_loop());
+
+    // Register this instance (new inventory, new instance id) before taking work.
+    match call_until(&agent_link, join.clone(), "register with the cluster", Duration::from_secs(600)).await? {
+        Reply::Joined { id: assigned, .. } if assigned == id => {}
+        Reply::Joined { id: assigned, .. } => {
+            bail!("cluster knows node '{}' as id {assigned}, but this data directory says {id}", config.name)
+        }
+        other => bail!("register with the cluster: unexpected reply {other:?}"),
+    }
+    info!(node = %config.name, id, instance, "node is up");
+    crate::systemd::notify(&format!("READY=1\nSTATUS=node {} (id {id}) is up", config.name)); // deploy (issue 8)
+    if let Some(addr) = config.metrics_listen {
+        tokio::spawn(crate::metrics::serve(addr, Arc::clone(&node)));
+    }
+    tokio::spawn(Arc::clone(&agent).report_loop(Arc::clone(&agent_link)));
+    tokio::spawn(Arc::clone(&agent).sample_loop(probe.sampler(), Duration::from_millis(config.gpu_sample_interval_ms)));
+    spawn_gpu_health(probe.as_ref(), id, Arc::clone(&agent_link));
+    tokio::spawn(renew_certificate_loop(config.clone(), endpoint.clone(), Arc::clone(&client), Arc::clone(&node)));
+    tokio::spawn(crate::fault::watch_gpu_faults(config.data_dir.join("fault-gpu"), Arc::clone(&probe)));
+    let heartbeat = Duration::from_millis(config.heartbeat_interval_ms);
+    let budget = heartbeat_call_timeout(&config);
+    let hb = tokio::spawn(liveness::heartbeat_loop(Arc::clone(&agent), heartbeat_link, heartbeat, budget, join));
+    tokio::select! {
+        ended = hb => match ended {
+            Ok(()) => Ok(Ended::Stopped),
+            Err(e) => {
+                error!(error = %e, "heartbeat loop ended");
+                bail!("heartbeat loop ended: {e}")
+            }
+        },
+        request = stop.wait_for(|stop| *stop != StopRequest::None) => {
+            if request.is_ok_and(|r| *r == StopRequest::HandOver) {
+                match agent.hand_over() {
+                    Ok(_) => return Ok(Ended::HandedOver),
+                    Err(e) => warn!(error = format!("{e:#}"), "cannot hand the runs over: stopping them instead"),
+                }
+            }
+            let left = agent.shut_down(Duration::from_millis(config.kill_grace_ms + STOP_REPORT_MS)).await;
+            if left > 0 {
+                warn!(left, "node stopped with jobs not yet stopped or reported; the cluster ends them when it declares the node down");
+            } else {
+                info!("node stopped: every job stopped and reported");
+            }
+            Ok(Ended::Stopped)
+        }
+    }
+}
+
+/// How long a relay's batch waits for more heartbeats after its first: a tenth of the heartbeat
+/// interval, at most 50 ms (well inside the node's call timeout of twice the interval).
+pub fn relay_linger(config: &NodeConfig) -> Duration {
+    Duration::from_millis((config.heartbeat_interval_ms / 10).min(50))
+}
+
+/// How long a heartbeat (or report) waits on one member before it tries the next: twice the
+/// heartbeat interval, within 300 ms to 2 s.
+pub fn heartbeat_call_timeout(config: &NodeConfig) -> Duration {
+    Duration::from_millis((config.heartbeat_interval_ms * 2).clamp(300, 2_000))
+}
+
+/// Takes `DATA_DIR/corrald.lock` for the life of this process: a second daemon on the same data
+/// directory would take the node's runs for those of a dead instance and kill them.
+fn lock_data_dir(data_dir: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::fd::AsRawFd;
+    let path = data_dir.join("corrald.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("open {}", path.display()))?;
+    // SAFETY: flock(2) on a descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        bail!("lock {}: {e} (another corrald runs on this data directory)", path.display());
+    }
+    // Held until the process exits (the descriptor is close-on-exec: no child keeps it).
+    std::mem::forget(file);
+    Ok(())
+}
+
+/// Forwards GPU health events from the probe to the leader, which commits them.
+fn spawn_gpu_health(probe: &dyn crate::gpu::GpuProbe, node: NodeId, link: Arc<LeaderLink>) {
+    let (tx, mut rx) = tokio::sync::mpsc::channel(crate::gpu::HEALTH_CHANNEL_CAPACITY);
+    match probe.health_monitor() {
+        Ok(monitor) => {
+            tokio::spawn(crate::gpu::run_health_loop(monitor, tx));
+        }
+        Err(e) => {
+            warn!(error = format!("{e:#}"), "gpu health monitor not started");
+            return;
+        }
+    }
+    tokio::spawn(async move {
+        while let Some(ev) = rx.recv().await {
+            let req = Request::ReportGpuHealth {
+                node,
+                gpu: ev.gpu,
+                mig_uuid: ev.mig_uuid.clone(),
+                healthy: ev.healthy,
+                reason: ev.reason.clone(),
+            };
+            // Retry until committed: a lost health event would leave work on a broken GPU.
+            let mut backoff_ms = 100;
+            while let Err(e) = link.call(req.clone(), 0).await {
+                warn!(gpu = ev.gpu, error = %e, "report gpu health, retrying");
+                tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
+                backoff_ms = (backoff_ms * 2).min(5_000);
+            }
+        }
+    });
+}
+
+fn host_memory_mib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| t.lines().find(|l| l.starts_with("MemTotal:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
+        .map_or(1024, |kib| kib / 1024)
+}
