@@ -242,24 +242,59 @@ fn mask(start: u32, size: u32) -> u8 {
     (((1u16 << size) - 1) << start) as u8
 }
 
-/// Depth-first search over start slices; `items` sorted largest first. Bounded: at most
-/// `INSTANCES_PER_GPU_MAX` levels, 7 branches each.
-fn search(items: &[&'static Profile], occupied: u8, out: &mut Vec<(usize, u32)>, depth: usize) -> bool {
+/// One instance to place on a GPU's memory slices: how many it takes and where it may start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape<'a> {
+    pub size_slices: u32,
+    pub starts: &'a [u32],
+}
+
+/// Start slices for `shapes` on a GPU whose taken slices are the bits of `occupied`, in the
+/// order of `shapes`; None when no arrangement exists. The one search both the scheduler
+/// ([`placeable_with`]) and a node changing a GPU's layout (`node::gpu::mig::plan_layout`, with
+/// the table `nvidia-smi` printed) use, so a layout the leader found placeable is placed the
+/// same way on the node. Tries the largest first, then those with the fewest starts (a stable
+/// order); bounded: at most [`INSTANCES_PER_GPU_MAX`] levels, 8 branches each.
+pub fn arrange(shapes: &[Shape<'_>], occupied: u8) -> Option<Vec<u32>> {
+    if shapes.len() > INSTANCES_PER_GPU_MAX || shapes.iter().any(|s| s.size_slices == 0 || s.size_slices > MEMORY_SLICES) {
+        return None;
+    }
+    let mut order: Vec<usize> = (0..shapes.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (sa, sb) = (shapes[a], shapes[b]);
+        sb.size_slices.cmp(&sa.size_slices).then(sa.starts.len().cmp(&sb.starts.len()))
+    });
+    let sorted: Vec<Shape<'_>> = order.iter().map(|&i| shapes[i]).collect();
+    let mut starts_sorted = Vec::with_capacity(sorted.len());
+    if !search(&sorted, occupied, &mut starts_sorted) {
+        return None;
+    }
+    let mut starts = vec![0; shapes.len()];
+    for (k, &i) in order.iter().enumerate() {
+        starts[i] = starts_sorted[k];
+    }
+    Some(starts)
+}
+
+/// Depth-first search over start slices, `items` in search order; `out` holds the starts so
+/// far. Bounded by [`arrange`]'s checks.
+fn search(items: &[Shape<'_>], occupied: u8, out: &mut Vec<u32>) -> bool {
+    let depth = out.len();
     if depth == items.len() {
         return true;
     }
     let p = items[depth];
-    for &start in p.starts {
-        let m = mask(start, p.memory_slices);
+    for &start in p.starts.iter().filter(|s| **s + p.size_slices <= MEMORY_SLICES) {
+        let m = mask(start, p.size_slices);
         if occupied & m != 0 {
             continue;
         }
-        // Identical profiles in ascending start order only (prunes symmetric branches).
-        if depth > 0 && std::ptr::eq(items[depth - 1], p) && out.last().is_some_and(|&(_, s)| s > start) {
+        // Identical shapes in ascending start order only (prunes symmetric branches).
+        if depth > 0 && items[depth - 1] == p && out.last().is_some_and(|&s| s > start) {
             continue;
         }
-        out.push((depth, start));
-        if search(items, occupied | m, out, depth + 1) {
+        out.push(start);
+        if search(items, occupied | m, out) {
             return true;
         }
         out.pop();
@@ -315,8 +350,8 @@ pub fn placeable_with<S: AsRef<str>>(model: Model, existing: &[Placed], profiles
         pb.memory_slices.cmp(&pa.memory_slices).then(pa.starts.len().cmp(&pb.starts.len())).then(pa.name.cmp(pb.name))
     });
     let sorted: Vec<&'static Profile> = order.iter().map(|&i| items[i]).collect();
-    let mut out = Vec::with_capacity(sorted.len());
-    if !search(&sorted, occupied, &mut out, 0) {
+    let shapes: Vec<Shape<'static>> = sorted.iter().map(|p| Shape { size_slices: p.memory_slices, starts: p.starts }).collect();
+    let Some(starts) = arrange(&shapes, occupied) else {
         let mut seen: Vec<&str> = Vec::new();
         let mut rules = Vec::new();
         for p in &sorted {
@@ -327,10 +362,9 @@ pub fn placeable_with<S: AsRef<str>>(model: Model, existing: &[Placed], profiles
         }
         let taken: Vec<u32> = (0..MEMORY_SLICES).filter(|s| occupied & (1 << s) != 0).collect();
         return Err(MigError::NoArrangement { model, profiles: names, taken, rules: rules.join("; ") });
-    }
+    };
     let mut instances: Vec<Placed> = existing.to_vec();
-    for (i, start) in out {
-        let p = sorted[i];
+    for (p, start) in sorted.iter().zip(starts) {
         instances.push(Placed { profile: p.name.to_string(), start_slice: start, size_slices: p.memory_slices });
     }
     instances.sort_by_key(|i| i.start_slice);

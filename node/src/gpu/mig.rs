@@ -28,28 +28,41 @@ pub struct MigProfile {
 }
 
 /// Memory slices of a MIG-capable GPU (A100, H100, H200).
-pub const MIG_SLICES: u32 = 8;
+pub const MIG_SLICES: u32 = scheduler::mig::MEMORY_SLICES;
 
-/// The H200's table, as `nvidia-smi mig -lgip`/`-lgipp` print it on an H200 (141 GB).
+/// NVML's GPU instance profile id and SM count of each H200 profile (what `-lgip` adds to the
+/// scheduler's table).
+const H200_NVML: [(&str, u32, u32); 7] = [
+    ("1g.18gb", 19, 16),
+    ("1g.18gb+me", 20, 16),
+    ("1g.35gb", 15, 26),
+    ("2g.35gb", 14, 32),
+    ("3g.71gb", 9, 60),
+    ("4g.71gb", 5, 64),
+    ("7g.141gb", 0, 132),
+];
+
+/// The H200's table as `nvidia-smi mig -lgip`/`-lgipp` print it on an H200 (141 GB): the
+/// scheduler's table (`scheduler::mig`, one source of truth for names, sizes, starts and
+/// counts) with NVML's ids and SM counts (`node/tests/gpu_fixtures.rs` checks it against a real
+/// H200's output).
 pub fn h200_profiles() -> Vec<MigProfile> {
-    let p = |name: &str, id, instances_max, memory_mib, sm_count, size_slices, placements: &[u32]| MigProfile {
-        name: name.to_string(),
-        id,
-        instances_max,
-        memory_mib,
-        sm_count,
-        size_slices,
-        placements: placements.to_vec(),
-    };
-    vec![
-        p("1g.18gb", 19, 7, 16_384, 16, 1, &[0, 1, 2, 3, 4, 5, 6]),
-        p("1g.18gb+me", 20, 1, 16_384, 16, 1, &[0, 1, 2, 3, 4, 5, 6]),
-        p("1g.35gb", 15, 4, 33_280, 26, 2, &[0, 2, 4, 6]),
-        p("2g.35gb", 14, 3, 33_280, 32, 2, &[0, 2, 4]),
-        p("3g.71gb", 9, 2, 71_424, 60, 4, &[0, 4]),
-        p("4g.71gb", 5, 1, 71_424, 64, 4, &[0]),
-        p("7g.141gb", 0, 1, 143_360, 132, 8, &[0]),
-    ]
+    scheduler::mig::Model::H200Gb141
+        .profiles()
+        .iter()
+        .filter_map(|p| {
+            let (_, id, sm_count) = H200_NVML.iter().find(|(name, _, _)| *name == p.name)?;
+            Some(MigProfile {
+                name: p.name.to_string(),
+                id: *id,
+                instances_max: p.instances_max,
+                memory_mib: p.memory_mib,
+                sm_count: *sm_count,
+                size_slices: p.memory_slices,
+                placements: p.starts.to_vec(),
+            })
+        })
+        .collect()
 }
 
 /// The built-in table for a GRES type, for simulated GPUs.
@@ -123,31 +136,25 @@ pub struct PlannedInstance {
     pub start_slice: u32,
 }
 
-/// Places `layout` on an empty GPU: biggest profiles first, each at its first free allowed start.
-/// Returns the instances in slice order.
+/// Places `layout` on an empty GPU with the table this GPU reported: the scheduler's search
+/// (`scheduler::mig::arrange`), so a layout the leader found placeable is placed, not refused
+/// by a different rule here. Returns the instances in slice order.
 pub fn plan_layout(gpu: u32, table: &[MigProfile], layout: &[String]) -> Result<Vec<PlannedInstance>, GpuError> {
-    let mut wanted: Vec<&MigProfile> = layout
+    let wanted: Vec<&MigProfile> = layout
         .iter()
         .map(|name| table.iter().find(|p| p.name == *name).ok_or_else(|| GpuError::UnknownProfile { gpu, profile: name.clone() }))
         .collect::<Result<_, _>>()?;
-    wanted.sort_by_key(|p| std::cmp::Reverse(p.size_slices));
-    let mut used = [false; MIG_SLICES as usize];
-    let mut planned = Vec::new();
-    for p in wanted {
-        let count = planned.iter().filter(|q: &&PlannedInstance| q.profile.id == p.id).count() as u32;
-        let fits = |start: u32| {
-            let end = start + p.size_slices;
-            end <= MIG_SLICES && (start..end).all(|s| !used[s as usize])
-        };
-        let start = (count < p.instances_max).then(|| p.placements.iter().copied().find(|&s| fits(s))).flatten();
-        let Some(start) = start else {
-            return Err(GpuError::LayoutDoesNotFit { gpu, layout: layout.to_vec() });
-        };
-        for s in start..start + p.size_slices {
-            used[s as usize] = true;
+    let does_not_fit = || GpuError::LayoutDoesNotFit { gpu, layout: layout.to_vec() };
+    for p in &wanted {
+        if wanted.iter().filter(|q| q.id == p.id).count() as u32 > p.instances_max {
+            return Err(does_not_fit());
         }
-        planned.push(PlannedInstance { profile: p.clone(), start_slice: start });
     }
+    let shapes: Vec<scheduler::mig::Shape<'_>> =
+        wanted.iter().map(|p| scheduler::mig::Shape { size_slices: p.size_slices, starts: &p.placements }).collect();
+    let starts = scheduler::mig::arrange(&shapes, 0).ok_or_else(does_not_fit)?;
+    let mut planned: Vec<PlannedInstance> =
+        wanted.iter().zip(starts).map(|(p, start_slice)| PlannedInstance { profile: (*p).clone(), start_slice }).collect();
     planned.sort_by_key(|q| q.start_slice);
     Ok(planned)
 }
@@ -235,6 +242,20 @@ mod tests {
         assert!(matches!(plan_layout(0, &t, &names(&["4g.71gb", "4g.71gb"])), Err(GpuError::LayoutDoesNotFit { .. })));
         assert!(matches!(plan_layout(0, &t, &names(&["9g.1tb"])), Err(GpuError::UnknownProfile { .. })));
         assert!(plan_layout(0, &t, &[]).expect("empty layout").is_empty());
+    }
+
+    /// A greedy rule here (biggest first, each at its first free start) placed `3g.71gb` at 0 and
+    /// then found no room for `4g.71gb`, which only starts at 0: the leader, whose search found
+    /// the layout placeable, had it refused by the node.
+    #[test]
+    fn a_layout_the_scheduler_finds_placeable_is_placed_in_any_order() {
+        let t = h200_profiles();
+        for layout in [["3g.71gb", "4g.71gb"], ["4g.71gb", "3g.71gb"]] {
+            assert!(scheduler::mig::placeable(scheduler::mig::Model::H200Gb141, &layout).is_ok());
+            let plan = plan_layout(0, &t, &names(&layout)).expect("fits");
+            let got: Vec<(&str, u32)> = plan.iter().map(|p| (p.profile.name.as_str(), p.start_slice)).collect();
+            assert_eq!(got, vec![("4g.71gb", 0), ("3g.71gb", 4)]);
+        }
     }
 
     #[test]
