@@ -212,6 +212,13 @@ impl JobCgroups {
     }
 }
 
+/// Opens `cgroup.procs` of cgroup `dir` for writing: a process joins the cgroup by writing its
+/// pid there (a run's process and each step task, from the child before it runs its program).
+/// The one way every join starts.
+pub fn open_procs(dir: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new().write(true).open(dir.join("cgroup.procs"))
+}
+
 fn make_dir(path: &Path) -> anyhow::Result<()> {
     match std::fs::create_dir(path) {
         Ok(()) => Ok(()),
@@ -274,10 +281,7 @@ pub fn kill_cgroup(path: &Path) {
 impl JobCgroup {
     /// A run's cgroups that exist already (created, or a run taken over from a previous daemon).
     pub fn existing(path: PathBuf, v1: Vec<PathBuf>) -> JobCgroup {
-        let procs = std::iter::once(&path)
-            .chain(v1.iter())
-            .filter_map(|p| std::fs::OpenOptions::new().write(true).open(p.join("cgroup.procs")).ok())
-            .collect();
+        let procs = std::iter::once(&path).chain(v1.iter()).filter_map(|p| open_procs(p).ok()).collect();
         JobCgroup { path, v1, procs }
     }
 

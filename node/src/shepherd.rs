@@ -904,10 +904,7 @@ async fn connect(dir: &Path) -> anyhow::Result<Option<(i32, u64, tokio::net::Uni
 fn open_cgroup_procs(cgroups: &[PathBuf]) -> Result<Vec<std::fs::File>, String> {
     cgroups
         .iter()
-        .map(|c| {
-            let path = c.join("cgroup.procs");
-            std::fs::OpenOptions::new().write(true).open(&path).map_err(|e| format!("join cgroup {}: {e}", path.display()))
-        })
+        .map(|c| crate::cgroup::open_procs(c).map_err(|e| format!("join cgroup {}: {e}", c.join("cgroup.procs").display())))
         .collect()
 }
 
