@@ -364,57 +364,25 @@ impl Agent {
             }
             LaunchDecision::Start => {}
         }
-        // Whole GPUs by index, MIG instances by (gpu, start slice): each to the UUID CUDA takes.
-        let uuids: Vec<String> = alloc
-            .gpus
-            .iter()
-            .map(|slot| match scheduler::decode_slot(*slot) {
-                scheduler::Slot::Gpu(i) => self.gpus.iter().find(|g| g.index == i).map(|g| g.uuid.clone()),
-                scheduler::Slot::Mig { gpu, start_slice } => self
-                    .gpus
-                    .iter()
-                    .find(|g| g.index == gpu)
-                    .and_then(|g| g.mig.iter().find(|m| m.start_slice == start_slice))
-                    .map(|m| m.uuid.clone()),
-            })
-            .collect::<Option<_>>()
-            .ok_or_else(|| ApiError::Invalid(format!("job {} names a gpu or mig instance this node does not have", job.id)))?;
-        // What the job sees as its GPUs' numbers: MIG instances as devices of their own.
-        let ordinals = crate::gpu::mig::device_ordinals(&self.gpus, &alloc.gpus)
-            .ok_or_else(|| ApiError::Invalid(format!("job {} names a gpu or mig instance this node does not have", job.id)))?;
-        // Whom the job runs as: the uid the submitting node's kernel named, else the user's name
-        // looked up here. A user without an account on this node cannot run here.
-        let run_as = if self.settings.run_as_user {
-            let account = match job.spec.uid {
-                Some(uid) => crate::identity::by_uid(uid),
-                None => crate::identity::by_name(&job.spec.user),
-            };
-            match account {
-                Some(a) if a.name == job.spec.user => Some(a),
-                _ => {
-                    let why = match job.spec.uid {
-                        Some(uid) => format!("no account named {} with uid {uid} on node {}", job.spec.user, self.name),
-                        None => format!("no account named {} on node {}", job.spec.user, self.name),
-                    };
-                    warn!(job = job.id, run = job.run, reason = %why, "launch refused");
-                    lock(&self.ledger)
-                        .record(LedgerEntry {
-                            job: job.id,
-                            run: job.run,
-                            instance: self.instance,
-                            stdout: PathBuf::new(),
-                            stderr: PathBuf::new(),
-                            refused: false,
-                        })
-                        .map_err(|e| ApiError::Internal(format!("{e:#}")))?;
-                    let agent = Arc::clone(self);
-                    let (id, run) = (job.id, job.run);
-                    tokio::spawn(async move { agent.queue_report(id, run, RunOutcome::LaunchFailed(why)).await });
-                    return Ok(ack);
-                }
+        let (uuids, ordinals) = self.device_ids(&job, &alloc)?;
+        let run_as = match self.account_of(&job) {
+            Ok(account) => account,
+            Err(why) => {
+                warn!(job = job.id, run = job.run, reason = %why, "launch refused");
+                let entry = LedgerEntry {
+                    job: job.id,
+                    run: job.run,
+                    instance: self.instance,
+                    stdout: PathBuf::new(),
+                    stderr: PathBuf::new(),
+                    refused: false,
+                };
+                lock(&self.ledger).record(entry).map_err(|e| ApiError::Internal(format!("{e:#}")))?;
+                let agent = Arc::clone(self);
+                let (id, run) = (job.id, job.run);
+                tokio::spawn(async move { agent.queue_report(id, run, RunOutcome::LaunchFailed(why)).await });
+                return Ok(ack);
             }
-        } else {
-            None
         };
         let ctx = launcher::LaunchContext {
             run_as: run_as.as_ref(),
@@ -432,35 +400,10 @@ impl Agent {
             job_hosts: self.settings.job_hosts.as_deref(),
         };
         let spec = launcher::prepare(&job, &ctx).map_err(|e| ApiError::Internal(format!("{e:#}")))?;
-        {
-            let mut ledger = lock(&self.ledger);
-            // A kill that came while this call prepared refused the run for good (and reported
-            // it gone): it must not start now.
-            if ledger.entries.contains_key(&(job.id, job.run)) {
-                return Err(ApiError::Denied(format!("job {} run {} was stopped before it started", job.id, job.run)));
-            }
-            ledger
-                .record(LedgerEntry {
-                    job: job.id,
-                    run: job.run,
-                    instance: self.instance,
-                    stdout: spec.stdout_path.clone(),
-                    stderr: spec.stderr_path.clone(),
-                    refused: false,
-                })
-                .map_err(|e| ApiError::Internal(format!("{e:#}")))?;
-        }
+        self.record_start(&job, &spec)?;
         self.open_run_dir(job.id, job.run).map_err(|e| ApiError::Internal(format!("{e:#}")))?;
         let span = info_span!("job", job = job.id, run = job.run);
-        let gpus: Vec<u32> = alloc
-            .gpus
-            .iter()
-            .map(|slot| match scheduler::decode_slot(*slot) {
-                scheduler::Slot::Gpu(i) => i,
-                scheduler::Slot::Mig { gpu, .. } => gpu,
-            })
-            .collect();
-        let (stop_tx, mut stop_rx) = launcher::stop_channel();
+        let (stop_tx, stop_rx) = launcher::stop_channel();
         let preflight = job.spec.preflight.as_ref().filter(|_| gang_size > 1).map(|p| crate::preflight::Preflight {
             rank,
             hosts: nodes.iter().map(|(name, _)| name.clone()).collect(),
@@ -470,33 +413,82 @@ impl Agent {
             min_mbps: p.min_mbps,
             timeout: Duration::from_millis(PREFLIGHT_TIMEOUT_MS),
         });
-        // Until its process starts the run holds its GPUs with no process group (pgid 0).
-        let base = TaskBase::of(&spec);
-        lock(&self.running).insert(
-            job.id,
-            Running {
-                run: job.run,
-                gpus,
-                pgid: 0,
-                start_ticks: 0,
-                stop_tx,
-                owner: job.spec.user.clone(),
-                hold: spec.hold,
-                batch: spec.batch,
-                nodes: nodes.to_vec(),
-                base,
-                cgroup: None,
-                tasks: Arc::new(launcher::TaskGroups::default()),
-                steps: BTreeMap::new(),
-                next_step: 0,
-            },
-        );
+        self.hold_gpus(&job, &alloc, &spec, nodes, stop_tx);
         let limits =
             crate::cgroup::Limits { cpus: job.spec.cpus_per_task.saturating_mul(job.spec.ntasks_per_node), memory_mib: job.spec.mem_mib };
         let Some(preflight) = preflight else {
             self.start_process(spec, limits, stop_rx, span);
             return Ok(ack);
         };
+        self.preflight_then_start(preflight, spec, limits, stop_rx, span);
+        Ok(ack)
+    }
+
+    /// Records in the launch ledger that this instance starts the run, unless a stop that came
+    /// while the launch was prepared refused it for good (and reported it gone).
+    fn record_start(&self, job: &Job, spec: &launcher::LaunchSpec) -> Result<(), ApiError> {
+        let mut ledger = lock(&self.ledger);
+        if ledger.entries.contains_key(&(job.id, job.run)) {
+            return Err(ApiError::Denied(format!("job {} run {} was stopped before it started", job.id, job.run)));
+        }
+        let entry = LedgerEntry {
+            job: job.id,
+            run: job.run,
+            instance: self.instance,
+            stdout: spec.stdout_path.clone(),
+            stderr: spec.stderr_path.clone(),
+            refused: false,
+        };
+        ledger.record(entry).map_err(|e| ApiError::Internal(format!("{e:#}")))
+    }
+
+    /// Lists the run as running here: until its process starts it holds its GPUs with no
+    /// process group (pgid 0).
+    fn hold_gpus(
+        &self,
+        job: &Job,
+        alloc: &proto::Allocation,
+        spec: &launcher::LaunchSpec,
+        nodes: &[(String, String)],
+        stop_tx: launcher::StopSender,
+    ) {
+        let gpus: Vec<u32> = alloc
+            .gpus
+            .iter()
+            .map(|slot| match scheduler::decode_slot(*slot) {
+                scheduler::Slot::Gpu(i) => i,
+                scheduler::Slot::Mig { gpu, .. } => gpu,
+            })
+            .collect();
+        let running = Running {
+            run: job.run,
+            gpus,
+            pgid: 0,
+            start_ticks: 0,
+            stop_tx,
+            owner: job.spec.user.clone(),
+            hold: spec.hold,
+            batch: spec.batch,
+            nodes: nodes.to_vec(),
+            base: TaskBase::of(spec),
+            cgroup: None,
+            tasks: Arc::new(launcher::TaskGroups::default()),
+            steps: BTreeMap::new(),
+            next_step: 0,
+        };
+        lock(&self.running).insert(job.id, running);
+    }
+
+    /// Runs a gang's `--preflight` network check on this node, then starts the run; a failed
+    /// check holds the job, a stop during it ends the run.
+    fn preflight_then_start(
+        self: &Arc<Self>,
+        preflight: crate::preflight::Preflight,
+        spec: launcher::LaunchSpec,
+        limits: crate::cgroup::Limits,
+        mut stop_rx: launcher::StopReceiver,
+        span: tracing::Span,
+    ) {
         let agent = Arc::clone(self);
         tokio::spawn(
             async move {
@@ -535,10 +527,50 @@ impl Agent {
             }
             .instrument(span),
         );
-        Ok(ack)
     }
 
-    /// Creates the run's directory, which says that this instance took the run (`shepherd`).
+    /// The UUIDs CUDA takes for a run's GPUs on this node (whole GPUs by index, MIG instances by
+    /// (gpu, start slice)) and the numbers the job sees them as (MIG instances as devices of
+    /// their own).
+    fn device_ids(&self, job: &Job, alloc: &proto::Allocation) -> Result<(Vec<String>, Vec<u32>), ApiError> {
+        let unknown = || ApiError::Invalid(format!("job {} names a gpu or mig instance this node does not have", job.id));
+        let uuids: Vec<String> = alloc
+            .gpus
+            .iter()
+            .map(|slot| match scheduler::decode_slot(*slot) {
+                scheduler::Slot::Gpu(i) => self.gpus.iter().find(|g| g.index == i).map(|g| g.uuid.clone()),
+                scheduler::Slot::Mig { gpu, start_slice } => self
+                    .gpus
+                    .iter()
+                    .find(|g| g.index == gpu)
+                    .and_then(|g| g.mig.iter().find(|m| m.start_slice == start_slice))
+                    .map(|m| m.uuid.clone()),
+            })
+            .collect::<Option<_>>()
+            .ok_or_else(unknown)?;
+        let ordinals = crate::gpu::mig::device_ordinals(&self.gpus, &alloc.gpus).ok_or_else(unknown)?;
+        Ok((uuids, ordinals))
+    }
+
+    /// Whom the job runs as: the uid the submitting node's kernel named, else the user's name
+    /// looked up here (None: the daemon does not switch users). A user without an account on
+    /// this node cannot run here: the error says why.
+    fn account_of(&self, job: &Job) -> Result<Option<crate::identity::Account>, String> {
+        if !self.settings.run_as_user {
+            return Ok(None);
+        }
+        let account = match job.spec.uid {
+            Some(uid) => crate::identity::by_uid(uid),
+            None => crate::identity::by_name(&job.spec.user),
+        };
+        match (account, job.spec.uid) {
+            (Some(a), _) if a.name == job.spec.user => Ok(Some(a)),
+            (_, Some(uid)) => Err(format!("no account named {} with uid {uid} on node {}", job.spec.user, self.name)),
+            (_, None) => Err(format!("no account named {} on node {}", job.spec.user, self.name)),
+        }
+    }
+
+    /// Creates the run's directory, which says that this instance took the run (`shepherd`).    /// Creates the run's directory, which says that this instance took the run (`shepherd`).
     fn open_run_dir(&self, job: JobId, run: RunNo) -> anyhow::Result<()> {
         let dir = shepherd::run_dir(&self.settings.runs_dir, job, run);
         std::fs::create_dir_all(&dir).with_context(|| format!("create run directory {}", dir.display()))?;

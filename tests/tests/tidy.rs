@@ -22,7 +22,6 @@ const LONG_FUNCTIONS: &[&str] = &[
     "cli/src/slurm/srun.rs::run_as_job",
     "cli/src/slurm/srun.rs::run_step",
     "compat/src/env.rs::slurm_env",
-    "node/src/agent.rs::launch",
     "node/src/launcher.rs::prepare",
     "node/src/server/mod.rs::handle_on_leader",
     "node/src/server/start.rs::run",
