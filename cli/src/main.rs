@@ -382,6 +382,157 @@ async fn wait_job(cluster: &Cluster, job: u64, timeout: Option<Duration>) -> any
     }
 }
 
+/// `corral queue`: one line per job, or JSON.
+fn print_queue(jobs: &[proto::Job], names: &BTreeMap<proto::NodeId, String>, as_json: bool) {
+    if as_json {
+        println!("{}", serde_json::Value::Array(jobs.iter().map(|j| job_json(j, names)).collect()));
+    } else {
+        println!("{:>8} {:<20} {:<10} {:<8} {:<10} {:<6} REASON", "JOBID", "NAME", "STATE", "USER", "NODE", "GPUS");
+        for j in jobs {
+            let node = j.last_nodes.iter().map(|n| names.get(n).cloned().unwrap_or_default()).collect::<Vec<_>>().join(",");
+            println!(
+                "{:>8} {:<20} {:<10} {:<8} {:<10} {:<6} {}",
+                j.id,
+                truncate(&j.spec.name, 20),
+                j.state.as_str(),
+                truncate(&j.spec.user, 8),
+                node,
+                j.spec.gpus(),
+                if j.state == proto::JobState::Pending { j.reasons.join("; ") } else { String::new() }
+            );
+        }
+    }
+}
+
+/// `corral show`: a job's fields, or JSON.
+fn print_job(j: &proto::Job, names: &BTreeMap<proto::NodeId, String>, as_json: bool) {
+    let v = job_json(j, names);
+    if as_json {
+        println!("{v}");
+    } else {
+        for (k, val) in v.as_object().into_iter().flatten() {
+            println!("{k:>14}: {}", if val.is_string() { val.as_str().unwrap_or_default().to_string() } else { val.to_string() });
+        }
+        println!("{:>14}: {}", "workdir", j.spec.workdir);
+        println!("{:>14}: {} / {}", "submit/start", fmt_time(Some(j.submit_ms)), fmt_time(j.start_ms));
+    }
+}
+
+/// `corral logs`: a job's output from the node that ran it, until it ends with `follow`.
+async fn follow_logs(cluster: &Cluster, job: proto::JobId, stderr: bool, follow: bool, patience: Duration) -> anyhow::Result<()> {
+    let stream = if stderr { LogStream::Stderr } else { LogStream::Stdout };
+    let mut offset = 0u64;
+    let mut out = std::io::stdout();
+    loop {
+        let req = Request::Logs { job, stream, offset, max_bytes: proto::limits::LOG_CHUNK_BYTES_MAX };
+        let Reply::LogChunk { data, next_offset, finished } = cluster.call_patiently(req, patience).await? else {
+            bail!("unexpected reply");
+        };
+        out.write_all(&data).context("write output")?;
+        out.flush().context("flush output")?;
+        offset = next_offset;
+        if !data.is_empty() {
+            continue;
+        }
+        if !follow || finished {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// `corral nodes`: one line per node (and its unhealthy GPUs), or JSON.
+fn print_nodes(list: &[proto::NodeInfo], as_json: bool) {
+    if as_json {
+        println!("{}", serde_json::Value::Array(list.iter().map(node_json).collect()));
+    } else {
+        println!("{:<10} {:<8} {:<7} {:>5} {:>5} {:<8} {:<22} REASON", "NAME", "STATE", "ROLE", "GPUS", "FREE", "TYPES", "ADDR");
+        for n in list {
+            println!(
+                "{:<10} {:<8} {:<7} {:>5} {:>5} {:<8} {:<22} {}",
+                n.name,
+                n.state.as_str(),
+                n.role.as_str(),
+                n.gpus_total,
+                n.gpus_free,
+                n.gpu_types.join(","),
+                n.addr,
+                n.reason.clone().unwrap_or_default()
+            );
+            for (gpu, why) in &n.unhealthy_gpus {
+                println!("{:<10}   gpu {gpu} unhealthy: {why}", "");
+            }
+        }
+    }
+}
+
+/// `corral cluster`: the leader, term, indexes and members, or JSON.
+fn print_cluster(info: &proto::ClusterInfo, as_json: bool) {
+    if as_json {
+        let members: Vec<_> = info.members.iter().map(|m| json!({"name": m.name, "role": m.role.as_str(), "addr": m.addr})).collect();
+        println!(
+            "{}",
+            json!({"leader": info.leader, "term": info.term, "commit_index": info.commit_index, "applied_index": info.applied_index, "snapshot_index": info.snapshot_index, "purged_index": info.purged_index, "answered_by": info.answered_by, "state_digest": info.state_digest, "members": members})
+        );
+    } else {
+        println!(
+            "leader: {}  term: {}  commit index: {}  (answered by {})",
+            info.leader.as_deref().unwrap_or("-"),
+            info.term,
+            info.commit_index,
+            info.answered_by
+        );
+        for m in &info.members {
+            println!("  {:<10} {:<7} {}", m.name, m.role.as_str(), m.addr);
+        }
+    }
+}
+
+/// `corral wait`: waits for a job to end; exits 0 if it completed, with its exit code (or 1) if
+/// not, 124 if it did not end within `timeout`.
+async fn wait_exit_code(cluster: &Cluster, job: proto::JobId, timeout: Option<f64>, as_json: bool) -> anyhow::Result<i32> {
+    let timeout = timeout.map(Duration::from_secs_f64);
+    match wait_job(cluster, job, timeout).await? {
+        None => {
+            eprintln!("job {job}: still not finished after {:.1} s", timeout.map_or(0.0, |t| t.as_secs_f64()));
+            Ok(124)
+        }
+        Some(j) => {
+            if as_json {
+                println!("{}", job_json(&j, &node_names(cluster).await.unwrap_or_default()));
+            }
+            Ok(match (j.state, j.exit_code) {
+                (proto::JobState::Completed, _) => 0,
+                (_, Some(code)) if code != 0 => code.clamp(1, 255),
+                _ => 1,
+            })
+        }
+    }
+}
+
+/// `corral policy show|set FILE`: the scheduling policy as TOML (or JSON), or replaced by a
+/// validated file.
+async fn policy(cluster: &Cluster, action: PolicyCmd, as_json: bool, patience: Duration) -> anyhow::Result<()> {
+    match action {
+        PolicyCmd::Show => {
+            let Reply::Policy(policy) = cluster.call_patiently(Request::GetPolicy, patience).await? else { bail!("unexpected reply") };
+            if as_json {
+                println!("{}", serde_json::to_string(&policy).context("encode policy")?);
+            } else {
+                print!("{}", toml::to_string(&policy).context("encode policy")?);
+            }
+        }
+        PolicyCmd::Set { file } => {
+            let text = std::fs::read_to_string(&file).with_context(|| format!("read policy {}", file.display()))?;
+            let policy: proto::SchedulerPolicy = toml::from_str(&text).with_context(|| format!("parse policy {}", file.display()))?;
+            policy.validate().map_err(anyhow::Error::msg)?;
+            cluster.call_patiently(Request::SetPolicy { policy }, patience).await?;
+        }
+    }
+    Ok(())
+}
+
 async fn run(cli: Cli) -> anyhow::Result<i32> {
     let connect = || Cluster::open(cli.cluster.as_ref(), cli.server.as_deref(), cli.socket.as_ref());
     let patience = Duration::from_secs(10);
@@ -406,39 +557,13 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             // --all pages through the accounting store too.
             let query = proto::JobQuery { live: true, finished: all, history: all, brief: true, ..Default::default() };
             let jobs = cluster.query_jobs(query, patience).await?;
-            if cli.json {
-                println!("{}", serde_json::Value::Array(jobs.iter().map(|j| job_json(j, &names)).collect()));
-            } else {
-                println!("{:>8} {:<20} {:<10} {:<8} {:<10} {:<6} REASON", "JOBID", "NAME", "STATE", "USER", "NODE", "GPUS");
-                for j in &jobs {
-                    let node = j.last_nodes.iter().map(|n| names.get(n).cloned().unwrap_or_default()).collect::<Vec<_>>().join(",");
-                    println!(
-                        "{:>8} {:<20} {:<10} {:<8} {:<10} {:<6} {}",
-                        j.id,
-                        truncate(&j.spec.name, 20),
-                        j.state.as_str(),
-                        truncate(&j.spec.user, 8),
-                        node,
-                        j.spec.gpus(),
-                        if j.state == proto::JobState::Pending { j.reasons.join("; ") } else { String::new() }
-                    );
-                }
-            }
+            print_queue(&jobs, &names, cli.json);
         }
         Cmd::Show { job } => {
             let cluster = connect()?;
             let names = node_names(&cluster).await?;
             let Reply::Job(j) = cluster.call_patiently(Request::GetJob { job }, patience).await? else { bail!("unexpected reply") };
-            let v = job_json(&j, &names);
-            if cli.json {
-                println!("{v}");
-            } else {
-                for (k, val) in v.as_object().into_iter().flatten() {
-                    println!("{k:>14}: {}", if val.is_string() { val.as_str().unwrap_or_default().to_string() } else { val.to_string() });
-                }
-                println!("{:>14}: {}", "workdir", j.spec.workdir);
-                println!("{:>14}: {} / {}", "submit/start", fmt_time(Some(j.submit_ms)), fmt_time(j.start_ms));
-            }
+            print_job(&j, &names, cli.json);
         }
         Cmd::Cancel { job } => {
             connect()?.call_patiently(Request::Cancel { job }, patience).await?;
@@ -446,110 +571,22 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 println!("{}", json!({ "job_id": job, "cancelled": true }));
             }
         }
-        Cmd::Wait { job, timeout } => {
-            let cluster = connect()?;
-            let timeout = timeout.map(Duration::from_secs_f64);
-            return match wait_job(&cluster, job, timeout).await? {
-                None => {
-                    eprintln!("job {job}: still not finished after {:.1} s", timeout.map_or(0.0, |t| t.as_secs_f64()));
-                    Ok(124)
-                }
-                Some(j) => {
-                    if cli.json {
-                        println!("{}", job_json(&j, &node_names(&cluster).await.unwrap_or_default()));
-                    }
-                    Ok(match (j.state, j.exit_code) {
-                        (proto::JobState::Completed, _) => 0,
-                        (_, Some(code)) if code != 0 => code.clamp(1, 255),
-                        _ => 1,
-                    })
-                }
-            };
-        }
+        Cmd::Wait { job, timeout } => return wait_exit_code(&connect()?, job, timeout, cli.json).await,
         Cmd::Logs { job, follow, stderr } => {
             let cluster = connect()?;
-            let stream = if stderr { LogStream::Stderr } else { LogStream::Stdout };
-            let mut offset = 0u64;
-            let mut out = std::io::stdout();
-            loop {
-                let req = Request::Logs { job, stream, offset, max_bytes: proto::limits::LOG_CHUNK_BYTES_MAX };
-                let Reply::LogChunk { data, next_offset, finished } = cluster.call_patiently(req, patience).await? else {
-                    bail!("unexpected reply");
-                };
-                out.write_all(&data).context("write output")?;
-                out.flush().context("flush output")?;
-                offset = next_offset;
-                if !data.is_empty() {
-                    continue;
-                }
-                if !follow || finished {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
+            follow_logs(&cluster, job, stderr, follow, patience).await?;
         }
         Cmd::Nodes => {
             let Reply::Nodes(list) = connect()?.call_patiently(Request::ListNodes, patience).await? else { bail!("unexpected reply") };
-            if cli.json {
-                println!("{}", serde_json::Value::Array(list.iter().map(node_json).collect()));
-            } else {
-                println!("{:<10} {:<8} {:<7} {:>5} {:>5} {:<8} {:<22} REASON", "NAME", "STATE", "ROLE", "GPUS", "FREE", "TYPES", "ADDR");
-                for n in &list {
-                    println!(
-                        "{:<10} {:<8} {:<7} {:>5} {:>5} {:<8} {:<22} {}",
-                        n.name,
-                        n.state.as_str(),
-                        n.role.as_str(),
-                        n.gpus_total,
-                        n.gpus_free,
-                        n.gpu_types.join(","),
-                        n.addr,
-                        n.reason.clone().unwrap_or_default()
-                    );
-                    for (gpu, why) in &n.unhealthy_gpus {
-                        println!("{:<10}   gpu {gpu} unhealthy: {why}", "");
-                    }
-                }
-            }
+            print_nodes(&list, cli.json);
         }
         // deploy (issue 8): cluster set-up subcommands.
         Cmd::Cluster { admin: Some(admin) } => cluster_admin::run(admin, cli.server.as_deref(), cli.json, &connect).await?,
         Cmd::Cluster { admin: None } => {
             let Reply::Cluster(info) = connect()?.call_patiently(Request::ClusterInfo, patience).await? else { bail!("unexpected reply") };
-            if cli.json {
-                let members: Vec<_> =
-                    info.members.iter().map(|m| json!({"name": m.name, "role": m.role.as_str(), "addr": m.addr})).collect();
-                println!(
-                    "{}",
-                    json!({"leader": info.leader, "term": info.term, "commit_index": info.commit_index, "applied_index": info.applied_index, "snapshot_index": info.snapshot_index, "purged_index": info.purged_index, "answered_by": info.answered_by, "state_digest": info.state_digest, "members": members})
-                );
-            } else {
-                println!(
-                    "leader: {}  term: {}  commit index: {}  (answered by {})",
-                    info.leader.as_deref().unwrap_or("-"),
-                    info.term,
-                    info.commit_index,
-                    info.answered_by
-                );
-                for m in &info.members {
-                    println!("  {:<10} {:<7} {}", m.name, m.role.as_str(), m.addr);
-                }
-            }
+            print_cluster(&info, cli.json);
         }
-        Cmd::Policy { action: PolicyCmd::Show } => {
-            let Reply::Policy(policy) = connect()?.call_patiently(Request::GetPolicy, patience).await? else { bail!("unexpected reply") };
-            if cli.json {
-                println!("{}", serde_json::to_string(&policy).context("encode policy")?);
-            } else {
-                print!("{}", toml::to_string(&policy).context("encode policy")?);
-            }
-        }
-        Cmd::Policy { action: PolicyCmd::Set { file } } => {
-            let text = std::fs::read_to_string(&file).with_context(|| format!("read policy {}", file.display()))?;
-            let policy: proto::SchedulerPolicy = toml::from_str(&text).with_context(|| format!("parse policy {}", file.display()))?;
-            policy.validate().map_err(anyhow::Error::msg)?;
-            connect()?.call_patiently(Request::SetPolicy { policy }, patience).await?;
-        }
+        Cmd::Policy { action } => policy(&connect()?, action, cli.json, patience).await?,
         Cmd::GpuHealth { node, gpu, healthy, unhealthy, reason } => {
             if healthy == unhealthy {
                 bail!("say --healthy or --unhealthy");

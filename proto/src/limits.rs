@@ -3,7 +3,9 @@
 
 /// Largest frame a peer may send (snapshots included).
 pub const FRAME_BYTES_MAX: usize = 64 * 1024 * 1024;
-/// Largest frame a client request may use.
+/// Largest request a client may send to a node's local socket (`transport::local`). Over QUIC,
+/// requests share [`FRAME_BYTES_MAX`] with the peers' Raft traffic: the transport reads a frame
+/// before it knows what it holds.
 pub const REQUEST_BYTES_MAX: usize = 8 * 1024 * 1024;
 pub const JOB_NAME_BYTES_MAX: usize = 256;
 pub const ARGV_COUNT_MAX: usize = 4096;

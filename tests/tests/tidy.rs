@@ -14,7 +14,6 @@ const FN_LINES_MAX: usize = 100;
 const LONG_FUNCTIONS: &[&str] = &[
     "chaos/src/runner.rs::drive_and_check",
     "cli/src/cluster_admin.rs::run",
-    "cli/src/main.rs::run",
     "cli/src/slurm/sbatch.rs::apply",
     "cli/src/slurm/sbatch.rs::finish",
     "cli/src/slurm/scancel.rs::run",
@@ -23,8 +22,6 @@ const LONG_FUNCTIONS: &[&str] = &[
     "cli/src/slurm/srun.rs::run_step",
     "compat/src/env.rs::slurm_env",
     "node/src/launcher.rs::prepare",
-    "node/src/server/mod.rs::handle_on_leader",
-    "node/src/server/start.rs::run",
     "node/src/shepherd.rs::run_trusting",
     "scheduler/src/engine.rs::new",
 ];

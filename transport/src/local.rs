@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use proto::limits::FRAME_BYTES_MAX;
+use proto::limits::{FRAME_BYTES_MAX, REQUEST_BYTES_MAX};
 use proto::{ApiError, Envelope, Response};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
@@ -115,12 +115,13 @@ pub async fn serve_local(listener: UnixListener, handler: Arc<dyn LocalHandler>)
 async fn serve_one(mut stream: UnixStream, handler: Arc<dyn LocalHandler>) -> Result<(), FrameError> {
     let cred = stream.peer_cred().map_err(|e| FrameError::Io(format!("read peer credentials: {e}")))?;
     let peer = LocalPeer { uid: cred.uid(), gid: cred.gid(), pid: cred.pid() };
-    let read = tokio::time::timeout(Duration::from_millis(LOCAL_READ_TIMEOUT_MS), read_frame_io(&mut stream, FRAME_BYTES_MAX)).await;
+    // Only clients call here: a request is held to the client bound, not the peers' frame limit.
+    let read = tokio::time::timeout(Duration::from_millis(LOCAL_READ_TIMEOUT_MS), read_frame_io(&mut stream, REQUEST_BYTES_MAX)).await;
     let response: Response = match read {
         Err(_) => Err(ApiError::Invalid(format!("no request within {LOCAL_READ_TIMEOUT_MS} ms"))),
         Ok(Err(FrameError::Closed)) => return Ok(()),
         Ok(Err(e)) => Err(ApiError::Invalid(format!("bad frame: {e}"))),
-        Ok(Ok(bytes)) => match proto::decode::<Envelope>(&bytes, FRAME_BYTES_MAX) {
+        Ok(Ok(bytes)) => match proto::decode::<Envelope>(&bytes, REQUEST_BYTES_MAX) {
             Ok(envelope) => handler.handle_local(peer, envelope).await,
             Err(e) => Err(ApiError::Invalid(format!("bad request: {e}"))),
         },
@@ -189,6 +190,12 @@ mod tests {
         let reply = read_frame_io(&mut raw, FRAME_BYTES_MAX).await.expect("reply");
         let reply: Response = proto::decode(&reply, FRAME_BYTES_MAX).expect("decode");
         assert!(matches!(reply, Err(ApiError::Invalid(m)) if m.contains("exceeds")));
+        // Past the client request bound (though under the peers' frame limit): refused unread.
+        let mut raw = UnixStream::connect(&path).await.expect("connect");
+        raw.write_all(&((REQUEST_BYTES_MAX + 1) as u32).to_be_bytes()).await.expect("write");
+        let reply: Response =
+            proto::decode(&read_frame_io(&mut raw, FRAME_BYTES_MAX).await.expect("reply"), FRAME_BYTES_MAX).expect("decode");
+        assert!(matches!(reply, Err(ApiError::Invalid(m)) if m.contains("exceeds")), "{REQUEST_BYTES_MAX}");
         // Garbage that is not a message.
         let mut raw = UnixStream::connect(&path).await.expect("connect");
         write_frame_io(&mut raw, b"\x01garbage").await.expect("write");

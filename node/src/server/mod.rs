@@ -648,10 +648,10 @@ impl Node {
             .unwrap_or_else(|e| Err(ApiError::Internal(format!("launch task failed: {e}"))))
     }
 
-    async fn handle_on_leader(&self, request: Request, user: Option<String>) -> Response {
-        let now = now_ms();
-        let who = user.as_deref();
-        match &request {
+    /// Who may ask the leader what: the owner of a job (or an admin) changes it, an admin the
+    /// cluster.
+    fn authorize_on_leader(&self, request: &Request, who: Option<&str>) -> Result<(), ApiError> {
+        match request {
             Request::Cancel { job } => self.require_owner(who, *job, "cancel")?,
             Request::Requeue { job } => self.require_owner(who, *job, "requeue")?,
             Request::UpdateJob { job, .. } => self.require_owner(who, *job, "update")?,
@@ -665,25 +665,163 @@ impl Node {
             Request::RevokeCert { .. } => self.require_admin(who, "revoke certificates")?,
             _ => {}
         }
-        match request {
-            Request::Submit { mut spec } => {
-                // The certificate says who submits, not the client's environment.
-                if let Some(u) = &user {
-                    spec.user = u.clone();
-                }
-                spec.fill_default_mem();
-                spec.validate().map_err(ApiError::Invalid)?;
-                if let Some(why) = self.state.read(|s| s.undefined_in_submission(&spec)) {
-                    return Err(ApiError::Invalid(why));
-                }
-                match self.propose(Command::Submit { spec, now_ms: now }).await? {
-                    CommandResult::Submitted { job } => {
-                        self.kick.notify_one();
-                        Ok(Reply::Submitted { job })
-                    }
-                    other => Err(rejected(other)),
-                }
+        Ok(())
+    }
+
+    /// Submits a job: its user is the one the certificate names, not the client's environment.
+    async fn submit(&self, mut spec: proto::JobSpec, user: Option<&str>, now: u64) -> Response {
+        if let Some(u) = user {
+            spec.user = u.to_string();
+        }
+        spec.fill_default_mem();
+        spec.validate().map_err(ApiError::Invalid)?;
+        if let Some(why) = self.state.read(|s| s.undefined_in_submission(&spec)) {
+            return Err(ApiError::Invalid(why));
+        }
+        match self.propose(Command::Submit { spec, now_ms: now }).await? {
+            CommandResult::Submitted { job } => {
+                self.kick.notify_one();
+                Ok(Reply::Submitted { job })
             }
+            other => Err(rejected(other)),
+        }
+    }
+
+    /// Creates a join token: only its hash is replicated; the secret is in the reply alone.
+    async fn create_join_token(&self, ttl_ms: u64, who: Option<&str>, now: u64) -> Response {
+        if ttl_ms == 0 || ttl_ms > JOIN_TOKEN_TTL_MS_MAX {
+            return Err(ApiError::Invalid(format!("a join token lives 1..={JOIN_TOKEN_TTL_MS_MAX} ms")));
+        }
+        let secret = hex::encode(rand::random::<[u8; 32]>());
+        let secret_sha256 = sha256_hex(secret.as_bytes());
+        let expires_ms = now.saturating_add(ttl_ms);
+        let created_by = who.unwrap_or("root").to_string();
+        let cmd = Command::AddJoinToken { secret_sha256: secret_sha256.clone(), expires_ms, created_by: created_by.clone(), now_ms: now };
+        ok_or_rejected(self.propose(cmd).await?)?;
+        let id = self.state.read(|s| s.join_tokens.values().find(|t| t.secret_sha256 == secret_sha256).map(|t| t.id)).unwrap_or(0);
+        info!(id, by = %created_by, expires_ms, "join token created");
+        Ok(Reply::JoinTokenCreated { id, secret, expires_ms })
+    }
+
+    /// Revokes a node's certificates (the one it joined with and every later one of its name)
+    /// or one certificate by fingerprint.
+    async fn revoke_cert(&self, node: Option<String>, fingerprint: Option<String>, who: Option<&str>, now: u64) -> Response {
+        let (fingerprint, node, reason) = match (node, fingerprint) {
+            (Some(name), None) => {
+                // The certificate it joined with, and every one of its name after it.
+                let fp = self.state.read(|s| s.nodes.values().find(|n| n.name == name).map(|n| n.cert_fingerprint.clone()));
+                let Some(fp) = fp else { return Err(ApiError::NotFound(format!("node {name}"))) };
+                let reason = format!("node {name} removed by {}", who.unwrap_or("root"));
+                (fp, Some(name), reason)
+            }
+            (None, Some(fp)) if fp.len() == 64 && fp.bytes().all(|b| b.is_ascii_hexdigit()) => {
+                (fp.to_ascii_lowercase(), None, format!("revoked by {}", who.unwrap_or("root")))
+            }
+            _ => return Err(ApiError::Invalid("name a node or a 64-digit certificate fingerprint".into())),
+        };
+        let cmd = Command::RevokeCert { fingerprint: fingerprint.clone(), node: node.clone(), reason: reason.clone(), now_ms: now };
+        ok_or_rejected(self.propose(cmd).await?)?;
+        warn!(fingerprint = %fingerprint, node = ?node, reason = %reason, "certificate revoked");
+        Ok(Reply::Ok)
+    }
+
+    /// A node's batch of run reports, proposed at once (the proposer packs them into as few
+    /// entries as fit).
+    async fn report_runs(&self, node: NodeId, reports: Vec<proto::RunReport>, now: u64) -> Response {
+        if reports.len() > proto::REPORTS_PER_REQUEST_MAX {
+            return Err(ApiError::Invalid(format!(
+                "{} reports in one request, more than {}",
+                reports.len(),
+                proto::REPORTS_PER_REQUEST_MAX
+            )));
+        }
+        // All proposed at once: the proposer puts them in as few entries as fit.
+        let proposals = reports.into_iter().map(|r| {
+            let (job, run) = (r.job, r.run);
+            let cmd = Command::RunFinished { job, run, node, outcome: r.outcome, usage: r.usage, now_ms: now };
+            async move { (job, run, self.propose(cmd).await) }
+        });
+        for (job, run, result) in futures_util::future::join_all(proposals).await {
+            if let CommandResult::Rejected(why) = result? {
+                debug!(job, run, why = %why, "run report ignored");
+            }
+        }
+        self.kick.notify_one();
+        Ok(Reply::Ok)
+    }
+
+    /// Signals every part of a running job's current run, on whichever nodes they are.
+    async fn signal_job(&self, job: JobId, signal: i32, batch_only: bool) -> Response {
+        let parts = self.state.read(|s| {
+            s.jobs.get(&job).filter(|j| j.state == JobState::Running).map(|j| {
+                j.parts
+                    .iter()
+                    .filter(|p| p.run == j.run)
+                    .map(|p| (p.run, p.alloc.node, s.nodes.get(&p.alloc.node).map(|n| n.addr.clone()).unwrap_or_default()))
+                    .collect::<Vec<_>>()
+            })
+        });
+        let parts = parts.ok_or_else(|| ApiError::Invalid(format!("job {job} is not running")))?;
+        for (run, target, addr) in parts {
+            let result = if target == self.id {
+                self.agent.signal(job, run, signal, batch_only)
+            } else {
+                let env = Envelope { hops: 0, request: Request::SignalPart { job, run, signal, batch_only }, user: None };
+                self.client.call(&addr, &env, PEER_CALL_TIMEOUT).await.unwrap_or_else(|e| Err(ApiError::Unavailable(e.to_string())))
+            };
+            result?;
+        }
+        Ok(Reply::Ok)
+    }
+
+    /// Registers a node that presents the cluster's join token (a new node, or a node's new
+    /// instance), with a fresh heartbeat grace period.
+    #[allow(clippy::too_many_arguments)]
+    async fn join(
+        &self,
+        token: String,
+        name: String,
+        addr: String,
+        inventory: Inventory,
+        instance: InstanceId,
+        cert_fingerprint: String,
+        now: u64,
+    ) -> Response {
+        if !constant_time_eq(token.as_bytes(), self.config.join_token.as_bytes()) {
+            warn!(node = %name, "join refused: bad token");
+            return Err(ApiError::Denied("bad join token".into()));
+        }
+        let cmd = Command::RegisterNode { name: name.clone(), addr, inventory, instance, cert_fingerprint, now_ms: now };
+        match self.propose(cmd).await? {
+            CommandResult::NodeRegistered { id } => {
+                lock(&self.memory).last_seen.insert(id, Instant::now());
+                info!(node = %name, id, "node registered");
+                self.kick.notify_one();
+                Ok(Reply::Joined { id, name })
+            }
+            other => Err(rejected(other)),
+        }
+    }
+
+    /// A relay's batch of heartbeats.
+    async fn heartbeats(&self, beats: &[proto::Beat]) -> Response {
+        if beats.len() > proto::HEARTBEATS_PER_REQUEST_MAX {
+            return Err(ApiError::Invalid(format!(
+                "{} heartbeats in one request, more than {}",
+                beats.len(),
+                proto::HEARTBEATS_PER_REQUEST_MAX
+            )));
+        }
+        let (leader, term, commit_index, refused) = self.accept_heartbeats(beats).await?;
+        Ok(Reply::HeartbeatAcks { leader, term, commit_index, refused })
+    }
+
+    async fn handle_on_leader(&self, request: Request, user: Option<String>) -> Response {
+        let now = now_ms();
+        let who = user.as_deref();
+        self.authorize_on_leader(&request, who)?;
+        match request {
+            Request::Submit { spec } => self.submit(spec, user.as_deref(), now).await,
             Request::Cancel { job } => match self.propose(Command::Cancel { job, now_ms: now }).await? {
                 CommandResult::Ok => {
                     self.kick.notify_one();
@@ -699,60 +837,15 @@ impl Node {
                 let id = self.node_id_by_name(&node)?;
                 self.propose(Command::Resume { node: id, now_ms: now }).await.and_then(ok_or_rejected)
             }
-            Request::CreateJoinToken { ttl_ms } => {
-                if ttl_ms == 0 || ttl_ms > JOIN_TOKEN_TTL_MS_MAX {
-                    return Err(ApiError::Invalid(format!("a join token lives 1..={JOIN_TOKEN_TTL_MS_MAX} ms")));
-                }
-                let secret = hex::encode(rand::random::<[u8; 32]>());
-                let secret_sha256 = sha256_hex(secret.as_bytes());
-                let expires_ms = now.saturating_add(ttl_ms);
-                let created_by = user.clone().unwrap_or_else(|| "root".into());
-                let cmd =
-                    Command::AddJoinToken { secret_sha256: secret_sha256.clone(), expires_ms, created_by: created_by.clone(), now_ms: now };
-                ok_or_rejected(self.propose(cmd).await?)?;
-                let id = self.state.read(|s| s.join_tokens.values().find(|t| t.secret_sha256 == secret_sha256).map(|t| t.id)).unwrap_or(0);
-                info!(id, by = %created_by, expires_ms, "join token created");
-                Ok(Reply::JoinTokenCreated { id, secret, expires_ms })
-            }
+            Request::CreateJoinToken { ttl_ms } => self.create_join_token(ttl_ms, who, now).await,
             Request::RevokeJoinToken { id } => {
                 ok_or_rejected(self.propose(Command::RevokeJoinToken { id, now_ms: now }).await?)?;
                 info!(id, by = %who.unwrap_or("root"), "join token revoked");
                 Ok(Reply::Ok)
             }
-            Request::RevokeCert { node, fingerprint } => {
-                let (fingerprint, node, reason) = match (node, fingerprint) {
-                    (Some(name), None) => {
-                        // The certificate it joined with, and every one of its name after it.
-                        let fp = self.state.read(|s| s.nodes.values().find(|n| n.name == name).map(|n| n.cert_fingerprint.clone()));
-                        let Some(fp) = fp else { return Err(ApiError::NotFound(format!("node {name}"))) };
-                        let reason = format!("node {name} removed by {}", who.unwrap_or("root"));
-                        (fp, Some(name), reason)
-                    }
-                    (None, Some(fp)) if fp.len() == 64 && fp.bytes().all(|b| b.is_ascii_hexdigit()) => {
-                        (fp.to_ascii_lowercase(), None, format!("revoked by {}", who.unwrap_or("root")))
-                    }
-                    _ => return Err(ApiError::Invalid("name a node or a 64-digit certificate fingerprint".into())),
-                };
-                let cmd = Command::RevokeCert { fingerprint: fingerprint.clone(), node: node.clone(), reason: reason.clone(), now_ms: now };
-                ok_or_rejected(self.propose(cmd).await?)?;
-                warn!(fingerprint = %fingerprint, node = ?node, reason = %reason, "certificate revoked");
-                Ok(Reply::Ok)
-            }
+            Request::RevokeCert { node, fingerprint } => self.revoke_cert(node, fingerprint, who, now).await,
             Request::Join { token, name, addr, inventory, instance, cert_fingerprint } => {
-                if !constant_time_eq(token.as_bytes(), self.config.join_token.as_bytes()) {
-                    warn!(node = %name, "join refused: bad token");
-                    return Err(ApiError::Denied("bad join token".into()));
-                }
-                let cmd = Command::RegisterNode { name: name.clone(), addr, inventory, instance, cert_fingerprint, now_ms: now };
-                match self.propose(cmd).await? {
-                    CommandResult::NodeRegistered { id } => {
-                        lock(&self.memory).last_seen.insert(id, Instant::now());
-                        info!(node = %name, id, "node registered");
-                        self.kick.notify_one();
-                        Ok(Reply::Joined { id, name })
-                    }
-                    other => Err(rejected(other)),
-                }
+                self.join(token, name, addr, inventory, instance, cert_fingerprint, now).await
             }
             Request::Heartbeat { node, instance, running: _ } => {
                 let (leader, term, commit_index, refused) = self.accept_heartbeats(&[proto::Beat { node, instance }]).await?;
@@ -761,17 +854,7 @@ impl Node {
                     None => Ok(Reply::HeartbeatAck { leader, term, commit_index }),
                 }
             }
-            Request::Heartbeats { relay: _, beats } => {
-                if beats.len() > proto::HEARTBEATS_PER_REQUEST_MAX {
-                    return Err(ApiError::Invalid(format!(
-                        "{} heartbeats in one request, more than {}",
-                        beats.len(),
-                        proto::HEARTBEATS_PER_REQUEST_MAX
-                    )));
-                }
-                let (leader, term, commit_index, refused) = self.accept_heartbeats(&beats).await?;
-                Ok(Reply::HeartbeatAcks { leader, term, commit_index, refused })
-            }
+            Request::Heartbeats { relay: _, beats } => self.heartbeats(&beats).await,
             Request::ReportRun { job, run, node, outcome, usage } => {
                 match self.propose(Command::RunFinished { job, run, node, outcome, usage, now_ms: now }).await? {
                     CommandResult::Rejected(why) => debug!(job, run, why = %why, "run report ignored"),
@@ -779,28 +862,7 @@ impl Node {
                 }
                 Ok(Reply::Ok)
             }
-            Request::ReportRuns { node, reports } => {
-                if reports.len() > proto::REPORTS_PER_REQUEST_MAX {
-                    return Err(ApiError::Invalid(format!(
-                        "{} reports in one request, more than {}",
-                        reports.len(),
-                        proto::REPORTS_PER_REQUEST_MAX
-                    )));
-                }
-                // All proposed at once: the proposer puts them in as few entries as fit.
-                let proposals = reports.into_iter().map(|r| {
-                    let (job, run) = (r.job, r.run);
-                    let cmd = Command::RunFinished { job, run, node, outcome: r.outcome, usage: r.usage, now_ms: now };
-                    async move { (job, run, self.propose(cmd).await) }
-                });
-                for (job, run, result) in futures_util::future::join_all(proposals).await {
-                    if let CommandResult::Rejected(why) = result? {
-                        debug!(job, run, why = %why, "run report ignored");
-                    }
-                }
-                self.kick.notify_one();
-                Ok(Reply::Ok)
-            }
+            Request::ReportRuns { node, reports } => self.report_runs(node, reports, now).await,
             Request::ReportGpuHealth { node, gpu, mig_uuid, healthy, reason } => {
                 warn!(node, gpu, healthy, reason = %reason, "gpu health reported");
                 let cmd = Command::GpuHealth { node, gpu, mig_uuid, healthy, reason, now_ms: now };
@@ -833,28 +895,7 @@ impl Node {
                 self.kick.notify_one();
                 result
             }
-            Request::Signal { job, signal, batch_only } => {
-                let parts = self.state.read(|s| {
-                    s.jobs.get(&job).filter(|j| j.state == JobState::Running).map(|j| {
-                        j.parts
-                            .iter()
-                            .filter(|p| p.run == j.run)
-                            .map(|p| (p.run, p.alloc.node, s.nodes.get(&p.alloc.node).map(|n| n.addr.clone()).unwrap_or_default()))
-                            .collect::<Vec<_>>()
-                    })
-                });
-                let parts = parts.ok_or_else(|| ApiError::Invalid(format!("job {job} is not running")))?;
-                for (run, target, addr) in parts {
-                    let result = if target == self.id {
-                        self.agent.signal(job, run, signal, batch_only)
-                    } else {
-                        let env = Envelope { hops: 0, request: Request::SignalPart { job, run, signal, batch_only }, user: None };
-                        self.client.call(&addr, &env, PEER_CALL_TIMEOUT).await.unwrap_or_else(|e| Err(ApiError::Unavailable(e.to_string())))
-                    };
-                    result?;
-                }
-                Ok(Reply::Ok)
-            }
+            Request::Signal { job, signal, batch_only } => self.signal_job(job, signal, batch_only).await,
             other => Err(ApiError::Invalid(format!("not a leader request: {other:?}"))),
         }
     }

@@ -113,25 +113,10 @@ pub enum Ended {
     HandedOver,
 }
 
-/// Starts a node and runs it until `stop` asks it to stop or hand over, or the node fails.
-/// Runs the node until it stops. `spawner` forks the runs' shepherds (`spawner::start`, before
-/// the runtime); without one they are exec'd.
-pub async fn run(
-    config: NodeConfig,
-    mut stop: tokio::sync::watch::Receiver<StopRequest>,
-    spawner: Option<Arc<crate::spawner::Spawner>>,
-) -> anyhow::Result<Ended> {
-    std::fs::create_dir_all(&config.data_dir).with_context(|| format!("create data directory {}", config.data_dir.display()))?;
-    lock_data_dir(&config.data_dir)?;
-    std::fs::create_dir_all(config.runs_dir()).with_context(|| format!("create {}", config.runs_dir().display()))?;
-    // Run records hold jobs' environments.
-    std::fs::set_permissions(config.runs_dir(), std::os::unix::fs::PermissionsExt::from_mode(0o700))
-        .with_context(|| format!("chmod {}", config.runs_dir().display()))?;
-    // The previous daemon may have handed its runs over: then this one keeps its instance (the
-    // cluster sees no restart) and takes them over. Otherwise it is a new instance, and the
-    // cluster ends whatever the node ran before.
-    let daemon_file = config.daemon_file();
-    let previous = match crate::shepherd::read_json::<crate::shepherd::DaemonRecord>(&daemon_file) {
+/// This daemon's instance: the previous daemon's if it handed its runs over (the cluster sees
+/// no restart), else a new one (the cluster ends whatever the node ran before). Records it.
+fn this_instance(daemon_file: &Path) -> anyhow::Result<(InstanceId, Option<crate::shepherd::Handover>)> {
+    let previous = match crate::shepherd::read_json::<crate::shepherd::DaemonRecord>(daemon_file) {
         Ok(p) => p,
         Err(e) => {
             warn!(error = format!("{e:#}"), "read the previous daemon's record: starting as a new instance");
@@ -148,47 +133,51 @@ pub async fn run(
         (Some(p), Some(_)) => p.instance,
         _ => rand::random(),
     };
-    crate::shepherd::write_json(&daemon_file, &crate::shepherd::DaemonRecord::me(instance))?;
-    let identity = config.tls.load().context("load tls identity")?;
-    let endpoint =
-        transport::endpoint(config.listen, &identity, true).with_context(|| format!("bind quic endpoint on {}", config.listen))?;
-    let client = Arc::new(Client::new(endpoint.clone()));
-    let probe: Arc<dyn crate::gpu::GpuProbe> = Arc::from(crate::probe::probe_from_config(&config.gpus, &config.name));
-    let discover_started = Instant::now();
-    let discovered = probe.discover().context("discover gpus")?;
-    info!(probe = probe.kind(), gpus = discovered.gpus.len(), took_ms = discover_started.elapsed().as_millis() as u64, "gpus discovered");
-    let cgroups = job_cgroups(&config);
-    let gpu_device_files: BTreeMap<u32, std::path::PathBuf> = if config.gpu_device_files.is_empty() {
+    crate::shepherd::write_json(daemon_file, &crate::shepherd::DaemonRecord::me(instance))?;
+    Ok((instance, handover))
+}
+
+/// The device files of this node's GPUs (configured, else discovered); says at start whether a
+/// run can open only its own.
+fn gpu_device_files(
+    config: &NodeConfig,
+    discovered: &crate::gpu::GpuInventory,
+    probe_kind: &str,
+    cgroups: Option<&crate::cgroup::JobCgroups>,
+) -> BTreeMap<u32, std::path::PathBuf> {
+    let files: BTreeMap<u32, std::path::PathBuf> = if config.gpu_device_files.is_empty() {
         discovered.device_files.clone()
     } else {
         config.gpu_device_files.iter().enumerate().map(|(i, p)| (i as u32, p.clone())).collect()
     };
-    let fenced = cgroups.as_ref().is_some_and(|c| c.fences_devices());
-    if !gpu_device_files.is_empty() && fenced {
-        info!(files = gpu_device_files.len(), "each run may open only its own GPUs' device files (cgroup v1 devices controller)");
-    } else if !discovered.gpus.is_empty() && (probe.kind() != "simulated" || !gpu_device_files.is_empty()) {
+    let fenced = cgroups.is_some_and(|c| c.fences_devices());
+    if !files.is_empty() && fenced {
+        info!(files = files.len(), "each run may open only its own GPUs' device files (cgroup v1 devices controller)");
+    } else if !discovered.gpus.is_empty() && (probe_kind != "simulated" || !files.is_empty()) {
         // Said at start, as for the cgroup controllers that are missing.
         warn!(
-            gpus = discovered.gpus.len(),
-            "a job's GPUs are chosen with CUDA_VISIBLE_DEVICES, not fenced: there is no cgroup v1 devices controller here, and cgroup v2 device control (a BPF program) is not implemented, so a job can open every /dev/nvidia* this node has"
-        );
+        gpus = discovered.gpus.len(),
+        "a job's GPUs are chosen with CUDA_VISIBLE_DEVICES, not fenced: there is no cgroup v1 devices controller here, and cgroup v2 device control (a BPF program) is not implemented, so a job can open every /dev/nvidia* this node has"
+    );
     }
-    let gpus = discovered.gpus.clone();
-    let inventory = Inventory {
-        gpus: gpus.clone(),
-        topology: discovered.topology,
-        cpus: config.cpus.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32)),
-        memory_mib: config.memory_mib.unwrap_or_else(host_memory_mib),
-        location: config.location.clone(),
-        features: config.features.clone(),
-        partitions: config.partitions.clone(),
-    };
-    info!(node = %config.name, gpus = gpus.len(), cpus = inventory.cpus, memory_mib = inventory.memory_mib, "inventory discovered");
+    files
+}
+
+/// The agent's settings from the node's configuration, refusing what cannot work
+/// (`run_as_user` without root) and warning of what may surprise.
+fn agent_settings(
+    config: &NodeConfig,
+    inventory: &Inventory,
+    cgroups: Option<crate::cgroup::JobCgroups>,
+    gpu_device_files: BTreeMap<u32, std::path::PathBuf>,
+    spawner: Option<Arc<crate::spawner::Spawner>>,
+    daemon_file: &Path,
+) -> anyhow::Result<crate::agent::AgentSettings> {
     let settings = crate::agent::AgentSettings {
         jobs_dir: config.jobs_dir(),
         job_files_dir: config.job_files_dir(),
         checkpoint_root: config.checkpoint_root(),
-        nccl: crate::nccl::derive(&config.nccl, &inventory, &config.advertise_addr()),
+        nccl: crate::nccl::derive(&config.nccl, inventory, &config.advertise_addr()),
         stop: crate::launcher::StopTimings { kill_grace_ms: config.kill_grace_ms, fence_kill_grace_ms: config.fence_kill_grace_ms },
         fence_after_ms: config.fence_after_ms(),
         cluster_name: config.cluster_name.clone(),
@@ -199,7 +188,7 @@ pub async fn run(
         exe: std::env::current_exe().context("find the corrald executable (it holds batch jobs' other nodes and shepherds runs)")?,
         spawner,
         runs_dir: config.runs_dir(),
-        daemon_file: daemon_file.clone(),
+        daemon_file: daemon_file.to_path_buf(),
         local_socket: Some(config.socket_path()),
         // SAFETY: geteuid cannot fail.
         job_hosts: match (&config.job_hosts_file, unsafe { libc::geteuid() } == 0) {
@@ -222,6 +211,140 @@ pub async fn run(
             "fence_after_ms is shorter than two elections: a leader failover may stop this node's jobs; raise node_down_after_ms"
         );
     }
+    Ok(settings)
+}
+
+/// Starts a new cluster of this one node (id 1) and registers it before the API answers anyone,
+/// so no joining node can be given its id.
+async fn bootstrap(
+    raft: &Raft,
+    config: &NodeConfig,
+    inventory: &Inventory,
+    instance: InstanceId,
+    fingerprint: String,
+) -> anyhow::Result<()> {
+    let id: NodeId = 1;
+    let advertise = config.advertise_addr();
+    info!(node = %config.name, "bootstrapping a new cluster");
+    let members = BTreeMap::from([(id, MemberNode { name: config.name.clone(), addr: advertise.clone() })]);
+    raft.initialize(members).await.context("initialize the cluster")?;
+    // Register this node before the API answers anyone, so no joining node can be given
+    // the bootstrap node's id.
+    let started = Instant::now();
+    while !consensus::raft_status(raft).is_leader {
+        if started.elapsed() > Duration::from_secs(30) {
+            bail!("bootstrap: this node did not become leader of its own cluster within 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cmd = Command::RegisterNode {
+        name: config.name.clone(),
+        addr: advertise.clone(),
+        inventory: inventory.clone(),
+        instance,
+        cert_fingerprint: fingerprint,
+        now_ms: now_ms(),
+    };
+    match consensus::propose(raft, cmd).await.map_err(|e| anyhow::anyhow!("register the bootstrap node: {e}"))? {
+        (_, CommandResult::NodeRegistered { id: assigned }) if assigned == id => {}
+        (_, other) => bail!("register the bootstrap node: expected id {id}, got {other:?}"),
+    }
+    Ok(())
+}
+
+/// Creates and locks the data directory, and the run records' directory (only this user may
+/// read it: run records hold jobs' environments).
+fn prepare_data_dir(config: &NodeConfig) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&config.data_dir).with_context(|| format!("create data directory {}", config.data_dir.display()))?;
+    lock_data_dir(&config.data_dir)?;
+    std::fs::create_dir_all(config.runs_dir()).with_context(|| format!("create {}", config.runs_dir().display()))?;
+    std::fs::set_permissions(config.runs_dir(), std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .with_context(|| format!("chmod {}", config.runs_dir().display()))
+}
+
+/// What this node offers: its GPUs, and CPUs and memory as configured or found.
+fn inventory_of(config: &NodeConfig, gpus: Vec<proto::GpuInfo>, topology: proto::Topology) -> Inventory {
+    Inventory {
+        gpus,
+        topology,
+        cpus: config.cpus.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32)),
+        memory_mib: config.memory_mib.unwrap_or_else(host_memory_mib),
+        location: config.location.clone(),
+        features: config.features.clone(),
+        partitions: config.partitions.clone(),
+    }
+}
+
+/// The links to the leader: the agent's (heartbeats and reports give up on a silent member
+/// quickly and try the next: a call stuck on a dead leader must not make this node look dead
+/// to the new one), forwards of requests (to the other members), and heartbeats (half a beat's
+/// budget per member, so a dead one, maybe this node's first relay, leaves time for the next).
+fn leader_links(config: &NodeConfig, client: &Arc<Client>) -> (Arc<LeaderLink>, Arc<LeaderLink>, Arc<LeaderLink>) {
+    let advertise = config.advertise_addr();
+    let others: Vec<String> = config.join.iter().filter(|a| **a != advertise).cloned().collect();
+    let mut agent_candidates = vec![advertise];
+    agent_candidates.extend(others.iter().cloned());
+    let link_timeout = heartbeat_call_timeout(config);
+    let agent_link = Arc::new(LeaderLink::new(Arc::clone(client), agent_candidates.clone(), link_timeout));
+    let forward_link = Arc::new(LeaderLink::new(Arc::clone(client), others, PEER_CALL_TIMEOUT));
+    let heartbeat_link = Arc::new(LeaderLink::new(Arc::clone(client), agent_candidates, link_timeout / 2));
+    (agent_link, forward_link, heartbeat_link)
+}
+
+/// Registers this instance (new inventory, new instance id) before it takes work; the cluster
+/// must know this node by the id its data directory holds.
+async fn register(link: &LeaderLink, join: &Request, id: NodeId, name: &str) -> anyhow::Result<()> {
+    match call_until(link, join.clone(), "register with the cluster", Duration::from_secs(600)).await? {
+        Reply::Joined { id: assigned, .. } if assigned == id => Ok(()),
+        Reply::Joined { id: assigned, .. } => bail!("cluster knows node '{name}' as id {assigned}, but this data directory says {id}"),
+        other => bail!("register with the cluster: unexpected reply {other:?}"),
+    }
+}
+
+/// This node's id: the one its data directory holds, 1 for a bootstrap node, else the one the
+/// cluster gives it for its join token. Recorded in the data directory.
+async fn node_id(config: &NodeConfig, forward_link: &LeaderLink, join: &Request) -> anyhow::Result<NodeId> {
+    let id_path = config.data_dir.join("node_id");
+    let id = match read_node_id(&id_path)? {
+        Some(id) => id,
+        None if config.bootstrap => 1,
+        None => match call_until(forward_link, join.clone(), "join the cluster", Duration::from_secs(600)).await? {
+            Reply::Joined { id, .. } => id,
+            other => bail!("join the cluster: unexpected reply {other:?}"),
+        },
+    };
+    write_node_id(&id_path, id)?;
+    Ok(id)
+}
+
+/// Starts a node and runs it until `stop` asks it to stop or hand over, or the node fails.
+/// Runs the node until it stops. `spawner` forks the runs' shepherds (`spawner::start`, before
+/// the runtime); without one they are exec'd.
+pub async fn run(
+    config: NodeConfig,
+    mut stop: tokio::sync::watch::Receiver<StopRequest>,
+    spawner: Option<Arc<crate::spawner::Spawner>>,
+) -> anyhow::Result<Ended> {
+    prepare_data_dir(&config)?;
+    // The previous daemon may have handed its runs over: then this one keeps its instance (the
+    // cluster sees no restart) and takes them over. Otherwise it is a new instance, and the
+    // cluster ends whatever the node ran before.
+    let daemon_file = config.daemon_file();
+    let (instance, handover) = this_instance(&daemon_file)?;
+    let identity = config.tls.load().context("load tls identity")?;
+    let endpoint =
+        transport::endpoint(config.listen, &identity, true).with_context(|| format!("bind quic endpoint on {}", config.listen))?;
+    let client = Arc::new(Client::new(endpoint.clone()));
+    let probe: Arc<dyn crate::gpu::GpuProbe> = Arc::from(crate::probe::probe_from_config(&config.gpus, &config.name));
+    let discover_started = Instant::now();
+    let discovered = probe.discover().context("discover gpus")?;
+    info!(probe = probe.kind(), gpus = discovered.gpus.len(), took_ms = discover_started.elapsed().as_millis() as u64, "gpus discovered");
+    let cgroups = job_cgroups(&config);
+    let gpu_device_files = gpu_device_files(&config, &discovered, probe.kind(), cgroups.as_ref());
+    let gpus = discovered.gpus.clone();
+    let inventory = inventory_of(&config, gpus.clone(), discovered.topology);
+    info!(node = %config.name, gpus = gpus.len(), cpus = inventory.cpus, memory_mib = inventory.memory_mib, "inventory discovered");
+    let settings = agent_settings(&config, &inventory, cgroups, gpu_device_files, spawner, &daemon_file)?;
     let agent = Agent::new(config.name.clone(), instance, gpus, settings)?;
     let adopted = agent.recover(handover).await.context("recover the previous daemon's runs")?;
     if handover.is_some() {
@@ -237,17 +360,7 @@ pub async fn run(
     tokio::spawn(transport::local::serve_local(listener, api.clone()));
 
     let advertise = config.advertise_addr();
-    let others: Vec<String> = config.join.iter().filter(|a| **a != advertise).cloned().collect();
-    let mut agent_candidates = vec![advertise.clone()];
-    agent_candidates.extend(others.iter().cloned());
-    // Heartbeats and reports give up on a silent member quickly and try the next one: a call
-    // stuck on a dead leader must not make this node look dead to the new one.
-    let link_timeout = heartbeat_call_timeout(&config);
-    let agent_link = Arc::new(LeaderLink::new(Arc::clone(&client), agent_candidates.clone(), link_timeout));
-    let forward_link = Arc::new(LeaderLink::new(Arc::clone(&client), others, PEER_CALL_TIMEOUT));
-    // Each member gets half a beat's budget, so a dead one (a killed voter is still a voter,
-    // maybe this node's first relay) leaves time for the next.
-    let heartbeat_link = Arc::new(LeaderLink::new(Arc::clone(&client), agent_candidates, link_timeout / 2));
+    let (agent_link, forward_link, heartbeat_link) = leader_links(&config, &client);
     let join = Request::Join {
         token: config.join_token.clone(),
         name: config.name.clone(),
@@ -257,16 +370,7 @@ pub async fn run(
         cert_fingerprint: String::new(),
     };
 
-    let id_path = config.data_dir.join("node_id");
-    let id = match read_node_id(&id_path)? {
-        Some(id) => id,
-        None if config.bootstrap => 1,
-        None => match call_until(&forward_link, join.clone(), "join the cluster", Duration::from_secs(600)).await? {
-            Reply::Joined { id, .. } => id,
-            other => bail!("join the cluster: unexpected reply {other:?}"),
-        },
-    };
-    write_node_id(&id_path, id)?;
+    let id = node_id(&config, &forward_link, &join).await?;
     agent.set_node_id(id);
 
     let raft_dir = config.data_dir.join("raft");
@@ -277,30 +381,7 @@ pub async fn run(
         .await
         .with_context(|| format!("open raft at {}", raft_dir.display()))?;
     if config.bootstrap && !raft.is_initialized().await.context("read raft initialization")? && id == 1 {
-        info!(node = %config.name, "bootstrapping a new cluster");
-        let members = BTreeMap::from([(id, MemberNode { name: config.name.clone(), addr: advertise.clone() })]);
-        raft.initialize(members).await.context("initialize the cluster")?;
-        // Register this node before the API answers anyone, so no joining node can be given
-        // the bootstrap node's id.
-        let started = Instant::now();
-        while !consensus::raft_status(&raft).is_leader {
-            if started.elapsed() > Duration::from_secs(30) {
-                bail!("bootstrap: this node did not become leader of its own cluster within 30 s");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let cmd = Command::RegisterNode {
-            name: config.name.clone(),
-            addr: advertise.clone(),
-            inventory: inventory.clone(),
-            instance,
-            cert_fingerprint: identity.fingerprint(),
-            now_ms: now_ms(),
-        };
-        match consensus::propose(&raft, cmd).await.map_err(|e| anyhow::anyhow!("register the bootstrap node: {e}"))? {
-            (_, CommandResult::NodeRegistered { id: assigned }) if assigned == id => {}
-            (_, other) => bail!("register the bootstrap node: expected id {id}, got {other:?}"),
-        }
+        bootstrap(&raft, &config, &inventory, instance, identity.fingerprint()).await?;
     }
     let node = Arc::new(Node {
         config: config.clone(),
@@ -329,14 +410,7 @@ pub async fn run(
     tokio::spawn(Arc::clone(&node).learn_members_loop());
     tokio::spawn(Arc::clone(&node).relay_loop());
 
-    // Register this instance (new inventory, new instance id) before taking work.
-    match call_until(&agent_link, join.clone(), "register with the cluster", Duration::from_secs(600)).await? {
-        Reply::Joined { id: assigned, .. } if assigned == id => {}
-        Reply::Joined { id: assigned, .. } => {
-            bail!("cluster knows node '{}' as id {assigned}, but this data directory says {id}", config.name)
-        }
-        other => bail!("register with the cluster: unexpected reply {other:?}"),
-    }
+    register(&agent_link, &join, id, &config.name).await?;
     info!(node = %config.name, id, instance, "node is up");
     crate::systemd::notify(&format!("READY=1\nSTATUS=node {} (id {id}) is up", config.name)); // deploy (issue 8)
     if let Some(addr) = config.metrics_listen {
@@ -350,6 +424,17 @@ pub async fn run(
     let heartbeat = Duration::from_millis(config.heartbeat_interval_ms);
     let budget = heartbeat_call_timeout(&config);
     let hb = tokio::spawn(liveness::heartbeat_loop(Arc::clone(&agent), heartbeat_link, heartbeat, budget, join));
+    serve_until_stopped(hb, &mut stop, &agent, &config).await
+}
+
+/// Runs until the heartbeat loop ends or a stop is asked: a hand-over leaves the runs to the
+/// next daemon, a stop stops and reports them.
+async fn serve_until_stopped(
+    hb: tokio::task::JoinHandle<()>,
+    stop: &mut tokio::sync::watch::Receiver<StopRequest>,
+    agent: &Agent,
+    config: &NodeConfig,
+) -> anyhow::Result<Ended> {
     tokio::select! {
         ended = hb => match ended {
             Ok(()) => Ok(Ended::Stopped),
