@@ -466,22 +466,10 @@ impl Sim {
         // Launches and stops, re-sent after `resend_after_ms` (node/src/server/leader.rs
         // `drive_launches_and_kills`).
         let now = self.now_ms;
-        self.mem.launches_sent.prune(now);
-        self.mem.kills_sent.prune(now);
-        let mut launches = Vec::new();
-        let mut kills = Vec::new();
-        for j in self.state.jobs.values().filter(|j| !j.parts.is_empty()) {
-            for target in control::leader::launch_targets(j) {
-                if self.mem.launches_sent.take_due((j.id, j.run, target), now) {
-                    launches.push((j.clone(), target));
-                }
-            }
-            for stop in control::leader::stops(j) {
-                if self.mem.kills_sent.take_due((j.id, stop.run, stop.node), now) {
-                    kills.push((j.id, stop.run, stop.node));
-                }
-            }
-        }
+        let orders = control::leader::due_orders(self.state.jobs.values(), &mut self.mem.launches_sent, &mut self.mem.kills_sent, now);
+        let launches: Vec<(Job, NodeId)> =
+            orders.launches.into_iter().filter_map(|(id, node)| Some((self.state.jobs.get(&id)?.clone(), node))).collect();
+        let kills: Vec<(JobId, RunNo, NodeId)> = orders.stops.into_iter().map(|(id, stop)| (id, stop.run, stop.node)).collect();
         for (job, node) in launches {
             if let Some(to) = self.node_index(node) {
                 self.send(Msg::ToAgent { to, msg: ToAgent::Launch { job: Box::new(job) } });

@@ -75,6 +75,44 @@ pub fn stops(job: &Job) -> Vec<StopOrder> {
     job.parts_to_stop().map(|p| StopOrder { run: p.run, node: p.alloc.node, checkpoint }).collect()
 }
 
+/// A send of a launch or stop: (job, run, node).
+pub type SendKey = (proto::JobId, RunNo, NodeId);
+
+/// What the leader sends in one pass: the launches (job, node) and stops (job, order) that are
+/// due, each counted as sent now in its [`Resend`] (pruned first).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Orders {
+    pub launches: Vec<(proto::JobId, NodeId)>,
+    pub stops: Vec<(proto::JobId, StopOrder)>,
+}
+
+/// The launches and stops due now over `jobs` (the committed state's): [`launch_targets`] and
+/// [`stops`] of every job that holds parts (finished ones, most of the state under a sweep, hold
+/// none), less those sent within the re-send period.
+pub fn due_orders<'a>(
+    jobs: impl Iterator<Item = &'a Job>,
+    launches_sent: &mut Resend<SendKey>,
+    stops_sent: &mut Resend<SendKey>,
+    now_ms: u64,
+) -> Orders {
+    launches_sent.prune(now_ms);
+    stops_sent.prune(now_ms);
+    let mut orders = Orders::default();
+    for job in jobs.filter(|j| !j.parts.is_empty()) {
+        for node in launch_targets(job) {
+            if launches_sent.take_due((job.id, job.run, node), now_ms) {
+                orders.launches.push((job.id, node));
+            }
+        }
+        for stop in stops(job) {
+            if stops_sent.take_due((job.id, stop.run, stop.node), now_ms) {
+                orders.stops.push((job.id, stop));
+            }
+        }
+    }
+    orders
+}
+
 /// When each launch or stop was last sent, so it is re-sent only after `resend_after_ms`
 /// without an answer the log shows. Entries older than that say nothing more than no entry
 /// (the send is due either way) and [`Resend::prune`] drops them: the map holds at most what
@@ -178,6 +216,24 @@ pub(crate) mod tests {
         assert_eq!(stops(&j), vec![StopOrder { run: 1, node: 3, checkpoint: true }, StopOrder { run: 1, node: 4, checkpoint: true }]);
         j.reasons.push(format!("by alice: {}", proto::REQUEUED_ON_REQUEST));
         assert!(stops(&j).iter().all(|s| !s.checkpoint));
+    }
+
+    #[test]
+    fn a_pass_sends_what_is_due_once_per_resend_period() {
+        let mut gang = job(&[3, 4], false);
+        let mut done = job(&[5], false);
+        done.parts.clear();
+        let (mut launches, mut stops_sent) = (Resend::new(1_000), Resend::new(1_000));
+        let first = due_orders([&gang, &done].into_iter(), &mut launches, &mut stops_sent, 0);
+        assert_eq!(first.launches, vec![(1, 3), (1, 4)]);
+        assert!(first.stops.is_empty());
+        assert_eq!(due_orders([&gang].into_iter(), &mut launches, &mut stops_sent, 999), Orders::default());
+        gang.parts[0].launched_by = Some(7);
+        assert_eq!(due_orders([&gang].into_iter(), &mut launches, &mut stops_sent, 1_000).launches, vec![(1, 4)]);
+        gang.state = JobState::Cancelled;
+        let cancelled = due_orders([&gang].into_iter(), &mut launches, &mut stops_sent, 1_001);
+        assert!(cancelled.launches.is_empty());
+        assert_eq!(cancelled.stops.iter().map(|(_, s)| s.node).collect::<Vec<_>>(), vec![3, 4]);
     }
 
     #[test]

@@ -338,45 +338,34 @@ impl Node {
     fn drive_launches_and_kills(self: &Arc<Self>) {
         // Read before the state: the state read below is at least this recent.
         let issued_index = self.state.applied_index();
-        let (launches, kills) = self.state.read(|s| {
-            let addr_of = |node: NodeId| s.nodes.get(&node).map(|n| n.addr.clone()).unwrap_or_default();
-            let mut launches = Vec::new();
-            let mut kills = Vec::new();
-            // Only jobs with parts have anything to launch or stop (finished ones, most of the
-            // hot state under a sweep, have none).
-            for j in s.jobs.values().filter(|j| !j.parts.is_empty()) {
-                let targets = control::leader::launch_targets(j);
-                if !targets.is_empty() {
-                    let nodes: Vec<(String, String)> = j
-                        .run_nodes()
-                        .iter()
-                        .map(|n| s.nodes.get(n).map(|r| (r.name.clone(), r.addr.clone())).unwrap_or_default())
-                        .collect();
-                    for target in targets {
-                        launches.push((j.clone(), nodes.clone(), target, addr_of(target)));
-                    }
-                }
-                for stop in control::leader::stops(j) {
-                    kills.push((j.id, stop.run, stop.checkpoint, stop.node, addr_of(stop.node)));
-                }
-            }
-            (launches, kills)
-        });
-        {
+        // The memory before the state, as everywhere (`manage_voters`).
+        let (launches, kills) = {
             let mut mem = lock(&self.memory);
             let now_ms = mem.now_ms();
-            mem.launches_sent.prune(now_ms);
-            mem.kills_sent.prune(now_ms);
-        }
+            let LeaderMemory { launches_sent, kills_sent, .. } = &mut *mem;
+            self.state.read(|s| {
+                let orders = control::leader::due_orders(s.jobs.values(), launches_sent, kills_sent, now_ms);
+                let addr_of = |node: NodeId| s.nodes.get(&node).map(|n| n.addr.clone()).unwrap_or_default();
+                let launches: Vec<_> = orders
+                    .launches
+                    .into_iter()
+                    .filter_map(|(id, target)| {
+                        let job = s.jobs.get(&id)?;
+                        let nodes: Vec<(String, String)> = job
+                            .run_nodes()
+                            .iter()
+                            .map(|n| s.nodes.get(n).map(|r| (r.name.clone(), r.addr.clone())).unwrap_or_default())
+                            .collect();
+                        Some((job.clone(), nodes, target, addr_of(target)))
+                    })
+                    .collect();
+                let kills: Vec<_> =
+                    orders.stops.into_iter().map(|(id, stop)| (id, stop.run, stop.checkpoint, stop.node, addr_of(stop.node))).collect();
+                (launches, kills)
+            })
+        };
         for (job, nodes, target, addr) in launches {
             let key = (job.id, job.run, target);
-            {
-                let mut mem = lock(&self.memory);
-                let now_ms = mem.now_ms();
-                if !mem.launches_sent.take_due(key, now_ms) {
-                    continue;
-                }
-            }
             let node = Arc::clone(self);
             let span = info_span!("launch", job = key.0, run = key.1, node = target);
             let calls = Arc::clone(
@@ -401,13 +390,6 @@ impl Node {
             );
         }
         for (job, run, checkpoint, target, addr) in kills {
-            {
-                let mut mem = lock(&self.memory);
-                let now_ms = mem.now_ms();
-                if !mem.kills_sent.take_due((job, run, target), now_ms) {
-                    continue;
-                }
-            }
             let node = Arc::clone(self);
             tokio::spawn(async move {
                 let result = if target == node.id {
