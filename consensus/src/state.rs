@@ -531,29 +531,7 @@ impl ClusterState {
         }
         let id = self.next_job_id;
         self.next_job_id += 1;
-        self.jobs.insert(
-            id,
-            Job {
-                id,
-                spec: std::sync::Arc::new(spec.clone()),
-                state: JobState::Pending,
-                exit_code: None,
-                run: 0,
-                parts: Vec::new(),
-                outcomes: Vec::new(),
-                last_nodes: Vec::new(),
-                last_gpus: Vec::new(),
-                array: None,
-                submit_ms: now_ms,
-                start_ms: None,
-                end_ms: None,
-                restart_count: 0,
-                reasons: Vec::new(),
-                gpu_seconds: 0,
-                gpu_usage: Default::default(),
-                master_port: None,
-            },
-        );
+        self.jobs.insert(id, Job::submitted(id, std::sync::Arc::new(spec.clone()), now_ms));
         CommandResult::Submitted { job: id }
     }
 

@@ -171,27 +171,14 @@ pub(crate) mod tests {
         let mut spec = JobSpec::command(vec!["true".into()], "/tmp", "u");
         spec.set_batch(batch);
         Job {
-            id: 1,
-            spec: std::sync::Arc::new(spec),
             state: JobState::Running,
-            exit_code: None,
             run: 1,
             parts: nodes
                 .iter()
                 .map(|n| NodeRun { run: 1, alloc: Allocation { node: *n, gpus: Vec::new(), cpus: 1, mem_mib: 0 }, launched_by: None })
                 .collect(),
-            outcomes: Vec::new(),
             last_nodes: nodes.to_vec(),
-            last_gpus: Vec::new(),
-            array: None,
-            submit_ms: 0,
-            start_ms: None,
-            end_ms: None,
-            restart_count: 0,
-            reasons: Vec::new(),
-            gpu_seconds: 0,
-            gpu_usage: Default::default(),
-            master_port: None,
+            ..Job::submitted(1, std::sync::Arc::new(spec), 0)
         }
     }
 

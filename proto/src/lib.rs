@@ -643,6 +643,31 @@ pub struct Job {
 }
 
 impl Job {
+    /// A job as a submit commits it: pending, never run. The one place a `Job` is built field
+    /// by field (the state machine's submit and every test's builder start here).
+    pub fn submitted(id: JobId, spec: std::sync::Arc<JobSpec>, submit_ms: u64) -> Job {
+        Job {
+            id,
+            spec,
+            state: JobState::Pending,
+            exit_code: None,
+            run: 0,
+            parts: Vec::new(),
+            outcomes: Vec::new(),
+            last_nodes: Vec::new(),
+            last_gpus: Vec::new(),
+            array: None,
+            submit_ms,
+            start_ms: None,
+            end_ms: None,
+            restart_count: 0,
+            reasons: Vec::new(),
+            gpu_seconds: 0,
+            gpu_usage: GpuUsage::default(),
+            master_port: None,
+        }
+    }
+
     /// Parts of the current run that were committed but not confirmed started yet.
     pub fn launches_pending(&self) -> impl Iterator<Item = &NodeRun> {
         let run = self.run;

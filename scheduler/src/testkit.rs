@@ -177,26 +177,7 @@ impl Cluster {
     }
 
     fn base(id: JobId, spec: JobSpec, state: JobState, submit_ms: u64) -> Job {
-        Job {
-            id,
-            spec: std::sync::Arc::new(spec),
-            state,
-            exit_code: None,
-            run: 0,
-            parts: Vec::new(),
-            outcomes: Vec::new(),
-            last_nodes: Vec::new(),
-            last_gpus: Vec::new(),
-            array: None,
-            submit_ms,
-            start_ms: None,
-            end_ms: None,
-            restart_count: 0,
-            reasons: Vec::new(),
-            gpu_seconds: 0,
-            gpu_usage: Default::default(),
-            master_port: None,
-        }
+        Job { state, ..Job::submitted(id, std::sync::Arc::new(spec), submit_ms) }
     }
 
     /// A pending job.

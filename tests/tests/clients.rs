@@ -239,9 +239,17 @@ fn torchrun_on_every_node_of_a_corral_submit_gang() {
         &[torchrun.to_str().expect("utf-8"), "--nproc_per_node=2", "train_fsdp.py"],
     );
     let job = c.cluster.wait_final(id, Duration::from_secs(180));
-    assert_eq!(job["state"], "COMPLETED", "{job}\n{}", c.cluster.logs());
-    c.assert_fsdp_world(id, 2, 2);
     let out = c.cluster.corral(&["logs", &id.to_string()]);
+    let err = c.cluster.corral(&["logs", "--stderr", &id.to_string()]);
+    assert_eq!(
+        job["state"],
+        "COMPLETED",
+        "{job}\n--- job output (rank 0's node)\n{}\n--- job stderr\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&err.stdout),
+        c.cluster.logs()
+    );
+    c.assert_fsdp_world(id, 2, 2);
     let log = String::from_utf8_lossy(&out.stdout);
     assert!(log.contains("corral preflight: passed on 2 nodes"), "the report opens the output: {log}");
 }

@@ -427,26 +427,7 @@ fn seed_scripts_parse_unchanged() {
 /// leader fills it in at submit).
 fn job_of(mut spec: JobSpec, id: u64) -> Job {
     spec.fill_default_mem();
-    Job {
-        id,
-        spec: spec.into(),
-        state: JobState::Running,
-        exit_code: None,
-        run: 1,
-        parts: Vec::new(),
-        outcomes: Vec::new(),
-        last_nodes: Vec::new(),
-        last_gpus: Vec::new(),
-        array: None,
-        submit_ms: 1_800_000_000_000,
-        start_ms: Some(1_800_000_010_000),
-        end_ms: None,
-        restart_count: 0,
-        reasons: Vec::new(),
-        gpu_seconds: 0,
-        gpu_usage: Default::default(),
-        master_port: None,
-    }
+    Job { state: JobState::Running, run: 1, start_ms: Some(1_800_000_010_000), ..Job::submitted(id, spec.into(), 1_800_000_000_000) }
 }
 
 /// Section 1 of shared/peers/slurm/observed_env.txt: `sbatch --gres=gpu:h100:4 --wrap ...`
