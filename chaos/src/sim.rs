@@ -232,14 +232,9 @@ impl SimNode {
         self.last_ack_ms.map(|t| now_ms.saturating_sub(t))
     }
 
-    /// The ledger entry of a run as `control::agent` reads it (as `node::agent::ledger_mark`).
+    /// The ledger entry of a run as `control::agent` reads it.
     fn ledger_mark(&self, job: JobId, run: RunNo) -> control::agent::Ledger {
-        use control::agent::Ledger;
-        match self.ledger.get(&(job, run)) {
-            None => Ledger::Absent,
-            Some((by, true)) => Ledger::Refused { this_instance: *by == self.instance },
-            Some((by, false)) => Ledger::Started { this_instance: *by == self.instance },
-        }
+        control::agent::Ledger::of(self.ledger.get(&(job, run)).copied(), self.instance)
     }
 }
 

@@ -24,6 +24,18 @@ pub enum Ledger {
     Refused { this_instance: bool },
 }
 
+impl Ledger {
+    /// The ledger's entry for a run, (the instance that wrote it, whether it refused the run),
+    /// as read by daemon instance `instance`.
+    pub fn of(entry: Option<(proto::InstanceId, bool)>, instance: proto::InstanceId) -> Ledger {
+        match entry {
+            None => Ledger::Absent,
+            Some((by, true)) => Ledger::Refused { this_instance: by == instance },
+            Some((by, false)) => Ledger::Started { this_instance: by == instance },
+        }
+    }
+}
+
 /// Why a run this node does not run is reported lost when it is stopped.
 pub const LOST_STOPPED_BEFORE_START: &str = "stopped before it started";
 pub const LOST_EARLIER_INSTANCE: &str = "started by an earlier instance of this node, which died";
@@ -139,6 +151,14 @@ mod tests {
         assert_eq!(launch(Ledger::Started { this_instance: false }), LaunchDecision::ReportLost);
         assert_eq!(launch(Ledger::Refused { this_instance: true }), LaunchDecision::StoppedBefore);
         assert_eq!(launch(Ledger::Refused { this_instance: false }), LaunchDecision::StoppedBefore);
+    }
+
+    #[test]
+    fn a_ledger_entry_is_read_against_this_instance() {
+        assert_eq!(Ledger::of(None, 7), Ledger::Absent);
+        assert_eq!(Ledger::of(Some((7, false)), 7), Ledger::Started { this_instance: true });
+        assert_eq!(Ledger::of(Some((6, false)), 7), Ledger::Started { this_instance: false });
+        assert_eq!(Ledger::of(Some((6, true)), 7), Ledger::Refused { this_instance: false });
     }
 
     #[test]

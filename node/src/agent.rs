@@ -268,17 +268,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// `user` (none: root on a node, or a node) may act on the steps of `owner`'s job.
 /// A ledger entry as `control::agent` reads it, for the daemon instance `instance`.
 fn ledger_mark(entry: Option<&LedgerEntry>, instance: InstanceId) -> control::agent::Ledger {
-    use control::agent::Ledger;
-    match entry {
-        None => Ledger::Absent,
-        Some(e) if e.refused => Ledger::Refused { this_instance: e.instance == instance },
-        Some(e) => Ledger::Started { this_instance: e.instance == instance },
-    }
+    control::agent::Ledger::of(entry.map(|e| (e.instance, e.refused)), instance)
 }
 
+/// `user` (none: root on a node, or a node) may act on the steps of `owner`'s job.
 fn owner_may(user: Option<&str>, owner: &str, job: JobId) -> Result<(), ApiError> {
     match user {
         Some(u) if u != owner => Err(ApiError::Denied(format!("user {u} may not use the steps of job {job} of user {owner}"))),
@@ -570,7 +565,7 @@ impl Agent {
         }
     }
 
-    /// Creates the run's directory, which says that this instance took the run (`shepherd`).    /// Creates the run's directory, which says that this instance took the run (`shepherd`).
+    /// Creates the run's directory, which says that this instance took the run (`shepherd`).
     fn open_run_dir(&self, job: JobId, run: RunNo) -> anyhow::Result<()> {
         let dir = shepherd::run_dir(&self.settings.runs_dir, job, run);
         std::fs::create_dir_all(&dir).with_context(|| format!("create run directory {}", dir.display()))?;
