@@ -533,10 +533,11 @@ impl Shared {
         // outside its run's cgroups (their limits and the fencing kill would miss it).
         let procs = match open_cgroup_procs(cgroups) {
             Ok(procs) => procs,
-            Err(why) => {
+            Err((why, errno)) => {
+                // As an exec failure: the error on the task's stderr, errno as its exit code.
                 let line = format!("slurmstepd-{}: error: {}: {why}\n", request.node, request.program.display());
                 log.append(FRAME_STDERR, request.rank, line.as_bytes());
-                log.exit(request.rank, Some(libc::ENOENT), None);
+                log.exit(request.rank, Some(errno), None);
                 return "ok 0 0".into();
             }
         };
@@ -900,11 +901,14 @@ async fn connect(dir: &Path) -> anyhow::Result<Option<(i32, u64, tokio::net::Uni
 }
 
 /// Opens `cgroup.procs` of each of a run's cgroups for a task to join (its pid is written to
-/// each before it runs); an error names the cgroup that could not be opened.
-fn open_cgroup_procs(cgroups: &[PathBuf]) -> Result<Vec<std::fs::File>, String> {
+/// each before it runs); an error names the cgroup that could not be opened, with its errno.
+fn open_cgroup_procs(cgroups: &[PathBuf]) -> Result<Vec<std::fs::File>, (String, i32)> {
     cgroups
         .iter()
-        .map(|c| crate::cgroup::open_procs(c).map_err(|e| format!("join cgroup {}: {e}", c.join("cgroup.procs").display())))
+        .map(|c| {
+            crate::cgroup::open_procs(c)
+                .map_err(|e| (format!("join cgroup {}: {e}", c.join("cgroup.procs").display()), e.raw_os_error().unwrap_or(libc::EIO)))
+        })
         .collect()
 }
 
@@ -922,8 +926,9 @@ mod tests {
         std::fs::write(here.join("cgroup.procs"), "").expect("write");
         assert_eq!(open_cgroup_procs(std::slice::from_ref(&here)).map(|f| f.len()), Ok(1));
         let gone = dir.path().join("pids");
-        let why = open_cgroup_procs(&[here, gone.clone()]).expect_err("a gone cgroup fails the join");
+        let (why, errno) = open_cgroup_procs(&[here, gone.clone()]).expect_err("a gone cgroup fails the join");
         assert!(why.contains(&gone.join("cgroup.procs").display().to_string()), "{why}");
+        assert_eq!(errno, libc::ENOENT);
     }
 
     #[test]
