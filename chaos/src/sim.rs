@@ -242,8 +242,8 @@ struct LeaderMemory {
     last_seen_ms: BTreeMap<NodeId, u64>,
     /// When this leader declared nodes down (for the mass-silence rule).
     declared_down_ms: Vec<u64>,
-    launches_sent: control::leader::Resend<(JobId, RunNo, NodeId)>,
-    kills_sent: control::leader::Resend<(JobId, RunNo, NodeId)>,
+    launches_sent: control::leader::Resend<control::leader::SendKey>,
+    kills_sent: control::leader::Resend<control::leader::SendKey>,
 }
 
 impl LeaderMemory {

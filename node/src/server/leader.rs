@@ -20,8 +20,8 @@ pub(super) struct LeaderMemory {
     pub(super) last_seen: HashMap<NodeId, Instant>,
     /// Sends of launches and stops not yet answered through the log, to re-send after
     /// `RESEND_AFTER_MS` (pruned every pass: at most what one period sent).
-    pub(super) launches_sent: control::leader::Resend<(JobId, RunNo, NodeId)>,
-    pub(super) kills_sent: control::leader::Resend<(JobId, RunNo, NodeId)>,
+    pub(super) launches_sent: control::leader::Resend<control::leader::SendKey>,
+    pub(super) kills_sent: control::leader::Resend<control::leader::SendKey>,
     pub(super) layouts_sent: HashMap<(NodeId, u32), Instant>,
     /// How many nodes a mass silence holds back from `NodeDown` (`control::leader::nodes_down`), to
     /// say so when it starts and ends.

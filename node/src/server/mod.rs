@@ -15,7 +15,7 @@ use anyhow::{bail, Context};
 use consensus::{MemberNode, Raft, StateHandle};
 use proto::{
     ApiError, ClusterInfo, ClusterMember, Command, CommandResult, Envelope, InstanceId, Inventory, Job, JobId, JobState, LogStream, NodeId,
-    NodeInfo, NodeRole, NodeState, Reply, Request, Response, RunNo, FORWARD_HOPS_MAX,
+    NodeInfo, NodeRole, NodeState, Reply, Request, Response, FORWARD_HOPS_MAX,
 };
 use tokio::sync::Notify;
 use tracing::{debug, error, info, info_span, warn, Instrument};
