@@ -108,8 +108,9 @@ enum Cmd {
         #[arg(long, value_enum, default_value_t = nccl::Method::Auto)]
         method: nccl::Method,
     },
-    /// Stop a running job and queue it again, as `scontrol requeue` does (SIGTERM, then SIGKILL
-    /// after kill_grace_ms; a job requeued by the cluster gets its --signal first instead).
+    /// Queue a job again, as `scontrol requeue` does: a running one is stopped first (SIGTERM,
+    /// then SIGKILL after kill_grace_ms; a job requeued by the cluster gets its --signal first
+    /// instead); a finished one not yet aged into history (min_job_age_s) runs again.
     Requeue { job: u64 },
     /// Stop placing new jobs on a node.
     Drain {

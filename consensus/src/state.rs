@@ -753,8 +753,16 @@ impl ClusterState {
         let Some(job) = self.jobs.get_mut(&id) else {
             return rejected(format!("unknown job {id}"));
         };
-        if job.state != JobState::Running {
-            return rejected(format!("job {id} is {}, only a RUNNING job can be requeued", job.state));
+        // As Slurm: a running job, or a finished one still in the hot state (within MinJobAge);
+        // one that finished with parts still stopping is queued and starts once they are
+        // released (`check_placement`). The refusals are Slurm's words.
+        match job.state {
+            JobState::Running => {}
+            JobState::Pending => return rejected("Job is pending execution"),
+            _ if job.spec.array.is_some() && job.array.is_none() => {
+                return rejected("an array's own record cannot be requeued: requeue its tasks by their ids")
+            }
+            _ => {}
         }
         requeue_job(job, reason);
         CommandResult::Ok
@@ -1411,11 +1419,56 @@ mod tests {
     }
 
     #[test]
-    fn operator_requeue_only_for_running_jobs() {
+    fn operator_requeue_of_running_jobs_not_pending_ones() {
         let (mut s, _a, _b, job) = gang();
         assert_eq!(s.apply(&Command::Requeue { job, reason: "by user".into(), now_ms: 50 }), CommandResult::Ok);
         assert_eq!(s.jobs[&job].parts_to_stop().count(), 2);
-        assert!(matches!(s.apply(&Command::Requeue { job, reason: "again".into(), now_ms: 51 }), CommandResult::Rejected(_)));
+        assert_eq!(
+            s.apply(&Command::Requeue { job, reason: "again".into(), now_ms: 51 }),
+            CommandResult::Rejected("Job is pending execution".into())
+        );
+    }
+
+    #[test]
+    fn a_finished_job_requeued_runs_again_as_its_next_run() {
+        let (mut s, a, b, job) = gang();
+        assert_eq!(finish(&mut s, job, 1, a, RunOutcome::Exited(1)), CommandResult::Ok);
+        assert_eq!(finish(&mut s, job, 1, b, RunOutcome::Exited(0)), CommandResult::Ok);
+        assert_eq!(s.jobs[&job].state, JobState::Failed);
+        assert!(s.jobs[&job].parts.is_empty());
+        assert_eq!(s.apply(&Command::Requeue { job, reason: proto::REQUEUED_ON_REQUEST.into(), now_ms: 6_000 }), CommandResult::Ok);
+        let j = &s.jobs[&job];
+        assert_eq!((j.state, j.restart_count, j.exit_code, j.end_ms), (JobState::Pending, 1, None, None));
+        assert!(s.archivable(u64::MAX, 0, 10).is_empty(), "a requeued job is live again, not history");
+        // A placement of the old run is stale; the next run starts.
+        assert!(
+            matches!(plan(&mut s, job, 1, vec![alloc(a, &[0, 1]), alloc(b, &[0, 1])]), CommandResult::Planned { accepted, .. } if accepted.is_empty())
+        );
+        assert_eq!(
+            plan(&mut s, job, 2, vec![alloc(a, &[0, 1]), alloc(b, &[0, 1])]),
+            CommandResult::Planned { accepted: vec![job], rejected: vec![] }
+        );
+        assert_eq!(s.jobs[&job].state, JobState::Running);
+    }
+
+    #[test]
+    fn a_job_cancelled_while_its_parts_stop_is_requeued_behind_them() {
+        let (mut s, a, b, job) = gang();
+        assert_eq!(s.apply(&Command::Cancel { job, now_ms: 40 }), CommandResult::Ok);
+        assert_eq!(s.jobs[&job].state, JobState::Cancelled);
+        assert_eq!(s.apply(&Command::Requeue { job, reason: proto::REQUEUED_ON_REQUEST.into(), now_ms: 41 }), CommandResult::Ok);
+        assert_eq!(s.jobs[&job].state, JobState::Pending);
+        // Not placed while run 1's parts still hold the GPUs.
+        assert!(
+            matches!(plan(&mut s, job, 2, vec![alloc(a, &[2, 3]), alloc(b, &[2, 3])]), CommandResult::Planned { accepted, .. } if accepted.is_empty())
+        );
+        assert_eq!(finish(&mut s, job, 1, a, RunOutcome::Killed), CommandResult::Ok);
+        assert_eq!(finish(&mut s, job, 1, b, RunOutcome::Killed), CommandResult::Ok);
+        assert_eq!(s.jobs[&job].state, JobState::Pending, "the old run's end does not end the requeued job");
+        assert_eq!(
+            plan(&mut s, job, 2, vec![alloc(a, &[0, 1]), alloc(b, &[0, 1])]),
+            CommandResult::Planned { accepted: vec![job], rejected: vec![] }
+        );
     }
 
     #[test]

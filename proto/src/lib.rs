@@ -316,6 +316,12 @@ pub const REASON_NEVER_PREFIX: &str = "cannot ever run: ";
 /// The key of [`JobSpec::extra`] that marks a batch job (see [`JobSpec::is_batch`]). A flag in
 /// `extra` rather than a field: it leaves the encoding of specs already in logs unchanged.
 pub const SPEC_EXTRA_BATCH: &str = "corral-batch";
+/// The key of [`JobSpec::extra`] that marks an allocation `srun` made for its own step (Slurm's
+/// interactive, non-batch job).
+pub const SPEC_EXTRA_SRUN: &str = "corral-srun";
+/// The key of [`JobSpec::extra`] that marks a job submitted with `--no-requeue` (as opposed to
+/// one that did not ask for `--requeue`).
+pub const SPEC_EXTRA_NO_REQUEUE: &str = "corral-no-requeue";
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PreflightSpec {
@@ -427,10 +433,37 @@ impl JobSpec {
     }
 
     pub fn set_batch(&mut self, batch: bool) {
-        if batch {
-            self.extra.insert(SPEC_EXTRA_BATCH.to_string(), "1".to_string());
+        self.set_extra_flag(SPEC_EXTRA_BATCH, batch);
+    }
+
+    /// Marks the allocation `srun` makes for its step outside any allocation.
+    pub fn set_srun_allocation(&mut self, srun: bool) {
+        self.set_extra_flag(SPEC_EXTRA_SRUN, srun);
+    }
+
+    /// Marks a job submitted with `--no-requeue`.
+    pub fn set_no_requeue(&mut self, no_requeue: bool) {
+        self.set_extra_flag(SPEC_EXTRA_NO_REQUEUE, no_requeue);
+    }
+
+    /// Why an operator's requeue (`scontrol requeue`) of this job is refused, in Slurm's words:
+    /// an `srun` allocation is not a batch job, and `--no-requeue` disables it.
+    pub fn requeue_refusal(&self) -> Option<&'static str> {
+        let flag = |key: &str| self.extra.get(key).is_some_and(|v| v == "1");
+        if flag(SPEC_EXTRA_SRUN) {
+            Some("Only batch jobs are accepted or processed")
+        } else if flag(SPEC_EXTRA_NO_REQUEUE) {
+            Some("Requested operation is presently disabled")
         } else {
-            self.extra.remove(SPEC_EXTRA_BATCH);
+            None
+        }
+    }
+
+    fn set_extra_flag(&mut self, key: &str, on: bool) {
+        if on {
+            self.extra.insert(key.to_string(), "1".to_string());
+        } else {
+            self.extra.remove(key);
         }
     }
 
@@ -1351,6 +1384,11 @@ pub enum Request {
         relay: NodeId,
         beats: Vec<Beat>,
     },
+    /// `Requeue`, then held in the same log entry (`scontrol requeuehold`): a finished job
+    /// cannot start between the two.
+    RequeueHold {
+        job: JobId,
+    },
 }
 
 /// One node's heartbeat, as a relay passes it to the leader.
@@ -1455,6 +1493,7 @@ impl Request {
                 | Request::SetGpuHealth { .. }
                 | Request::ReportInventory { .. }
                 | Request::Requeue { .. }
+                | Request::RequeueHold { .. }
                 | Request::UpdateJob { .. }
                 | Request::Signal { .. }
                 | Request::SetPolicy { .. }

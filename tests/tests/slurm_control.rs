@@ -1,4 +1,4 @@
-//! `scontrol hold/release/update` and `scancel --signal` against a live cluster.
+//! `scontrol hold/release/update/requeue` and `scancel --signal` against a live cluster.
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Output, Stdio};
@@ -101,6 +101,64 @@ fn hold_release_update_and_signal_a_job() {
     assert_eq!(String::from_utf8_lossy(&sacct.stdout), format!("{killed}|FAILED|0:9\n{exited}|FAILED|137:0\n"));
     let shown = String::from_utf8_lossy(&shim(&c, "scontrol", &["show", "job", &killed.to_string()]).stdout).into_owned();
     assert!(shown.contains("ExitCode=0:9"), "{shown}");
+}
+
+/// `scontrol requeue` as Slurm 22.05 answers it (checked on `../shared/peers/slurm`): finished
+/// batch jobs run again with their restart count up, `requeuehold` holds them, and `srun` jobs,
+/// `--no-requeue` jobs, pending and unknown jobs are refused in Slurm's words.
+#[test]
+fn scontrol_requeue_runs_finished_batch_jobs_again() {
+    let c = TestCluster::up(&["--nodes", "1", "--voters-max", "1", "--gpus", "h100:1"]);
+    let sbatch = |args: &[&str]| -> u64 {
+        let out = shim(&c, "sbatch", args);
+        assert!(out.status.success(), "sbatch {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or_else(|e| panic!("sbatch --parsable printed no id ({e})"))
+    };
+    let requeue = |verb: &str, id: u64| shim(&c, "scontrol", &[verb, &id.to_string()]);
+    let stderr = |out: &Output| String::from_utf8_lossy(&out.stderr).trim().to_string();
+
+    let done = sbatch(&["--parsable", "--wrap", "echo run ${SLURM_RESTART_COUNT:-0} >> runs.txt"]);
+    let failed = sbatch(&["--parsable", "--wrap", "false"]);
+    let pinned = sbatch(&["--parsable", "--no-requeue", "--wrap", "true"]);
+    assert_eq!(c.wait_final(done, Duration::from_secs(30))["state"], "COMPLETED");
+    assert_eq!(c.wait_final(failed, Duration::from_secs(30))["state"], "FAILED");
+    assert_eq!(c.wait_final(pinned, Duration::from_secs(30))["state"], "COMPLETED");
+
+    let out = requeue("requeue", done);
+    assert!(out.status.success(), "{}", stderr(&out));
+    wait_until("the requeued job to complete again", Duration::from_secs(30), || {
+        let j = c.job(done);
+        j["state"] == "COMPLETED" && j["restart_count"] == 1
+    });
+    assert_eq!(std::fs::read_to_string(c.work.join("runs.txt")).expect("runs.txt"), "run 0\nrun 1\n");
+
+    let out = requeue("requeuehold", failed);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let job = c.job(failed);
+    assert_eq!((job["state"].as_str(), job["restart_count"].as_u64()), (Some("PENDING"), Some(1)), "{job}");
+    let shown = String::from_utf8_lossy(&shim(&c, "scontrol", &["show", "job", &failed.to_string()]).stdout).into_owned();
+    assert!(shown.contains("JobState=PENDING Reason=JobHeldUser"), "{shown}");
+    assert!(shown.contains("Restarts=1"), "{shown}");
+    let out = requeue("requeue", failed);
+    assert_eq!((out.status.code(), stderr(&out)), (Some(1), format!("Job is pending execution for job {failed}")));
+    assert!(shim(&c, "scontrol", &["release", &failed.to_string()]).status.success());
+    wait_until("the released job to fail again", Duration::from_secs(30), || {
+        let j = c.job(failed);
+        j["state"] == "FAILED" && j["restart_count"] == 1
+    });
+
+    let out = requeue("requeue", pinned);
+    assert_eq!((out.status.code(), stderr(&out)), (Some(1), format!("Requested operation is presently disabled for job {pinned}")));
+
+    let out = shim(&c, "srun", &["sh", "-c", "echo $SLURM_JOB_ID"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let interactive: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("srun printed its job id");
+    c.wait_final(interactive, Duration::from_secs(30));
+    let out = requeue("requeue", interactive);
+    assert_eq!((out.status.code(), stderr(&out)), (Some(1), format!("Only batch jobs are accepted or processed for job {interactive}")));
+
+    let out = requeue("requeue", 99_999);
+    assert_eq!((out.status.code(), stderr(&out)), (Some(1), "Invalid job id specified for job 99999".to_string()));
 }
 
 #[test]

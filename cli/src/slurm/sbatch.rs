@@ -662,6 +662,8 @@ pub struct Builder<'a> {
     cpus_per_gpu: Option<u32>,
     array: Option<(ArraySpec, String)>,
     requeue: bool,
+    /// `--no-requeue` given (not only `--requeue` absent): `scontrol requeue` is refused.
+    no_requeue: bool,
     signal: Option<proto::SignalSpec>,
     exclusive: bool,
     account: Option<String>,
@@ -707,6 +709,7 @@ impl<'a> Builder<'a> {
             cpus_per_gpu: None,
             array: None,
             requeue: false,
+            no_requeue: false,
             signal: None,
             exclusive: false,
             account: None,
@@ -786,8 +789,8 @@ impl<'a> Builder<'a> {
                 let spec = parse_array(v).ok_or_else(|| fatal("invalid --array specification"))?;
                 self.array = Some((spec, v.to_string()));
             }
-            "requeue" => self.requeue = true,
-            "no-requeue" => self.requeue = false,
+            "requeue" => (self.requeue, self.no_requeue) = (true, false),
+            "no-requeue" => (self.requeue, self.no_requeue) = (false, true),
             "signal" => self.signal = Some(parse_signal(v).ok_or_else(|| fatal("Invalid --signal specification"))?),
             "exclusive" => match value {
                 None | Some("user") | Some("mcs") => {
@@ -956,6 +959,7 @@ impl<'a> Builder<'a> {
         spec.switches = self.switches;
         spec.submit_host = ctx.host.clone();
         spec.extra = std::mem::take(&mut self.extra);
+        spec.set_no_requeue(self.no_requeue);
         spec.validate().map_err(|e| fatal(&format!("Batch job submission failed: {e}")))?;
         Ok(Submission { spec, parsable: self.parsable, wait: self.wait, quiet: self.quiet, test_only: self.test_only })
     }

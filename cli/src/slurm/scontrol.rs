@@ -357,31 +357,6 @@ pub fn parse(args: &[String]) -> Result<Command, SlurmError> {
     Err(SlurmError::fatal(PROG, format!("Invalid keyword: {verb}")))
 }
 
-/// `scontrol requeuehold`: requeue each job, then hold it once it is pending again.
-fn requeue_then_hold(ids: &[u64]) -> Result<i32, SlurmError> {
-    let cluster = super::connect(PROG)?;
-    let failed = super::block_on(PROG, async {
-        let mut failed = false;
-        for &job in ids {
-            let requeued = cluster.call_patiently(Request::Requeue { job }, super::PATIENCE).await;
-            let held = match requeued {
-                Ok(_) => {
-                    cluster
-                        .call_patiently(Request::UpdateJob { job, hold: Some(true), time_limit_ms: None, partition: None }, super::PATIENCE)
-                        .await
-                }
-                Err(e) => Err(e),
-            };
-            if let Err(e) = held {
-                eprintln!("{} for job {job}", super::describe_error(&e));
-                failed = true;
-            }
-        }
-        failed
-    })?;
-    Ok(i32::from(failed))
-}
-
 /// Holds, releases or updates pending jobs, printing Slurm's kind of error for each refusal.
 fn update_jobs(
     ids: Vec<u64>,
@@ -480,22 +455,19 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
             Ok(0)
         }
         Command::Requeue(ids, hold) => {
-            if hold {
-                let code = requeue_then_hold(&ids)?;
-                return Ok(code);
-            }
             let cluster = super::connect(PROG)?;
             super::block_on(PROG, async {
                 let mut failed = false;
-                for id in ids {
-                    if let Err(e) = cluster.call_patiently(Request::Requeue { job: id }, super::PATIENCE).await {
+                for job in ids {
+                    let req = if hold { Request::RequeueHold { job } } else { Request::Requeue { job } };
+                    if let Err(e) = cluster.call_patiently(req, super::PATIENCE).await {
                         // Slurm's words, e.g. "Requested operation is presently disabled for job 7".
                         let why = match e.downcast_ref::<ApiError>() {
                             Some(ApiError::NotFound(_)) => "Invalid job id specified".to_string(),
                             Some(ApiError::Denied(m) | ApiError::Invalid(m)) => m.clone(),
                             _ => super::describe_error(&e),
                         };
-                        eprintln!("{why} for job {id}");
+                        eprintln!("{why} for job {job}");
                         failed = true;
                     }
                 }

@@ -725,6 +725,7 @@ fn run_as_job(p: &Parsed) -> Result<i32, SlurmError> {
     let corral = std::env::current_exe().map_err(|e| SlurmError::fatal(PROG, format!("find the corral executable: {e}")))?;
     let mut sub = b.finish(Some(step_script(&corral.display().to_string(), p)), Vec::new(), name)?;
     sub.spec.set_batch(true);
+    sub.spec.set_srun_allocation(true);
     catch_signals();
     let cluster = super::connect(PROG)?;
     super::block_on(PROG, async {

@@ -282,6 +282,10 @@ fn placement_and_policy_options() {
     assert_eq!(s.extra.get("mail-user").map(String::as_str), Some("a@b"));
     assert_eq!(s.extra.get("comment").map(String::as_str), Some("hello"));
     assert!(!spec(&["--requeue", "--no-requeue"]).requeue);
+    // --no-requeue given, not only --requeue absent: an operator's requeue is refused.
+    assert_eq!(spec(&["--requeue", "--no-requeue"]).requeue_refusal(), Some("Requested operation is presently disabled"));
+    assert_eq!(spec(&["--no-requeue", "--requeue"]).requeue_refusal(), None);
+    assert_eq!(spec(&[]).requeue_refusal(), None);
     assert_eq!(spec(&["-D", "/abs"]).workdir, "/abs");
     assert_eq!(err(&["--open-mode=x"]), "sbatch: error: Invalid --open-mode specification");
     assert_eq!(err(&["-C", "a|b"]), "sbatch: error: Batch job submission failed: Invalid feature specification");

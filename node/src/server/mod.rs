@@ -648,12 +648,42 @@ impl Node {
             .unwrap_or_else(|e| Err(ApiError::Internal(format!("launch task failed: {e}"))))
     }
 
+    /// An operator's requeue of `job` (then held when `hold`), refused in Slurm's words for the
+    /// jobs Slurm refuses; the state machine refuses pending jobs.
+    async fn requeue(&self, job: JobId, hold: bool, now: u64) -> Response {
+        // A job's spec never changes its requeue flags; its state may (the log decides).
+        let read = self.state.read(|s| s.jobs.get(&job).map(|j| (j.spec.requeue_refusal(), j.state == proto::JobState::Pending)));
+        match read {
+            None => return Err(ApiError::NotFound(format!("job {job}"))),
+            Some((Some(why), _)) => return Err(ApiError::Invalid(why.into())),
+            Some((None, true)) if hold => return Err(ApiError::Invalid("Job is pending execution".into())),
+            Some((None, _)) => {}
+        }
+        let requeue = Command::Requeue { job, reason: proto::REQUEUED_ON_REQUEST.into(), now_ms: now };
+        let result = if hold {
+            let held = Command::UpdateJob { job, hold: Some(true), time_limit_ms: None, partition: None, now_ms: now };
+            // One entry, so a finished job cannot start between the two. A job that was pending
+            // is refused above; one that became pending since (requeued by another request or
+            // the cluster) fails the requeue here and is held, as asked.
+            match self.propose(Command::Batch { commands: vec![requeue, held] }).await? {
+                CommandResult::Batch(results) => {
+                    results.into_iter().find(|r| *r != CommandResult::Ok).map_or(Ok(Reply::Ok), |r| Err(rejected(r)))
+                }
+                other => Err(rejected(other)),
+            }
+        } else {
+            self.propose(requeue).await.and_then(ok_or_rejected)
+        };
+        self.kick.notify_one();
+        result
+    }
+
     /// Who may ask the leader what: the owner of a job (or an admin) changes it, an admin the
     /// cluster.
     fn authorize_on_leader(&self, request: &Request, who: Option<&str>) -> Result<(), ApiError> {
         match request {
             Request::Cancel { job } => self.require_owner(who, *job, "cancel")?,
-            Request::Requeue { job } => self.require_owner(who, *job, "requeue")?,
+            Request::Requeue { job } | Request::RequeueHold { job } => self.require_owner(who, *job, "requeue")?,
             Request::UpdateJob { job, .. } => self.require_owner(who, *job, "update")?,
             Request::Signal { job, .. } => self.require_owner(who, *job, "signal")?,
             Request::Drain { .. } => self.require_admin(who, "drain nodes")?,
@@ -877,12 +907,8 @@ impl Node {
             Request::ReportInventory { node, inventory, reason } => {
                 self.propose(Command::UpdateInventory { node, inventory, reason, now_ms: now }).await.and_then(ok_or_rejected)
             }
-            Request::Requeue { job } => {
-                let cmd = Command::Requeue { job, reason: proto::REQUEUED_ON_REQUEST.into(), now_ms: now };
-                let result = self.propose(cmd).await.and_then(ok_or_rejected);
-                self.kick.notify_one();
-                result
-            }
+            Request::Requeue { job } => self.requeue(job, false, now).await,
+            Request::RequeueHold { job } => self.requeue(job, true, now).await,
             Request::SetPolicy { policy } => {
                 policy.validate().map_err(ApiError::Invalid)?;
                 let result = self.propose(Command::SetPolicy { policy, now_ms: now }).await.and_then(ok_or_rejected);
