@@ -117,6 +117,7 @@ fn command_name(c: &Command) -> &'static str {
         Command::Cancel { .. } => "Cancel",
         Command::Requeue { .. } => "Requeue",
         Command::SetPolicy { .. } => "SetPolicy",
+        Command::EditPartition { .. } => "EditPartition",
         Command::UpdateJob { .. } => "UpdateJob",
         Command::GpuHealth { .. } => "GpuHealth",
         Command::UpdateInventory { .. } => "UpdateInventory",
@@ -279,6 +280,7 @@ impl ClusterState {
                 }
                 Err(e) => rejected(e),
             },
+            Command::EditPartition { edit, now_ms: _ } => self.edit_partition(edit),
             Command::UpdateJob { job, hold, time_limit_ms, partition, now_ms: _ } => {
                 self.update_job(*job, *hold, *time_limit_ms, partition.clone())
             }
@@ -768,6 +770,21 @@ impl ClusterState {
         CommandResult::Ok
     }
 
+    /// One partition created, changed or deleted (see [`proto::SchedulerPolicy::edit_partition`]):
+    /// a partition exists without a definition when a node's node.toml names it, and is in use
+    /// while a pending or running job names it (or, naming none, takes the default).
+    fn edit_partition(&mut self, edit: &proto::PartitionEdit) -> CommandResult {
+        let default = self.policy.default_partition_name().to_string();
+        let nodes = &self.nodes;
+        let jobs = &self.jobs;
+        let named_by_nodes = |p: &str| nodes.values().any(|n| n.inventory.partitions.iter().any(|q| q == p));
+        let in_use = |p: &str| jobs.values().any(|j| !j.state.is_final() && j.spec.partition.as_deref().unwrap_or(default.as_str()) == p);
+        match self.policy.edit_partition(edit, named_by_nodes, in_use) {
+            Ok(()) => CommandResult::Ok,
+            Err(why) => rejected(why),
+        }
+    }
+
     /// The scheduler's input built from this state (see [`view::scheduler_view`]).
     pub fn scheduler_view(&self) -> scheduler::ClusterView {
         view::scheduler_view(self)
@@ -830,7 +847,8 @@ impl ClusterState {
     /// `partitions` names (the default partition always exists), a QoS the policy lacks
     /// (`normal`, every job's without one, always exists), MIG instances per node that no
     /// node's MIG-mode GPUs could hold in any valid layout (`scheduler::mig::never_fits`). Slurm
-    /// refuses these at submit; a job accepted with one would pend for ever. Accounts are not
+    /// refuses these at submit; a job accepted with one would pend for ever. So is a job for a
+    /// partition in state DRAIN or INACTIVE, as in Slurm. Accounts are not
     /// checked: there is no account database yet, as in a Slurm that does not enforce
     /// associations.
     pub fn undefined_in_submission(&self, spec: &JobSpec) -> Option<String> {
@@ -842,6 +860,10 @@ impl ClusterState {
             if !known {
                 return Some("Invalid partition name specified".into());
             }
+        }
+        let partition = spec.partition.as_deref().unwrap_or(self.policy.default_partition_name());
+        if !self.policy.partition_state(partition).takes_submissions() {
+            return Some("Required partition not available (inactive or drain)".into());
         }
         if let Some(q) = spec.qos.as_deref() {
             if q != proto::DEFAULT_QOS && !self.policy.qos.iter().any(|d| d.name == q) {
@@ -1260,6 +1282,44 @@ mod tests {
             Some("Invalid partition name specified"),
             "`long` is the default now"
         );
+    }
+
+    #[test]
+    fn partitions_edited_through_the_log_take_or_refuse_submissions_by_their_state() {
+        let mut inv = scheduler::testkit::dgx("gpu:h100:8");
+        inv.partitions = vec!["gpu".into()];
+        let mut s = with_node_n1(inv);
+        let edit = |s: &mut ClusterState, edit: proto::PartitionEdit| s.apply(&Command::EditPartition { edit, now_ms: 1 });
+        let state = |st| proto::PartitionChanges { state: Some(st), ..Default::default() };
+        let submit_to = |s: &ClusterState, p: &str| {
+            let mut spec = scheduler::testkit::spec("gpu:1", 1);
+            spec.partition = Some(p.into());
+            s.undefined_in_submission(&spec)
+        };
+        let refused = Some("Required partition not available (inactive or drain)".to_string());
+        // `gpu` exists through node.toml; an update defines it in the policy.
+        for (st, answer) in [
+            (proto::PartitionState::Drain, refused.clone()),
+            (proto::PartitionState::Inactive, refused.clone()),
+            (proto::PartitionState::Down, None),
+            (proto::PartitionState::Up, None),
+        ] {
+            assert_eq!(edit(&mut s, proto::PartitionEdit::Update { name: "gpu".into(), changes: state(st) }), CommandResult::Ok);
+            assert_eq!(submit_to(&s, "gpu"), answer, "{st:?}");
+        }
+        assert_eq!(s.scheduler_view().partitions["gpu"].state, proto::PartitionState::Up);
+        // A partition a pending job names is in use.
+        let created = proto::PartitionEdit::Create { name: "short".into(), changes: Default::default() };
+        assert_eq!(edit(&mut s, created.clone()), CommandResult::Ok);
+        assert_eq!(edit(&mut s, created), CommandResult::Rejected("Invalid partition name specified".into()));
+        let mut spec = scheduler::testkit::spec("gpu:1", 1);
+        spec.partition = Some("short".into());
+        let job = submit(&mut s, spec);
+        let delete = proto::PartitionEdit::Delete { name: "short".into() };
+        assert_eq!(edit(&mut s, delete.clone()), CommandResult::Rejected("Partition is in use".into()));
+        assert_eq!(s.apply(&Command::Cancel { job, now_ms: 2 }), CommandResult::Ok);
+        assert_eq!(edit(&mut s, delete), CommandResult::Ok);
+        assert_eq!(submit_to(&s, "short").as_deref(), Some("Invalid partition name specified"));
     }
 
     #[test]

@@ -56,6 +56,7 @@ impl fmt::Display for LogCommand {
             Command::Requeue { job, .. } => write!(f, "requeue({job})"),
             Command::UpdateJob { job, .. } => write!(f, "update_job({job})"),
             Command::SetPolicy { .. } => write!(f, "set_policy"),
+            Command::EditPartition { edit, .. } => write!(f, "edit_partition({})", edit.name()),
             Command::GpuHealth { node, gpu, healthy, .. } => write!(f, "gpu_health({node}/{gpu}, healthy {healthy})"),
             Command::UpdateInventory { node, .. } => write!(f, "update_inventory({node})"),
             Command::AddJoinToken { .. } => write!(f, "add_join_token"),

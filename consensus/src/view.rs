@@ -87,6 +87,7 @@ pub fn scheduler_view_with(state: &ClusterState, archived: impl Fn(JobId) -> Opt
                 max_time_limit_ms: p.max_time_limit_ms,
                 priority_tier: p.priority_tier,
                 default: p.default,
+                state: p.state,
             };
             (p.name.clone(), def)
         })

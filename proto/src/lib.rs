@@ -6,6 +6,7 @@ mod array;
 pub mod codec;
 pub mod fuzzing;
 pub mod limits;
+mod partition;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -14,10 +15,11 @@ use serde::{Deserialize, Serialize};
 
 pub use array::{ArraySpec, TaskRun};
 pub use codec::{decode, encode, CodecError};
+pub use partition::{PartitionChanges, PartitionEdit, PartitionState};
 
 /// Bumped on any incompatible change to a type in this crate. The first byte of every encoded
 /// message; a peer speaking another version is refused with a clear error.
-pub const PROTOCOL_VERSION: u8 = 2;
+pub const PROTOCOL_VERSION: u8 = 3;
 
 pub type NodeId = u64;
 pub type JobId = u64;
@@ -758,6 +760,9 @@ pub struct PartitionDef {
     /// Jobs without `--partition` go here; nodes that name no partition belong here.
     #[serde(default)]
     pub default: bool,
+    /// UP, DOWN, DRAIN or INACTIVE (`scontrol update PartitionName=... State=`).
+    #[serde(default)]
+    pub state: PartitionState,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -947,6 +952,12 @@ pub enum Command {
     /// Replace the scheduling policy (partitions, QoS).
     SetPolicy {
         policy: SchedulerPolicy,
+        now_ms: u64,
+    },
+    /// Create, change or delete one partition of the policy (`scontrol create|update|delete
+    /// PartitionName=`), checked against the state it is applied to.
+    EditPartition {
+        edit: PartitionEdit,
         now_ms: u64,
     },
     /// Change a pending job: hold or release it, its time limit, its partition.
@@ -1384,6 +1395,10 @@ pub enum Request {
         relay: NodeId,
         beats: Vec<Beat>,
     },
+    /// Create, change or delete one partition (admin only).
+    EditPartition {
+        edit: PartitionEdit,
+    },
     /// `Requeue`, then held in the same log entry (`scontrol requeuehold`): a finished job
     /// cannot start between the two.
     RequeueHold {
@@ -1494,6 +1509,7 @@ impl Request {
                 | Request::ReportInventory { .. }
                 | Request::Requeue { .. }
                 | Request::RequeueHold { .. }
+                | Request::EditPartition { .. }
                 | Request::UpdateJob { .. }
                 | Request::Signal { .. }
                 | Request::SetPolicy { .. }

@@ -422,6 +422,9 @@ impl<'v> Pass<'v> {
             _ => {}
         }
         let pname = j.partition.as_deref().unwrap_or(&self.part_names[self.default_part as usize]);
+        if let Some((state, code)) = self.view.partitions.get(pname).and_then(|p| Some((p.state, p.state.holds_jobs()?))) {
+            reasons.push(format!("{code}: partition {pname} is {}", state.as_str()));
+        }
         if let (Some(limit), Some(max)) = (j.time_limit_ms, self.view.partitions.get(pname).and_then(|p| p.max_time_limit_ms)) {
             if limit > max {
                 reasons.push(format!("time limit {} exceeds the {} of partition {pname}", fmt_duration_ms(limit), fmt_duration_ms(max)));

@@ -369,6 +369,8 @@ pub struct Partition {
     pub priority_tier: u32,
     /// Jobs without `--partition` go here; nodes that name no partition belong here.
     pub default: bool,
+    /// DOWN and INACTIVE start nothing (`PartitionState::holds_jobs`).
+    pub state: proto::PartitionState,
 }
 
 /// What happens to a job preempted by a QoS allowed to.

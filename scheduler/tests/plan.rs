@@ -374,6 +374,29 @@ fn a_pending_job_carries_all_its_reasons() {
 }
 
 #[test]
+fn a_down_or_inactive_partition_starts_nothing_and_a_draining_one_still_does() {
+    for (state, expected) in [
+        (proto::PartitionState::Down, Some("PartitionDown: partition gpu is DOWN")),
+        (proto::PartitionState::Inactive, Some("PartitionInactive: partition gpu is INACTIVE")),
+        (proto::PartitionState::Drain, None),
+        (proto::PartitionState::Up, None),
+    ] {
+        let mut c = Cluster::new();
+        c.node(1, "n1", dgx("h100"));
+        c.partition(Partition { name: "gpu".into(), default: true, state, ..Partition::default() });
+        c.submit(7, spec("gpu:1", 1), 0);
+        let plan = c.schedule(1000);
+        match expected {
+            Some(reason) => {
+                assert!(plan.placements.is_empty(), "{state:?}: {plan:?}");
+                assert_eq!(plan.pending[&7].first().map(String::as_str), Some(reason), "{state:?}");
+            }
+            None => assert_eq!(plan.placements.iter().map(|p| p.job).collect::<Vec<_>>(), vec![7], "{state:?}"),
+        }
+    }
+}
+
+#[test]
 fn constraints_lists_and_exclusive() {
     let mut c = Cluster::new();
     let mut ib = dgx("h100");

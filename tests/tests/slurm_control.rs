@@ -1,4 +1,5 @@
-//! `scontrol hold/release/update/requeue` and `scancel --signal` against a live cluster.
+//! `scontrol hold/release/update/requeue`, partitions by `scontrol`, and `scancel --signal`
+//! against a live cluster.
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Output, Stdio};
@@ -159,6 +160,72 @@ fn scontrol_requeue_runs_finished_batch_jobs_again() {
 
     let out = requeue("requeue", 99_999);
     assert_eq!((out.status.code(), stderr(&out)), (Some(1), "Invalid job id specified for job 99999".to_string()));
+}
+
+/// `scontrol create|update|delete PartitionName=` through the log, with Slurm 22.05's answers
+/// (checked on `../shared/peers/slurm`): DOWN keeps jobs pending as `PartitionDown`, DRAIN
+/// refuses submissions, and a partition in use is not deleted.
+#[test]
+fn scontrol_creates_updates_and_deletes_partitions() {
+    let c = TestCluster::up(&["--nodes", "1", "--voters-max", "1", "--gpus", "h100:1"]);
+    let scontrol = |args: &[&str]| {
+        let out = shim(&c, "scontrol", args);
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).trim().to_string())
+    };
+    let ok = |args: &[&str]| {
+        let (code, _, err) = scontrol(args);
+        assert_eq!(code, Some(0), "scontrol {args:?}: {err}");
+    };
+
+    ok(&["create", "PartitionName=short", "MaxTime=10", "DefaultTime=5", "PriorityTier=3"]);
+    let (_, shown, _) = scontrol(&["show", "partition", "short"]);
+    for field in ["PartitionName=short\n", "Default=NO", "DefaultTime=5:00", "MaxTime=10:00", "PriorityTier=3", "State=UP"] {
+        assert!(shown.contains(field), "{field} in {shown}");
+    }
+    assert_eq!(scontrol(&["create", "PartitionName=gpu"]).2, "Error creating the partition: Invalid partition name specified");
+    let (code, _, err) = scontrol(&["update", "PartitionName=gpu", "Nodes=n1"]);
+    assert!(code == Some(1) && err.contains("Update of this parameter is not supported: Nodes=n1"), "{err}");
+    let (code, _, err) = scontrol(&["update", "PartitionName=gpu", "State=BOGUS"]);
+    assert!(code == Some(1) && err.contains("Acceptable State values are UP, DOWN, DRAIN and INACTIVE"), "{err}");
+
+    // DOWN: taken, not started, Slurm's reason; UP again: it runs.
+    ok(&["update", "PartitionName=gpu", "State=DOWN"]);
+    let out = shim(&c, "sbatch", &["--parsable", "-p", "gpu", "--wrap", "true"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let reason = || String::from_utf8_lossy(&shim(&c, "squeue", &["-h", "-j", &id, "-o", "%T %r"]).stdout).trim().to_string();
+    wait_until("the job to pend as PartitionDown", Duration::from_secs(20), || reason() == "PENDING PartitionDown");
+    let avail = String::from_utf8_lossy(&shim(&c, "sinfo", &["-h", "-p", "gpu", "-o", "%P %a"]).stdout).into_owned();
+    assert_eq!(avail, "gpu down\n");
+    assert!(scontrol(&["show", "partition", "gpu"]).1.contains("State=DOWN"));
+    ok(&["update", "PartitionName=gpu", "State=UP"]);
+    assert_eq!(c.wait_final(id.parse().expect("job id"), Duration::from_secs(30))["state"], "COMPLETED");
+
+    // DRAIN and INACTIVE refuse submissions.
+    for state in ["DRAIN", "INACTIVE"] {
+        ok(&["update", "PartitionName=gpu", &format!("State={state}")]);
+        let out = shim(&c, "sbatch", &["-p", "gpu", "--wrap", "true"]);
+        assert_eq!(
+            (out.status.code(), String::from_utf8_lossy(&out.stderr).trim()),
+            (Some(1), "sbatch: error: Batch job submission failed: Required partition not available (inactive or drain)"),
+            "{state}"
+        );
+    }
+    ok(&["update", "PartitionName=gpu", "State=UP"]);
+
+    // Default=YES moves the default; a pending job keeps its partition in use.
+    ok(&["update", "PartitionName=short", "Default=YES"]);
+    assert!(scontrol(&["show", "partition", "short"]).1.contains("Default=YES"));
+    let sinfo = String::from_utf8_lossy(&shim(&c, "sinfo", &["-h", "-o", "%P"]).stdout).into_owned();
+    assert!(!sinfo.contains('*'), "the default moved to short, which has no node: {sinfo}");
+    let out = shim(&c, "sbatch", &["--parsable", "--hold", "--wrap", "true"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let held = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert_eq!(scontrol(&["delete", "PartitionName=short"]).2, "delete_partition PartitionName=short: Partition is in use");
+    assert!(c.corral(&["cancel", &held]).status.success());
+    ok(&["update", "PartitionName=gpu", "Default=YES"]);
+    ok(&["delete", "PartitionName=short"]);
+    assert_eq!(scontrol(&["delete", "PartitionName=short"]).2, "delete_partition PartitionName=short: Invalid partition name specified");
 }
 
 #[test]

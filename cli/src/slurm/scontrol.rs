@@ -1,5 +1,6 @@
 //! `scontrol`: `show hostnames|hostlist|job|node|partition`, `requeue`, the job changes
-//! `hold`, `release` and `update JobId=`, and `update NodeName= State=DRAIN|RESUME|UNDRAIN`.
+//! `hold`, `release` and `update JobId=`, `update NodeName= State=DRAIN|RESUME|UNDRAIN`, and
+//! `create|update|delete PartitionName=`.
 
 use std::collections::BTreeMap;
 
@@ -152,7 +153,7 @@ pub fn node_text(n: &NodeInfo) -> String {
 /// policy's default) or the policy defines, in Slurm's layout (the fields Corral knows).
 pub fn partitions_text(nodes: &[NodeInfo], parts: &sinfo::Partitions, name: Option<&str>) -> Result<String, SlurmError> {
     let mut members: BTreeMap<String, Vec<&NodeInfo>> = BTreeMap::new();
-    for p in parts.max_time_limit_ms.keys().chain(parts.default.iter()) {
+    for p in parts.defs.keys().chain(parts.default.iter()) {
         members.entry(p.clone()).or_default();
     }
     for n in nodes {
@@ -172,12 +173,16 @@ pub fn partitions_text(nodes: &[NodeInfo], parts: &sinfo::Partitions, name: Opti
         names.sort();
         let gpus: u32 = in_it.iter().map(|n| n.gpus_total).sum();
         let max_time = parts.max_time_limit_ms.get(p).map_or("UNLIMITED".to_string(), |ms| time::duration(ms / 1000));
+        let def = parts.defs.get(p);
+        let default_time = def.and_then(|d| d.default_time_limit_ms).map_or("NONE".to_string(), |ms| time::duration(ms / 1000));
         out.push_str(&format!("PartitionName={p}\n"));
         out.push_str("   AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL\n");
         out.push_str(&format!("   Default={} QoS=N/A\n", if p == parts.default_name() { "YES" } else { "NO" }));
+        out.push_str(&format!("   DefaultTime={default_time}\n"));
         out.push_str(&format!("   MaxNodes=UNLIMITED MaxTime={max_time} MinNodes=0\n"));
         out.push_str(&format!("   Nodes={}\n", if names.is_empty() { "(null)".into() } else { hostlist::compress(&names) }));
-        out.push_str(&format!("   State=UP TotalNodes={}\n", names.len()));
+        out.push_str(&format!("   PriorityTier={}\n", def.map_or(0, |d| d.priority_tier)));
+        out.push_str(&format!("   State={} TotalNodes={}\n", parts.state(p).as_str(), names.len()));
         out.push_str(&format!("   TRES=gres/gpu={gpus}\n\n"));
     }
     Ok(out)
@@ -204,6 +209,8 @@ pub enum Command {
         nodes: Vec<String>,
         drain: Option<String>,
     },
+    /// `create|update|delete PartitionName=...`.
+    EditPartition(proto::PartitionEdit),
     Version,
 }
 
@@ -242,6 +249,99 @@ fn parse_node_update(args: &[String]) -> Result<Command, SlurmError> {
         }
     };
     Ok(Command::UpdateNodes { nodes, drain })
+}
+
+/// Whether `args` name a partition (`PartitionName=`), as `update` and `delete` tell it apart.
+fn names_partition(args: &[String]) -> bool {
+    args.iter().any(|kv| kv.split_once('=').is_some_and(|(k, _)| k.eq_ignore_ascii_case("partitionname")))
+}
+
+/// `create|update PartitionName=NAME [State=] [MaxTime=] [DefaultTime=] [PriorityTier=]
+/// [Default=YES|NO]` and `delete PartitionName=NAME`, refusing what Corral cannot do.
+fn parse_partition_edit(verb: &str, args: &[String]) -> Result<Command, SlurmError> {
+    let mut name = None;
+    let mut changes = proto::PartitionChanges::default();
+    let time = |k: &str, v: &str| -> Result<Option<u64>, SlurmError> {
+        if v.eq_ignore_ascii_case("none") {
+            return Ok(None);
+        }
+        let limit = time::parse_limit_s(v).map_err(|time::NotATime| SlurmError::fatal(PROG, format!("Invalid input: {k}={v}")))?;
+        Ok(limit.map(|s| s.saturating_mul(1000)))
+    };
+    for kv in args {
+        let (k, v) = kv.split_once('=').ok_or_else(|| SlurmError::fatal(PROG, format!("Invalid input: {kv}")))?;
+        match k.to_ascii_lowercase().as_str() {
+            "partitionname" => name = Some(v.to_string()),
+            _ if verb == "delete" => return Err(SlurmError::fatal(PROG, format!("Invalid input: {kv}"))),
+            "state" => {
+                let state = proto::PartitionState::parse(v).ok_or_else(|| {
+                    SlurmError::fatal(
+                        PROG,
+                        format!("Invalid input: {kv}\nscontrol: error: Acceptable State values are UP, DOWN, DRAIN and INACTIVE"),
+                    )
+                })?;
+                changes.state = Some(state);
+            }
+            "maxtime" => changes.max_time_limit_ms = Some(time(k, v)?),
+            "defaulttime" => changes.default_time_limit_ms = Some(time(k, v)?),
+            "prioritytier" => {
+                let tier = v.parse().map_err(|_| SlurmError::fatal(PROG, format!("Invalid input: {kv}")))?;
+                changes.priority_tier = Some(tier);
+            }
+            "default" => {
+                let yes = match v.to_ascii_uppercase().as_str() {
+                    "YES" => true,
+                    "NO" => false,
+                    _ => return Err(SlurmError::fatal(PROG, format!("Invalid input: {kv}"))),
+                };
+                changes.default = Some(yes);
+            }
+            "nodes" => {
+                return Err(SlurmError::fatal(
+                    PROG,
+                    format!(
+                        "Update of this parameter is not supported: {kv}: a partition's nodes are those whose node.toml \
+                         names it (partitions = [...]), and nodes that name none are in the default partition"
+                    ),
+                ))
+            }
+            _ => return Err(SlurmError::fatal(PROG, format!("Update of this parameter is not supported: {kv}"))),
+        }
+    }
+    let name = name.filter(|n| !n.is_empty()).ok_or_else(|| SlurmError::fatal(PROG, "No PartitionName given"))?;
+    Ok(Command::EditPartition(match verb {
+        "create" => proto::PartitionEdit::Create { name, changes },
+        "update" => proto::PartitionEdit::Update { name, changes },
+        _ => proto::PartitionEdit::Delete { name },
+    }))
+}
+
+/// Sends one partition edit; Slurm's message on refusal.
+fn edit_partition(edit: proto::PartitionEdit) -> Result<i32, SlurmError> {
+    let cluster = super::connect(PROG)?;
+    super::block_on(PROG, async {
+        let name = edit.name().to_string();
+        let verb = match &edit {
+            proto::PartitionEdit::Create { .. } => "create",
+            proto::PartitionEdit::Update { .. } => "update",
+            proto::PartitionEdit::Delete { .. } => "delete",
+        };
+        match cluster.call_patiently(Request::EditPartition { edit }, super::PATIENCE).await {
+            Ok(_) => 0,
+            Err(e) => {
+                let why = match e.downcast_ref::<ApiError>() {
+                    Some(ApiError::Invalid(m) | ApiError::Denied(m)) => m.clone(),
+                    _ => super::describe_error(&e),
+                };
+                match verb {
+                    "create" => eprintln!("Error creating the partition: {why}"),
+                    "update" => eprintln!("slurm_update error: {why}"),
+                    _ => eprintln!("delete_partition PartitionName={name}: {why}"),
+                }
+                1
+            }
+        }
+    })
 }
 
 /// Drains or resumes each node, printing Slurm's kind of error for each refusal.
@@ -322,6 +422,18 @@ pub fn parse(args: &[String]) -> Result<Command, SlurmError> {
     }
     if is(verb, "release", 3) {
         return Ok(Command::Release(job_ids(rest)?));
+    }
+    if is(verb, "create", 2) {
+        return parse_partition_edit("create", rest);
+    }
+    if is(verb, "delete", 3) {
+        if !names_partition(rest) {
+            return Err(SlurmError::fatal(PROG, "Corral's scontrol deletes partitions only: delete PartitionName=NAME"));
+        }
+        return parse_partition_edit("delete", rest);
+    }
+    if is(verb, "update", 1) && names_partition(rest) {
+        return parse_partition_edit("update", rest);
     }
     if is(verb, "update", 1) {
         if rest
@@ -478,6 +590,7 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
         Command::Release(ids) => update_jobs(ids, Some(false), None, None),
         Command::Update { job, time_limit_ms, partition } => update_jobs(vec![job], None, time_limit_ms, partition.map(Some)),
         Command::UpdateNodes { nodes, drain } => update_nodes(nodes, drain),
+        Command::EditPartition(edit) => edit_partition(edit),
     }
 }
 

@@ -85,6 +85,8 @@ pub struct Partitions {
     pub default: Option<String>,
     /// Partition name to its `max_time_limit_ms`.
     pub max_time_limit_ms: std::collections::BTreeMap<String, u64>,
+    /// The policy's definitions by name (default time, tier, state).
+    pub defs: std::collections::BTreeMap<String, proto::PartitionDef>,
 }
 
 impl Partitions {
@@ -92,7 +94,13 @@ impl Partitions {
         Partitions {
             default: policy.partitions.iter().find(|p| p.default).map(|p| p.name.clone()),
             max_time_limit_ms: policy.partitions.iter().filter_map(|p| Some((p.name.clone(), p.max_time_limit_ms?))).collect(),
+            defs: policy.partitions.iter().map(|p| (p.name.clone(), p.clone())).collect(),
         }
+    }
+
+    /// The state of partition `name` (UP unless the policy says otherwise).
+    pub fn state(&self, name: &str) -> proto::PartitionState {
+        self.defs.get(name).map_or(proto::PartitionState::Up, |d| d.state)
     }
 
     pub(crate) fn default_name(&self) -> &str {
@@ -102,6 +110,8 @@ impl Partitions {
 
 struct Row {
     partition: String,
+    /// `%a`: up, down, drain or inact, as sinfo prints the partition's state.
+    avail: &'static str,
     is_default: bool,
     /// Seconds; none is `infinite`.
     time_limit_s: Option<u64>,
@@ -120,7 +130,7 @@ fn value(row: &Row, code: char) -> String {
             }
         }
         'R' => row.partition.clone(),
-        'a' => "up".into(),
+        'a' => row.avail.into(),
         'l' => row.time_limit_s.map_or_else(|| "infinite".into(), super::time::duration),
         'D' => row.nodes.len().to_string(),
         't' => node_state(first).0.into(),
@@ -225,7 +235,14 @@ pub fn table_with(nodes: &[NodeInfo], parts: &Partitions, format: &str, header: 
             if !filter.partitions.is_empty() && !filter.partitions.contains(&p) {
                 continue;
             }
+            let avail = match parts.state(&p) {
+                proto::PartitionState::Up => "up",
+                proto::PartitionState::Down => "down",
+                proto::PartitionState::Drain => "drain",
+                proto::PartitionState::Inactive => "inact",
+            };
             let candidate = Row {
+                avail,
                 is_default: p == parts.default_name(),
                 time_limit_s: parts.max_time_limit_ms.get(&p).map(|ms| ms / 1000),
                 partition: p.clone(),

@@ -180,6 +180,7 @@ const SLURM_REASONS: &[&str] = &[
     "PartitionTimeLimit",
     "PartitionNodeLimit",
     "PartitionDown",
+    "PartitionInactive",
     "ReqNodeNotAvail",
     "BadConstraints",
     "NodeDown",

@@ -688,7 +688,7 @@ impl Node {
             Request::Signal { job, .. } => self.require_owner(who, *job, "signal")?,
             Request::Drain { .. } => self.require_admin(who, "drain nodes")?,
             Request::Resume { .. } => self.require_admin(who, "resume nodes")?,
-            Request::SetPolicy { .. } => self.require_admin(who, "change the scheduling policy")?,
+            Request::SetPolicy { .. } | Request::EditPartition { .. } => self.require_admin(who, "change the scheduling policy")?,
             Request::SetGpuHealth { .. } => self.require_admin(who, "change GPU health")?,
             Request::CreateJoinToken { .. } => self.require_admin(who, "create join tokens")?,
             Request::RevokeJoinToken { .. } => self.require_admin(who, "revoke join tokens")?,
@@ -912,6 +912,12 @@ impl Node {
             Request::SetPolicy { policy } => {
                 policy.validate().map_err(ApiError::Invalid)?;
                 let result = self.propose(Command::SetPolicy { policy, now_ms: now }).await.and_then(ok_or_rejected);
+                self.kick.notify_one();
+                result
+            }
+            Request::EditPartition { edit } => {
+                info!(partition = %edit.name(), ?edit, "operator edits a partition");
+                let result = self.propose(Command::EditPartition { edit, now_ms: now }).await.and_then(ok_or_rejected);
                 self.kick.notify_one();
                 result
             }

@@ -1,0 +1,240 @@
+//! Partitions as `scontrol create|update|delete PartitionName=...` changes them: a partition's
+//! state (Slurm's UP, DOWN, DRAIN, INACTIVE) and one edit of the replicated policy, applied by
+//! the state machine as one log entry ([`SchedulerPolicy::edit_partition`]), so two admins'
+//! edits never overwrite each other the way a read, change and `SetPolicy` would.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{PartitionDef, SchedulerPolicy};
+
+/// A partition's state, as in Slurm.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PartitionState {
+    /// Takes submissions and starts jobs.
+    #[default]
+    Up,
+    /// Takes submissions; starts nothing (pending reason `PartitionDown`).
+    Down,
+    /// Refuses submissions; starts the jobs already pending.
+    Drain,
+    /// Refuses submissions and starts nothing (`PartitionInactive`).
+    Inactive,
+}
+
+impl PartitionState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PartitionState::Up => "UP",
+            PartitionState::Down => "DOWN",
+            PartitionState::Drain => "DRAIN",
+            PartitionState::Inactive => "INACTIVE",
+        }
+    }
+
+    /// Parses Slurm's `State=` value (any case).
+    pub fn parse(text: &str) -> Option<PartitionState> {
+        match text.to_ascii_uppercase().as_str() {
+            "UP" => Some(PartitionState::Up),
+            "DOWN" => Some(PartitionState::Down),
+            "DRAIN" => Some(PartitionState::Drain),
+            "INACTIVE" => Some(PartitionState::Inactive),
+            _ => None,
+        }
+    }
+
+    pub fn takes_submissions(self) -> bool {
+        matches!(self, PartitionState::Up | PartitionState::Down)
+    }
+
+    /// Why a pending job of this partition does not start (Slurm's reason first), if it doesn't.
+    pub fn holds_jobs(self) -> Option<&'static str> {
+        match self {
+            PartitionState::Down => Some("PartitionDown"),
+            PartitionState::Inactive => Some("PartitionInactive"),
+            PartitionState::Up | PartitionState::Drain => None,
+        }
+    }
+}
+
+/// What `scontrol update PartitionName=...` changes; `None` leaves a field as it is.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionChanges {
+    pub state: Option<PartitionState>,
+    /// `MaxTime=`: `Some(None)` is UNLIMITED.
+    pub max_time_limit_ms: Option<Option<u64>>,
+    /// `DefaultTime=`: `Some(None)` is NONE.
+    pub default_time_limit_ms: Option<Option<u64>>,
+    pub priority_tier: Option<u32>,
+    /// `Default=YES|NO`; YES takes the flag from the partition that had it, as in Slurm.
+    pub default: Option<bool>,
+}
+
+/// One change to the partitions.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PartitionEdit {
+    Create { name: String, changes: PartitionChanges },
+    Update { name: String, changes: PartitionChanges },
+    Delete { name: String },
+}
+
+impl PartitionEdit {
+    pub fn name(&self) -> &str {
+        match self {
+            PartitionEdit::Create { name, .. } | PartitionEdit::Update { name, .. } | PartitionEdit::Delete { name } => name,
+        }
+    }
+}
+
+impl PartitionChanges {
+    fn apply_to(&self, def: &mut PartitionDef) {
+        if let Some(s) = self.state {
+            def.state = s;
+        }
+        if let Some(t) = self.max_time_limit_ms {
+            def.max_time_limit_ms = t;
+        }
+        if let Some(t) = self.default_time_limit_ms {
+            def.default_time_limit_ms = t;
+        }
+        if let Some(p) = self.priority_tier {
+            def.priority_tier = p;
+        }
+        if let Some(d) = self.default {
+            def.default = d;
+        }
+    }
+}
+
+impl SchedulerPolicy {
+    /// Applies `edit`, or says why not in Slurm's words and leaves the policy as it was.
+    /// `named_by_nodes`: whether some node's `partitions` (node.toml) names a partition, which
+    /// makes it exist without a definition (an update then defines it); `in_use`: whether a
+    /// pending or running job is in it (Slurm refuses to delete it then).
+    pub fn edit_partition(
+        &mut self,
+        edit: &PartitionEdit,
+        named_by_nodes: impl Fn(&str) -> bool,
+        in_use: impl Fn(&str) -> bool,
+    ) -> Result<(), String> {
+        let mut next = self.clone();
+        let name = edit.name();
+        let defined = next.partitions.iter().position(|p| p.name == name);
+        let implicit = named_by_nodes(name) || name == next.default_partition_name();
+        match edit {
+            PartitionEdit::Create { changes, .. } => {
+                if defined.is_some() || implicit {
+                    return Err("Invalid partition name specified".into());
+                }
+                let mut def = PartitionDef { name: name.to_string(), ..Default::default() };
+                changes.apply_to(&mut def);
+                next.partitions.push(def);
+            }
+            PartitionEdit::Update { changes, .. } => {
+                let at = match defined {
+                    Some(at) => at,
+                    None if implicit => {
+                        let is_default = name == next.default_partition_name();
+                        next.partitions.push(PartitionDef { name: name.to_string(), default: is_default, ..Default::default() });
+                        next.partitions.len() - 1
+                    }
+                    None => return Err("Invalid partition name specified".into()),
+                };
+                changes.apply_to(&mut next.partitions[at]);
+            }
+            PartitionEdit::Delete { .. } => {
+                let Some(at) = defined else {
+                    return Err(if implicit {
+                        format!("Invalid partition name specified: {name} is defined by the nodes whose node.toml names it")
+                    } else {
+                        "Invalid partition name specified".into()
+                    });
+                };
+                if in_use(name) {
+                    return Err("Partition is in use".into());
+                }
+                next.partitions.remove(at);
+            }
+        }
+        if let PartitionEdit::Create { changes, .. } | PartitionEdit::Update { changes, .. } = edit {
+            if changes.default == Some(true) {
+                for p in next.partitions.iter_mut().filter(|p| p.name != name) {
+                    p.default = false;
+                }
+            }
+        }
+        next.validate()?;
+        *self = next;
+        Ok(())
+    }
+
+    /// The partition of jobs that name none: the policy's default, else
+    /// [`crate::DEFAULT_PARTITION`].
+    pub fn default_partition_name(&self) -> &str {
+        self.partitions.iter().find(|p| p.default).map_or(crate::DEFAULT_PARTITION, |p| p.name.as_str())
+    }
+
+    /// The state of partition `name` (UP when the policy does not define it).
+    pub fn partition_state(&self, name: &str) -> PartitionState {
+        self.partitions.iter().find(|p| p.name == name).map_or(PartitionState::Up, |p| p.state)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn changes() -> PartitionChanges {
+        PartitionChanges::default()
+    }
+
+    #[test]
+    fn create_update_delete_as_slurm_answers() {
+        let mut policy = SchedulerPolicy::default();
+        let gpu_named = |p: &str| p == "gpu";
+        let unused = |_: &str| false;
+        let create = |name: &str, c: PartitionChanges| PartitionEdit::Create { name: name.into(), changes: c };
+        let update = |name: &str, c: PartitionChanges| PartitionEdit::Update { name: name.into(), changes: c };
+
+        let long = PartitionChanges { max_time_limit_ms: Some(Some(600_000)), default_time_limit_ms: Some(Some(300_000)), ..changes() };
+        assert_eq!(policy.edit_partition(&create("long", long), gpu_named, unused), Ok(()));
+        assert_eq!(policy.partitions[0].max_time_limit_ms, Some(600_000));
+        // A name the policy, a node or the default already has.
+        for taken in ["long", "gpu", crate::DEFAULT_PARTITION] {
+            assert_eq!(policy.edit_partition(&create(taken, changes()), gpu_named, unused), Err("Invalid partition name specified".into()));
+        }
+        // Updating a partition only node.toml names defines it.
+        let down = PartitionChanges { state: Some(PartitionState::Down), ..changes() };
+        assert_eq!(policy.edit_partition(&update("gpu", down.clone()), gpu_named, unused), Ok(()));
+        assert_eq!(policy.partition_state("gpu"), PartitionState::Down);
+        assert_eq!(policy.edit_partition(&update("nope", down), gpu_named, unused), Err("Invalid partition name specified".into()));
+        // Default=YES moves the flag.
+        let default = PartitionChanges { default: Some(true), ..changes() };
+        assert_eq!(policy.edit_partition(&update("long", default.clone()), gpu_named, unused), Ok(()));
+        assert_eq!(policy.default_partition_name(), "long");
+        assert_eq!(policy.edit_partition(&update("gpu", default), gpu_named, unused), Ok(()));
+        assert_eq!(policy.default_partition_name(), "gpu");
+        assert_eq!(policy.partitions.iter().filter(|p| p.default).count(), 1);
+        // A default time above the maximum is refused whole.
+        let before = policy.clone();
+        let bad = PartitionChanges { default_time_limit_ms: Some(Some(3_600_000)), ..changes() };
+        assert!(policy.edit_partition(&update("long", bad), gpu_named, unused).is_err());
+        assert_eq!(policy, before);
+        // Delete: refused while in use, and for what the policy does not define.
+        let delete = PartitionEdit::Delete { name: "long".into() };
+        assert_eq!(policy.edit_partition(&delete, gpu_named, |p| p == "long"), Err("Partition is in use".into()));
+        assert_eq!(policy.edit_partition(&delete, gpu_named, unused), Ok(()));
+        assert_eq!(policy.edit_partition(&delete, gpu_named, unused), Err("Invalid partition name specified".into()));
+    }
+
+    #[test]
+    fn states_take_submissions_and_start_jobs_as_in_slurm() {
+        let table: Vec<(bool, Option<&str>)> = [PartitionState::Up, PartitionState::Down, PartitionState::Drain, PartitionState::Inactive]
+            .iter()
+            .map(|s| (s.takes_submissions(), s.holds_jobs()))
+            .collect();
+        assert_eq!(table, vec![(true, None), (true, Some("PartitionDown")), (false, None), (false, Some("PartitionInactive"))]);
+        assert_eq!(PartitionState::parse("drain"), Some(PartitionState::Drain));
+        assert_eq!(PartitionState::parse("bogus"), None);
+    }
+}
