@@ -779,7 +779,8 @@ impl ClusterState {
         let jobs = &self.jobs;
         let named_by_nodes = |p: &str| nodes.values().any(|n| n.inventory.partitions.iter().any(|q| q == p));
         let in_use = |p: &str| jobs.values().any(|j| !j.state.is_final() && j.spec.partition.as_deref().unwrap_or(default.as_str()) == p);
-        match self.policy.edit_partition(edit, named_by_nodes, in_use) {
+        let is_node = |name: &str| nodes.values().any(|n| n.name == name);
+        match self.policy.edit_partition(edit, named_by_nodes, in_use, is_node) {
             Ok(()) => CommandResult::Ok,
             Err(why) => rejected(why),
         }

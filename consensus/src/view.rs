@@ -8,12 +8,22 @@ use scheduler::{ClusterView, NodeView};
 
 use crate::state::ClusterState;
 
-/// Every node with the resources its parts hold marked used.
+/// Every node with the resources its parts hold marked used. When a partition of the policy
+/// lists its nodes, every node's partitions are spelled out (`partitions_of_node`), and a node
+/// in none is not schedulable.
 pub fn node_views(state: &ClusterState) -> BTreeMap<NodeId, NodeView> {
+    let lists = state.policy.lists_nodes();
     let mut views: BTreeMap<NodeId, NodeView> = state
         .nodes
         .values()
-        .map(|n| (n.id, scheduler::node_view(n.id, &n.name, &n.inventory, n.state == NodeState::Up && !n.drained)))
+        .map(|n| {
+            let mut view = scheduler::node_view(n.id, &n.name, &n.inventory, n.state == NodeState::Up && !n.drained);
+            if lists {
+                view.partitions = state.policy.partitions_of_node(&n.name, &n.inventory.partitions);
+                view.schedulable &= !view.partitions.is_empty();
+            }
+            (n.id, view)
+        })
         .collect();
     for part in state.jobs.values().flat_map(|j| j.parts.iter()) {
         if let Some(view) = views.get_mut(&part.alloc.node) {

@@ -216,7 +216,9 @@ pub struct NodeInfo {
     /// GPUs marked unhealthy, with why.
     pub unhealthy_gpus: Vec<(u32, String)>,
     pub cert_fingerprint: String,
-    /// Partitions the node's config names (empty: the default partition).
+    /// Partitions the node is in (its node.toml's, else the default; a partition with `Nodes=`
+    /// in the policy has exactly those): see [`SchedulerPolicy::partitions_of_node`]. Empty:
+    /// in none.
     pub partitions: Vec<String>,
 }
 
@@ -763,6 +765,11 @@ pub struct PartitionDef {
     /// UP, DOWN, DRAIN or INACTIVE (`scontrol update PartitionName=... State=`).
     #[serde(default)]
     pub state: PartitionState,
+    /// `Nodes=`: exactly these nodes (by name) are in the partition, whatever their node.toml
+    /// says. None: the nodes whose node.toml names it (and, for the default partition, those
+    /// that name none).
+    #[serde(default)]
+    pub nodes: Option<Vec<String>>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -798,6 +805,11 @@ impl SchedulerPolicy {
         for p in &self.partitions {
             if p.name.is_empty() || p.name.len() > 64 || !names.insert(p.name.clone()) {
                 return Err(format!("partition names must be unique and 1-64 bytes: '{}'", p.name));
+            }
+            if let Some(nodes) = &p.nodes {
+                if nodes.len() > limits::PARTITION_NODES_MAX || nodes.iter().any(|n| n.is_empty() || n.len() > 64) {
+                    return Err(format!("partition {}: at most {} nodes, each name 1-64 bytes", p.name, limits::PARTITION_NODES_MAX));
+                }
             }
             if let (Some(d), Some(m)) = (p.default_time_limit_ms, p.max_time_limit_ms) {
                 if d > m {

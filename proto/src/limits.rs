@@ -32,3 +32,5 @@ pub const STEP_READ_BYTES_MAX: usize = 1024 * 1024;
 pub const STEP_READ_WAIT_MS_MAX: u32 = 5_000;
 /// Steps of one job alive at once on a node.
 pub const STEPS_PER_JOB_MAX: usize = 512;
+/// Nodes one partition's `Nodes=` list names at most.
+pub const PARTITION_NODES_MAX: usize = 10_000;

@@ -68,6 +68,8 @@ pub struct PartitionChanges {
     pub priority_tier: Option<u32>,
     /// `Default=YES|NO`; YES takes the flag from the partition that had it, as in Slurm.
     pub default: Option<bool>,
+    /// `Nodes=LIST`: exactly these nodes, each one the cluster has.
+    pub nodes: Option<Vec<String>>,
 }
 
 /// One change to the partitions.
@@ -103,6 +105,9 @@ impl PartitionChanges {
         if let Some(d) = self.default {
             def.default = d;
         }
+        if let Some(n) = &self.nodes {
+            def.nodes = Some(n.clone());
+        }
     }
 }
 
@@ -110,15 +115,22 @@ impl SchedulerPolicy {
     /// Applies `edit`, or says why not in Slurm's words and leaves the policy as it was.
     /// `named_by_nodes`: whether some node's `partitions` (node.toml) names a partition, which
     /// makes it exist without a definition (an update then defines it); `in_use`: whether a
-    /// pending or running job is in it (Slurm refuses to delete it then).
+    /// pending or running job is in it (Slurm refuses to delete it then); `is_node`: whether
+    /// the cluster has a node of that name (`Nodes=` may name no other).
     pub fn edit_partition(
         &mut self,
         edit: &PartitionEdit,
         named_by_nodes: impl Fn(&str) -> bool,
         in_use: impl Fn(&str) -> bool,
+        is_node: impl Fn(&str) -> bool,
     ) -> Result<(), String> {
         let mut next = self.clone();
         let name = edit.name();
+        if let PartitionEdit::Create { changes, .. } | PartitionEdit::Update { changes, .. } = edit {
+            if changes.nodes.iter().flatten().any(|n| !is_node(n)) {
+                return Err("Invalid node name specified".into());
+            }
+        }
         let defined = next.partitions.iter().position(|p| p.name == name);
         let implicit = named_by_nodes(name) || name == next.default_partition_name();
         match edit {
@@ -174,6 +186,27 @@ impl SchedulerPolicy {
         self.partitions.iter().find(|p| p.default).map_or(crate::DEFAULT_PARTITION, |p| p.name.as_str())
     }
 
+    /// The partitions node `node` is in, given those its node.toml names (`declared`): each
+    /// declared one (none: the default partition) whose definition has no `Nodes=` list, and
+    /// every partition whose `Nodes=` list names it. Empty: in none.
+    pub fn partitions_of_node(&self, node: &str, declared: &[String]) -> Vec<String> {
+        let default = self.default_partition_name();
+        let listed = |p: &str| self.partitions.iter().find(|d| d.name == p).and_then(|d| d.nodes.as_ref());
+        let base: Vec<&str> = if declared.is_empty() { vec![default] } else { declared.iter().map(String::as_str).collect() };
+        let mut out: Vec<String> = base.into_iter().filter(|p| listed(p).is_none()).map(str::to_string).collect();
+        for def in &self.partitions {
+            if def.nodes.as_ref().is_some_and(|list| list.iter().any(|n| n == node)) && !out.contains(&def.name) {
+                out.push(def.name.clone());
+            }
+        }
+        out
+    }
+
+    /// Whether some partition lists its nodes (else every node's partitions are its node.toml's).
+    pub fn lists_nodes(&self) -> bool {
+        self.partitions.iter().any(|p| p.nodes.is_some())
+    }
+
     /// The state of partition `name` (UP when the policy does not define it).
     pub fn partition_state(&self, name: &str) -> PartitionState {
         self.partitions.iter().find(|p| p.name == name).map_or(PartitionState::Up, |p| p.state)
@@ -193,38 +226,65 @@ mod tests {
         let mut policy = SchedulerPolicy::default();
         let gpu_named = |p: &str| p == "gpu";
         let unused = |_: &str| false;
+        let known = |n: &str| n == "n1" || n == "n2";
         let create = |name: &str, c: PartitionChanges| PartitionEdit::Create { name: name.into(), changes: c };
         let update = |name: &str, c: PartitionChanges| PartitionEdit::Update { name: name.into(), changes: c };
 
         let long = PartitionChanges { max_time_limit_ms: Some(Some(600_000)), default_time_limit_ms: Some(Some(300_000)), ..changes() };
-        assert_eq!(policy.edit_partition(&create("long", long), gpu_named, unused), Ok(()));
+        assert_eq!(policy.edit_partition(&create("long", long), gpu_named, unused, known), Ok(()));
         assert_eq!(policy.partitions[0].max_time_limit_ms, Some(600_000));
         // A name the policy, a node or the default already has.
         for taken in ["long", "gpu", crate::DEFAULT_PARTITION] {
-            assert_eq!(policy.edit_partition(&create(taken, changes()), gpu_named, unused), Err("Invalid partition name specified".into()));
+            assert_eq!(
+                policy.edit_partition(&create(taken, changes()), gpu_named, unused, known),
+                Err("Invalid partition name specified".into())
+            );
         }
         // Updating a partition only node.toml names defines it.
         let down = PartitionChanges { state: Some(PartitionState::Down), ..changes() };
-        assert_eq!(policy.edit_partition(&update("gpu", down.clone()), gpu_named, unused), Ok(()));
+        assert_eq!(policy.edit_partition(&update("gpu", down.clone()), gpu_named, unused, known), Ok(()));
         assert_eq!(policy.partition_state("gpu"), PartitionState::Down);
-        assert_eq!(policy.edit_partition(&update("nope", down), gpu_named, unused), Err("Invalid partition name specified".into()));
+        assert_eq!(policy.edit_partition(&update("nope", down), gpu_named, unused, known), Err("Invalid partition name specified".into()));
         // Default=YES moves the flag.
         let default = PartitionChanges { default: Some(true), ..changes() };
-        assert_eq!(policy.edit_partition(&update("long", default.clone()), gpu_named, unused), Ok(()));
+        assert_eq!(policy.edit_partition(&update("long", default.clone()), gpu_named, unused, known), Ok(()));
         assert_eq!(policy.default_partition_name(), "long");
-        assert_eq!(policy.edit_partition(&update("gpu", default), gpu_named, unused), Ok(()));
+        assert_eq!(policy.edit_partition(&update("gpu", default), gpu_named, unused, known), Ok(()));
         assert_eq!(policy.default_partition_name(), "gpu");
         assert_eq!(policy.partitions.iter().filter(|p| p.default).count(), 1);
         // A default time above the maximum is refused whole.
         let before = policy.clone();
         let bad = PartitionChanges { default_time_limit_ms: Some(Some(3_600_000)), ..changes() };
-        assert!(policy.edit_partition(&update("long", bad), gpu_named, unused).is_err());
+        assert!(policy.edit_partition(&update("long", bad), gpu_named, unused, known).is_err());
         assert_eq!(policy, before);
         // Delete: refused while in use, and for what the policy does not define.
         let delete = PartitionEdit::Delete { name: "long".into() };
-        assert_eq!(policy.edit_partition(&delete, gpu_named, |p| p == "long"), Err("Partition is in use".into()));
-        assert_eq!(policy.edit_partition(&delete, gpu_named, unused), Ok(()));
-        assert_eq!(policy.edit_partition(&delete, gpu_named, unused), Err("Invalid partition name specified".into()));
+        assert_eq!(policy.edit_partition(&delete, gpu_named, |p| p == "long", known), Err("Partition is in use".into()));
+        assert_eq!(policy.edit_partition(&delete, gpu_named, unused, known), Ok(()));
+        assert_eq!(policy.edit_partition(&delete, gpu_named, unused, known), Err("Invalid partition name specified".into()));
+    }
+
+    #[test]
+    fn a_nodes_list_decides_its_partition_alone() {
+        let mut policy = SchedulerPolicy::default();
+        let known = |n: &str| n == "n1" || n == "n2";
+        let edit = |policy: &mut SchedulerPolicy, e: PartitionEdit| policy.edit_partition(&e, |p| p == "gpu", |_| false, known);
+        let gpu = vec!["gpu".to_string()];
+        // Without lists: node.toml's partitions, else the default.
+        assert_eq!(policy.partitions_of_node("n1", &gpu), gpu);
+        assert_eq!(policy.partitions_of_node("n2", &[]), vec![crate::DEFAULT_PARTITION.to_string()]);
+        let list = |nodes: &[&str]| PartitionChanges { nodes: Some(nodes.iter().map(|n| n.to_string()).collect()), ..Default::default() };
+        assert_eq!(
+            edit(&mut policy, PartitionEdit::Create { name: "big".into(), changes: list(&["n1", "n9"]) }),
+            Err("Invalid node name specified".into())
+        );
+        assert_eq!(edit(&mut policy, PartitionEdit::Create { name: "big".into(), changes: list(&["n2"]) }), Ok(()));
+        assert_eq!(policy.partitions_of_node("n2", &[]), vec![crate::DEFAULT_PARTITION.to_string(), "big".to_string()]);
+        // A list on `gpu` takes n1 out though its node.toml names it; n1 is then in none.
+        assert_eq!(edit(&mut policy, PartitionEdit::Update { name: "gpu".into(), changes: list(&["n2"]) }), Ok(()));
+        assert!(policy.partitions_of_node("n1", &gpu).is_empty());
+        assert_eq!(policy.partitions_of_node("n2", &gpu), vec!["big".to_string(), "gpu".to_string()]);
+        assert!(policy.lists_nodes());
     }
 
     #[test]

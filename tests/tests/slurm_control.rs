@@ -163,8 +163,8 @@ fn scontrol_requeue_runs_finished_batch_jobs_again() {
 }
 
 /// `scontrol create|update|delete PartitionName=` through the log, with Slurm 22.05's answers
-/// (checked on `../shared/peers/slurm`): DOWN keeps jobs pending as `PartitionDown`, DRAIN
-/// refuses submissions, and a partition in use is not deleted.
+/// (checked on `../shared/peers/slurm`): `Nodes=` decides membership, DOWN keeps jobs pending as
+/// `PartitionDown`, DRAIN refuses submissions, and a partition in use is not deleted.
 #[test]
 fn scontrol_creates_updates_and_deletes_partitions() {
     let c = TestCluster::up(&["--nodes", "1", "--voters-max", "1", "--gpus", "h100:1"]);
@@ -183,8 +183,17 @@ fn scontrol_creates_updates_and_deletes_partitions() {
         assert!(shown.contains(field), "{field} in {shown}");
     }
     assert_eq!(scontrol(&["create", "PartitionName=gpu"]).2, "Error creating the partition: Invalid partition name specified");
-    let (code, _, err) = scontrol(&["update", "PartitionName=gpu", "Nodes=n1"]);
-    assert!(code == Some(1) && err.contains("Update of this parameter is not supported: Nodes=n1"), "{err}");
+    // Nodes= names the partition's nodes, whatever their node.toml says.
+    assert_eq!(scontrol(&["update", "PartitionName=short", "Nodes=n[1,9]"]).2, "slurm_update error: Invalid node name specified");
+    ok(&["create", "PartitionName=solo", "Nodes=n1"]);
+    assert!(scontrol(&["show", "partition", "solo"]).1.contains("   Nodes=n1\n"));
+    assert!(scontrol(&["show", "node", "n1"]).1.contains("solo"));
+    let out = shim(&c, "sbatch", &["--parsable", "-p", "solo", "--wrap", "true"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let solo: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("job id");
+    assert_eq!(c.wait_final(solo, Duration::from_secs(30))["state"], "COMPLETED");
+    ok(&["delete", "PartitionName=solo"]);
+    assert!(!scontrol(&["show", "node", "n1"]).1.contains("solo"));
     let (code, _, err) = scontrol(&["update", "PartitionName=gpu", "State=BOGUS"]);
     assert!(code == Some(1) && err.contains("Acceptable State values are UP, DOWN, DRAIN and INACTIVE"), "{err}");
 

@@ -138,7 +138,7 @@ pub fn node_text(n: &NodeInfo) -> String {
     out.push_str(&format!("   Gres={}\n", sinfo::gres_text(n)));
     out.push_str(&format!("   NodeAddr={} NodeHostName={}\n", n.addr, n.name));
     out.push_str(&format!("   State={state}\n"));
-    out.push_str(&format!("   Partitions={}\n", sinfo::partitions_of(n, DEFAULT_PARTITION).join(",")));
+    out.push_str(&format!("   Partitions={}\n", sinfo::partitions_of(n).join(",")));
     out.push_str(&format!("   CfgTRES=gres/gpu={}\n", n.gpus_total));
     out.push_str(&format!("   AllocTRES={}\n", if used > 0 { format!("gres/gpu={used}") } else { String::new() }));
     out.push_str(&format!("   CorralRole={}\n", n.role.as_str()));
@@ -157,7 +157,7 @@ pub fn partitions_text(nodes: &[NodeInfo], parts: &sinfo::Partitions, name: Opti
         members.entry(p.clone()).or_default();
     }
     for n in nodes {
-        for p in sinfo::partitions_of(n, parts.default_name()) {
+        for p in sinfo::partitions_of(n) {
             members.entry(p).or_default().push(n);
         }
     }
@@ -256,8 +256,9 @@ fn names_partition(args: &[String]) -> bool {
     args.iter().any(|kv| kv.split_once('=').is_some_and(|(k, _)| k.eq_ignore_ascii_case("partitionname")))
 }
 
-/// `create|update PartitionName=NAME [State=] [MaxTime=] [DefaultTime=] [PriorityTier=]
-/// [Default=YES|NO]` and `delete PartitionName=NAME`, refusing what Corral cannot do.
+/// `create|update PartitionName=NAME [Nodes=LIST] [State=] [MaxTime=] [DefaultTime=]
+/// [PriorityTier=] [Default=YES|NO]` and `delete PartitionName=NAME`, refusing what Corral
+/// cannot do.
 fn parse_partition_edit(verb: &str, args: &[String]) -> Result<Command, SlurmError> {
     let mut name = None;
     let mut changes = proto::PartitionChanges::default();
@@ -297,13 +298,10 @@ fn parse_partition_edit(verb: &str, args: &[String]) -> Result<Command, SlurmErr
                 changes.default = Some(yes);
             }
             "nodes" => {
-                return Err(SlurmError::fatal(
-                    PROG,
-                    format!(
-                        "Update of this parameter is not supported: {kv}: a partition's nodes are those whose node.toml \
-                         names it (partitions = [...]), and nodes that name none are in the default partition"
-                    ),
-                ))
+                if v.eq_ignore_ascii_case("all") {
+                    return Err(SlurmError::fatal(PROG, format!("{kv} is not supported: list the nodes (Nodes=gpu[01-16])")));
+                }
+                changes.nodes = Some(hostlist::expand(v).map_err(|e| SlurmError::fatal(PROG, e))?);
             }
             _ => return Err(SlurmError::fatal(PROG, format!("Update of this parameter is not supported: {kv}"))),
         }

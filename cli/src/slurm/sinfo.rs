@@ -70,13 +70,10 @@ pub fn gres_text(n: &NodeInfo) -> String {
     }
 }
 
-/// The partitions a node is in: those its node.toml names, else the default one.
-pub(crate) fn partitions_of(n: &NodeInfo, default: &str) -> Vec<String> {
-    if n.partitions.is_empty() {
-        vec![default.to_string()]
-    } else {
-        n.partitions.clone()
-    }
+/// The partitions a node is in, as the cluster lists them (`NodeInfo::partitions`: the
+/// default one spelled out; empty, in none).
+pub(crate) fn partitions_of(n: &NodeInfo) -> Vec<String> {
+    n.partitions.clone()
 }
 
 /// What the replicated policy says of partitions: which is the default, and time limits.
@@ -231,7 +228,7 @@ pub fn table_with(nodes: &[NodeInfo], parts: &Partitions, format: &str, header: 
         if filter.with_reason && n.state == NodeState::Up {
             continue;
         }
-        for p in partitions_of(n, parts.default_name()) {
+        for p in partitions_of(n) {
             if !filter.partitions.is_empty() && !filter.partitions.contains(&p) {
                 continue;
             }

@@ -765,7 +765,8 @@ fn node(id: u64, name: &str, state: NodeState, total: u32, free: u32) -> NodeInf
         reason: None,
         unhealthy_gpus: vec![],
         cert_fingerprint: String::new(),
-        partitions: vec![],
+        // As the cluster sends it: a node that names no partition is in the default one.
+        partitions: vec![proto::DEFAULT_PARTITION.into()],
     }
 }
 
@@ -826,6 +827,10 @@ fn sinfo_partitions_and_nodes() {
         ],
         qos: vec![],
     };
+    for n in &mut nodes[..2] {
+        // Naming none, they are in the policy's default, as the cluster lists them.
+        n.partitions = policy.partitions_of_node(&n.name, &[]);
+    }
     let parts = sinfo::Partitions::from_policy(&policy);
     assert_eq!(
         sinfo::table_with(&nodes, &parts, sinfo::DEFAULT_FORMAT, true, false, &sinfo::Filter::default()),
@@ -1162,7 +1167,7 @@ fn scontrol_show_partition_lists_what_nodes_and_the_policy_define() {
     a.partitions = vec!["batch".into(), "gpu".into()];
     let mut b = node(2, "gpu02", NodeState::Up, 8, 8);
     b.partitions = vec!["gpu".into()];
-    let plain = node(3, "cpu01", NodeState::Up, 0, 0);
+    let mut plain = node(3, "cpu01", NodeState::Up, 0, 0);
     let policy = proto::SchedulerPolicy {
         partitions: vec![
             proto::PartitionDef { name: "batch".into(), default: true, max_time_limit_ms: Some(2 * 86_400_000), ..Default::default() },
@@ -1170,6 +1175,7 @@ fn scontrol_show_partition_lists_what_nodes_and_the_policy_define() {
         ],
         ..Default::default()
     };
+    plain.partitions = policy.partitions_of_node("cpu01", &[]);
     let parts = sinfo::Partitions::from_policy(&policy);
     let nodes = [a, b, plain];
     let all = scontrol::partitions_text(&nodes, &parts, None).expect("all");

@@ -484,7 +484,7 @@ impl Node {
                         memory_alloc_mib,
                         reason: n.state_reason.clone(),
                         cert_fingerprint: n.cert_fingerprint.clone(),
-                        partitions: n.inventory.partitions.clone(),
+                        partitions: s.policy.partitions_of_node(&n.name, &n.inventory.partitions),
                     }
                 })
                 .collect()
