@@ -791,6 +791,12 @@ impl Agent {
         Ok(Reply::Ok)
     }
 
+    /// Whether `job`'s batch script (or its command, without one) runs here: where its steps are
+    /// numbered.
+    pub fn runs_script_of(&self, job: JobId) -> bool {
+        lock(&self.running).get(&job).is_some_and(|r| !r.hold)
+    }
+
     /// Numbers a new step of `job`, which must run here (the batch script's node asks), for
     /// `user` (none: an admin or a node): its run and number, the run's nodes and the job's port.
     pub fn number_step(&self, job: JobId, user: Option<&str>) -> Result<NumberedStep, ApiError> {

@@ -160,6 +160,60 @@ fn srun_outside_an_allocation_gets_one_and_runs_the_step_in_it() {
     assert!(stderr.contains("task 3: Exited with exit code 3"), "{stderr}");
 }
 
+const WAITING: &str = r#"#!/bin/sh
+#SBATCH -N 2
+#SBATCH --ntasks-per-node=2
+while [ ! -e stop ]; do sleep 0.2; done
+"#;
+
+/// `srun --jobid=ID` from outside the allocation: a step of a running 2-node batch job, started
+/// through whichever node the client reaches (the job's first node numbers it), with the
+/// allocation's tasks and output; a finished job's allocation takes no step.
+#[test]
+fn srun_jobid_runs_a_step_in_a_running_allocation_from_outside() {
+    let c = TestCluster::up(&["--nodes", "2"]);
+    let id = sbatch(&c, "waiting.sh", WAITING);
+    wait_until("the job to run", Duration::from_secs(30), || c.job(id)["state"] == "RUNNING");
+    let jobid = format!("--jobid={id}");
+    let cmd = "echo out $SLURM_JOB_ID $SLURM_PROCID $SLURMD_NODENAME $SLURM_STEP_ID $SLURM_NTASKS";
+    // Through each node in turn: the job's first node starts the step itself, the other passes
+    // it there.
+    let nodes = c.json(&["nodes"]);
+    let addrs: Vec<String> = nodes.as_array().expect("nodes").iter().map(|n| n["addr"].as_str().expect("addr").to_string()).collect();
+    assert_eq!(addrs.len(), 2, "{nodes}");
+    for (step, addr) in addrs.iter().enumerate() {
+        let out = c.shim("srun", &[&jobid, "-l", "sh", "-c", cmd], &[("CORRAL_SERVER", addr)]);
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}\n{}", c.logs());
+        let mut lines: Vec<Vec<&str>> = stdout.lines().map(|l| l.split_whitespace().collect()).collect();
+        lines.sort();
+        assert_eq!(lines.len(), 4, "{stdout}");
+        for (rank, words) in lines.iter().enumerate() {
+            let want = [format!("{rank}:"), "out".into(), id.to_string(), rank.to_string()];
+            assert_eq!(words[..4], want.iter().map(String::as_str).collect::<Vec<_>>()[..], "{stdout}");
+            assert_eq!((words[5], words[6]), (step.to_string().as_str(), "4"), "step {step} of 4 tasks: {stdout}");
+        }
+        assert_eq!(lines[0][4], lines[1][4]);
+        assert_ne!(lines[0][4], lines[2][4], "both nodes: {stdout}");
+    }
+    std::fs::write(c.work.join("stop"), "").expect("write stop");
+    assert_eq!(c.wait_final(id, Duration::from_secs(30))["state"], "COMPLETED");
+    // Refusals as Slurm 22.05 prints them.
+    let check = |job: u64| format!("srun: Check SLURM_JOB_ID environment variable. Expired or invalid job {job}");
+    let out = c.shim("srun", &[&jobid, "true"], &[]);
+    assert_eq!(
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).trim().to_string()),
+        (Some(1), format!("srun: error: Slurm job {id} has expired\n{}", check(id)))
+    );
+    let out = c.shim("sbatch", &["--parsable", "--hold", "--wrap", "true"], &[]);
+    let held: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("sbatch printed a job id");
+    let out = c.shim("srun", &[&format!("--jobid={held}"), "true"], &[]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        format!("srun: error: Unable to confirm allocation for job {held}: Job is pending execution\n{}", check(held))
+    );
+}
+
 const SIGNALLED: &str = r#"#!/bin/sh
 #SBATCH -N 2
 srun -N2 sh -c 'trap "echo usr1 on $SLURM_PROCID" USR1; touch r.$SLURM_PROCID; while [ ! -e stop ]; do sleep 0.2; done'

@@ -19,7 +19,6 @@ const LONG_FUNCTIONS: &[&str] = &[
     "cli/src/slurm/scancel.rs::run",
     "cli/src/slurm/srun.rs::plan_step",
     "cli/src/slurm/srun.rs::run_as_job",
-    "cli/src/slurm/srun.rs::run_step",
     "compat/src/env.rs::slurm_env",
     "node/src/launcher.rs::prepare",
     "node/src/shepherd.rs::run_trusting",

@@ -511,10 +511,53 @@ fn write_to(is_err: bool, data: &[u8]) {
 /// Inside a batch job: has the agents of the job's nodes start the step, prints its output,
 /// passes SIGINT/SIGTERM on to every task, and returns the worst exit status.
 fn run_step(p: &Parsed, env: &BTreeMap<String, String>) -> Result<i32, SlurmError> {
+    let socket =
+        env.get("CORRAL_SOCKET").ok_or_else(|| SlurmError::fatal(PROG, "CORRAL_SOCKET is not set: no local corrald to start the step"))?;
+    run_step_through(p, env, crate::client::Cluster::local(std::path::Path::new(socket)))
+}
+
+/// `srun --jobid=ID`: a step in job ID's allocation from anywhere (outside it, or inside
+/// another): the allocation's variables are read from the cluster, and any node passes the
+/// step to the job's first node, which numbers and starts it.
+fn run_step_in_job(p: &Parsed) -> Result<i32, SlurmError> {
+    let fatal = |m: String| SlurmError::fatal(PROG, m);
+    let text = p.last("jobid").unwrap_or_default();
+    let id: proto::JobId = text.split('.').next().and_then(|j| j.parse().ok()).ok_or_else(|| fatal(format!("Invalid job id: {text}")))?;
+    let cluster = super::connect(PROG)?;
+    let (jobs, nodes) = super::block_on(PROG, async {
+        let query = proto::JobQuery { ids: vec![id], live: true, finished: true, ..Default::default() };
+        Ok::<_, SlurmError>((super::query_jobs(PROG, &cluster, query).await?, super::list_nodes(PROG, &cluster).await?))
+    })??;
+    // Slurm 22.05's words (checked on ../shared/peers/slurm).
+    let refused = |why: String| SlurmError {
+        text: format!("{PROG}: error: {why}\n{PROG}: Check SLURM_JOB_ID environment variable. Expired or invalid job {id}"),
+        code: 1,
+    };
+    let job = jobs
+        .iter()
+        .find(|j| j.id == id)
+        .ok_or_else(|| refused(format!("Unable to confirm allocation for job {id}: Invalid job id specified")))?;
+    match job.state {
+        proto::JobState::Running => {}
+        proto::JobState::Pending => return Err(refused(format!("Unable to confirm allocation for job {id}: Job is pending execution"))),
+        _ => return Err(refused(format!("Slurm job {id} has expired"))),
+    }
+    let names = super::job_node_names(job, &super::node_names(&nodes));
+    let per_node = slurm_compat::env::tasks_per_node(&job.spec, names.len());
+    let mut env = BTreeMap::new();
+    env.insert("SLURM_JOB_ID".to_string(), id.to_string());
+    env.insert("SLURM_JOB_NODELIST".to_string(), hostlist::compress(&names));
+    env.insert("SLURM_NTASKS".to_string(), per_node.iter().sum::<u32>().to_string());
+    env.insert("SLURM_NTASKS_PER_NODE".to_string(), job.spec.ntasks_per_node.to_string());
+    run_step_through(p, &env, cluster)
+}
+
+/// Starts a step of the allocation `env` describes through `cluster` (the node's socket inside
+/// a batch script, any node for `--jobid`), prints its tasks' output and returns its exit code.
+fn run_step_through(p: &Parsed, env: &BTreeMap<String, String>, cluster: crate::client::Cluster) -> Result<i32, SlurmError> {
     let fatal = |m: String| SlurmError::fatal(PROG, m);
     let job: proto::JobId =
         env.get("SLURM_JOB_ID").and_then(|j| j.parse().ok()).ok_or_else(|| fatal("SLURM_JOB_ID is not a job id".into()))?;
-    let socket = env.get("CORRAL_SOCKET").ok_or_else(|| fatal("CORRAL_SOCKET is not set: no local corrald to start the step".into()))?;
     let mut caller_env: BTreeMap<String, String> = std::env::vars().collect();
     caller_env.insert("SLURM_UMASK".into(), format!("{:04o}", current_umask()));
     let cwd = std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_else(|_| "/".into());
@@ -525,42 +568,10 @@ fn run_step(p: &Parsed, env: &BTreeMap<String, String>) -> Result<i32, SlurmErro
     let tasks: usize = spec.nodes.iter().map(|n| n.ranks.len()).sum();
     let mut printer = Printer { label: p.has("label"), width: tasks.saturating_sub(1).to_string().len(), partial: BTreeMap::new() };
     super::block_on(PROG, async move {
-        let cluster = std::sync::Arc::new(crate::client::Cluster::local(std::path::Path::new(socket)));
-        // The node's daemon may be handing its runs over to the next one (a rolling upgrade):
-        // it is back within seconds, so unreachable and unavailable are retried for a while.
-        let mut tries = 0u32;
-        let reply = loop {
-            match cluster.call(Request::StepLaunch { job, spec: spec.clone() }).await {
-                Ok(Err(proto::ApiError::Unavailable(_))) | Err(_) if tries < STEP_READ_FAILURES_MAX => {
-                    tries += 1;
-                    tokio::time::sleep(Duration::from_millis(STEP_RETRY_MS)).await;
-                }
-                Ok(r) => break r,
-                Err(e) => return Err(fatal(format!("Unable to create step for job {job}: {e:#}"))),
-            }
-        };
-        let step = match reply {
-            Ok(Reply::StepLaunched { step, .. }) => step,
-            Ok(other) => return Err(fatal(format!("unexpected reply {other:?}"))),
-            Err(e) => return Err(fatal(format!("Unable to create step for job {job}: {e}"))),
-        };
-        let signal = |sig: i32| {
-            let cluster = std::sync::Arc::clone(&cluster);
-            let nodes = nodes.clone();
-            async move {
-                for node in nodes {
-                    if let Ok(Err(e)) = cluster.call(Request::StepSignal { job, step, node: node.clone(), signal: sig }).await {
-                        if !matches!(e, proto::ApiError::NotFound(_)) {
-                            eprintln!("{PROG}: error: {node}: signal step {job}.{step}: {e}");
-                        }
-                    }
-                }
-            }
-        };
-        let mut sigint =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).map_err(|e| fatal(format!("handle SIGINT: {e}")))?;
-        let mut sigterm =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| fatal(format!("handle SIGTERM: {e}")))?;
+        let cluster = std::sync::Arc::new(cluster);
+        let step = launch_step(&cluster, job, spec).await?;
+        let signal = |sig: i32| signal_step(&cluster, job, step, &nodes, sig);
+        let (mut sigint, mut sigterm) = interrupts()?;
         // Per node: offset, exits seen (by rank), done.
         let mut cursors: BTreeMap<String, (u64, BTreeMap<u32, proto::TaskExit>, bool)> =
             nodes.iter().map(|n| (n.clone(), (0, BTreeMap::new(), false))).collect();
@@ -581,12 +592,7 @@ fn run_step(p: &Parsed, env: &BTreeMap<String, String>) -> Result<i32, SlurmErro
         let mut failures = 0u32;
         let mut lost = false;
         while !reads.is_empty() {
-            let kill_wait = async {
-                match kill_at {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            };
+            let kill_wait = sleep_until_or_never(kill_at);
             let joined = tokio::select! {
                 j = reads.join_next() => j,
                 _ = sigint.recv() => { signal(libc::SIGINT).await; continue; }
@@ -607,22 +613,12 @@ fn run_step(p: &Parsed, env: &BTreeMap<String, String>) -> Result<i32, SlurmErro
                         printer.print(c);
                     }
                     cursor.0 = next_offset;
-                    for e in exits {
-                        if cursor.1.insert(e.rank, e).is_none() && e.status() != 0 {
-                            if !quiet {
-                                match e.signal {
-                                    Some(s) => eprintln!("{PROG}: error: {node}: task {}: {}", e.rank, signal_words(s)),
-                                    None => eprintln!("{PROG}: error: {node}: task {}: Exited with exit code {}", e.rank, e.status()),
-                                }
-                            }
-                            if kill_on_bad_exit && !killed {
-                                // As Slurm: SIGTERM to every task now, SIGKILL after KillWait.
-                                killed = true;
-                                eprintln!("{PROG}: launch/slurm: _step_signal: Terminating StepId={job}.{step}");
-                                signal(libc::SIGTERM).await;
-                                kill_at = Some(tokio::time::Instant::now() + Duration::from_millis(STEP_KILL_WAIT_MS));
-                            }
-                        }
+                    if note_exits(&mut cursor.1, exits, &node, quiet) && kill_on_bad_exit && !killed {
+                        // As Slurm: SIGTERM to every task now, SIGKILL after KillWait.
+                        killed = true;
+                        eprintln!("{PROG}: launch/slurm: _step_signal: Terminating StepId={job}.{step}");
+                        signal(libc::SIGTERM).await;
+                        kill_at = Some(tokio::time::Instant::now() + Duration::from_millis(STEP_KILL_WAIT_MS));
                     }
                     cursor.2 = done;
                 }
@@ -659,6 +655,75 @@ fn run_step(p: &Parsed, env: &BTreeMap<String, String>) -> Result<i32, SlurmErro
         let worst = cursors.values().flat_map(|c| c.1.values().map(proto::TaskExit::status)).max().unwrap_or(0);
         Ok(if lost { worst.max(1) } else { worst })
     })?
+}
+
+/// Sleeps until `at`, or for ever without one.
+async fn sleep_until_or_never(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// SIGINT and SIGTERM to this process, as streams (srun passes them on to the step's tasks).
+fn interrupts() -> Result<(tokio::signal::unix::Signal, tokio::signal::unix::Signal), SlurmError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let sigint = signal(SignalKind::interrupt()).map_err(|e| SlurmError::fatal(PROG, format!("handle SIGINT: {e}")))?;
+    let sigterm = signal(SignalKind::terminate()).map_err(|e| SlurmError::fatal(PROG, format!("handle SIGTERM: {e}")))?;
+    Ok((sigint, sigterm))
+}
+
+/// Asks the cluster to start step `spec` of `job`: its number. The node's daemon may be handing
+/// its runs over to the next one (a rolling upgrade): it is back within seconds, so unreachable
+/// and unavailable are retried for a while.
+async fn launch_step(cluster: &crate::client::Cluster, job: proto::JobId, spec: proto::StepSpec) -> Result<u32, SlurmError> {
+    let fatal = |m: String| SlurmError::fatal(PROG, m);
+    let mut tries = 0u32;
+    let reply = loop {
+        match cluster.call(Request::StepLaunch { job, spec: spec.clone() }).await {
+            Ok(Err(proto::ApiError::Unavailable(_))) | Err(_) if tries < STEP_READ_FAILURES_MAX => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(STEP_RETRY_MS)).await;
+            }
+            Ok(r) => break r,
+            Err(e) => return Err(fatal(format!("Unable to create step for job {job}: {e:#}"))),
+        }
+    };
+    match reply {
+        Ok(Reply::StepLaunched { step, .. }) => Ok(step),
+        Ok(other) => Err(fatal(format!("unexpected reply {other:?}"))),
+        Err(e) => Err(fatal(format!("Unable to create step for job {job}: {e}"))),
+    }
+}
+
+/// Sends `signal` to step `job.step`'s tasks on each of `nodes`; a node where it has ended
+/// already is not an error.
+async fn signal_step(cluster: &crate::client::Cluster, job: proto::JobId, step: u32, nodes: &[String], signal: i32) {
+    for node in nodes {
+        if let Ok(Err(e)) = cluster.call(Request::StepSignal { job, step, node: node.clone(), signal }).await {
+            if !matches!(e, proto::ApiError::NotFound(_)) {
+                eprintln!("{PROG}: error: {node}: signal step {job}.{step}: {e}");
+            }
+        }
+    }
+}
+
+/// Records `exits` of `node`'s tasks in `seen` and reports each new bad one as Slurm does
+/// (unless `quiet`): whether there was one.
+fn note_exits(seen: &mut BTreeMap<u32, proto::TaskExit>, exits: Vec<proto::TaskExit>, node: &str, quiet: bool) -> bool {
+    let mut bad = false;
+    for e in exits {
+        if seen.insert(e.rank, e).is_none() && e.status() != 0 {
+            bad = true;
+            if !quiet {
+                match e.signal {
+                    Some(s) => eprintln!("{PROG}: error: {node}: task {}: {}", e.rank, signal_words(s)),
+                    None => eprintln!("{PROG}: error: {node}: task {}: Exited with exit code {}", e.rank, e.status()),
+                }
+            }
+        }
+    }
+    bad
 }
 
 /// This process's file mode creation mask (Slurm passes it to the tasks as `SLURM_UMASK`).
@@ -822,14 +887,14 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
         return Err(SlurmError::fatal(PROG, "--pty is not supported yet"));
     }
     let env = super::allocation_env(&std::env::vars().collect());
-    if env.get("SLURM_JOB_ID").is_some_and(|j| !j.is_empty()) && !p.has("jobid") {
+    if p.has("jobid") {
+        run_step_in_job(&p)
+    } else if env.get("SLURM_JOB_ID").is_some_and(|j| !j.is_empty()) {
         if std::env::var(slurm_compat::env::BATCH_ENV).is_ok_and(|v| v == "1") {
             run_step(&p, &env)
         } else {
             run_local_step(&p, &env)
         }
-    } else if p.has("jobid") {
-        Err(SlurmError::fatal(PROG, "--jobid (a step in another job's allocation) is not supported yet"))
     } else {
         run_as_job(&p)
     }

@@ -134,6 +134,16 @@ impl Node {
             Request::SignalPart { job, run, signal, batch_only } => self.agent.signal(job, run, signal, batch_only),
             Request::Logs { job, stream, offset, max_bytes } => self.logs(hops, job, stream, offset, max_bytes, user).await,
             Request::Enroll { secret, name, csr_pem } => self.enroll(&secret, &name, &csr_pem),
+            Request::StepLaunch { job, spec } if !self.agent.runs_script_of(job) => {
+                // `srun --jobid` from another node: the job's first node numbers and starts it.
+                let first = self.state.read(|s| {
+                    let j = s.jobs.get(&job).filter(|j| j.state == JobState::Running)?;
+                    s.nodes.get(j.run_nodes().first()?).map(|n| n.name.clone())
+                });
+                let first = first.ok_or_else(|| ApiError::NotFound(format!("job {job} is not running")))?;
+                let timeout = PEER_CALL_TIMEOUT + Duration::from_millis(STEP_START_PATIENCE_MS);
+                self.to_run_node(hops, job, &first, Request::StepLaunch { job, spec }, user, timeout).await
+            }
             Request::StepLaunch { job, spec } => self.launch_step(job, spec, user).await,
             Request::StepStart { job, run, step, spec } => self.agent.start_step(job, run, step, &spec, user.as_deref()).await,
             Request::StepRead { job, step, node, offset, exits_seen, wait_ms } => {
@@ -293,10 +303,13 @@ impl Node {
         if hops >= FORWARD_HOPS_MAX {
             return Err(ApiError::Unavailable(format!("gave up after {hops} forwards")));
         }
+        // A node of the run knows its peers; any other (a step started by `srun --jobid` from
+        // outside the allocation) reads the address from the replicated state.
         let addr = self
             .agent
             .run_node_addr(job, name)
-            .ok_or_else(|| ApiError::NotFound(format!("node {name} in job {job}'s run on this node")))?;
+            .or_else(|| self.state.read(|s| s.node_by_name(name).map(|n| n.addr.clone())))
+            .ok_or_else(|| ApiError::NotFound(format!("node {name} in job {job}'s run")))?;
         let env = Envelope { hops: hops + 1, request, user };
         self.client.call(&addr, &env, timeout).await.unwrap_or_else(|e| Err(ApiError::Unavailable(format!("reach {name} at {addr}: {e}"))))
     }
