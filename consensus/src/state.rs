@@ -854,7 +854,7 @@ impl ClusterState {
     /// associations.
     pub fn undefined_in_submission(&self, spec: &JobSpec) -> Option<String> {
         if let Some(p) = spec.partition.as_deref() {
-            let default = self.policy.partitions.iter().find(|d| d.default).map_or(proto::DEFAULT_PARTITION, |d| d.name.as_str());
+            let default = self.policy.default_partition_name();
             let known = p == default
                 || self.policy.partitions.iter().any(|d| d.name == p)
                 || self.nodes.values().any(|n| n.inventory.partitions.iter().any(|q| q == p));

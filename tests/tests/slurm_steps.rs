@@ -25,6 +25,13 @@ fn lines_with(out: &str, prefix: &str) -> Vec<String> {
     v
 }
 
+/// The words of each line of `out`, lines sorted (tasks print in any order).
+fn sorted_words(out: &str) -> Vec<Vec<&str>> {
+    let mut lines: Vec<Vec<&str>> = out.lines().map(|l| l.split_whitespace().collect()).collect();
+    lines.sort();
+    lines
+}
+
 const STEPS: &str = r#"#!/bin/sh
 #SBATCH -N 2
 #SBATCH --ntasks-per-node=2
@@ -141,8 +148,7 @@ fn srun_outside_an_allocation_gets_one_and_runs_the_step_in_it() {
     let out = c.shim("srun", &["-N2", "--ntasks-per-node=2", "-l", "sh", "-c", cmd], &[]);
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert_eq!(out.status.code(), Some(3), "the worst task's exit code:\n{stdout}\n{stderr}\n{}", c.logs());
-    let mut lines: Vec<Vec<&str>> = stdout.lines().map(|l| l.split_whitespace().collect()).collect();
-    lines.sort();
+    let lines = sorted_words(&stdout);
     assert_eq!(lines.len(), 4, "{stdout}");
     for (rank, words) in lines.iter().enumerate() {
         assert_eq!(
@@ -185,8 +191,7 @@ fn srun_jobid_runs_a_step_in_a_running_allocation_from_outside() {
         let out = c.shim("srun", &[&jobid, "-l", "sh", "-c", cmd], &[("CORRAL_SERVER", addr)]);
         let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}\n{}", c.logs());
-        let mut lines: Vec<Vec<&str>> = stdout.lines().map(|l| l.split_whitespace().collect()).collect();
-        lines.sort();
+        let lines = sorted_words(&stdout);
         assert_eq!(lines.len(), 4, "{stdout}");
         for (rank, words) in lines.iter().enumerate() {
             let want = [format!("{rank}:"), "out".into(), id.to_string(), rank.to_string()];
