@@ -9,6 +9,7 @@ pub mod bench_jobs;
 pub mod bench_nodes;
 pub mod client;
 pub mod cluster_admin;
+pub mod commands;
 pub mod demo;
 pub mod dev;
 pub mod nccl;
