@@ -57,16 +57,12 @@ enum Cmd {
         /// Leave out pauses of corrald (SIGSTOP while its jobs keep running).
         #[arg(long)]
         no_pause: bool,
-        /// Model nodes without the watchdog process: a paused corrald's jobs run on. For
-        /// reproducing the gap the watchdog closes.
-        #[arg(long)]
-        old_no_watchdog: bool,
         /// Print the trace of the first failing run.
         #[arg(long)]
         trace: bool,
         /// Plant a bug in one of the product's decisions (it wraps the real function) to see the
         /// simulator catch it: stop-unstarted, launch-when-out-of-touch, stale-launch,
-        /// stop-dead-instance.
+        /// stop-dead-instance, watchdog-never-kills.
         #[arg(long, value_parser = parse_mutation)]
         mutate: Option<sim::Mutation>,
     },
@@ -102,16 +98,11 @@ fn main() -> ExitCode {
                 Ok(false)
             }
         })(),
-        Cmd::Sim { runs, seed, fault_phase_s, no_pause, old_no_watchdog, trace, mutate } => {
+        Cmd::Sim { runs, seed, fault_phase_s, no_pause, trace, mutate } => {
             {
                 let seed = seed.unwrap_or_else(time_seed);
-                let cfg = SimConfig {
-                    fault_phase_ms: fault_phase_s * 1000,
-                    pause_faults: !no_pause,
-                    watchdog: !old_no_watchdog,
-                    mutation: mutate,
-                    ..SimConfig::default()
-                };
+                let cfg =
+                    SimConfig { fault_phase_ms: fault_phase_s * 1000, pause_faults: !no_pause, mutation: mutate, ..SimConfig::default() };
                 let started = Instant::now();
                 let sum = sim::run_many(runs, seed, &cfg, |_| {});
                 let secs = started.elapsed().as_secs_f64();
@@ -146,9 +137,8 @@ fn main() -> ExitCode {
                 }
                 if let Some(first) = sum.failures.first() {
                     let p = format!(
-                        "{}{}{}",
+                        "{}{}",
                         if no_pause { " --no-pause" } else { "" },
-                        if old_no_watchdog { " --old-no-watchdog" } else { "" },
                         mutate.map(|m| format!(" --mutate {}", m.name())).unwrap_or_default()
                     );
                     println!("reproduce: corral-chaos sim --runs 1 --seed {} --fault-phase-s {fault_phase_s}{p} --trace", first.seed);
