@@ -132,26 +132,20 @@ impl Cluster {
         let mut errors = Vec::new();
         let first = self.preferred.load(std::sync::atomic::Ordering::Relaxed);
         let n = self.servers.len();
-        // A first pass gives each node's handshake a short while (a dead node first in the list
-        // costs little); the nodes whose handshake did not finish get the full timeout after.
+        // A first pass gives each node's handshake a short while; the nodes whose handshake did
+        // not finish get the full timeout after.
         let full = Duration::from_millis(transport::CONNECT_TIMEOUT_MS);
         let brief = if n > 1 { Duration::from_millis(FIRST_PASS_CONNECT_MS) } else { full };
-        let mut slow = Vec::new();
-        let mut answered = false;
         // Nodes whose handshake failed before go last: a retry does not wait on a dead one.
         let suspects = lock_suspects(&self.suspects).clone();
         let order: Vec<usize> = (0..n).map(|k| (first + k) % n).filter(|i| !suspects.contains(i)).chain(suspects.iter().copied()).collect();
-        for i in order {
-            match self.try_server(client, i, &envelope, brief, &mut errors).await {
-                Attempt::Answered(resp) => return Ok(resp),
-                Attempt::NoHandshake if brief < full => slow.push(i),
-                Attempt::NoHandshake => {}
-                Attempt::Failed => answered = true,
-            }
+        let (reply, mut slow, answered) = self.first_pass(client, &order, &suspects, &envelope, brief, &mut errors).await;
+        if let Some(resp) = reply {
+            return Ok(resp);
         }
         // A node that answered (no leader yet, say) shows the cluster is reachable: the caller
         // retries soon, and a node slow to shake hands gets the full timeout only otherwise.
-        if answered {
+        if answered || brief >= full {
             slow.clear();
         }
         for i in slow {
@@ -160,6 +154,70 @@ impl Cluster {
             }
         }
         bail!("no node answered: {}", errors.join("; "))
+    }
+
+    /// The first pass over the nodes in `order`: their handshakes are raced, the next one
+    /// started every [`HANDSHAKE_STAGGER_MS`] while none has finished (so a dead node first in
+    /// the list costs that, not a handshake timeout), each given `brief`; the request goes to
+    /// one node at a time, in the order their handshakes finished, so it is never sent to two
+    /// at once. Once a node has answered with a refusal worth retrying (no leader yet), the
+    /// `suspects` (nodes whose handshake failed before) are left out: the caller retries soon,
+    /// and a retry while an election runs should not wait on a dead node each time. Returns the
+    /// answer if one came, the nodes whose handshake did not finish, and whether some node
+    /// answered with such a refusal.
+    async fn first_pass(
+        &self,
+        client: &Client,
+        order: &[usize],
+        suspects: &std::collections::BTreeSet<usize>,
+        envelope: &Envelope,
+        brief: Duration,
+        errors: &mut Vec<String>,
+    ) -> (Option<Result<Reply, ApiError>>, Vec<usize>, bool) {
+        let (mut slow, mut answered) = (Vec::new(), false);
+        let mut racing: tokio::task::JoinSet<(usize, Result<(), transport::CallError>)> = tokio::task::JoinSet::new();
+        // Suspects come last in `order`; dialing, the nodes whose handshakes are under way.
+        let (mut queue, mut dialing) = (order.iter().copied().peekable(), std::collections::BTreeSet::new());
+        let dial = |racing: &mut tokio::task::JoinSet<_>, dialing: &mut std::collections::BTreeSet<usize>, i: usize| {
+            let (client, addr) = (client.clone(), self.servers[i].clone());
+            dialing.insert(i);
+            racing.spawn(async move { (i, client.connect_within(&addr, brief).await) });
+        };
+        loop {
+            if answered && queue.peek().is_none_or(|i| suspects.contains(i)) && dialing.is_subset(suspects) {
+                break;
+            }
+            if racing.is_empty() {
+                match queue.next() {
+                    Some(i) => dial(&mut racing, &mut dialing, i),
+                    None => break,
+                }
+            }
+            let stagger = tokio::time::sleep(Duration::from_millis(HANDSHAKE_STAGGER_MS));
+            tokio::select! {
+                joined = racing.join_next() => {
+                    // A dial task cannot panic or be aborted while the set is alive; either
+                    // would only mean this node did not shake hands.
+                    let Some(Ok((i, dialed))) = joined else { continue };
+                    dialing.remove(&i);
+                    let attempt = match dialed {
+                        Ok(()) => self.try_server(client, i, envelope, brief, errors).await,
+                        Err(e) => self.note_call_error(i, e, errors),
+                    };
+                    match attempt {
+                        Attempt::Answered(resp) => return (Some(resp), slow, answered),
+                        Attempt::NoHandshake => slow.push(i),
+                        Attempt::Failed => answered = true,
+                    }
+                }
+                _ = stagger => {
+                    if let Some(i) = queue.next() {
+                        dial(&mut racing, &mut dialing, i);
+                    }
+                }
+            }
+        }
+        (None, slow, answered)
     }
 
     async fn try_server(&self, client: &Client, i: usize, envelope: &Envelope, connect: Duration, errors: &mut Vec<String>) -> Attempt {
@@ -174,15 +232,19 @@ impl Cluster {
                 lock_suspects(&self.suspects).remove(&i);
                 Attempt::Answered(resp)
             }
-            Err(e) => {
-                errors.push(format!("{addr}: {e}"));
-                if matches!(e, transport::CallError::Connect(_)) {
-                    lock_suspects(&self.suspects).insert(i);
-                    Attempt::NoHandshake
-                } else {
-                    Attempt::Failed
-                }
-            }
+            Err(e) => self.note_call_error(i, e, errors),
+        }
+    }
+
+    /// A call to node `i` that got no answer: a failed handshake puts the node last for later
+    /// calls.
+    fn note_call_error(&self, i: usize, e: transport::CallError, errors: &mut Vec<String>) -> Attempt {
+        errors.push(format!("{}: {e}", self.servers[i]));
+        if matches!(e, transport::CallError::Connect(_)) {
+            lock_suspects(&self.suspects).insert(i);
+            Attempt::NoHandshake
+        } else {
+            Attempt::Failed
         }
     }
 
@@ -224,6 +286,10 @@ enum Attempt {
 /// well under a millisecond on a LAN; a slow one gets the full timeout in the second pass).
 const FIRST_PASS_CONNECT_MS: u64 = 250;
 
+/// While no handshake of the first pass has finished, another node's starts this often (as
+/// Happy Eyeballs races addresses): a dead node first in the list delays a call by this much.
+const HANDSHAKE_STAGGER_MS: u64 = 50;
+
 /// Jobs one listing gathers at most, page by page (a bound on the client's memory).
 pub const QUERY_JOBS_MAX: usize = 10_000_000;
 
@@ -257,4 +323,137 @@ pub const DEFAULT_SOCKET: &str = "/run/corral/corral.sock";
 /// The directory named by `--cluster`, `$CORRAL_CLUSTER`, or `/etc/corral`.
 pub fn cluster_dir(flag: Option<&PathBuf>) -> PathBuf {
     flag.cloned().or_else(|| std::env::var_os("CORRAL_CLUSTER").map(PathBuf::from)).unwrap_or_else(|| PathBuf::from("/etc/corral"))
+}
+
+#[cfg(test)]
+mod tests {
+    //! `Cluster::call` against real QUIC servers on loopback and a silent socket (a dead node).
+
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use proto::{ApiError, Envelope, Reply, Request, Response};
+    use transport::pki::{generate_ca, issue_client_cert, issue_node_cert, TlsIdentity};
+
+    use super::*;
+
+    /// Counts requests; answers `Cancel` with `Submitted`, or with `NoLeader` if `leaderless`.
+    struct Counting {
+        calls: AtomicUsize,
+        leaderless: bool,
+    }
+
+    impl transport::Handler for Counting {
+        fn handle(&self, _peer: transport::Peer, envelope: Envelope) -> Pin<Box<dyn Future<Output = Response> + Send + 'static>> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let answer = match (envelope.request, self.leaderless) {
+                (_, true) => Err(ApiError::NoLeader),
+                (Request::Cancel { job }, false) => Ok(Reply::Submitted { job }),
+                _ => Err(ApiError::Invalid("not in this test".into())),
+            };
+            Box::pin(async move { answer })
+        }
+    }
+
+    struct Fixture {
+        ca: transport::pki::PemPair,
+        node: TlsIdentity,
+    }
+
+    impl Fixture {
+        fn new() -> Fixture {
+            let ca = generate_ca("test").expect("generate CA");
+            let pair = issue_node_cert(&ca, "n1", &["127.0.0.1".into()]).expect("issue node cert");
+            let node = TlsIdentity::from_pems(&ca.cert_pem, &pair.cert_pem, &pair.key_pem).expect("node identity");
+            Fixture { ca, node }
+        }
+
+        fn serve(&self, leaderless: bool) -> (String, Arc<Counting>) {
+            let endpoint = transport::endpoint("127.0.0.1:0".parse().expect("addr"), &self.node, true).expect("server endpoint");
+            let addr = endpoint.local_addr().expect("local addr").to_string();
+            let handler = Arc::new(Counting { calls: AtomicUsize::new(0), leaderless });
+            tokio::spawn(transport::serve(endpoint, handler.clone()));
+            (addr, handler)
+        }
+
+        fn cluster(&self, servers: Vec<String>) -> Cluster {
+            let pair = issue_client_cert(&self.ca, "alice").expect("issue client cert");
+            let id = TlsIdentity::from_pems(&self.ca.cert_pem, &pair.cert_pem, &pair.key_pem).expect("client identity");
+            let endpoint = transport::endpoint("127.0.0.1:0".parse().expect("addr"), &id, false).expect("client endpoint");
+            Cluster {
+                local: None,
+                client: Some(Client::new(endpoint)),
+                ca_fingerprint: None,
+                servers,
+                preferred: Default::default(),
+                suspects: Default::default(),
+                call_timeout: Duration::from_secs(10),
+            }
+        }
+    }
+
+    /// A bound UDP socket that never answers: every handshake to it times out.
+    fn silent() -> (std::net::UdpSocket, String) {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+        socket.set_nonblocking(true).expect("nonblocking");
+        let addr = socket.local_addr().expect("addr").to_string();
+        (socket, addr)
+    }
+
+    /// The dials that reached `socket` since the last look: the destination connection ids of
+    /// the QUIC long-header packets (each dial picks a new one; a dial given up may still send
+    /// its close under the same id).
+    fn dials(socket: &std::net::UdpSocket) -> std::collections::BTreeSet<Vec<u8>> {
+        let mut buf = [0u8; 2048];
+        let mut found = std::collections::BTreeSet::new();
+        while let Ok(n) = socket.recv(&mut buf) {
+            let packet = &buf[..n];
+            let long_header = packet.first().is_some_and(|b| b & 0x80 != 0);
+            let dcid = packet.get(5).and_then(|len| packet.get(6..6 + usize::from(*len)));
+            if let (true, Some(dcid)) = (long_header, dcid) {
+                found.insert(dcid.to_vec());
+            }
+        }
+        found
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dead_first_node_is_raced_past_and_the_request_is_sent_once() {
+        let fixture = Fixture::new();
+        let (dead, dead_addr) = silent();
+        let (live_addr, live) = fixture.serve(false);
+        let cluster = fixture.cluster(vec![dead_addr, live_addr]);
+        let reply = cluster.call(Request::Cancel { job: 7 }).await.expect("a node answered");
+        assert_eq!(reply, Ok(Reply::Submitted { job: 7 }));
+        assert_eq!(live.calls.load(Ordering::SeqCst), 1, "the request reached the live node once");
+        assert!(!dials(&dead).is_empty(), "the first node in the list was dialed first");
+        // The live node answered, so the next call asks it first and the dead node not at all.
+        assert_eq!(cluster.call(Request::Cancel { job: 8 }).await.expect("answered"), Ok(Reply::Submitted { job: 8 }));
+        assert_eq!(live.calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn while_live_nodes_say_no_leader_a_retry_does_not_dial_a_node_that_failed_its_handshake() {
+        let fixture = Fixture::new();
+        let (dead, dead_addr) = silent();
+        let (a, a_calls) = fixture.serve(true);
+        let (b, b_calls) = fixture.serve(true);
+        let cluster = fixture.cluster(vec![dead_addr, a, b]);
+        let first = cluster.call(Request::Cancel { job: 1 }).await;
+        assert!(first.is_err(), "no node can answer yet: {first:?}");
+        let tried = dials(&dead);
+        assert_eq!(tried.len(), 1, "the dead node was dialed once on the first call");
+        assert!(lock_suspects(&cluster.suspects).contains(&0), "its handshake failed, so it is a suspect");
+        // An election is under way: the retries go to the nodes that answered, never again
+        // to the suspect, until one of them answers.
+        for _ in 0..3 {
+            assert!(cluster.call(Request::Cancel { job: 1 }).await.is_err());
+        }
+        let again = dials(&dead);
+        assert!(again.is_subset(&tried), "a retry dialed the suspect while live nodes answered: {again:?}");
+        assert_eq!(a_calls.calls.load(Ordering::SeqCst), 4);
+        assert_eq!(b_calls.calls.load(Ordering::SeqCst), 4);
+    }
 }

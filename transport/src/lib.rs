@@ -623,6 +623,18 @@ impl Client {
         }
     }
 
+    /// Dials `addr` without sending anything (a cached live connection will do), giving up on
+    /// the handshake after `connect_timeout`; the connection is then cached for the next call.
+    /// A caller with several members races their handshakes this way and sends its request to
+    /// one member at a time, so a request is never sent to two.
+    pub async fn connect_within(&self, addr: &str, connect_timeout: Duration) -> Result<(), CallError> {
+        if self.is_blocked(addr) {
+            return Err(CallError::Connect(format!("{addr} is cut off (fault injection)")));
+        }
+        let (_conn, _fresh, _in_flight) = self.connection(addr, connect_timeout).await?;
+        Ok(())
+    }
+
     async fn call_inner(
         &self,
         addr: &str,
