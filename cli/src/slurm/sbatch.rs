@@ -733,12 +733,38 @@ impl<'a> Builder<'a> {
 
     /// Applies one option (by long name); options the builder does not know are refused.
     pub fn apply(&mut self, name: &str, value: Option<&str>) -> Result<(), SlurmError> {
+        if self.apply_counts(name, value)?
+            || self.apply_memory(name, value)?
+            || self.apply_io(name, value)?
+            || self.apply_placement(name, value)?
+            || self.apply_scheduling(name, value)?
+        {
+            return Ok(());
+        }
         let v = value.unwrap_or("");
         let prog = self.prog;
         let fatal = |msg: &str| SlurmError::fatal(prog, msg);
         match name {
-            "job-name" => self.name = Some(v.to_string()),
-            "partition" => self.partition = Some(v.to_string()),
+            "wait" => self.wait = true,
+            "parsable" => self.parsable = true,
+            "quiet" => self.quiet = true,
+            "test-only" => self.test_only = true,
+            "verbose" | "wrap" | "help" | "usage" | "version" => {}
+            "uid" | "gid" => return Err(fatal(&format!("--{name} is only for root and not supported by Corral"))),
+            other if KEPT_IN_EXTRA.contains(&other) => {
+                self.extra.insert(other.to_string(), v.to_string());
+            }
+            other => return Err(fatal(&format!("option --{other} is not supported"))),
+        }
+        Ok(())
+    }
+
+    /// Applies a count option (nodes, tasks, CPUs, GPUs); false when `name` is not one.
+    fn apply_counts(&mut self, name: &str, value: Option<&str>) -> Result<bool, SlurmError> {
+        let v = value.unwrap_or("");
+        let prog = self.prog;
+        let fatal = |msg: &str| SlurmError::fatal(prog, msg);
+        match name {
             "nodes" => {
                 let (min, max) = parse_nodes(v).map_err(|m| fatal(&m))?;
                 self.nodes = Some((min, max));
@@ -747,6 +773,29 @@ impl<'a> Builder<'a> {
             "ntasks-per-node" => self.ntasks_per_node = Some(parse_int(self.prog, "--ntasks-per-node", v)?),
             "cpus-per-task" => self.cpus_per_task = Some(parse_int(self.prog, "--cpus-per-task", v)?),
             "cpus-per-gpu" => self.cpus_per_gpu = Some(parse_int(self.prog, "--cpus-per-gpu", v)?),
+            "gres" => self.gres = parse_gres(v).map_err(|m| fatal(&m))?,
+            "gpus" | "gpus-per-node" | "gpus-per-task" => {
+                let (ty, n) = parse_gpu_count(v)
+                    .ok_or_else(|| fatal("Batch job submission failed: Invalid generic resource (gres) specification"))?;
+                let slot = match name {
+                    "gpus" => &mut self.gpus,
+                    "gpus-per-node" => &mut self.gpus_per_node,
+                    _ => &mut self.gpus_per_task,
+                };
+                *slot = Some((ty, n, v.to_string()));
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// Applies `--mem`, `--mem-per-cpu` or `--mem-per-gpu` (the last one given wins); false
+    /// when `name` is none of them.
+    fn apply_memory(&mut self, name: &str, value: Option<&str>) -> Result<bool, SlurmError> {
+        let v = value.unwrap_or("");
+        let prog = self.prog;
+        let fatal = |msg: &str| SlurmError::fatal(prog, msg);
+        match name {
             "mem" => {
                 self.mem_mib = Some(positive_mem(parse_mem_mib(v).ok_or_else(|| fatal("Invalid --mem specification"))?, "--mem", &fatal)?);
                 self.mem_per_cpu_mib = None;
@@ -764,7 +813,19 @@ impl<'a> Builder<'a> {
                 self.mem_mib = None;
                 self.mem_per_cpu_mib = None;
             }
-            "time" => self.time_limit_s = Some(time::parse_limit_s(v).map_err(|time::NotATime| fatal("Invalid --time specification"))?),
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// Applies an option of the job's name, files, directory or environment; false when `name`
+    /// is not one.
+    fn apply_io(&mut self, name: &str, value: Option<&str>) -> Result<bool, SlurmError> {
+        let v = value.unwrap_or("");
+        let prog = self.prog;
+        let fatal = |msg: &str| SlurmError::fatal(prog, msg);
+        match name {
+            "job-name" => self.name = Some(v.to_string()),
             "output" => self.output = Some(v.to_string()),
             "error" => self.error = Some(v.to_string()),
             "open-mode" => {
@@ -774,24 +835,33 @@ impl<'a> Builder<'a> {
                     _ => return Err(fatal("Invalid --open-mode specification")),
                 }
             }
-            "gres" => self.gres = parse_gres(v).map_err(|m| fatal(&m))?,
-            "gpus" | "gpus-per-node" | "gpus-per-task" => {
-                let (ty, n) = parse_gpu_count(v)
-                    .ok_or_else(|| fatal("Batch job submission failed: Invalid generic resource (gres) specification"))?;
-                let slot = match name {
-                    "gpus" => &mut self.gpus,
-                    "gpus-per-node" => &mut self.gpus_per_node,
-                    _ => &mut self.gpus_per_task,
-                };
-                *slot = Some((ty, n, v.to_string()));
+            "chdir" => self.chdir = Some(self.ctx.cwd.join(v)),
+            "export" => self.export = Some(v.to_string()),
+            "export-file" => return Err(fatal("--export-file is not supported yet")),
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// Applies an option of where the job may run (partition, account, QOS, features, hosts,
+    /// exclusivity, switches); false when `name` is not one.
+    fn apply_placement(&mut self, name: &str, value: Option<&str>) -> Result<bool, SlurmError> {
+        let v = value.unwrap_or("");
+        let prog = self.prog;
+        let fatal = |msg: &str| SlurmError::fatal(prog, msg);
+        match name {
+            "partition" => self.partition = Some(v.to_string()),
+            "account" => self.account = Some(v.to_string()),
+            "qos" => self.qos = Some(v.to_string()),
+            "constraint" => {
+                if v.contains(['|', '[', ']', '*']) {
+                    return Err(fatal("Batch job submission failed: Invalid feature specification"));
+                }
+                self.constraint = v.split(['&', ',']).map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect();
             }
-            "array" => {
-                let spec = parse_array(v).ok_or_else(|| fatal("invalid --array specification"))?;
-                self.array = Some((spec, v.to_string()));
-            }
-            "requeue" => (self.requeue, self.no_requeue) = (true, false),
-            "no-requeue" => (self.requeue, self.no_requeue) = (false, true),
-            "signal" => self.signal = Some(parse_signal(v).ok_or_else(|| fatal("Invalid --signal specification"))?),
+            "nodelist" => self.nodelist = parse_hosts(self.prog, v, &self.ctx.cwd)?,
+            "nodefile" => self.nodelist = parse_hosts(self.prog, &format!("./{}", v.trim_start_matches("./")), &self.ctx.cwd)?,
+            "exclude" => self.exclude = parse_hosts(self.prog, v, &self.ctx.cwd)?,
             "exclusive" => match value {
                 None | Some("user") | Some("mcs") => {
                     self.exclusive = true;
@@ -801,49 +871,35 @@ impl<'a> Builder<'a> {
                 }
                 Some(_) => return Err(fatal("Invalid --exclusive specification")),
             },
-            "account" => self.account = Some(v.to_string()),
-            "qos" => self.qos = Some(v.to_string()),
-            "constraint" => {
-                if v.contains(['|', '[', ']', '*']) {
-                    return Err(fatal("Batch job submission failed: Invalid feature specification"));
-                }
-                self.constraint = v.split(['&', ',']).map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect();
+            "switches" => self.switches = Some(parse_switches(v).ok_or_else(|| fatal("Invalid --switches specification"))?),
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// Applies an option of when and how often the job runs (time limit, array, requeue,
+    /// signal, dependencies, begin time, hold); false when `name` is not one.
+    fn apply_scheduling(&mut self, name: &str, value: Option<&str>) -> Result<bool, SlurmError> {
+        let v = value.unwrap_or("");
+        let prog = self.prog;
+        let fatal = |msg: &str| SlurmError::fatal(prog, msg);
+        match name {
+            "time" => self.time_limit_s = Some(time::parse_limit_s(v).map_err(|time::NotATime| fatal("Invalid --time specification"))?),
+            "array" => {
+                let spec = parse_array(v).ok_or_else(|| fatal("invalid --array specification"))?;
+                self.array = Some((spec, v.to_string()));
             }
+            "requeue" => (self.requeue, self.no_requeue) = (true, false),
+            "no-requeue" => (self.requeue, self.no_requeue) = (false, true),
+            "signal" => self.signal = Some(parse_signal(v).ok_or_else(|| fatal("Invalid --signal specification"))?),
             "dependency" => {
                 self.dependencies = parse_dependencies(v).ok_or_else(|| fatal("Batch job submission failed: Job dependency problem"))?;
             }
-            "nodelist" => self.nodelist = parse_hosts(self.prog, v, &self.ctx.cwd)?,
-            "nodefile" => self.nodelist = parse_hosts(self.prog, &format!("./{}", v.trim_start_matches("./")), &self.ctx.cwd)?,
-            "exclude" => self.exclude = parse_hosts(self.prog, v, &self.ctx.cwd)?,
-            "chdir" => self.chdir = Some(self.ctx.cwd.join(v)),
-            "export" => self.export = Some(v.to_string()),
-            "export-file" => return Err(fatal("--export-file is not supported yet")),
             "begin" => self.begin_s = Some(time::parse_point(v, self.ctx.now_s).ok_or_else(|| fatal("Invalid --begin specification"))?),
             "hold" => self.hold = true,
-            "switches" => {
-                let (count, wait) = match v.split_once('@') {
-                    Some((c, w)) => (c, Some(w)),
-                    None => (v, None),
-                };
-                let count: u32 = count.parse().map_err(|_| fatal("Invalid --switches specification"))?;
-                let wait_s = match wait {
-                    Some(w) => time::parse_limit_s(w).map_err(|time::NotATime| fatal("Invalid --switches specification"))?.unwrap_or(0),
-                    None => 0,
-                };
-                self.switches = Some((count, wait_s.saturating_mul(1000)));
-            }
-            "wait" => self.wait = true,
-            "parsable" => self.parsable = true,
-            "quiet" => self.quiet = true,
-            "test-only" => self.test_only = true,
-            "verbose" | "wrap" | "help" | "usage" | "version" => {}
-            "uid" | "gid" => return Err(fatal(&format!("--{name} is only for root and not supported by Corral"))),
-            other if KEPT_IN_EXTRA.contains(&other) => {
-                self.extra.insert(other.to_string(), v.to_string());
-            }
-            other => return Err(fatal(&format!("option --{other} is not supported"))),
+            _ => return Ok(false),
         }
-        Ok(())
+        Ok(true)
     }
 
     /// The job: a batch `script` run with `args`, or (no script) the command `args`.
@@ -851,74 +907,11 @@ impl<'a> Builder<'a> {
         let prog = self.prog;
         let fatal = |msg: &str| SlurmError::fatal(prog, msg);
         let ctx = self.ctx;
-        let (nodes_min, nodes_max) = self.nodes.unwrap_or((1, 1));
-        if nodes_min != nodes_max {
-            self.extra.insert(extra::NODES_RANGE.into(), format!("{nodes_min}-{nodes_max}"));
-        }
-        let mut nodes = nodes_min.max(1);
-        let ntasks_per_node = match (self.ntasks_per_node, self.ntasks) {
-            (Some(n), _) => n,
-            (None, Some(total)) => {
-                if total < nodes {
-                    // Slurm: "can't run N processes on M nodes, setting nnodes to N".
-                    nodes = total;
-                }
-                total.div_ceil(nodes)
-            }
-            (None, None) => 1,
-        };
-        if let Some(total) = self.ntasks {
-            self.extra.insert(extra::NTASKS.into(), total.to_string());
-        }
-        let tasks_per_node = ntasks_per_node;
-        // GPUs per node, from whichever form was used (--gres first, as Slurm merges them).
-        let gres = if let Some(g) = self.gres.clone() {
-            Some(g)
-        } else if let Some((ty, n, text)) = &self.gpus_per_node {
-            self.extra.insert(extra::GPUS_PER_NODE.into(), text.clone());
-            Some(GresRequest { gpu_type: ty.clone(), count: *n })
-        } else if let Some((ty, n, text)) = &self.gpus_per_task {
-            self.extra.insert(extra::GPUS_PER_TASK.into(), text.clone());
-            Some(GresRequest { gpu_type: ty.clone(), count: n.saturating_mul(tasks_per_node) })
-        } else if let Some((ty, n, text)) = &self.gpus {
-            self.extra.insert(extra::GPUS.into(), text.clone());
-            if n % nodes != 0 {
-                return Err(fatal(&format!(
-                    "--gpus={text} cannot be spread evenly over {nodes} nodes; Corral allocates GPUs per node (use --gpus-per-node)"
-                )));
-            }
-            Some(GresRequest { gpu_type: ty.clone(), count: n / nodes })
-        } else {
-            None
-        };
+        let (nodes, tasks_per_node) = self.node_and_task_counts();
+        let gres = self.gres_per_node(nodes, tasks_per_node)?;
         let gpus_per_node = gres.as_ref().map_or(0, |g| g.count);
-        let mut cpus_per_task = self.cpus_per_task.unwrap_or(1);
-        if self.cpus_per_task.is_some() {
-            self.extra.insert(extra::CPUS_PER_TASK.into(), cpus_per_task.to_string());
-        }
-        if let Some(per_gpu) = self.cpus_per_gpu {
-            self.extra.insert(extra::CPUS_PER_GPU.into(), per_gpu.to_string());
-            if gpus_per_node == 0 {
-                return Err(fatal("--cpus-per-gpu is set but no GPUs were requested"));
-            }
-            let wanted = per_gpu.saturating_mul(gpus_per_node).div_ceil(tasks_per_node);
-            cpus_per_task = cpus_per_task.max(wanted);
-        }
-        let mem_mib = if let Some(m) = self.mem_mib {
-            m
-        } else if let Some(per_cpu) = self.mem_per_cpu_mib {
-            self.extra.insert(extra::MEM_PER_CPU.into(), per_cpu.to_string());
-            per_cpu.saturating_mul(u64::from(cpus_per_task) * u64::from(tasks_per_node))
-        } else if let Some(per_gpu) = self.mem_per_gpu_mib {
-            self.extra.insert(extra::MEM_PER_GPU.into(), per_gpu.to_string());
-            if gpus_per_node == 0 {
-                return Err(fatal("--mem-per-gpu is set but no GPUs were requested"));
-            }
-            per_gpu.saturating_mul(u64::from(gpus_per_node))
-        } else {
-            // Not asked: the cluster's default (`JobSpec::default_mem_mib`), as slurmctld's.
-            0
-        };
+        let cpus_per_task = self.cpus_per_task_with_gpus(gpus_per_node, tasks_per_node)?;
+        let mem_mib = self.mem_per_node_mib(cpus_per_task, tasks_per_node, gpus_per_node)?;
         let workdir = self.chdir.clone().unwrap_or_else(|| ctx.cwd.clone());
         let env = export_env(self.export.as_deref().unwrap_or("ALL"), &ctx.env);
         let output =
@@ -939,10 +932,108 @@ impl<'a> Builder<'a> {
         spec.time_limit_ms = self.time_limit_s.flatten().map(|s| s.saturating_mul(1000));
         spec.env = env;
         spec.output = Some(output);
-        spec.error = self.error.clone();
-        spec.requeue = self.requeue;
         spec.nodes = nodes;
         spec.ntasks_per_node = tasks_per_node;
+        self.copy_options_into(&mut spec);
+        spec.validate().map_err(|e| fatal(&format!("Batch job submission failed: {e}")))?;
+        Ok(Submission { spec, parsable: self.parsable, wait: self.wait, quiet: self.quiet, test_only: self.test_only })
+    }
+
+    /// The job's node count and tasks per node from `--nodes`, `--ntasks` and
+    /// `--ntasks-per-node`, noting a node range and a task total in `extra`.
+    fn node_and_task_counts(&mut self) -> (u32, u32) {
+        let (nodes_min, nodes_max) = self.nodes.unwrap_or((1, 1));
+        if nodes_min != nodes_max {
+            self.extra.insert(extra::NODES_RANGE.into(), format!("{nodes_min}-{nodes_max}"));
+        }
+        let mut nodes = nodes_min.max(1);
+        let ntasks_per_node = match (self.ntasks_per_node, self.ntasks) {
+            (Some(n), _) => n,
+            (None, Some(total)) => {
+                if total < nodes {
+                    // Slurm: "can't run N processes on M nodes, setting nnodes to N".
+                    nodes = total;
+                }
+                total.div_ceil(nodes)
+            }
+            (None, None) => 1,
+        };
+        if let Some(total) = self.ntasks {
+            self.extra.insert(extra::NTASKS.into(), total.to_string());
+        }
+        (nodes, ntasks_per_node)
+    }
+
+    /// GPUs per node, from whichever form was used (`--gres` first, as Slurm merges them),
+    /// noting the form given in `extra`; `--gpus` must spread evenly over the `nodes`.
+    fn gres_per_node(&mut self, nodes: u32, tasks_per_node: u32) -> Result<Option<GresRequest>, SlurmError> {
+        let prog = self.prog;
+        let fatal = |msg: &str| SlurmError::fatal(prog, msg);
+        let gres = if let Some(g) = self.gres.clone() {
+            Some(g)
+        } else if let Some((ty, n, text)) = &self.gpus_per_node {
+            self.extra.insert(extra::GPUS_PER_NODE.into(), text.clone());
+            Some(GresRequest { gpu_type: ty.clone(), count: *n })
+        } else if let Some((ty, n, text)) = &self.gpus_per_task {
+            self.extra.insert(extra::GPUS_PER_TASK.into(), text.clone());
+            Some(GresRequest { gpu_type: ty.clone(), count: n.saturating_mul(tasks_per_node) })
+        } else if let Some((ty, n, text)) = &self.gpus {
+            self.extra.insert(extra::GPUS.into(), text.clone());
+            if n % nodes != 0 {
+                return Err(fatal(&format!(
+                    "--gpus={text} cannot be spread evenly over {nodes} nodes; Corral allocates GPUs per node (use --gpus-per-node)"
+                )));
+            }
+            Some(GresRequest { gpu_type: ty.clone(), count: n / nodes })
+        } else {
+            None
+        };
+        Ok(gres)
+    }
+
+    /// CPUs per task: `--cpus-per-task` (1 by default), raised to cover `--cpus-per-gpu` for
+    /// the node's `gpus_per_node` shared by its `tasks_per_node`; both are noted in `extra`.
+    fn cpus_per_task_with_gpus(&mut self, gpus_per_node: u32, tasks_per_node: u32) -> Result<u32, SlurmError> {
+        let mut cpus_per_task = self.cpus_per_task.unwrap_or(1);
+        if self.cpus_per_task.is_some() {
+            self.extra.insert(extra::CPUS_PER_TASK.into(), cpus_per_task.to_string());
+        }
+        if let Some(per_gpu) = self.cpus_per_gpu {
+            self.extra.insert(extra::CPUS_PER_GPU.into(), per_gpu.to_string());
+            if gpus_per_node == 0 {
+                return Err(SlurmError::fatal(self.prog, "--cpus-per-gpu is set but no GPUs were requested"));
+            }
+            let wanted = per_gpu.saturating_mul(gpus_per_node).div_ceil(tasks_per_node);
+            cpus_per_task = cpus_per_task.max(wanted);
+        }
+        Ok(cpus_per_task)
+    }
+
+    /// Memory per node in MiB from `--mem`, `--mem-per-cpu` or `--mem-per-gpu` (0: the
+    /// cluster's default), noting a per-CPU or per-GPU size in `extra`.
+    fn mem_per_node_mib(&mut self, cpus_per_task: u32, tasks_per_node: u32, gpus_per_node: u32) -> Result<u64, SlurmError> {
+        let mem_mib = if let Some(m) = self.mem_mib {
+            m
+        } else if let Some(per_cpu) = self.mem_per_cpu_mib {
+            self.extra.insert(extra::MEM_PER_CPU.into(), per_cpu.to_string());
+            per_cpu.saturating_mul(u64::from(cpus_per_task) * u64::from(tasks_per_node))
+        } else if let Some(per_gpu) = self.mem_per_gpu_mib {
+            self.extra.insert(extra::MEM_PER_GPU.into(), per_gpu.to_string());
+            if gpus_per_node == 0 {
+                return Err(SlurmError::fatal(self.prog, "--mem-per-gpu is set but no GPUs were requested"));
+            }
+            per_gpu.saturating_mul(u64::from(gpus_per_node))
+        } else {
+            // Not asked: the cluster's default (`JobSpec::default_mem_mib`), as slurmctld's.
+            0
+        };
+        Ok(mem_mib)
+    }
+
+    /// Copies the options that go into the job as given into `spec`, and moves `extra` there.
+    fn copy_options_into(&mut self, spec: &mut JobSpec) {
+        spec.error = self.error.clone();
+        spec.requeue = self.requeue;
         spec.partition = self.partition.clone();
         spec.account = self.account.clone();
         spec.qos = self.qos.clone();
@@ -957,12 +1048,25 @@ impl<'a> Builder<'a> {
         spec.signal = self.signal.clone();
         spec.open_append = self.open_append;
         spec.switches = self.switches;
-        spec.submit_host = ctx.host.clone();
+        spec.submit_host = self.ctx.host.clone();
         spec.extra = std::mem::take(&mut self.extra);
         spec.set_no_requeue(self.no_requeue);
-        spec.validate().map_err(|e| fatal(&format!("Batch job submission failed: {e}")))?;
-        Ok(Submission { spec, parsable: self.parsable, wait: self.wait, quiet: self.quiet, test_only: self.test_only })
     }
+}
+
+/// `--switches=COUNT[@WAIT]`: the count and the longest wait for it in milliseconds (0 when
+/// not given); `None` when either part is not valid.
+fn parse_switches(text: &str) -> Option<(u32, u64)> {
+    let (count, wait) = match text.split_once('@') {
+        Some((c, w)) => (c, Some(w)),
+        None => (text, None),
+    };
+    let count: u32 = count.parse().ok()?;
+    let wait_s = match wait {
+        Some(w) => time::parse_limit_s(w).ok()?.unwrap_or(0),
+        None => 0,
+    };
+    Some((count, wait_s.saturating_mul(1000)))
 }
 
 /// The job's environment for `--export`: `ALL` (everything), `NONE` (nothing; the node adds

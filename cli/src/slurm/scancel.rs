@@ -1,11 +1,14 @@
 //! `scancel`: cancel jobs by id (`N`, a whole array `N`, one task `N_3`, tasks `N_[1-3]`) or
 //! by filters (`-u`, `-n`, `-t`, `-p`, `-A`, `-q`, `-w`).
 
+use std::collections::BTreeMap;
+
 use proto::{Job, JobState, Request};
 
 use super::opts::{self, opt, Arg, OptDef};
 use super::squeue::parse_state;
 use super::{hostlist, SlurmError};
+use crate::client::Cluster;
 
 pub const PROG: &str = "scancel";
 
@@ -70,6 +73,75 @@ fn split_list(values: Vec<&str>) -> Vec<String> {
     values.iter().flat_map(|v| v.split(',')).map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect()
 }
 
+/// The filters of `-u`/`--me`, `-n`, `-p`, `-A`, `-q`, `-w` and `-t`: a job is chosen when it
+/// matches every filter given.
+struct Filters {
+    users: Vec<String>,
+    names: Vec<String>,
+    partitions: Vec<String>,
+    accounts: Vec<String>,
+    qos: Vec<String>,
+    nodes: Vec<String>,
+    states: Option<Vec<JobState>>,
+}
+
+impl Filters {
+    /// The filters of the command line; a bad host list or state is an error.
+    fn parse(p: &opts::Parsed) -> Result<Filters, SlurmError> {
+        let mut users = split_list(p.all("user"));
+        if p.has("me") {
+            users.push(super::current_user());
+        }
+        let names: Vec<String> = split_list(p.all("name")).into_iter().chain(split_list(p.all("jobname"))).collect();
+        let partitions = split_list(p.all("partition"));
+        let accounts = split_list(p.all("account"));
+        let qos = split_list(p.all("qos"));
+        let mut nodes = Vec::new();
+        for n in p.all("nodelist") {
+            nodes.extend(hostlist::expand(n).map_err(|e| SlurmError::fatal(PROG, e))?);
+        }
+        let mut states: Option<Vec<JobState>> = None;
+        for s in split_list(p.all("state")) {
+            let st = parse_state(&s).ok_or_else(|| SlurmError::fatal(PROG, format!("Invalid job state specified: {s}")))?;
+            states.get_or_insert_with(Vec::new).extend(st);
+        }
+        Ok(Filters { users, names, partitions, accounts, qos, nodes, states })
+    }
+
+    /// Whether any filter was given.
+    fn any(&self) -> bool {
+        !self.users.is_empty()
+            || !self.names.is_empty()
+            || !self.partitions.is_empty()
+            || !self.accounts.is_empty()
+            || !self.qos.is_empty()
+            || !self.nodes.is_empty()
+            || self.states.is_some()
+    }
+
+    /// Whether job `j` matches every filter given (`node_names`: node ids to names, for `-w`).
+    fn matches(&self, j: &Job, node_names: &BTreeMap<u64, String>) -> bool {
+        let partition = j.spec.partition.clone().unwrap_or_else(|| super::env::DEFAULT_PARTITION.into());
+        (self.users.is_empty() || self.users.contains(&j.spec.user))
+            && (self.names.is_empty() || self.names.contains(&j.spec.name))
+            && (self.partitions.is_empty() || self.partitions.contains(&partition))
+            && (self.accounts.is_empty() || j.spec.account.as_ref().is_some_and(|a| self.accounts.contains(a)))
+            && (self.qos.is_empty() || j.spec.qos.as_ref().is_some_and(|q| self.qos.contains(q)))
+            && (self.nodes.is_empty() || super::job_node_names(j, node_names).iter().any(|n| self.nodes.contains(n)))
+            && self.states.as_ref().is_none_or(|s| s.contains(&j.state))
+    }
+}
+
+/// What to do with each chosen job: cancel it, or (`--signal`) signal it.
+struct Action {
+    signal: Option<i32>,
+    /// `--batch`: the signal reaches the batch shell only.
+    batch_only: bool,
+    /// `--full`: the batch shell too, besides the steps a signal reaches by default.
+    full: bool,
+    quiet: bool,
+}
+
 pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     let p = opts::parse(PROG, OPTIONS, args, false)?;
     if p.has("help") || p.has("usage") {
@@ -86,8 +158,36 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
         None => None,
     };
     let batch_only = p.has("batch");
-    // --full: the batch shell too, besides the steps a signal reaches by default.
     let full = p.has("full") && !batch_only;
+    let targets = parse_targets(&p)?;
+    let filters = Filters::parse(&p)?;
+    if targets.is_empty() && !filters.any() {
+        return Err(SlurmError::fatal(PROG, "No job identification provided"));
+    }
+    let action = Action { signal, batch_only, full, quiet: p.has("quiet") };
+    let cluster = super::connect(PROG)?;
+    super::block_on(PROG, async {
+        // Only live jobs can be cancelled; a finished one named by id is told apart below.
+        let jobs =
+            super::query_jobs(PROG, &cluster, proto::JobQuery { live: true, finished: true, brief: true, ..Default::default() }).await?;
+        let node_names =
+            if filters.nodes.is_empty() { Default::default() } else { super::node_names(&super::list_nodes(PROG, &cluster).await?) };
+        let matches_filters = |j: &Job| filters.matches(j, &node_names);
+        let mut errors = 0;
+        let mut chosen: Vec<&Job> = if targets.is_empty() {
+            jobs.iter().filter(|j| !j.state.is_final() && matches_filters(j)).collect()
+        } else {
+            choose_targets(&jobs, &targets, &matches_filters, action.quiet, &mut errors)
+        };
+        chosen.sort_by_key(|j| j.id);
+        chosen.dedup_by_key(|j| j.id);
+        errors += cancel_or_signal(&cluster, &chosen, &action).await;
+        Ok(if errors > 0 { 1 } else { 0 })
+    })?
+}
+
+/// The job ids of the command line (comma-separated lists too); steps are refused.
+fn parse_targets(p: &opts::Parsed) -> Result<Vec<Target>, SlurmError> {
     let mut targets = Vec::new();
     for t in p.operands.iter().flat_map(|o| o.split(',')).filter(|s| !s.is_empty()) {
         if t.contains('.') {
@@ -95,104 +195,71 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
         }
         targets.push(parse_target(t).ok_or_else(|| SlurmError::fatal(PROG, format!("Invalid job id {t}")))?);
     }
-    let mut users = split_list(p.all("user"));
-    if p.has("me") {
-        users.push(super::current_user());
-    }
-    let names: Vec<String> = split_list(p.all("name")).into_iter().chain(split_list(p.all("jobname"))).collect();
-    let partitions = split_list(p.all("partition"));
-    let accounts = split_list(p.all("account"));
-    let qos = split_list(p.all("qos"));
-    let mut nodes = Vec::new();
-    for n in p.all("nodelist") {
-        nodes.extend(hostlist::expand(n).map_err(|e| SlurmError::fatal(PROG, e))?);
-    }
-    let mut states: Option<Vec<JobState>> = None;
-    for s in split_list(p.all("state")) {
-        let st = parse_state(&s).ok_or_else(|| SlurmError::fatal(PROG, format!("Invalid job state specified: {s}")))?;
-        states.get_or_insert_with(Vec::new).extend(st);
-    }
-    let filtered = !users.is_empty()
-        || !names.is_empty()
-        || !partitions.is_empty()
-        || !accounts.is_empty()
-        || !qos.is_empty()
-        || !nodes.is_empty()
-        || states.is_some();
-    if targets.is_empty() && !filtered {
-        return Err(SlurmError::fatal(PROG, "No job identification provided"));
-    }
-    let quiet = p.has("quiet");
-    let cluster = super::connect(PROG)?;
-    super::block_on(PROG, async {
-        // Only live jobs can be cancelled; a finished one named by id is told apart below.
-        let jobs =
-            super::query_jobs(PROG, &cluster, proto::JobQuery { live: true, finished: true, brief: true, ..Default::default() }).await?;
-        let node_names = if nodes.is_empty() { Default::default() } else { super::node_names(&super::list_nodes(PROG, &cluster).await?) };
-        let matches_filters = |j: &Job| {
-            let partition = j.spec.partition.clone().unwrap_or_else(|| super::env::DEFAULT_PARTITION.into());
-            (users.is_empty() || users.contains(&j.spec.user))
-                && (names.is_empty() || names.contains(&j.spec.name))
-                && (partitions.is_empty() || partitions.contains(&partition))
-                && (accounts.is_empty() || j.spec.account.as_ref().is_some_and(|a| accounts.contains(a)))
-                && (qos.is_empty() || j.spec.qos.as_ref().is_some_and(|q| qos.contains(q)))
-                && (nodes.is_empty() || super::job_node_names(j, &node_names).iter().any(|n| nodes.contains(n)))
-                && states.as_ref().is_none_or(|s| s.contains(&j.state))
+    Ok(targets)
+}
+
+/// The live jobs `targets` name that also match the filters, reporting (and counting in
+/// `errors`) a target that names no job, or (unless `quiet`) only finished ones.
+fn choose_targets<'a>(
+    jobs: &'a [Job],
+    targets: &[Target],
+    matches_filters: &dyn Fn(&Job) -> bool,
+    quiet: bool,
+    errors: &mut usize,
+) -> Vec<&'a Job> {
+    let mut chosen: Vec<&Job> = Vec::new();
+    for t in targets {
+        let found = select(jobs, t);
+        let label = match t {
+            Target::Job(id) => id.to_string(),
+            Target::Tasks(id, tasks) => {
+                format!("{id}_{}", super::squeue::task_ranges(tasks))
+            }
         };
-        let mut errors = 0;
-        let mut chosen: Vec<&Job> = Vec::new();
-        if targets.is_empty() {
-            chosen = jobs.iter().filter(|j| !j.state.is_final() && matches_filters(j)).collect();
-        } else {
-            for t in &targets {
-                let found = select(&jobs, t);
-                let label = match t {
-                    Target::Job(id) => id.to_string(),
-                    Target::Tasks(id, tasks) => {
-                        format!("{id}_{}", super::squeue::task_ranges(tasks))
-                    }
-                };
-                if found.is_empty() {
-                    eprintln!("{PROG}: error: Kill job error on job id {label}: Invalid job id specified");
-                    errors += 1;
-                    continue;
-                }
-                let live: Vec<&Job> = found.into_iter().filter(|j| matches_filters(j)).collect();
-                if !live.is_empty() && live.iter().all(|j| j.state.is_final()) && !quiet {
-                    eprintln!("{PROG}: error: Kill job error on job id {label}: Job/step already completing or completed");
-                    errors += 1;
-                }
-                chosen.extend(live.into_iter().filter(|j| !j.state.is_final()));
-            }
+        if found.is_empty() {
+            eprintln!("{PROG}: error: Kill job error on job id {label}: Invalid job id specified");
+            *errors += 1;
+            continue;
         }
-        chosen.sort_by_key(|j| j.id);
-        chosen.dedup_by_key(|j| j.id);
-        for j in chosen {
-            // With --signal, scancel signals the job instead of cancelling it (running jobs only).
-            let requests = match signal {
-                Some(signal) if j.state == proto::JobState::Running => {
-                    let mut r = vec![Request::Signal { job: j.id, signal, batch_only }];
-                    if full {
-                        r.push(Request::Signal { job: j.id, signal, batch_only: true });
-                    }
-                    r
-                }
-                Some(_) => continue,
-                None => vec![Request::Cancel { job: j.id }],
-            };
-            for request in requests {
-                let Err(e) = super::call(PROG, &cluster, request).await else { continue };
-                if !quiet {
-                    eprintln!(
-                        "{PROG}: error: Kill job error on job id {}: {}",
-                        super::display_id(j),
-                        e.text.trim_start_matches("scancel: error: ")
-                    );
-                }
-                errors += 1;
-                break;
-            }
+        let live: Vec<&Job> = found.into_iter().filter(|j| matches_filters(j)).collect();
+        if !live.is_empty() && live.iter().all(|j| j.state.is_final()) && !quiet {
+            eprintln!("{PROG}: error: Kill job error on job id {label}: Job/step already completing or completed");
+            *errors += 1;
         }
-        Ok(if errors > 0 { 1 } else { 0 })
-    })?
+        chosen.extend(live.into_iter().filter(|j| !j.state.is_final()));
+    }
+    chosen
+}
+
+/// Cancels each of `chosen` (or, with a signal, signals the running ones), reporting each
+/// refusal unless quiet: how many were refused.
+async fn cancel_or_signal(cluster: &Cluster, chosen: &[&Job], action: &Action) -> usize {
+    let mut errors = 0;
+    for j in chosen {
+        // With --signal, scancel signals the job instead of cancelling it (running jobs only).
+        let requests = match action.signal {
+            Some(signal) if j.state == proto::JobState::Running => {
+                let mut r = vec![Request::Signal { job: j.id, signal, batch_only: action.batch_only }];
+                if action.full {
+                    r.push(Request::Signal { job: j.id, signal, batch_only: true });
+                }
+                r
+            }
+            Some(_) => continue,
+            None => vec![Request::Cancel { job: j.id }],
+        };
+        for request in requests {
+            let Err(e) = super::call(PROG, cluster, request).await else { continue };
+            if !action.quiet {
+                eprintln!(
+                    "{PROG}: error: Kill job error on job id {}: {}",
+                    super::display_id(j),
+                    e.text.trim_start_matches("scancel: error: ")
+                );
+            }
+            errors += 1;
+            break;
+        }
+    }
+    errors
 }

@@ -128,16 +128,41 @@ pub struct StepPlan {
 
 /// Plans the step from the allocation's variables in `env` and srun's options.
 pub fn plan_step(p: &Parsed, env: &BTreeMap<String, String>, step_id: u32) -> Result<StepPlan, SlurmError> {
-    let fatal = |m: String| SlurmError::fatal(PROG, m);
-    let job_nodes =
-        hostlist::expand(env.get("SLURM_JOB_NODELIST").or(env.get("SLURM_NODELIST")).map_or("", String::as_str)).map_err(fatal)?;
+    let (job_nodes, here) = allocation_nodes(env)?;
+    let mut nodes = wanted_nodes(p, &job_nodes)?;
+    let ntasks_opt = p.last("ntasks").map(|n| super::sbatch::parse_int(PROG, "--ntasks", n)).transpose()?;
+    let per_node_opt = p.last("ntasks-per-node").map(|n| super::sbatch::parse_int(PROG, "--ntasks-per-node", n)).transpose()?;
+    limit_node_count(p, &mut nodes, ntasks_opt, per_node_opt)?;
+    let tasks_per_node = step_tasks_per_node(p, env, &nodes, job_nodes.len(), ntasks_opt, per_node_opt);
+    let node_index =
+        here.as_ref().and_then(|h| nodes.iter().position(|n| n == h)).or_else(|| (nodes.len() == 1 && here.is_none()).then_some(0));
+    let base = step_env(p, env, step_id, &nodes, &tasks_per_node, &job_nodes, here.as_deref())?;
+    let tasks = match node_index {
+        Some(idx) => local_tasks(p, env, &base, &tasks_per_node, idx),
+        None => Vec::new(),
+    };
+    Ok(StepPlan { step_id, nodes, tasks_per_node, node_index, tasks, base })
+}
+
+/// The allocation's nodes (this host alone when `env` names none) and this node's name, if
+/// known.
+fn allocation_nodes(env: &BTreeMap<String, String>) -> Result<(Vec<String>, Option<String>), SlurmError> {
+    let job_nodes = hostlist::expand(env.get("SLURM_JOB_NODELIST").or(env.get("SLURM_NODELIST")).map_or("", String::as_str))
+        .map_err(|m| SlurmError::fatal(PROG, m))?;
     let job_nodes =
         if job_nodes.is_empty() { vec![env.get("SLURMD_NODENAME").cloned().unwrap_or_else(super::host_name)] } else { job_nodes };
     let here = env.get("SLURMD_NODENAME").cloned().or_else(|| {
         let id: usize = env.get("SLURM_NODEID")?.parse().ok()?;
         job_nodes.get(id).cloned()
     });
-    let mut nodes = job_nodes.clone();
+    Ok((job_nodes, here))
+}
+
+/// The nodes of `job_nodes` the step may use: `--nodelist` (all in the allocation), less
+/// `--exclude`.
+fn wanted_nodes(p: &Parsed, job_nodes: &[String]) -> Result<Vec<String>, SlurmError> {
+    let fatal = |m: String| SlurmError::fatal(PROG, m);
+    let mut nodes = job_nodes.to_vec();
     if let Some(w) = p.last("nodelist") {
         let wanted = hostlist::expand(w).map_err(fatal)?;
         if let Some(bad) = wanted.iter().find(|n| !job_nodes.contains(n)) {
@@ -149,8 +174,13 @@ pub fn plan_step(p: &Parsed, env: &BTreeMap<String, String>, step_id: u32) -> Re
         let excluded = hostlist::expand(x).map_err(fatal)?;
         nodes.retain(|n| !excluded.contains(n));
     }
-    let ntasks_opt = p.last("ntasks").map(|n| super::sbatch::parse_int(PROG, "--ntasks", n)).transpose()?;
-    let per_node_opt = p.last("ntasks-per-node").map(|n| super::sbatch::parse_int(PROG, "--ntasks-per-node", n)).transpose()?;
+    Ok(nodes)
+}
+
+/// Keeps the first `--nodes` of `nodes` (more than there are is an error), or, with
+/// `--ntasks` alone, no more nodes than tasks.
+fn limit_node_count(p: &Parsed, nodes: &mut Vec<String>, ntasks_opt: Option<u32>, per_node_opt: Option<u32>) -> Result<(), SlurmError> {
+    let fatal = |m: String| SlurmError::fatal(PROG, m);
     if let Some(n) = p.last("nodes") {
         let count =
             n.split('-').next().and_then(|c| c.parse::<usize>().ok()).ok_or_else(|| fatal(format!("\"{n}\" is not a valid node count")))?;
@@ -162,29 +192,53 @@ pub fn plan_step(p: &Parsed, env: &BTreeMap<String, String>, step_id: u32) -> Re
         // Fewer tasks than nodes: one node per task.
         nodes.truncate((total as usize).max(1));
     }
+    Ok(())
+}
+
+/// Tasks on each of the step's `nodes`: from `--ntasks-per-node` or `--ntasks`, else from the
+/// allocation's (`job_node_count` nodes) as `env` tells them.
+fn step_tasks_per_node(
+    p: &Parsed,
+    env: &BTreeMap<String, String>,
+    nodes: &[String],
+    job_node_count: usize,
+    ntasks_opt: Option<u32>,
+    per_node_opt: Option<u32>,
+) -> Vec<u32> {
     let n = nodes.len().max(1) as u32;
-    let tasks_per_node: Vec<u32> = match (ntasks_opt, per_node_opt) {
+    match (ntasks_opt, per_node_opt) {
         (_, Some(k)) => vec![k; nodes.len()],
         (Some(total), None) => (0..n).map(|i| total / n + u32::from(i < total % n)).collect(),
         (None, None) => {
             let total: Option<u32> = env.get("SLURM_NTASKS").and_then(|t| t.parse().ok());
             let per: Option<u32> = env.get("SLURM_NTASKS_PER_NODE").and_then(|t| t.parse().ok());
             match (per, total) {
-                (Some(k), _) if p.last("nodelist").is_some() || nodes.len() != job_nodes.len() => {
+                (Some(k), _) if p.last("nodelist").is_some() || nodes.len() != job_node_count => {
                     vec![k; nodes.len()]
                 }
-                (_, Some(total)) if nodes.len() == job_nodes.len() && total >= n => {
+                (_, Some(total)) if nodes.len() == job_node_count && total >= n => {
                     (0..n).map(|i| total / n + u32::from(i < total % n)).collect()
                 }
                 (Some(k), _) => vec![k; nodes.len()],
                 _ => vec![1; nodes.len()],
             }
         }
-    };
+    }
+}
+
+/// The step's variables, the same for every task (`SLURM_STEP_*`, `SLURM_NTASKS`, the job's
+/// id and nodes, `SLURMD_NODENAME` when `here` is known, `SLURM_CPUS_PER_TASK`).
+fn step_env(
+    p: &Parsed,
+    env: &BTreeMap<String, String>,
+    step_id: u32,
+    nodes: &[String],
+    tasks_per_node: &[u32],
+    job_nodes: &[String],
+    here: Option<&str>,
+) -> Result<BTreeMap<String, String>, SlurmError> {
     let total: u32 = tasks_per_node.iter().sum();
-    let node_index =
-        here.as_ref().and_then(|h| nodes.iter().position(|n| n == h)).or_else(|| (nodes.len() == 1 && here.is_none()).then_some(0));
-    let nodelist = hostlist::compress(&nodes);
+    let nodelist = hostlist::compress(nodes);
     let mut base = BTreeMap::new();
     let job_id = env.get("SLURM_JOB_ID").cloned().unwrap_or_default();
     base.insert("SLURM_STEP_ID".to_string(), step_id.to_string());
@@ -192,48 +246,56 @@ pub fn plan_step(p: &Parsed, env: &BTreeMap<String, String>, step_id: u32) -> Re
     base.insert("SLURM_STEP_NODELIST".to_string(), nodelist.clone());
     base.insert("SLURM_STEP_NUM_NODES".to_string(), nodes.len().to_string());
     base.insert("SLURM_STEP_NUM_TASKS".to_string(), total.to_string());
-    base.insert("SLURM_STEP_TASKS_PER_NODE".to_string(), hostlist::compress_counts(&tasks_per_node));
+    base.insert("SLURM_STEP_TASKS_PER_NODE".to_string(), hostlist::compress_counts(tasks_per_node));
     base.insert("SLURM_NTASKS".to_string(), total.to_string());
     base.insert("SLURM_NPROCS".to_string(), total.to_string());
     base.insert("SLURM_NNODES".to_string(), nodes.len().to_string());
     base.insert("SLURM_NODELIST".to_string(), nodelist);
-    base.insert("SLURM_TASKS_PER_NODE".to_string(), hostlist::compress_counts(&tasks_per_node));
+    base.insert("SLURM_TASKS_PER_NODE".to_string(), hostlist::compress_counts(tasks_per_node));
     base.insert("SLURM_JOB_ID".to_string(), job_id.clone());
     base.insert("SLURM_JOBID".to_string(), job_id);
-    base.insert("SLURM_JOB_NODELIST".to_string(), hostlist::compress(&job_nodes));
+    base.insert("SLURM_JOB_NODELIST".to_string(), hostlist::compress(job_nodes));
     base.insert("SLURM_JOB_NUM_NODES".to_string(), job_nodes.len().to_string());
-    if let Some(h) = &here {
-        base.insert("SLURMD_NODENAME".to_string(), h.clone());
+    if let Some(h) = here {
+        base.insert("SLURMD_NODENAME".to_string(), h.to_string());
     }
     if let Some(c) = p.last("cpus-per-task") {
         base.insert("SLURM_CPUS_PER_TASK".to_string(), super::sbatch::parse_int(PROG, "--cpus-per-task", c)?.to_string());
     }
+    Ok(base)
+}
+
+/// The tasks node `idx` of the step runs: `base` with each task's ranks, and with
+/// `--gpus-per-task` its share of the node's `CUDA_VISIBLE_DEVICES`.
+fn local_tasks(
+    p: &Parsed,
+    env: &BTreeMap<String, String>,
+    base: &BTreeMap<String, String>,
+    tasks_per_node: &[u32],
+    idx: usize,
+) -> Vec<TaskPlan> {
+    let first: u32 = tasks_per_node[..idx].iter().sum();
+    let here_count = tasks_per_node[idx];
+    let gtids = (first..first + here_count).map(|r| r.to_string()).collect::<Vec<_>>().join(",");
+    let gpus_per_task = p.last("gpus-per-task").and_then(|g| g.rsplit(':').next()?.parse::<usize>().ok());
+    let visible: Vec<String> =
+        env.get("CUDA_VISIBLE_DEVICES").map(|v| v.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect()).unwrap_or_default();
     let mut tasks = Vec::new();
-    if let Some(idx) = node_index {
-        let first: u32 = tasks_per_node[..idx].iter().sum();
-        let here_count = tasks_per_node[idx];
-        let gtids = (first..first + here_count).map(|r| r.to_string()).collect::<Vec<_>>().join(",");
-        let gpus_per_task = p.last("gpus-per-task").and_then(|g| g.rsplit(':').next()?.parse::<usize>().ok());
-        let visible: Vec<String> = env
-            .get("CUDA_VISIBLE_DEVICES")
-            .map(|v| v.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect())
-            .unwrap_or_default();
-        for local in 0..here_count {
-            let mut e = base.clone();
-            e.insert("SLURM_NODEID".to_string(), idx.to_string());
-            e.insert("SLURM_PROCID".to_string(), (first + local).to_string());
-            e.insert("SLURM_LOCALID".to_string(), local.to_string());
-            e.insert("SLURM_GTIDS".to_string(), gtids.clone());
-            if let Some(k) = gpus_per_task {
-                let lo = local as usize * k;
-                if k > 0 && lo + k <= visible.len() {
-                    e.insert("CUDA_VISIBLE_DEVICES".to_string(), visible[lo..lo + k].join(","));
-                }
+    for local in 0..here_count {
+        let mut e = base.clone();
+        e.insert("SLURM_NODEID".to_string(), idx.to_string());
+        e.insert("SLURM_PROCID".to_string(), (first + local).to_string());
+        e.insert("SLURM_LOCALID".to_string(), local.to_string());
+        e.insert("SLURM_GTIDS".to_string(), gtids.clone());
+        if let Some(k) = gpus_per_task {
+            let lo = local as usize * k;
+            if k > 0 && lo + k <= visible.len() {
+                e.insert("CUDA_VISIBLE_DEVICES".to_string(), visible[lo..lo + k].join(","));
             }
-            tasks.push(TaskPlan { rank: first + local, local_id: local, env: e });
         }
+        tasks.push(TaskPlan { rank: first + local, local_id: local, env: e });
     }
-    Ok(StepPlan { step_id, nodes, tasks_per_node, node_index, tasks, base })
+    tasks
 }
 
 /// The next step id of job `job` on node `node` (a counter kept in the temp directory; every
@@ -555,9 +617,10 @@ fn run_step_in_job(p: &Parsed) -> Result<i32, SlurmError> {
 /// Starts a step of the allocation `env` describes through `cluster` (the node's socket inside
 /// a batch script, any node for `--jobid`), prints its tasks' output and returns its exit code.
 fn run_step_through(p: &Parsed, env: &BTreeMap<String, String>, cluster: crate::client::Cluster) -> Result<i32, SlurmError> {
-    let fatal = |m: String| SlurmError::fatal(PROG, m);
-    let job: proto::JobId =
-        env.get("SLURM_JOB_ID").and_then(|j| j.parse().ok()).ok_or_else(|| fatal("SLURM_JOB_ID is not a job id".into()))?;
+    let job: proto::JobId = env
+        .get("SLURM_JOB_ID")
+        .and_then(|j| j.parse().ok())
+        .ok_or_else(|| SlurmError::fatal(PROG, "SLURM_JOB_ID is not a job id".to_string()))?;
     let mut caller_env: BTreeMap<String, String> = std::env::vars().collect();
     caller_env.insert("SLURM_UMASK".into(), format!("{:04o}", current_umask()));
     let cwd = std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_else(|_| "/".into());
@@ -566,95 +629,170 @@ fn run_step_through(p: &Parsed, env: &BTreeMap<String, String>, cluster: crate::
     let kill_on_bad_exit = p.has("kill-on-bad-exit");
     let quiet = p.has("quiet");
     let tasks: usize = spec.nodes.iter().map(|n| n.ranks.len()).sum();
-    let mut printer = Printer { label: p.has("label"), width: tasks.saturating_sub(1).to_string().len(), partial: BTreeMap::new() };
+    let printer = Printer { label: p.has("label"), width: tasks.saturating_sub(1).to_string().len(), partial: BTreeMap::new() };
     super::block_on(PROG, async move {
         let cluster = std::sync::Arc::new(cluster);
         let step = launch_step(&cluster, job, spec).await?;
-        let signal = |sig: i32| signal_step(&cluster, job, step, &nodes, sig);
         let (mut sigint, mut sigterm) = interrupts()?;
-        // Per node: offset, exits seen (by rank), done.
-        let mut cursors: BTreeMap<String, (u64, BTreeMap<u32, proto::TaskExit>, bool)> =
-            nodes.iter().map(|n| (n.clone(), (0, BTreeMap::new(), false))).collect();
-        let mut killed = false;
-        let mut kill_at: Option<tokio::time::Instant> = None;
-        let mut reads = tokio::task::JoinSet::new();
-        let read = |reads: &mut tokio::task::JoinSet<_>, node: String, offset: u64, exits_seen: u32| {
-            let cluster = std::sync::Arc::clone(&cluster);
-            reads.spawn(async move {
-                let r =
-                    cluster.call(Request::StepRead { job, step, node: node.clone(), offset, exits_seen, wait_ms: STEP_READ_WAIT_MS }).await;
-                (node, r)
-            });
+        let mut follower = StepFollower {
+            cursors: nodes.iter().map(|n| (n.clone(), NodeCursor::default())).collect(),
+            cluster,
+            job,
+            step,
+            nodes,
+            quiet,
+            kill_on_bad_exit,
+            printer,
+            killed: false,
+            kill_at: None,
+            failures: 0,
+            lost: false,
         };
-        for node in &nodes {
-            read(&mut reads, node.clone(), 0, 0);
+        let mut reads = StepReads::new();
+        for node in &follower.nodes {
+            follower.read(&mut reads, node.clone(), 0, 0);
         }
-        let mut failures = 0u32;
-        let mut lost = false;
         while !reads.is_empty() {
-            let kill_wait = sleep_until_or_never(kill_at);
+            let kill_wait = sleep_until_or_never(follower.kill_at);
             let joined = tokio::select! {
                 j = reads.join_next() => j,
-                _ = sigint.recv() => { signal(libc::SIGINT).await; continue; }
-                _ = sigterm.recv() => { signal(libc::SIGTERM).await; continue; }
+                _ = sigint.recv() => { follower.signal(libc::SIGINT).await; continue; }
+                _ = sigterm.recv() => { follower.signal(libc::SIGTERM).await; continue; }
                 () = kill_wait => {
                     // --kill-on-bad-exit: what SIGTERM left after Slurm's KillWait.
-                    kill_at = None;
-                    signal(libc::SIGKILL).await;
+                    follower.kill_at = None;
+                    follower.signal(libc::SIGKILL).await;
                     continue;
                 }
             };
             let Some(Ok((node, result))) = joined else { continue };
-            let Some(cursor) = cursors.get_mut(&node) else { continue };
-            match result {
-                Ok(Ok(Reply::StepOutput { chunks, next_offset, exits, done })) => {
-                    failures = 0;
-                    for c in &chunks {
-                        printer.print(c);
-                    }
-                    cursor.0 = next_offset;
-                    if note_exits(&mut cursor.1, exits, &node, quiet) && kill_on_bad_exit && !killed {
-                        // As Slurm: SIGTERM to every task now, SIGKILL after KillWait.
-                        killed = true;
-                        eprintln!("{PROG}: launch/slurm: _step_signal: Terminating StepId={job}.{step}");
-                        signal(libc::SIGTERM).await;
-                        kill_at = Some(tokio::time::Instant::now() + Duration::from_millis(STEP_KILL_WAIT_MS));
-                    }
-                    cursor.2 = done;
-                }
-                Ok(Ok(other)) => return Err(fatal(format!("unexpected reply {other:?}"))),
-                Ok(Err(proto::ApiError::Unavailable(_))) if failures < STEP_READ_FAILURES_MAX => {
-                    // A node of the step is out of reach for now (its daemon may be handing
-                    // its runs over): read it again.
-                    failures += 1;
-                    tokio::time::sleep(Duration::from_millis(STEP_RETRY_MS)).await;
-                }
-                Ok(Err(e)) => {
-                    // The job ended (its steps with it) or the node is gone.
-                    eprintln!("{PROG}: error: {node}: step {job}.{step}: {e}");
-                    cursor.2 = true;
-                    lost = true;
-                }
-                Err(e) => {
-                    failures += 1;
-                    if failures > STEP_READ_FAILURES_MAX {
-                        return Err(fatal(format!("lost the local corrald: {e:#}")));
-                    }
-                    tokio::time::sleep(Duration::from_millis(STEP_RETRY_MS)).await;
-                }
-            }
-            if !cursor.2 {
-                let (offset, seen) = (cursor.0, cursor.1.len() as u32);
-                read(&mut reads, node, offset, seen);
-            }
+            follower.on_read(&mut reads, node, result).await?;
         }
-        printer.finish();
-        if killed {
-            eprintln!("{PROG}: Force Terminated StepId={job}.{step}");
-        }
-        let worst = cursors.values().flat_map(|c| c.1.values().map(proto::TaskExit::status)).max().unwrap_or(0);
-        Ok(if lost { worst.max(1) } else { worst })
+        Ok(follower.finish())
     })?
+}
+
+/// The reads of a step's output in flight, one per node: each gives the node and its answer.
+type StepReads = tokio::task::JoinSet<(String, anyhow::Result<Result<Reply, proto::ApiError>>)>;
+
+/// Where `srun` stands with one node of a step.
+#[derive(Default)]
+struct NodeCursor {
+    /// Offset of the node's output read so far.
+    offset: u64,
+    /// Exits of the node's tasks seen, by rank.
+    exits: BTreeMap<u32, proto::TaskExit>,
+    /// No more to read from the node.
+    done: bool,
+}
+
+/// A started step `srun` follows through the cluster: its nodes' output and exits, and the
+/// kill that a bad exit under `--kill-on-bad-exit` starts.
+struct StepFollower {
+    cluster: std::sync::Arc<crate::client::Cluster>,
+    job: proto::JobId,
+    step: u32,
+    nodes: Vec<String>,
+    quiet: bool,
+    kill_on_bad_exit: bool,
+    printer: Printer,
+    cursors: BTreeMap<String, NodeCursor>,
+    /// SIGTERM sent after a bad exit.
+    killed: bool,
+    /// When SIGKILL follows that SIGTERM.
+    kill_at: Option<tokio::time::Instant>,
+    /// Failed reads in a row.
+    failures: u32,
+    /// A node's part of the step was lost (the job ended or the node is gone).
+    lost: bool,
+}
+
+impl StepFollower {
+    /// Starts reading `node`'s output from `offset`, with `exits_seen` of its exits known.
+    fn read(&self, reads: &mut StepReads, node: String, offset: u64, exits_seen: u32) {
+        let cluster = std::sync::Arc::clone(&self.cluster);
+        let (job, step) = (self.job, self.step);
+        reads.spawn(async move {
+            let r = cluster.call(Request::StepRead { job, step, node: node.clone(), offset, exits_seen, wait_ms: STEP_READ_WAIT_MS }).await;
+            (node, r)
+        });
+    }
+
+    /// Sends `sig` to every task of the step.
+    async fn signal(&self, sig: i32) {
+        signal_step(&self.cluster, self.job, self.step, &self.nodes, sig).await;
+    }
+
+    /// Takes in one read of `node`'s output (prints it, notes exits, starts the kill after a
+    /// bad one) and reads again unless the node is done; an unexpected reply, or the local
+    /// corrald out of reach for too long, is an error.
+    async fn on_read(
+        &mut self,
+        reads: &mut StepReads,
+        node: String,
+        result: anyhow::Result<Result<Reply, proto::ApiError>>,
+    ) -> Result<(), SlurmError> {
+        let fatal = |m: String| SlurmError::fatal(PROG, m);
+        let (job, step) = (self.job, self.step);
+        let Some(cursor) = self.cursors.get_mut(&node) else { return Ok(()) };
+        match result {
+            Ok(Ok(Reply::StepOutput { chunks, next_offset, exits, done })) => {
+                self.failures = 0;
+                for c in &chunks {
+                    self.printer.print(c);
+                }
+                cursor.offset = next_offset;
+                if note_exits(&mut cursor.exits, exits, &node, self.quiet) && self.kill_on_bad_exit && !self.killed {
+                    // As Slurm: SIGTERM to every task now, SIGKILL after KillWait.
+                    self.killed = true;
+                    eprintln!("{PROG}: launch/slurm: _step_signal: Terminating StepId={job}.{step}");
+                    signal_step(&self.cluster, job, step, &self.nodes, libc::SIGTERM).await;
+                    self.kill_at = Some(tokio::time::Instant::now() + Duration::from_millis(STEP_KILL_WAIT_MS));
+                }
+                cursor.done = done;
+            }
+            Ok(Ok(other)) => return Err(fatal(format!("unexpected reply {other:?}"))),
+            Ok(Err(proto::ApiError::Unavailable(_))) if self.failures < STEP_READ_FAILURES_MAX => {
+                // A node of the step is out of reach for now (its daemon may be handing
+                // its runs over): read it again.
+                self.failures += 1;
+                tokio::time::sleep(Duration::from_millis(STEP_RETRY_MS)).await;
+            }
+            Ok(Err(e)) => {
+                // The job ended (its steps with it) or the node is gone.
+                eprintln!("{PROG}: error: {node}: step {job}.{step}: {e}");
+                cursor.done = true;
+                self.lost = true;
+            }
+            Err(e) => {
+                self.failures += 1;
+                if self.failures > STEP_READ_FAILURES_MAX {
+                    return Err(fatal(format!("lost the local corrald: {e:#}")));
+                }
+                tokio::time::sleep(Duration::from_millis(STEP_RETRY_MS)).await;
+            }
+        }
+        if !cursor.done {
+            let (offset, seen) = (cursor.offset, cursor.exits.len() as u32);
+            self.read(reads, node, offset, seen);
+        }
+        Ok(())
+    }
+
+    /// Once every node is done: prints what is left of the output, and gives the worst exit
+    /// status (at least 1 when a node's part was lost).
+    fn finish(mut self) -> i32 {
+        self.printer.finish();
+        if self.killed {
+            eprintln!("{PROG}: Force Terminated StepId={}.{}", self.job, self.step);
+        }
+        let worst = self.cursors.values().flat_map(|c| c.exits.values().map(proto::TaskExit::status)).max().unwrap_or(0);
+        if self.lost {
+            worst.max(1)
+        } else {
+            worst
+        }
+    }
 }
 
 /// Sleeps until `at`, or for ever without one.
@@ -766,6 +904,28 @@ pub fn step_script(corral: &str, p: &Parsed) -> String {
 
 /// Outside an allocation: submit the command as a job, stream its output, return its code.
 fn run_as_job(p: &Parsed) -> Result<i32, SlurmError> {
+    let sub = allocation_for(p)?;
+    catch_signals();
+    let quiet = p.has("quiet");
+    let cluster = super::connect(PROG)?;
+    super::block_on(PROG, async {
+        let reply = cluster
+            .call_patiently(Request::Submit { spec: sub.spec.clone() }, super::PATIENCE)
+            .await
+            .map_err(|e| SlurmError::fatal(PROG, format!("Unable to allocate resources: {}", super::describe_error(&e))))?;
+        let Reply::Submitted { job } = reply else {
+            return Err(SlurmError::fatal(PROG, format!("unexpected reply {reply:?}")));
+        };
+        if !quiet {
+            eprintln!("{PROG}: job {job} queued and waiting for resources");
+        }
+        follow_allocation(&cluster, job, quiet).await
+    })?
+}
+
+/// The allocation an `srun` outside one asks for: a batch job of srun's options (its output
+/// and error in files of their own unless given) whose script runs the step.
+fn allocation_for(p: &Parsed) -> Result<super::sbatch::Submission, SlurmError> {
     let ctx = Context::current()?;
     let mut b = Builder::new(PROG, &ctx);
     let mut output_given = false;
@@ -791,84 +951,80 @@ fn run_as_job(p: &Parsed) -> Result<i32, SlurmError> {
     let mut sub = b.finish(Some(step_script(&corral.display().to_string(), p)), Vec::new(), name)?;
     sub.spec.set_batch(true);
     sub.spec.set_srun_allocation(true);
-    catch_signals();
-    let cluster = super::connect(PROG)?;
-    super::block_on(PROG, async {
-        let reply = cluster
-            .call_patiently(Request::Submit { spec: sub.spec.clone() }, super::PATIENCE)
-            .await
-            .map_err(|e| SlurmError::fatal(PROG, format!("Unable to allocate resources: {}", super::describe_error(&e))))?;
-        let Reply::Submitted { job } = reply else {
-            return Err(SlurmError::fatal(PROG, format!("unexpected reply {reply:?}")));
+    Ok(sub)
+}
+
+/// Follows the submitted allocation `job` to its end: cancels it on SIGINT or SIGTERM, says
+/// when it starts (unless `quiet`), copies its output here, and gives its exit code.
+async fn follow_allocation(cluster: &crate::client::Cluster, job: proto::JobId, quiet: bool) -> Result<i32, SlurmError> {
+    let mut offsets = [0u64, 0u64];
+    let mut announced = false;
+    let mut cancelled = false;
+    loop {
+        if SIGNAL.swap(0, Ordering::SeqCst) != 0 && !cancelled {
+            eprintln!("{PROG}: Force Terminated JobId={job}");
+            let _ = cluster.call(Request::Cancel { job }).await;
+            cancelled = true;
+        }
+        let state = match cluster.call(Request::GetJob { job }).await {
+            Ok(Ok(Reply::Job(j))) => Some(*j),
+            _ => None,
         };
-        if !p.has("quiet") {
-            eprintln!("{PROG}: job {job} queued and waiting for resources");
+        if let Some(j) = &state {
+            if !announced && j.state != proto::JobState::Pending {
+                if !quiet {
+                    eprintln!("{PROG}: job {job} has been allocated resources");
+                }
+                announced = true;
+            }
         }
-        let mut offsets = [0u64, 0u64];
-        let mut announced = false;
-        let mut cancelled = false;
-        loop {
-            if SIGNAL.swap(0, Ordering::SeqCst) != 0 && !cancelled {
-                eprintln!("{PROG}: Force Terminated JobId={job}");
-                let _ = cluster.call(Request::Cancel { job }).await;
-                cancelled = true;
+        let (progressed, finished) = if announced { copy_job_output(cluster, job, &mut offsets).await } else { (false, [false, false]) };
+        if let Some(j) = state {
+            if j.state.is_final() && !progressed && (finished.iter().all(|f| *f) || !announced || j.start_ms.is_none()) {
+                let code = super::exit_code_of(&j);
+                if code != 0 && !quiet {
+                    eprintln!("{PROG}: error: job {job}: {} with exit code {code}", j.state.as_str());
+                }
+                return Ok(code);
             }
-            let state = match cluster.call(Request::GetJob { job }).await {
-                Ok(Ok(Reply::Job(j))) => Some(*j),
-                _ => None,
-            };
-            if let Some(j) = &state {
-                if !announced && j.state != proto::JobState::Pending {
-                    if !p.has("quiet") {
-                        eprintln!("{PROG}: job {job} has been allocated resources");
-                    }
-                    announced = true;
-                }
-            }
-            let mut progressed = false;
-            let mut finished = [false, false];
-            for (k, stream) in [LogStream::Stdout, LogStream::Stderr].into_iter().enumerate() {
-                if !announced {
-                    break;
-                }
-                let req = Request::Logs { job, stream, offset: offsets[k], max_bytes: proto::limits::LOG_CHUNK_BYTES_MAX };
-                if let Ok(Ok(Reply::LogChunk { data, next_offset, finished: done })) = cluster.call(req).await {
-                    if !data.is_empty() {
-                        progressed = true;
-                        if k == 0 {
-                            let _ = std::io::stdout().write_all(&data);
-                            let _ = std::io::stdout().flush();
-                        } else {
-                            let _ = std::io::stderr().write_all(&data);
-                        }
-                    }
-                    offsets[k] = next_offset;
-                    finished[k] = done;
-                }
-            }
-            if let Some(j) = state {
-                if j.state.is_final() && !progressed && (finished.iter().all(|f| *f) || !announced || j.start_ms.is_none()) {
-                    let code = super::exit_code_of(&j);
-                    if code != 0 && !p.has("quiet") {
-                        eprintln!("{PROG}: error: job {job}: {} with exit code {code}", j.state.as_str());
-                    }
-                    return Ok(code);
-                }
-                if j.state.is_final() && !progressed {
-                    // Output said it is not finished yet; give the node a moment.
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    if let Ok(Ok(Reply::Job(j))) = cluster.call(Request::GetJob { job }).await {
-                        if j.state.is_final() {
-                            return Ok(super::exit_code_of(&j));
-                        }
-                    }
-                }
-            }
-            if !progressed {
+            if j.state.is_final() && !progressed {
+                // Output said it is not finished yet; give the node a moment.
                 tokio::time::sleep(Duration::from_millis(200)).await;
+                if let Ok(Ok(Reply::Job(j))) = cluster.call(Request::GetJob { job }).await {
+                    if j.state.is_final() {
+                        return Ok(super::exit_code_of(&j));
+                    }
+                }
             }
         }
-    })?
+        if !progressed {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// Copies what is new of `job`'s stdout and stderr (read from `offsets`, which move on) to
+/// this process's: whether there was any, and whether each stream is finished.
+async fn copy_job_output(cluster: &crate::client::Cluster, job: proto::JobId, offsets: &mut [u64; 2]) -> (bool, [bool; 2]) {
+    let mut progressed = false;
+    let mut finished = [false, false];
+    for (k, stream) in [LogStream::Stdout, LogStream::Stderr].into_iter().enumerate() {
+        let req = Request::Logs { job, stream, offset: offsets[k], max_bytes: proto::limits::LOG_CHUNK_BYTES_MAX };
+        if let Ok(Ok(Reply::LogChunk { data, next_offset, finished: done })) = cluster.call(req).await {
+            if !data.is_empty() {
+                progressed = true;
+                if k == 0 {
+                    let _ = std::io::stdout().write_all(&data);
+                    let _ = std::io::stdout().flush();
+                } else {
+                    let _ = std::io::stderr().write_all(&data);
+                }
+            }
+            offsets[k] = next_offset;
+            finished[k] = done;
+        }
+    }
+    (progressed, finished)
 }
 
 pub fn run(args: &[String]) -> Result<i32, SlurmError> {
