@@ -604,11 +604,48 @@ fn drive_and_check(h: &mut Harness, opts: &RunOptions) -> anyhow::Result<RunOutc
     let mut rng = StdRng::seed_from_u64(opts.seed);
     let plan = plan_faults(&mut rng, &opts.faults, opts.duration_ms);
     h.history.record(json!({"kind": "fault-plan", "plan": format!("{plan:?}")}));
-    // Addresses of every node.
+    learn_addresses(h, opts.nodes)?;
+    let watch = DeathWatch::start(h.work.join("spans.log"));
+    let mut faults = FaultSchedule { plan, next: 0, pending_heal: None, injected: BTreeMap::new() };
+    let mut workload = drive_workload(h, opts, &mut faults, &mut rng)?;
+    h.history.record(json!({"kind": "phase", "phase": "heal"}));
+    faults.heal_pending(h)?;
+    h.heal_all().context("heal every fault")?;
+    let mut violations: Vec<String> = Vec::new();
+
+    let recovery_ms = probe_recovery_ms(h, &mut workload.submitted);
+    if recovery_ms.is_none() {
+        violations.push(format!("no submit succeeded within {RECOVERY_BOUND_MS} ms after the last fault was healed"));
+    }
+    let jobs = settle_jobs(h, &workload.submitted, &mut violations);
+    // Voters converge: same applied index and the same (id, state, run) list.
+    let converged = check_voters(h, &mut violations);
+    let spans = collect_spans(h, watch, &workload.submitted, &mut violations);
+    violations.extend(crate::check_exclusive_gpus(&spans).iter().map(|v| v.to_string()));
+    violations.extend(crate::check_never_twice(&spans).iter().map(|v| v.to_string()));
+    violations.extend(crate::check_one_leader_per_term(&workload.leader_claims).iter().map(|v| v.to_string()));
+    violations.extend(check_job_outcomes(&workload.submitted, &jobs, &spans));
+
+    let final_states: BTreeMap<u64, String> = workload
+        .submitted
+        .keys()
+        .map(|id| (*id, jobs.get(id).and_then(|j| j["state"].as_str()).unwrap_or("MISSING").to_string()))
+        .collect();
+    let findings = Findings { jobs, final_states, spans_count: spans.len(), recovery_ms, converged, violations };
+    let summary = summarize(h, opts, &workload, &faults.injected, &findings);
+    let Findings { final_states, violations, .. } = findings;
+    h.history.record(json!({"kind": "verdict", "violations": violations, "recovery_ms": recovery_ms}));
+    let faults_injected = faults.injected;
+    Ok(RunOutcome { summary, violations, dir: h.dir.clone(), repro: opts.repro(), final_states, faults_injected, recovery_ms })
+}
+
+/// Asks the cluster for its members until it lists all `nodes` of them, and keeps each
+/// node's address; gives up after 30 s.
+fn learn_addresses(h: &mut Harness, nodes: u32) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while h.addrs.len() < opts.nodes as usize {
+    while h.addrs.len() < nodes as usize {
         if Instant::now() > deadline {
-            bail!("the cluster did not list all {} members within 30 s", opts.nodes);
+            bail!("the cluster did not list all {} members within 30 s", nodes);
         }
         if let CallResult::Ok(v) = h.call("members", None, &["cluster".into()], CALL_TIMEOUT_MS) {
             for m in v["members"].as_array().into_iter().flatten() {
@@ -619,88 +656,123 @@ fn drive_and_check(h: &mut Harness, opts: &RunOptions) -> anyhow::Result<RunOutc
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    let watch = DeathWatch::start(h.work.join("spans.log"));
-    let mut submitted: BTreeMap<u64, Submitted> = BTreeMap::new();
-    let mut leader_claims: Vec<(u64, String)> = Vec::new();
-    let mut faults_injected: BTreeMap<String, u32> = BTreeMap::new();
-    // Jobs keep coming for the whole run (about one per 1.5 s), bounded.
-    let submits_max = (opts.duration_ms / 1_500).clamp(100, 5_000) as usize;
-    // (when, what) heals of the fault in progress.
-    let mut pending_heal: Option<(Instant, PlannedFault, String)> = None;
-    let mut next_fault = 0usize;
-    let started = Instant::now();
-    let mut last_sample = Instant::now() - Duration::from_secs(10);
-    let mut last_fault_end = Instant::now();
-    let run_for = Duration::from_millis(opts.duration_ms);
+    Ok(())
+}
 
-    while started.elapsed() < run_for {
-        let t_ms = started.elapsed().as_millis() as u64;
-        // Faults.
-        if let Some((at, f, node)) = pending_heal.take() {
+/// The planned faults as they play out: which comes next, the one in progress, and how many
+/// of each (fault, role) were injected.
+struct FaultSchedule {
+    plan: Vec<PlannedFault>,
+    /// Index in `plan` of the next fault to inject.
+    next: usize,
+    /// (when, what, on which node) heals the fault in progress.
+    pending_heal: Option<(Instant, PlannedFault, String)>,
+    /// Injected faults by `fault:role`.
+    injected: BTreeMap<String, u32>,
+}
+
+impl FaultSchedule {
+    /// Heals the fault in progress once its hold is over; then, with none in progress,
+    /// injects the next planned fault if `t_ms` (ms since the start) has reached it.
+    fn step(&mut self, h: &mut Harness, t_ms: u64, rng: &mut StdRng) -> anyhow::Result<()> {
+        if let Some((at, f, node)) = self.pending_heal.take() {
             if Instant::now() >= at {
                 heal_fault(h, &f, &node)?;
-                last_fault_end = Instant::now();
             } else {
-                pending_heal = Some((at, f, node));
+                self.pending_heal = Some((at, f, node));
             }
         }
-        if pending_heal.is_none() && next_fault < plan.len() && t_ms >= plan[next_fault].at_ms {
-            let f = plan[next_fault].clone();
-            next_fault += 1;
-            if let Some(node) = inject_fault(h, &f, &mut rng)? {
-                *faults_injected.entry(format!("{}:{}", f.fault.name(), f.role)).or_default() += 1;
-                pending_heal = Some((Instant::now() + Duration::from_millis(f.hold_ms), f, node));
+        if self.pending_heal.is_none() && self.next < self.plan.len() && t_ms >= self.plan[self.next].at_ms {
+            let f = self.plan[self.next].clone();
+            self.next += 1;
+            if let Some(node) = inject_fault(h, &f, rng)? {
+                *self.injected.entry(format!("{}:{}", f.fault.name(), f.role)).or_default() += 1;
+                self.pending_heal = Some((Instant::now() + Duration::from_millis(f.hold_ms), f, node));
             }
         }
+        Ok(())
+    }
+
+    /// Heals the fault still in progress, if any, whatever its hold.
+    fn heal_pending(&mut self, h: &mut Harness) -> anyhow::Result<()> {
+        if let Some((_, f, node)) = self.pending_heal.take() {
+            heal_fault(h, &f, &node)?;
+        }
+        Ok(())
+    }
+}
+
+/// What the workload did: the jobs acknowledged and what is expected of them, and the
+/// (term, leader) claims sampled.
+struct Workload {
+    submitted: BTreeMap<u64, Submitted>,
+    leader_claims: Vec<(u64, String)>,
+}
+
+/// Runs the workload for the whole run: faults on schedule, submits and cancels at random,
+/// a leader sample every 1.5 s.
+fn drive_workload(h: &mut Harness, opts: &RunOptions, faults: &mut FaultSchedule, rng: &mut StdRng) -> anyhow::Result<Workload> {
+    let mut w = Workload { submitted: BTreeMap::new(), leader_claims: Vec::new() };
+    // Jobs keep coming for the whole run (about one per 1.5 s), bounded.
+    let submits_max = (opts.duration_ms / 1_500).clamp(100, 5_000) as usize;
+    let started = Instant::now();
+    let mut last_sample = Instant::now() - Duration::from_secs(10);
+    let run_for = Duration::from_millis(opts.duration_ms);
+    while started.elapsed() < run_for {
+        let t_ms = started.elapsed().as_millis() as u64;
+        faults.step(h, t_ms, rng)?;
         // Workload.
         let roll = rng.gen_range(0..100);
-        if roll < 45 && submitted.len() < submits_max {
-            submit_one(h, &mut rng, &mut submitted);
-        } else if roll < 50 && !submitted.is_empty() {
-            let ids: Vec<u64> = submitted.keys().copied().collect();
-            let id = ids[rng.gen_range(0..ids.len())];
-            // An error or a time-out may still have committed the cancel: count every attempt
-            // but the ones the cluster refused because the job had already ended.
-            let r = h.call("cancel", None, &["cancel".into(), id.to_string()], CALL_TIMEOUT_MS);
-            let refused = matches!(&r, CallResult::Error(e) if e.contains("already finished"));
-            if let (false, Some(s)) = (refused, submitted.get_mut(&id)) {
-                s.cancelled = true;
-            }
+        if roll < 45 && w.submitted.len() < submits_max {
+            submit_one(h, rng, &mut w.submitted);
+        } else if roll < 50 && !w.submitted.is_empty() {
+            cancel_one(h, rng, &mut w.submitted);
         }
         // Leader samples from every node.
         if last_sample.elapsed() >= Duration::from_millis(1_500) {
             last_sample = Instant::now();
-            sample_leaders(h, &mut leader_claims);
+            sample_leaders(h, &mut w.leader_claims);
         }
         std::thread::sleep(Duration::from_millis(rng.gen_range(100..400)));
     }
-    h.history.record(json!({"kind": "phase", "phase": "heal"}));
-    if let Some((_, f, node)) = pending_heal.take() {
-        heal_fault(h, &f, &node)?;
-    }
-    h.heal_all().context("heal every fault")?;
-    let healed = Instant::now();
-    let _ = last_fault_end;
-    let mut violations: Vec<String> = Vec::new();
+    Ok(w)
+}
 
-    // Recovery: a submit succeeds within the bound.
-    let mut recovery_ms = None;
+/// Cancels one acknowledged job picked at random, and marks it cancelled unless the cluster
+/// refused because it had already ended.
+fn cancel_one(h: &mut Harness, rng: &mut StdRng, submitted: &mut BTreeMap<u64, Submitted>) {
+    let ids: Vec<u64> = submitted.keys().copied().collect();
+    let id = ids[rng.gen_range(0..ids.len())];
+    // An error or a time-out may still have committed the cancel: count every attempt
+    // but the ones the cluster refused because the job had already ended.
+    let r = h.call("cancel", None, &["cancel".into(), id.to_string()], CALL_TIMEOUT_MS);
+    let refused = matches!(&r, CallResult::Error(e) if e.contains("already finished"));
+    if let (false, Some(s)) = (refused, submitted.get_mut(&id)) {
+        s.cancelled = true;
+    }
+}
+
+/// Recovery: submits a probe job until one succeeds, within `RECOVERY_BOUND_MS` of now (just
+/// healed); the ms it took, or `None`. The probe joins `submitted`.
+fn probe_recovery_ms(h: &mut Harness, submitted: &mut BTreeMap<u64, Submitted>) -> Option<u64> {
+    let healed = Instant::now();
     while healed.elapsed() < Duration::from_millis(RECOVERY_BOUND_MS) {
         let args: Vec<String> = ["submit", "--", "true"].iter().map(|s| s.to_string()).collect();
         if let CallResult::Ok(v) = h.call("probe", None, &args, 5_000) {
             if let Some(id) = v["job_id"].as_u64() {
-                recovery_ms = Some(healed.elapsed().as_millis() as u64);
+                let recovery_ms = healed.elapsed().as_millis() as u64;
                 submitted.insert(id, Submitted { requeue: false, exit_code: 0, cancelled: false, time_limited: false });
-                break;
+                return Some(recovery_ms);
             }
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    if recovery_ms.is_none() {
-        violations.push(format!("no submit succeeded within {RECOVERY_BOUND_MS} ms after the last fault was healed"));
-    }
+    None
+}
 
-    // Settle: every acknowledged job reaches a final state.
+/// Settle: polls the queue until every acknowledged job is final or `SETTLE_BOUND_MS` passed;
+/// records a violation for each one missing or not final, and returns the last queue by id.
+fn settle_jobs(h: &mut Harness, submitted: &BTreeMap<u64, Submitted>, violations: &mut Vec<String>) -> BTreeMap<u64, Value> {
     let mut jobs: BTreeMap<u64, Value> = BTreeMap::new();
     let settle_deadline = Instant::now() + Duration::from_millis(SETTLE_BOUND_MS);
     loop {
@@ -726,11 +798,17 @@ fn drive_and_check(h: &mut Harness, opts: &RunOptions) -> anyhow::Result<RunOutc
             Some(_) => {}
         }
     }
+    jobs
+}
 
-    // Voters converge: same applied index and the same (id, state, run) list.
-    let converged = check_voters(h, &mut violations);
-
-    // Process spans.
+/// Process spans: stops the death watch, reads the spans log, ends each open span at its
+/// process's observed death (a violation where the process still runs), and records the spans.
+fn collect_spans(
+    h: &mut Harness,
+    watch: DeathWatch,
+    submitted: &BTreeMap<u64, Submitted>,
+    violations: &mut Vec<String>,
+) -> Vec<ProcessSpan> {
     std::thread::sleep(Duration::from_millis(300));
     let deaths = watch.finish();
     // Every job records its start there: a file that cannot be read (or none, with jobs
@@ -755,42 +833,51 @@ fn drive_and_check(h: &mut Harness, opts: &RunOptions) -> anyhow::Result<RunOutc
     for s in &spans {
         h.history.record(json!({"kind": "span", "job": s.job, "run": s.run, "node": s.node, "gpus": s.gpus, "start_ms": s.start_ms, "end_ms": s.end_ms, "pid": s.pid}));
     }
-    violations.extend(crate::check_exclusive_gpus(&spans).iter().map(|v| v.to_string()));
-    violations.extend(crate::check_never_twice(&spans).iter().map(|v| v.to_string()));
-    violations.extend(crate::check_one_leader_per_term(&leader_claims).iter().map(|v| v.to_string()));
-    violations.extend(check_job_outcomes(&submitted, &jobs, &spans));
+    spans
+}
 
-    let final_states: BTreeMap<u64, String> =
-        submitted.keys().map(|id| (*id, jobs.get(id).and_then(|j| j["state"].as_str()).unwrap_or("MISSING").to_string())).collect();
+/// What the checks after the workload found, for the summary and the outcome.
+struct Findings {
+    /// The last queue, by job id.
+    jobs: BTreeMap<u64, Value>,
+    /// Final state of every acknowledged job, by id.
+    final_states: BTreeMap<u64, String>,
+    spans_count: usize,
+    recovery_ms: Option<u64>,
+    converged: bool,
+    violations: Vec<String>,
+}
+
+/// The run's summary, one `name value` line per figure.
+fn summarize(h: &Harness, opts: &RunOptions, w: &Workload, injected: &BTreeMap<String, u32>, f: &Findings) -> String {
     let mut by_state: BTreeMap<&str, u32> = BTreeMap::new();
-    for s in final_states.values() {
+    for s in f.final_states.values() {
         *by_state.entry(s.as_str()).or_default() += 1;
     }
-    let terms: BTreeSet<u64> = leader_claims.iter().map(|(t, _)| *t).collect();
+    let terms: BTreeSet<u64> = w.leader_claims.iter().map(|(t, _)| *t).collect();
     let mut summary = String::new();
     summary.push_str(&format!(
         "corral-chaos run, seed {}, {} nodes ({} voters), {} ms\n",
         opts.seed, opts.nodes, opts.voters, opts.duration_ms
     ));
     summary.push_str(&format!("  {:<28}{}\n", "cluster dir", h.dir.display()));
-    summary.push_str(&format!("  {:<28}{}\n", "jobs acknowledged", submitted.len()));
+    summary.push_str(&format!("  {:<28}{}\n", "jobs acknowledged", w.submitted.len()));
     for (s, n) in &by_state {
         summary.push_str(&format!("  {:<28}{n}\n", format!("  {s}")));
     }
-    summary.push_str(&format!("  {:<28}{}\n", "requeued runs", jobs.values().filter_map(|j| j["restart_count"].as_u64()).sum::<u64>()));
+    summary.push_str(&format!("  {:<28}{}\n", "requeued runs", f.jobs.values().filter_map(|j| j["restart_count"].as_u64()).sum::<u64>()));
     for (op, (ok, err, unk)) in &h.calls {
         summary.push_str(&format!("  {:<28}ok {ok}, error {err}, unknown {unk}\n", format!("calls {op}")));
     }
-    let injected: Vec<String> = faults_injected.iter().map(|(f, n)| format!("{f} x{n}")).collect();
+    let injected: Vec<String> = injected.iter().map(|(fault, n)| format!("{fault} x{n}")).collect();
     summary.push_str(&format!("  {:<28}{}\n", "faults injected", if injected.is_empty() { "none".into() } else { injected.join(", ") }));
-    summary.push_str(&format!("  {:<28}{} terms, {} samples\n", "leaders observed", terms.len(), leader_claims.len()));
-    summary.push_str(&format!("  {:<28}{}\n", "process spans", spans.len()));
-    summary.push_str(&format!("  {:<28}{}\n", "recovery after heal", recovery_ms.map_or("NONE".into(), |ms| format!("{ms} ms"))));
-    summary.push_str(&format!("  {:<28}{}\n", "voters converged", if converged { "yes" } else { "NO" }));
-    summary.push_str(&format!("  {:<28}{}\n", "violations", violations.len()));
+    summary.push_str(&format!("  {:<28}{} terms, {} samples\n", "leaders observed", terms.len(), w.leader_claims.len()));
+    summary.push_str(&format!("  {:<28}{}\n", "process spans", f.spans_count));
+    summary.push_str(&format!("  {:<28}{}\n", "recovery after heal", f.recovery_ms.map_or("NONE".into(), |ms| format!("{ms} ms"))));
+    summary.push_str(&format!("  {:<28}{}\n", "voters converged", if f.converged { "yes" } else { "NO" }));
+    summary.push_str(&format!("  {:<28}{}\n", "violations", f.violations.len()));
     summary.push_str(&format!("  {:<28}{}", "history", h.dir.join("history.jsonl").display()));
-    h.history.record(json!({"kind": "verdict", "violations": violations, "recovery_ms": recovery_ms}));
-    Ok(RunOutcome { summary, violations, dir: h.dir.clone(), repro: opts.repro(), final_states, faults_injected, recovery_ms })
+    summary
 }
 
 fn submit_one(h: &mut Harness, rng: &mut StdRng, submitted: &mut BTreeMap<u64, Submitted>) {

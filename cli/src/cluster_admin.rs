@@ -546,53 +546,12 @@ pub async fn run(
             print_token(&token, json);
             Ok(())
         }
-        ClusterCmd::Token(TokenCmd::Create { ttl, offline: false, .. }) => {
-            let cluster = connect()?;
-            let ttl_ms = parse_ttl(&ttl)?.as_millis() as u64;
-            let Reply::JoinTokenCreated { id, secret, expires_ms } =
-                cluster.call_patiently(Request::CreateJoinToken { ttl_ms }, patience).await?
-            else {
-                bail!("unexpected reply to the token request");
-            };
-            let token = JoinToken { ca_fingerprint: cluster.ca_fingerprint()?, secret, expires_unix: expires_ms / 1000 };
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({"id": id, "token": token.render(), "ca_fingerprint": token.ca_fingerprint, "expires_unix": token.expires_unix})
-                );
-            } else {
-                println!("{}", token.render());
-                eprintln!(
-                    "join token {id}; on a new machine: corral cluster join --token TOKEN --server ADDR --name NAME --listen ADDR:7100"
-                );
-            }
-            Ok(())
-        }
+        ClusterCmd::Token(TokenCmd::Create { ttl, offline: false, .. }) => create_token(&connect()?, &ttl, json, patience).await,
         ClusterCmd::Token(TokenCmd::List) => {
             let Reply::JoinTokens(tokens) = connect()?.call_patiently(Request::ListJoinTokens, patience).await? else {
                 bail!("unexpected reply to the token list");
             };
-            if json {
-                let list: Vec<_> = tokens
-                    .iter()
-                    .map(|t| serde_json::json!({"id": t.id, "created_by": t.created_by, "created_ms": t.created_ms, "expires_ms": t.expires_ms, "revoked": t.revoked}))
-                    .collect();
-                println!("{}", serde_json::Value::Array(list));
-            } else {
-                println!("{:>4}  {:<12} {:>15}  STATE", "ID", "CREATED BY", "EXPIRES (UNIX)");
-                let now_ms = now_unix()? * 1000;
-                for t in &tokens {
-                    let state = if t.revoked {
-                        "revoked"
-                    } else if t.expires_ms <= now_ms {
-                        "expired"
-                    } else {
-                        "live"
-                    };
-                    println!("{:>4}  {:<12} {:>15}  {state}", t.id, t.created_by, t.expires_ms / 1000);
-                }
-            }
-            Ok(())
+            print_token_list(&tokens, json)
         }
         ClusterCmd::Token(TokenCmd::Revoke { id }) => {
             connect()?.call_patiently(Request::RevokeJoinToken { id }, patience).await?;
@@ -601,20 +560,7 @@ pub async fn run(
         }
         ClusterCmd::Digest => {
             let reply = connect()?.call_patiently(Request::AccountingDigest, patience).await?;
-            let Reply::AccountingDigest { node, applied_index, hot_jobs, records, digest, disk_bytes } = reply else {
-                bail!("unexpected reply {reply:?}")
-            };
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({"node": node, "applied_index": applied_index, "hot_jobs": hot_jobs, "accounting_records": records, "accounting_digest": digest, "accounting_disk_bytes": disk_bytes})
-                );
-            } else {
-                println!(
-                    "{node}: applied {applied_index}, {hot_jobs} jobs in the hot state, {records} accounting records ({disk_bytes} bytes on disk), digest {digest}"
-                );
-            }
-            Ok(())
+            print_digest(reply, json)
         }
         ClusterCmd::Revoke { node, fingerprint } => {
             let what = node.clone().map(|n| format!("node {n}")).or_else(|| fingerprint.clone()).unwrap_or_default();
@@ -622,26 +568,90 @@ pub async fn run(
             eprintln!("certificate of {what} revoked: every node refuses it from now on");
             Ok(())
         }
-        ClusterCmd::Token(TokenCmd::Inspect { token }) => {
-            let token = JoinToken::parse(&token)?;
-            let now = now_unix()?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({"ca_fingerprint": token.ca_fingerprint, "expires_unix": token.expires_unix, "expired": now >= token.expires_unix})
-                );
+        ClusterCmd::Token(TokenCmd::Inspect { token }) => inspect_token(&token, json),
+    }
+}
+
+/// `corral cluster token create` (not `--offline`): a new join token in the cluster's log,
+/// valid for `ttl`; prints it (and, without `json`, how to use it).
+async fn create_token(cluster: &crate::client::Cluster, ttl: &str, json: bool, patience: Duration) -> anyhow::Result<()> {
+    let ttl_ms = parse_ttl(ttl)?.as_millis() as u64;
+    let Reply::JoinTokenCreated { id, secret, expires_ms } = cluster.call_patiently(Request::CreateJoinToken { ttl_ms }, patience).await?
+    else {
+        bail!("unexpected reply to the token request");
+    };
+    let token = JoinToken { ca_fingerprint: cluster.ca_fingerprint()?, secret, expires_unix: expires_ms / 1000 };
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"id": id, "token": token.render(), "ca_fingerprint": token.ca_fingerprint, "expires_unix": token.expires_unix})
+        );
+    } else {
+        println!("{}", token.render());
+        eprintln!("join token {id}; on a new machine: corral cluster join --token TOKEN --server ADDR --name NAME --listen ADDR:7100");
+    }
+    Ok(())
+}
+
+/// Prints the cluster's join tokens: a JSON array, or a table with each one's state (live,
+/// expired, revoked).
+fn print_token_list(tokens: &[proto::JoinTokenRecord], json: bool) -> anyhow::Result<()> {
+    if json {
+        let list: Vec<_> = tokens
+            .iter()
+            .map(|t| serde_json::json!({"id": t.id, "created_by": t.created_by, "created_ms": t.created_ms, "expires_ms": t.expires_ms, "revoked": t.revoked}))
+            .collect();
+        println!("{}", serde_json::Value::Array(list));
+    } else {
+        println!("{:>4}  {:<12} {:>15}  STATE", "ID", "CREATED BY", "EXPIRES (UNIX)");
+        let now_ms = now_unix()? * 1000;
+        for t in tokens {
+            let state = if t.revoked {
+                "revoked"
+            } else if t.expires_ms <= now_ms {
+                "expired"
             } else {
-                println!("ca fingerprint: {}", token.ca_fingerprint);
-                let left = token.expires_unix.saturating_sub(now);
-                println!(
-                    "expires:        {} (Unix; {})",
-                    token.expires_unix,
-                    if left == 0 { "expired".into() } else { format!("in {left} s") }
-                );
-            }
-            Ok(())
+                "live"
+            };
+            println!("{:>4}  {:<12} {:>15}  {state}", t.id, t.created_by, t.expires_ms / 1000);
         }
     }
+    Ok(())
+}
+
+/// Prints a node's answer to `cluster digest` (its hot state and accounting store).
+fn print_digest(reply: Reply, json: bool) -> anyhow::Result<()> {
+    let Reply::AccountingDigest { node, applied_index, hot_jobs, records, digest, disk_bytes } = reply else {
+        bail!("unexpected reply {reply:?}")
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"node": node, "applied_index": applied_index, "hot_jobs": hot_jobs, "accounting_records": records, "accounting_digest": digest, "accounting_disk_bytes": disk_bytes})
+        );
+    } else {
+        println!(
+            "{node}: applied {applied_index}, {hot_jobs} jobs in the hot state, {records} accounting records ({disk_bytes} bytes on disk), digest {digest}"
+        );
+    }
+    Ok(())
+}
+
+/// `corral cluster token inspect`: what a join token says (the CA it pins, when it expires).
+fn inspect_token(token: &str, json: bool) -> anyhow::Result<()> {
+    let token = JoinToken::parse(token)?;
+    let now = now_unix()?;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"ca_fingerprint": token.ca_fingerprint, "expires_unix": token.expires_unix, "expired": now >= token.expires_unix})
+        );
+    } else {
+        println!("ca fingerprint: {}", token.ca_fingerprint);
+        let left = token.expires_unix.saturating_sub(now);
+        println!("expires:        {} (Unix; {})", token.expires_unix, if left == 0 { "expired".into() } else { format!("in {left} s") });
+    }
+    Ok(())
 }
 
 fn print_token(token: &JoinToken, json: bool) {

@@ -81,14 +81,29 @@ pub fn slurm_env(
     let mut set = |k: &str, v: String| {
         env.insert(k.to_string(), v);
     };
-    let nodelist = hostlist::compress(node_names);
     let nnodes = node_names.len().max(1);
     let tasks = tasks_per_node(spec, nnodes);
-    let ntasks: u32 = tasks.iter().sum();
-    let cpus = cpus_per_node(job, &tasks);
     let here = node_index.min(nnodes - 1);
-    let first_rank: u32 = tasks[..here].iter().sum();
+    set_job_layout(&mut set, job, node_names, &tasks, here);
+    set_job_owner(&mut set, spec, cluster_name);
+    set_node_and_ranks(&mut set, job, node_names, &tasks, here);
+    if let Some(task) = &job.array {
+        set_array_task(&mut set, spec, task);
+    }
+    set_gpus(&mut set, spec, gpu_indices_on_node);
+    set_job_times(&mut set, job);
+    env
+}
 
+/// The job's ids and name, its nodes, tasks, CPUs and memory (`SLURM_JOB_ID` ..
+/// `SLURM_MEM_PER_GPU`); `tasks` per node as [`tasks_per_node`] gives them, `here` this node's
+/// index among `node_names`.
+fn set_job_layout(set: &mut impl FnMut(&str, String), job: &Job, node_names: &[String], tasks: &[u32], here: usize) {
+    let spec = &job.spec;
+    let nodelist = hostlist::compress(node_names);
+    let nnodes = node_names.len().max(1);
+    let ntasks: u32 = tasks.iter().sum();
+    let cpus = cpus_per_node(job, tasks);
     set("SLURM_JOB_ID", job.id.to_string());
     set("SLURM_JOBID", job.id.to_string());
     set("SLURM_JOB_NAME", spec.name.clone());
@@ -99,7 +114,7 @@ pub fn slurm_env(
     set("SLURM_NTASKS", ntasks.to_string());
     set("SLURM_NPROCS", ntasks.to_string());
     set("SLURM_NTASKS_PER_NODE", spec.ntasks_per_node.to_string());
-    set("SLURM_TASKS_PER_NODE", hostlist::compress_counts(&tasks));
+    set("SLURM_TASKS_PER_NODE", hostlist::compress_counts(tasks));
     if spec.extra.contains_key(extra::CPUS_PER_TASK) || spec.cpus_per_task != 1 {
         set("SLURM_CPUS_PER_TASK", spec.cpus_per_task.to_string());
     }
@@ -111,6 +126,11 @@ pub fn slurm_env(
             set(var, v.clone());
         }
     }
+}
+
+/// Where the job runs and for whom: partition, account, QOS, user, uid and gid, where it was
+/// submitted from, and the cluster's name.
+fn set_job_owner(set: &mut impl FnMut(&str, String), spec: &JobSpec, cluster_name: &str) {
     set("SLURM_JOB_PARTITION", spec.partition.clone().unwrap_or_else(|| DEFAULT_PARTITION.to_string()));
     if let Some(a) = &spec.account {
         set("SLURM_JOB_ACCOUNT", a.clone());
@@ -128,6 +148,12 @@ pub fn slurm_env(
     set("SLURM_SUBMIT_DIR", spec.extra.get(extra::SUBMIT_DIR).cloned().unwrap_or_else(|| spec.workdir.clone()));
     set("SLURM_SUBMIT_HOST", spec.submit_host.clone());
     set("SLURM_CLUSTER_NAME", cluster_name.to_string());
+}
+
+/// This node (the `here`-th of `node_names`): its name, index, the ranks of its tasks
+/// (`tasks` per node, ranks counted in node order), and the job's restart count.
+fn set_node_and_ranks(set: &mut impl FnMut(&str, String), job: &Job, node_names: &[String], tasks: &[u32], here: usize) {
+    let first_rank: u32 = tasks[..here].iter().sum();
     let node_name = node_names.get(here).cloned().unwrap_or_default();
     set("SLURMD_NODENAME", node_name.clone());
     set("SLURM_TOPOLOGY_ADDR", node_name);
@@ -137,15 +163,23 @@ pub fn slurm_env(
     set("SLURM_LOCALID", "0".to_string());
     set("SLURM_GTIDS", (first_rank..first_rank + tasks[here].max(1)).map(|r| r.to_string()).collect::<Vec<_>>().join(","));
     set("SLURM_RESTART_COUNT", job.restart_count.to_string());
-    if let Some(task) = &job.array {
-        let ids = spec.array.clone().unwrap_or_else(|| proto::ArraySpec::from_ids(&[task.task], None));
-        set("SLURM_ARRAY_JOB_ID", task.array_job.to_string());
-        set("SLURM_ARRAY_TASK_ID", task.task.to_string());
-        set("SLURM_ARRAY_TASK_COUNT", ids.len().to_string());
-        set("SLURM_ARRAY_TASK_MIN", ids.first().unwrap_or(task.task).to_string());
-        set("SLURM_ARRAY_TASK_MAX", ids.last().unwrap_or(task.task).to_string());
-        set("SLURM_ARRAY_TASK_STEP", ids.step().to_string());
-    }
+}
+
+/// `SLURM_ARRAY_*` of an array task: its array job, its index, and the array's count, first,
+/// last and step (of the job's `--array` ids, else of this task alone).
+fn set_array_task(set: &mut impl FnMut(&str, String), spec: &JobSpec, task: &proto::ArrayTask) {
+    let ids = spec.array.clone().unwrap_or_else(|| proto::ArraySpec::from_ids(&[task.task], None));
+    set("SLURM_ARRAY_JOB_ID", task.array_job.to_string());
+    set("SLURM_ARRAY_TASK_ID", task.task.to_string());
+    set("SLURM_ARRAY_TASK_COUNT", ids.len().to_string());
+    set("SLURM_ARRAY_TASK_MIN", ids.first().unwrap_or(task.task).to_string());
+    set("SLURM_ARRAY_TASK_MAX", ids.last().unwrap_or(task.task).to_string());
+    set("SLURM_ARRAY_TASK_STEP", ids.step().to_string());
+}
+
+/// The GPUs this node gave the job (`gpu_indices_on_node`), and the GPU options as given
+/// (`--gpus`, `--gpus-per-node`, `--gpus-per-task`, `--cpus-per-gpu`).
+fn set_gpus(set: &mut impl FnMut(&str, String), spec: &JobSpec, gpu_indices_on_node: &[u32]) {
     if !gpu_indices_on_node.is_empty() {
         let list = gpu_indices_on_node.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(",");
         set("SLURM_GPUS_ON_NODE", gpu_indices_on_node.len().to_string());
@@ -164,13 +198,16 @@ pub fn slurm_env(
             set(var, v.clone());
         }
     }
+}
+
+/// When the run started and, with a time limit, when it must end (Unix seconds), once started.
+fn set_job_times(set: &mut impl FnMut(&str, String), job: &Job) {
     if let Some(start_ms) = job.start_ms {
         set("SLURM_JOB_START_TIME", (start_ms / 1000).to_string());
-        if let Some(limit_ms) = spec.time_limit_ms {
+        if let Some(limit_ms) = job.spec.time_limit_ms {
             set("SLURM_JOB_END_TIME", (start_ms.saturating_add(limit_ms) / 1000).to_string());
         }
     }
-    env
 }
 
 /// Set (to `1`) in a batch job's environment: `srun` there starts steps through the agents of

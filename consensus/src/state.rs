@@ -131,6 +131,16 @@ fn rejected(reason: impl Into<String>) -> CommandResult {
     CommandResult::Rejected(reason.into())
 }
 
+/// `PruneAccounting`: the records live in the accounting store, which the store prunes; the
+/// state only bounds how many one command names.
+fn prune_accounting(jobs: &[JobId]) -> CommandResult {
+    if jobs.len() > proto::ARCHIVE_BATCH_MAX {
+        rejected(format!("{} records in one prune, more than {}", jobs.len(), proto::ARCHIVE_BATCH_MAX))
+    } else {
+        CommandResult::Ok
+    }
+}
+
 /// Adds the GPU time of `part` from the run's start until `now_ms` to the job's account and to
 /// its user's and account's usage.
 fn account(usage: &mut BTreeMap<String, u64>, job: &mut Job, part: &NodeRun, now_ms: u64) {
@@ -194,14 +204,7 @@ impl ClusterState {
             // Each command of a batch is applied, and checked, as if it were its own entry.
             Command::Batch { commands } => return self.apply_batch(commands, archived),
             Command::ArchiveJobs { jobs, now_ms: _ } => self.archive_jobs(jobs, archived),
-            Command::PruneAccounting { jobs, now_ms: _ } => {
-                if jobs.len() > proto::ARCHIVE_BATCH_MAX {
-                    rejected(format!("{} records in one prune, more than {}", jobs.len(), proto::ARCHIVE_BATCH_MAX))
-                } else {
-                    // The records live in the accounting store, which the store prunes.
-                    CommandResult::Ok
-                }
-            }
+            Command::PruneAccounting { jobs, now_ms: _ } => prune_accounting(jobs),
             Command::RegisterNode { name, addr, inventory, instance, cert_fingerprint, now_ms } => {
                 let result = self.register_node(name, addr, inventory, *instance, *now_ms);
                 if let Some(n) = self.nodes.values_mut().find(|n| n.name == *name) {
@@ -209,52 +212,18 @@ impl ClusterState {
                 }
                 result
             }
+            // A refused token or certificate changes nothing: no check after it.
             Command::AddJoinToken { secret_sha256, expires_ms, created_by, now_ms } => {
-                if secret_sha256.len() != 64 || !secret_sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return rejected("a join token is kept as a 64-digit SHA-256");
+                match self.add_join_token(secret_sha256, *expires_ms, created_by, *now_ms) {
+                    Ok(()) => CommandResult::Ok,
+                    Err(why) => return rejected(why),
                 }
-                if self.join_tokens.len() >= JOIN_TOKENS_MAX {
-                    // Forget the oldest expired or revoked token; refuse when all are live.
-                    let Some(old) = self.join_tokens.values().find(|t| t.revoked || t.expires_ms <= *now_ms).map(|t| t.id) else {
-                        return rejected(format!("{JOIN_TOKENS_MAX} live join tokens: revoke some first"));
-                    };
-                    self.join_tokens.remove(&old);
-                }
-                let id = self.next_token_id;
-                self.next_token_id += 1;
-                self.join_tokens.insert(
-                    id,
-                    proto::JoinTokenRecord {
-                        id,
-                        secret_sha256: secret_sha256.to_ascii_lowercase(),
-                        created_ms: *now_ms,
-                        expires_ms: *expires_ms,
-                        created_by: created_by.clone(),
-                        revoked: false,
-                    },
-                );
-                CommandResult::Ok
             }
-            Command::RevokeJoinToken { id, now_ms: _ } => match self.join_tokens.get_mut(id) {
-                Some(t) => {
-                    t.revoked = true;
-                    CommandResult::Ok
-                }
-                None => rejected(format!("no join token {id}")),
+            Command::RevokeJoinToken { id, now_ms: _ } => self.revoke_join_token(*id),
+            Command::RevokeCert { fingerprint, node, reason, now_ms: _ } => match self.revoke_cert(fingerprint, node.as_deref(), reason) {
+                Ok(()) => CommandResult::Ok,
+                Err(why) => return rejected(why),
             },
-            Command::RevokeCert { fingerprint, node, reason, now_ms: _ } => {
-                if self.revoked_certs.len() + self.revoked_nodes.len() >= REVOKED_CERTS_MAX && !self.revoked_certs.contains_key(fingerprint)
-                {
-                    return rejected(format!("{REVOKED_CERTS_MAX} certificates are revoked already"));
-                }
-                if !fingerprint.is_empty() {
-                    self.revoked_certs.insert(fingerprint.to_ascii_lowercase(), reason.clone());
-                }
-                if let Some(name) = node {
-                    self.revoked_nodes.insert(name.clone(), reason.clone());
-                }
-                CommandResult::Ok
-            }
             Command::NodeUp { node, instance, now_ms } => self.node_up(*node, *instance, *now_ms),
             Command::NodeDown { node, reason, now_ms } => self.node_down(*node, reason, *now_ms),
             Command::Drain { node, reason, now_ms } => self.drain(*node, reason, *now_ms),
@@ -273,13 +242,7 @@ impl ClusterState {
             }
             Command::Cancel { job, now_ms } => self.cancel(*job, *now_ms),
             Command::Requeue { job, reason, now_ms } => self.requeue(*job, reason, *now_ms),
-            Command::SetPolicy { policy, now_ms: _ } => match policy.validate() {
-                Ok(()) => {
-                    self.policy = policy.clone();
-                    CommandResult::Ok
-                }
-                Err(e) => rejected(e),
-            },
+            Command::SetPolicy { policy, now_ms: _ } => self.set_policy(policy),
             Command::EditPartition { edit, now_ms: _ } => self.edit_partition(edit),
             Command::UpdateJob { job, hold, time_limit_ms, partition, now_ms: _ } => {
                 self.update_job(*job, *hold, *time_limit_ms, partition.clone())
@@ -301,6 +264,74 @@ impl ClusterState {
             return rejected(format!("a batch may not carry {}", command_name(c)));
         }
         CommandResult::Batch(commands.iter().map(|c| self.apply_archiving(c, archived)).collect())
+    }
+
+    /// `AddJoinToken`: keeps the token (its secret's SHA-256, lowercased) under the next id,
+    /// forgetting the oldest expired or revoked one when `JOIN_TOKENS_MAX` are kept. `Err`, with
+    /// why, when it is refused; then nothing changed.
+    fn add_join_token(&mut self, secret_sha256: &str, expires_ms: u64, created_by: &str, now_ms: u64) -> Result<(), String> {
+        if secret_sha256.len() != 64 || !secret_sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err("a join token is kept as a 64-digit SHA-256".into());
+        }
+        if self.join_tokens.len() >= JOIN_TOKENS_MAX {
+            // Forget the oldest expired or revoked token; refuse when all are live.
+            let Some(old) = self.join_tokens.values().find(|t| t.revoked || t.expires_ms <= now_ms).map(|t| t.id) else {
+                return Err(format!("{JOIN_TOKENS_MAX} live join tokens: revoke some first"));
+            };
+            self.join_tokens.remove(&old);
+        }
+        let id = self.next_token_id;
+        self.next_token_id += 1;
+        self.join_tokens.insert(
+            id,
+            proto::JoinTokenRecord {
+                id,
+                secret_sha256: secret_sha256.to_ascii_lowercase(),
+                created_ms: now_ms,
+                expires_ms,
+                created_by: created_by.to_string(),
+                revoked: false,
+            },
+        );
+        Ok(())
+    }
+
+    /// `RevokeJoinToken`: marks token `id` revoked.
+    fn revoke_join_token(&mut self, id: u64) -> CommandResult {
+        match self.join_tokens.get_mut(&id) {
+            Some(t) => {
+                t.revoked = true;
+                CommandResult::Ok
+            }
+            None => rejected(format!("no join token {id}")),
+        }
+    }
+
+    /// `RevokeCert`: refuses the certificate with `fingerprint` (if not empty) and every
+    /// certificate of `node` (if given), for `reason`. `Err`, with why, when
+    /// `REVOKED_CERTS_MAX` are revoked already; then nothing changed.
+    fn revoke_cert(&mut self, fingerprint: &str, node: Option<&str>, reason: &str) -> Result<(), String> {
+        if self.revoked_certs.len() + self.revoked_nodes.len() >= REVOKED_CERTS_MAX && !self.revoked_certs.contains_key(fingerprint) {
+            return Err(format!("{REVOKED_CERTS_MAX} certificates are revoked already"));
+        }
+        if !fingerprint.is_empty() {
+            self.revoked_certs.insert(fingerprint.to_ascii_lowercase(), reason.to_string());
+        }
+        if let Some(name) = node {
+            self.revoked_nodes.insert(name.to_string(), reason.to_string());
+        }
+        Ok(())
+    }
+
+    /// `SetPolicy`: the scheduler policy from now on, if it is valid.
+    fn set_policy(&mut self, policy: &proto::SchedulerPolicy) -> CommandResult {
+        match policy.validate() {
+            Ok(()) => {
+                self.policy = policy.clone();
+                CommandResult::Ok
+            }
+            Err(e) => rejected(e),
+        }
     }
 
     /// Moves every named job that is final and holds nothing out of the hot state, into

@@ -12,14 +12,6 @@ const FN_LINES_MAX: usize = 100;
 
 /// Functions over [`FN_LINES_MAX`] lines today, as `path::name`. Only ever remove entries.
 const LONG_FUNCTIONS: &[&str] = &[
-    "chaos/src/runner.rs::drive_and_check",
-    "cli/src/cluster_admin.rs::run",
-    "cli/src/slurm/sbatch.rs::apply",
-    "cli/src/slurm/sbatch.rs::finish",
-    "cli/src/slurm/scancel.rs::run",
-    "cli/src/slurm/srun.rs::plan_step",
-    "cli/src/slurm/srun.rs::run_as_job",
-    "compat/src/env.rs::slurm_env",
     "node/src/launcher.rs::prepare",
     "node/src/shepherd.rs::run_trusting",
     "scheduler/src/engine.rs::new",
