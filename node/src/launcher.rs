@@ -133,15 +133,60 @@ pub fn job_files_dir(jobs_dir: &Path, job: JobId) -> PathBuf {
 /// Builds the launch of this node's part of `job`'s current run: the program (a script written
 /// under `jobs_dir`, or the job's argv), its environment, hostfile and checkpoint directory.
 pub fn prepare(job: &Job, ctx: &LaunchContext<'_>) -> anyhow::Result<LaunchSpec> {
-    let dir = job_files_dir(ctx.jobs_dir, job.id);
+    let dir = create_job_dir(job.id, ctx)?;
+    let hold = job.spec.is_batch() && ctx.node_rank > 0;
+    let (program, args) = program_and_args(job, ctx, &dir, hold)?;
+    let nproc_per_node = job.spec.gpus().max(job.spec.ntasks_per_node).max(1);
+    let hostfile = write_hostfile(ctx, &dir, nproc_per_node)?;
+    let checkpoint_dir = create_checkpoint_dir(job.id, ctx)?;
+
+    // Hardware-derived defaults first, then the job's environment over them, then what only
+    // Corral can know.
+    let mut env = nccl_env(ctx.nccl);
+    insert_rendezvous_env(&mut env, job, ctx, nproc_per_node);
+    env.extend(job.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    // What Slurm sets for a job overrides anything of that name in the submitter's environment.
+    let node_names: Vec<String> = ctx.nodes.iter().map(|(name, _)| name.clone()).collect();
+    env.extend(slurm_compat::env::slurm_env(job, &node_names, ctx.node_rank, ctx.cluster_name, ctx.gpu_indices));
+    insert_corral_env(&mut env, job, ctx, &hostfile, &checkpoint_dir);
+    let (stdout_path, stderr_path) = output_paths(job, &node_names, ctx.node_rank);
+    Ok(LaunchSpec {
+        job: job.id,
+        run: job.run,
+        program,
+        args,
+        env,
+        workdir: PathBuf::from(&job.spec.workdir),
+        stdout_path,
+        stderr_path,
+        time_limit_ms: job.spec.time_limit_ms,
+        signal: job.spec.signal.clone(),
+        // Only rank 0 truncates, on the first run: every node of a gang writes the job's output.
+        append: job.run > 1 || job.spec.open_append || ctx.node_rank > 0,
+        run_as: ctx.run_as.cloned(),
+        hold,
+        batch: job.spec.is_batch(),
+        hosts_file: ctx.job_hosts.map(Path::to_path_buf),
+        checkpoint_dir_tidy: (ctx.nodes.len() <= 1).then_some(checkpoint_dir),
+    })
+}
+
+/// Creates the job's directory under `jobs_dir` (the job's user's alone, where it runs as one).
+fn create_job_dir(job: JobId, ctx: &LaunchContext<'_>) -> anyhow::Result<PathBuf> {
+    let dir = job_files_dir(ctx.jobs_dir, job);
     std::fs::create_dir_all(&dir).with_context(|| format!("create job directory {}", dir.display()))?;
     if let Some(a) = ctx.run_as {
         // The job reads its script and hostfile; nobody else may.
         std::os::unix::fs::chown(&dir, Some(a.uid), Some(a.gid)).with_context(|| format!("give {} to {}", dir.display(), a.name))?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).with_context(|| format!("chmod {}", dir.display()))?;
     }
-    let hold = job.spec.is_batch() && ctx.node_rank > 0;
-    let (program, args) = match &job.spec.script {
+    Ok(dir)
+}
+
+/// What the run executes: the holder where it `hold`s a batch job's node, else the job's script
+/// (written to `dir`, run by `/bin/sh` without a `#!` line) or its argv.
+fn program_and_args(job: &Job, ctx: &LaunchContext<'_>, dir: &Path, hold: bool) -> anyhow::Result<(PathBuf, Vec<String>)> {
+    Ok(match &job.spec.script {
         _ if hold => (ctx.holder.to_path_buf(), vec![HOLD_FLAG.to_string()]),
         Some(script) => {
             let path = dir.join("script");
@@ -160,12 +205,20 @@ pub fn prepare(job: &Job, ctx: &LaunchContext<'_>) -> anyhow::Result<LaunchSpec>
             let (first, rest) = job.spec.argv.split_first().context("job has neither script nor command")?;
             (PathBuf::from(first), rest.to_vec())
         }
-    };
-    let nproc_per_node = job.spec.gpus().max(job.spec.ntasks_per_node).max(1);
+    })
+}
+
+/// Writes the run's hostfile to `dir` (each node with `nproc_per_node` slots) and returns its path.
+fn write_hostfile(ctx: &LaunchContext<'_>, dir: &Path, nproc_per_node: u32) -> anyhow::Result<PathBuf> {
     let hostfile = dir.join("hostfile");
     let lines: String = ctx.nodes.iter().map(|(name, _)| format!("{name} slots={nproc_per_node}\n")).collect();
     std::fs::write(&hostfile, lines).with_context(|| format!("write hostfile {}", hostfile.display()))?;
-    let checkpoint_dir = ctx.checkpoint_root.join(format!("job-{}", job.id));
+    Ok(hostfile)
+}
+
+/// The job's checkpoint directory under `checkpoint_root`, created (the job's user's) if missing.
+fn create_checkpoint_dir(job: JobId, ctx: &LaunchContext<'_>) -> anyhow::Result<PathBuf> {
+    let checkpoint_dir = ctx.checkpoint_root.join(format!("job-{job}"));
     if !checkpoint_dir.exists() {
         std::fs::create_dir_all(&checkpoint_dir).with_context(|| format!("create checkpoint directory {}", checkpoint_dir.display()))?;
         if let Some(a) = ctx.run_as {
@@ -173,21 +226,29 @@ pub fn prepare(job: &Job, ctx: &LaunchContext<'_>) -> anyhow::Result<LaunchSpec>
                 .with_context(|| format!("give {} to {}", checkpoint_dir.display(), a.name))?;
         }
     }
+    Ok(checkpoint_dir)
+}
 
-    // Hardware-derived defaults first, then the job's environment over them, then what only
-    // Corral can know.
+/// The NCCL (and gloo) settings of this node's hardware: the first layer of a job's environment.
+fn nccl_env(nccl: &NcclEnv) -> BTreeMap<String, String> {
     let mut env = BTreeMap::new();
-    if let Some(ifname) = &ctx.nccl.socket_ifname {
+    if let Some(ifname) = &nccl.socket_ifname {
         env.insert("NCCL_SOCKET_IFNAME".to_string(), ifname.clone());
         // torch.distributed's gloo backend (CPU tensors) picks its interface by this one.
         env.insert("GLOO_SOCKET_IFNAME".to_string(), ifname.clone());
     }
-    if let Some(hca) = &ctx.nccl.ib_hca {
+    if let Some(hca) = &nccl.ib_hca {
         env.insert("NCCL_IB_HCA".to_string(), hca.clone());
     }
-    if ctx.nccl.ib_disable {
+    if nccl.ib_disable {
         env.insert("NCCL_IB_DISABLE".to_string(), "1".to_string());
     }
+    env
+}
+
+/// Adds where the run's ranks meet (`MASTER_ADDR`, `MASTER_PORT`, torchrun's) and its shape
+/// (`NNODES`, `NODE_RANK`, `NPROC_PER_NODE`, `WORLD_SIZE`) to `env`.
+fn insert_rendezvous_env(env: &mut BTreeMap<String, String>, job: &Job, ctx: &LaunchContext<'_>, nproc_per_node: u32) {
     let nnodes = ctx.nodes.len().max(1);
     let master = ctx.nodes.first().map(|(_, addr)| host_of(addr)).unwrap_or_else(|| "127.0.0.1".into());
     if let Some(port) = job.master_port {
@@ -203,10 +264,12 @@ pub fn prepare(job: &Job, ctx: &LaunchContext<'_>) -> anyhow::Result<LaunchSpec>
     env.insert("NODE_RANK".into(), ctx.node_rank.to_string());
     env.insert("NPROC_PER_NODE".into(), nproc_per_node.to_string());
     env.insert("WORLD_SIZE".into(), (nnodes as u32 * nproc_per_node).to_string());
-    env.extend(job.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
-    // What Slurm sets for a job overrides anything of that name in the submitter's environment.
-    let node_names: Vec<String> = ctx.nodes.iter().map(|(name, _)| name.clone()).collect();
-    env.extend(slurm_compat::env::slurm_env(job, &node_names, ctx.node_rank, ctx.cluster_name, ctx.gpu_indices));
+}
+
+/// Adds what only Corral knows to `env`, over everything before: the run's GPUs, the job's and
+/// node's identity (`CORRAL_*`), its hostfile and checkpoint directory, and its user's account.
+fn insert_corral_env(env: &mut BTreeMap<String, String>, job: &Job, ctx: &LaunchContext<'_>, hostfile: &Path, checkpoint_dir: &Path) {
+    let nnodes = ctx.nodes.len().max(1);
     let uuids = ctx.gpu_uuids.join(",");
     env.insert("CUDA_VISIBLE_DEVICES".into(), uuids.clone());
     env.insert("NVIDIA_VISIBLE_DEVICES".into(), uuids);
@@ -234,26 +297,6 @@ pub fn prepare(job: &Job, ctx: &LaunchContext<'_>) -> anyhow::Result<LaunchSpec>
         env.insert("LOGNAME".into(), a.name.clone());
         env.insert("HOME".into(), a.home.clone());
     }
-    let (stdout_path, stderr_path) = output_paths(job, &node_names, ctx.node_rank);
-    Ok(LaunchSpec {
-        job: job.id,
-        run: job.run,
-        program,
-        args,
-        env,
-        workdir: PathBuf::from(&job.spec.workdir),
-        stdout_path,
-        stderr_path,
-        time_limit_ms: job.spec.time_limit_ms,
-        signal: job.spec.signal.clone(),
-        // Only rank 0 truncates, on the first run: every node of a gang writes the job's output.
-        append: job.run > 1 || job.spec.open_append || ctx.node_rank > 0,
-        run_as: ctx.run_as.cloned(),
-        hold,
-        batch: job.spec.is_batch(),
-        hosts_file: ctx.job_hosts.map(Path::to_path_buf),
-        checkpoint_dir_tidy: (ctx.nodes.len() <= 1).then_some(checkpoint_dir),
-    })
 }
 
 /// The flag that makes `corrald` a holder: a process that waits, ignoring every signal it can,

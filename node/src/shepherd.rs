@@ -262,11 +262,7 @@ pub fn run(dir: &Path) -> anyhow::Result<()> {
 /// [`run`] for an exec'd shepherd (its parent), or a shepherd forked by the spawner (the
 /// spawner's parent, see `spawner`).
 pub fn run_trusting(dir: &Path, daemon: i32) -> anyhow::Result<()> {
-    // Its own session already (the agent's setsid): only signals sent to it by pid arrive.
-    for sig in [libc::SIGHUP, libc::SIGINT, libc::SIGTERM, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2, libc::SIGPIPE] {
-        // SAFETY: setting a disposition to "ignore" has no memory effects.
-        unsafe { libc::signal(sig, libc::SIG_IGN) };
-    }
+    ignore_signals();
     let trusted = (daemon, start_ticks(daemon).unwrap_or(0));
     let status_path = dir.join("status.json");
     let fail = |why: String| -> anyhow::Result<()> {
@@ -274,19 +270,13 @@ pub fn run_trusting(dir: &Path, daemon: i32) -> anyhow::Result<()> {
         println!("failed {}", why.replace('\n', " "));
         Ok(())
     };
-    let record: RunRecord = match read_json(&dir.join("spec.json")) {
-        Ok(Some(r)) => r,
-        Ok(None) => return fail(format!("no spec.json in {}", dir.display())),
-        Err(e) => return fail(format!("{e:#}")),
+    let record = match read_run_record(dir) {
+        Ok(r) => r,
+        Err(why) => return fail(why),
     };
-    if record.format != RECORD_FORMAT {
-        return fail(format!("run record format {} (this shepherd reads {RECORD_FORMAT})", record.format));
-    }
-    let sock_path = dir.join("sock");
-    let _ = std::fs::remove_file(&sock_path);
-    let listener = match std::os::unix::net::UnixListener::bind(&sock_path) {
+    let listener = match bind_socket(dir) {
         Ok(l) => l,
-        Err(e) => return fail(format!("bind {}: {e}", sock_path.display())),
+        Err(why) => return fail(why),
     };
     let cgroups: Vec<PathBuf> = record.cgroup.iter().chain(record.cgroups_v1.iter()).cloned().collect();
     let mut child = match crate::launcher::start_run_process(&record.launch, &cgroups) {
@@ -305,70 +295,10 @@ pub fn run_trusting(dir: &Path, daemon: i32) -> anyhow::Result<()> {
         watchers: Mutex::new(Vec::new()),
         ended: std::sync::atomic::AtomicBool::new(false),
     });
-    // Tasks are forked by one thread that lives as long as the shepherd: a parent-death signal
-    // follows the thread that forked.
-    let (spawn_tx, spawn_rx) = std::sync::mpsc::sync_channel::<(TaskRequest, std::sync::mpsc::SyncSender<String>)>(64);
-    {
-        let shared = Arc::clone(&shared);
-        let cgroups = cgroups.clone();
-        std::thread::spawn(move || {
-            for (request, reply) in spawn_rx {
-                let answer = shared.start_task(&request, &cgroups);
-                let _ = reply.send(answer);
-            }
-        });
-    }
-    {
-        let shared = Arc::clone(&shared);
-        std::thread::spawn(move || {
-            let threads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-            for conn in listener.incoming().flatten() {
-                if threads.load(std::sync::atomic::Ordering::SeqCst) >= CONNECTION_THREADS_MAX {
-                    continue;
-                }
-                threads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let (shared, threads, spawn_tx) = (Arc::clone(&shared), Arc::clone(&threads), spawn_tx.clone());
-                std::thread::spawn(move || {
-                    shared.serve(conn, &spawn_tx);
-                    threads.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-                });
-            }
-        });
-    }
-    let (daemon_file, instance) = (record.daemon_file.clone(), record.instance);
-    {
-        let shared = Arc::clone(&shared);
-        std::thread::spawn(move || {
-            let mut trusted = trusted;
-            loop {
-                std::thread::sleep(Duration::from_millis(POLL_MS));
-                if process_alive(trusted.0, trusted.1) {
-                    continue;
-                }
-                match verdict(&daemon_file, instance, boot_ms()) {
-                    Verdict::Trust(d) => trusted = (d.pid, d.start_ticks),
-                    Verdict::Wait => {}
-                    Verdict::Kill(why) => {
-                        tracing::warn!(pid, reason = %why, "shepherd: killing its job");
-                        shared.kill_tasks();
-                        kill_job(pid, &cgroups);
-                        return;
-                    }
-                }
-            }
-        });
-    }
-    let exit = match child.wait() {
-        Ok(status) => {
-            use std::os::unix::process::ExitStatusExt;
-            match (status.code(), status.signal()) {
-                (Some(code), _) => ExitRecord::Exited(code),
-                (None, Some(sig)) => ExitRecord::Signaled(sig),
-                (None, None) => ExitRecord::Exited(-1),
-            }
-        }
-        Err(e) => ExitRecord::Failed(format!("wait for the job: {e}")),
-    };
+    let spawn_tx = spawn_task_thread(&shared, cgroups.clone());
+    serve_connections(&shared, listener, spawn_tx);
+    watch_daemon(&shared, trusted, record.daemon_file.clone(), record.instance, pid, cgroups);
+    let exit = wait_for_exit(&mut child);
     write_json(&status_path, &exit)?;
     shared.job_ended();
     // The supervisor stops what is left (its stop sequence: SIGTERM, grace, SIGKILL) and the
@@ -382,6 +312,114 @@ pub fn run_trusting(dir: &Path, daemon: i32) -> anyhow::Result<()> {
     // until every member is gone.
     unsafe { libc::kill(-pid, libc::SIGKILL) };
     Ok(())
+}
+
+/// Ignores hang-up, interrupt, termination, quit, user and broken-pipe signals. Its own session
+/// already (the agent's setsid): only signals sent to it by pid arrive.
+fn ignore_signals() {
+    for sig in [libc::SIGHUP, libc::SIGINT, libc::SIGTERM, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2, libc::SIGPIPE] {
+        // SAFETY: setting a disposition to "ignore" has no memory effects.
+        unsafe { libc::signal(sig, libc::SIG_IGN) };
+    }
+}
+
+/// The run record `DIR/spec.json`, or why the shepherd cannot start its job (missing,
+/// unreadable, or of another format).
+fn read_run_record(dir: &Path) -> Result<RunRecord, String> {
+    let record: RunRecord = match read_json(&dir.join("spec.json")) {
+        Ok(Some(r)) => r,
+        Ok(None) => return Err(format!("no spec.json in {}", dir.display())),
+        Err(e) => return Err(format!("{e:#}")),
+    };
+    if record.format != RECORD_FORMAT {
+        return Err(format!("run record format {} (this shepherd reads {RECORD_FORMAT})", record.format));
+    }
+    Ok(record)
+}
+
+/// Binds the shepherd's socket `DIR/sock` afresh (a stale one removed), or says why it cannot.
+fn bind_socket(dir: &Path) -> Result<std::os::unix::net::UnixListener, String> {
+    let sock_path = dir.join("sock");
+    let _ = std::fs::remove_file(&sock_path);
+    std::os::unix::net::UnixListener::bind(&sock_path).map_err(|e| format!("bind {}: {e}", sock_path.display()))
+}
+
+/// A connection's way to ask for a step task: the request and where to send the answer.
+type SpawnSender = std::sync::mpsc::SyncSender<(TaskRequest, std::sync::mpsc::SyncSender<String>)>;
+
+/// Starts the thread that forks step tasks (into `cgroups`), which lives as long as the
+/// shepherd: a parent-death signal follows the thread that forked. Returns where to ask it.
+fn spawn_task_thread(shared: &Arc<Shared>, cgroups: Vec<PathBuf>) -> SpawnSender {
+    let (spawn_tx, spawn_rx) = std::sync::mpsc::sync_channel::<(TaskRequest, std::sync::mpsc::SyncSender<String>)>(64);
+    let shared = Arc::clone(shared);
+    std::thread::spawn(move || {
+        for (request, reply) in spawn_rx {
+            let answer = shared.start_task(&request, &cgroups);
+            let _ = reply.send(answer);
+        }
+    });
+    spawn_tx
+}
+
+/// Starts the thread that accepts connections on `listener`, each served on a thread of its
+/// own (at most [`CONNECTION_THREADS_MAX`] at once; past that a connection is dropped).
+fn serve_connections(shared: &Arc<Shared>, listener: std::os::unix::net::UnixListener, spawn_tx: SpawnSender) {
+    let shared = Arc::clone(shared);
+    std::thread::spawn(move || {
+        let threads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        for conn in listener.incoming().flatten() {
+            if threads.load(std::sync::atomic::Ordering::SeqCst) >= CONNECTION_THREADS_MAX {
+                continue;
+            }
+            threads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let (shared, threads, spawn_tx) = (Arc::clone(&shared), Arc::clone(&threads), spawn_tx.clone());
+            std::thread::spawn(move || {
+                shared.serve(conn, &spawn_tx);
+                threads.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            });
+        }
+    });
+}
+
+/// Starts the thread that checks every [`POLL_MS`] that the `trusted` daemon (pid, start ticks)
+/// lives; once it is gone, the daemon record (`daemon_file`, for `instance`) names the next one
+/// to trust, says to wait, or has it kill the job `pid` (its step tasks and `cgroups` too).
+fn watch_daemon(shared: &Arc<Shared>, trusted: (i32, u64), daemon_file: PathBuf, instance: InstanceId, pid: i32, cgroups: Vec<PathBuf>) {
+    let shared = Arc::clone(shared);
+    std::thread::spawn(move || {
+        let mut trusted = trusted;
+        loop {
+            std::thread::sleep(Duration::from_millis(POLL_MS));
+            if process_alive(trusted.0, trusted.1) {
+                continue;
+            }
+            match verdict(&daemon_file, instance, boot_ms()) {
+                Verdict::Trust(d) => trusted = (d.pid, d.start_ticks),
+                Verdict::Wait => {}
+                Verdict::Kill(why) => {
+                    tracing::warn!(pid, reason = %why, "shepherd: killing its job");
+                    shared.kill_tasks();
+                    kill_job(pid, &cgroups);
+                    return;
+                }
+            }
+        }
+    });
+}
+
+/// Waits for the job to end and says how it did.
+fn wait_for_exit(child: &mut std::process::Child) -> ExitRecord {
+    match child.wait() {
+        Ok(status) => {
+            use std::os::unix::process::ExitStatusExt;
+            match (status.code(), status.signal()) {
+                (Some(code), _) => ExitRecord::Exited(code),
+                (None, Some(sig)) => ExitRecord::Signaled(sig),
+                (None, None) => ExitRecord::Exited(-1),
+            }
+        }
+        Err(e) => ExitRecord::Failed(format!("wait for the job: {e}")),
+    }
 }
 
 /// How long a shepherd whose job ended waits for its supervisor to stop the step tasks left

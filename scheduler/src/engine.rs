@@ -220,91 +220,143 @@ pub fn schedule(view: &ClusterView, now_ms: u64) -> Plan {
     pass.plan
 }
 
+/// Partitions interned as numbers: their names and numbers, the default partition's, and each
+/// node's partitions (sorted, the default for a node that names none).
+struct PartIndex {
+    names: Vec<String>,
+    ix: BTreeMap<String, u16>,
+    default: u16,
+    node_parts: Vec<Vec<u16>>,
+}
+
+/// The number of partition `name`, interned (added to `names` and `ix`) if new.
+fn intern_part(name: &str, names: &mut Vec<String>, ix: &mut BTreeMap<String, u16>) -> u16 {
+    if let Some(&i) = ix.get(name) {
+        return i;
+    }
+    let i = names.len() as u16;
+    names.push(name.to_string());
+    ix.insert(name.to_string(), i);
+    i
+}
+
+/// Interns the default partition first, then the view's partitions, then any only nodes name.
+fn intern_partitions(view: &ClusterView, nodes: &[NodeView]) -> PartIndex {
+    let default_name =
+        view.partitions.values().find(|p| p.default).map_or_else(|| view.config.default_partition.clone(), |p| p.name.clone());
+    let mut names: Vec<String> = Vec::new();
+    let mut ix: BTreeMap<String, u16> = BTreeMap::new();
+    let default = intern_part(&default_name, &mut names, &mut ix);
+    for p in view.partitions.keys() {
+        intern_part(p, &mut names, &mut ix);
+    }
+    let mut node_parts = Vec::with_capacity(nodes.len());
+    for n in nodes {
+        let mut ps: Vec<u16> = if n.partitions.is_empty() {
+            vec![default]
+        } else {
+            n.partitions.iter().map(|p| intern_part(p, &mut names, &mut ix)).collect()
+        };
+        ps.sort_unstable();
+        ps.dedup();
+        node_parts.push(ps);
+    }
+    PartIndex { names, ix, default, node_parts }
+}
+
+/// GPU types (MIG profiles among them) interned as numbers after [`ANY`], whether each is a MIG
+/// profile, each node's (partition, type, free GPUs) keys, and the schedulable nodes bucketed by
+/// free GPUs per (partition, type).
+struct TypeIndex {
+    names: Vec<String>,
+    ix: BTreeMap<String, u16>,
+    is_mig: Vec<bool>,
+    node_keys: Vec<Vec<(u16, u16, u32)>>,
+    index: BTreeMap<(u16, u16), Buckets>,
+}
+
+impl TypeIndex {
+    /// The type numbers node `n` offers ([`ANY`] and its GPUs' types or MIG profiles, sorted),
+    /// interning the new ones.
+    fn intern_node_types(&mut self, n: &NodeView) -> Vec<u16> {
+        let mut tids: Vec<u16> = vec![ANY];
+        for g in &n.gpus {
+            let names: Vec<&str> =
+                if g.mig_enabled { g.mig.iter().map(|m| m.profile.as_str()).collect() } else { vec![g.gres_type.as_str()] };
+            for t in names {
+                let id = match self.ix.get(t) {
+                    Some(&id) => id,
+                    None => {
+                        let id = self.names.len() as u16;
+                        self.names.push(t.to_string());
+                        self.is_mig.push(g.mig_enabled);
+                        self.ix.insert(t.to_string(), id);
+                        id
+                    }
+                };
+                tids.push(id);
+            }
+        }
+        tids.sort_unstable();
+        tids.dedup();
+        tids
+    }
+}
+
+/// Interns the GPU types of `nodes` in node order and indexes each node under its partitions
+/// (`node_parts`) and types.
+fn index_gpu_types(nodes: &[NodeView], node_parts: &[Vec<u16>]) -> TypeIndex {
+    let mut types = TypeIndex {
+        names: vec![String::new()],
+        ix: BTreeMap::new(),
+        is_mig: vec![false],
+        node_keys: Vec::with_capacity(nodes.len()),
+        index: BTreeMap::new(),
+    };
+    for (ni, n) in nodes.iter().enumerate() {
+        let tids = types.intern_node_types(n);
+        let mut keys = Vec::new();
+        for &p in &node_parts[ni] {
+            for &t in &tids {
+                let free = free_count(n, t, &types.names, &types.is_mig);
+                keys.push((p, t, free));
+                if n.schedulable {
+                    types.index.entry((p, t)).or_default().insert(free, ni as u32);
+                }
+            }
+        }
+        types.node_keys.push(keys);
+    }
+    types
+}
+
+/// Per array job, its tasks running now and every task number already created (started).
+fn array_counts(view: &ClusterView) -> (BTreeMap<JobId, u32>, BTreeMap<JobId, BTreeSet<u32>>) {
+    let mut array_active: BTreeMap<JobId, u32> = BTreeMap::new();
+    let mut array_created: BTreeMap<JobId, BTreeSet<u32>> = BTreeMap::new();
+    for j in &view.jobs {
+        if !j.array_started.is_empty() {
+            array_created.entry(j.id).or_default().extend(j.array_started.iter().copied());
+        }
+        if let Some(t) = &j.array_task {
+            array_created.entry(t.array_job).or_default().insert(t.task);
+            if j.state == JobState::Running {
+                *array_active.entry(t.array_job).or_default() += 1;
+            }
+        }
+    }
+    (array_active, array_created)
+}
+
 impl<'v> Pass<'v> {
     fn new(view: &'v ClusterView, now_ms: u64) -> Pass<'v> {
         let nodes: Vec<NodeView> = view.nodes.values().cloned().collect();
         let node_ix: BTreeMap<NodeId, usize> = view.nodes.keys().enumerate().map(|(i, &id)| (id, i)).collect();
         let name_ix: BTreeMap<&str, usize> = view.nodes.values().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
-        let default_name =
-            view.partitions.values().find(|p| p.default).map_or_else(|| view.config.default_partition.clone(), |p| p.name.clone());
-        let mut part_names: Vec<String> = Vec::new();
-        let mut part_ix: BTreeMap<String, u16> = BTreeMap::new();
-        let mut intern_part = |name: &str, names: &mut Vec<String>| -> u16 {
-            if let Some(&i) = part_ix.get(name) {
-                return i;
-            }
-            let i = names.len() as u16;
-            names.push(name.to_string());
-            part_ix.insert(name.to_string(), i);
-            i
-        };
-        let default_part = intern_part(&default_name, &mut part_names);
-        for p in view.partitions.keys() {
-            intern_part(p, &mut part_names);
-        }
-        let mut node_parts = Vec::with_capacity(nodes.len());
-        for n in &nodes {
-            let mut ps: Vec<u16> = if n.partitions.is_empty() {
-                vec![default_part]
-            } else {
-                n.partitions.iter().map(|p| intern_part(p, &mut part_names)).collect()
-            };
-            ps.sort_unstable();
-            ps.dedup();
-            node_parts.push(ps);
-        }
-        let mut type_names = vec![String::new()];
-        let mut type_ix: BTreeMap<String, u16> = BTreeMap::new();
-        let mut type_is_mig = vec![false];
-        let mut node_keys = Vec::with_capacity(nodes.len());
-        let mut index: BTreeMap<(u16, u16), Buckets> = BTreeMap::new();
-        for (ni, n) in nodes.iter().enumerate() {
-            let mut tids: Vec<u16> = vec![ANY];
-            for g in &n.gpus {
-                let names: Vec<&str> =
-                    if g.mig_enabled { g.mig.iter().map(|m| m.profile.as_str()).collect() } else { vec![g.gres_type.as_str()] };
-                for t in names {
-                    let id = match type_ix.get(t) {
-                        Some(&id) => id,
-                        None => {
-                            let id = type_names.len() as u16;
-                            type_names.push(t.to_string());
-                            type_is_mig.push(g.mig_enabled);
-                            type_ix.insert(t.to_string(), id);
-                            id
-                        }
-                    };
-                    tids.push(id);
-                }
-            }
-            tids.sort_unstable();
-            tids.dedup();
-            let mut keys = Vec::new();
-            for &p in &node_parts[ni] {
-                for &t in &tids {
-                    let free = free_count(n, t, &type_names, &type_is_mig);
-                    keys.push((p, t, free));
-                    if n.schedulable {
-                        index.entry((p, t)).or_default().insert(free, ni as u32);
-                    }
-                }
-            }
-            node_keys.push(keys);
-        }
+        let PartIndex { names: part_names, ix: part_ix, default: default_part, node_parts } = intern_partitions(view, &nodes);
+        let TypeIndex { names: type_names, ix: type_ix, is_mig: type_is_mig, node_keys, index } = index_gpu_types(&nodes, &node_parts);
         let job_ix: BTreeMap<JobId, usize> = view.jobs.iter().enumerate().map(|(i, j)| (j.id, i)).collect();
-        let mut array_active: BTreeMap<JobId, u32> = BTreeMap::new();
-        let mut array_created: BTreeMap<JobId, BTreeSet<u32>> = BTreeMap::new();
-        for j in &view.jobs {
-            if !j.array_started.is_empty() {
-                array_created.entry(j.id).or_default().extend(j.array_started.iter().copied());
-            }
-            if let Some(t) = &j.array_task {
-                array_created.entry(t.array_job).or_default().insert(t.task);
-                if j.state == JobState::Running {
-                    *array_active.entry(t.array_job).or_default() += 1;
-                }
-            }
-        }
+        let (array_active, array_created) = array_counts(view);
         let mut pass = Pass {
             view,
             now_ms,

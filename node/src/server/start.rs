@@ -317,6 +317,73 @@ async fn node_id(config: &NodeConfig, forward_link: &LeaderLink, join: &Request)
     Ok(id)
 }
 
+/// The GPU probe the config names and what it discovered, logged with how long discovery took.
+fn discover_gpus(config: &NodeConfig) -> anyhow::Result<(Arc<dyn crate::gpu::GpuProbe>, crate::gpu::GpuInventory)> {
+    let probe: Arc<dyn crate::gpu::GpuProbe> = Arc::from(crate::probe::probe_from_config(&config.gpus, &config.name));
+    let discover_started = Instant::now();
+    let discovered = probe.discover().context("discover gpus")?;
+    info!(probe = probe.kind(), gpus = discovered.gpus.len(), took_ms = discover_started.elapsed().as_millis() as u64, "gpus discovered");
+    Ok((probe, discovered))
+}
+
+/// Serves the API (its node set once it exists) over QUIC on `endpoint` and on the local socket,
+/// with the partition fault switch watched.
+fn serve_api(config: &NodeConfig, endpoint: &transport::quinn::Endpoint, client: &Arc<Client>) -> anyhow::Result<Arc<Api>> {
+    let fault = Arc::new(crate::fault::FaultSwitch::default());
+    tokio::spawn(Arc::clone(&fault).watch(config.data_dir.join("fault-partition"), Arc::clone(client)));
+    let api = Arc::new(Api { node: OnceLock::new(), fault });
+    tokio::spawn(transport::serve(endpoint.clone(), api.clone()));
+    let socket = config.socket_path();
+    let listener = transport::local::bind(&socket)?;
+    info!(socket = %socket.display(), "local socket open");
+    tokio::spawn(transport::local::serve_local(listener, api.clone()));
+    Ok(api)
+}
+
+/// Opens Raft at `DATA_DIR/raft` over QUIC (the disk and clock fault switches watched), and
+/// bootstraps a new cluster where the config asks and this is node 1 of an uninitialized one.
+async fn open_consensus(
+    config: &NodeConfig,
+    id: NodeId,
+    client: &Arc<Client>,
+    inventory: &Inventory,
+    instance: InstanceId,
+    identity: &transport::TlsIdentity,
+) -> anyhow::Result<(Raft, StateHandle)> {
+    let raft_dir = config.data_dir.join("raft");
+    let wal_sync_delay_ms = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    tokio::spawn(crate::fault::watch_disk_and_clock(config.data_dir.clone(), Arc::clone(&wal_sync_delay_ms)));
+    let transport = QuicRaftTransport { client: Arc::clone(client) };
+    let (raft, state) = consensus::open_raft(id, &raft_dir, transport, config.raft.timings(), wal_sync_delay_ms)
+        .await
+        .with_context(|| format!("open raft at {}", raft_dir.display()))?;
+    if config.bootstrap && !raft.is_initialized().await.context("read raft initialization")? && id == 1 {
+        bootstrap(&raft, config, inventory, instance, identity.fingerprint()).await?;
+    }
+    Ok((raft, state))
+}
+
+/// Starts a registered node's loops: metrics where configured, the agent's reports and GPU
+/// samples, GPU health, certificate renewal and the GPU fault switch.
+fn spawn_node_loops(
+    config: &NodeConfig,
+    node: &Arc<Node>,
+    agent: &Arc<Agent>,
+    agent_link: &Arc<LeaderLink>,
+    probe: &Arc<dyn crate::gpu::GpuProbe>,
+    endpoint: &transport::quinn::Endpoint,
+    client: &Arc<Client>,
+) {
+    if let Some(addr) = config.metrics_listen {
+        tokio::spawn(crate::metrics::serve(addr, Arc::clone(node)));
+    }
+    tokio::spawn(Arc::clone(agent).report_loop(Arc::clone(agent_link)));
+    tokio::spawn(Arc::clone(agent).sample_loop(probe.sampler(), Duration::from_millis(config.gpu_sample_interval_ms)));
+    spawn_gpu_health(probe.as_ref(), node.id, Arc::clone(agent_link));
+    tokio::spawn(renew_certificate_loop(config.clone(), endpoint.clone(), Arc::clone(client), Arc::clone(node)));
+    tokio::spawn(crate::fault::watch_gpu_faults(config.data_dir.join("fault-gpu"), Arc::clone(probe)));
+}
+
 /// Starts a node and runs it until `stop` asks it to stop or hand over, or the node fails.
 /// Runs the node until it stops. `spawner` forks the runs' shepherds (`spawner::start`, before
 /// the runtime); without one they are exec'd.
@@ -335,10 +402,7 @@ pub async fn run(
     let endpoint =
         transport::endpoint(config.listen, &identity, true).with_context(|| format!("bind quic endpoint on {}", config.listen))?;
     let client = Arc::new(Client::new(endpoint.clone()));
-    let probe: Arc<dyn crate::gpu::GpuProbe> = Arc::from(crate::probe::probe_from_config(&config.gpus, &config.name));
-    let discover_started = Instant::now();
-    let discovered = probe.discover().context("discover gpus")?;
-    info!(probe = probe.kind(), gpus = discovered.gpus.len(), took_ms = discover_started.elapsed().as_millis() as u64, "gpus discovered");
+    let (probe, discovered) = discover_gpus(&config)?;
     let cgroups = job_cgroups(&config);
     let gpu_device_files = gpu_device_files(&config, &discovered, probe.kind(), cgroups.as_ref());
     let gpus = discovered.gpus.clone();
@@ -350,14 +414,7 @@ pub async fn run(
     if handover.is_some() {
         info!(instance, runs = adopted, "took over the previous daemon's instance and runs");
     }
-    let fault = Arc::new(crate::fault::FaultSwitch::default());
-    tokio::spawn(Arc::clone(&fault).watch(config.data_dir.join("fault-partition"), Arc::clone(&client)));
-    let api = Arc::new(Api { node: OnceLock::new(), fault });
-    tokio::spawn(transport::serve(endpoint.clone(), api.clone()));
-    let socket = config.socket_path();
-    let listener = transport::local::bind(&socket)?;
-    info!(socket = %socket.display(), "local socket open");
-    tokio::spawn(transport::local::serve_local(listener, api.clone()));
+    let api = serve_api(&config, &endpoint, &client)?;
 
     let advertise = config.advertise_addr();
     let (agent_link, forward_link, heartbeat_link) = leader_links(&config, &client);
@@ -373,16 +430,7 @@ pub async fn run(
     let id = node_id(&config, &forward_link, &join).await?;
     agent.set_node_id(id);
 
-    let raft_dir = config.data_dir.join("raft");
-    let wal_sync_delay_ms = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    tokio::spawn(crate::fault::watch_disk_and_clock(config.data_dir.clone(), Arc::clone(&wal_sync_delay_ms)));
-    let transport = QuicRaftTransport { client: Arc::clone(&client) };
-    let (raft, state) = consensus::open_raft(id, &raft_dir, transport, config.raft.timings(), wal_sync_delay_ms)
-        .await
-        .with_context(|| format!("open raft at {}", raft_dir.display()))?;
-    if config.bootstrap && !raft.is_initialized().await.context("read raft initialization")? && id == 1 {
-        bootstrap(&raft, &config, &inventory, instance, identity.fingerprint()).await?;
-    }
+    let (raft, state) = open_consensus(&config, id, &client, &inventory, instance, &identity).await?;
     let node = Arc::new(Node {
         config: config.clone(),
         id,
@@ -413,14 +461,7 @@ pub async fn run(
     register(&agent_link, &join, id, &config.name).await?;
     info!(node = %config.name, id, instance, "node is up");
     crate::systemd::notify(&format!("READY=1\nSTATUS=node {} (id {id}) is up", config.name)); // deploy (issue 8)
-    if let Some(addr) = config.metrics_listen {
-        tokio::spawn(crate::metrics::serve(addr, Arc::clone(&node)));
-    }
-    tokio::spawn(Arc::clone(&agent).report_loop(Arc::clone(&agent_link)));
-    tokio::spawn(Arc::clone(&agent).sample_loop(probe.sampler(), Duration::from_millis(config.gpu_sample_interval_ms)));
-    spawn_gpu_health(probe.as_ref(), id, Arc::clone(&agent_link));
-    tokio::spawn(renew_certificate_loop(config.clone(), endpoint.clone(), Arc::clone(&client), Arc::clone(&node)));
-    tokio::spawn(crate::fault::watch_gpu_faults(config.data_dir.join("fault-gpu"), Arc::clone(&probe)));
+    spawn_node_loops(&config, &node, &agent, &agent_link, &probe, &endpoint, &client);
     let heartbeat = Duration::from_millis(config.heartbeat_interval_ms);
     let budget = heartbeat_call_timeout(&config);
     let hb = tokio::spawn(liveness::heartbeat_loop(Arc::clone(&agent), heartbeat_link, heartbeat, budget, join));
