@@ -22,6 +22,18 @@ pub enum PolicyCmd {
     Set { file: PathBuf },
 }
 
+// `corral mig set|show` (a plain comment: clap would take a doc comment as help text).
+#[derive(Subcommand)]
+pub enum MigCmd {
+    /// Pin a MIG-mode GPU to a layout: PROFILES comma-separated (e.g. 3g.71gb,3g.71gb), checked
+    /// against the GPU's slice rules; applied once the GPU is idle, and meanwhile only that GPU
+    /// takes no new work. `auto` gives the GPU back to the demand-driven relayout. Never changes
+    /// MIG mode itself (admin only).
+    Set { node: String, gpu: u32, profiles: String },
+    /// MIG-mode GPUs with the layout each has and the one pinned.
+    Show { node: Option<String> },
+}
+
 // `corral submit`'s options (as sbatch's, with `--` before a command; a plain comment, as clap
 // would take a doc comment as help text).
 #[derive(clap::Args, Clone, Debug)]
@@ -399,5 +411,55 @@ fn truncate(s: &str, n: usize) -> String {
         s.to_string()
     } else {
         s.chars().take(n - 1).chain(std::iter::once('+')).collect()
+    }
+}
+
+/// `corral mig set NODE GPU PROFILES|auto` and `corral mig show [NODE]`.
+pub async fn mig(cluster: &Cluster, action: MigCmd, as_json: bool, patience: Duration) -> anyhow::Result<()> {
+    match action {
+        MigCmd::Set { node, gpu, profiles } => {
+            let profiles: Option<Vec<String>> = match profiles.trim() {
+                "auto" => None,
+                list => Some(list.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::to_string).collect()),
+            };
+            if profiles.as_ref().is_some_and(Vec::is_empty) {
+                bail!("no MIG profile named: give PROFILE[,PROFILE...] or auto");
+            }
+            let req = Request::SetMigLayout { node: node.clone(), gpu, profiles: profiles.clone() };
+            cluster.call_patiently(req, patience).await?;
+            match (as_json, profiles) {
+                (true, p) => println!("{}", json!({ "node": node, "gpu": gpu, "pinned": p })),
+                (false, Some(p)) => println!("{node} gpu {gpu}: pinned to {}; applied once the GPU is idle", p.join(",")),
+                (false, None) => println!("{node} gpu {gpu}: its layout follows the queue's demand again"),
+            }
+        }
+        MigCmd::Show { node } => {
+            let Reply::Nodes(list) = cluster.call_patiently(Request::ListNodes, patience).await? else { bail!("unexpected reply") };
+            let list: Vec<&NodeInfo> = list.iter().filter(|n| node.as_ref().is_none_or(|want| &n.name == want)).collect();
+            if let (Some(want), true) = (&node, list.is_empty()) {
+                bail!("no node named {want}");
+            }
+            print_mig(&list, as_json);
+        }
+    }
+    Ok(())
+}
+
+/// `corral mig show`: one line per MIG-mode GPU, or JSON.
+fn print_mig(nodes: &[&NodeInfo], as_json: bool) {
+    let rows = nodes.iter().flat_map(|n| n.mig.iter().map(move |g| (n.name.as_str(), g)));
+    if as_json {
+        let out: Vec<_> = rows.map(|(n, g)| json!({"node": n, "gpu": g.gpu, "layout": g.layout, "pinned": g.pinned})).collect();
+        println!("{}", serde_json::Value::Array(out));
+        return;
+    }
+    println!("{:<10} {:>3} {:<40} PINNED", "NODE", "GPU", "LAYOUT");
+    for (name, g) in rows {
+        let pinned = match &g.pinned {
+            None => "-".to_string(),
+            Some(p) if proto::same_mig_layout(p, &g.layout) => p.join(","),
+            Some(p) => format!("{} (waits for the GPU to be idle)", p.join(",")),
+        };
+        println!("{:<10} {:>3} {:<40} {pinned}", name, g.gpu, g.layout.join(","));
     }
 }

@@ -1,7 +1,7 @@
 //! `corral`: the command-line client. It speaks to any node over QUIC with a client
 //! certificate; it never opens the Raft log or RocksDB.
 
-use corral_cli::commands::{self, PolicyCmd, SubmitArgs};
+use corral_cli::commands::{self, MigCmd, PolicyCmd, SubmitArgs};
 use corral_cli::{bench, client, cluster_admin, demo, dev, nccl, slurm};
 
 use std::path::PathBuf;
@@ -74,6 +74,11 @@ enum Cmd {
     Policy {
         #[command(subcommand)]
         action: PolicyCmd,
+    },
+    /// MIG layouts: `set NODE GPU PROFILES|auto` pins a GPU's (admin), `show [NODE]` lists them.
+    Mig {
+        #[command(subcommand)]
+        action: MigCmd,
     },
     /// Mark a GPU healthy again (after a repair), or unhealthy by hand.
     GpuHealth {
@@ -219,6 +224,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             commands::print_cluster(&info, cli.json);
         }
         Cmd::Policy { action } => commands::policy(&connect()?, action, cli.json, patience).await?,
+        Cmd::Mig { action } => commands::mig(&connect()?, action, cli.json, patience).await?,
         Cmd::GpuHealth { node, gpu, healthy, unhealthy, reason } => {
             if healthy == unhealthy {
                 bail!("say --healthy or --unhealthy");

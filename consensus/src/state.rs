@@ -121,6 +121,7 @@ fn command_name(c: &Command) -> &'static str {
         Command::UpdateJob { .. } => "UpdateJob",
         Command::GpuHealth { .. } => "GpuHealth",
         Command::UpdateInventory { .. } => "UpdateInventory",
+        Command::PinMigLayout { .. } => "PinMigLayout",
         Command::ArchiveJobs { .. } => "ArchiveJobs",
         Command::PruneAccounting { .. } => "PruneAccounting",
         Command::Batch { .. } => "Batch",
@@ -251,6 +252,7 @@ impl ClusterState {
                 self.gpu_health(*node, *gpu, mig_uuid.as_deref(), *healthy, reason, *now_ms)
             }
             Command::UpdateInventory { node, inventory, reason: _, now_ms: _ } => self.update_inventory(*node, inventory),
+            Command::PinMigLayout { node, gpu, profiles, now_ms: _ } => self.pin_mig_layout(*node, *gpu, profiles.as_deref()),
         };
         self.check_after(cmd);
         result
@@ -381,6 +383,7 @@ impl ClusterState {
                     registered_ms: now_ms,
                     state_changed_ms: now_ms,
                     cert_fingerprint: String::new(),
+                    mig_pinned: BTreeMap::new(),
                 },
             );
             return CommandResult::NodeRegistered { id };
@@ -504,6 +507,39 @@ impl ClusterState {
         }
         node.inventory = inventory.clone();
         CommandResult::Ok
+    }
+
+    /// Pins GPU `gpu` of `node` to the MIG layout `profiles` (the scheduler drains that GPU
+    /// until it is idle, then has it re-partitioned), or unpins it (`None`). A layout the GPU's
+    /// model cannot hold is rejected with the hardware's limit; the pin is kept in the order
+    /// the instances start on the GPU.
+    fn pin_mig_layout(&mut self, id: NodeId, gpu: u32, profiles: Option<&[String]>) -> CommandResult {
+        let Some(node) = self.nodes.get_mut(&id) else {
+            return rejected(format!("unknown node {id}"));
+        };
+        let Some(g) = node.inventory.gpus.iter().find(|g| g.index == gpu) else {
+            return rejected(format!("node {} has no gpu {gpu}", node.name));
+        };
+        let Some(profiles) = profiles else {
+            node.mig_pinned.remove(&gpu);
+            return CommandResult::Ok;
+        };
+        if !g.mig_enabled {
+            return rejected(format!(
+                "gpu {gpu} of node {} is not in MIG mode (Corral never changes a GPU's MIG mode: an operator enables it on the node)",
+                node.name
+            ));
+        }
+        let Some(model) = scheduler::mig::Model::detect(&g.model, g.memory_mib) else {
+            return rejected(format!("gpu {gpu} of node {} ({}) has no MIG profile table Corral knows", node.name, g.model));
+        };
+        match scheduler::mig::placeable(model, profiles) {
+            Ok(layout) => {
+                node.mig_pinned.insert(gpu, layout.profiles());
+                CommandResult::Ok
+            }
+            Err(e) => rejected(format!("gpu {gpu} of node {}: {e}", node.name)),
+        }
     }
 
     /// Every part on `node` is gone. A running job that lost a part of its current run is
@@ -1366,6 +1402,39 @@ mod tests {
         );
         assert_eq!(asking("gpu:3g.71gb:2"), None);
         assert_eq!(asking("gpu:1g.18gb:7"), None);
+    }
+
+    #[test]
+    fn a_mig_layout_is_pinned_only_if_the_gpu_can_hold_it() {
+        let mut inv = scheduler::testkit::h200_mig(&[&[("1g.18gb", 0)]]);
+        inv.gpus.push(GpuInfo { index: 1, model: "NVIDIA H200".into(), memory_mib: 143_771, ..Default::default() });
+        let mut s = with_node_n1(inv);
+        let id = s.nodes.values().map(|n| n.id).next().expect("n1");
+        let mut pin = |gpu: u32, profiles: Option<&[&str]>| {
+            let profiles = profiles.map(|p| p.iter().map(|x| x.to_string()).collect());
+            s.apply(&Command::PinMigLayout { node: id, gpu, profiles, now_ms: 1 })
+        };
+        // As `nvidia-smi mig -cgi 9,9,9` on an H200 would refuse it.
+        assert_eq!(
+            pin(0, Some(&["3g.71gb", "3g.71gb", "3g.71gb"])),
+            CommandResult::Rejected("gpu 0 of node n1: cannot place 3x 3g.71gb on one H200: at most 2 per GPU".into())
+        );
+        assert_eq!(
+            pin(1, Some(&["1g.18gb"])),
+            CommandResult::Rejected(
+                "gpu 1 of node n1 is not in MIG mode (Corral never changes a GPU's MIG mode: an operator enables it on the node)".into()
+            )
+        );
+        assert_eq!(pin(2, None), CommandResult::Rejected("node n1 has no gpu 2".into()));
+        // Kept in the order the instances start on the GPU.
+        assert_eq!(pin(0, Some(&["1g.18gb", "4g.71gb", "2g.35gb"])), CommandResult::Ok);
+        let record = &s.nodes[&id];
+        assert_eq!(record.mig_pinned[&0], vec!["4g.71gb", "2g.35gb", "1g.18gb"]);
+        let unapplied: Vec<u32> = record.mig_pins_unapplied().map(|(gpu, _)| gpu).collect();
+        assert_eq!(unapplied, vec![0]);
+        assert!(view::node_views(&s)[&id].gpus[0].draining());
+        assert_eq!(s.apply(&Command::PinMigLayout { node: id, gpu: 0, profiles: None, now_ms: 2 }), CommandResult::Ok);
+        assert!(s.nodes[&id].mig_pinned.is_empty());
     }
 
     #[test]

@@ -59,6 +59,7 @@ impl fmt::Display for LogCommand {
             Command::EditPartition { edit, .. } => write!(f, "edit_partition({})", edit.name()),
             Command::GpuHealth { node, gpu, healthy, .. } => write!(f, "gpu_health({node}/{gpu}, healthy {healthy})"),
             Command::UpdateInventory { node, .. } => write!(f, "update_inventory({node})"),
+            Command::PinMigLayout { node, gpu, .. } => write!(f, "pin_mig_layout({node}/{gpu})"),
             Command::AddJoinToken { .. } => write!(f, "add_join_token"),
             Command::RevokeJoinToken { id, .. } => write!(f, "revoke_join_token({id})"),
             Command::RevokeCert { fingerprint, .. } => write!(f, "revoke_cert({})", &fingerprint[..fingerprint.len().min(16)]),

@@ -18,6 +18,9 @@ pub fn node_views(state: &ClusterState) -> BTreeMap<NodeId, NodeView> {
         .values()
         .map(|n| {
             let mut view = scheduler::node_view(n.id, &n.name, &n.inventory, n.state == NodeState::Up && !n.drained);
+            for g in view.gpus.iter_mut() {
+                g.pinned = n.mig_pinned.get(&g.index).cloned();
+            }
             if lists {
                 view.partitions = state.policy.partitions_of_node(&n.name, &n.inventory.partitions);
                 view.schedulable &= !view.partitions.is_empty();

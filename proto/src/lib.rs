@@ -19,7 +19,7 @@ pub use partition::{PartitionChanges, PartitionEdit, PartitionState};
 
 /// Bumped on any incompatible change to a type in this crate. The first byte of every encoded
 /// message; a peer speaking another version is refused with a clear error.
-pub const PROTOCOL_VERSION: u8 = 3;
+pub const PROTOCOL_VERSION: u8 = 4;
 
 pub type NodeId = u64;
 pub type JobId = u64;
@@ -131,6 +131,27 @@ pub struct Inventory {
     pub partitions: Vec<String>,
 }
 
+/// Whether two MIG layouts hold the same instances, wherever on the GPU each starts (a GPU's
+/// driver may place them otherwise than the search that checked the layout).
+pub fn same_mig_layout<A: AsRef<str>, B: AsRef<str>>(a: &[A], b: &[B]) -> bool {
+    let mut a: Vec<&str> = a.iter().map(AsRef::as_ref).collect();
+    let mut b: Vec<&str> = b.iter().map(AsRef::as_ref).collect();
+    a.sort_unstable();
+    b.sort_unstable();
+    a == b
+}
+
+impl Inventory {
+    /// GPU `gpu`'s MIG layout as it is: its instances' profiles by start slice; `None` for a
+    /// GPU this node lacks or one not in MIG mode.
+    pub fn mig_layout(&self, gpu: u32) -> Option<Vec<String>> {
+        let g = self.gpus.iter().find(|g| g.index == gpu && g.mig_enabled)?;
+        let mut instances: Vec<&MigInstance> = g.mig.iter().collect();
+        instances.sort_by_key(|m| m.start_slice);
+        Some(instances.into_iter().map(|m| m.profile.clone()).collect())
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum NodeState {
     Up,
@@ -182,6 +203,20 @@ pub struct NodeRecord {
     pub state_changed_ms: u64,
     /// SHA-256 of the certificate the node joined with, as the TLS handshake showed it.
     pub cert_fingerprint: String,
+    /// MIG layouts an operator set (`corral mig set`), by GPU index: profiles by start slice.
+    /// A GPU whose layout differs takes no new work and is re-partitioned once idle; the
+    /// demand-driven relayout leaves a pinned GPU alone.
+    pub mig_pinned: BTreeMap<u32, Vec<String>>,
+}
+
+impl NodeRecord {
+    /// The GPUs whose pinned layout is not the one they have: drained until re-partitioned.
+    pub fn mig_pins_unapplied(&self) -> impl Iterator<Item = (u32, &[String])> + '_ {
+        self.mig_pinned
+            .iter()
+            .filter(|(gpu, pinned)| self.inventory.mig_layout(**gpu).is_some_and(|now| !same_mig_layout(&now, pinned)))
+            .map(|(gpu, pinned)| (*gpu, pinned.as_slice()))
+    }
 }
 
 /// A join token in the log: only the hash of its secret is kept.
@@ -220,6 +255,18 @@ pub struct NodeInfo {
     /// in the policy has exactly those): see [`SchedulerPolicy::partitions_of_node`]. Empty:
     /// in none.
     pub partitions: Vec<String>,
+    /// Its MIG-mode GPUs: the layout each has and the one an operator pinned, if any.
+    pub mig: Vec<MigGpuInfo>,
+}
+
+/// A MIG-mode GPU as `corral mig show` lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigGpuInfo {
+    pub gpu: u32,
+    /// Its instances' profiles by start slice, as the node last reported them.
+    pub layout: Vec<String>,
+    /// The layout `corral mig set` pinned it to; `None`: the demand-driven relayout decides.
+    pub pinned: Option<Vec<String>>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -996,6 +1043,15 @@ pub enum Command {
         reason: String,
         now_ms: u64,
     },
+    /// An operator pins GPU `gpu` of `node` to a MIG layout (profiles by start slice), or with
+    /// `None` gives it back to the demand-driven relayout. Checked in apply against the GPU's
+    /// model: an impossible layout is rejected with the hardware's limit.
+    PinMigLayout {
+        node: NodeId,
+        gpu: u32,
+        profiles: Option<Vec<String>>,
+        now_ms: u64,
+    },
     /// Move these finished jobs (final, holding nothing) out of the hot state into the
     /// accounting store. The leader names them (older than its `min_job_age_s`); apply skips
     /// any that is not final or still holds a part, so a stale list is harmless.
@@ -1416,6 +1472,13 @@ pub enum Request {
     RequeueHold {
         job: JobId,
     },
+    /// `corral mig set NODE GPU PROFILES|auto` (admin only): pin a MIG-mode GPU to a layout,
+    /// applied once the GPU is idle (only that GPU is drained meanwhile), or unpin it (`None`).
+    SetMigLayout {
+        node: String,
+        gpu: u32,
+        profiles: Option<Vec<String>>,
+    },
 }
 
 /// One node's heartbeat, as a relay passes it to the leader.
@@ -1521,6 +1584,7 @@ impl Request {
                 | Request::ReportInventory { .. }
                 | Request::Requeue { .. }
                 | Request::RequeueHold { .. }
+                | Request::SetMigLayout { .. }
                 | Request::EditPartition { .. }
                 | Request::UpdateJob { .. }
                 | Request::Signal { .. }

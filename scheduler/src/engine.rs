@@ -407,6 +407,7 @@ impl<'v> Pass<'v> {
             }
             self.consider(i);
         }
+        self.pinned_layouts();
         self.mig_relayout();
     }
 
@@ -748,7 +749,7 @@ impl<'v> Pass<'v> {
                 .gpus
                 .iter()
                 .enumerate()
-                .filter(|(_, g)| g.healthy && g.mig_enabled)
+                .filter(|(_, g)| g.healthy && g.mig_enabled && !g.draining())
                 .flat_map(|(gi, g)| g.mig.iter().enumerate().filter(|(_, m)| !m.busy && &m.profile == name).map(move |(mi, _)| (gi, mi)))
                 .collect();
             let mig = topo::pick_mig(node, &free, k)?;
@@ -957,12 +958,14 @@ impl<'v> Pass<'v> {
         self.ensure_holders();
         let node = &self.nodes[n];
         let mut by_job: BTreeMap<JobId, u32> = BTreeMap::new();
-        let mut unhealthy = 0;
+        let (mut unhealthy, mut relaying) = (0, 0);
         let holders = self.holders.as_ref().map(|h| &h[n]);
         for g in &node.gpus {
             if self.type_is_mig[tid as usize] {
                 for m in g.mig.iter().filter(|m| m.profile == self.type_names[tid as usize]) {
-                    if m.busy {
+                    if !m.busy && g.draining() {
+                        relaying += 1;
+                    } else if m.busy {
                         let slot = mig_slot(g.index, m.start_slice);
                         if let Some(&(_, job)) = holders.and_then(|h| h.iter().find(|(s, _)| *s == slot)) {
                             *by_job.entry(job).or_default() += 1;
@@ -985,6 +988,9 @@ impl<'v> Pass<'v> {
         let mut parts: Vec<String> = by_job.iter().map(|(job, c)| format!("{c} held by job {job}")).collect();
         if unhealthy > 0 {
             parts.push(format!("{unhealthy} unhealthy"));
+        }
+        if relaying > 0 {
+            parts.push(format!("{relaying} on a GPU waiting for the MIG layout an operator set"));
         }
         if parts.is_empty() {
             String::new()
@@ -1273,6 +1279,23 @@ impl<'v> Pass<'v> {
         Some(ids)
     }
 
+    /// Idle GPUs pinned to a MIG layout they do not have (`corral mig set`) are re-partitioned
+    /// into it, before any demand-driven relayout and within the same per-pass bound; a pinned
+    /// GPU still running work takes none new meanwhile (`GpuSlot::draining`).
+    fn pinned_layouts(&mut self) {
+        let max = self.view.config.mig_layouts_per_pass_max as usize;
+        for node in &self.nodes {
+            for g in node.gpus.iter().filter(|g| g.draining() && g.healthy && !g.busy && !g.mig.iter().any(|m| m.busy)) {
+                if self.plan.mig_layouts.len() >= max {
+                    return;
+                }
+                if let Some(pinned) = &g.pinned {
+                    self.plan.mig_layouts.push((node.id, g.index, pinned.clone()));
+                }
+            }
+        }
+    }
+
     /// Suggests layouts for idle MIG-mode GPUs whose instances serve no pending demand.
     fn mig_relayout(&mut self) {
         let mut demand: BTreeMap<String, u32> = BTreeMap::new();
@@ -1305,7 +1328,8 @@ impl<'v> Pass<'v> {
                     break;
                 }
                 let Some(model) = g.model else { continue };
-                if !g.mig_enabled || !g.healthy || g.busy || g.mig.iter().any(|m| m.busy) {
+                // A GPU an operator pinned keeps that layout (`pinned_layouts` applies it).
+                if !g.mig_enabled || !g.healthy || g.busy || g.mig.iter().any(|m| m.busy) || g.pinned.is_some() {
                     continue;
                 }
                 // Relaid only where the new layout serves more of the demand than the one it
@@ -1346,7 +1370,7 @@ fn count(node: &NodeView, tid: u16, names: &[String], is_mig: &[bool], only_free
     if is_mig[t] {
         node.gpus
             .iter()
-            .filter(|g| g.healthy && g.mig_enabled)
+            .filter(|g| g.healthy && g.mig_enabled && !(only_free && g.draining()))
             .flat_map(|g| g.mig.iter())
             .filter(|m| (!only_free || !m.busy) && m.profile == names[t])
             .count() as u32

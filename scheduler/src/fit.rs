@@ -26,6 +26,8 @@ pub enum Misfit {
     UnknownGpu(u32),
     GpuBusy(u32),
     GpuUnhealthy(u32),
+    /// Pinned to a MIG layout it does not have yet (`corral mig set`): drained until relaid.
+    MigRelayout(u32),
     /// A GPU in MIG mode is handed out by instance only.
     GpuInMigMode(u32),
     WrongGpuType {
@@ -91,6 +93,7 @@ impl fmt::Display for Misfit {
             Misfit::UnknownGpu(i) => write!(f, "gpu {i} does not exist"),
             Misfit::GpuBusy(i) => write!(f, "gpu {i} is busy"),
             Misfit::GpuUnhealthy(i) => write!(f, "gpu {i} is unhealthy"),
+            Misfit::MigRelayout(i) => write!(f, "gpu {i} waits to be re-partitioned into the MIG layout an operator set"),
             Misfit::GpuInMigMode(i) => write!(f, "gpu {i} is in MIG mode"),
             Misfit::WrongGpuType { index, want, have } => write!(f, "gpu {index} is {have}, not {want}"),
             Misfit::DuplicateGpu(i) => write!(f, "gpu {i} listed twice"),
@@ -184,6 +187,9 @@ pub fn fits(node: &NodeView, job: &JobRequest, alloc: &Allocation) -> Result<(),
                 let m = g.mig.iter().find(|m| m.start_slice == start_slice).ok_or(Misfit::UnknownMig { gpu, start_slice })?;
                 if !g.healthy {
                     return Err(Misfit::GpuUnhealthy(gpu));
+                }
+                if g.draining() {
+                    return Err(Misfit::MigRelayout(gpu));
                 }
                 if m.busy {
                     return Err(Misfit::MigBusy { gpu, start_slice });

@@ -59,9 +59,23 @@ pub struct GpuSlot {
     pub mig: Vec<MigSlot>,
     /// Held by a job (running, or stopping and not yet confirmed gone).
     pub busy: bool,
+    /// The MIG layout an operator pinned it to (`corral mig set`), profiles by start slice.
+    pub pinned: Option<Vec<String>>,
 }
 
 impl GpuSlot {
+    /// Pinned to a layout it does not have yet: it takes no new work until it is idle and
+    /// re-partitioned.
+    pub fn draining(&self) -> bool {
+        self.pinned.as_ref().is_some_and(|p| !self.has_layout(p))
+    }
+
+    /// Whether it is in MIG mode with the instances `profiles` names, wherever they start.
+    pub fn has_layout(&self, profiles: &[String]) -> bool {
+        let now: Vec<&str> = self.mig.iter().map(|m| m.profile.as_str()).collect();
+        self.mig_enabled && proto::same_mig_layout(&now, profiles)
+    }
+
     /// Free as a whole GPU.
     pub fn free(&self) -> bool {
         !self.busy && self.healthy && !self.mig_enabled
@@ -117,6 +131,7 @@ pub fn node_view(id: NodeId, name: &str, inventory: &Inventory, schedulable: boo
                 .map(|m| MigSlot { profile: m.profile.clone(), start_slice: m.start_slice, size_slices: m.size_slices, busy: false })
                 .collect(),
             busy: false,
+            pinned: None,
         })
         .collect();
     let mut numa: Vec<NumaView> =

@@ -131,6 +131,43 @@ fn an_idle_mig_gpu_whose_layout_serves_only_part_of_the_demand_is_relaid_and_a_f
 }
 
 #[test]
+fn a_gpu_pinned_to_another_mig_layout_takes_no_new_work_and_is_relaid_once_idle() {
+    let strings = |v: &[&str]| v.iter().map(|p| p.to_string()).collect::<Vec<String>>();
+    // GPU 0 runs a 1g job and is pinned to two 3g; GPU 1 has a free 1g and is not pinned.
+    let mut c = Cluster::new();
+    c.node(1, "m1", h200_mig(&[&[("1g.18gb", 0), ("1g.18gb", 1)], &[("1g.18gb", 0)]]));
+    c.view.nodes.get_mut(&1).unwrap().gpus[0].pinned = Some(strings(&["3g.71gb", "3g.71gb"]));
+    c.running(1, spec("gpu:1g.18gb:1", 1), vec![alloc(1, &[mig_slot(0, 0)], 1, 1024)], 0);
+    c.submit(2, spec("gpu:1g.18gb:2", 1), 0).submit(3, spec("gpu:1g.18gb:1", 1), 0);
+    let plan = c.schedule(1000);
+    // Job 2 would fit only with GPU 0's free 1g: it waits, and says why; job 3 takes GPU 1's.
+    assert_eq!(gpus_of(&plan, 3), vec![(1, vec![mig_slot(1, 0)])]);
+    assert!(gpus_of(&plan, 2).is_empty());
+    assert!(plan.pending[&2][0].contains("on a GPU waiting for the MIG layout an operator set"), "{:?}", plan.pending[&2]);
+    // Still busy: not relaid yet; the demand-driven relayout leaves the pinned GPU alone.
+    assert!(plan.mig_layouts.iter().all(|(_, gpu, _)| *gpu != 0), "{:?}", plan.mig_layouts);
+    let n = &c.view.nodes[&1];
+    let job2 = c.view.jobs.iter().find(|j| j.id == 2).unwrap().clone();
+    assert_eq!(fits(n, &job2, &alloc(1, &[mig_slot(0, 1), mig_slot(1, 0)], 1, 1024)), Err(Misfit::MigRelayout(0)));
+
+    // Idle: relaid into the pinned layout, first, even with nothing pending.
+    let mut c = Cluster::new();
+    c.node(1, "m1", h200_mig(&[&[("1g.18gb", 0), ("1g.18gb", 1)]]));
+    c.view.nodes.get_mut(&1).unwrap().gpus[0].pinned = Some(strings(&["3g.71gb", "3g.71gb"]));
+    let plan = c.schedule(1000);
+    assert_eq!(plan.mig_layouts, vec![(1, 0, strings(&["3g.71gb", "3g.71gb"]))]);
+
+    // In its pinned layout it takes work again, and nothing is relaid for other demand.
+    let mut c = Cluster::new();
+    c.node(1, "m1", h200_mig(&[&[("3g.71gb", 0), ("3g.71gb", 4)]]));
+    c.view.nodes.get_mut(&1).unwrap().gpus[0].pinned = Some(strings(&["3g.71gb", "3g.71gb"]));
+    c.submit(1, spec("gpu:3g.71gb:1", 1), 0).submit(2, spec("gpu:1g.18gb:3", 1), 0);
+    let plan = c.schedule(1000);
+    assert_eq!(gpus_of(&plan, 1), vec![(1, vec![mig_slot(0, 0)])]);
+    assert!(plan.mig_layouts.is_empty(), "{:?}", plan.mig_layouts);
+}
+
+#[test]
 fn mig_instances_are_gres_with_start_slices() {
     let mut c = Cluster::new();
     c.node(1, "m1", h200_mig(&[&[("3g.71gb", 0), ("3g.71gb", 4)], &[("1g.18gb", 0), ("1g.18gb", 1), ("1g.18gb", 2), ("2g.35gb", 4)], &[]]));

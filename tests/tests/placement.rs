@@ -73,6 +73,57 @@ fn mig_instances_are_gres_and_an_idle_gpu_is_repartitioned_for_pending_demand() 
 }
 
 #[test]
+fn an_operator_pins_a_mig_layout_that_is_applied_once_the_gpu_is_idle() {
+    let c = TestCluster::up(&["--nodes", "1", "--gpus", "h200-mig", "--voters-max", "1"]);
+    let text = |out: &std::process::Output| {
+        (String::from_utf8_lossy(&out.stdout).trim().to_string(), String::from_utf8_lossy(&out.stderr).trim().to_string())
+    };
+    // Three 3g.71gb, as `nvidia-smi mig -cgi 9,9,9` would try: refused with the hardware's limit.
+    let (_, err) = text(&c.corral(&["mig", "set", "n1", "0", "3g.71gb,3g.71gb,3g.71gb"]));
+    assert!(err.ends_with("gpu 0 of node n1: cannot place 3x 3g.71gb on one H200: at most 2 per GPU"), "{err}");
+    let (_, err) = text(&c.corral(&["mig", "set", "n1", "0", "5g.71gb"]));
+    assert!(err.contains("H200 has no MIG profile 5g.71gb"), "{err}");
+
+    // The GPU (3g.71gb@0, 2g.35gb@4, 1g.18gb@6) runs a 1g job when the pin comes.
+    let running = c.submit(&["--gres", "gpu:1g.18gb:1"], &["sleep", "300"]);
+    wait_until("the 1g job to run", Duration::from_secs(20), || c.job(running)["state"] == "RUNNING");
+    let (out, err) = text(&c.corral(&["mig", "set", "n1", "0", "3g.71gb,3g.71gb"]));
+    assert_eq!(out, "n1 gpu 0: pinned to 3g.71gb,3g.71gb; applied once the GPU is idle", "{err}");
+    let shown = c.json(&["mig", "show"]);
+    assert_eq!(shown[0]["layout"], serde_json::json!(["3g.71gb", "2g.35gb", "1g.18gb"]), "{shown}");
+    assert_eq!(shown[0]["pinned"], serde_json::json!(["3g.71gb", "3g.71gb"]), "{shown}");
+    // Meanwhile that GPU takes no new work: its free 2g instance is not given out.
+    let waiting = c.submit(&["--gres", "gpu:2g.35gb:1"], &["true"]);
+    let mut reasons = String::new();
+    wait_until("the 2g job to wait for the relayout", Duration::from_secs(20), || {
+        reasons = c.job(waiting)["reasons"].to_string();
+        reasons.contains("waiting for the MIG layout an operator set")
+    });
+    assert_eq!(c.job(waiting)["state"], "PENDING", "{reasons}");
+    assert_eq!(c.job(running)["state"], "RUNNING", "the pin stops nothing that runs");
+
+    // Idle: relaid into the pinned layout, and jobs that fit it run.
+    assert!(c.corral(&["cancel", &running.to_string()]).status.success());
+    assert!(c.corral(&["cancel", &waiting.to_string()]).status.success());
+    wait_until("the pinned layout to be applied", Duration::from_secs(30), || {
+        c.json(&["mig", "show", "n1"])[0]["layout"] == serde_json::json!(["3g.71gb", "3g.71gb"])
+    });
+    let pair = c.submit(&["--gres", "gpu:3g.71gb:2"], &["sh", "-c", "echo CVD=$CUDA_VISIBLE_DEVICES"]);
+    let job = c.wait_final(pair, Duration::from_secs(30));
+    assert_eq!(job["state"], "COMPLETED", "{job}\n{}", c.logs());
+    let (table, _) = text(&c.corral(&["mig", "show"]));
+    assert!(table.lines().nth(1).is_some_and(|l| l.contains("3g.71gb,3g.71gb") && l.ends_with(" 3g.71gb,3g.71gb")), "{table}");
+
+    // `auto` hands the GPU back to the demand: a 7g job gets the GPU relaid for it.
+    let (out, _) = text(&c.corral(&["mig", "set", "n1", "0", "auto"]));
+    assert_eq!(out, "n1 gpu 0: its layout follows the queue's demand again");
+    let whole = c.submit(&["--gres", "gpu:7g.141gb:1"], &["true"]);
+    let job = c.wait_final(whole, Duration::from_secs(30));
+    assert_eq!(job["state"], "COMPLETED", "{job}\n{}", c.logs());
+    assert_eq!(c.json(&["mig", "show"])[0]["pinned"], serde_json::Value::Null);
+}
+
+#[test]
 fn the_replicated_policy_limits_partitions_and_lets_a_qos_preempt() {
     // The node names no partition, so it is in whichever the policy makes the default.
     let c = TestCluster::up(&["--nodes", "1", "--gpus", "h100:2", "--voters-max", "1", "--partitions", ""]);

@@ -767,6 +767,7 @@ fn node(id: u64, name: &str, state: NodeState, total: u32, free: u32) -> NodeInf
         cert_fingerprint: String::new(),
         // As the cluster sends it: a node that names no partition is in the default one.
         partitions: vec![proto::DEFAULT_PARTITION.into()],
+        mig: vec![],
     }
 }
 

@@ -216,9 +216,13 @@ impl Node {
 
     async fn schedule_pass(&self) {
         // Nothing pending, nothing to place (MIG demand and preemption come from pending jobs
-        // too): the view, one record per node, is not built at all. At 1,000 nodes building it
-        // ten times a second was most of an idle leader's CPU.
-        if !self.state.read(|s| s.jobs.values().any(|j| j.state == JobState::Pending)) {
+        // too) and no MIG layout an operator set waits to be applied: the view, one record per
+        // node, is not built at all. At 1,000 nodes building it ten times a second was most of
+        // an idle leader's CPU.
+        let idle = |s: &consensus::ClusterState| {
+            !s.jobs.values().any(|j| j.state == JobState::Pending) && !s.nodes.values().any(|n| n.mig_pins_unapplied().next().is_some())
+        };
+        if self.state.read(idle) {
             return;
         }
         let (starts_max, paced) = crate::pacing::starts_per_pass_max(&self.leader_load());

@@ -498,6 +498,7 @@ impl Node {
                         reason: n.state_reason.clone(),
                         cert_fingerprint: n.cert_fingerprint.clone(),
                         partitions: s.policy.partitions_of_node(&n.name, &n.inventory.partitions),
+                        mig: mig_gpus(n),
                     }
                 })
                 .collect()
@@ -703,6 +704,7 @@ impl Node {
             Request::Resume { .. } => self.require_admin(who, "resume nodes")?,
             Request::SetPolicy { .. } | Request::EditPartition { .. } => self.require_admin(who, "change the scheduling policy")?,
             Request::SetGpuHealth { .. } => self.require_admin(who, "change GPU health")?,
+            Request::SetMigLayout { .. } => self.require_admin(who, "set MIG layouts")?,
             Request::CreateJoinToken { .. } => self.require_admin(who, "create join tokens")?,
             Request::RevokeJoinToken { .. } => self.require_admin(who, "revoke join tokens")?,
             Request::RevokeCert { .. } => self.require_admin(who, "revoke certificates")?,
@@ -917,6 +919,13 @@ impl Node {
                 let cmd = Command::GpuHealth { node: id, gpu, mig_uuid: None, healthy, reason, now_ms: now };
                 self.propose(cmd).await.and_then(ok_or_rejected)
             }
+            Request::SetMigLayout { node, gpu, profiles } => {
+                let id = self.node_id_by_name(&node)?;
+                info!(node = %node, gpu, ?profiles, "operator sets a mig layout");
+                let result = self.propose(Command::PinMigLayout { node: id, gpu, profiles, now_ms: now }).await.and_then(ok_or_rejected);
+                self.kick.notify_one();
+                result
+            }
             Request::ReportInventory { node, inventory, reason } => {
                 self.propose(Command::UpdateInventory { node, inventory, reason, now_ms: now }).await.and_then(ok_or_rejected)
             }
@@ -952,6 +961,18 @@ fn rejected(result: CommandResult) -> ApiError {
         CommandResult::Rejected(why) => ApiError::Invalid(why),
         other => ApiError::Internal(format!("unexpected result {other:?}")),
     }
+}
+
+/// `node`'s MIG-mode GPUs with their layouts, as reported and as pinned.
+fn mig_gpus(node: &proto::NodeRecord) -> Vec<proto::MigGpuInfo> {
+    node.inventory
+        .gpus
+        .iter()
+        .filter_map(|g| {
+            let layout = node.inventory.mig_layout(g.index)?;
+            Some(proto::MigGpuInfo { gpu: g.index, layout, pinned: node.mig_pinned.get(&g.index).cloned() })
+        })
+        .collect()
 }
 
 fn ok_or_rejected(result: CommandResult) -> Response {
