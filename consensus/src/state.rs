@@ -143,10 +143,14 @@ fn prune_accounting(jobs: &[JobId]) -> CommandResult {
 }
 
 /// Adds the GPU time of `part` from the run's start until `now_ms` to the job's account and to
-/// its user's and account's usage.
+/// its user's and account's usage: GPU-seconds, a MIG instance weighted by its share of the
+/// GPU's compute slices (a 3g.71gb instance for 7 s is 3 GPU-seconds).
 fn account(usage: &mut BTreeMap<String, u64>, job: &mut Job, part: &NodeRun, now_ms: u64) {
     if let Some(start) = job.start_ms {
-        let seconds = (now_ms.saturating_sub(start) / 1000).saturating_mul(part.alloc.gpus.len() as u64);
+        let gres_type = job.spec.gres.as_ref().and_then(|g| g.gpu_type.as_deref());
+        let slices: u64 = part.alloc.gpus.iter().map(|&g| u64::from(scheduler::mig::slot_compute_slices(g, gres_type))).sum();
+        let slice_ms = now_ms.saturating_sub(start).saturating_mul(slices);
+        let seconds = slice_ms / (1000 * u64::from(scheduler::mig::COMPUTE_SLICES));
         job.gpu_seconds = job.gpu_seconds.saturating_add(seconds);
         if seconds > 0 {
             let user = usage.entry(scheduler::usage_key_user(&job.spec.user)).or_default();
@@ -1435,6 +1439,45 @@ mod tests {
         assert!(view::node_views(&s)[&id].gpus[0].draining());
         assert_eq!(s.apply(&Command::PinMigLayout { node: id, gpu: 0, profiles: None, now_ms: 2 }), CommandResult::Ok);
         assert!(s.nodes[&id].mig_pinned.is_empty());
+    }
+
+    #[test]
+    fn a_mig_instance_is_accounted_by_its_share_of_the_gpus_compute() {
+        let inv = scheduler::testkit::h200_mig(&[&[("3g.71gb", 0), ("1g.18gb", 6)]]);
+        let mut s = with_node_n1(inv);
+        let id = s.nodes.values().map(|n| n.id).next().expect("n1");
+        let mig = |profile: &str| {
+            let mut sp = spec(1, 1);
+            sp.gres = Some(GresRequest { gpu_type: Some(profile.into()), count: 1 });
+            sp.account = Some("physics".into());
+            sp
+        };
+        let mut ran = Vec::new();
+        for (sp, slot) in [(mig("3g.71gb"), scheduler::mig_slot(0, 0)), (mig("1g.18gb"), scheduler::mig_slot(0, 6))] {
+            let job = submit(&mut s, sp);
+            assert_eq!(plan(&mut s, job, 1, vec![alloc(id, &[slot])]), CommandResult::Planned { accepted: vec![job], rejected: vec![] });
+            assert_eq!(confirm(&mut s, job, 1, id, 1), CommandResult::Ok);
+            ran.push(job);
+        }
+        // Seven seconds each (started at 30): 3/7 and 1/7 of a GPU.
+        for job in &ran {
+            let end = Command::RunFinished {
+                job: *job,
+                run: 1,
+                node: id,
+                outcome: RunOutcome::Exited(0),
+                usage: Default::default(),
+                now_ms: 7_030,
+            };
+            assert_eq!(s.apply(&end), CommandResult::Ok);
+        }
+        assert_eq!(ran.iter().map(|j| s.jobs[j].gpu_seconds).collect::<Vec<_>>(), vec![3, 1]);
+        assert_eq!(s.usage_gpu_seconds.get("user:alice"), Some(&4), "{:?}", s.usage_gpu_seconds);
+        assert_eq!(s.usage_gpu_seconds.get("account:physics"), Some(&4));
+        // A whole GPU counts whole, and a profile no table knows by its name.
+        assert_eq!(scheduler::mig::slot_compute_slices(3, Some("h200")), 7);
+        assert_eq!(scheduler::mig::slot_compute_slices(scheduler::mig_slot(0, 0), Some("2g.12gb")), 2);
+        assert_eq!(scheduler::mig::slot_compute_slices(scheduler::mig_slot(0, 0), Some("mystery")), 1);
     }
 
     #[test]

@@ -66,7 +66,8 @@ pub struct NodeSnapshot {
     pub heartbeat_age_ms: Option<u64>,
 }
 
-/// GPU index → the job holding it on node `node`, from the jobs' parts.
+/// Slot (`Allocation::gpus` entry: a GPU's index or a MIG instance's slot) → the job holding it
+/// on node `node`, from the jobs' parts.
 pub fn gpu_holders<'a>(jobs: impl IntoIterator<Item = &'a proto::Job>, node: proto::NodeId) -> BTreeMap<u32, JobId> {
     let mut out = BTreeMap::new();
     for job in jobs {
@@ -84,12 +85,11 @@ pub fn snapshot(node: &Node) -> MetricsSnapshot {
     let info = node.cluster_info(false);
     let holders = node.state.read(|s| gpu_holders(s.jobs.values(), node.id));
     let held: BTreeSet<u32> = holders.keys().copied().collect();
-    let sampler = crate::gpu::sampler_for(&node.config.gpus, &node.config.name);
-    let gpus = match sampler.sample(&held) {
+    let gpus = match node.gpu_sampler().sample(&held) {
         Ok(samples) => samples
             .into_iter()
             .map(|s| {
-                let job = holders.get(&s.gpu).copied();
+                let job = holders.get(&s.slot()).copied();
                 (s, job)
             })
             .collect(),
@@ -248,8 +248,10 @@ fn register_job_gpu(corral: &mut Registry, snap: &MetricsSnapshot) {
     let mem: Family<Labels, Gauge> = Family::default();
     for (job, samples) in by_job {
         let l = labels(&[("job", &job.to_string()), ("node", &snap.hostname)]);
-        let mean = samples.iter().map(|s| f64::from(s.utilization_pct)).sum::<f64>() / samples.len() as f64;
-        util.get_or_create(&l).set(mean);
+        let utils: Vec<f64> = samples.iter().filter_map(|s| s.utilization_pct).map(f64::from).collect();
+        if !utils.is_empty() {
+            util.get_or_create(&l).set(utils.iter().sum::<f64>() / utils.len() as f64);
+        }
         let used_bytes: u64 = samples.iter().map(|s| s.memory_used_mib.saturating_mul(1024 * 1024)).sum();
         mem.get_or_create(&l).set(i64::try_from(used_bytes).unwrap_or(i64::MAX));
     }
@@ -257,37 +259,66 @@ fn register_job_gpu(corral: &mut Registry, snap: &MetricsSnapshot) {
     corral.register("job_gpu_memory_used_bytes", "GPU memory a job uses on this node", mem);
 }
 
-/// DCGM exporter's names, units and labels, so existing dashboards work unchanged.
+/// DCGM exporter's names, units and labels, so existing dashboards work unchanged. A MIG
+/// instance's series carry `GPU_I_ID` and `GPU_I_PROFILE` and the job holding that instance; its
+/// GPU's own series are the device-wide ones (temperature, power), so memory is not counted
+/// twice. Utilization is `DCGM_FI_DEV_GPU_UTIL` for a whole GPU and, as DCGM gives it for MIG,
+/// `DCGM_FI_PROF_GR_ENGINE_ACTIVE` (a ratio) for an instance; neither is shown where the device
+/// gives no reading.
 fn register_dcgm(root: &mut Registry, snap: &MetricsSnapshot) {
     if snap.gpus.is_empty() {
         return;
     }
     let util: Family<Labels, Gauge> = Family::default();
+    let gr_active: Family<Labels, FloatGauge> = Family::default();
     let fb_used: Family<Labels, Gauge> = Family::default();
     let fb_free: Family<Labels, Gauge> = Family::default();
     let temp: Family<Labels, Gauge> = Family::default();
     let power: Family<Labels, FloatGauge> = Family::default();
+    let mig_gpus: BTreeSet<u32> = snap.gpus.iter().filter(|(s, _)| s.mig.is_some()).map(|(s, _)| s.gpu).collect();
     for (s, job) in &snap.gpus {
-        let job = job.map(|j| j.to_string()).unwrap_or_default();
-        let l = labels(&[
-            ("gpu", &s.gpu.to_string()),
-            ("UUID", &s.uuid),
-            ("device", &format!("nvidia{}", s.gpu)),
-            ("modelName", &s.model),
-            ("Hostname", &snap.hostname),
-            ("job", &job),
-        ]);
-        util.get_or_create(&l).set(i64::from(s.utilization_pct));
-        fb_used.get_or_create(&l).set(i64::try_from(s.memory_used_mib).unwrap_or(i64::MAX));
-        fb_free.get_or_create(&l).set(i64::try_from(s.memory_free_mib).unwrap_or(i64::MAX));
+        let l = dcgm_labels(s, *job, &snap.hostname);
+        let mib = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        if s.mig.is_some() {
+            if let Some(u) = s.utilization_pct {
+                gr_active.get_or_create(&l).set(f64::from(u) / 100.0);
+            }
+            fb_used.get_or_create(&l).set(mib(s.memory_used_mib));
+            fb_free.get_or_create(&l).set(mib(s.memory_free_mib));
+            continue;
+        }
+        if !mig_gpus.contains(&s.gpu) {
+            if let Some(u) = s.utilization_pct {
+                util.get_or_create(&l).set(i64::from(u));
+            }
+            fb_used.get_or_create(&l).set(mib(s.memory_used_mib));
+            fb_free.get_or_create(&l).set(mib(s.memory_free_mib));
+        }
         temp.get_or_create(&l).set(i64::from(s.temperature_c));
         power.get_or_create(&l).set(s.power_mw as f64 / 1000.0);
     }
     root.register("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)", util);
+    root.register("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active", gr_active);
     root.register("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)", fb_used);
     root.register("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB)", fb_free);
     root.register("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C)", temp);
     root.register("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W)", power);
+}
+
+/// DCGM exporter's labels of one GPU or MIG instance, and the job holding it.
+fn dcgm_labels(s: &GpuSample, job: Option<JobId>, hostname: &str) -> Labels {
+    let gpu = s.gpu.to_string();
+    let device = format!("nvidia{}", s.gpu);
+    let job = job.map(|j| j.to_string()).unwrap_or_default();
+    let mut pairs = vec![("gpu", gpu.as_str()), ("UUID", &s.uuid), ("device", &device), ("modelName", &s.model)];
+    let gi_id = s.mig.as_ref().map(|m| m.gpu_instance_id.to_string());
+    if let (Some(m), Some(id)) = (&s.mig, &gi_id) {
+        pairs.push(("GPU_I_PROFILE", &m.profile));
+        pairs.push(("GPU_I_ID", id));
+    }
+    pairs.push(("Hostname", hostname));
+    pairs.push(("job", &job));
+    labels(&pairs)
 }
 
 /// The request line and headers (up to the blank line; a client may send them in several

@@ -718,7 +718,8 @@ pub struct Job {
     pub restart_count: u32,
     /// Every reason it is not running now (pending), or why it ended.
     pub reasons: Vec<String>,
-    /// Accounting, filled in as runs end.
+    /// Accounting, filled in as runs end: GPU-seconds, a MIG instance counted by its share of
+    /// the GPU's compute slices (`scheduler::mig::slot_compute_slices`).
     pub gpu_seconds: u64,
     pub gpu_usage: GpuUsage,
     /// Rendezvous port of the current run on its first node (`MASTER_PORT`), chosen when the

@@ -381,6 +381,22 @@ pub fn instances_per_gpu_max(model: Model, profile: &str) -> u32 {
         .unwrap_or(0)
 }
 
+/// Compute slices (of [`COMPUTE_SLICES`]) one `Allocation::gpus` entry of a job that asked for
+/// `gres_type` holds: all of them for a whole GPU, the profile's for a MIG instance (every
+/// profile of `gres_type` is the job's, one type per job). A profile no table knows counts by its
+/// name's `Ng` (`1g.6gb` is 1); one whose name says nothing counts 1, the least an instance has.
+/// GPU-seconds are weighted by this share of [`COMPUTE_SLICES`].
+pub fn slot_compute_slices(slot: u32, gres_type: Option<&str>) -> u32 {
+    if matches!(crate::decode_slot(slot), crate::Slot::Gpu(_)) {
+        return COMPUTE_SLICES;
+    }
+    let Some(profile) = gres_type else { return 1 };
+    if let Some(p) = Model::ALL.iter().find_map(|m| m.profile(profile)) {
+        return p.compute_slices;
+    }
+    profile.split_once('g').and_then(|(n, _)| n.parse::<u32>().ok()).map_or(1, |n| n.clamp(1, COMPUTE_SLICES))
+}
+
 /// Why no node could ever hold `count` instances of MIG profile `profile` for one job at once,
 /// however its MIG-mode GPUs were laid out: `nodes` are (name, GPUs). `None` when some node
 /// could, and when no node has a MIG-mode GPU whose model knows the profile (such a node may

@@ -49,6 +49,24 @@ fn named<'a>(samples: &'a [Value], name: &str) -> Vec<&'a Value> {
     samples.iter().filter(|s| s["name"] == name).collect()
 }
 
+/// (node, metrics URL) as `dev up` of the running cluster prints them (it starts nothing);
+/// each is also in `client.toml`.
+fn metrics_urls(c: &TestCluster, opts: &[&str]) -> Vec<(String, String)> {
+    let mut args = vec!["dev", "up", "--dir", c.path_str()];
+    args.extend_from_slice(opts);
+    let out = c.raw(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let printed: Vec<(String, String)> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once(" metrics: ").map(|(n, u)| (n.to_string(), u.to_string())))
+        .collect();
+    let client_toml = std::fs::read_to_string(c.path().join("client.toml")).expect("read client.toml");
+    for (_, url) in &printed {
+        assert!(client_toml.contains(&format!("\"{url}\"")), "client.toml lists {url}:\n{client_toml}");
+    }
+    printed
+}
+
 #[test]
 fn every_dev_node_serves_metrics_that_prometheus_parses_with_each_gpu_labelled_by_its_job() {
     let Some(py) = pyenv() else { return };
@@ -58,20 +76,8 @@ fn every_dev_node_serves_metrics_that_prometheus_parses_with_each_gpu_labelled_b
     wait_until("the job to run", Duration::from_secs(20), || c.job(job)["state"] == "RUNNING");
     let job_node = c.job(job)["node"].as_str().unwrap_or_default().to_string();
 
-    // `dev up` of a running cluster starts nothing and prints where each node serves metrics.
-    let mut args = vec!["dev", "up", "--dir", c.path_str()];
-    args.extend_from_slice(&opts);
-    let out = c.raw(&args);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let printed: Vec<(String, String)> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_once(" metrics: ").map(|(n, u)| (n.to_string(), u.to_string())))
-        .collect();
-    assert_eq!(printed.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["n1", "n2"], "{}", String::from_utf8_lossy(&out.stdout));
-    let client_toml = std::fs::read_to_string(c.path().join("client.toml")).expect("read client.toml");
-    for (_, url) in &printed {
-        assert!(client_toml.contains(&format!("\"{url}\"")), "client.toml lists {url}:\n{client_toml}");
-    }
+    let printed = metrics_urls(&c, &opts);
+    assert_eq!(printed.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["n1", "n2"], "{printed:?}");
 
     let job_label = job.to_string();
     let mut leaders = 0;
@@ -105,4 +111,65 @@ fn every_dev_node_serves_metrics_that_prometheus_parses_with_each_gpu_labelled_b
     }
     assert_eq!(leaders, 1, "one node says it leads");
     assert!(c.corral(&["cancel", &job.to_string()]).status.success());
+}
+
+/// Issue 17, per-slice truth: two jobs on two MIG instances of one H200 each get their
+/// instance's series (DCGM's `GPU_I_ID`/`GPU_I_PROFILE` labels and the job label), and each is
+/// accounted by its share of the GPU: a 3g.71gb for 20 s is 8 GPU-seconds, a 1g.18gb 2.
+#[test]
+fn each_mig_instance_has_series_labelled_with_its_job_and_is_accounted_by_its_share() {
+    let Some(py) = pyenv() else { return };
+    let opts = ["--nodes", "1", "--gpus", "h200-mig", "--voters-max", "1"];
+    let c = TestCluster::up(&opts);
+    // The GPU starts as 3g.71gb@0, 2g.35gb@4, 1g.18gb@6.
+    let big = c.submit(&["--gres", "gpu:3g.71gb:1"], &["sleep", "20"]);
+    let small = c.submit(&["--gres", "gpu:1g.18gb:1"], &["sleep", "20"]);
+    wait_until("both jobs to run", Duration::from_secs(20), || [big, small].iter().all(|j| c.job(*j)["state"] == "RUNNING"));
+    let url = metrics_urls(&c, &opts).into_iter().next().expect("n1's metrics").1;
+    let holder = |s: &Value| s["labels"]["job"].as_str().unwrap_or_default().to_string();
+    let mut samples = Vec::new();
+    wait_until("each instance's row to carry its job", Duration::from_secs(15), || {
+        samples = parse(&py, &scrape(&url));
+        let fb = named(&samples, "DCGM_FI_DEV_FB_USED");
+        let by_profile: std::collections::BTreeSet<(String, String)> =
+            fb.iter().map(|s| (s["labels"]["GPU_I_PROFILE"].as_str().unwrap_or_default().to_string(), holder(s))).collect();
+        let want = [("1g.18gb".into(), small.to_string()), ("2g.35gb".into(), String::new()), ("3g.71gb".into(), big.to_string())];
+        fb.len() == 3 && by_profile == want.into_iter().collect()
+    });
+    for s in named(&samples, "DCGM_FI_DEV_FB_USED") {
+        assert_eq!((s["labels"]["gpu"].as_str(), s["labels"]["device"].as_str()), (Some("0"), Some("nvidia0")), "{s}");
+        assert!(s["labels"]["UUID"].as_str().is_some_and(|u| u.starts_with("GPU-")), "the parent GPU's UUID, as DCGM: {s}");
+        assert!(s["labels"]["GPU_I_ID"].as_str().is_some_and(|id| id.parse::<u32>().is_ok()), "{s}");
+        let busy = !holder(s).is_empty();
+        assert_eq!(s["value"].as_f64().is_some_and(|v| v > 0.0), busy, "memory used only where a job runs: {s}");
+    }
+    let active = named(&samples, "DCGM_FI_PROF_GR_ENGINE_ACTIVE");
+    assert_eq!(active.len(), 3, "{active:?}");
+    for s in &active {
+        let ratio = s["value"].as_f64().unwrap_or(-1.0);
+        assert!(if holder(s).is_empty() { ratio == 0.0 } else { (0.6..1.0).contains(&ratio) }, "{s}");
+    }
+    assert!(named(&samples, "DCGM_FI_DEV_GPU_UTIL").is_empty(), "a MIG-mode GPU has no utilization of its own");
+    let temp = named(&samples, "DCGM_FI_DEV_GPU_TEMP");
+    assert_eq!(temp.len(), 1, "temperature is the GPU's: {temp:?}");
+    assert!(temp[0]["labels"].get("GPU_I_ID").is_none(), "{temp:?}");
+    let mut jobs: Vec<String> = named(&samples, "corral_job_gpu_utilization").iter().map(|s| holder(s)).collect();
+    jobs.sort();
+    assert_eq!(jobs, [big.to_string(), small.to_string()]);
+
+    for job in [big, small] {
+        assert_eq!(c.wait_final(job, Duration::from_secs(40))["state"], "COMPLETED");
+    }
+    let out = c.shim("sacct", &["-j", &format!("{big},{small}"), "--format=JobID,ElapsedRaw,GPUSeconds", "-P", "-n"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let rows: Vec<Vec<u64>> = text.lines().map(|l| l.split('|').map(|f| f.parse().unwrap_or(u64::MAX)).collect()).collect();
+    assert_eq!(rows.len(), 2, "{text}");
+    for (row, sevenths) in rows.iter().zip([3, 1]) {
+        let (elapsed_s, gpu_seconds) = (row[1], row[2]);
+        assert!((20..=24).contains(&elapsed_s), "{text}");
+        // From the run's milliseconds, so within one of the elapsed whole seconds' share.
+        let share = elapsed_s * sevenths / 7;
+        assert!((share..=share + 1).contains(&gpu_seconds), "{sevenths}/7 of {elapsed_s} s is {share}, sacct says {gpu_seconds}: {text}");
+    }
 }

@@ -61,6 +61,7 @@ const FIELDS: &[(&str, i32)] = &[
     ("Eligible", 19),
     ("End", 19),
     ("ExitCode", 8),
+    ("GPUSeconds", 10),
     ("Group", 9),
     ("JobID", -12),
     ("JobIDRaw", -12),
@@ -163,6 +164,8 @@ pub fn value(job: &Job, name: &str, names: &BTreeMap<u64, String>, now_ms: u64) 
         "Eligible" => time::datetime(s.begin_ms.unwrap_or(job.submit_ms)),
         "End" => job.end_ms.map_or("Unknown".into(), time::datetime),
         "ExitCode" => super::exit_code_text(job),
+        // Corral's: GPU-seconds used, a MIG instance by its share of the GPU (Slurm has no such field).
+        "GPUSeconds" => job.gpu_seconds.to_string(),
         "Group" => s.gid.map_or(String::new(), |g| g.to_string()),
         "JobID" => super::display_id(job),
         "JobIDRaw" => job.id.to_string(),

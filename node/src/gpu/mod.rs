@@ -12,8 +12,7 @@ pub mod sampler;
 pub mod smi_xml;
 pub mod topo;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 use proto::{GpuInfo, Inventory, Topology};
 use tracing::{info, warn};
@@ -21,7 +20,7 @@ use tracing::{info, warn};
 pub use health::{run_health_loop, GpuFault, HealthEvent, HealthMonitor, HEALTH_CHANNEL_CAPACITY};
 pub use mig::MigProfile;
 pub use profiles::SimulatedProbe;
-pub use sampler::{GpuSample, GpuSampler, JobGpuAccounting, JobGpuStats};
+pub use sampler::{GpuSample, GpuSampler, JobGpuAccounting, JobGpuStats, MigOf};
 
 /// The GPU part of a node's inventory: what a probe discovers.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -117,16 +116,6 @@ pub fn probe_from_config(spec: &str, node_name: &str) -> Box<dyn GpuProbe> {
             Err(e) => Box::new(FailedProbe { error: format!("{e:#}") }),
         },
     }
-}
-
-/// The sampler of the probe `spec` gives, built once per (spec, node) and kept for later scrapes.
-pub fn sampler_for(spec: &str, node_name: &str) -> Arc<dyn GpuSampler> {
-    type Cache = Mutex<HashMap<(String, String), Arc<dyn GpuSampler>>>;
-    static CACHE: OnceLock<Cache> = OnceLock::new();
-    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-    let key = (spec.trim().to_string(), node_name.to_string());
-    let mut map = cache.lock().unwrap_or_else(|p| p.into_inner());
-    Arc::clone(map.entry(key).or_insert_with(|| probe_from_config(spec, node_name).sampler()))
 }
 
 /// A node without GPUs.

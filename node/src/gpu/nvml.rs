@@ -20,7 +20,7 @@ use tracing::{debug, info, warn};
 use super::health::{GpuFault, HealthEvent, HealthMonitor, HealthTracker};
 use super::mig::{self, MigBackend, MigProfile, PlannedInstance};
 use super::nics::{self, SYSFS_ROOT};
-use super::sampler::{GpuSample, GpuSampler};
+use super::sampler::{GpuSample, GpuSampler, MigOf};
 use super::{gres_type_for_model, parse_bus_id, GpuError, GpuInventory, GpuProbe};
 
 /// NVLinks a GPU may have (NVML_NVLINK_MAX_LINKS).
@@ -80,6 +80,11 @@ impl NvmlProbe {
 
 /// MIG devices of `dev` with their GPU/compute instance ids, placement and memory.
 fn mig_instances(nvml: &'static Nvml, dev: &Device<'static>) -> Vec<MigInstance> {
+    mig_devices(nvml, dev).into_iter().map(|(inst, _)| inst).collect()
+}
+
+/// The MIG devices of `dev`, each with what NVML says of it, in the order they start on the GPU.
+fn mig_devices(nvml: &'static Nvml, dev: &Device<'static>) -> Vec<(MigInstance, Device<'static>)> {
     let lib = nvml.lib();
     let mut out = Vec::new();
     for i in 0..MIG_DEVICES_MAX {
@@ -118,9 +123,9 @@ fn mig_instances(nvml: &'static Nvml, dev: &Device<'static>) -> Vec<MigInstance>
         if inst.memory_mib == 0 {
             inst.memory_mib = m.memory_info().map(|mi| mi.total / (1024 * 1024)).unwrap_or(0);
         }
-        out.push(inst);
+        out.push((inst, m));
     }
-    out.sort_by_key(|m| (m.start_slice, m.gpu_instance_id, m.compute_instance_id));
+    out.sort_by_key(|(m, _)| (m.start_slice, m.gpu_instance_id, m.compute_instance_id));
     out
 }
 
@@ -283,21 +288,39 @@ struct NvmlSampler {
 
 impl GpuSampler for NvmlSampler {
     fn sample(&self, _held: &BTreeSet<u32>) -> anyhow::Result<Vec<GpuSample>> {
+        const MIB: u64 = 1024 * 1024;
         let count = self.nvml.device_count().context("count gpus through nvml")?;
         let mut out = Vec::with_capacity(count as usize);
         for i in 0..count {
             let Ok(dev) = self.nvml.device_by_index(i) else { continue };
             let (Ok(uuid), Ok(mem)) = (dev.uuid(), dev.memory_info()) else { continue };
-            out.push(GpuSample {
+            let mig_mode = dev.mig_mode().map(|m| m.current == 1).unwrap_or(false);
+            let gpu = GpuSample {
                 gpu: i,
                 uuid,
                 model: dev.name().unwrap_or_default(),
-                utilization_pct: dev.utilization_rates().map(|u| u.gpu).unwrap_or(0),
-                memory_used_mib: mem.used / (1024 * 1024),
-                memory_free_mib: mem.free / (1024 * 1024),
+                // In MIG mode NVML has none (NOT_SUPPORTED), for the GPU as for its instances.
+                utilization_pct: if mig_mode { None } else { dev.utilization_rates().ok().map(|u| u.gpu) },
+                memory_used_mib: mem.used / MIB,
+                memory_free_mib: mem.free / MIB,
                 temperature_c: dev.temperature(TemperatureSensor::Gpu).unwrap_or(0),
                 power_mw: u64::from(dev.power_usage().unwrap_or(0)),
-            });
+                mig: None,
+            };
+            let instances: Vec<GpuSample> = if mig_mode {
+                mig_devices(self.nvml, &dev)
+                    .into_iter()
+                    .filter_map(|(inst, m)| {
+                        let mem = m.memory_info().ok()?;
+                        let mig = MigOf { gpu_instance_id: inst.gpu_instance_id, profile: inst.profile, start_slice: inst.start_slice };
+                        Some(GpuSample { memory_used_mib: mem.used / MIB, memory_free_mib: mem.free / MIB, mig: Some(mig), ..gpu.clone() })
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            out.push(gpu);
+            out.extend(instances);
         }
         Ok(out)
     }

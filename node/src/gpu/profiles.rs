@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 
 use super::health::{GpuFault, HealthEvent, HealthMonitor, HealthTracker};
 use super::mig::{self, MigBackend, MigProfile, PlannedInstance};
-use super::sampler::{GpuSampler, SimulatedSampler};
+use super::sampler::{simulated_samples, GpuSample, GpuSampler};
 use super::{GpuError, GpuInventory, GpuProbe};
 
 /// How the GPUs of a simulated machine connect.
@@ -296,7 +296,16 @@ impl GpuProbe for SimulatedProbe {
     }
 
     fn sampler(&self) -> Arc<dyn GpuSampler> {
-        Arc::new(SimulatedSampler { node_name: self.node_name.clone(), gpus: self.machine().inv.gpus.clone() })
+        Arc::new(self.clone())
+    }
+}
+
+/// Samples of the machine as it is now: MIG instances relaid since start-up are sampled as
+/// they now are.
+impl GpuSampler for SimulatedProbe {
+    fn sample(&self, held: &BTreeSet<u32>) -> anyhow::Result<Vec<GpuSample>> {
+        let gpus = self.machine().inv.gpus.clone();
+        Ok(simulated_samples(&self.node_name, &gpus, held))
     }
 }
 

@@ -505,6 +505,11 @@ impl Node {
         })
     }
 
+    /// This node's GPU sampler (its probe's: a simulated machine is sampled as it is now).
+    pub fn gpu_sampler(&self) -> Arc<dyn crate::gpu::GpuSampler> {
+        self.probe.sampler()
+    }
+
     /// Members, roles and Raft indexes; with `digest`, the applied state's digest too (which
     /// encodes the whole hot state: for checks and diagnosis, not for routine polling).
     pub fn cluster_info(&self, digest: bool) -> ClusterInfo {
