@@ -9,6 +9,7 @@ command -v clang >/dev/null || need+=(clang)
 command -v g++ >/dev/null || need+=(g++)
 command -v make >/dev/null || need+=(make)
 command -v systemd-analyze >/dev/null || need+=(systemd)   # deploy tests verify the unit
+command -v tmux >/dev/null || need+=(tmux)                 # salloc is tested at a terminal
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

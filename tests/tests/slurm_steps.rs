@@ -302,3 +302,110 @@ fn a_killed_daemon_takes_every_process_of_its_jobs_with_it() {
         wait_until(&format!("process {p} of the killed node's job to be gone"), Duration::from_secs(10), || !chaos::runner::pid_alive(p));
     }
 }
+
+/// `salloc` (issue 18): the command runs here with the allocation's variables, its `srun` runs
+/// steps on the allocation's nodes, and the job ends with the command's exit status, as Slurm
+/// 22.05 records it (FAILED, ExitCode 3:0 for `exit 3`; COMPLETED for 0), with Slurm's
+/// messages. A time limit revokes the allocation and hangs up the command.
+#[test]
+fn salloc_runs_the_command_here_with_steps_on_the_allocation_and_ends_with_its_status() {
+    let c = TestCluster::up(&["--nodes", "2"]);
+    let script = "echo here $SLURM_JOB_ID $SLURM_NNODES $SLURM_JOB_NAME $SLURM_NTASKS; srun sh -c 'echo task $SLURM_PROCID $SLURMD_NODENAME'; exit 3";
+    let out = c.shim("salloc", &["-N2", "-n2", "sh", "-c", script], &[]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
+    assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}\n{}", c.logs());
+    let mut lines: Vec<&str> = stdout.lines().collect();
+    let here = lines.remove(0);
+    let id: u64 = here.split_whitespace().nth(1).and_then(|w| w.parse().ok()).unwrap_or_else(|| panic!("{stdout}"));
+    assert_eq!(here, format!("here {id} 2 interactive 2"), "{stdout}");
+    lines.sort();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    assert!(lines[0].starts_with("task 0 ") && lines[1].starts_with("task 1 "), "{stdout}");
+    assert_ne!(lines[0].split_whitespace().last(), lines[1].split_whitespace().last(), "one task per node: {stdout}");
+    assert_eq!(stderr.trim(), format!("salloc: Granted job allocation {id}\nsalloc: Relinquishing job allocation {id}"), "{stdout}");
+    let job = c.wait_final(id, Duration::from_secs(20));
+    assert_eq!((job["state"].as_str(), job["exit_code"].as_i64()), (Some("FAILED"), Some(3)), "{job}");
+    let out = c.shim("sacct", &["-j", &id.to_string(), "--format=JobName,State,ExitCode", "-P", "-n"], &[]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "interactive|FAILED|3:0");
+
+    // Exit 0 is COMPLETED; a busy cluster makes salloc wait, and say so.
+    let blocker = c.submit(&["--nodes", "2", "--gres", "gpu:8"], &["sleep", "3"]);
+    wait_until("the blocker to run", Duration::from_secs(20), || c.job(blocker)["state"] == "RUNNING");
+    let out = c.shim("salloc", &["-N2", "--gres=gpu:8", "-J", "mine", "true"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let id: u64 =
+        stderr.lines().find_map(|l| l.strip_prefix("salloc: Granted job allocation ")).and_then(|n| n.parse().ok()).expect(&stderr);
+    let want = ["Pending job allocation {id}", "job {id} queued and waiting for resources", "job {id} has been allocated resources"]
+        .iter()
+        .chain(&["Granted job allocation {id}", "Relinquishing job allocation {id}"])
+        .map(|l| format!("salloc: {}", l.replace("{id}", &id.to_string())))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert_eq!(stderr.trim(), want);
+    let job = c.wait_final(id, Duration::from_secs(20));
+    assert_eq!((job["state"].as_str(), job["name"].as_str()), (Some("COMPLETED"), Some("mine")), "{job}");
+
+    // Past its time limit the allocation is revoked and the command hung up.
+    let started = std::time::Instant::now();
+    let out = c.shim("salloc", &["-N1", "-t", "0:02", "sleep", "60"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(started.elapsed() < Duration::from_secs(30), "{stderr}");
+    assert_eq!(out.status.code(), Some(128 + 1), "SIGHUP: {stderr}");
+    let id: u64 =
+        stderr.lines().find_map(|l| l.strip_prefix("salloc: Granted job allocation ")).and_then(|n| n.parse().ok()).expect(&stderr);
+    assert!(
+        stderr.trim().ends_with(&format!("salloc: Job {id} has exceeded its time limit and its allocation has been revoked.")),
+        "{stderr}"
+    );
+    assert_eq!(c.wait_final(id, Duration::from_secs(20))["state"], "TIMEOUT");
+}
+
+/// `salloc` at a terminal (tmux): the user's shell runs with the allocation, `srun` in it runs
+/// on both nodes, Ctrl-C stops what the shell runs and not salloc, and `exit 4` ends the job
+/// FAILED with code 4.
+#[test]
+fn salloc_gives_an_interactive_shell_at_a_terminal() {
+    let c = TestCluster::up(&["--nodes", "2"]);
+    c.shim("salloc", &["--version"], &[]); // installs the shims
+    let session = format!("corral-salloc-{}", std::process::id());
+    let tmux = |args: &[&str]| {
+        let out = std::process::Command::new("tmux").args(args).output().expect("run tmux (scripts/setup.sh installs it)");
+        assert!(out.status.success(), "tmux {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let shims = c.path().join("shims");
+    let path = format!("{}:{}", shims.display(), std::env::var("PATH").unwrap_or_default());
+    let line = format!("env CORRAL_CLUSTER={} SHELL=/bin/sh PS1='$ ' PATH={path} salloc -N2; echo salloc-rc=$?; sleep 60", c.path_str());
+    tmux(&["new-session", "-d", "-s", &session, "-x", "150", "-y", "40", &line]);
+    let screen = || tmux(&["capture-pane", "-t", &session, "-p"]);
+    let mut shown = String::new();
+    let mut wait_for = |what: &str, done: &dyn Fn(&str) -> bool| {
+        wait_until(what, Duration::from_secs(30), || {
+            shown = screen();
+            done(&shown)
+        });
+    };
+    wait_for("the shell", &|s| s.contains("salloc: Granted job allocation") && s.trim_end().ends_with('$'));
+    tmux(&["send-keys", "-t", &session, "echo id=$SLURM_JOB_ID nodes=$SLURM_JOB_NODELIST; srun -l hostname | sort", "Enter"]);
+    wait_for("the step's output", &|s| s.contains("1: ") && s.trim_end().ends_with('$'));
+    tmux(&["send-keys", "-t", &session, "sleep 100", "Enter"]);
+    std::thread::sleep(Duration::from_millis(500));
+    tmux(&["send-keys", "-t", &session, "C-c"]);
+    tmux(&["send-keys", "-t", &session, "echo interrupted=$?", "Enter"]);
+    wait_for("Ctrl-C to stop the sleep", &|s| s.contains("interrupted=130") && s.trim_end().ends_with('$'));
+    tmux(&["send-keys", "-t", &session, "exit 4", "Enter"]);
+    wait_for("salloc to end", &|s| s.contains("salloc-rc="));
+    let _ = std::process::Command::new("tmux").args(["kill-session", "-t", &session]).status();
+    let id: u64 = shown
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("salloc: Granted job allocation "))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{shown}"));
+    assert!(shown.contains(&format!("id={id} nodes=n[1-2]")), "{shown}");
+    assert!(shown.contains("0: ") && shown.contains("1: "), "{shown}");
+    assert!(shown.contains(&format!("salloc: Relinquishing job allocation {id}")), "{shown}");
+    assert!(shown.contains("salloc-rc=4"), "{shown}");
+    let job = c.wait_final(id, Duration::from_secs(20));
+    assert_eq!((job["state"].as_str(), job["exit_code"].as_i64()), (Some("FAILED"), Some(4)), "{job}");
+}

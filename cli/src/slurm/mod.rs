@@ -9,6 +9,7 @@
 pub mod fuzzing;
 pub mod opts;
 pub mod sacct;
+pub mod salloc;
 pub mod sbatch;
 pub mod scancel;
 pub mod scontrol;
@@ -31,7 +32,7 @@ pub use slurm_compat::{env, hostlist};
 use crate::client::Cluster;
 
 /// The names the `corral` binary answers to as Slurm.
-pub const COMMANDS: [&str; 7] = ["sbatch", "srun", "squeue", "scancel", "sinfo", "scontrol", "sacct"];
+pub const COMMANDS: [&str; 8] = ["sbatch", "srun", "salloc", "squeue", "scancel", "sinfo", "scontrol", "sacct"];
 
 /// The Slurm release whose behaviour (options, formats, messages) is followed.
 pub const SLURM_VERSION: &str = "22.05.8";
@@ -75,6 +76,7 @@ pub fn main(name: &str, args: Vec<String>) -> i32 {
     let result = match name {
         "sbatch" => sbatch::run(&args),
         "srun" => srun::run(&args),
+        "salloc" => salloc::run(&args),
         "squeue" => squeue::run(&args),
         "scancel" => scancel::run(&args),
         "sinfo" => sinfo::run(&args),

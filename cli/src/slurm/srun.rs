@@ -581,9 +581,9 @@ fn run_step(p: &Parsed, env: &BTreeMap<String, String>) -> Result<i32, SlurmErro
 /// `srun --jobid=ID`: a step in job ID's allocation from anywhere (outside it, or inside
 /// another): the allocation's variables are read from the cluster, and any node passes the
 /// step to the job's first node, which numbers and starts it.
-fn run_step_in_job(p: &Parsed) -> Result<i32, SlurmError> {
+/// `text` is the job's id (`ID` or `ID.STEP`), from `--jobid` or from `salloc`.
+pub fn run_step_in_job(p: &Parsed, text: &str) -> Result<i32, SlurmError> {
     let fatal = |m: String| SlurmError::fatal(PROG, m);
-    let text = p.last("jobid").unwrap_or_default();
     let id: proto::JobId = text.split('.').next().and_then(|j| j.parse().ok()).ok_or_else(|| fatal(format!("Invalid job id: {text}")))?;
     let cluster = super::connect(PROG)?;
     let (jobs, nodes) = super::block_on(PROG, async {
@@ -1043,10 +1043,15 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
         return Err(SlurmError::fatal(PROG, "--pty is not supported yet"));
     }
     let env = super::allocation_env(&std::env::vars().collect());
-    if p.has("jobid") {
-        run_step_in_job(&p)
-    } else if env.get("SLURM_JOB_ID").is_some_and(|j| !j.is_empty()) {
-        if std::env::var(slurm_compat::env::BATCH_ENV).is_ok_and(|v| v == "1") {
+    let job_id = env.get("SLURM_JOB_ID").filter(|j| !j.is_empty());
+    let batch = std::env::var(slurm_compat::env::BATCH_ENV).is_ok_and(|v| v == "1");
+    if let Some(text) = p.last("jobid") {
+        run_step_in_job(&p, text)
+    } else if let Some(id) = job_id.filter(|id| !batch && env.get(super::salloc::SALLOC_JOB_ENV) == Some(*id)) {
+        // In salloc's command, where the allocation's nodes are elsewhere.
+        run_step_in_job(&p, id)
+    } else if job_id.is_some() {
+        if batch {
             run_step(&p, &env)
         } else {
             run_local_step(&p, &env)
