@@ -262,6 +262,12 @@ pub fn exit_code_of(job: &Job) -> i32 {
     }
 }
 
+/// Whether every node of the job's current run confirmed it started its part (a step sent to a
+/// node before that finds no job there).
+pub fn parts_started(job: &Job) -> bool {
+    job.parts.iter().filter(|p| p.run == job.run).all(|p| p.launched_by.is_some())
+}
+
 /// Waits until the job `id` (and every task, for an array) is final; returns the worst exit
 /// code among them.
 pub async fn wait_for(prog: &str, cluster: &Cluster, id: JobId) -> Result<i32, SlurmError> {

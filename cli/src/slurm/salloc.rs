@@ -194,8 +194,7 @@ async fn granted(cluster: &crate::client::Cluster, sub: &Submission, say: &impl 
             other => return Err(SlurmError::fatal(PROG, format!("unexpected reply {other:?}"))),
         };
         // Granted once every node has started its part: a step before that finds no job there.
-        let started = job.parts.iter().filter(|p| p.run == job.run).all(|p| p.launched_by.is_some());
-        if job.state == JobState::Running && started {
+        if job.state == JobState::Running && super::parts_started(&job) {
             if announced {
                 say(format!("job {id} has been allocated resources"));
             }
@@ -272,18 +271,30 @@ fn status_code(status: std::process::ExitStatus) -> i32 {
     status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
 
+/// How long the allocation may take to end once its status is handed over.
+const RELEASE_WAIT_MS: u64 = 30_000;
+
 /// Ends the allocation with the command's exit status `code`: a step on its first node hands the
-/// status to the allocation's script. If that step cannot run, the allocation is cancelled.
+/// status to the allocation's script, which exits with it. If that step cannot start, or the job
+/// has not ended [`RELEASE_WAIT_MS`] later, the allocation is cancelled.
 fn release(cluster: &crate::client::Cluster, job: &Job, names: &[String], token: &str, code: i32) {
     let first = names.first().cloned().unwrap_or_default();
     let args: Vec<String> =
         ["--quiet", "-N1", "-n1", "-w", &first, "sh", "-c", &release_command(token, code)].iter().map(|s| s.to_string()).collect();
-    let handed = opts::parse(super::srun::PROG, super::srun::OPTIONS, &args, true)
-        .and_then(|p| super::srun::run_step_in_job(&p, &job.id.to_string()));
-    if !matches!(handed, Ok(0)) {
-        let why = handed.map_or_else(|e| e.text, |c| format!("exit code {c}"));
-        eprintln!("{PROG}: error: hand the exit status to job {}: {why}; cancelling it", job.id);
-        if let Err(e) = super::block_on(PROG, super::call(PROG, cluster, Request::Cancel { job: job.id })).and_then(|r| r) {
+    let id = job.id;
+    let launched = opts::parse(super::srun::PROG, super::srun::OPTIONS, &args, true)
+        .and_then(|p| super::srun::launch_step_in_job(&p, &id.to_string()));
+    let ended = launched.and_then(|()| {
+        let wait = async { tokio::time::timeout(Duration::from_millis(RELEASE_WAIT_MS), super::wait_for(PROG, cluster, id)).await };
+        match super::block_on(PROG, wait)? {
+            Ok(ended) => ended.map(|_| ()),
+            Err(_) => Err(SlurmError::fatal(PROG, format!("job {id} had not ended {RELEASE_WAIT_MS} ms after its status"))),
+        }
+    });
+    if let Err(e) = ended {
+        eprintln!("{}", e.text);
+        eprintln!("{PROG}: error: could not hand the exit status to job {id}; cancelling it");
+        if let Err(e) = super::block_on(PROG, super::call(PROG, cluster, Request::Cancel { job: id })).and_then(|r| r) {
             eprintln!("{}", e.text);
         }
     }

@@ -20,6 +20,9 @@ use super::{hostlist, SlurmError};
 
 pub const PROG: &str = "srun";
 
+/// How long `srun --jobid` waits for a running job's nodes to start their parts.
+const PARTS_STARTED_WAIT_MS: u64 = 10_000;
+
 pub const OPTIONS: &[OptDef] = &[
     opt("account", Some('A'), Arg::Required),
     opt("begin", Some('b'), Arg::Required),
@@ -583,12 +586,36 @@ fn run_step(p: &Parsed, env: &BTreeMap<String, String>) -> Result<i32, SlurmErro
 /// step to the job's first node, which numbers and starts it.
 /// `text` is the job's id (`ID` or `ID.STEP`), from `--jobid` or from `salloc`.
 pub fn run_step_in_job(p: &Parsed, text: &str) -> Result<i32, SlurmError> {
+    let (cluster, env) = allocation_of_job(text)?;
+    run_step_through(p, &env, cluster)
+}
+
+/// Starts a step of `p` in job `text`'s allocation and returns once it is launched, without
+/// following it (`salloc`'s last step, which ends the job itself).
+pub fn launch_step_in_job(p: &Parsed, text: &str) -> Result<(), SlurmError> {
+    let (cluster, env) = allocation_of_job(text)?;
+    let (job, spec) = prepared_step(p, &env)?;
+    super::block_on(PROG, launch_step(&cluster, job, spec))?.map(|_| ())
+}
+
+/// The cluster and the allocation's variables of running job `text`, refused in Slurm's words
+/// when it is not running.
+fn allocation_of_job(text: &str) -> Result<(crate::client::Cluster, BTreeMap<String, String>), SlurmError> {
     let fatal = |m: String| SlurmError::fatal(PROG, m);
     let id: proto::JobId = text.split('.').next().and_then(|j| j.parse().ok()).ok_or_else(|| fatal(format!("Invalid job id: {text}")))?;
     let cluster = super::connect(PROG)?;
     let (jobs, nodes) = super::block_on(PROG, async {
         let query = proto::JobQuery { ids: vec![id], live: true, finished: true, ..Default::default() };
-        Ok::<_, SlurmError>((super::query_jobs(PROG, &cluster, query).await?, super::list_nodes(PROG, &cluster).await?))
+        // A job placed a moment ago may not run on all its nodes yet: a step there would find none.
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(PARTS_STARTED_WAIT_MS);
+        loop {
+            let jobs = super::query_jobs(PROG, &cluster, query.clone()).await?;
+            let starting = jobs.iter().any(|j| j.id == id && j.state == proto::JobState::Running && !super::parts_started(j));
+            if !starting || tokio::time::Instant::now() >= deadline {
+                return Ok::<_, SlurmError>((jobs, super::list_nodes(PROG, &cluster).await?));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     })??;
     // Slurm 22.05's words (checked on ../shared/peers/slurm).
     let refused = |why: String| SlurmError {
@@ -611,12 +638,11 @@ pub fn run_step_in_job(p: &Parsed, text: &str) -> Result<i32, SlurmError> {
     env.insert("SLURM_JOB_NODELIST".to_string(), hostlist::compress(&names));
     env.insert("SLURM_NTASKS".to_string(), per_node.iter().sum::<u32>().to_string());
     env.insert("SLURM_NTASKS_PER_NODE".to_string(), job.spec.ntasks_per_node.to_string());
-    run_step_through(p, &env, cluster)
+    Ok((cluster, env))
 }
 
-/// Starts a step of the allocation `env` describes through `cluster` (the node's socket inside
-/// a batch script, any node for `--jobid`), prints its tasks' output and returns its exit code.
-fn run_step_through(p: &Parsed, env: &BTreeMap<String, String>, cluster: crate::client::Cluster) -> Result<i32, SlurmError> {
+/// The job of the allocation `env` describes and the step `p` asks for in it.
+fn prepared_step(p: &Parsed, env: &BTreeMap<String, String>) -> Result<(proto::JobId, proto::StepSpec), SlurmError> {
     let job: proto::JobId = env
         .get("SLURM_JOB_ID")
         .and_then(|j| j.parse().ok())
@@ -624,7 +650,13 @@ fn run_step_through(p: &Parsed, env: &BTreeMap<String, String>, cluster: crate::
     let mut caller_env: BTreeMap<String, String> = std::env::vars().collect();
     caller_env.insert("SLURM_UMASK".into(), format!("{:04o}", current_umask()));
     let cwd = std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_else(|_| "/".into());
-    let spec = step_spec(p, env, &caller_env, &cwd)?;
+    Ok((job, step_spec(p, env, &caller_env, &cwd)?))
+}
+
+/// Starts a step of the allocation `env` describes through `cluster` (the node's socket inside
+/// a batch script, any node for `--jobid`), prints its tasks' output and returns its exit code.
+fn run_step_through(p: &Parsed, env: &BTreeMap<String, String>, cluster: crate::client::Cluster) -> Result<i32, SlurmError> {
+    let (job, spec) = prepared_step(p, env)?;
     let nodes: Vec<String> = spec.nodes.iter().map(|n| n.name.clone()).collect();
     let kill_on_bad_exit = p.has("kill-on-bad-exit");
     let quiet = p.has("quiet");
