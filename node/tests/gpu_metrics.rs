@@ -119,7 +119,9 @@ fn scrape_parses_with_dcgm_names_and_job_labels() {
         .flat_map(|p| p["targets"].as_array().expect("targets"))
         .filter_map(|t| t["expr"].as_str())
         .collect();
-    let names: BTreeSet<&str> = m.keys().map(|(n, _)| n.as_str()).collect();
+    // A MIG node's scrape has the per-instance series the dashboard shows too.
+    let mig = parse(&mig_scrape().0);
+    let names: BTreeSet<&str> = m.keys().chain(mig.keys()).map(|(n, _)| n.as_str()).collect();
     let mut queried = BTreeSet::new();
     for expr in &exprs {
         for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
@@ -130,6 +132,47 @@ fn scrape_parses_with_dcgm_names_and_job_labels() {
         }
     }
     assert!(queried.len() >= 10, "{queried:?}");
+}
+
+/// The scrape of an `h200-mig` node (3g.71gb@0, 2g.35gb@4, 1g.18gb@6) whose 1g instance job 7
+/// holds, and that instance's slot.
+fn mig_scrape() -> (String, u32) {
+    let probe = probe_from_config("h200-mig", "mig-node");
+    let slot = scheduler::mig_slot(0, 6);
+    let held: BTreeSet<u32> = [slot].into_iter().collect();
+    let samples = probe.sampler().sample(&held).expect("sample");
+    let gpus = samples.into_iter().map(|s| {
+        let job = held.contains(&s.slot()).then_some(7);
+        (s, job)
+    });
+    (render_snapshot(&MetricsSnapshot { hostname: "mig-node".into(), gpus: gpus.collect(), ..MetricsSnapshot::default() }), slot)
+}
+
+#[test]
+fn a_mig_gpu_has_series_per_instance_labelled_as_dcgm_does() {
+    let (text, _) = mig_scrape();
+    let m = parse(&text);
+    let rows = |name: &str| -> Vec<(BTreeMap<String, String>, f64)> {
+        m.iter().filter(|((n, _), _)| n == name).map(|((_, l), v)| (l.clone(), *v)).collect()
+    };
+    let fb = rows("DCGM_FI_DEV_FB_USED");
+    let by_profile: BTreeMap<&str, (&str, &str, f64)> =
+        fb.iter().map(|(l, v)| (l["GPU_I_PROFILE"].as_str(), (l["GPU_I_ID"].as_str(), l["job"].as_str(), *v))).collect();
+    assert_eq!(by_profile.keys().copied().collect::<Vec<_>>(), ["1g.18gb", "2g.35gb", "3g.71gb"], "{text}");
+    let (_, job, used) = by_profile["1g.18gb"];
+    assert_eq!(job, "7", "the held instance carries its job: {text}");
+    assert!(used > 0.0 && by_profile["3g.71gb"].2 == 0.0, "{text}");
+    for (l, _) in &fb {
+        assert_eq!((l["gpu"].as_str(), l["device"].as_str(), l["Hostname"].as_str()), ("0", "nvidia0", "mig-node"));
+        assert!(l["UUID"].starts_with("GPU-"), "the parent's UUID: {l:?}");
+    }
+    let active = rows("DCGM_FI_PROF_GR_ENGINE_ACTIVE");
+    assert_eq!(active.len(), 3, "{text}");
+    assert!(active.iter().all(|(l, v)| if l["job"] == "7" { (0.6..1.0).contains(v) } else { *v == 0.0 }), "{text}");
+    assert!(rows("DCGM_FI_DEV_GPU_UTIL").is_empty(), "no utilization of the MIG-mode GPU itself: {text}");
+    let temp = rows("DCGM_FI_DEV_GPU_TEMP");
+    assert!(temp.len() == 1 && !temp[0].0.contains_key("GPU_I_ID"), "{text}");
+    assert_eq!(rows("corral_job_gpu_utilization").len(), 1, "{text}");
 }
 
 #[test]
