@@ -226,13 +226,21 @@ fn scontrol_creates_updates_and_deletes_partitions() {
     ok(&["update", "PartitionName=short", "Default=YES"]);
     assert!(scontrol(&["show", "partition", "short"]).1.contains("Default=YES"));
     let sinfo = String::from_utf8_lossy(&shim(&c, "sinfo", &["-h", "-o", "%P"]).stdout).into_owned();
-    assert!(!sinfo.contains('*'), "the default moved to short, which has no node: {sinfo}");
+    // The default moved to short, which has no node: its row is sinfo's `0 n/a`.
+    assert_eq!(sinfo, "default\ngpu\nshort*\n");
+    let row = String::from_utf8_lossy(&shim(&c, "sinfo", &["-h", "-p", "short"]).stdout).into_owned();
+    assert_eq!(row, "short*       up      10:00      0    n/a \n");
     let out = shim(&c, "sbatch", &["--parsable", "--hold", "--wrap", "true"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let held = String::from_utf8_lossy(&out.stdout).trim().to_string();
     assert_eq!(scontrol(&["delete", "PartitionName=short"]).2, "delete_partition PartitionName=short: Partition is in use");
-    assert!(c.corral(&["cancel", &held]).status.success());
+    // As in Slurm, a job that named no partition has the default of its submission: it stays in
+    // short when the default moves back.
     ok(&["update", "PartitionName=gpu", "Default=YES"]);
+    let partition = String::from_utf8_lossy(&shim(&c, "squeue", &["-h", "-j", &held, "-o", "%P"]).stdout).into_owned();
+    assert_eq!(partition.trim(), "short");
+    assert_eq!(scontrol(&["delete", "PartitionName=short"]).2, "delete_partition PartitionName=short: Partition is in use");
+    assert!(c.corral(&["cancel", &held]).status.success());
     ok(&["delete", "PartitionName=short"]);
     assert_eq!(scontrol(&["delete", "PartitionName=short"]).2, "delete_partition PartitionName=short: Invalid partition name specified");
 }

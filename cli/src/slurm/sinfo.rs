@@ -116,19 +116,10 @@ struct Row {
 }
 
 fn value(row: &Row, code: char) -> String {
-    let first = &row.nodes[0];
+    let Some(first) = row.nodes.first() else { return empty_value(row, code) };
     let names: Vec<String> = row.nodes.iter().map(|n| n.name.clone()).collect();
     match code {
-        'P' => {
-            if row.is_default {
-                format!("{}*", row.partition)
-            } else {
-                row.partition.clone()
-            }
-        }
-        'R' => row.partition.clone(),
-        'a' => row.avail.into(),
-        'l' => row.time_limit_s.map_or_else(|| "infinite".into(), super::time::duration),
+        'P' | 'R' | 'a' | 'l' => value_of_partition(row, code),
         'D' => row.nodes.len().to_string(),
         't' => node_state(first).0.into(),
         'T' => node_state(first).1.into(),
@@ -150,6 +141,28 @@ fn value(row: &Row, code: char) -> String {
         }
         'c' | 'm' | 'C' | 'e' | 'O' => "N/A".into(),
         'f' => "(null)".into(),
+        _ => String::new(),
+    }
+}
+
+/// A field of a partition with no node, as sinfo 22.05 prints it (`empty up infinite 0 n/a`).
+fn empty_value(row: &Row, code: char) -> String {
+    match code {
+        'P' | 'R' | 'a' | 'l' => value_of_partition(row, code),
+        'D' => "0".into(),
+        't' | 'T' => "n/a".into(),
+        'F' => "0/0/0/0".into(),
+        _ => String::new(),
+    }
+}
+
+/// The fields that describe the partition itself, not its nodes.
+fn value_of_partition(row: &Row, code: char) -> String {
+    match code {
+        'P' if row.is_default => format!("{}*", row.partition),
+        'P' | 'R' => row.partition.clone(),
+        'a' => row.avail.into(),
+        'l' => row.time_limit_s.map_or_else(|| "infinite".into(), super::time::duration),
         _ => String::new(),
     }
 }
@@ -188,6 +201,23 @@ pub struct Filter {
     pub nodes: Vec<String>,
     /// `-R`: only nodes that are down or drained.
     pub with_reason: bool,
+}
+
+/// A row of partition `p` holding `nodes`.
+fn partition_row(parts: &Partitions, p: &str, nodes: Vec<NodeInfo>) -> Row {
+    let avail = match parts.state(p) {
+        proto::PartitionState::Up => "up",
+        proto::PartitionState::Down => "down",
+        proto::PartitionState::Drain => "drain",
+        proto::PartitionState::Inactive => "inact",
+    };
+    Row {
+        avail,
+        is_default: p == parts.default_name(),
+        time_limit_s: parts.max_time_limit_ms.get(p).map(|ms| ms / 1000),
+        partition: p.to_string(),
+        nodes,
+    }
 }
 
 /// Renders sinfo's table: grouped by partition and every shown field (`-N`: one row per node).
@@ -232,19 +262,7 @@ pub fn table_with(nodes: &[NodeInfo], parts: &Partitions, format: &str, header: 
             if !filter.partitions.is_empty() && !filter.partitions.contains(&p) {
                 continue;
             }
-            let avail = match parts.state(&p) {
-                proto::PartitionState::Up => "up",
-                proto::PartitionState::Down => "down",
-                proto::PartitionState::Drain => "drain",
-                proto::PartitionState::Inactive => "inact",
-            };
-            let candidate = Row {
-                avail,
-                is_default: p == parts.default_name(),
-                time_limit_s: parts.max_time_limit_ms.get(&p).map(|ms| ms / 1000),
-                partition: p.clone(),
-                nodes: vec![n.clone()],
-            };
+            let candidate = partition_row(parts, &p, vec![n.clone()]);
             let key: Vec<String> = group_codes.iter().map(|c| value(&candidate, *c)).collect();
             let existing = if node_rows {
                 None
@@ -254,6 +272,17 @@ pub fn table_with(nodes: &[NodeInfo], parts: &Partitions, format: &str, header: 
             match existing {
                 Some(r) => r.nodes.push(n.clone()),
                 None => rows.push(candidate),
+            }
+        }
+    }
+    // A partition the policy defines with no node in it still has its row (sinfo's `0 n/a`),
+    // unless the rows are per node or chosen by node.
+    let by_node = node_rows || !filter.states.is_empty() || !filter.nodes.is_empty() || filter.with_reason;
+    if !by_node {
+        for name in parts.defs.keys() {
+            let wanted = filter.partitions.is_empty() || filter.partitions.contains(name);
+            if wanted && !rows.iter().any(|r| &r.partition == name) {
+                rows.push(partition_row(parts, name, Vec::new()));
             }
         }
     }

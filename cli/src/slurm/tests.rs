@@ -840,6 +840,20 @@ fn sinfo_partitions_and_nodes() {
          long         up   infinite      1    mix gpu03\n\
          debug        up      30:00      1    mix gpu03\n"
     );
+
+    // A partition with no node has its row, as sinfo 22.05 prints it (checked on the peer after
+    // `scontrol create PartitionName=empty`), but not among rows per node or chosen by state.
+    let mut policy = policy;
+    policy.partitions.push(proto::PartitionDef { name: "empty".into(), nodes: Some(vec![]), ..Default::default() });
+    let parts = sinfo::Partitions::from_policy(&policy);
+    let all = sinfo::Filter::default();
+    let table = sinfo::table_with(&nodes, &parts, sinfo::DEFAULT_FORMAT, true, false, &all);
+    assert!(table.ends_with("debug        up      30:00      1    mix gpu03\nempty        up   infinite      0    n/a \n"), "{table}");
+    assert_eq!(sinfo::table_with(&nodes, &parts, "%P %a %D %t %N", false, false, &all).lines().last(), Some("empty up 0 n/a "));
+    assert_eq!(sinfo::table_with(&nodes, &parts, "%P %F", false, false, &all).lines().last(), Some("empty 0/0/0/0"));
+    let idle = sinfo::Filter { states: vec!["idle".into()], ..Default::default() };
+    assert!(!sinfo::table_with(&nodes, &parts, "%P", false, false, &idle).contains("empty"));
+    assert!(!sinfo::table_with(&nodes, &parts, sinfo::NODE_FORMAT, true, true, &all).contains("empty"));
 }
 
 #[test]

@@ -402,6 +402,7 @@ impl Node {
     /// would do with it now; the log is not touched.
     fn test_submit(&self, mut spec: proto::JobSpec) -> Response {
         spec.fill_default_mem();
+        self.bind_default_partition(&mut spec);
         spec.validate().map_err(ApiError::Invalid)?;
         let now = now_ms();
         self.state.read(|s| {
@@ -718,12 +719,21 @@ impl Node {
         Ok(())
     }
 
+    /// A job that names no partition is the default partition's as of its submission, as in
+    /// Slurm: it stays there when an admin makes another partition the default.
+    fn bind_default_partition(&self, spec: &mut proto::JobSpec) {
+        if spec.partition.is_none() {
+            spec.partition = Some(self.state.read(|s| s.policy.default_partition_name().to_string()));
+        }
+    }
+
     /// Submits a job: its user is the one the certificate names, not the client's environment.
     async fn submit(&self, mut spec: proto::JobSpec, user: Option<&str>, now: u64) -> Response {
         if let Some(u) = user {
             spec.user = u.to_string();
         }
         spec.fill_default_mem();
+        self.bind_default_partition(&mut spec);
         spec.validate().map_err(ApiError::Invalid)?;
         if let Some(why) = self.state.read(|s| s.undefined_in_submission(&spec)) {
             return Err(ApiError::Invalid(why));
