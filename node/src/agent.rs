@@ -238,6 +238,8 @@ pub struct Agent {
     reports_pending: AtomicU64,
     /// Set once this daemon hands its runs over to the next one: it starts nothing more.
     handing_over: std::sync::atomic::AtomicBool,
+    /// The stdin of step tasks here that read it.
+    stdin_feeds: crate::step_stdin::Feeds,
 }
 
 /// One `launch` call's hold on a (job, run) from before it reads the ledger until it returns. A
@@ -303,6 +305,7 @@ impl Agent {
             lease_write: Mutex::new(()),
             reports_pending: AtomicU64::new(0),
             handing_over: std::sync::atomic::AtomicBool::new(false),
+            stdin_feeds: crate::step_stdin::Feeds::default(),
         }))
     }
 
@@ -680,6 +683,7 @@ impl Agent {
             debug!(error = %e, "remove the empty checkpoint directory of a completed job");
         }
         lock(&self.running).remove(&spec.job);
+        self.stdin_feeds.forget_job(spec.job);
         self.renew_lease();
         self.queue_report(spec.job, spec.run, outcome).await;
     }
@@ -847,6 +851,8 @@ impl Agent {
         };
         let dir = shepherd::run_dir(&self.settings.runs_dir, job, run);
         let workdir = spec.workdir.as_ref().map_or_else(|| base.workdir.clone(), PathBuf::from);
+        let readers: Vec<u32> = ranks.iter().copied().filter(|r| spec.stdin.reaches(*r)).collect();
+        let fed = !readers.is_empty() && self.stdin_feeds.open(job, step, dir.clone(), readers);
         for (local, rank) in ranks.iter().enumerate() {
             let env = slurm_compat::env::step_task_env(&base.env, &spec.env, step, node_index, ranks, local, spec.gpus_per_task);
             let request = shepherd::TaskRequest {
@@ -860,6 +866,7 @@ impl Agent {
                 run_as: base.run_as.clone(),
                 node: self.name.clone(),
                 hosts_file: base.hosts_file.clone(),
+                stdin: fed && spec.stdin.reaches(*rank),
             };
             match shepherd::spawn_task(&dir, &request).await {
                 Ok((pgid, start_ticks)) if pgid > 1 => {
@@ -907,6 +914,7 @@ impl Agent {
         let out = handle.read(offset, exits_seen as usize, proto::limits::STEP_READ_BYTES_MAX, wait).await;
         if out.done {
             if let Some(r) = lock(&self.running).get_mut(&job) {
+                self.stdin_feeds.forget(job, step);
                 if r.steps.remove(&step).is_some() {
                     // Read to its end: a daemon that takes the run over need not follow it.
                     let dir = shepherd::step_dir(&shepherd::run_dir(&self.settings.runs_dir, job, r.run), step);
@@ -917,6 +925,17 @@ impl Agent {
             }
         }
         Ok(Reply::StepOutput { chunks: out.chunks, next_offset: out.next_offset, exits: out.exits, done: out.done })
+    }
+
+    /// Writes bytes `offset..` of a step's stdin to its tasks here that read it (see
+    /// [`crate::step_stdin::Feeds::feed`]); `eof` closes their stdin.
+    pub async fn step_input(&self, job: JobId, step: u32, offset: u64, data: &[u8], eof: bool, user: Option<&str>) -> Response {
+        if data.len() > proto::limits::STEP_INPUT_BYTES_MAX {
+            return Err(ApiError::Invalid(format!("a stdin chunk holds at most {} bytes", proto::limits::STEP_INPUT_BYTES_MAX)));
+        }
+        self.step_of(job, step, user)?;
+        self.stdin_feeds.feed(job, step, &self.name, offset, data, eof).await?;
+        Ok(Reply::Ok)
     }
 
     /// Sends `signal` to every task of a step here (each one's whole process group).

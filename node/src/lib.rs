@@ -21,5 +21,6 @@ pub mod shepherd;
 pub mod simnodes;
 pub mod spawner;
 pub mod step;
+pub mod step_stdin;
 pub mod systemd;
 pub mod watchdog;

@@ -83,6 +83,9 @@ pub struct TaskRequest {
     /// Seen as `/etc/hosts` by the task (its run's).
     #[serde(default)]
     pub hosts_file: Option<PathBuf>,
+    /// Its stdin is a pipe the agent feeds (`input STEP RANK`), not `/dev/null`.
+    #[serde(default)]
+    pub stdin: bool,
 }
 
 /// Encodes one frame of a step's output log.
@@ -453,6 +456,8 @@ struct StepLogState {
     exits: u32,
     /// Process groups of its tasks.
     pgids: Vec<i32>,
+    /// Stdin pipes of its tasks that read one, until an `input` connection takes each.
+    inputs: std::collections::BTreeMap<u32, std::process::ChildStdin>,
 }
 
 impl StepLogState {
@@ -529,12 +534,31 @@ impl Shared {
                 Err(e) => format!("err bad task request: {e}"),
             };
             let _ = writer.write_all(format!("{answer}\n").as_bytes());
+        } else if let Some(args) = line.strip_prefix("input ") {
+            let mut words = args.split_whitespace();
+            let (Some(step), Some(rank)) = (words.next().and_then(|w| w.parse().ok()), words.next().and_then(|w| w.parse().ok())) else {
+                return;
+            };
+            let early = reader.buffer().to_vec();
+            self.feed_input(step, rank, &early, &conn);
         } else if let Some(args) = line.strip_prefix("tail ") {
             let mut words = args.split_whitespace();
             let (Some(step), Some(offset)) = (words.next().and_then(|w| w.parse().ok()), words.next().and_then(|w| w.parse().ok())) else {
                 return;
             };
             self.tail(step, offset, &mut writer);
+        }
+    }
+
+    /// Copies what comes on `conn` (after `early`, read with the request line) to the stdin of
+    /// task `rank` of step `step`, until the agent closes it (then the task reads EOF) or the
+    /// task closes its end. One connection takes a task's stdin: a second finds none.
+    fn feed_input(&self, step: u32, rank: u32, early: &[u8], mut conn: &std::os::unix::net::UnixStream) {
+        let Some(log) = lock(&self.steps).get(&step).cloned() else { return };
+        let Some(mut stdin) = lock(&log.state).inputs.remove(&rank) else { return };
+        if stdin.write_all(early).is_ok() {
+            // An error is the task closing its stdin (EPIPE) or the agent going: either ends it.
+            let _ = std::io::copy(&mut conn, &mut stdin);
         }
     }
 
@@ -552,7 +576,7 @@ impl Shared {
         let len = file.metadata().map(|m| m.len()).unwrap_or(0);
         let log = Arc::new(StepLog {
             path,
-            state: Mutex::new(StepLogState { file, len, tasks, exits: 0, pgids: Vec::new() }),
+            state: Mutex::new(StepLogState { file, len, tasks, exits: 0, pgids: Vec::new(), inputs: Default::default() }),
             grew: Condvar::new(),
         });
         steps.insert(step, Arc::clone(&log));
@@ -589,7 +613,11 @@ impl Shared {
             hosts_file: request.hosts_file.as_deref(),
         };
         let rank = request.rank;
-        let mut child = match crate::launcher::task_command(&proc, procs_fds).spawn() {
+        let mut command = crate::launcher::task_command(&proc, procs_fds);
+        if request.stdin {
+            command.stdin(std::process::Stdio::piped());
+        }
+        let mut child = match command.spawn() {
             Ok(c) => c,
             Err(e) => {
                 // As slurmstepd: the error on the task's stderr, and errno as its exit code.
@@ -604,7 +632,13 @@ impl Shared {
         let ticks = start_ticks(pid).unwrap_or(0);
         let mut started = pid.to_le_bytes().to_vec();
         started.extend_from_slice(&ticks.to_le_bytes());
-        lock(&log.state).pgids.push(pid);
+        {
+            let mut state = lock(&log.state);
+            state.pgids.push(pid);
+            if let Some(stdin) = child.stdin.take() {
+                state.inputs.insert(rank, stdin);
+            }
+        }
         log.append(FRAME_STARTED, rank, &started);
         let mut readers = Vec::new();
         let pipes: [(u8, Option<Box<dyn Read + Send>>); 2] = [
@@ -906,6 +940,12 @@ pub async fn spawn_task(dir: &Path, request: &TaskRequest) -> anyhow::Result<(i3
         anyhow::bail!("{why}");
     }
     answer.strip_prefix("ok ").and_then(parse_started).with_context(|| format!("the shepherd answered {answer:?}"))
+}
+
+/// Opens the stdin of task `rank` of step `step` in the shepherd of `dir`: what is written to
+/// the connection reaches the task; closing it closes the task's stdin.
+pub async fn open_input(dir: &Path, step: u32, rank: u32) -> anyhow::Result<tokio::net::UnixStream> {
+    open_request(dir, &format!("input {step} {rank}")).await
 }
 
 /// Follows step `step`'s log in the shepherd of `dir` from `offset`: the connection the frames

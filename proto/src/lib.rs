@@ -19,7 +19,7 @@ pub use partition::{PartitionChanges, PartitionEdit, PartitionState};
 
 /// Bumped on any incompatible change to a type in this crate. The first byte of every encoded
 /// message; a peer speaking another version is refused with a clear error.
-pub const PROTOCOL_VERSION: u8 = 4;
+pub const PROTOCOL_VERSION: u8 = 5;
 
 pub type NodeId = u64;
 pub type JobId = u64;
@@ -1164,6 +1164,32 @@ pub struct StepSpec {
     pub nodes: Vec<StepNode>,
     /// `--gpus-per-task`: each task sees that many of its node's GPUs, by local id.
     pub gpus_per_task: Option<u32>,
+    /// Which tasks read `srun`'s stdin (`--input`), fed by [`Request::StepInput`]; the others
+    /// read `/dev/null`.
+    pub stdin: StepStdin,
+}
+
+/// Which tasks of a step read `srun`'s stdin.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StepStdin {
+    /// `--input=none`: every task reads `/dev/null`.
+    #[default]
+    Nothing,
+    /// Slurm's default (`--input=all`): every task reads all of it.
+    All,
+    /// `--input=N`: task N alone.
+    Task(u32),
+}
+
+impl StepStdin {
+    /// Whether task `rank` reads the step's stdin.
+    pub fn reaches(self, rank: u32) -> bool {
+        match self {
+            StepStdin::Nothing => false,
+            StepStdin::All => true,
+            StepStdin::Task(r) => r == rank,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -1208,6 +1234,9 @@ impl StepSpec {
         }
         if self.gpus_per_task.is_some_and(|g| g == 0 || g > GPUS_PER_JOB_MAX) {
             return Err(format!("gpus per task must be 1..={GPUS_PER_JOB_MAX}"));
+        }
+        if matches!(self.stdin, StepStdin::Task(r) if r as usize >= tasks) {
+            return Err(format!("stdin goes to a task of 0..{tasks}"));
         }
         Ok(())
     }
@@ -1422,6 +1451,17 @@ pub enum Request {
         /// Exits the reader already has: one more is news, answered at once.
         exits_seen: u32,
         wait_ms: u32,
+    },
+    /// Bytes for the stdin of a step's tasks on node `node` (those its `StepStdin` reaches),
+    /// from byte `offset` of what `srun` read (a chunk sent again is written once); `eof`
+    /// closes it.
+    StepInput {
+        job: JobId,
+        step: u32,
+        node: String,
+        offset: u64,
+        data: Vec<u8>,
+        eof: bool,
     },
     /// Signal every task of a step on node `node` (its whole process group).
     StepSignal {

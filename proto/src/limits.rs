@@ -30,6 +30,8 @@ pub const STEP_OUTPUT_BUFFER_BYTES_MAX: usize = 4 * 1024 * 1024;
 pub const STEP_READ_BYTES_MAX: usize = 1024 * 1024;
 /// Longest a `StepRead` waits for news.
 pub const STEP_READ_WAIT_MS_MAX: u32 = 5_000;
+/// Bytes of one `StepInput` chunk.
+pub const STEP_INPUT_BYTES_MAX: usize = 64 * 1024;
 /// Steps of one job alive at once on a node.
 pub const STEPS_PER_JOB_MAX: usize = 512;
 /// Nodes one partition's `Nodes=` list names at most.

@@ -412,3 +412,48 @@ fn salloc_gives_an_interactive_shell_at_a_terminal() {
     let job = c.wait_final(id, Duration::from_secs(20));
     assert_eq!((job["state"].as_str(), job["exit_code"].as_i64()), (Some("FAILED"), Some(4)), "{job}");
 }
+
+/// `sh -c CMD` in the cluster's work directory with the Slurm shims first on `PATH`: stdout,
+/// stderr and exit code.
+fn shell(c: &TestCluster, cmd: &str) -> (String, String, Option<i32>) {
+    c.shim("srun", &["--version"], &[]); // installs the shims
+    let path = format!("{}:{}", c.path().join("shims").display(), std::env::var("PATH").unwrap_or_default());
+    let out = std::process::Command::new("sh")
+        .args(["-c", cmd])
+        .env("CORRAL_CLUSTER", c.path())
+        .env("PATH", path)
+        .env_remove("SLURM_JOB_ID")
+        .current_dir(&c.work)
+        .output()
+        .expect("run sh");
+    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned(), out.status.code())
+}
+
+/// Stdin of a step (issue 18), as Slurm 22.05 does it (checked on the peer: `echo hi | srun
+/// -n2 -l cat` prints `0: hi` and `1: hi`; `--input=1` only `1: hi`; `--input=none` nothing;
+/// a missing file "Could not open stdin file"): every task of the 2-node step reads srun's
+/// stdin, in order and whole past many chunks.
+#[test]
+fn srun_sends_its_stdin_to_the_steps_tasks_as_slurm_does() {
+    let c = TestCluster::up(&["--nodes", "2"]);
+    let id = sbatch(&c, "waiting.sh", WAITING);
+    wait_until("the job to run", Duration::from_secs(30), || c.job(id)["state"] == "RUNNING");
+    let srun = format!("srun --jobid={id}");
+    let ok = |cmd: &str| {
+        let (out, err, code) = shell(&c, cmd);
+        assert_eq!(code, Some(0), "{cmd}: {err}\n{}", c.logs());
+        out
+    };
+    assert_eq!(ok(&format!("printf 'hi\\n' | {srun} -l cat | sort")), "0: hi\n1: hi\n2: hi\n3: hi\n");
+    assert_eq!(ok(&format!("printf 'hi\\n' | {srun} -l --input=2 cat | sort")), "2: hi\n");
+    assert_eq!(ok(&format!("printf 'hi\\n' | {srun} -l --input=none cat")), "");
+    std::fs::write(c.work.join("in.txt"), "from a file\n").expect("write in.txt");
+    assert_eq!(ok(&format!("{srun} -l -i in.txt cat | sort")), "0: from a file\n1: from a file\n2: from a file\n3: from a file\n");
+    // About 600 KB, ten chunks: whole and in order on the task.
+    let sum = ok("seq 1 100000 | sha256sum");
+    assert_eq!(ok(&format!("seq 1 100000 | {srun} -N1 -n1 sha256sum")), sum);
+    let (_, err, code) = shell(&c, &format!("{srun} --input=missing.txt cat"));
+    assert_eq!((code, err.trim()), (Some(1), "srun: error: Could not open stdin file: No such file or directory"));
+    std::fs::write(c.work.join("stop"), "").expect("write stop");
+    assert_eq!(c.wait_final(id, Duration::from_secs(30))["state"], "COMPLETED");
+}

@@ -16,6 +16,7 @@ pub mod scontrol;
 pub mod sinfo;
 pub mod squeue;
 pub mod srun;
+pub mod stdin;
 pub mod time;
 
 #[cfg(test)]

@@ -515,6 +515,7 @@ pub fn step_spec(
         env: step_env,
         nodes,
         gpus_per_task,
+        stdin: proto::StepStdin::Nothing,
     };
     spec.validate().map_err(|e| SlurmError::fatal(PROG, format!("Unable to create step: {e}")))?;
     Ok(spec)
@@ -656,8 +657,12 @@ fn prepared_step(p: &Parsed, env: &BTreeMap<String, String>) -> Result<(proto::J
 /// Starts a step of the allocation `env` describes through `cluster` (the node's socket inside
 /// a batch script, any node for `--jobid`), prints its tasks' output and returns its exit code.
 fn run_step_through(p: &Parsed, env: &BTreeMap<String, String>, cluster: crate::client::Cluster) -> Result<i32, SlurmError> {
-    let (job, spec) = prepared_step(p, env)?;
+    let (stdin, source) = super::stdin::parse(p.last("input"))?;
+    let (job, mut spec) = prepared_step(p, env)?;
+    spec.stdin = stdin;
+    spec.validate().map_err(|e| SlurmError::fatal(PROG, format!("Unable to create step: {e}")))?;
     let nodes: Vec<String> = spec.nodes.iter().map(|n| n.name.clone()).collect();
+    let readers: Vec<String> = spec.nodes.iter().filter(|n| n.ranks.iter().any(|r| stdin.reaches(*r))).map(|n| n.name.clone()).collect();
     let kill_on_bad_exit = p.has("kill-on-bad-exit");
     let quiet = p.has("quiet");
     let tasks: usize = spec.nodes.iter().map(|n| n.ranks.len()).sum();
@@ -665,6 +670,9 @@ fn run_step_through(p: &Parsed, env: &BTreeMap<String, String>, cluster: crate::
     super::block_on(PROG, async move {
         let cluster = std::sync::Arc::new(cluster);
         let step = launch_step(&cluster, job, spec).await?;
+        if let Some(source) = source {
+            super::stdin::start(std::sync::Arc::clone(&cluster), job, step, readers, source);
+        }
         let (mut sigint, mut sigterm) = interrupts()?;
         let mut follower = StepFollower {
             cursors: nodes.iter().map(|n| (n.clone(), NodeCursor::default())).collect(),

@@ -154,6 +154,13 @@ impl Node {
                 let request = Request::StepRead { job, step, node: node.clone(), offset, exits_seen, wait_ms };
                 self.to_run_node(hops, job, &node, request, user, PEER_CALL_TIMEOUT + wait).await
             }
+            Request::StepInput { job, step, node, offset, data, eof } => {
+                if node == self.config.name {
+                    return self.agent.step_input(job, step, offset, &data, eof, user.as_deref()).await;
+                }
+                let request = Request::StepInput { job, step, node: node.clone(), offset, data, eof };
+                self.to_run_node(hops, job, &node, request, user, PEER_CALL_TIMEOUT).await
+            }
             Request::StepSignal { job, step, node, signal } => {
                 if node == self.config.name {
                     return self.agent.signal_step(job, step, signal, user.as_deref());
