@@ -24,8 +24,10 @@ struct Feed {
     ranks: Vec<u32>,
     /// Bytes written so far: a chunk's offset is checked against it.
     written: u64,
-    /// One per task that still reads, opened with the first chunk.
-    conns: Option<Vec<tokio::net::UnixStream>>,
+    /// One per task that still reads, opened before the first byte is written.
+    conns: Vec<(u32, tokio::net::UnixStream)>,
+    /// Every task's connection was opened (later ones that fail are dropped, not reopened).
+    opened: bool,
     closed: bool,
 }
 
@@ -50,7 +52,7 @@ impl Feeds {
         if map.len() >= FEEDS_MAX && !map.contains_key(&(job, step)) {
             return false;
         }
-        let feed = Feed { dir, ranks, written: 0, conns: None, closed: false };
+        let feed = Feed { dir, ranks, written: 0, conns: Vec::new(), opened: false, closed: false };
         map.insert((job, step), Arc::new(tokio::sync::Mutex::new(feed)));
         true
     }
@@ -68,9 +70,9 @@ impl Feeds {
     /// Writes `data`, bytes `offset..` of the step's stdin, to its tasks here; `eof` closes
     /// their stdin. A chunk sent again is written once; a task that closed its stdin gets no
     /// more (its share is dropped, as the pipe would).
-    pub async fn feed(&self, job: JobId, step: u32, step_name: &str, offset: u64, data: &[u8], eof: bool) -> Result<(), ApiError> {
+    pub async fn feed(&self, job: JobId, step: u32, node_name: &str, offset: u64, data: &[u8], eof: bool) -> Result<(), ApiError> {
         let feed = lock(&self.map).get(&(job, step)).cloned();
-        let feed = feed.ok_or_else(|| ApiError::NotFound(format!("step {job}.{step} reads no stdin on {step_name}")))?;
+        let feed = feed.ok_or_else(|| ApiError::NotFound(format!("step {job}.{step} reads no stdin on {node_name}")))?;
         let mut feed = feed.lock().await;
         if feed.closed {
             return Ok(());
@@ -80,33 +82,33 @@ impl Feeds {
         }
         let skip = usize::try_from(feed.written - offset).unwrap_or(usize::MAX).min(data.len());
         let fresh = &data[skip..];
-        if feed.conns.is_none() {
-            let mut conns = Vec::with_capacity(feed.ranks.len());
-            for rank in &feed.ranks {
-                match shepherd::open_input(&feed.dir, step, *rank).await {
-                    Ok(c) => conns.push(c),
-                    Err(e) => tracing::debug!(job, step, rank, error = format!("{e:#}"), "open a task's stdin"),
-                }
+        if !feed.opened {
+            // Nothing is written before every task's stdin is open: one that fails is asked
+            // again with the next try of this first chunk, and misses nothing.
+            let missing: Vec<u32> = feed.ranks.iter().copied().filter(|r| !feed.conns.iter().any(|(c, _)| c == r)).collect();
+            for rank in missing {
+                let conn = shepherd::open_input(&feed.dir, step, rank).await.map_err(|e| {
+                    ApiError::Unavailable(format!("open the stdin of task {rank} of step {job}.{step} on {node_name}: {e:#}"))
+                })?;
+                feed.conns.push((rank, conn));
             }
-            feed.conns = Some(conns);
+            feed.opened = true;
         }
-        if let Some(conns) = feed.conns.as_mut() {
-            let mut open = Vec::with_capacity(conns.len());
-            for mut c in conns.drain(..) {
-                // A task that reads nothing for this long loses its stdin (it reads EOF after
-                // what its pipe holds) rather than stall the step's other tasks and srun.
-                match tokio::time::timeout(std::time::Duration::from_millis(WRITE_WAIT_MS), c.write_all(fresh)).await {
-                    Ok(Ok(())) => open.push(c),
-                    Ok(Err(_)) => {}
-                    Err(_) => tracing::warn!(job, step, "a task of the step read none of its stdin for 30 s: its stdin is closed"),
-                }
+        let mut open = Vec::with_capacity(feed.conns.len());
+        for (rank, mut c) in feed.conns.drain(..) {
+            // A task that reads nothing for this long loses its stdin (it reads EOF after
+            // what its pipe holds) rather than stall the step's other tasks and srun.
+            match tokio::time::timeout(std::time::Duration::from_millis(WRITE_WAIT_MS), c.write_all(fresh)).await {
+                Ok(Ok(())) => open.push((rank, c)),
+                Ok(Err(_)) => {}
+                Err(_) => tracing::warn!(job, step, rank, "the task read none of its stdin for 30 s: its stdin is closed"),
             }
-            *conns = open;
         }
+        feed.conns = open;
         feed.written += fresh.len() as u64;
         if eof {
             feed.closed = true;
-            feed.conns = Some(Vec::new());
+            feed.conns.clear();
         }
         Ok(())
     }
@@ -127,8 +129,8 @@ mod tests {
     #[tokio::test]
     async fn each_byte_is_written_once_whatever_is_sent_again() {
         let feeds = Feeds::default();
-        // No shepherd serves here: the chunks reach no task, the bookkeeping is the same.
-        assert!(feeds.open(7, 0, PathBuf::from("/nonexistent"), vec![0, 1]));
+        // No task reads here (an empty list): the bookkeeping is the same.
+        assert!(feeds.open(7, 0, PathBuf::from("/nonexistent"), vec![]));
         assert!(feeds.feed(7, 0, "n1", 0, b"abc", false).await.is_ok());
         assert!(feeds.feed(7, 0, "n1", 0, b"abc", false).await.is_ok());
         assert_eq!(written(&feeds, 7, 0).await, 3);
@@ -139,6 +141,10 @@ mod tests {
         assert!(feeds.feed(7, 0, "n1", 5, b"late", false).await.is_ok());
         assert_eq!(written(&feeds, 7, 0).await, 5, "nothing after the end");
         assert!(matches!(feeds.feed(7, 1, "n1", 0, b"x", false).await, Err(ApiError::NotFound(_))));
+        // A task whose shepherd cannot be reached: the first chunk is refused, nothing written.
+        assert!(feeds.open(7, 2, PathBuf::from("/nonexistent"), vec![0]));
+        assert!(matches!(feeds.feed(7, 2, "n1", 0, b"abc", false).await, Err(ApiError::Unavailable(_))));
+        assert_eq!(written(&feeds, 7, 2).await, 0);
         feeds.forget_job(7);
         assert!(lock(&feeds.map).is_empty());
     }

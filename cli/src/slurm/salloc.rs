@@ -186,7 +186,9 @@ async fn granted(cluster: &crate::client::Cluster, sub: &Submission, say: &impl 
     let mut announced = false;
     loop {
         if SIGNAL.swap(0, Ordering::SeqCst) != 0 {
-            let _ = cluster.call(Request::Cancel { job: id }).await;
+            if let Err(e) = super::call(PROG, cluster, Request::Cancel { job: id }).await {
+                eprintln!("{}", e.text);
+            }
             return Err(SlurmError::fatal(PROG, format!("Job allocation {id} has been revoked.")));
         }
         let job = match super::call(PROG, cluster, Request::GetJob { job: id }).await? {
@@ -211,7 +213,9 @@ async fn granted(cluster: &crate::client::Cluster, sub: &Submission, say: &impl 
             say(format!("job {id} queued and waiting for resources"));
             announced = true;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Quick while a grant may still count as immediate, then at the watch's pace.
+        let poll_ms = if announced { WATCH_INTERVAL_MS } else { 100 };
+        tokio::time::sleep(Duration::from_millis(poll_ms)).await;
     }
 }
 
@@ -249,6 +253,7 @@ fn watch(cluster: &crate::client::Cluster, job: &Job, child: &mut Child, say: &i
             hang_up(child);
         }
         if !revoked {
+            // A failed read (an election) is tried again at the next tick.
             let now = super::block_on(PROG, cluster.call(Request::GetJob { job: job.id }))?;
             if let Ok(Ok(Reply::Job(j))) = now {
                 if j.state.is_final() {

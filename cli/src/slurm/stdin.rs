@@ -95,17 +95,29 @@ pub fn start(cluster: Arc<Cluster>, job: JobId, step: u32, nodes: Vec<String>, s
     })
 }
 
-/// One chunk to one node, tried again while the cluster is busy; false once the step is gone
-/// (or never answers): no more is sent.
+/// One chunk to one node, tried again while the cluster is busy; false once no more is to be
+/// sent: the step is gone there (its tasks ended, nothing to say), or the node refused or never
+/// took the chunk (said on stderr: the tasks there read no more).
 async fn send(cluster: &Cluster, job: JobId, step: u32, node: &str, offset: u64, data: &[u8], eof: bool) -> bool {
+    let mut last = String::new();
     for _ in 0..SEND_TRIES_MAX {
         let request = Request::StepInput { job, step, node: node.to_string(), offset, data: data.to_vec(), eof };
         match cluster.call(request).await {
             Ok(Ok(Reply::Ok)) => return true,
-            Ok(Err(ApiError::NotFound(_) | ApiError::Denied(_) | ApiError::Invalid(_))) => return false,
-            Ok(Ok(_)) => return false,
-            Ok(Err(_)) | Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Ok(Err(ApiError::NotFound(_))) => return false,
+            Ok(Err(e @ (ApiError::Denied(_) | ApiError::Invalid(_)))) => {
+                last = e.to_string();
+                break;
+            }
+            Ok(Ok(other)) => {
+                last = format!("unexpected reply {other:?}");
+                break;
+            }
+            Ok(Err(e)) => last = e.to_string(),
+            Err(e) => last = format!("{e:#}"),
         }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    eprintln!("{PROG}: error: stdin of step {job}.{step} not delivered to {node}: {last}");
     false
 }
