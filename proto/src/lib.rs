@@ -452,6 +452,18 @@ impl JobSpec {
         }
     }
 
+    /// `--nice` as Slurm takes it: the adjustment subtracted from the job's priority; a bare
+    /// `--nice` is 100, a value that is no number 0 (Slurm reads it with `atoi`), clamped to
+    /// ±2147483645. Negative only for admins (checked where a submission is taken).
+    pub fn nice(&self) -> i64 {
+        const NICE_MAX: i64 = 2_147_483_645;
+        match self.extra.get("nice").map(|v| v.trim()) {
+            None => 0,
+            Some("") => 100,
+            Some(v) => v.parse::<i64>().unwrap_or(0).clamp(-NICE_MAX, NICE_MAX),
+        }
+    }
+
     /// GPUs per node.
     pub fn gpus(&self) -> u32 {
         self.gres.as_ref().map_or(0, |g| g.count)

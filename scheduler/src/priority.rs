@@ -1,7 +1,7 @@
 //! Multifactor priority, as integers so every node orders jobs the same way.
 //!
-//! `priority = round(w_age·age + w_size·size + w_partition·tier + w_qos·qos + w_fair·fair)`, each
-//! factor in [0, 1]:
+//! `priority = round(w_age·age + w_size·size + w_partition·tier + w_qos·qos + w_fair·fair) - nice`
+//! (never below 0; `nice` is `--nice`), each factor in [0, 1]:
 //! - age: time waited since submit over `age_max_ms`, capped at 1;
 //! - size: GPUs of the job over GPUs of the cluster (CPUs when the cluster has no GPUs);
 //! - tier: the partition's priority tier over the highest tier;
@@ -97,7 +97,8 @@ pub fn priorities(view: &ClusterView, now_ms: u64) -> Vec<u64> {
             + f64::from(w.partition) * tier
             + f64::from(w.qos) * qos
             + f64::from(w.fair_share) * fair;
-        out.push(p.round().max(0.0) as u64);
+        // `--nice`, as Slurm: subtracted after the factors, never below 0.
+        out.push((p.round() as i64).saturating_sub(j.nice).max(0) as u64);
     }
     out
 }

@@ -289,6 +289,8 @@ pub struct JobRequest {
     pub account: Option<String>,
     pub partition: Option<String>,
     pub qos: Option<String>,
+    /// `--nice`: subtracted from the job's priority (`JobSpec::nice`).
+    pub nice: i64,
     /// Nodes of the gang (at least 1).
     pub nodes: u32,
     /// Whole GPUs, or MIG instances when `gpu_type` is a MIG profile, on each node.
@@ -350,6 +352,7 @@ pub fn job_request(job: &proto::Job) -> JobRequest {
         account: spec.account.clone(),
         partition: spec.partition.clone(),
         qos: spec.qos.clone(),
+        nice: spec.nice(),
         nodes: spec.nodes.max(1),
         gpus_per_node: spec.gpus(),
         gpu_type: spec.gres.as_ref().and_then(|g| g.gpu_type.clone()),

@@ -244,6 +244,23 @@ fn priority_orders_by_fair_share_qos_and_size() {
     c2.submit(12, urgent, 0);
     let plan = c2.schedule(1000);
     assert_eq!(plan.queue.iter().map(|q| q.0).collect::<Vec<_>>(), vec![12, 11, 10]);
+
+    // `--nice` is taken off the priority (bob's lead over alice is about 4,800): 100,000 puts
+    // bob's job behind alice's, at 0, never below; an admin's negative one ahead again.
+    let mut c3 = c.clone();
+    let niced = |nice: &str| {
+        let mut s = spec("gpu:1", 1);
+        s.user = "bob".into();
+        s.extra.insert("nice".into(), nice.into());
+        s
+    };
+    c3.submit(11, niced("100000"), 0);
+    let plan = c3.schedule(1000);
+    assert_eq!(plan.queue.iter().map(|q| q.0).collect::<Vec<_>>(), vec![10, 11]);
+    assert_eq!(plan.queue.iter().find(|q| q.0 == 11).map(|q| q.1), Some(0));
+    c3.submit(11, niced("-1000"), 0);
+    let plan = c3.schedule(1000);
+    assert_eq!(plan.queue.iter().map(|q| q.0).collect::<Vec<_>>(), vec![11, 10]);
 }
 
 #[test]
@@ -551,4 +568,15 @@ fn a_paced_pass_starts_at_most_its_budget_in_priority_order() {
     assert!(c.schedule(1000).placements.is_empty());
     c.view.config.starts_per_pass_max = u32::MAX;
     assert_eq!(c.schedule(1000).placements.len(), 8);
+}
+
+#[test]
+fn nice_is_read_as_slurm_reads_it() {
+    let mut s = spec("gpu:1", 1);
+    assert_eq!(s.nice(), 0);
+    // A bare --nice is 100; a value that is no number 0 (Slurm's atoi); clamped to ±2147483645.
+    for (given, nice) in [("", 100), ("7", 7), ("-3", -3), ("abc", 0), ("99999999999", 2_147_483_645)] {
+        s.extra.insert("nice".into(), given.into());
+        assert_eq!(s.nice(), nice, "--nice={given}");
+    }
 }

@@ -286,3 +286,26 @@ fn chrono_free_local(start_ms: u64) -> (String, String) {
     };
     (fmt(start_ms), fmt(start_ms + 1000))
 }
+
+/// `--nice` lowers a job's priority, as in Slurm (`squeue %y` shows it; a bare `--nice` is
+/// 100): of two jobs waiting for one GPU, the niced one submitted first starts second.
+#[test]
+fn nice_puts_a_job_behind_one_submitted_after_it() {
+    let c = TestCluster::up(&["--nodes", "1", "--voters-max", "1", "--gpus", "h100:1"]);
+    let blocker = c.submit(&["--gres", "gpu:1"], &["sleep", "3"]);
+    wait_until("the blocker to run", Duration::from_secs(20), || c.job(blocker)["state"] == "RUNNING");
+    let sbatch = |args: &[&str]| -> String {
+        let out = shim(&c, "sbatch", args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let niced = sbatch(&["--parsable", "--gres=gpu:1", "--nice", "--wrap", "sleep 1"]);
+    let plain = sbatch(&["--parsable", "--gres=gpu:1", "--wrap", "sleep 1"]);
+    let shown = String::from_utf8_lossy(&shim(&c, "squeue", &["-h", "-j", &format!("{niced},{plain}"), "-o", "%i %y"]).stdout).into_owned();
+    let mut rows: Vec<&str> = shown.lines().collect();
+    rows.sort();
+    assert_eq!(rows, [format!("{niced} 100"), format!("{plain} 0")]);
+    let start = |id: &str| c.wait_final(id.parse().expect("job id"), Duration::from_secs(40))["start_time"].as_u64().expect("started");
+    let (niced_start, plain_start) = (start(&niced), start(&plain));
+    assert!(plain_start < niced_start, "the plain job first: {plain_start} vs {niced_start}");
+}

@@ -189,7 +189,6 @@ const KEPT_IN_EXTRA: &[&str] = &[
     "mem-bind",
     "mincpus",
     "network",
-    "nice",
     "no-kill",
     "ntasks-per-core",
     "ntasks-per-gpu",
@@ -751,6 +750,10 @@ impl<'a> Builder<'a> {
             "test-only" => self.test_only = true,
             "verbose" | "wrap" | "help" | "usage" | "version" => {}
             "uid" | "gid" => return Err(fatal(&format!("--{name} is only for root and not supported by Corral"))),
+            // Read by the scheduler (`JobSpec::nice`): lowers the job's priority.
+            "nice" => {
+                self.extra.insert("nice".into(), v.to_string());
+            }
             other if KEPT_IN_EXTRA.contains(&other) => {
                 self.extra.insert(other.to_string(), v.to_string());
             }

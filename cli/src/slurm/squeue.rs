@@ -356,7 +356,7 @@ pub fn field(row: &Row<'_>, code: char, names: &BTreeMap<u64, String>, now_ms: u
         'x' => hostlist::compress(&spec.exclude),
         'U' => spec.uid.map_or("N/A".into(), |u| u.to_string()),
         'k' => spec.extra.get("comment").cloned().unwrap_or_else(|| "(null)".into()),
-        'y' => spec.extra.get("nice").cloned().unwrap_or_else(|| "0".into()),
+        'y' => spec.nice().to_string(),
         'p' | 'Q' => "N/A".into(),
         _ => String::new(),
     }

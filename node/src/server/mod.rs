@@ -742,6 +742,10 @@ impl Node {
         spec.fill_default_mem();
         self.bind_default_partition(&mut spec);
         spec.validate().map_err(ApiError::Invalid)?;
+        if spec.nice() < 0 && !self.is_admin(user) {
+            // Slurm 22.05's answer to a user's negative --nice (an admin's raises the priority).
+            return Err(ApiError::Invalid("Invalid --nice value".into()));
+        }
         if let Some(why) = self.state.read(|s| s.undefined_in_submission(&spec)) {
             return Err(ApiError::Invalid(why));
         }
