@@ -172,14 +172,20 @@ const WAITING: &str = r#"#!/bin/sh
 while [ ! -e stop ]; do sleep 0.2; done
 "#;
 
+/// A running 2-node batch job of `WAITING` (2 tasks per node) on a new 2-node cluster.
+fn waiting_job() -> (TestCluster, u64) {
+    let c = TestCluster::up(&["--nodes", "2"]);
+    let id = sbatch(&c, "waiting.sh", WAITING);
+    wait_until("the job to run", Duration::from_secs(30), || c.job(id)["state"] == "RUNNING");
+    (c, id)
+}
+
 /// `srun --jobid=ID` from outside the allocation: a step of a running 2-node batch job, started
 /// through whichever node the client reaches (the job's first node numbers it), with the
 /// allocation's tasks and output; a finished job's allocation takes no step.
 #[test]
 fn srun_jobid_runs_a_step_in_a_running_allocation_from_outside() {
-    let c = TestCluster::up(&["--nodes", "2"]);
-    let id = sbatch(&c, "waiting.sh", WAITING);
-    wait_until("the job to run", Duration::from_secs(30), || c.job(id)["state"] == "RUNNING");
+    let (c, id) = waiting_job();
     let jobid = format!("--jobid={id}");
     let cmd = "echo out $SLURM_JOB_ID $SLURM_PROCID $SLURMD_NODENAME $SLURM_STEP_ID $SLURM_NTASKS";
     // Through each node in turn: the job's first node starts the step itself, the other passes
@@ -364,6 +370,13 @@ fn salloc_runs_the_command_here_with_steps_on_the_allocation_and_ends_with_its_s
     assert_eq!(c.wait_final(id, Duration::from_secs(20))["state"], "TIMEOUT");
 }
 
+/// Whether a process on this host runs with exactly `argv` (read from `/proc/*/cmdline`).
+fn process_with_argv(argv: &[&str]) -> bool {
+    let want: Vec<u8> = argv.iter().flat_map(|a| a.bytes().chain([0])).collect();
+    let Ok(entries) = std::fs::read_dir("/proc") else { return false };
+    entries.flatten().any(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == want))
+}
+
 /// `salloc` at a terminal (tmux): the user's shell runs with the allocation, `srun` in it runs
 /// on both nodes, Ctrl-C stops what the shell runs and not salloc, and `exit 4` ends the job
 /// FAILED with code 4.
@@ -393,7 +406,8 @@ fn salloc_gives_an_interactive_shell_at_a_terminal() {
     tmux(&["send-keys", "-t", &session, "echo id=$SLURM_JOB_ID nodes=$SLURM_JOB_NODELIST; srun -l hostname | sort", "Enter"]);
     wait_for("the step's output", &|s| s.contains("1: ") && s.trim_end().ends_with('$'));
     tmux(&["send-keys", "-t", &session, "sleep 100", "Enter"]);
-    std::thread::sleep(Duration::from_millis(500));
+    // Ctrl-C once the shell runs it (a `sleep 100` process exists), not at the prompt.
+    wait_until("the shell to run sleep 100", Duration::from_secs(20), || process_with_argv(&["sleep", "100"]));
     tmux(&["send-keys", "-t", &session, "C-c"]);
     tmux(&["send-keys", "-t", &session, "echo interrupted=$?", "Enter"]);
     wait_for("Ctrl-C to stop the sleep", &|s| s.contains("interrupted=130") && s.trim_end().ends_with('$'));
@@ -435,9 +449,7 @@ fn shell(c: &TestCluster, cmd: &str) -> (String, String, Option<i32>) {
 /// stdin, in order and whole past many chunks.
 #[test]
 fn srun_sends_its_stdin_to_the_steps_tasks_as_slurm_does() {
-    let c = TestCluster::up(&["--nodes", "2"]);
-    let id = sbatch(&c, "waiting.sh", WAITING);
-    wait_until("the job to run", Duration::from_secs(30), || c.job(id)["state"] == "RUNNING");
+    let (c, id) = waiting_job();
     let srun = format!("srun --jobid={id}");
     let ok = |cmd: &str| {
         let (out, err, code) = shell(&c, cmd);
