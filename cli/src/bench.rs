@@ -145,14 +145,11 @@ fn run_spec(workdir: &str) -> JobSpec {
 /// committed, for a client asking a surviving voter and, at the same time, for a fresh client
 /// (a new `corral` process would be one) that tries the dead node first. Both sorted.
 async fn failovers(dir: &std::path::Path, workdir: &str, rounds: usize) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
-    let cluster = Cluster::connect(dir, None)?;
     let mut survivor_ms = Vec::new();
     let mut fresh_ms = Vec::new();
     for round in 0..rounds {
-        let Reply::Cluster(info) = cluster.call_patiently(Request::ClusterInfo, Duration::from_secs(20)).await? else {
-            bail!("unexpected reply")
-        };
-        let leader = info.leader.context("no leader")?;
+        let info = voters_caught_up(dir, 3, Duration::from_secs(20)).await?;
+        let leader = info.leader.clone().context("no leader")?;
         let dead = info.members.iter().find(|m| m.name == leader).context("the leader's address")?.addr.clone();
         let survivor =
             info.members.iter().find(|m| m.name != leader && m.role != proto::NodeRole::Agent).context("a surviving voter")?.addr.clone();
@@ -175,6 +172,35 @@ async fn failovers(dir: &std::path::Path, workdir: &str, rounds: usize) -> anyho
         dev::wait_ready(dir, 3, Duration::from_secs(60)).await?;
     }
     Ok((sorted(survivor_ms), sorted(fresh_ms)))
+}
+
+/// Waits until the cluster has `voters` voters and each has applied the log up to the leader's
+/// commit index: a failover measured on a steady cluster. Right after `dev up` or a restart the
+/// last voter may not be promoted yet (killing the leader of two voters leaves no quorum), or
+/// may hold no log yet (killing the leader then also measures its catching up).
+async fn voters_caught_up(dir: &std::path::Path, voters: usize, patience: Duration) -> anyhow::Result<proto::ClusterInfo> {
+    let (cluster, started) = (Cluster::connect(dir, None)?, Instant::now());
+    loop {
+        let Reply::Cluster(info) = cluster.call_patiently(Request::ClusterInfo, patience).await? else { bail!("unexpected reply") };
+        let members: Vec<&proto::ClusterMember> = info.members.iter().filter(|m| m.role != proto::NodeRole::Agent).collect();
+        let mut behind = Vec::new();
+        if members.len() == voters && info.leader.is_some() {
+            for member in members {
+                let one = Cluster::connect(dir, Some(&member.addr))?;
+                let Reply::Cluster(seen) = one.call_patiently(Request::ClusterInfo, patience).await? else { bail!("unexpected reply") };
+                if seen.applied_index < info.commit_index {
+                    behind.push(format!("{} applied {} of {}", member.name, seen.applied_index, info.commit_index));
+                }
+            }
+            if behind.is_empty() {
+                return Ok(info);
+            }
+        } else {
+            behind.push(format!("{} of {voters} voters", members.len()));
+        }
+        anyhow::ensure!(started.elapsed() < patience, "the cluster is not steady after {} s: {}", patience.as_secs(), behind.join(", "));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 fn print_failovers(failovers: &[f64], client_view: &[f64]) {

@@ -236,15 +236,20 @@ impl Cluster {
         }
     }
 
-    /// A call to node `i` that got no answer: a failed handshake puts the node last for later
-    /// calls.
+    /// A call to node `i` that got no answer: a failed handshake, or a request the node never
+    /// acknowledged (it died), puts the node last for later calls.
     fn note_call_error(&self, i: usize, e: transport::CallError, errors: &mut Vec<String>) -> Attempt {
         errors.push(format!("{}: {e}", self.servers[i]));
-        if matches!(e, transport::CallError::Connect(_)) {
-            lock_suspects(&self.suspects).insert(i);
-            Attempt::NoHandshake
-        } else {
-            Attempt::Failed
+        match e {
+            transport::CallError::Connect(_) => {
+                lock_suspects(&self.suspects).insert(i);
+                Attempt::NoHandshake
+            }
+            transport::CallError::Silent(_) => {
+                lock_suspects(&self.suspects).insert(i);
+                Attempt::Failed
+            }
+            _ => Attempt::Failed,
         }
     }
 

@@ -49,10 +49,15 @@ pub fn alpn(v: u8) -> Vec<u8> {
 /// TLS alert 120 (no_application_protocol) as QUIC reports it: CRYPTO_ERROR 0x100 + 120.
 const QUIC_NO_APPLICATION_PROTOCOL: u64 = 0x100 + 120;
 
-/// A keep-alive is sent after this much silence, so a healthy idle connection never times out.
 /// Longest wait for a QUIC handshake; far above any healthy round trip.
 pub const CONNECT_TIMEOUT_MS: u64 = 1_000;
+/// A keep-alive is sent after this much silence, so a healthy idle connection never times out.
 pub const KEEP_ALIVE_INTERVAL_MS: u64 = 1_000;
+/// A call whose request the peer has not acknowledged this long, on a connection that heard
+/// nothing at all since the call began, is given up as sent to a dead peer (a live one acks
+/// within QUIC's 25 ms ack delay): without this a call on a cached connection to a peer that
+/// was just killed waits for the whole call timeout or the idle timeout.
+pub const UNACKED_SILENCE_MS: u64 = 500;
 /// A connection that hears nothing from its peer this long is dead.
 pub const IDLE_TIMEOUT_MS: u64 = 5_000;
 /// Streams a peer may have open on one connection at once.
@@ -418,6 +423,10 @@ pub enum CallError {
     Connect(String),
     #[error("call timed out")]
     Timeout,
+    /// The request went out and nothing at all came back within [`UNACKED_SILENCE_MS`]: the
+    /// peer is most likely dead. It may still have received the request.
+    #[error("the peer acknowledged nothing within {0} ms")]
+    Silent(u64),
     #[error("stream failed: {0}")]
     Io(String),
     #[error("bad message: {0}")]
@@ -662,7 +671,12 @@ impl Client {
                 }
             }
         };
-        let result = exchange(streams, request).await;
+        let rx_before = conn.stats().udp_rx.datagrams;
+        let result = exchange(streams, request, &conn, rx_before).await;
+        if matches!(result, Err(CallError::Silent(_))) {
+            debug!(peer = %addr, "request not acknowledged: dropping the connection");
+            self.drop_cached(addr, &conn);
+        }
         if result.is_err() {
             if let Some(reason) = conn.close_reason() {
                 debug!(peer = %addr, reason = %reason, "connection lost");
@@ -795,12 +809,30 @@ async fn resolve(addr: &str, local: Option<SocketAddr>) -> anyhow::Result<Socket
         .ok_or_else(|| anyhow!("resolve {addr}: no addresses"))
 }
 
-async fn exchange((mut send, mut recv): (quinn::SendStream, quinn::RecvStream), request: &[u8]) -> Result<Response, CallError> {
+async fn exchange(
+    (mut send, mut recv): (quinn::SendStream, quinn::RecvStream),
+    request: &[u8],
+    conn: &quinn::Connection,
+    rx_before: u64,
+) -> Result<Response, CallError> {
     write_frame(&mut send, request).await?;
     // Finishing only fails on a stream already closed, which the read below reports.
     let _ = send.finish();
-    let reply = read_frame(&mut recv, FRAME_BYTES_MAX).await?;
+    let reply = tokio::select! {
+        reply = read_frame(&mut recv, FRAME_BYTES_MAX) => reply?,
+        () = unacked_silence(&mut send, conn, rx_before) => return Err(CallError::Silent(UNACKED_SILENCE_MS)),
+    };
     proto::decode::<Response>(&reply, FRAME_BYTES_MAX).map_err(|e| CallError::Codec(e.to_string()))
+}
+
+/// Returns if the peer neither acknowledged the finished request `send` within
+/// [`UNACKED_SILENCE_MS`] nor sent anything at all on `conn` since `rx_before` was read; else
+/// never (the reply, or the call's own timeout, ends the call).
+async fn unacked_silence(send: &mut quinn::SendStream, conn: &quinn::Connection, rx_before: u64) {
+    let acked = tokio::time::timeout(Duration::from_millis(UNACKED_SILENCE_MS), send.stopped()).await;
+    if acked.is_ok() || conn.stats().udp_rx.datagrams != rx_before {
+        return std::future::pending().await;
+    }
 }
 
 #[cfg(test)]

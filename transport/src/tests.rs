@@ -438,3 +438,29 @@ async fn concurrent_calls_to_a_silent_peer_pay_one_handshake_timeout() {
     assert!(started.elapsed() < connect * 3, "took {:?}", started.elapsed());
     assert!(client.lock_dialing().is_empty(), "no dial entry outlives its calls");
 }
+
+#[tokio::test]
+async fn a_call_to_a_peer_that_died_silently_fails_within_the_unacked_silence() {
+    let cluster = Cluster::new();
+    let server = start_server(&cluster.server_id, LOOPBACK.parse().expect("addr"));
+    let addr = server.addr.to_string();
+    let client = cluster.client("alice");
+    assert_eq!(cancel(&client, &addr, 1).await.expect("first call"), Ok(Reply::Submitted { job: 1 }));
+
+    // A live peer that is slow to answer acknowledges the request: the call runs to its own
+    // timeout, past the silence bound, and keeps its connection.
+    let silence = Duration::from_millis(UNACKED_SILENCE_MS);
+    let slow = client.call(&addr, &envelope(Request::ClusterInfo), silence * 3).await;
+    assert_eq!(slow, Err(CallError::Timeout));
+    assert!(client.lock().contains_key(&addr), "a slow peer keeps its connection");
+
+    // The peer dies without a word (its socket gone, as when SIGKILLed): the cached
+    // connection's next call gives up once the request went unacknowledged.
+    let spare = std::net::UdpSocket::bind(LOOPBACK).expect("bind a spare socket");
+    server.endpoint.rebind(spare).expect("move the server off its port");
+    let started = std::time::Instant::now();
+    let dead = cancel(&client, &addr, 2).await;
+    assert_eq!(dead, Err(CallError::Silent(UNACKED_SILENCE_MS)));
+    assert!(started.elapsed() < silence * 2, "took {:?} with a {CALL_TIMEOUT:?} call timeout", started.elapsed());
+    assert!(!client.lock().contains_key(&addr), "the dead peer's connection is dropped");
+}

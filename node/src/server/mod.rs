@@ -350,7 +350,8 @@ impl Node {
                 match outcome {
                     Ok(resp) => resp,
                     Err(e) => {
-                        if matches!(e, transport::CallError::Connect(_)) {
+                        // No handshake, or a request it never acknowledged: most likely dead.
+                        if matches!(e, transport::CallError::Connect(_) | transport::CallError::Silent(_)) {
                             *lock(&self.unreachable_leader) = Some((l, Instant::now()));
                         }
                         Err(ApiError::Unavailable(format!("forward to leader {addr}: {e}")))
@@ -1158,7 +1159,7 @@ impl consensus::RaftTransport for QuicRaftTransport {
                 Ok(Ok(Reply::Raft { payload })) => Ok(payload),
                 Ok(Ok(other)) => Err(consensus::TransportError::Remote(format!("unexpected reply {other:?}"))),
                 Ok(Err(e)) => Err(consensus::TransportError::Remote(e.to_string())),
-                Err(transport::CallError::Timeout) => Err(consensus::TransportError::Timeout),
+                Err(transport::CallError::Timeout | transport::CallError::Silent(_)) => Err(consensus::TransportError::Timeout),
                 Err(e) => Err(consensus::TransportError::Unreachable(e.to_string())),
             }
         }
