@@ -255,6 +255,16 @@ pub fn torchrun_env(master_host: &str, master_port: u16, nnodes: usize) -> [(Str
     ]
 }
 
+/// Which of its node's GPUs of the job a step task sees.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TaskGpus<'a> {
+    /// `--gpus-per-task`: this many of the step's GPUs, by the task's local id.
+    pub per_task: Option<u32>,
+    /// The step's own GPUs (`srun --gres=gpu:N` in an allocation): positions in the job's GPU
+    /// lists here; None: all of them.
+    pub step: Option<&'a [usize]>,
+}
+
 /// The environment of one task of a step: this node's environment for the job (`node_env`,
 /// what its batch script or holder got), the step's (`step_env`: the caller's environment as
 /// `--export` chose it, and the step's variables) over it except [`NODE_OWNED`], then the
@@ -263,7 +273,7 @@ pub fn torchrun_env(master_host: &str, master_port: u16, nnodes: usize) -> [(Str
 /// node rank torchrun's static rendezvous reads; the step's `PET_MASTER_*` and `PET_NNODES`
 /// come with `step_env`), torch's `RANK`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE` and `WORLD_SIZE` (the
 /// step's tasks, from `SLURM_STEP_NUM_TASKS`), and with `gpus_per_task` its share of the node's
-/// `CUDA_VISIBLE_DEVICES` by local id.
+/// `CUDA_VISIBLE_DEVICES` by local id, of the step's own GPUs when it has them ([`TaskGpus`]).
 pub fn step_task_env(
     node_env: &BTreeMap<String, String>,
     step_env: &BTreeMap<String, String>,
@@ -271,9 +281,25 @@ pub fn step_task_env(
     node_index: usize,
     ranks_here: &[u32],
     local: usize,
-    gpus_per_task: Option<u32>,
+    gpus: TaskGpus<'_>,
 ) -> BTreeMap<String, String> {
+    let TaskGpus { per_task: gpus_per_task, step: step_gpus } = gpus;
     let mut env = node_env.clone();
+    // A step with its own GPU count sees only its GPUs of the job's: the node's lists narrowed
+    // to those positions (the task share below then splits them).
+    let mut node_env = std::borrow::Cow::Borrowed(node_env);
+    if let Some(picked) = step_gpus {
+        for key in ["SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"] {
+            let Some(all) = node_env.get(key).map(|v| v.split(',').map(str::to_string).collect::<Vec<_>>()) else { continue };
+            let narrowed: Vec<String> = picked.iter().filter_map(|i| all.get(*i).cloned()).collect();
+            let value = narrowed.join(",");
+            node_env.to_mut().insert(key.to_string(), value.clone());
+            if key != "SLURM_JOB_GPUS" {
+                env.insert(key.to_string(), value);
+            }
+        }
+    }
+    let node_env: &BTreeMap<String, String> = &node_env;
     env.extend(step_env.iter().filter(|(k, _)| !NODE_OWNED.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())));
     let rank = ranks_here.get(local).copied().unwrap_or_default();
     env.insert("SLURM_STEP_ID".into(), step.to_string());
@@ -382,7 +408,8 @@ mod tests {
         let mut step = map(&[("PET_NODE_RANK", "0"), ("PATH", "/usr/bin")]);
         step.extend(torchrun_env("10.0.0.1", 41_234, 4));
         for node_index in 0..4 {
-            let env = step_task_env(&BTreeMap::new(), &step, 0, node_index, &[node_index as u32], 0, None);
+            let env =
+                step_task_env(&BTreeMap::new(), &step, 0, node_index, &[node_index as u32], 0, TaskGpus { per_task: None, step: None });
             let got: Vec<&str> =
                 ["PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_NNODES", "PET_NODE_RANK"].iter().map(|k| env[*k].as_str()).collect();
             assert_eq!(got, ["10.0.0.1", "41234", "4", node_index.to_string().as_str()]);
@@ -394,7 +421,7 @@ mod tests {
         let node = map(&[("WORLD_SIZE", "16"), ("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "29500")]);
         let step = map(&[("SLURM_STEP_NUM_TASKS", "6"), ("RANK", "0")]);
         for (local, rank) in [3u32, 4, 5].iter().enumerate() {
-            let env = step_task_env(&node, &step, 0, 1, &[3, 4, 5], local, None);
+            let env = step_task_env(&node, &step, 0, 1, &[3, 4, 5], local, TaskGpus { per_task: None, step: None });
             let got: Vec<&str> =
                 ["RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "MASTER_PORT"].iter().map(|k| env[*k].as_str()).collect();
             assert_eq!(got, [rank.to_string().as_str(), local.to_string().as_str(), "3", "6", "29500"]);
@@ -407,6 +434,7 @@ mod tests {
             ("SLURMD_NODENAME", "gpu02"),
             ("CUDA_VISIBLE_DEVICES", "GPU-a,GPU-b,GPU-c,GPU-d"),
             ("GPU_DEVICE_ORDINAL", "0,1,2,3"),
+            ("SLURM_JOB_GPUS", "0,1,2,3"),
             ("SLURM_JOB_ID", "7"),
             ("PATH", "/usr/bin"),
         ]);
@@ -418,7 +446,7 @@ mod tests {
             ("SLURM_STEP_ID", "0"),
             ("SLURM_PROCID", "0"),
         ]);
-        let env = step_task_env(&node, &step, 4, 1, &[2, 3], 1, Some(2));
+        let env = step_task_env(&node, &step, 4, 1, &[2, 3], 1, TaskGpus { per_task: Some(2), step: None });
         let pick = |k: &str| env.get(k).cloned().unwrap_or_default();
         assert_eq!(pick("SLURMD_NODENAME"), "gpu02", "the node's own name, not the caller's");
         assert_eq!(pick("MASTER_ADDR"), "gpu01", "what the script exported reaches every task");
@@ -430,9 +458,18 @@ mod tests {
         );
         assert_eq!(pick("CUDA_VISIBLE_DEVICES"), "GPU-c,GPU-d", "--gpus-per-task=2, local id 1");
         assert_eq!(pick("GPU_DEVICE_ORDINAL"), "2,3");
-        let whole = step_task_env(&node, &step, 4, 1, &[2, 3], 0, None);
+        let whole = step_task_env(&node, &step, 4, 1, &[2, 3], 0, TaskGpus { per_task: None, step: None });
         assert_eq!(whole["CUDA_VISIBLE_DEVICES"], "GPU-a,GPU-b,GPU-c,GPU-d");
-        let too_many = step_task_env(&node, &step, 4, 1, &[2, 3], 1, Some(3));
+        let too_many = step_task_env(&node, &step, 4, 1, &[2, 3], 1, TaskGpus { per_task: Some(3), step: None });
         assert_eq!(too_many["CUDA_VISIBLE_DEVICES"], "GPU-a,GPU-b,GPU-c,GPU-d", "no share that does not exist");
+        // A step holding the job's GPUs at positions 1 and 3 (`srun --gres=gpu:2`).
+        let own = step_task_env(&node, &step, 4, 1, &[2, 3], 0, TaskGpus { per_task: None, step: Some(&[1, 3]) });
+        assert_eq!(own["CUDA_VISIBLE_DEVICES"], "GPU-b,GPU-d");
+        assert_eq!(own["GPU_DEVICE_ORDINAL"], "1,3");
+        assert_eq!((own["SLURM_STEP_GPUS"].as_str(), own["SLURM_JOB_GPUS"].as_str()), ("1,3", "0,1,2,3"), "the job keeps its list");
+        let shared = step_task_env(&node, &step, 4, 1, &[2, 3], 1, TaskGpus { per_task: Some(1), step: Some(&[1, 3]) });
+        assert_eq!(shared["CUDA_VISIBLE_DEVICES"], "GPU-d", "--gpus-per-task splits the step's own GPUs");
+        let none = step_task_env(&node, &step, 4, 1, &[2, 3], 0, TaskGpus { per_task: None, step: Some(&[]) });
+        assert_eq!(none["CUDA_VISIBLE_DEVICES"], "", "--gres=none: no GPU");
     }
 }

@@ -125,6 +125,9 @@ struct Running {
     steps: BTreeMap<u32, Arc<Step>>,
     /// Next step number, on the node that numbers them (the batch script's).
     next_step: u32,
+    /// The job's GPUs here (positions in its `SLURM_JOB_GPUS`) that steps asking for their own
+    /// count hold, by step; a holding ends with its step's tasks here.
+    step_gpus: BTreeMap<u32, Vec<usize>>,
 }
 
 /// Name and address of every node of a run, in rank order.
@@ -472,6 +475,7 @@ impl Agent {
             cgroup: None,
             tasks: Arc::new(launcher::TaskGroups::default()),
             steps: BTreeMap::new(),
+            step_gpus: BTreeMap::new(),
             next_step: 0,
         };
         lock(&self.running).insert(job.id, running);
@@ -817,6 +821,16 @@ impl Agent {
         Ok(NumberedStep { run: r.run, step, nodes: r.nodes.clone(), master_port })
     }
 
+    /// Gives back step number `step` of `job` if it is the last one numbered (a step that was
+    /// not started, so that one waiting for its GPUs does not use up numbers while it waits).
+    pub fn unnumber_step(&self, job: JobId, step: u32) {
+        if let Some(r) = lock(&self.running).get_mut(&job) {
+            if r.next_step == step.saturating_add(1) {
+                r.next_step = step;
+            }
+        }
+    }
+
     /// Starts this node's tasks of step `step` of `job` run `run` through the run's shepherd,
     /// each in its own process group in the run's cgroup as the job's user, and follows their
     /// output in the shepherd's log. Idempotent: a step that exists already is left alone.
@@ -829,7 +843,7 @@ impl Agent {
             return Err(ApiError::Unavailable(format!("node {} is handing its runs over to a new corrald", self.name)));
         }
         let ranks = &spec.nodes[node_index].ranks;
-        let (base, groups, handle) = {
+        let (base, groups, handle, gpus) = {
             let mut running = lock(&self.running);
             let r = running
                 .get_mut(&job)
@@ -845,16 +859,25 @@ impl Agent {
             if r.steps.len() >= proto::limits::STEPS_PER_JOB_MAX {
                 return Err(ApiError::Unavailable(format!("job {job} has {} steps on {}", r.steps.len(), self.name)));
             }
+            let gpus = step_gpus(r, job, step, spec, &self.name)?;
             let handle = Step::new(job, run, step, ranks.len());
             r.steps.insert(step, Arc::clone(&handle));
-            (Arc::clone(&r.base), Arc::clone(&r.tasks), handle)
+            (Arc::clone(&r.base), Arc::clone(&r.tasks), handle, gpus)
         };
         let dir = shepherd::run_dir(&self.settings.runs_dir, job, run);
         let workdir = spec.workdir.as_ref().map_or_else(|| base.workdir.clone(), PathBuf::from);
         let readers: Vec<u32> = ranks.iter().copied().filter(|r| spec.stdin.reaches(*r)).collect();
         let fed = !readers.is_empty() && self.stdin_feeds.open(job, step, dir.clone(), readers);
         for (local, rank) in ranks.iter().enumerate() {
-            let env = slurm_compat::env::step_task_env(&base.env, &spec.env, step, node_index, ranks, local, spec.gpus_per_task);
+            let env = slurm_compat::env::step_task_env(
+                &base.env,
+                &spec.env,
+                step,
+                node_index,
+                ranks,
+                local,
+                slurm_compat::env::TaskGpus { per_task: spec.gpus_per_task, step: gpus.as_deref() },
+            );
             let request = shepherd::TaskRequest {
                 step,
                 rank: *rank,
@@ -1099,6 +1122,7 @@ impl Agent {
                 cgroup: cgroup.clone(),
                 tasks: Arc::clone(&tasks),
                 steps: BTreeMap::new(),
+                step_gpus: BTreeMap::new(),
                 next_step,
             },
         );
@@ -1384,6 +1408,37 @@ impl crate::liveness::Heartbeating for Agent {
     fn fence_after(&self) -> Duration {
         Duration::from_millis(self.settings.fence_after_ms)
     }
+}
+
+/// The positions in the job's GPU list here that step `step` gets: None without a count of its
+/// own (all of them); with `--overlap`, or on several nodes, the first N; else N that no live
+/// step holds, now held by this one, or [`ApiError::Busy`] while too few are free (an ended step's holding is dropped
+/// first). More than the job has here is refused.
+fn step_gpus(r: &mut Running, job: JobId, step: u32, spec: &proto::StepSpec, node: &str) -> Result<Option<Vec<usize>>, ApiError> {
+    let Some(want) = spec.gpus_per_node.map(|n| n as usize) else { return Ok(None) };
+    let have = r.base.env.get("SLURM_JOB_GPUS").map_or(0, |v| v.split(',').filter(|s| !s.is_empty()).count());
+    if want > have {
+        return Err(ApiError::Invalid(format!(
+            "Invalid generic resource (gres) specification: step {job}.{step} asks for {want} GPUs, the job has {have} on {node}"
+        )));
+    }
+    if spec.overlap || spec.nodes.len() > 1 {
+        // Shared: a step of several nodes holds nothing, so it never starts on some nodes
+        // while it waits on others.
+        return Ok(Some((0..want).collect()));
+    }
+    let steps = &r.steps;
+    r.step_gpus.retain(|s, _| steps.get(s).is_some_and(|h| !h.ended()));
+    let held: std::collections::BTreeSet<usize> = r.step_gpus.values().flatten().copied().collect();
+    let free: Vec<usize> = (0..have).filter(|i| !held.contains(i)).take(want).collect();
+    if free.len() < want {
+        return Err(ApiError::Busy(format!(
+            "step {job}.{step} waits for {want} GPUs on {node}: {} of the job's {have} are held by other steps",
+            held.len()
+        )));
+    }
+    r.step_gpus.insert(step, free.clone());
+    Ok(Some(free))
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ pub use partition::{PartitionChanges, PartitionEdit, PartitionState};
 
 /// Bumped on any incompatible change to a type in this crate. The first byte of every encoded
 /// message; a peer speaking another version is refused with a clear error.
-pub const PROTOCOL_VERSION: u8 = 5;
+pub const PROTOCOL_VERSION: u8 = 6;
 
 pub type NodeId = u64;
 pub type JobId = u64;
@@ -1179,6 +1179,14 @@ pub struct StepSpec {
     /// Which tasks read `srun`'s stdin (`--input`), fed by [`Request::StepInput`]; the others
     /// read `/dev/null`.
     pub stdin: StepStdin,
+    /// `--gres=gpu:N`, `--gpus-per-node=N` or `--gpus=N` inside an allocation: a step on one
+    /// node holds N of the job's GPUs there, which no other such step gets until its tasks
+    /// ended; one that finds too few free waits ([`ApiError::Busy`]), as Slurm's does. A step
+    /// on several nodes sees the first N of the job's GPUs on each, shared (as with
+    /// `overlap`). None: all of them, held by none (Slurm's default for a step).
+    pub gpus_per_node: Option<u32>,
+    /// `--overlap`: the step's GPUs are the first N of the job's, shared, neither held nor waited for.
+    pub overlap: bool,
 }
 
 /// Which tasks of a step read `srun`'s stdin.
@@ -1246,6 +1254,9 @@ impl StepSpec {
         }
         if self.gpus_per_task.is_some_and(|g| g == 0 || g > GPUS_PER_JOB_MAX) {
             return Err(format!("gpus per task must be 1..={GPUS_PER_JOB_MAX}"));
+        }
+        if self.gpus_per_node.is_some_and(|g| g > GPUS_PER_JOB_MAX) {
+            return Err(format!("gpus per node must be 0..={GPUS_PER_JOB_MAX}"));
         }
         if matches!(self.stdin, StepStdin::Task(r) if r as usize >= tasks) {
             return Err(format!("stdin goes to a task of 0..{tasks}"));
@@ -1828,6 +1839,10 @@ pub enum ApiError {
     Denied(String),
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// What was asked cannot be had now but will be (a step's GPUs held by other steps): ask
+    /// again later, as Slurm's `srun` does ("step creation temporarily disabled").
+    #[error("busy: {0}")]
+    Busy(String),
     #[error("protocol version mismatch: ours {ours}, theirs {theirs}")]
     Version { ours: u8, theirs: u8 },
     #[error("internal error: {0}")]

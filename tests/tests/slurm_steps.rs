@@ -46,6 +46,7 @@ srun -N1 -n2 --gpus-per-task=2 sh -c 'echo "share $SLURM_PROCID step=$SLURM_STEP
 echo "srun=$?"
 srun -w nosuch true
 echo "srun=$?"
+srun --gres=gpu:2 sh -c 'echo "pernode $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES"'
 "#;
 
 #[test]
@@ -81,6 +82,10 @@ fn a_batch_script_runs_once_and_its_steps_run_on_every_node_through_the_agents()
     assert_eq!(gpus.iter().collect::<std::collections::BTreeSet<_>>().len(), 4, "no GPU given to two tasks: {shares:?}");
     assert!(shares.iter().all(|l| l.contains(" step=2 ")), "steps are numbered in order: {shares:?}");
     assert!(out.contains("nosuch is not in the allocation"), "{out}");
+    // A step of both nodes with its own count sees that many of the job's GPUs on each.
+    let pernode = lines_with(&out, "pernode ");
+    assert_eq!(pernode.len(), 4, "four tasks: {out}");
+    assert!(pernode.iter().all(|l| l.split_whitespace().nth(2).map(|g| g.split(',').count()) == Some(2)), "{pernode:?}");
 }
 
 const SIGNALS: &str = r#"#!/bin/sh
@@ -468,4 +473,62 @@ fn srun_sends_its_stdin_to_the_steps_tasks_as_slurm_does() {
     assert_eq!((code, err.trim()), (Some(1), "srun: error: Could not open stdin file: No such file or directory"));
     std::fs::write(c.work.join("stop"), "").expect("write stop");
     assert_eq!(c.wait_final(id, Duration::from_secs(30))["state"], "COMPLETED");
+}
+
+/// Issue 18's packing: four `srun --gres=gpu:1` steps in a 4-GPU allocation run at once, each
+/// on its own GPU; a fifth waits (in Slurm's words) until one of them ended, and takes its GPU.
+const PACKED: &str = r#"#!/bin/sh
+#SBATCH -N 1
+#SBATCH -n 4
+#SBATCH --gres=gpu:h100:4
+for i in 1 2 3 4; do
+  srun -n1 --gres=gpu:1 sh -c 'echo "own $SLURM_STEP_ID $CUDA_VISIBLE_DEVICES"; touch held.$SLURM_STEP_ID; while [ ! -e go ]; do sleep 0.1; done; echo "end $(date +%s%N)"' &
+done
+i=0; while [ "$(ls held.* 2>/dev/null | wc -l)" -lt 4 ]; do sleep 0.1; i=$((i+1)); [ $i -gt 600 ] && break; done
+srun -n1 --gres=gpu:1 sh -c 'echo "fifth $SLURM_STEP_ID $CUDA_VISIBLE_DEVICES $(date +%s%N)"' 2> fifth.err &
+fifth=$!
+i=0; while ! grep -q "temporarily disabled" fifth.err 2>/dev/null; do sleep 0.1; i=$((i+1)); [ $i -gt 600 ] && break; done
+echo "running while the fifth waits: $(ls held.* | wc -l)"
+touch go
+wait $fifth
+echo "fifth=$?"
+wait
+srun -n1 --gres=gpu:5 true
+echo "toomany=$?"
+srun -n1 --gres=none sh -c 'echo "none=[$CUDA_VISIBLE_DEVICES]"'
+srun -n1 --overlap --gres=gpu:2 sh -c 'echo "overlap $CUDA_VISIBLE_DEVICES"'
+"#;
+
+#[test]
+fn single_gpu_steps_pack_into_an_allocation_and_a_fifth_waits_for_a_free_gpu() {
+    let c = TestCluster::up(&["--nodes", "1", "--gpus", "h100:4"]);
+    let id = sbatch(&c, "packed.sh", PACKED);
+    let job = c.wait_final(id, Duration::from_secs(120));
+    let out = output(&c, id);
+    assert_eq!(job["state"], "COMPLETED", "{job}\n{out}\n{}", c.logs());
+    let own = lines_with(&out, "own ");
+    let steps: std::collections::BTreeSet<&str> = own.iter().filter_map(|l| l.split_whitespace().nth(1)).collect();
+    let gpus: std::collections::BTreeSet<&str> = own.iter().filter_map(|l| l.split_whitespace().nth(2)).collect();
+    assert_eq!(steps, ["0", "1", "2", "3"].into_iter().collect(), "{out}");
+    assert_eq!(gpus.len(), 4, "four steps, four different GPUs: {own:?}");
+    assert!(gpus.iter().all(|g| !g.contains(',')), "one GPU each: {own:?}");
+    assert!(out.contains("running while the fifth waits: 4"), "{out}");
+    let err = std::fs::read_to_string(c.work.join("fifth.err")).unwrap_or_default();
+    assert!(err.contains(&format!("srun: Job {id} step creation temporarily disabled, retrying (Requested nodes are busy)")), "{err}");
+    assert!(err.contains(&format!("srun: Step created for job {id}")), "{err}");
+    let fifth = lines_with(&out, "fifth ");
+    let words: Vec<&str> = fifth.first().map(|l| l.split_whitespace().collect()).unwrap_or_default();
+    assert_eq!(words.len(), 4, "{out}");
+    assert_eq!(words[1], "4", "a waiting step used no numbers up: {out}");
+    assert!(gpus.contains(words[2]), "the fifth got one of the job's GPUs: {out}");
+    let ends: Vec<u128> = lines_with(&out, "end ").iter().filter_map(|l| l[4..].trim().parse().ok()).collect();
+    let started: u128 = words[3].parse().expect("the fifth's start time");
+    assert_eq!(ends.len(), 4, "{out}");
+    assert!(ends.iter().any(|e| *e <= started), "the fifth started only after a step ended: {ends:?} {started}");
+    assert!(out.contains("fifth=0") && out.contains("toomany=1"), "{out}");
+    assert!(out.contains("Invalid generic resource (gres) specification"), "{out}");
+    assert!(out.contains("none=[]"), "--gres=none: no GPU: {out}");
+    let overlap = lines_with(&out, "overlap ");
+    assert_eq!(overlap.len(), 1, "{out}");
+    assert_eq!(overlap[0].split_whitespace().nth(1).map(|g| g.split(',').count()), Some(2), "{out}");
 }

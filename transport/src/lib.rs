@@ -831,7 +831,7 @@ async fn exchange(
 async fn unacked_silence(send: &mut quinn::SendStream, conn: &quinn::Connection, rx_before: u64) {
     let acked = tokio::time::timeout(Duration::from_millis(UNACKED_SILENCE_MS), send.stopped()).await;
     if acked.is_ok() || conn.stats().udp_rx.datagrams != rx_before {
-        return std::future::pending().await;
+        std::future::pending::<()>().await;
     }
 }
 

@@ -470,6 +470,9 @@ fn signal_words(sig: i32) -> String {
 /// `KillWait`).
 const STEP_KILL_WAIT_MS: u64 = 30_000;
 
+/// How often `srun` asks again for a step whose GPUs other steps hold.
+const STEP_BUSY_RETRY_MS: u64 = 200;
+
 /// How long one read of a step's output waits on its node for news.
 const STEP_READ_WAIT_MS: u32 = 2_000;
 
@@ -509,6 +512,7 @@ pub fn step_spec(
         ),
         None => None,
     };
+    let gpus_per_node = step_gpus_per_node(p, env, nodes.len())?;
     let spec = proto::StepSpec {
         argv: p.operands.clone(),
         workdir: Some(p.last("chdir").map_or_else(|| cwd.to_string(), str::to_string)),
@@ -516,9 +520,42 @@ pub fn step_spec(
         nodes,
         gpus_per_task,
         stdin: proto::StepStdin::Nothing,
+        gpus_per_node,
+        overlap: p.has("overlap"),
     };
     spec.validate().map_err(|e| SlurmError::fatal(PROG, format!("Unable to create step: {e}")))?;
     Ok(spec)
+}
+
+/// The GPUs a step inside an allocation asks for on its node: `--gres=gpu[:TYPE]:N`
+/// (`--gres=none`: 0), `--gpus-per-node=N`, or `--gpus=N` (the step's total, split over its
+/// nodes, which must divide it); none of them: None, the step sees all of the job's GPUs. A job's GPUs on a node are
+/// of one type, which a `TYPE` here is not checked against.
+fn step_gpus_per_node(p: &Parsed, env: &BTreeMap<String, String>, nodes: usize) -> Result<Option<u32>, SlurmError> {
+    let job = env.get("SLURM_JOB_ID").map_or("?", String::as_str);
+    let invalid = || SlurmError::fatal(PROG, format!("Unable to create step for job {job}: Invalid generic resource (gres) specification"));
+    let count = |text: &str| -> Result<u32, SlurmError> { text.rsplit(':').next().and_then(|n| n.parse::<u32>().ok()).ok_or_else(invalid) };
+    let asked = if let Some(g) = p.last("gres") {
+        match super::sbatch::parse_gres(g).map_err(|_| invalid())? {
+            Some(req) => Some(req.count),
+            None if g.trim().eq_ignore_ascii_case("none") => Some(0),
+            None => None,
+        }
+    } else if let Some(g) = p.last("gpus-per-node") {
+        Some(count(g)?)
+    } else if let Some(g) = p.last("gpus") {
+        let total = count(g)?;
+        if !(total as usize).is_multiple_of(nodes.max(1)) {
+            return Err(SlurmError::fatal(
+                PROG,
+                format!("Unable to create step for job {job}: --gpus={total} does not split evenly over the step's {nodes} nodes"),
+            ));
+        }
+        Some(total / nodes.max(1) as u32)
+    } else {
+        None
+    };
+    Ok(asked)
 }
 
 /// Prints output of a step as it comes; with `--label`, whole lines prefixed by the task's
@@ -857,13 +894,28 @@ fn interrupts() -> Result<(tokio::signal::unix::Signal, tokio::signal::unix::Sig
 async fn launch_step(cluster: &crate::client::Cluster, job: proto::JobId, spec: proto::StepSpec) -> Result<u32, SlurmError> {
     let fatal = |m: String| SlurmError::fatal(PROG, m);
     let mut tries = 0u32;
+    let mut waited = false;
     let reply = loop {
         match cluster.call(Request::StepLaunch { job, spec: spec.clone() }).await {
             Ok(Err(proto::ApiError::Unavailable(_))) | Err(_) if tries < STEP_READ_FAILURES_MAX => {
                 tries += 1;
                 tokio::time::sleep(Duration::from_millis(STEP_RETRY_MS)).await;
             }
-            Ok(r) => break r,
+            // The step's GPUs are held by other steps: wait for them as Slurm's srun does.
+            Ok(Err(proto::ApiError::Busy(_))) => {
+                if !waited {
+                    eprintln!("{PROG}: Job {job} step creation temporarily disabled, retrying (Requested nodes are busy)");
+                    waited = true;
+                }
+                tries = 0;
+                tokio::time::sleep(Duration::from_millis(STEP_BUSY_RETRY_MS)).await;
+            }
+            Ok(r) => {
+                if waited && r.is_ok() {
+                    eprintln!("{PROG}: Step created for job {job}");
+                }
+                break r;
+            }
             Err(e) => return Err(fatal(format!("Unable to create step for job {job}: {e:#}"))),
         }
     };

@@ -1098,7 +1098,15 @@ fn srun_task_environment_matches_a_real_slurm_field_by_field() {
         for (local, rank) in ranks.iter().enumerate() {
             let want = env_of(&format!("{case}.{rank}.env"));
             assert!(!want.is_empty(), "{case}.{rank}.env in the fixture");
-            let got = slurm_compat::env::step_task_env(&node, &spec.env, step, 0, &here.ranks, local, spec.gpus_per_task);
+            let got = slurm_compat::env::step_task_env(
+                &node,
+                &spec.env,
+                step,
+                0,
+                &here.ranks,
+                local,
+                slurm_compat::env::TaskGpus { per_task: spec.gpus_per_task, step: None },
+            );
             for (k, v) in &want {
                 if NOT_COMPARED.contains(&k.as_str()) {
                     continue;

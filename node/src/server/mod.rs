@@ -210,6 +210,23 @@ impl Node {
     async fn launch_step(self: &Arc<Self>, job: JobId, spec: proto::StepSpec, user: Option<String>) -> Response {
         spec.validate().map_err(ApiError::Invalid)?;
         let numbered = self.agent.number_step(job, user.as_deref())?;
+        let step = numbered.step;
+        let result = self.launch_numbered_step(job, spec, user, numbered).await;
+        if matches!(result, Err(ApiError::Busy(_))) {
+            // Not started anywhere (only a one-node step waits for its GPUs): its number is
+            // given back, so a step that waits does not use numbers up while it waits.
+            self.agent.unnumber_step(job, step);
+        }
+        result
+    }
+
+    async fn launch_numbered_step(
+        self: &Arc<Self>,
+        job: JobId,
+        spec: proto::StepSpec,
+        user: Option<String>,
+        numbered: crate::agent::NumberedStep,
+    ) -> Response {
         let (run, step) = (numbered.run, numbered.step);
         let mut targets = Vec::new();
         for n in &spec.nodes {
@@ -252,6 +269,8 @@ impl Node {
                 match s.await {
                     Ok((name, _, Ok(_))) => started.push(name),
                     Ok((name, addr, Err(ApiError::Unavailable(_)))) if retry => pending.push((name, addr)),
+                    // Its GPUs are held by other steps: the caller asks again (a one-node step).
+                    Ok((_, _, Err(e @ ApiError::Busy(_)))) if spec.nodes.len() == 1 => return Err(e),
                     Ok((name, _, Err(e))) => failed.push(format!("{name}: {e}")),
                     Err(e) => failed.push(format!("a start panicked: {e}")),
                 }
