@@ -222,7 +222,7 @@ impl Cluster {
 
     async fn try_server(&self, client: &Client, i: usize, envelope: &Envelope, connect: Duration, errors: &mut Vec<String>) -> Attempt {
         let addr = &self.servers[i];
-        match client.call_connecting_within(addr, envelope, self.call_timeout, connect).await {
+        match client.call_failing_on_silence(addr, envelope, self.call_timeout, connect).await {
             Ok(Err(e @ (ApiError::NoLeader | ApiError::Unavailable(_)))) if self.servers.len() > 1 => {
                 errors.push(format!("{addr}: {e}"));
                 Attempt::Failed

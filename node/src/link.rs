@@ -70,6 +70,19 @@ impl LeaderLink {
 
     /// [`LeaderLink::call`] on behalf of `user` (a client's request this node forwards).
     pub async fn call_as(&self, request: Request, hops: u8, user: Option<String>) -> Result<Reply, LinkError> {
+        self.call_with(request, hops, user, false).await
+    }
+
+    /// [`LeaderLink::call_as`] for a client's request: a member that leaves the request
+    /// unacknowledged (killed a moment ago) is given up after
+    /// [`transport::UNACKED_SILENCE_MS`] and the next one asked, instead of waiting for the
+    /// call timeout. Heartbeats keep [`LeaderLink::call`]: a saturated relay must not lose
+    /// every node's connection at once.
+    pub async fn forward_as(&self, request: Request, hops: u8, user: Option<String>) -> Result<Reply, LinkError> {
+        self.call_with(request, hops, user, true).await
+    }
+
+    async fn call_with(&self, request: Request, hops: u8, user: Option<String>, fail_on_silence: bool) -> Result<Reply, LinkError> {
         let mut order: Vec<String> = Vec::new();
         if let Some(p) = lock(&self.preferred).clone() {
             order.push(p);
@@ -94,7 +107,13 @@ impl LeaderLink {
         while i < order.len() {
             let addr = order[i].clone();
             i += 1;
-            match self.client.call(&addr, &envelope, self.call_timeout).await {
+            let connect = Duration::from_millis(transport::CONNECT_TIMEOUT_MS);
+            let call = if fail_on_silence {
+                self.client.call_failing_on_silence(&addr, &envelope, self.call_timeout, connect).await
+            } else {
+                self.client.call(&addr, &envelope, self.call_timeout).await
+            };
+            match call {
                 Ok(Ok(reply)) => {
                     self.set_preferred(Some(addr));
                     return Ok(reply);

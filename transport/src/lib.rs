@@ -53,8 +53,9 @@ const QUIC_NO_APPLICATION_PROTOCOL: u64 = 0x100 + 120;
 pub const CONNECT_TIMEOUT_MS: u64 = 1_000;
 /// A keep-alive is sent after this much silence, so a healthy idle connection never times out.
 pub const KEEP_ALIVE_INTERVAL_MS: u64 = 1_000;
-/// A call whose request the peer has not acknowledged this long, on a connection that heard
-/// nothing at all since the call began, is given up as sent to a dead peer (a live one acks
+/// A call made with [`Client::call_failing_on_silence`] whose request the peer has not
+/// acknowledged this long, on a connection that heard nothing at all since the call began, is
+/// given up as sent to a dead peer (a live one acks
 /// within QUIC's 25 ms ack delay): without this a call on a cached connection to a peer that
 /// was just killed waits for the whole call timeout or the idle timeout.
 pub const UNACKED_SILENCE_MS: u64 = 500;
@@ -605,6 +606,33 @@ impl Client {
         timeout: Duration,
         connect_timeout: Duration,
     ) -> Result<Response, CallError> {
+        self.call_with(addr, envelope, timeout, connect_timeout, false).await
+    }
+
+    /// [`Client::call_connecting_within`] that also gives up as [`CallError::Silent`] once the
+    /// request went [`UNACKED_SILENCE_MS`] unacknowledged on a connection silent since the call
+    /// began: for a caller with somewhere else to go (a client or a forward looking for the
+    /// leader through a failover). Not for node-to-node traffic at a fleet's scale: a relay or
+    /// a node saturated for half a second would lose its connections and pay new handshakes,
+    /// which at 5,000 nodes fed a storm of false `NodeDown`s.
+    pub async fn call_failing_on_silence(
+        &self,
+        addr: &str,
+        envelope: &Envelope,
+        timeout: Duration,
+        connect_timeout: Duration,
+    ) -> Result<Response, CallError> {
+        self.call_with(addr, envelope, timeout, connect_timeout, true).await
+    }
+
+    async fn call_with(
+        &self,
+        addr: &str,
+        envelope: &Envelope,
+        timeout: Duration,
+        connect_timeout: Duration,
+        fail_on_silence: bool,
+    ) -> Result<Response, CallError> {
         if self.is_blocked(addr) {
             return Err(CallError::Connect(format!("{addr} is cut off (fault injection)")));
         }
@@ -613,7 +641,7 @@ impl Client {
             return Err(CallError::Codec(format!("request of {} bytes exceeds the frame limit of {FRAME_BYTES_MAX}", request.len())));
         }
         let used: Mutex<Option<(quinn::Connection, u64)>> = Mutex::new(None);
-        match tokio::time::timeout(timeout, self.call_inner(addr, &request, connect_timeout, &used)).await {
+        match tokio::time::timeout(timeout, self.call_inner(addr, &request, connect_timeout, &used, fail_on_silence)).await {
             Ok(result) => result,
             Err(_elapsed) => {
                 // A peer that is alive but slow still acknowledges our packets and sends its
@@ -650,6 +678,7 @@ impl Client {
         request: &[u8],
         connect_timeout: Duration,
         used: &Mutex<Option<(quinn::Connection, u64)>>,
+        fail_on_silence: bool,
     ) -> Result<Response, CallError> {
         let (conn, fresh, _in_flight) = self.connection(addr, connect_timeout).await?;
         *used.lock().unwrap_or_else(|p| p.into_inner()) = Some((conn.clone(), conn.stats().udp_rx.datagrams));
@@ -672,7 +701,7 @@ impl Client {
             }
         };
         let rx_before = conn.stats().udp_rx.datagrams;
-        let result = exchange(streams, request, &conn, rx_before).await;
+        let result = exchange(streams, request, fail_on_silence.then_some((&conn, rx_before))).await;
         if matches!(result, Err(CallError::Silent(_))) {
             debug!(peer = %addr, "request not acknowledged: dropping the connection");
             self.drop_cached(addr, &conn);
@@ -809,18 +838,22 @@ async fn resolve(addr: &str, local: Option<SocketAddr>) -> anyhow::Result<Socket
         .ok_or_else(|| anyhow!("resolve {addr}: no addresses"))
 }
 
+/// `silence`: the connection and its received-datagram count before the request, when the call
+/// gives up on a silent peer ([`Client::call_failing_on_silence`]).
 async fn exchange(
     (mut send, mut recv): (quinn::SendStream, quinn::RecvStream),
     request: &[u8],
-    conn: &quinn::Connection,
-    rx_before: u64,
+    silence: Option<(&quinn::Connection, u64)>,
 ) -> Result<Response, CallError> {
     write_frame(&mut send, request).await?;
     // Finishing only fails on a stream already closed, which the read below reports.
     let _ = send.finish();
-    let reply = tokio::select! {
-        reply = read_frame(&mut recv, FRAME_BYTES_MAX) => reply?,
-        () = unacked_silence(&mut send, conn, rx_before) => return Err(CallError::Silent(UNACKED_SILENCE_MS)),
+    let reply = match silence {
+        Some((conn, rx_before)) => tokio::select! {
+            reply = read_frame(&mut recv, FRAME_BYTES_MAX) => reply?,
+            () = unacked_silence(&mut send, conn, rx_before) => return Err(CallError::Silent(UNACKED_SILENCE_MS)),
+        },
+        None => read_frame(&mut recv, FRAME_BYTES_MAX).await?,
     };
     proto::decode::<Response>(&reply, FRAME_BYTES_MAX).map_err(|e| CallError::Codec(e.to_string()))
 }

@@ -450,7 +450,8 @@ async fn a_call_to_a_peer_that_died_silently_fails_within_the_unacked_silence() 
     // A live peer that is slow to answer acknowledges the request: the call runs to its own
     // timeout, past the silence bound, and keeps its connection.
     let silence = Duration::from_millis(UNACKED_SILENCE_MS);
-    let slow = client.call(&addr, &envelope(Request::ClusterInfo), silence * 3).await;
+    let connect = Duration::from_millis(CONNECT_TIMEOUT_MS);
+    let slow = client.call_failing_on_silence(&addr, &envelope(Request::ClusterInfo), silence * 3, connect).await;
     assert_eq!(slow, Err(CallError::Timeout));
     assert!(client.lock().contains_key(&addr), "a slow peer keeps its connection");
 
@@ -459,7 +460,7 @@ async fn a_call_to_a_peer_that_died_silently_fails_within_the_unacked_silence() 
     let spare = std::net::UdpSocket::bind(LOOPBACK).expect("bind a spare socket");
     server.endpoint.rebind(spare).expect("move the server off its port");
     let started = std::time::Instant::now();
-    let dead = cancel(&client, &addr, 2).await;
+    let dead = client.call_failing_on_silence(&addr, &envelope(Request::Cancel { job: 2 }), CALL_TIMEOUT, connect).await;
     assert_eq!(dead, Err(CallError::Silent(UNACKED_SILENCE_MS)));
     assert!(started.elapsed() < silence * 2, "took {:?} with a {CALL_TIMEOUT:?} call timeout", started.elapsed());
     assert!(!client.lock().contains_key(&addr), "the dead peer's connection is dropped");

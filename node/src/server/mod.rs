@@ -355,7 +355,7 @@ impl Node {
                     return Err(ApiError::NoLeader);
                 }
                 let env = Envelope { hops: hops + 1, request, user };
-                let call = self.client.call_connecting_within(&addr, &env, PEER_CALL_TIMEOUT, FORWARD_CONNECT_TIMEOUT);
+                let call = self.client.call_failing_on_silence(&addr, &env, PEER_CALL_TIMEOUT, FORWARD_CONNECT_TIMEOUT);
                 // A leader that died with this request in flight never answers; QUIC notices the
                 // connection is gone only after its loss timers. An election names the next
                 // leader sooner: stop waiting then, and let the client ask again (as after any
@@ -378,7 +378,7 @@ impl Node {
                 }
             }
             _ if self.is_member() => Err(ApiError::NoLeader),
-            _ => match self.forward_link.call_as(request, hops + 1, user).await {
+            _ => match self.forward_link.forward_as(request, hops + 1, user).await {
                 Ok(reply) => Ok(reply),
                 Err(LinkError::Api(e)) => Err(e),
                 Err(LinkError::Unreachable(e)) => Err(ApiError::Unavailable(e)),
