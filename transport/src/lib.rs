@@ -680,19 +680,20 @@ impl Client {
         used: &Mutex<Option<(quinn::Connection, u64)>>,
         fail_on_silence: bool,
     ) -> Result<Response, CallError> {
-        let (conn, fresh, _in_flight) = self.connection(addr, connect_timeout).await?;
-        *used.lock().unwrap_or_else(|p| p.into_inner()) = Some((conn.clone(), conn.stats().udp_rx.datagrams));
-        let streams = match conn.open_bi().await {
-            Ok(streams) => streams,
+        let (first, fresh, in_flight) = self.connection(addr, connect_timeout).await?;
+        // The connection the request goes out on (a dead cached one is replaced once): what the
+        // timeout and silence rules look at, and what a failure drops.
+        let (conn, streams, _in_flight) = match first.open_bi().await {
+            Ok(streams) => (first, streams, in_flight),
             Err(e) => {
-                self.drop_cached(addr, &conn);
+                self.drop_cached(addr, &first);
                 if fresh {
                     return Err(CallError::Io(format!("open stream to {addr}: {e}")));
                 }
                 debug!(peer = %addr, error = %e, "cached connection dead, reconnecting");
-                let (conn, _, _in_flight) = self.connection(addr, connect_timeout).await?;
+                let (conn, _, in_flight) = self.connection(addr, connect_timeout).await?;
                 match conn.open_bi().await {
-                    Ok(streams) => streams,
+                    Ok(streams) => (conn, streams, in_flight),
                     Err(e) => {
                         self.drop_cached(addr, &conn);
                         return Err(CallError::Io(format!("open stream to {addr}: {e}")));
@@ -701,6 +702,7 @@ impl Client {
             }
         };
         let rx_before = conn.stats().udp_rx.datagrams;
+        *used.lock().unwrap_or_else(|p| p.into_inner()) = Some((conn.clone(), rx_before));
         let result = exchange(streams, request, fail_on_silence.then_some((&conn, rx_before))).await;
         if matches!(result, Err(CallError::Silent(_))) {
             debug!(peer = %addr, "request not acknowledged: dropping the connection");
