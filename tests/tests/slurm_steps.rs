@@ -18,6 +18,14 @@ fn output(c: &TestCluster, id: u64) -> String {
     std::fs::read_to_string(c.work.join(format!("slurm-{id}.out"))).unwrap_or_default()
 }
 
+/// Waits up to `secs` for job `id` to end, asserts it COMPLETED, and returns its output.
+fn completed_output(c: &TestCluster, id: u64, secs: u64) -> String {
+    let job = c.wait_final(id, Duration::from_secs(secs));
+    let out = output(c, id);
+    assert_eq!(job["state"], "COMPLETED", "{job}\n{out}\n{}", c.logs());
+    out
+}
+
 /// Lines of `out` that start with `prefix`, sorted.
 fn lines_with(out: &str, prefix: &str) -> Vec<String> {
     let mut v: Vec<String> = out.lines().filter(|l| l.starts_with(prefix)).map(str::to_string).collect();
@@ -53,9 +61,7 @@ srun --gres=gpu:2 sh -c 'echo "pernode $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES"'
 fn a_batch_script_runs_once_and_its_steps_run_on_every_node_through_the_agents() {
     let c = TestCluster::up(&["--nodes", "2", "--gpus", "h100:4"]);
     let id = sbatch(&c, "steps.sh", STEPS);
-    let job = c.wait_final(id, Duration::from_secs(90));
-    let out = output(&c, id);
-    assert_eq!(job["state"], "COMPLETED", "{job}\n{out}\n{}", c.logs());
+    let out = completed_output(&c, id, 90);
     let batch = lines_with(&out, "batch on ");
     assert_eq!(batch.len(), 1, "the script runs on the first node only:\n{out}");
     let first = batch[0].trim_start_matches("batch on ").to_string();
@@ -106,9 +112,7 @@ fn kill_on_bad_exit_stops_the_step_and_a_signal_to_srun_reaches_every_task() {
     let c = TestCluster::up(&["--nodes", "2"]);
     let id = sbatch(&c, "signals.sh", SIGNALS);
     // Far less than the 120 s the surviving task would sleep without --kill-on-bad-exit.
-    let job = c.wait_final(id, Duration::from_secs(60));
-    let out = output(&c, id);
-    assert_eq!(job["state"], "COMPLETED", "{job}\n{out}\n{}", c.logs());
+    let out = completed_output(&c, id, 60);
     let codes: Vec<&str> = out.lines().filter(|l| l.starts_with("srun=")).collect();
     assert_eq!(codes, vec!["srun=143", "srun=0"], "as Slurm: task 1 terminated by -K's SIGTERM (128 + 15); then a clean stop:\n{out}");
     assert!(out.contains("task 0: Exited with exit code 3") && out.contains("task 1: Terminated"), "{out}");
@@ -503,9 +507,7 @@ srun -n1 --overlap --gres=gpu:2 sh -c 'echo "overlap $CUDA_VISIBLE_DEVICES"'
 fn single_gpu_steps_pack_into_an_allocation_and_a_fifth_waits_for_a_free_gpu() {
     let c = TestCluster::up(&["--nodes", "1", "--gpus", "h100:4"]);
     let id = sbatch(&c, "packed.sh", PACKED);
-    let job = c.wait_final(id, Duration::from_secs(120));
-    let out = output(&c, id);
-    assert_eq!(job["state"], "COMPLETED", "{job}\n{out}\n{}", c.logs());
+    let out = completed_output(&c, id, 120);
     let own = lines_with(&out, "own ");
     let steps: std::collections::BTreeSet<&str> = own.iter().filter_map(|l| l.split_whitespace().nth(1)).collect();
     let gpus: std::collections::BTreeSet<&str> = own.iter().filter_map(|l| l.split_whitespace().nth(2)).collect();
