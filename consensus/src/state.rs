@@ -119,6 +119,7 @@ fn command_name(c: &Command) -> &'static str {
         Command::SetPolicy { .. } => "SetPolicy",
         Command::EditPartition { .. } => "EditPartition",
         Command::UpdateJob { .. } => "UpdateJob",
+        Command::Suspend { .. } => "Suspend",
         Command::GpuHealth { .. } => "GpuHealth",
         Command::UpdateInventory { .. } => "UpdateInventory",
         Command::PinMigLayout { .. } => "PinMigLayout",
@@ -252,6 +253,7 @@ impl ClusterState {
             Command::UpdateJob { job, hold, time_limit_ms, partition, now_ms: _ } => {
                 self.update_job(*job, *hold, *time_limit_ms, partition.clone())
             }
+            Command::Suspend { job, suspend, now_ms } => self.suspend(*job, *suspend, *now_ms),
             Command::GpuHealth { node, gpu, mig_uuid, healthy, reason, now_ms } => {
                 self.gpu_health(*node, *gpu, mig_uuid.as_deref(), *healthy, reason, *now_ms)
             }
@@ -724,6 +726,7 @@ impl ClusterState {
             job.exit_code = None;
             job.reasons.clear();
             job.master_port = master_port;
+            job.suspension = proto::Suspension::default();
         }
     }
 
@@ -838,6 +841,32 @@ impl ClusterState {
             _ => {}
         }
         requeue_job(job, reason);
+        CommandResult::Ok
+    }
+
+    /// `scontrol suspend` (`suspend`) or `resume` of a running job, refused in Slurm's words
+    /// otherwise. A second suspend changes nothing, as in Slurm; its parts keep their resources
+    /// and the leader has each node stop or continue its processes.
+    fn suspend(&mut self, id: JobId, suspend: bool, now_ms: u64) -> CommandResult {
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return rejected(format!("unknown job {id}"));
+        };
+        match job.state {
+            JobState::Running => {}
+            JobState::Pending => return rejected("Job is pending execution"),
+            _ => return rejected("Job/step already completing or completed"),
+        }
+        let s = &mut job.suspension;
+        match (suspend, s.since_ms) {
+            (true, Some(_)) => return CommandResult::Ok,
+            (false, None) => return rejected("Job is not suspended"),
+            (true, None) => s.since_ms = Some(now_ms),
+            (false, Some(since)) => {
+                s.paused_ms = s.paused_ms.saturating_add(now_ms.saturating_sub(since));
+                s.since_ms = None;
+            }
+        }
+        s.changes = s.changes.saturating_add(1);
         CommandResult::Ok
     }
 
@@ -1051,6 +1080,9 @@ impl ClusterState {
         if job.state == JobState::Running {
             assert!(job.parts.iter().any(|p| p.run == job.run), "running job {} holds no part of run {}", job.id, job.run);
         }
+        if job.state == JobState::Pending {
+            assert!(job.suspension.since_ms.is_none(), "pending job {} is suspended", job.id);
+        }
         let mut nodes_of_run: BTreeSet<(RunNo, NodeId)> = BTreeSet::new();
         for part in &job.parts {
             assert!(part.run <= job.run, "job {} holds a part of future run {}", job.id, part.run);
@@ -1078,6 +1110,11 @@ impl ClusterState {
 
 /// Puts a running job back in the queue. Its parts stay until each is confirmed stopped.
 fn requeue_job(job: &mut Job, reason: &str) {
+    if job.suspended() {
+        // Slurm: a suspended job that is requeued is held (JobHeldAdmin).
+        std::sync::Arc::make_mut(&mut job.spec).hold = true;
+    }
+    job.suspension.since_ms = None;
     job.state = JobState::Pending;
     job.restart_count = job.restart_count.saturating_add(1);
     job.exit_code = None;
@@ -1779,6 +1816,50 @@ mod tests {
         let pending = submit(&mut s, spec(1, 1));
         s.apply(&Command::Cancel { job: pending, now_ms: 82 });
         assert_eq!(s.jobs[&pending].state, JobState::Cancelled);
+    }
+
+    #[test]
+    fn a_suspended_job_keeps_its_gpus_and_its_suspensions_are_not_run_time() {
+        let (mut s, a, _b, job) = gang();
+        let start = s.jobs[&job].start_ms.unwrap_or(0);
+        let suspend = |s: &mut ClusterState, suspend, now_ms| s.apply(&Command::Suspend { job, suspend, now_ms });
+        assert_eq!(suspend(&mut s, false, start + 10), CommandResult::Rejected("Job is not suspended".into()));
+        assert_eq!(suspend(&mut s, true, start + 1_000), CommandResult::Ok);
+        assert!(s.jobs[&job].suspended());
+        assert_eq!(s.jobs[&job].state_name(), "SUSPENDED");
+        // A second suspend changes nothing (Slurm answers it without an error).
+        assert_eq!(suspend(&mut s, true, start + 2_000), CommandResult::Ok);
+        assert_eq!(s.jobs[&job].suspension, proto::Suspension { since_ms: Some(start + 1_000), paused_ms: 0, changes: 1 });
+        assert_eq!(s.gpus_free(a), 6, "its GPUs stay held");
+        assert_eq!(s.jobs[&job].run_time_ms_at(start + 4_000), 1_000);
+        assert_eq!(suspend(&mut s, false, start + 4_000), CommandResult::Ok);
+        assert_eq!(s.jobs[&job].suspension, proto::Suspension { since_ms: None, paused_ms: 3_000, changes: 2 });
+        assert_eq!(s.jobs[&job].run_time_ms_at(start + 5_000), 2_000);
+        assert_eq!(s.jobs[&job].state_name(), "RUNNING");
+        // Slurm's refusals for jobs that do not run.
+        let pending = submit(&mut s, spec(1, 1));
+        let refused = s.apply(&Command::Suspend { job: pending, suspend: true, now_ms: 1 });
+        assert_eq!(refused, CommandResult::Rejected("Job is pending execution".into()));
+        s.apply(&Command::Cancel { job, now_ms: start + 6_000 });
+        let refused = suspend(&mut s, true, start + 7_000);
+        assert_eq!(refused, CommandResult::Rejected("Job/step already completing or completed".into()));
+    }
+
+    #[test]
+    fn a_suspended_job_requeued_is_held_and_its_next_run_starts_unsuspended() {
+        let (mut s, a, b, job) = gang();
+        s.apply(&Command::Suspend { job, suspend: true, now_ms: 6_000 });
+        assert_eq!(s.apply(&Command::Requeue { job, reason: "operator".into(), now_ms: 6_500 }), CommandResult::Ok);
+        let j = &s.jobs[&job];
+        assert_eq!((j.state, j.spec.hold, j.suspended(), j.suspension.since_ms), (JobState::Pending, true, false, None));
+        finish(&mut s, job, 1, a, RunOutcome::Killed);
+        finish(&mut s, job, 1, b, RunOutcome::Killed);
+        s.apply(&Command::UpdateJob { job, hold: Some(false), time_limit_ms: None, partition: None, now_ms: 7_000 });
+        assert_eq!(
+            plan(&mut s, job, 2, vec![alloc(a, &[0, 1]), alloc(b, &[0, 1])]),
+            CommandResult::Planned { accepted: vec![job], rejected: vec![] }
+        );
+        assert_eq!(s.jobs[&job].suspension, proto::Suspension::default());
     }
 
     #[test]

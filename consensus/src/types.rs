@@ -55,6 +55,7 @@ impl fmt::Display for LogCommand {
             Command::Cancel { job, .. } => write!(f, "cancel({job})"),
             Command::Requeue { job, .. } => write!(f, "requeue({job})"),
             Command::UpdateJob { job, .. } => write!(f, "update_job({job})"),
+            Command::Suspend { job, suspend, .. } => write!(f, "{}({job})", if *suspend { "suspend" } else { "resume" }),
             Command::SetPolicy { .. } => write!(f, "set_policy"),
             Command::EditPartition { edit, .. } => write!(f, "edit_partition({})", edit.name()),
             Command::GpuHealth { node, gpu, healthy, .. } => write!(f, "gpu_health({node}/{gpu}, healthy {healthy})"),

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use proto::{Job, JobState, NodeId, RunNo};
+use proto::{InstanceId, Job, JobState, NodeId, RunNo};
 
 /// Nodes due at once past which the leader doubts its own view before the nodes' (see
 /// [`nodes_down`]): more than this many, and more than [`MASS_DOWN_PERCENT`] of the nodes.
@@ -110,6 +110,57 @@ pub fn due_orders<'a>(
             }
         }
     }
+    orders
+}
+
+/// A stop (SIGSTOP) or continue (SIGCONT) of a suspended or resumed job's processes on one
+/// node: what the log says of the run's suspension, and the node's instance it is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SuspendOrder {
+    pub run: RunNo,
+    pub node: NodeId,
+    pub suspend: bool,
+    /// How long the run's ended suspensions lasted: the time limit moves by as much.
+    pub paused_ms: u64,
+    /// The suspension's change count ([`proto::Suspension::changes`]) this order carries.
+    pub change: u32,
+    pub instance: InstanceId,
+}
+
+/// What each node of `job`'s run acknowledged of its suspension: the change and the node's
+/// instance that applied it. A node restarted since (a new instance adopts the run with its
+/// processes as they were) is told again.
+pub type SuspendAcks = BTreeMap<SendKey, (u32, InstanceId)>;
+
+/// The suspension orders due now over `jobs`: for every part of a running job's current run
+/// that started (its launch confirmed) and was suspended or resumed in this run, the state the
+/// log says, unless that node's present instance (`instance_of`) acknowledged it or it was sent
+/// within the re-send period. A new leader knows no acknowledgement and tells each node once.
+/// Acknowledgements of parts no longer in such a run are dropped: `acked` holds one entry per
+/// part of a suspended or resumed run at most.
+pub fn due_suspends<'a>(
+    jobs: impl Iterator<Item = &'a Job>,
+    acked: &mut SuspendAcks,
+    sent: &mut Resend<SendKey>,
+    instance_of: impl Fn(NodeId) -> Option<InstanceId>,
+    now_ms: u64,
+) -> Vec<(proto::JobId, SuspendOrder)> {
+    sent.prune(now_ms);
+    let mut live = std::collections::BTreeSet::new();
+    let mut orders = Vec::new();
+    for job in jobs.filter(|j| j.state == JobState::Running && j.suspension.changes > 0) {
+        let (suspend, change, paused_ms) = (job.suspension.since_ms.is_some(), job.suspension.changes, job.suspension.paused_ms);
+        for part in job.parts.iter().filter(|p| p.run == job.run && p.launched_by.is_some()) {
+            let key = (job.id, job.run, part.alloc.node);
+            live.insert(key);
+            let Some(instance) = instance_of(part.alloc.node) else { continue };
+            if acked.get(&key) == Some(&(change, instance)) || !sent.take_due(key, now_ms) {
+                continue;
+            }
+            orders.push((job.id, SuspendOrder { run: job.run, node: part.alloc.node, suspend, paused_ms, change, instance }));
+        }
+    }
+    acked.retain(|key, _| live.contains(key));
     orders
 }
 
@@ -221,6 +272,37 @@ pub(crate) mod tests {
         let cancelled = due_orders([&gang].into_iter(), &mut launches, &mut stops_sent, 1_001);
         assert!(cancelled.launches.is_empty());
         assert_eq!(cancelled.stops.iter().map(|(_, s)| s.node).collect::<Vec<_>>(), vec![3, 4]);
+    }
+
+    #[test]
+    fn each_node_of_a_suspended_run_is_told_until_its_present_instance_acknowledges() {
+        let mut j = job(&[3, 4], true);
+        let (mut acked, mut sent) = (SuspendAcks::new(), Resend::new(1_000));
+        let instance = |n: NodeId| Some(n * 10);
+        // Never suspended: nothing to say.
+        j.parts[0].launched_by = Some(30);
+        assert!(due_suspends([&j].into_iter(), &mut acked, &mut sent, instance, 0).is_empty());
+        j.suspension = proto::Suspension { since_ms: Some(5), paused_ms: 0, changes: 1 };
+        // Only the part that started (node 4's launch is not confirmed yet).
+        let first = due_suspends([&j].into_iter(), &mut acked, &mut sent, instance, 0);
+        assert_eq!(first, vec![(1, SuspendOrder { run: 1, node: 3, suspend: true, paused_ms: 0, change: 1, instance: 30 })]);
+        assert!(due_suspends([&j].into_iter(), &mut acked, &mut sent, instance, 999).is_empty(), "sent within the period");
+        j.parts[1].launched_by = Some(40);
+        assert_eq!(due_suspends([&j].into_iter(), &mut acked, &mut sent, instance, 999).len(), 1, "node 4 started: told at once");
+        acked.insert((1, 1, 3), (1, 30));
+        acked.insert((1, 1, 4), (1, 40));
+        assert!(due_suspends([&j].into_iter(), &mut acked, &mut sent, instance, 5_000).is_empty());
+        // Resumed: a new change for both; node 3 restarted (instance 31): told again.
+        j.suspension = proto::Suspension { since_ms: None, paused_ms: 700, changes: 2 };
+        let resumed = due_suspends([&j].into_iter(), &mut acked, &mut sent, |n| Some(if n == 3 { 31 } else { n * 10 }), 6_000);
+        assert_eq!(
+            resumed.iter().map(|(_, o)| (o.node, o.suspend, o.paused_ms, o.instance)).collect::<Vec<_>>(),
+            vec![(3, false, 700, 31), (4, false, 700, 40)]
+        );
+        // The run ended: its acknowledgements go.
+        j.state = JobState::Completed;
+        assert!(due_suspends([&j].into_iter(), &mut acked, &mut sent, instance, 9_000).is_empty());
+        assert!(acked.is_empty());
     }
 
     #[test]

@@ -107,6 +107,8 @@ struct Running {
     /// The batch shell's start time, so the watchdog never kills a recycled pid.
     start_ticks: u64,
     stop_tx: launcher::StopSender,
+    /// The run's suspension as the leader last told it (`scontrol suspend|resume`).
+    pause_tx: tokio::sync::watch::Sender<launcher::Pause>,
     /// The user the job belongs to: only they (or an admin) may start and read its steps.
     owner: String,
     /// Only holds resources for steps (a batch job's node other than the first).
@@ -467,6 +469,7 @@ impl Agent {
             pgid: 0,
             start_ticks: 0,
             stop_tx,
+            pause_tx: launcher::pause_channel().0,
             owner: job.spec.user.clone(),
             hold: spec.hold,
             batch: spec.batch,
@@ -673,7 +676,11 @@ impl Agent {
         tasks: Arc<launcher::TaskGroups>,
         elapsed_ms: u64,
     ) {
-        let mut outcome = launcher::supervise(child, &spec, stop_rx, self.settings.stop, &tasks, elapsed_ms).await;
+        let pause_rx = lock(&self.running)
+            .get(&spec.job)
+            .filter(|r| r.run == spec.run)
+            .map_or_else(|| launcher::pause_channel().1, |r| r.pause_tx.subscribe());
+        let mut outcome = launcher::supervise(child, &spec, stop_rx, pause_rx, self.settings.stop, &tasks, elapsed_ms).await;
         if let Some(cgroup) = cgroup {
             outcome = launcher::with_oom_kills(outcome, cgroup.oom_kills(), cgroup.memory_limit_mib());
             // Whatever the job left behind, in or out of its process group.
@@ -799,6 +806,26 @@ impl Agent {
         Ok(Reply::Ok)
     }
 
+    /// Stops or continues this node's part of `job` run `run` as the log says of its suspension
+    /// (idempotent: the leader re-sends it until acknowledged, and to a new instance). Kept in
+    /// the run's directory, so a daemon that takes the run over keeps it stopped. An unknown run
+    /// is not an error (it ended).
+    pub fn suspend(&self, job: JobId, run: RunNo, pause: launcher::Pause) -> Result<Reply, ApiError> {
+        let running = lock(&self.running);
+        let Some(r) = running.get(&job).filter(|r| r.run == run) else { return Ok(Reply::Ok) };
+        let dir = shepherd::run_dir(&self.settings.runs_dir, job, run);
+        write_pause(&dir, pause).map_err(|e| ApiError::Internal(format!("record the suspension of job {job}: {e:#}")))?;
+        if r.pause_tx.send_replace(pause) != pause {
+            info!(job, run, suspended = pause.suspended, paused_ms = pause.paused_ms, "suspension changed");
+        }
+        Ok(Reply::Ok)
+    }
+
+    /// Whether this node holds `job` suspended (no step starts in it meanwhile).
+    fn suspended_here(r: &Running) -> bool {
+        r.pause_tx.borrow().suspended
+    }
+
     /// Whether `job`'s batch script (or its command, without one) runs here: where its steps are
     /// numbered.
     pub fn runs_script_of(&self, job: JobId) -> bool {
@@ -855,6 +882,9 @@ impl Agent {
             }
             if r.steps.contains_key(&step) {
                 return Ok(Reply::Ok);
+            }
+            if Self::suspended_here(r) {
+                return Err(ApiError::Busy(proto::STEPS_DISABLED_SUSPENDED.into()));
             }
             if r.steps.len() >= proto::limits::STEPS_PER_JOB_MAX {
                 return Err(ApiError::Unavailable(format!("job {job} has {} steps on {}", r.steps.len(), self.name)));
@@ -1105,6 +1135,10 @@ impl Agent {
         let cgroup = record.cgroup.map(|p| Arc::new(crate::cgroup::JobCgroup::existing(p, cgroups_v1)));
         let tasks = Arc::new(launcher::TaskGroups::default());
         let (stop_tx, stop_rx) = launcher::stop_channel();
+        let (pause_tx, _) = launcher::pause_channel();
+        // Stopped by the daemon before, it stays stopped, its time limit paused, until the
+        // leader says otherwise.
+        pause_tx.send_replace(read_pause(dir));
         let base = TaskBase::of(&spec);
         lock(&self.running).insert(
             spec.job,
@@ -1114,6 +1148,7 @@ impl Agent {
                 pgid: child.pgid,
                 start_ticks: child.start_ticks,
                 stop_tx,
+                pause_tx,
                 owner: record.owner,
                 hold: spec.hold,
                 batch: spec.batch,
@@ -1407,6 +1442,28 @@ impl crate::liveness::Heartbeating for Agent {
 
     fn fence_after(&self) -> Duration {
         Duration::from_millis(self.settings.fence_after_ms)
+    }
+}
+
+/// The file in a run's directory that keeps its suspension: "<0|1> <paused_ms>".
+const PAUSE_FILE: &str = "pause";
+
+fn write_pause(dir: &std::path::Path, pause: launcher::Pause) -> anyhow::Result<()> {
+    let path = dir.join(PAUSE_FILE);
+    let tmp = dir.join(format!("{PAUSE_FILE}.tmp"));
+    std::fs::write(&tmp, format!("{} {}\n", u8::from(pause.suspended), pause.paused_ms))
+        .with_context(|| format!("write {}", tmp.display()))?;
+    std::fs::rename(&tmp, &path).with_context(|| format!("rename {} to {}", tmp.display(), path.display()))
+}
+
+/// The run's suspension as its directory keeps it; not suspended when there is none (or it
+/// cannot be read: the leader tells the new instance again).
+fn read_pause(dir: &std::path::Path) -> launcher::Pause {
+    let text = std::fs::read_to_string(dir.join(PAUSE_FILE)).unwrap_or_default();
+    let mut words = text.split_whitespace();
+    match (words.next(), words.next().and_then(|w| w.parse().ok())) {
+        (Some(flag), Some(paused_ms)) => launcher::Pause { suspended: flag == "1", paused_ms },
+        _ => launcher::Pause::default(),
     }
 }
 

@@ -705,60 +705,103 @@ pub struct StopTimings {
     pub fence_kill_grace_ms: u64,
 }
 
-/// Waits for the run to end, enforcing its time limit (with the early `--signal`) and stop
-/// requests, and returns how it ended. Whatever is left of the process group is killed.
-/// `elapsed_ms`: how long the run has been running already (one adopted after a restart).
+/// What the log says of a run's suspension (`scontrol suspend|resume`), as the leader tells
+/// its nodes: whether its processes are stopped, and how long its ended suspensions lasted (its
+/// time limit moves by as much).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pause {
+    pub suspended: bool,
+    pub paused_ms: u64,
+}
+
+pub fn pause_channel() -> (watch::Sender<Pause>, watch::Receiver<Pause>) {
+    watch::channel(Pause::default())
+}
+
+/// Stops (SIGSTOP) or continues (SIGCONT) every process of a run here: its group (not a
+/// holder's: it runs nothing of the job) and its steps' tasks. Slurm's `scontrol suspend` does
+/// the same; a job must stop on SIGSTOP and go on after SIGCONT.
+pub fn pause_processes(pgid: i32, hold: bool, tasks: &TaskGroups, suspend: bool) {
+    let signal = if suspend { libc::SIGSTOP } else { libc::SIGCONT };
+    if !hold {
+        signal_group(pgid, signal);
+    }
+    tasks.signal(signal);
+}
+
+/// Sleeps until `at`, or for ever without one.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Waits for the run to end, enforcing its time limit (with the early `--signal`), its
+/// suspensions (`pause_rx`: the processes stopped, the limit paused and moved by the time they
+/// were suspended) and stop requests, and returns how it ended. Whatever is left of the process
+/// group is killed. `elapsed_ms`: how long the run has been running already (one adopted after
+/// a restart), its suspensions included.
 pub async fn supervise(
     mut child: Shepherd,
     spec: &LaunchSpec,
     mut stop_rx: StopReceiver,
+    mut pause_rx: watch::Receiver<Pause>,
     timings: StopTimings,
     tasks: &TaskGroups,
     elapsed_ms: u64,
 ) -> RunOutcome {
     let pgid = child.pgid;
-    let limit = async {
-        match spec.time_limit_ms {
-            Some(ms) => tokio::time::sleep(Duration::from_millis(ms.saturating_sub(elapsed_ms))).await,
-            None => std::future::pending().await,
-        }
-    };
-    let warn_at = spec
+    let origin = tokio::time::Instant::now();
+    // Deadlines on the run's own clock (ms since it started), moved by its suspensions.
+    let limit_ms = spec.time_limit_ms;
+    let warn = spec
         .time_limit_ms
         .zip(spec.signal.clone())
         .map(|(limit_ms, sig)| (limit_ms.saturating_sub(u64::from(sig.before_end_s) * 1000), sig))
-        .filter(|(at_ms, _)| *at_ms >= elapsed_ms)
-        .map(|(at_ms, sig)| (at_ms - elapsed_ms, sig));
-    let warning = async {
-        match &warn_at {
-            Some((at_ms, sig)) => {
-                tokio::time::sleep(Duration::from_millis(*at_ms)).await;
-                sig.clone()
-            }
-            None => std::future::pending().await,
-        }
-    };
-    tokio::pin!(limit, warning);
+        .filter(|(at_ms, _)| *at_ms >= elapsed_ms);
+    let at = |run_ms: u64, paused_ms: u64| origin + Duration::from_millis(run_ms.saturating_add(paused_ms).saturating_sub(elapsed_ms));
     let hold = spec.hold;
     let mut warned = false;
+    let mut pause = *pause_rx.borrow_and_update();
+    if pause.suspended {
+        pause_processes(pgid, hold, tasks, true);
+    }
     let outcome = loop {
+        let running = !pause.suspended;
+        let limit_at = limit_ms.filter(|_| running).map(|ms| at(ms, pause.paused_ms));
+        let warn_at = warn.as_ref().filter(|_| running && !warned).map(|(ms, _)| at(*ms, pause.paused_ms));
         tokio::select! {
             status = child.wait() => break match status {
                 ExitRecord::Exited(code) => RunOutcome::Exited(code),
                 ExitRecord::Signaled(sig) => RunOutcome::Signaled(sig),
                 ExitRecord::Failed(why) => RunOutcome::Lost(why),
             },
-            sig = &mut warning, if !warned => {
+            () = sleep_until(warn_at) => {
                 warned = true;
-                info!(job = spec.job, signal = sig.signal, before_end_s = sig.before_end_s, "signalling job before its time limit");
-                send_job_signal(pgid, &sig, spec, tasks);
+                if let Some((_, sig)) = &warn {
+                    info!(job = spec.job, signal = sig.signal, before_end_s = sig.before_end_s, "signalling job before its time limit");
+                    send_job_signal(pgid, sig, spec, tasks);
+                }
             }
-            () = &mut limit => {
+            () = sleep_until(limit_at) => {
                 warn!(job = spec.job, run = spec.run, "time limit reached, stopping job");
                 stop(&mut child, pgid, timings.kill_grace_ms, hold, tasks).await;
                 break RunOutcome::TimedOut;
             }
+            Ok(()) = pause_rx.changed() => {
+                let next = *pause_rx.borrow_and_update();
+                if next.suspended != pause.suspended {
+                    info!(job = spec.job, run = spec.run, suspended = next.suspended, "job suspended or resumed");
+                    pause_processes(pgid, hold, tasks, next.suspended);
+                }
+                pause = next;
+            }
             Some(reason) = stop_rx.next() => {
+                if pause.suspended {
+                    // A stopped process acts on no signal but SIGKILL: it goes on to stop.
+                    pause_processes(pgid, hold, tasks, false);
+                }
                 // A checkpoint wait ends early on a more urgent stop, which then runs instead.
                 let reason = match (reason, &spec.signal) {
                     (StopReason::Checkpoint, Some(sig)) => {

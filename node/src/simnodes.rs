@@ -220,7 +220,8 @@ impl Handler for SimHandler {
             match envelope.request {
                 Request::Launch { job, .. } => node.launch(*job).await,
                 Request::Kill { job, run, .. } => node.kill(job, run),
-                Request::SignalPart { .. } => Ok(Reply::Ok),
+                // A simulated run has no process to signal or stop.
+                Request::SignalPart { .. } | Request::SuspendPart { .. } => Ok(Reply::Ok),
                 other => Err(ApiError::Invalid(format!("a simulated node answers launches and kills only, not {other:?}"))),
             }
         })

@@ -19,7 +19,7 @@ pub use partition::{PartitionChanges, PartitionEdit, PartitionState};
 
 /// Bumped on any incompatible change to a type in this crate. The first byte of every encoded
 /// message; a peer speaking another version is refused with a clear error.
-pub const PROTOCOL_VERSION: u8 = 6;
+pub const PROTOCOL_VERSION: u8 = 7;
 
 pub type NodeId = u64;
 pub type JobId = u64;
@@ -737,6 +737,28 @@ pub struct Job {
     /// Rendezvous port of the current run on its first node (`MASTER_PORT`), chosen when the
     /// run is placed so that no two jobs on that node share it.
     pub master_port: Option<u16>,
+    /// `scontrol suspend|resume` of the current run (reset when a run starts).
+    pub suspension: Suspension,
+}
+
+/// How the current run of a job was suspended (`scontrol suspend`) and resumed: its processes
+/// stopped (SIGSTOP) on every node, its resources still held, its time limit paused.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Suspension {
+    /// When it was suspended; `None` while it runs.
+    pub since_ms: Option<u64>,
+    /// How long the run's earlier suspensions lasted (ended by a resume).
+    pub paused_ms: u64,
+    /// Suspends and resumes of this run so far. While non-zero the leader sees to it that each
+    /// node of the run stopped or continued its processes as the state says.
+    pub changes: u32,
+}
+
+impl Suspension {
+    /// How long the run has been suspended in all by `now_ms`.
+    pub fn paused_ms_at(&self, now_ms: u64) -> u64 {
+        self.paused_ms.saturating_add(self.since_ms.map_or(0, |since| now_ms.saturating_sub(since)))
+    }
 }
 
 impl Job {
@@ -762,7 +784,30 @@ impl Job {
             gpu_seconds: 0,
             gpu_usage: GpuUsage::default(),
             master_port: None,
+            suspension: Suspension::default(),
         }
+    }
+
+    /// Whether the job runs but its processes are stopped (`scontrol suspend`).
+    pub fn suspended(&self) -> bool {
+        self.state == JobState::Running && self.suspension.since_ms.is_some()
+    }
+
+    /// The state as Slurm names it: `SUSPENDED` for a suspended running job.
+    pub fn state_name(&self) -> &'static str {
+        if self.suspended() {
+            "SUSPENDED"
+        } else {
+            self.state.as_str()
+        }
+    }
+
+    /// How long the current (or last) run ran by `now_ms`, its suspensions not counted (Slurm's
+    /// `TimeUsed`); 0 before it started.
+    pub fn run_time_ms_at(&self, now_ms: u64) -> u64 {
+        let Some(start) = self.start_ms else { return 0 };
+        let end = self.end_ms.unwrap_or(now_ms).max(start);
+        (end - start).saturating_sub(self.suspension.paused_ms_at(end))
     }
 
     /// Parts of the current run that were committed but not confirmed started yet.
@@ -1040,6 +1085,12 @@ pub enum Command {
         partition: Option<Option<String>>,
         now_ms: u64,
     },
+    /// `scontrol suspend` (`suspend: true`) or `resume` of a running job.
+    Suspend {
+        job: JobId,
+        suspend: bool,
+        now_ms: u64,
+    },
     /// A GPU (or one MIG instance of it) turned unhealthy, or an operator marked it healthy.
     GpuHealth {
         node: NodeId,
@@ -1112,6 +1163,7 @@ impl Command {
                 | Command::Cancel { .. }
                 | Command::Requeue { .. }
                 | Command::UpdateJob { .. }
+                | Command::Suspend { .. }
         )
     }
 
@@ -1432,6 +1484,20 @@ pub enum Request {
         signal: i32,
         batch_only: bool,
     },
+    /// `scontrol suspend` (`suspend: true`) or `scontrol resume` of a running job.
+    Suspend {
+        job: JobId,
+        suspend: bool,
+    },
+    /// Leader to agent: stop (SIGSTOP) or continue (SIGCONT) this node's part of `job`'s run
+    /// `run`, as the log says; `paused_ms` is how long the run's ended suspensions lasted, by
+    /// which its time limit moves.
+    SuspendPart {
+        job: JobId,
+        run: RunNo,
+        suspend: bool,
+        paused_ms: u64,
+    },
     /// Leader to agent: re-partition idle MIG-mode GPU `gpu` into `profiles` (by start slice),
     /// then report the new inventory.
     ApplyMigLayout {
@@ -1652,6 +1718,7 @@ impl Request {
                 | Request::EditPartition { .. }
                 | Request::UpdateJob { .. }
                 | Request::Signal { .. }
+                | Request::Suspend { .. }
                 | Request::SetPolicy { .. }
                 | Request::CreateJoinToken { .. }
                 | Request::RevokeJoinToken { .. }
@@ -1691,6 +1758,10 @@ pub const DEFAULT_QOS: &str = "normal";
 /// Why a job asked to be requeued (`corral requeue`, `scontrol requeue`) was: in its reasons
 /// (`requeued: ...`), so the leader stops it as Slurm does, without its `--signal`.
 pub const REQUEUED_ON_REQUEST: &str = "requeued on request";
+
+/// Why a step of a suspended job waits ([`ApiError::Busy`]): Slurm's words, which its `srun`
+/// prints while it retries.
+pub const STEPS_DISABLED_SUSPENDED: &str = "Requested operation is presently disabled";
 
 /// Memory per GPU on its node of a job that asks none (Slurm's `DefMemPerGPU`).
 pub const DEF_MEM_PER_GPU_MIB: u64 = 16 * 1024;

@@ -368,9 +368,11 @@ pub fn job_request(job: &proto::Job) -> JobRequest {
         begin_ms: spec.begin_ms,
         hold: spec.hold,
         switches: spec.switches,
-        time_limit_ms: spec.time_limit_ms,
+        // A suspended job frees nothing until someone resumes it; a resumed one ends later by
+        // the time it was suspended.
+        time_limit_ms: spec.time_limit_ms.filter(|_| !job.suspended()),
         submit_ms: job.submit_ms,
-        start_ms: job.start_ms,
+        start_ms: job.start_ms.map(|s| s.saturating_add(job.suspension.paused_ms)),
         requeue: spec.requeue,
         running,
         held: job.parts.iter().map(|p| p.alloc.clone()).collect(),

@@ -309,3 +309,86 @@ fn nice_puts_a_job_behind_one_submitted_after_it() {
     let (niced_start, plain_start) = (start(&niced), start(&plain));
     assert!(plain_start < niced_start, "the plain job first: {plain_start} vs {niced_start}");
 }
+
+/// `scontrol suspend|resume` of a 2-node batch job, with Slurm 22.05's answers (checked on
+/// `../shared/peers/slurm`): every task on both nodes really stops (state `T`) and its output
+/// stops growing, the job shows `S`/`SUSPENDED` and keeps its GPUs, the time it was suspended
+/// does not count against its time limit, and once resumed it finishes. A suspended job that is
+/// cancelled ends at once (its processes are continued to take the SIGTERM).
+#[test]
+fn scontrol_suspend_stops_every_task_of_a_two_node_job_and_resume_lets_it_finish() {
+    let c = TestCluster::up(&["--nodes", "2", "--voters-max", "1", "--gpus", "h100:1"]);
+    let stderr = |out: &Output| String::from_utf8_lossy(&out.stderr).trim().to_string();
+    let scontrol = |verb: &str, id: u64| shim(&c, "scontrol", &[verb, &id.to_string()]);
+    // 30 ticks of 0.2 s on each node (about 6 s of work), under a 15 s limit.
+    let marker = format!("suspendtick{}", std::process::id());
+    let script = format!(
+        "#!/bin/sh\nsrun -N2 -n2 sh -c 'i=0; while [ $i -lt 30 ]; do echo $i >> {marker}.$SLURM_PROCID; i=$((i+1)); sleep 0.2; done'\n"
+    );
+    std::fs::write(c.work.join("ticks.sh"), script).expect("write the job script");
+    let out = shim(&c, "sbatch", &["--parsable", "-N2", "--gres=gpu:1", "--time=0:15", "ticks.sh"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let job: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("sbatch --parsable printed the id");
+    let ticks = |rank: u32| std::fs::read_to_string(c.work.join(format!("{marker}.{rank}"))).map_or(0, |t| t.lines().count());
+    wait_until("both tasks to tick", Duration::from_secs(30), || ticks(0) >= 3 && ticks(1) >= 3);
+
+    let out = scontrol("resume", job);
+    assert_eq!((out.status.code(), stderr(&out)), (Some(1), format!("Job is not suspended for job {job}")));
+    let out = scontrol("suspend", job);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Every process of the step (the loops and their sleeps, on both nodes) stopped.
+    let states = || -> Vec<String> {
+        let ps = Command::new("ps").args(["-eo", "stat=,args="]).output().expect("run ps");
+        String::from_utf8_lossy(&ps.stdout).lines().filter(|l| l.contains(&marker) && !l.contains("ps -eo")).map(str::to_string).collect()
+    };
+    wait_until("every task to stop", Duration::from_secs(10), || {
+        let s = states();
+        s.len() >= 2 && s.iter().all(|l| l.starts_with('T'))
+    });
+    let (t0, t1) = (ticks(0), ticks(1));
+    let shown = String::from_utf8_lossy(&shim(&c, "squeue", &["-h", "-t", "S", "-o", "%i %t %T"]).stdout).into_owned();
+    assert_eq!(shown, format!("{job} S SUSPENDED\n"));
+    assert_eq!(String::from_utf8_lossy(&shim(&c, "squeue", &["-h", "-t", "R"]).stdout), "", "a suspended job is not R");
+    let shown = String::from_utf8_lossy(&scontrol_show(&c, job)).into_owned();
+    assert!(shown.contains("JobState=SUSPENDED Reason=None"), "{shown}");
+    assert!(!shown.contains("SuspendTime=None"), "{shown}");
+    // A second suspend is answered as Slurm answers it: nothing changes, no error.
+    assert!(scontrol("suspend", job).status.success());
+    // Held for longer than its limit leaves it: 16 s, its run paused all along.
+    std::thread::sleep(Duration::from_secs(16));
+    assert_eq!((ticks(0), ticks(1)), (t0, t1), "a suspended task wrote output");
+    assert_eq!(c.job(job)["state"], "SUSPENDED");
+    let sinfo = shim(&c, "sinfo", &["-h", "-N", "-p", "default", "-o", "%N %t"]);
+    assert_eq!(String::from_utf8_lossy(&sinfo.stdout), "n1 alloc\nn2 alloc\n", "its GPUs stay held");
+
+    let out = scontrol("resume", job);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let end = c.wait_final(job, Duration::from_secs(60));
+    assert_eq!(end["state"], "COMPLETED", "{end}");
+    assert_eq!((ticks(0), ticks(1)), (30, 30));
+    // It ran past its 15 s limit on the clock, and within it less its suspension.
+    let (start, finish) = (end["start_time"].as_u64().unwrap_or(0), end["end_time"].as_u64().unwrap_or(0));
+    assert_eq!(end["time_limit_ms"], 15_000);
+    assert!(finish.saturating_sub(start) > 16_000, "{end}");
+    assert!(end["suspended_ms"].as_u64().is_some_and(|ms| ms >= 16_000), "{end}");
+    let out = scontrol("suspend", job);
+    assert_eq!((out.status.code(), stderr(&out)), (Some(1), format!("Job/step already completing or completed for job {job}")));
+
+    // Suspended, then cancelled: it ends without waiting for its time limit.
+    let held = c.submit(&["--gres", "gpu:1", "--time", "10"], &["sleep", "300"]);
+    wait_until("the sleeper to run", Duration::from_secs(20), || c.job(held)["state"] == "RUNNING");
+    assert!(scontrol("suspend", held).status.success());
+    wait_until("the sleeper to show suspended", Duration::from_secs(10), || c.job(held)["state"] == "SUSPENDED");
+    assert!(c.corral(&["cancel", &held.to_string()]).status.success());
+    assert_eq!(c.wait_final(held, Duration::from_secs(20))["state"], "CANCELLED");
+    let out = shim(&c, "sbatch", &["--parsable", "--hold", "--wrap", "true"]);
+    let pending: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("sbatch --parsable printed the id");
+    let out = scontrol("suspend", pending);
+    assert_eq!((out.status.code(), stderr(&out)), (Some(1), format!("Job is pending execution for job {pending}")));
+    let out = scontrol("suspend", 99_999);
+    assert_eq!((out.status.code(), stderr(&out)), (Some(1), "Invalid job id specified for job 99999".to_string()));
+}
+
+fn scontrol_show(c: &TestCluster, job: u64) -> Vec<u8> {
+    shim(c, "scontrol", &["show", "job", &job.to_string()]).stdout
+}

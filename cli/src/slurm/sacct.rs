@@ -200,7 +200,7 @@ pub fn value(job: &Job, name: &str, names: &BTreeMap<u64, String>, now_ms: u64) 
         }
         "Restarts" => job.restart_count.to_string(),
         "Start" => job.start_ms.map_or("Unknown".into(), time::datetime),
-        "State" => job.state.as_str().into(),
+        "State" => job.state_name().into(),
         "Submit" => time::datetime(job.submit_ms),
         "Timelimit" => s.time_limit_ms.map_or("UNLIMITED".into(), |ms| time::elapsed(ms / 1000)),
         "UID" => s.uid.map_or(String::new(), |u| u.to_string()),
@@ -270,6 +270,8 @@ pub struct Filter {
     pub jobs: Vec<String>,
     pub users: Vec<String>,
     pub states: Option<Vec<JobState>>,
+    /// Running jobs by their suspension (see `squeue::suspension_wanted`).
+    pub suspension: Option<bool>,
     pub partitions: Vec<String>,
     pub names: Vec<String>,
     pub accounts: Vec<String>,
@@ -313,6 +315,7 @@ impl Filter {
             && window_ok
             && (self.users.is_empty() || self.users.contains(&j.spec.user))
             && self.states.as_ref().is_none_or(|s| s.contains(&j.state))
+            && super::squeue::suspension_ok(self.suspension, j)
             && (self.partitions.is_empty() || self.partitions.contains(&partition))
             && (self.names.is_empty() || self.names.contains(&j.spec.name))
             && (self.accounts.is_empty() || j.spec.account.as_ref().is_some_and(|a| self.accounts.contains(a)))
@@ -374,10 +377,12 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     for n in p.all("nodelist") {
         filter.nodes.extend(hostlist::expand(n).map_err(|e| SlurmError::fatal(PROG, e))?);
     }
-    for s in split_list(p.all("state")) {
-        let st = parse_state(&s).ok_or_else(|| SlurmError::fatal(PROG, format!("Invalid state specified: {s}")))?;
+    let named = split_list(p.all("state"));
+    for s in &named {
+        let st = parse_state(s).ok_or_else(|| SlurmError::fatal(PROG, format!("Invalid state specified: {s}")))?;
         filter.states.get_or_insert_with(Vec::new).extend(st);
     }
+    filter.suspension = super::squeue::suspension_wanted(&named);
     filter.start_ms = match p.last("starttime") {
         Some(t) => Some(point("--starttime", t)?),
         // Without -j, sacct starts at midnight today.

@@ -83,6 +83,7 @@ struct Filters {
     qos: Vec<String>,
     nodes: Vec<String>,
     states: Option<Vec<JobState>>,
+    suspension: Option<bool>,
 }
 
 impl Filters {
@@ -101,11 +102,13 @@ impl Filters {
             nodes.extend(hostlist::expand(n).map_err(|e| SlurmError::fatal(PROG, e))?);
         }
         let mut states: Option<Vec<JobState>> = None;
-        for s in split_list(p.all("state")) {
-            let st = parse_state(&s).ok_or_else(|| SlurmError::fatal(PROG, format!("Invalid job state specified: {s}")))?;
+        let named = split_list(p.all("state"));
+        for s in &named {
+            let st = parse_state(s).ok_or_else(|| SlurmError::fatal(PROG, format!("Invalid job state specified: {s}")))?;
             states.get_or_insert_with(Vec::new).extend(st);
         }
-        Ok(Filters { users, names, partitions, accounts, qos, nodes, states })
+        let suspension = super::squeue::suspension_wanted(&named);
+        Ok(Filters { users, names, partitions, accounts, qos, nodes, states, suspension })
     }
 
     /// Whether any filter was given.
@@ -129,6 +132,7 @@ impl Filters {
             && (self.qos.is_empty() || j.spec.qos.as_ref().is_some_and(|q| self.qos.contains(q)))
             && (self.nodes.is_empty() || super::job_node_names(j, node_names).iter().any(|n| self.nodes.contains(n)))
             && self.states.as_ref().is_none_or(|s| s.contains(&j.state))
+            && super::squeue::suspension_ok(self.suspension, j)
     }
 }
 

@@ -1,6 +1,6 @@
 //! `scontrol`: `show hostnames|hostlist|job|node|partition`, `requeue`, the job changes
-//! `hold`, `release` and `update JobId=`, `update NodeName= State=DRAIN|RESUME|UNDRAIN`, and
-//! `create|update|delete PartitionName=`.
+//! `hold`, `release`, `suspend`, `resume` and `update JobId=`, `update NodeName=
+//! State=DRAIN|RESUME|UNDRAIN`, and `create|update|delete PartitionName=`.
 
 use std::collections::BTreeMap;
 
@@ -82,7 +82,7 @@ pub fn job_text(job: &Job, names: &BTreeMap<u64, String>, now_ms: u64) -> String
         head,
         format!("UserId={}{uid} GroupId={}{gid} MCS_label=N/A", s.user, s.user),
         format!("Priority=1 Nice=0 Account={} QOS={}", or_null(s.account.as_ref()), s.qos.clone().unwrap_or_else(|| "normal".into())),
-        format!("JobState={} Reason={reason} Dependency={}", job.state.as_str(), dependency_text(job)),
+        format!("JobState={} Reason={reason} Dependency={}", job.state_name(), dependency_text(job)),
         format!(
             "Requeue={} Restarts={} BatchFlag={} Reboot=0 ExitCode={}",
             u8::from(s.requeue),
@@ -97,6 +97,11 @@ pub fn job_text(job: &Job, names: &BTreeMap<u64, String>, now_ms: u64) -> String
         ),
         format!("SubmitTime={} EligibleTime={}", time::datetime(job.submit_ms), time_or_unknown(s.begin_ms.or(Some(job.submit_ms)))),
         format!("StartTime={} EndTime={} Deadline=N/A", time_or_unknown(job.start_ms), time_or_unknown(job.end_ms)),
+        format!(
+            "SuspendTime={} SecsPreSuspend={}",
+            job.suspension.since_ms.filter(|_| job.suspended()).map_or("None".into(), time::datetime),
+            job.suspension.since_ms.filter(|_| job.suspended()).map_or(0, |since| job.run_time_ms_at(since) / 1000)
+        ),
         format!("Partition={} AllocNode:Sid={}:0", s.partition.clone().unwrap_or_else(|| DEFAULT_PARTITION.into()), s.submit_host),
         format!(
             "ReqNodeList={} ExcNodeList={}",
@@ -199,6 +204,8 @@ pub enum Command {
     Requeue(Vec<u64>, bool),
     Hold(Vec<u64>),
     Release(Vec<u64>),
+    /// `suspend` (true) or `resume` (false) of running jobs.
+    Suspend(Vec<u64>, bool),
     Update {
         job: u64,
         time_limit_ms: Option<Option<u64>>,
@@ -421,6 +428,12 @@ pub fn parse(args: &[String]) -> Result<Command, SlurmError> {
     if is(verb, "release", 3) {
         return Ok(Command::Release(job_ids(rest)?));
     }
+    if is(verb, "suspend", 2) {
+        return Ok(Command::Suspend(job_ids(rest)?, true));
+    }
+    if is(verb, "resume", 3) {
+        return Ok(Command::Suspend(job_ids(rest)?, false));
+    }
     if is(verb, "create", 2) {
         return parse_partition_edit("create", rest);
     }
@@ -486,6 +499,28 @@ fn update_jobs(
                         "Job is no longer pending execution".to_string()
                     }
                     Some(ApiError::Invalid(m) | ApiError::Denied(m)) => m.clone(),
+                    _ => super::describe_error(&e),
+                };
+                eprintln!("{why} for job {job}");
+                failed = true;
+            }
+        }
+        i32::from(failed)
+    })
+}
+
+/// Suspends or resumes running jobs, printing Slurm's words for each refusal (e.g. "Job is not
+/// suspended for job 7").
+fn suspend_jobs(ids: Vec<u64>, suspend: bool) -> Result<i32, SlurmError> {
+    let cluster = super::connect(PROG)?;
+    super::block_on(PROG, async {
+        let mut failed = false;
+        for job in ids {
+            if let Err(e) = cluster.call_patiently(Request::Suspend { job, suspend }, super::PATIENCE).await {
+                let why = match e.downcast_ref::<ApiError>() {
+                    Some(ApiError::NotFound(_)) => "Invalid job id specified".to_string(),
+                    Some(ApiError::Denied(_)) => "Access/permission denied".to_string(),
+                    Some(ApiError::Invalid(m)) => m.clone(),
                     _ => super::describe_error(&e),
                 };
                 eprintln!("{why} for job {job}");
@@ -586,6 +621,7 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
         }
         Command::Hold(ids) => update_jobs(ids, Some(true), None, None),
         Command::Release(ids) => update_jobs(ids, Some(false), None, None),
+        Command::Suspend(ids, suspend) => suspend_jobs(ids, suspend),
         Command::Update { job, time_limit_ms, partition } => update_jobs(vec![job], None, time_limit_ms, partition.map(Some)),
         Command::UpdateNodes { nodes, drain } => update_nodes(nodes, drain),
         Command::EditPartition(edit) => edit_partition(edit),

@@ -153,17 +153,34 @@ pub fn parse_state(text: &str) -> Option<Vec<JobState>> {
     use JobState::*;
     Some(match text.to_ascii_uppercase().as_str() {
         "PD" | "PENDING" => vec![Pending],
-        "R" | "RUNNING" => vec![Running],
+        // A suspended job is a running one whose processes are stopped ([`suspension_wanted`]).
+        "R" | "RUNNING" | "S" | "SUSPENDED" => vec![Running],
         "CD" | "COMPLETED" => vec![Completed],
         "F" | "FAILED" => vec![Failed],
         "CA" | "CANCELLED" => vec![Cancelled],
         "TO" | "TIMEOUT" => vec![Timeout],
         "NF" | "NODE_FAIL" => vec![NodeFail],
         "OOM" | "OUT_OF_MEMORY" => vec![OutOfMemory],
-        "CG" | "COMPLETING" | "S" | "SUSPENDED" | "PR" | "PREEMPTED" | "RQ" | "REQUEUED" | "CF" | "CONFIGURING" => vec![],
+        "CG" | "COMPLETING" | "PR" | "PREEMPTED" | "RQ" | "REQUEUED" | "CF" | "CONFIGURING" => vec![],
         "ALL" => JobState::ALL.to_vec(),
         _ => return None,
     })
+}
+
+/// What a `-t` list says of running jobs: only the suspended ones (`S` without `R`), only those
+/// not suspended (`R` without `S`), or either (`None`).
+pub fn suspension_wanted(names: &[String]) -> Option<bool> {
+    let named = |short: &str, long: &str| names.iter().any(|n| n.eq_ignore_ascii_case(short) || n.eq_ignore_ascii_case(long));
+    match (named("R", "RUNNING"), named("S", "SUSPENDED"), named("ALL", "ALL")) {
+        (false, true, false) => Some(true),
+        (true, false, false) => Some(false),
+        _ => None,
+    }
+}
+
+/// Whether `job` is as [`suspension_wanted`] asks.
+pub fn suspension_ok(wanted: Option<bool>, job: &Job) -> bool {
+    wanted.is_none_or(|w| job.state != JobState::Running || job.suspended() == w)
 }
 
 /// Slurm's reason codes, which Corral's reasons map onto where one fits.
@@ -294,11 +311,11 @@ pub fn mem_text(mib: u64) -> String {
     }
 }
 
-/// Seconds a job has run (so far, or in total).
+/// Seconds a job has run (so far, or in total), its suspensions not counted (Slurm's TimeUsed).
 pub fn run_seconds(job: &Job, now_ms: u64) -> u64 {
-    match (job.start_ms, job.end_ms, job.state) {
-        (Some(s), Some(e), st) if st.is_final() => e.saturating_sub(s) / 1000,
-        (Some(s), _, JobState::Running) => now_ms.saturating_sub(s) / 1000,
+    match job.state {
+        JobState::Running => job.run_time_ms_at(now_ms) / 1000,
+        st if st.is_final() && job.end_ms.is_some() => job.run_time_ms_at(now_ms) / 1000,
         _ => 0,
     }
 }
@@ -316,8 +333,8 @@ pub fn field(row: &Row<'_>, code: char, names: &BTreeMap<u64, String>, now_ms: u
         'P' => spec.partition.clone().unwrap_or_else(|| DEFAULT_PARTITION.into()),
         'j' | 'o' => spec.name.clone(),
         'u' => spec.user.clone(),
-        't' => state_short(job.state).into(),
-        'T' => job.state.as_str().into(),
+        't' => if job.suspended() { "S" } else { state_short(job.state) }.into(),
+        'T' => job.state_name().into(),
         'M' => time::duration(run_seconds(job, now_ms)),
         'l' => spec.time_limit_ms.map_or("UNLIMITED".into(), |ms| time::duration(ms / 1000)),
         'L' => spec.time_limit_ms.map_or("UNLIMITED".into(), |ms| time::duration((ms / 1000).saturating_sub(run_seconds(job, now_ms)))),
@@ -393,6 +410,8 @@ pub struct Filter {
     pub jobs: Vec<String>,
     pub partitions: Vec<String>,
     pub states: Option<Vec<JobState>>,
+    /// Running jobs by their suspension (see [`suspension_wanted`]).
+    pub suspension: Option<bool>,
     pub names: Vec<String>,
     pub accounts: Vec<String>,
     pub qos: Vec<String>,
@@ -413,6 +432,7 @@ impl Filter {
             });
         let partition = spec.partition.clone().unwrap_or_else(|| DEFAULT_PARTITION.into());
         states_ok
+            && suspension_ok(self.suspension, job)
             && id_ok
             && (self.users.is_empty() || self.users.contains(&spec.user))
             && (self.partitions.is_empty() || self.partitions.contains(&partition))
@@ -571,6 +591,7 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
             all.extend(parse_state(s).ok_or_else(|| SlurmError::fatal(PROG, format!("Invalid job state specified: {s}")))?);
         }
         filter.states = Some(all);
+        filter.suspension = suspension_wanted(&states);
     } else if !filter.jobs.is_empty() {
         // squeue -j shows the named jobs in any state it still knows.
         filter.states = Some(parse_state("all").unwrap_or_default());

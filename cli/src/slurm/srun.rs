@@ -901,10 +901,12 @@ async fn launch_step(cluster: &crate::client::Cluster, job: proto::JobId, spec: 
                 tries += 1;
                 tokio::time::sleep(Duration::from_millis(STEP_RETRY_MS)).await;
             }
-            // The step's GPUs are held by other steps: wait for them as Slurm's srun does.
-            Ok(Err(proto::ApiError::Busy(_))) => {
+            // The step's GPUs are held by other steps, or the job is suspended: wait as Slurm's
+            // srun does.
+            Ok(Err(proto::ApiError::Busy(why))) => {
                 if !waited {
-                    eprintln!("{PROG}: Job {job} step creation temporarily disabled, retrying (Requested nodes are busy)");
+                    let why = if why == proto::STEPS_DISABLED_SUSPENDED { why.as_str() } else { "Requested nodes are busy" };
+                    eprintln!("{PROG}: Job {job} step creation temporarily disabled, retrying ({why})");
                     waited = true;
                 }
                 tries = 0;

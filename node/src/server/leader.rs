@@ -22,6 +22,9 @@ pub(super) struct LeaderMemory {
     /// `RESEND_AFTER_MS` (pruned every pass: at most what one period sent).
     pub(super) launches_sent: control::leader::Resend<control::leader::SendKey>,
     pub(super) kills_sent: control::leader::Resend<control::leader::SendKey>,
+    /// Suspension orders sent, and those the nodes acknowledged (`control::leader::due_suspends`).
+    pub(super) suspends_sent: control::leader::Resend<control::leader::SendKey>,
+    pub(super) suspends_acked: control::leader::SuspendAcks,
     pub(super) layouts_sent: HashMap<(NodeId, u32), Instant>,
     /// How many nodes a mass silence holds back from `NodeDown` (`control::leader::nodes_down`), to
     /// say so when it starts and ends.
@@ -45,6 +48,8 @@ impl Default for LeaderMemory {
             last_seen: HashMap::new(),
             launches_sent: control::leader::Resend::new(RESEND_AFTER_MS),
             kills_sent: control::leader::Resend::new(RESEND_AFTER_MS),
+            suspends_sent: control::leader::Resend::new(RESEND_AFTER_MS),
+            suspends_acked: control::leader::SuspendAcks::new(),
             layouts_sent: HashMap::new(),
             held_down: 0,
             declared_down: std::collections::VecDeque::new(),
@@ -103,6 +108,7 @@ impl Node {
         self.archive_pass().await;
         self.schedule_pass().await;
         self.drive_launches_and_kills();
+        self.drive_suspensions();
         self.manage_voters();
     }
 
@@ -404,6 +410,40 @@ impl Node {
                 };
                 if let Err(e) = result {
                     debug!(job, run, error = %e, "stop not delivered, will retry");
+                }
+            });
+        }
+    }
+
+    /// Tells each node of a suspended or resumed job to stop or continue its processes, until
+    /// its present instance acknowledges (see `control::leader::due_suspends`).
+    fn drive_suspensions(self: &Arc<Self>) {
+        let orders = {
+            let mut mem = lock(&self.memory);
+            let now_ms = mem.now_ms();
+            let LeaderMemory { suspends_sent, suspends_acked, .. } = &mut *mem;
+            self.state.read(|s| {
+                let instance_of = |n: NodeId| s.nodes.get(&n).map(|r| r.instance);
+                let orders = control::leader::due_suspends(s.jobs.values(), suspends_acked, suspends_sent, instance_of, now_ms);
+                let addr_of = |node: NodeId| s.nodes.get(&node).map(|n| n.addr.clone()).unwrap_or_default();
+                orders.into_iter().map(|(job, o)| (job, o, addr_of(o.node))).collect::<Vec<_>>()
+            })
+        };
+        for (job, order, addr) in orders {
+            let node = Arc::clone(self);
+            tokio::spawn(async move {
+                let (run, suspend, paused_ms) = (order.run, order.suspend, order.paused_ms);
+                let result = if order.node == node.id {
+                    node.agent.suspend(job, run, crate::launcher::Pause { suspended: suspend, paused_ms })
+                } else {
+                    let env = Envelope { hops: 0, request: Request::SuspendPart { job, run, suspend, paused_ms }, user: None };
+                    node.client.call(&addr, &env, PEER_CALL_TIMEOUT).await.unwrap_or_else(|e| Err(ApiError::Unavailable(e.to_string())))
+                };
+                match result {
+                    Ok(_) => {
+                        lock(&node.memory).suspends_acked.insert((job, run, order.node), (order.change, order.instance));
+                    }
+                    Err(e) => debug!(job, run, node = order.node, error = %e, "suspension not delivered, will retry"),
                 }
             });
         }

@@ -132,6 +132,9 @@ impl Node {
             Request::Kill { job, run, checkpoint } => self.agent.kill(job, run, checkpoint),
             Request::ApplyMigLayout { gpu, profiles } => self.apply_mig_layout(gpu, profiles),
             Request::SignalPart { job, run, signal, batch_only } => self.agent.signal(job, run, signal, batch_only),
+            Request::SuspendPart { job, run, suspend, paused_ms } => {
+                self.agent.suspend(job, run, crate::launcher::Pause { suspended: suspend, paused_ms })
+            }
             Request::Logs { job, stream, offset, max_bytes } => self.logs(hops, job, stream, offset, max_bytes, user).await,
             Request::Enroll { secret, name, csr_pem } => self.enroll(&secret, &name, &csr_pem),
             Request::StepLaunch { job, spec } if !self.agent.runs_script_of(job) => {
@@ -209,6 +212,10 @@ impl Node {
     /// has every node start its tasks, and stops them all again if one node cannot.
     async fn launch_step(self: &Arc<Self>, job: JobId, spec: proto::StepSpec, user: Option<String>) -> Response {
         spec.validate().map_err(ApiError::Invalid)?;
+        if self.state.read(|s| s.jobs.get(&job).is_some_and(Job::suspended)) {
+            // Slurm's srun waits for the job's resumption.
+            return Err(ApiError::Busy(proto::STEPS_DISABLED_SUSPENDED.into()));
+        }
         let numbered = self.agent.number_step(job, user.as_deref())?;
         let step = numbered.step;
         let result = self.launch_numbered_step(job, spec, user, numbered).await;
@@ -733,6 +740,8 @@ impl Node {
             Request::Requeue { job } | Request::RequeueHold { job } => self.require_owner(who, *job, "requeue")?,
             Request::UpdateJob { job, .. } => self.require_owner(who, *job, "update")?,
             Request::Signal { job, .. } => self.require_owner(who, *job, "signal")?,
+            // Slurm: only an operator or administrator suspends or resumes a job.
+            Request::Suspend { .. } => self.require_admin(who, "suspend or resume jobs")?,
             Request::Drain { .. } => self.require_admin(who, "drain nodes")?,
             Request::Resume { .. } => self.require_admin(who, "resume nodes")?,
             Request::SetPolicy { .. } | Request::EditPartition { .. } => self.require_admin(who, "change the scheduling policy")?,
@@ -996,6 +1005,13 @@ impl Node {
                 result
             }
             Request::Signal { job, signal, batch_only } => self.signal_job(job, signal, batch_only).await,
+            Request::Suspend { job, suspend } => {
+                info!(job, suspend, by = %who.unwrap_or("root"), "operator suspends or resumes a job");
+                let result = self.propose(Command::Suspend { job, suspend, now_ms: now }).await.and_then(ok_or_rejected);
+                // Its nodes are told on the next pass.
+                self.kick.notify_one();
+                result
+            }
             other => Err(ApiError::Invalid(format!("not a leader request: {other:?}"))),
         }
     }
@@ -1047,6 +1063,7 @@ fn node_only(request: &Request) -> bool {
             | Request::ReportInventory { .. }
             | Request::ApplyMigLayout { .. }
             | Request::SignalPart { .. }
+            | Request::SuspendPart { .. }
             | Request::StepStart { .. }
     )
 }
