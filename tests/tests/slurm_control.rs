@@ -392,3 +392,54 @@ fn scontrol_suspend_stops_every_task_of_a_two_node_job_and_resume_lets_it_finish
 fn scontrol_show(c: &TestCluster, job: u64) -> Vec<u8> {
     shim(c, "scontrol", &["show", "job", &job.to_string()]).stdout
 }
+
+/// A suspended job's node keeps it stopped while the leader that suspended it is killed; the
+/// new leader, which knows no node's acknowledgement, tells the node again, and resumes it
+/// when asked: it finishes its work once, on its node, never restarted.
+#[test]
+fn a_suspended_job_stays_stopped_through_a_leader_kill_and_the_new_leader_resumes_it() {
+    let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:1"]);
+    let stderr = |out: &Output| String::from_utf8_lossy(&out.stderr).trim().to_string();
+    let leader = c.leader();
+    let node = ["n1", "n2", "n3"].into_iter().find(|n| *n != leader).expect("a node that does not lead");
+    let marker = format!("failovertick{}", std::process::id());
+    // Run by a shell whose arguments name the marker, so `ps` finds it.
+    let wrap = format!("sh -c 'i=0; while [ $i -lt 30 ]; do echo $i >> {marker}; i=$((i+1)); sleep 0.2; done'");
+    let out = shim(&c, "sbatch", &["--parsable", "-w", node, "--wrap", &wrap]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let job: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("sbatch --parsable printed the id");
+    let ticks = || std::fs::read_to_string(c.work.join(&marker)).map_or(0, |t| t.lines().count());
+    let stopped = || {
+        let ps = Command::new("ps").args(["-eo", "stat=,args="]).output().expect("run ps");
+        let text = String::from_utf8_lossy(&ps.stdout).into_owned();
+        let lines: Vec<&str> = text.lines().filter(|l| l.contains(&marker) && !l.contains("ps -eo")).collect();
+        !lines.is_empty() && lines.iter().all(|l| l.starts_with('T'))
+    };
+    wait_until("the job to tick", Duration::from_secs(30), || ticks() >= 3);
+    let out = shim(&c, "scontrol", &["suspend", &job.to_string()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    wait_until("the job to stop", Duration::from_secs(10), stopped);
+    let before = ticks();
+
+    c.signal(&leader, "KILL");
+    let addr = c.addr(node);
+    wait_until("a new leader", Duration::from_secs(20), || {
+        let out = c.corral(&["--server", &addr, "--json", "cluster"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        out.status.success() && v["leader"].as_str().is_some_and(|l| !l.is_empty() && l != leader)
+    });
+    let shown = c.json(&["--server", &addr, "show", &job.to_string()]);
+    assert_eq!(shown["state"], "SUSPENDED", "{shown}");
+    assert!(stopped(), "the job went on without a resume");
+    assert_eq!(ticks(), before);
+
+    let out = shim(&c, "scontrol", &["resume", &job.to_string()]);
+    assert!(out.status.success(), "{}\n{}", stderr(&out), c.logs());
+    let end = c.wait_final(job, Duration::from_secs(60));
+    assert_eq!(
+        (end["state"].as_str(), end["restart_count"].as_u64(), end["node"].as_str()),
+        (Some("COMPLETED"), Some(0), Some(node)),
+        "{end}"
+    );
+    assert_eq!(ticks(), 30, "the work ran once, whole");
+}
