@@ -56,6 +56,8 @@ impl fmt::Display for LogCommand {
             Command::Requeue { job, .. } => write!(f, "requeue({job})"),
             Command::UpdateJob { job, .. } => write!(f, "update_job({job})"),
             Command::Suspend { job, suspend, .. } => write!(f, "{}({job})", if *suspend { "suspend" } else { "resume" }),
+            Command::StepStarted { job, step, .. } => write!(f, "step_started({job}.{step})"),
+            Command::StepEnded { job, step, node, .. } => write!(f, "step_ended({job}.{step} on {node})"),
             Command::SetPolicy { .. } => write!(f, "set_policy"),
             Command::EditPartition { edit, .. } => write!(f, "edit_partition({})", edit.name()),
             Command::GpuHealth { node, gpu, healthy, .. } => write!(f, "gpu_health({node}/{gpu}, healthy {healthy})"),

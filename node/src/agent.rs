@@ -23,6 +23,8 @@ use crate::step::Step;
 
 /// Reports of ended runs waiting to be committed.
 const REPORT_QUEUE_MAX: usize = 4096;
+/// Step ends queued for the leader at most (a full queue holds the steps' watchers back).
+const STEP_END_QUEUE_MAX: usize = 4096;
 /// The longest a preflight may take, connecting included.
 const PREFLIGHT_TIMEOUT_MS: u64 = 60_000;
 /// How long a starting daemon waits for a run of a dead instance to die once killed.
@@ -229,6 +231,9 @@ pub struct Agent {
     launching: Mutex<BTreeSet<(JobId, RunNo)>>,
     reports_tx: mpsc::Sender<Report>,
     reports_rx: Mutex<Option<mpsc::Receiver<Report>>>,
+    /// Ends of steps' tasks here, for the leader's accounting (`step_end_loop`).
+    step_ends_tx: mpsc::Sender<proto::StepEnd>,
+    step_ends_rx: Mutex<Option<mpsc::Receiver<proto::StepEnd>>>,
     /// When a leader last acknowledged a heartbeat; none yet for a new instance.
     last_ack: Mutex<Option<std::time::Instant>>,
     /// The leader's commit index in its last acknowledgement.
@@ -292,6 +297,7 @@ impl Agent {
     pub fn new(name: String, instance: InstanceId, gpus: Vec<GpuInfo>, settings: AgentSettings) -> anyhow::Result<Arc<Agent>> {
         let ledger = Ledger::open(settings.jobs_dir.join("launched.jsonl"))?;
         let (reports_tx, reports_rx) = mpsc::channel(REPORT_QUEUE_MAX);
+        let (step_ends_tx, step_ends_rx) = mpsc::channel(STEP_END_QUEUE_MAX);
         Ok(Arc::new(Agent {
             name,
             instance,
@@ -303,6 +309,8 @@ impl Agent {
             launching: Mutex::new(BTreeSet::new()),
             reports_tx,
             reports_rx: Mutex::new(Some(reports_rx)),
+            step_ends_tx,
+            step_ends_rx: Mutex::new(Some(step_ends_rx)),
             last_ack: Mutex::new(None),
             ack_commit_index: AtomicU64::new(0),
             ack_term: AtomicU64::new(0),
@@ -948,8 +956,56 @@ impl Agent {
                 handle.stop_following();
             }
         }
+        self.report_step_end(&handle);
         info!(job, run, step, tasks = ranks.len(), "step started");
         Ok(Reply::Ok)
+    }
+
+    /// Once every task of `handle` here ended, queues its end for the leader: the highest exit
+    /// code and a killing signal among them (Slurm's step ExitCode).
+    fn report_step_end(&self, handle: &Arc<Step>) {
+        let (handle, tx) = (Arc::clone(handle), self.step_ends_tx.clone());
+        tokio::spawn(async move {
+            let exits = handle.exits_when_ended().await;
+            let exit_code = exits.iter().filter_map(|e| e.code).max().unwrap_or(0);
+            let signal = exits.iter().find_map(|e| e.signal);
+            let end = proto::StepEnd { job: handle.job, run: handle.run, step: handle.id, exit_code, signal };
+            // Bounded: a full queue holds this task until the leader took the ones before.
+            if tx.send(end).await.is_err() {
+                debug!(job = handle.job, step = handle.id, "step end not queued: the agent is stopping");
+            }
+        });
+    }
+
+    /// Sends the queued step ends to the leader, as many as are queued in one request, until a
+    /// leader has them or refuses them.
+    pub async fn step_end_loop(self: Arc<Self>, link: Arc<LeaderLink>) {
+        let Some(mut rx) = lock(&self.step_ends_rx).take() else { return };
+        while let Some(first) = rx.recv().await {
+            let mut ends = vec![first];
+            while ends.len() < proto::STEP_ENDS_PER_REQUEST_MAX {
+                match rx.try_recv() {
+                    Ok(e) => ends.push(e),
+                    Err(_) => break,
+                }
+            }
+            let req = Request::ReportStepEnds { node: self.name.clone(), ends };
+            let mut backoff_ms = 50;
+            loop {
+                match link.call(req.clone(), 0).await {
+                    Ok(_) => break,
+                    Err(LinkError::Api(e)) => {
+                        warn!(error = %e, "step ends refused");
+                        break;
+                    }
+                    Err(e) => {
+                        debug!(error = %e, "step ends not delivered, retrying");
+                        tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
+                        backoff_ms = (backoff_ms * 2).min(1_000);
+                    }
+                }
+            }
+        }
     }
 
     fn step_of(&self, job: JobId, step: u32, user: Option<&str>) -> Result<(Arc<Step>, Arc<launcher::TaskGroups>), ApiError> {
@@ -1185,6 +1241,8 @@ impl Agent {
                     handle.stop_following();
                 }
             }
+            // One that ended before the handover is reported again: the log keeps the first.
+            self.report_step_end(&handle);
             if let Some(r) = lock(&self.running).get_mut(&job) {
                 r.steps.insert(step, handle);
             }

@@ -110,6 +110,23 @@ impl Step {
         st.exits.len() == st.tasks && !st.following
     }
 
+    /// Waits until every task here ended (or nothing more can come from the shepherd's log);
+    /// the exits it has then.
+    pub async fn exits_when_ended(&self) -> Vec<TaskExit> {
+        loop {
+            let notified = self.news.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let st = self.lock();
+                if st.exits.len() >= st.tasks || !st.following {
+                    return st.exits.clone();
+                }
+            }
+            notified.await;
+        }
+    }
+
     /// Nothing more comes from the shepherd's log.
     pub fn stop_following(&self) {
         self.lock().following = false;

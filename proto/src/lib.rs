@@ -499,6 +499,11 @@ impl JobSpec {
         self.set_extra_flag(SPEC_EXTRA_BATCH, batch);
     }
 
+    /// An allocation `srun` or `salloc` made (not a batch script of the user's).
+    pub fn is_srun_allocation(&self) -> bool {
+        self.extra.get(SPEC_EXTRA_SRUN).is_some_and(|v| v == "1")
+    }
+
     /// Marks the allocation `srun` makes for its step outside any allocation.
     pub fn set_srun_allocation(&mut self, srun: bool) {
         self.set_extra_flag(SPEC_EXTRA_SRUN, srun);
@@ -739,6 +744,46 @@ pub struct Job {
     pub master_port: Option<u16>,
     /// `scontrol suspend|resume` of the current run (reset when a run starts).
     pub suspension: Suspension,
+    /// The current run's steps (`srun` in its allocation), oldest first, at most
+    /// [`limits::STEP_RECORDS_PER_JOB_MAX`] (reset when a run starts).
+    pub steps: Vec<StepRecord>,
+}
+
+/// One step of a job's run as accounting shows it (`sacct`'s `ID.N` line).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepRecord {
+    pub step: u32,
+    /// Its command's name (the program, without its directory).
+    pub name: String,
+    /// Nodes of its tasks, in rank order.
+    pub nodes: Vec<String>,
+    pub ntasks: u32,
+    pub start_ms: u64,
+    /// When the last of its nodes reported its tasks ended.
+    pub end_ms: Option<u64>,
+    /// Nodes whose tasks of it all ended.
+    pub ended_on: Vec<String>,
+    /// The highest exit code of its tasks so far, and a signal that killed one (Slurm's
+    /// ExitCode `code:signal`).
+    pub exit_code: i32,
+    pub signal: Option<i32>,
+}
+
+impl StepRecord {
+    /// The step's state as Slurm names it, given its job's.
+    pub fn state_name(&self, job: &Job) -> &'static str {
+        let job_ended_it = matches!(job.state, JobState::Cancelled | JobState::Timeout | JobState::NodeFail | JobState::OutOfMemory);
+        match (self.end_ms, job.state) {
+            (None, JobState::Running) if job.suspended() => "SUSPENDED",
+            (None, JobState::Running) => "RUNNING",
+            (None, state) if job_ended_it => state.as_str(),
+            // Its nodes were lost with their reports, or the job ended before they came.
+            (None, _) => "CANCELLED",
+            (Some(_), state) if self.signal.is_some() && job_ended_it => state.as_str(),
+            (Some(_), _) if self.signal.is_some() || self.exit_code != 0 => "FAILED",
+            (Some(_), _) => "COMPLETED",
+        }
+    }
 }
 
 /// How the current run of a job was suspended (`scontrol suspend`) and resumed: its processes
@@ -785,6 +830,7 @@ impl Job {
             gpu_usage: GpuUsage::default(),
             master_port: None,
             suspension: Suspension::default(),
+            steps: Vec::new(),
         }
     }
 
@@ -1091,6 +1137,28 @@ pub enum Command {
         suspend: bool,
         now_ms: u64,
     },
+    /// A step of a running job's run `run` was created (before its tasks start, as slurmctld
+    /// records a step): its record for accounting.
+    StepStarted {
+        job: JobId,
+        run: RunNo,
+        step: u32,
+        name: String,
+        nodes: Vec<String>,
+        ntasks: u32,
+        now_ms: u64,
+    },
+    /// Every task of step `step` on node `node` ended, the highest exit code and a killing
+    /// signal among them.
+    StepEnded {
+        job: JobId,
+        run: RunNo,
+        step: u32,
+        node: String,
+        exit_code: i32,
+        signal: Option<i32>,
+        now_ms: u64,
+    },
     /// A GPU (or one MIG instance of it) turned unhealthy, or an operator marked it healthy.
     GpuHealth {
         node: NodeId,
@@ -1164,6 +1232,8 @@ impl Command {
                 | Command::Requeue { .. }
                 | Command::UpdateJob { .. }
                 | Command::Suspend { .. }
+                | Command::StepStarted { .. }
+                | Command::StepEnded { .. }
         )
     }
 
@@ -1239,6 +1309,9 @@ pub struct StepSpec {
     pub gpus_per_node: Option<u32>,
     /// `--overlap`: the step's GPUs are the first N of the job's, shared, neither held nor waited for.
     pub overlap: bool,
+    /// `salloc`'s own step that hands its command's exit status to the allocation: no step of
+    /// the user's, so not recorded for accounting (Slurm has no such step).
+    pub unrecorded: bool,
 }
 
 /// Which tasks of a step read `srun`'s stdin.
@@ -1489,6 +1562,21 @@ pub enum Request {
         job: JobId,
         suspend: bool,
     },
+    /// Node to leader: a step of `job` run `run` is being created here (the batch script's
+    /// node); answered once the log has it ([`Command::StepStarted`]).
+    RecordStep {
+        job: JobId,
+        run: RunNo,
+        step: u32,
+        name: String,
+        nodes: Vec<String>,
+        ntasks: u32,
+    },
+    /// Node to leader: steps whose tasks on node `node` all ended.
+    ReportStepEnds {
+        node: String,
+        ends: Vec<StepEnd>,
+    },
     /// Leader to agent: stop (SIGSTOP) or continue (SIGCONT) this node's part of `job`'s run
     /// `run`, as the log says; `paused_ms` is how long the run's ended suspensions lasted, by
     /// which its time limit moves.
@@ -1719,6 +1807,8 @@ impl Request {
                 | Request::UpdateJob { .. }
                 | Request::Signal { .. }
                 | Request::Suspend { .. }
+                | Request::RecordStep { .. }
+                | Request::ReportStepEnds { .. }
                 | Request::SetPolicy { .. }
                 | Request::CreateJoinToken { .. }
                 | Request::RevokeJoinToken { .. }
@@ -1758,6 +1848,19 @@ pub const DEFAULT_QOS: &str = "normal";
 /// Why a job asked to be requeued (`corral requeue`, `scontrol requeue`) was: in its reasons
 /// (`requeued: ...`), so the leader stops it as Slurm does, without its `--signal`.
 pub const REQUEUED_ON_REQUEST: &str = "requeued on request";
+
+/// The end of one step's tasks on one node ([`Request::ReportStepEnds`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepEnd {
+    pub job: JobId,
+    pub run: RunNo,
+    pub step: u32,
+    pub exit_code: i32,
+    pub signal: Option<i32>,
+}
+
+/// Step ends in one `ReportStepEnds` at most.
+pub const STEP_ENDS_PER_REQUEST_MAX: usize = 512;
 
 /// Why a step of a suspended job waits ([`ApiError::Busy`]): Slurm's words, which its `srun`
 /// prints while it retries.

@@ -34,5 +34,10 @@ pub const STEP_READ_WAIT_MS_MAX: u32 = 5_000;
 pub const STEP_INPUT_BYTES_MAX: usize = 64 * 1024;
 /// Steps of one job alive at once on a node.
 pub const STEPS_PER_JOB_MAX: usize = 512;
+/// Steps of a job's run its record keeps for accounting (`sacct`'s `ID.N` lines); past it
+/// the oldest ended one is dropped.
+pub const STEP_RECORDS_PER_JOB_MAX: usize = 512;
+/// Bytes of a step's name as recorded.
+pub const STEP_NAME_BYTES_MAX: usize = 256;
 /// Nodes one partition's `Nodes=` list names at most.
 pub const PARTITION_NODES_MAX: usize = 10_000;

@@ -91,7 +91,7 @@ impl Seed {
             .unwrap_or_else(|_| panic!("sbatch printed {:?}", String::from_utf8_lossy(&out.stdout)))
     }
 
-    /// `sacct -j ID -P -n --format=JobID,State` until every line is final; the lines.
+    /// `sacct -j ID -P -n --format=JobID,State` until every job line is final; those lines.
     fn wait_sacct(&self, id: u64, lines: usize, patience: Duration) -> Vec<(String, String)> {
         let mut last = Vec::new();
         let ids = id.to_string();
@@ -100,6 +100,8 @@ impl Seed {
             last = String::from_utf8_lossy(&out.stdout)
                 .lines()
                 .filter_map(|l| l.split_once('|').map(|(a, b)| (a.to_string(), b.to_string())))
+                // The jobs' own lines (`ID.batch` and `ID.N` are their scripts and steps).
+                .filter(|(j, _)| !j.contains('.'))
                 .collect();
             last.len() >= lines && last.iter().all(|(_, s)| !matches!(s.as_str(), "PENDING" | "RUNNING"))
         });

@@ -343,8 +343,13 @@ fn salloc_runs_the_command_here_with_steps_on_the_allocation_and_ends_with_its_s
     assert_eq!(stderr.trim(), format!("salloc: Granted job allocation {id}\nsalloc: Relinquishing job allocation {id}"), "{stdout}");
     let job = c.wait_final(id, Duration::from_secs(20));
     assert_eq!((job["state"].as_str(), job["exit_code"].as_i64()), (Some("FAILED"), Some(3)), "{job}");
-    let out = c.shim("sacct", &["-j", &id.to_string(), "--format=JobName,State,ExitCode", "-P", "-n"], &[]);
+    let out = c.shim("sacct", &["-j", &id.to_string(), "-X", "--format=JobName,State,ExitCode", "-P", "-n"], &[]);
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "interactive|FAILED|3:0");
+    // Its `srun` is its step 0; salloc's own step that hands the status over is no step.
+    wait_until("the step's end in sacct", Duration::from_secs(20), || {
+        let out = c.shim("sacct", &["-j", &id.to_string(), "--format=JobID,JobName,State,ExitCode", "-P", "-n"], &[]);
+        String::from_utf8_lossy(&out.stdout) == format!("{id}|interactive|FAILED|3:0\n{id}.0|sh|COMPLETED|0:0\n")
+    });
 
     // Exit 0 is COMPLETED; a busy cluster makes salloc wait, and say so.
     let blocker = c.submit(&["--nodes", "2", "--gres", "gpu:8"], &["sleep", "3"]);
@@ -533,4 +538,35 @@ fn single_gpu_steps_pack_into_an_allocation_and_a_fifth_waits_for_a_free_gpu() {
     let overlap = lines_with(&out, "overlap ");
     assert_eq!(overlap.len(), 1, "{out}");
     assert_eq!(overlap[0].split_whitespace().nth(1).map(|g| g.split(',').count()), Some(2), "{out}");
+}
+
+/// `sacct` shows a batch job's script as `ID.batch` and each step as `ID.N`, with its command's
+/// name, nodes, state and exit code as the log recorded them, from any node; `-X` shows the
+/// allocation alone.
+#[test]
+fn sacct_shows_the_batch_script_and_each_step_with_its_own_state_and_exit_code() {
+    let c = TestCluster::up(&["--nodes", "2", "--voters-max", "1", "--gpus", "h100:1"]);
+    let id =
+        sbatch(&c, "steps.sh", "#!/bin/sh\n#SBATCH -N2\nsrun -N2 -n2 hostname\nsrun -N1 -n1 sh -c 'exit 3'\nsrun -N1 -n2 true\nexit 0\n");
+    completed_output(&c, id, 60);
+    // The script's node (the job's first) runs the one-node steps.
+    let first = c.job(id)["node"].as_str().unwrap_or_default().to_string();
+    let sacct = |args: &[&str]| String::from_utf8_lossy(&c.shim("sacct", args, &[]).stdout).into_owned();
+    let id_s = id.to_string();
+    let expected = format!(
+        "{id}|steps.sh|2|n[1-2]|COMPLETED|0:0\n\
+         {id}.batch|batch|1|{first}|COMPLETED|0:0\n\
+         {id}.0|hostname|2|n[1-2]|COMPLETED|0:0\n\
+         {id}.1|sh|1|{first}|FAILED|3:0\n\
+         {id}.2|true|1|{first}|COMPLETED|0:0\n"
+    );
+    let fields = "JobID,JobName,NNodes,NodeList,State,ExitCode";
+    let mut last = String::new();
+    // A step's end reaches the log from each of its nodes, after the job's own end at times.
+    wait_until("every step's end in sacct", Duration::from_secs(20), || {
+        last = sacct(&["-j", &id_s, "-P", "-n", "-o", fields]);
+        last == expected
+    });
+    assert_eq!(last, expected);
+    assert_eq!(sacct(&["-j", &id_s, "-X", "-P", "-n", "-o", "JobID,State"]), format!("{id}|COMPLETED\n"));
 }

@@ -1,10 +1,11 @@
 //! `sacct`: accounting lines for jobs from the cluster's job list (finished ones included),
-//! with `--format`, `-P/--parsable2`, `-p`, `-S/-E` windows and filters. Corral has no job
-//! steps yet, so every job is one line (as with `-X`).
+//! with `--format`, `-P/--parsable2`, `-p`, `-S/-E` windows and filters: a line for each job,
+//! then (without `-X`) one for its batch script (`ID.batch`) and one for each step of its last
+//! run (`ID.N`), as the log recorded them.
 
 use std::collections::BTreeMap;
 
-use proto::{Job, JobState};
+use proto::{Job, JobState, StepRecord};
 
 use super::env::DEFAULT_PARTITION;
 use super::opts::{self, opt, Arg, OptDef};
@@ -210,6 +211,74 @@ pub fn value(job: &Job, name: &str, names: &BTreeMap<u64, String>, now_ms: u64) 
     }
 }
 
+/// One line of the table: a job (its allocation), its batch script, or one of its steps.
+#[derive(Clone, Copy, Debug)]
+pub enum Row<'a> {
+    Job(&'a Job),
+    Batch(&'a Job),
+    Step(&'a Job, &'a StepRecord),
+}
+
+/// The lines of `jobs`: each job, then with `steps` its batch script (once it started) and
+/// its steps.
+pub fn rows<'a>(jobs: &[&'a Job], steps: bool) -> Vec<Row<'a>> {
+    let mut out = Vec::new();
+    for j in jobs {
+        out.push(Row::Job(j));
+        if !steps {
+            continue;
+        }
+        // `srun`'s and `salloc`'s allocations have no script of the user's (nor in Slurm).
+        if j.spec.is_batch() && !j.spec.is_srun_allocation() && j.start_ms.is_some() {
+            out.push(Row::Batch(j));
+        }
+        out.extend(j.steps.iter().map(|s| Row::Step(j, s)));
+    }
+    out
+}
+
+/// One field of a batch script's or a step's line: its own times, nodes, CPUs, state and exit;
+/// what belongs to the allocation (partition, user, limits) is left blank, as in Slurm.
+pub fn step_value(row: Row<'_>, name: &str, names: &BTreeMap<u64, String>, now_ms: u64) -> String {
+    let (job, step) = match row {
+        Row::Job(j) => return value(j, name, names, now_ms),
+        Row::Batch(j) => (j, None),
+        Row::Step(j, s) => (j, Some(s)),
+    };
+    let suffix = step.map_or("batch".to_string(), |s| s.step.to_string());
+    let nodes: Vec<String> = match step {
+        Some(s) => s.nodes.clone(),
+        None => super::job_node_names(job, names).into_iter().take(1).collect(),
+    };
+    let start_ms = step.map_or(job.start_ms.unwrap_or(0), |s| s.start_ms);
+    // A step the job's end cut short ends with it.
+    let end_ms = step.map_or(job.end_ms, |s| s.end_ms.or(job.end_ms.filter(|_| job.state.is_final())));
+    let seconds = end_ms.unwrap_or(now_ms).saturating_sub(start_ms) / 1000;
+    let cpus = u64::from(job.spec.cpus_per_task) * step.map_or(u64::from(job.spec.ntasks_per_node), |s| u64::from(s.ntasks));
+    match name {
+        "JobID" => format!("{}.{suffix}", super::display_id(job)),
+        "JobIDRaw" => format!("{}.{suffix}", job.id),
+        "JobName" => step.map_or("batch".to_string(), |s| s.name.clone()),
+        "Partition" | "User" | "Timelimit" | "QOS" | "Reason" | "Restarts" | "GPUSeconds" | "Eligible" | "ReqNodes" => String::new(),
+        "AllocCPUS" | "NCPUS" | "ReqCPUS" => cpus.to_string(),
+        "AllocNodes" | "NNodes" => nodes.len().to_string(),
+        "AllocTRES" => format!("cpu={cpus},mem={},node={}", mem_text(job.spec.mem_mib.saturating_mul(nodes.len() as u64)), nodes.len()),
+        "NodeList" => hostlist::compress(&nodes),
+        "Start" | "Submit" => time::datetime(start_ms),
+        "End" => end_ms.map_or("Unknown".into(), time::datetime),
+        "Elapsed" => time::elapsed(seconds),
+        "ElapsedRaw" => seconds.to_string(),
+        "CPUTime" => time::elapsed(seconds * cpus),
+        "CPUTimeRAW" => (seconds * cpus).to_string(),
+        "State" => step.map_or(job.state_name(), |s| s.state_name(job)).to_string(),
+        "ExitCode" => match step {
+            Some(s) => format!("{}:{}", if s.signal.is_some() { 0 } else { s.exit_code.max(0) }, s.signal.unwrap_or(0)),
+            None => super::exit_code_text(job),
+        },
+        _ => value(job, name, names, now_ms),
+    }
+}
+
 /// How the table is printed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Style {
@@ -242,8 +311,13 @@ fn line(values: &[String], columns: &[Column], style: Style) -> String {
     }
 }
 
-/// The whole table.
+/// The whole table of job lines alone (`-X`).
 pub fn table(jobs: &[&Job], columns: &[Column], style: Style, header: bool, names: &BTreeMap<u64, String>, now_ms: u64) -> String {
+    table_rows(&rows(jobs, false), columns, style, header, names, now_ms)
+}
+
+/// The whole table of `rows`.
+pub fn table_rows(rows: &[Row<'_>], columns: &[Column], style: Style, header: bool, names: &BTreeMap<u64, String>, now_ms: u64) -> String {
     let mut out = String::new();
     if header {
         let heads: Vec<String> = columns.iter().map(|c| c.name.to_string()).collect();
@@ -255,8 +329,8 @@ pub fn table(jobs: &[&Job], columns: &[Column], style: Style, header: bool, name
             out.push('\n');
         }
     }
-    for j in jobs {
-        let values: Vec<String> = columns.iter().map(|c| value(j, c.name, names, now_ms)).collect();
+    for r in rows {
+        let values: Vec<String> = columns.iter().map(|c| step_value(*r, c.name, names, now_ms)).collect();
         out.push_str(&line(&values, columns, style));
         out.push('\n');
     }
@@ -404,6 +478,7 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     let names = super::node_names(&nodes);
     let mut shown: Vec<&Job> = jobs.iter().filter(|j| filter.matches(j, &names)).collect();
     shown.sort_by_key(|j| (j.array.as_ref().map_or(j.id, |a| a.array_job), j.array.as_ref().map_or(0, |a| a.task)));
-    print!("{}", table(&shown, &columns, style, !p.has("noheader"), &names, (now_s as u64) * 1000));
+    let lines = rows(&shown, !p.has("allocations"));
+    print!("{}", table_rows(&lines, &columns, style, !p.has("noheader"), &names, (now_s as u64) * 1000));
     Ok(0)
 }

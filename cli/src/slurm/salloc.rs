@@ -288,7 +288,7 @@ fn release(cluster: &crate::client::Cluster, job: &Job, names: &[String], token:
         ["--quiet", "-N1", "-n1", "-w", &first, "sh", "-c", &release_command(token, code)].iter().map(|s| s.to_string()).collect();
     let id = job.id;
     let launched = opts::parse(super::srun::PROG, super::srun::OPTIONS, &args, true)
-        .and_then(|p| super::srun::launch_step_in_job(&p, &id.to_string()));
+        .and_then(|p| super::srun::launch_step_in_job(&p, &id.to_string(), true));
     let ended = launched.and_then(|()| {
         let wait = async { tokio::time::timeout(Duration::from_millis(RELEASE_WAIT_MS), super::wait_for(PROG, cluster, id)).await };
         match super::block_on(PROG, wait)? {

@@ -522,6 +522,7 @@ pub fn step_spec(
         stdin: proto::StepStdin::Nothing,
         gpus_per_node,
         overlap: p.has("overlap"),
+        unrecorded: false,
     };
     spec.validate().map_err(|e| SlurmError::fatal(PROG, format!("Unable to create step: {e}")))?;
     Ok(spec)
@@ -629,10 +630,12 @@ pub fn run_step_in_job(p: &Parsed, text: &str) -> Result<i32, SlurmError> {
 }
 
 /// Starts a step of `p` in job `text`'s allocation and returns once it is launched, without
-/// following it (`salloc`'s last step, which ends the job itself).
-pub fn launch_step_in_job(p: &Parsed, text: &str) -> Result<(), SlurmError> {
+/// following it (`salloc`'s last step, which ends the job itself: `unrecorded`, see
+/// `StepSpec::unrecorded`).
+pub fn launch_step_in_job(p: &Parsed, text: &str, unrecorded: bool) -> Result<(), SlurmError> {
     let (cluster, env) = allocation_of_job(text)?;
-    let (job, spec) = prepared_step(p, &env)?;
+    let (job, mut spec) = prepared_step(p, &env)?;
+    spec.unrecorded = unrecorded;
     super::block_on(PROG, launch_step(&cluster, job, spec))?.map(|_| ())
 }
 

@@ -735,6 +735,37 @@ fn sacct_columns_and_parsable() {
     );
     let cols = sacct::parse_fields("jobid,state").unwrap();
     assert_eq!(sacct::table(&jobs[..1], &cols, sacct::Style::Parsable, false, &names_map(), 0), "42|COMPLETED|\n");
+    // Without -X: the batch script's line and each step's, with their own nodes, times and exits.
+    let mut batch = done.clone();
+    std::sync::Arc::make_mut(&mut batch.spec).set_batch(true);
+    batch.last_nodes = vec![1, 2];
+    let step = |step, name: &str, nodes: &[&str], exit_code, signal, end_ms| proto::StepRecord {
+        step,
+        name: name.into(),
+        nodes: nodes.iter().map(|n| n.to_string()).collect(),
+        ntasks: 2,
+        start_ms: 2_001_000,
+        end_ms,
+        ended_on: Vec::new(),
+        exit_code,
+        signal,
+    };
+    batch.steps = vec![
+        step(0, "python", &["gpu01", "gpu02"], 0, None, Some(2_031_000)),
+        step(1, "hostname", &["gpu02"], 3, None, Some(2_002_000)),
+        step(2, "sleep", &["gpu01"], 0, Some(9), Some(2_003_000)),
+        step(3, "stuck", &["gpu01"], 0, None, None),
+    ];
+    let cols = sacct::parse_fields("JobID,JobName,Partition,AllocCPUS,NNodes,NodeList,State,ExitCode,Elapsed").unwrap();
+    assert_eq!(
+        sacct::table_rows(&sacct::rows(&[&batch], true), &cols, sacct::Style::Parsable2, false, &names_map(), 0),
+        "42|train_model_long|gpu|8|1|gpu[01-02]|COMPLETED|0:0|00:01:05\n\
+         42.batch|batch||8|1|gpu01|COMPLETED|0:0|00:01:05\n\
+         42.0|python||16|2|gpu[01-02]|COMPLETED|0:0|00:00:30\n\
+         42.1|hostname||16|1|gpu02|FAILED|3:0|00:00:01\n\
+         42.2|sleep||16|1|gpu01|FAILED|0:9|00:00:02\n\
+         42.3|stuck||16|1|gpu01|CANCELLED|0:0|00:01:04\n"
+    );
     let cols = sacct::parse_fields("JobName%20,JobID%5").unwrap();
     assert_eq!(cols, vec![sacct::Column { name: "JobName", width: 20 }, sacct::Column { name: "JobID", width: -5 }]);
     assert_eq!(sacct::parse_fields("Bogus").unwrap_err().text, "sacct: error: Invalid field requested: \"Bogus\"");

@@ -218,13 +218,40 @@ impl Node {
         }
         let numbered = self.agent.number_step(job, user.as_deref())?;
         let step = numbered.step;
-        let result = self.launch_numbered_step(job, spec, user, numbered).await;
-        if matches!(result, Err(ApiError::Busy(_))) {
-            // Not started anywhere (only a one-node step waits for its GPUs): its number is
-            // given back, so a step that waits does not use numbers up while it waits.
+        let recorded = if spec.unrecorded { Ok(()) } else { self.record_step(job, numbered.run, step, &spec).await };
+        let result = match recorded {
+            Ok(()) => self.launch_numbered_step(job, spec, user, numbered).await,
+            Err(e) => Err(e),
+        };
+        if matches!(result, Err(ApiError::Busy(_) | ApiError::Unavailable(_) | ApiError::NoLeader)) {
+            // Not started anywhere (a one-node step waits for its GPUs; the log could not take
+            // its record): its number is given back, so a step that waits or is asked for
+            // again does not use numbers up.
             self.agent.unnumber_step(job, step);
         }
         result
+    }
+
+    /// Has the log record step `step` before its tasks start, as slurmctld records a step
+    /// before any task runs (`sacct`'s `ID.N` line): the step is not started without it.
+    async fn record_step(&self, job: JobId, run: proto::RunNo, step: u32, spec: &proto::StepSpec) -> Result<(), ApiError> {
+        let program = spec.argv.first().map_or("", String::as_str);
+        let mut name = program.rsplit('/').next().unwrap_or(program).to_string();
+        if name.len() > proto::limits::STEP_NAME_BYTES_MAX {
+            let mut cut = proto::limits::STEP_NAME_BYTES_MAX;
+            while !name.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            name.truncate(cut);
+        }
+        let nodes: Vec<String> = spec.nodes.iter().map(|n| n.name.clone()).collect();
+        let ntasks = spec.nodes.iter().map(|n| n.ranks.len() as u32).sum();
+        let request = Request::RecordStep { job, run, step, name, nodes, ntasks };
+        match self.agent_link.call(request, 0).await {
+            Ok(_) => Ok(()),
+            Err(LinkError::Api(e)) => Err(e),
+            Err(LinkError::Unreachable(e)) => Err(ApiError::Unavailable(format!("record step {job}.{step}: {e}"))),
+        }
     }
 
     async fn launch_numbered_step(
@@ -850,6 +877,30 @@ impl Node {
         Ok(Reply::Ok)
     }
 
+    /// A node's step ends, proposed at once (the proposer packs them into as few entries as
+    /// fit); one the log refuses (a second report after a handover) is ignored.
+    async fn report_step_ends(&self, node: String, ends: Vec<proto::StepEnd>, now: u64) -> Response {
+        if ends.len() > proto::STEP_ENDS_PER_REQUEST_MAX {
+            return Err(ApiError::Invalid(format!(
+                "{} step ends in one request, more than {}",
+                ends.len(),
+                proto::STEP_ENDS_PER_REQUEST_MAX
+            )));
+        }
+        let proposals = ends.into_iter().map(|e| {
+            let (job, step) = (e.job, e.step);
+            let cmd =
+                Command::StepEnded { job, run: e.run, step, node: node.clone(), exit_code: e.exit_code, signal: e.signal, now_ms: now };
+            async move { (job, step, self.propose(cmd).await) }
+        });
+        for (job, step, result) in futures_util::future::join_all(proposals).await {
+            if let CommandResult::Rejected(why) = result? {
+                debug!(job, step, why = %why, "step end ignored");
+            }
+        }
+        Ok(Reply::Ok)
+    }
+
     /// Signals every part of a running job's current run, on whichever nodes they are.
     async fn signal_job(&self, job: JobId, signal: i32, batch_only: bool) -> Response {
         let parts = self.state.read(|s| {
@@ -1005,6 +1056,11 @@ impl Node {
                 result
             }
             Request::Signal { job, signal, batch_only } => self.signal_job(job, signal, batch_only).await,
+            Request::RecordStep { job, run, step, name, nodes, ntasks } => {
+                let cmd = Command::StepStarted { job, run, step, name, nodes, ntasks, now_ms: now };
+                self.propose(cmd).await.and_then(ok_or_rejected)
+            }
+            Request::ReportStepEnds { node, ends } => self.report_step_ends(node, ends, now).await,
             Request::Suspend { job, suspend } => {
                 info!(job, suspend, by = %who.unwrap_or("root"), "operator suspends or resumes a job");
                 let result = self.propose(Command::Suspend { job, suspend, now_ms: now }).await.and_then(ok_or_rejected);
@@ -1064,6 +1120,8 @@ fn node_only(request: &Request) -> bool {
             | Request::ApplyMigLayout { .. }
             | Request::SignalPart { .. }
             | Request::SuspendPart { .. }
+            | Request::RecordStep { .. }
+            | Request::ReportStepEnds { .. }
             | Request::StepStart { .. }
     )
 }

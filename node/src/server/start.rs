@@ -378,6 +378,7 @@ fn spawn_node_loops(
         tokio::spawn(crate::metrics::serve(addr, Arc::clone(node)));
     }
     tokio::spawn(Arc::clone(agent).report_loop(Arc::clone(agent_link)));
+    tokio::spawn(Arc::clone(agent).step_end_loop(Arc::clone(agent_link)));
     tokio::spawn(Arc::clone(agent).sample_loop(probe.sampler(), Duration::from_millis(config.gpu_sample_interval_ms)));
     spawn_gpu_health(probe.as_ref(), node.id, Arc::clone(agent_link));
     tokio::spawn(renew_certificate_loop(config.clone(), endpoint.clone(), Arc::clone(client), Arc::clone(node)));
