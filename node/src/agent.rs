@@ -322,6 +322,11 @@ impl Agent {
         }))
     }
 
+    /// Whether this node runs jobs in cgroups (its process tracking and task confinement).
+    pub fn confines_jobs(&self) -> bool {
+        self.settings.cgroups.is_some()
+    }
+
     pub fn set_node_id(&self, id: NodeId) {
         self.node_id.store(id, Ordering::SeqCst);
     }

@@ -238,6 +238,41 @@ pub fn validate_node_name(name: &str) -> anyhow::Result<()> {
 }
 
 impl NodeConfig {
+    /// Slurm's `scontrol show config` keys that Corral has a counterpart for, with this node's
+    /// values in Slurm's formats, sorted by key as Slurm lists them. What Corral has no
+    /// counterpart for (slurmdbd, munge, plugins it does not load) is not listed. `cgroups`:
+    /// whether this node confines its jobs in cgroups.
+    pub fn slurm_config(&self, cgroups: bool) -> Vec<(String, String)> {
+        let secs = |ms: u64| format!("{} sec", ms.div_ceil(1000));
+        let pick = |on: bool, yes: &str, no: &str| if on { yes } else { no }.to_string();
+        let mut out: Vec<(String, String)> = [
+            ("ClusterName", self.cluster_name.clone()),
+            ("FirstJobId", "1".to_string()),
+            ("GresTypes", "gpu".to_string()),
+            ("KillWait", secs(self.kill_grace_ms)),
+            ("MaxArraySize", proto::limits::ARRAY_TASKS_MAX.to_string()),
+            ("MinJobAge", format!("{} sec", self.min_job_age_s)),
+            ("MpiDefault", "none".to_string()),
+            ("PriorityType", "priority/multifactor".to_string()),
+            ("ProctrackType", pick(cgroups, "proctrack/cgroup", "proctrack/pgid")),
+            // A DOWN node that heartbeats again is UP at once.
+            ("ReturnToService", "2".to_string()),
+            ("SchedulerType", "sched/backfill".to_string()),
+            ("SelectType", "select/cons_tres".to_string()),
+            // The longest a leader may be gone before the voters elect another.
+            ("SlurmctldTimeout", secs(self.raft.election_timeout_max_ms)),
+            ("SlurmdTimeout", secs(self.node_down_after_ms)),
+            ("StateSaveLocation", self.data_dir.display().to_string()),
+            ("TaskPlugin", pick(cgroups, "task/cgroup", "task/none")),
+            ("TmpFS", "/tmp".to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        out.sort_by_key(|(k, _)| k.to_ascii_lowercase());
+        out
+    }
+
     pub fn load(path: &Path) -> anyhow::Result<NodeConfig> {
         let text = std::fs::read_to_string(path).with_context(|| format!("read node config at {}", path.display()))?;
         let mut config: NodeConfig = toml::from_str(&text).with_context(|| format!("parse node config at {}", path.display()))?;

@@ -1537,6 +1537,9 @@ pub enum Request {
         policy: SchedulerPolicy,
     },
     GetPolicy,
+    /// Slurm's configuration keys that Corral has, with the answering node's values
+    /// (`scontrol show config`).
+    ShowConfig,
     /// Hold or release a pending job, change its time limit or partition.
     UpdateJob {
         job: JobId,
@@ -1939,6 +1942,8 @@ pub enum Reply {
         payload: Vec<u8>,
     },
     Policy(SchedulerPolicy),
+    /// (key, value) in Slurm's words and formats, sorted by key.
+    Config(Vec<(String, String)>),
     JoinTokenCreated {
         id: u64,
         secret: String,

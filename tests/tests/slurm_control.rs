@@ -387,6 +387,28 @@ fn scontrol_suspend_stops_every_task_of_a_two_node_job_and_resume_lets_it_finish
     assert_eq!((out.status.code(), stderr(&out)), (Some(1), format!("Job is pending execution for job {pending}")));
     let out = scontrol("suspend", 99_999);
     assert_eq!((out.status.code(), stderr(&out)), (Some(1), "Invalid job id specified for job 99999".to_string()));
+
+    // `scontrol show config` in Slurm 22.05's layout (checked on ../shared/peers/slurm), with
+    // the cluster's own values: its one voter is the primary controller.
+    let out = shim(&c, "scontrol", &["show", "config"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("Configuration data as of 20"), "{text}");
+    let leader = c.leader();
+    for want in [
+        "SLURM_VERSION           = 22.05.8".to_string(),
+        "SelectType              = select/cons_tres".to_string(),
+        "SchedulerType           = sched/backfill".to_string(),
+        format!("SlurmctldHost[0]        = {leader}(127.0.0.1)"),
+    ] {
+        assert!(lines.contains(&want.as_str()), "no {want:?} in\n{text}");
+    }
+    let value = |key: &str| lines.iter().find_map(|l| l.strip_prefix(&format!("{key:<23} = "))).unwrap_or_default().to_string();
+    assert!(!value("ClusterName").is_empty(), "{text}");
+    assert!(value("MinJobAge").strip_suffix(" sec").is_some_and(|s| s.parse::<u64>().is_ok()), "{text}");
+    assert!(value("SlurmdTimeout").ends_with(" sec"), "{text}");
+    assert_eq!(lines.last().copied(), Some(format!("Slurmctld(primary) at {leader} is UP").as_str()), "{text}");
 }
 
 fn scontrol_show(c: &TestCluster, job: u64) -> Vec<u8> {

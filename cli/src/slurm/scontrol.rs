@@ -1,4 +1,4 @@
-//! `scontrol`: `show hostnames|hostlist|job|node|partition`, `requeue`, the job changes
+//! `scontrol`: `show hostnames|hostlist|job|node|partition|config`, `requeue`, the job changes
 //! `hold`, `release`, `suspend`, `resume` and `update JobId=`, `update NodeName=
 //! State=DRAIN|RESUME|UNDRAIN`, and `create|update|delete PartitionName=`.
 
@@ -201,6 +201,7 @@ pub enum Command {
     ShowJob(Option<String>),
     ShowNode(Option<String>),
     ShowPartition(Option<String>),
+    ShowConfig,
     Requeue(Vec<u64>, bool),
     Hold(Vec<u64>),
     Release(Vec<u64>),
@@ -416,6 +417,7 @@ pub fn parse(args: &[String]) -> Result<Command, SlurmError> {
             _ if is(&w, "jobs", 3) => Ok(Command::ShowJob(arg)),
             _ if is(&w, "nodes", 4) => Ok(Command::ShowNode(arg)),
             _ if is(&w, "partitions", 4) => Ok(Command::ShowPartition(arg)),
+            _ if is(&w, "config", 1) => Ok(Command::ShowConfig),
             _ => Err(SlurmError::fatal(PROG, format!("invalid entity:{what} for keyword:show"))),
         };
     }
@@ -599,6 +601,7 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
             print!("{}", partitions_text(&nodes, &sinfo::Partitions::from_policy(&policy), name.as_deref())?);
             Ok(0)
         }
+        Command::ShowConfig => show_config(),
         Command::Requeue(ids, hold) => {
             let cluster = super::connect(PROG)?;
             super::block_on(PROG, async {
@@ -625,6 +628,53 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
         Command::Update { job, time_limit_ms, partition } => update_jobs(vec![job], None, time_limit_ms, partition.map(Some)),
         Command::UpdateNodes { nodes, drain } => update_nodes(nodes, drain),
         Command::EditPartition(edit) => edit_partition(edit),
+    }
+}
+
+/// `scontrol show config`: the answering node's values, and its controllers.
+fn show_config() -> Result<i32, SlurmError> {
+    let cluster = super::connect(PROG)?;
+    let (entries, nodes) = super::block_on(PROG, async {
+        let entries = match cluster.call_patiently(Request::ShowConfig, super::PATIENCE).await {
+            Ok(proto::Reply::Config(e)) => e,
+            Ok(other) => return Err(SlurmError::fatal(PROG, format!("unexpected reply {other:?}"))),
+            Err(e) => return Err(SlurmError::fatal(PROG, super::describe_error(&e))),
+        };
+        Ok((entries, super::list_nodes(PROG, &cluster).await?))
+    })??;
+    print!("{}", config_text(entries, &nodes, now_ms()));
+    Ok(0)
+}
+
+/// `scontrol show config` as Slurm 22.05 prints it: a dated head, `Key = value` lines (the key
+/// padded to 23), with `SLURM_VERSION` and a `SlurmctldHost[N]` per voter (the leader first),
+/// then whether each controller is up: the leader as primary, the other voters as backups.
+pub fn config_text(mut entries: Vec<(String, String)>, nodes: &[NodeInfo], now_ms: u64) -> String {
+    let mut voters: Vec<&NodeInfo> = nodes.iter().filter(|n| n.role != proto::NodeRole::Agent).collect();
+    voters.sort_by_key(|n| (n.role != proto::NodeRole::Leader, n.name.clone()));
+    for (i, v) in voters.iter().enumerate() {
+        entries.push((format!("SlurmctldHost[{i}]"), format!("{}({})", v.name, host_of(&v.addr))));
+    }
+    entries.push(("SLURM_VERSION".into(), super::SLURM_VERSION.into()));
+    entries.sort_by_key(|(k, _)| k.to_ascii_lowercase());
+    let mut out = format!("Configuration data as of {}\n", time::datetime(now_ms));
+    for (k, v) in &entries {
+        out.push_str(&format!("{k:<23} = {v}\n"));
+    }
+    out.push('\n');
+    for (i, v) in voters.iter().enumerate() {
+        let role = if v.role == proto::NodeRole::Leader { "primary".to_string() } else { format!("backup{i}") };
+        let up = if v.state == proto::NodeState::Down { "DOWN" } else { "UP" };
+        out.push_str(&format!("Slurmctld({role}) at {} is {up}\n", v.name));
+    }
+    out
+}
+
+/// The host of `host:port` (`[v6]:port` too).
+fn host_of(addr: &str) -> &str {
+    match addr.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(rest),
+        None => addr.rsplit_once(':').map_or(addr, |(h, _)| h),
     }
 }
 

@@ -192,7 +192,10 @@ impl Node {
                 // A node that knows no leader may be cut off or removed and hold a stale state:
                 // let the client ask another node. Cluster info stays local, for diagnosis.
                 if self.leader().0.is_none()
-                    && !matches!(request, Request::ClusterInfo | Request::Members | Request::GetPolicy | Request::AccountingDigest)
+                    && !matches!(
+                        request,
+                        Request::ClusterInfo | Request::Members | Request::GetPolicy | Request::ShowConfig | Request::AccountingDigest
+                    )
                 {
                     return Err(ApiError::NoLeader);
                 }
@@ -454,6 +457,7 @@ impl Node {
             Request::ClusterInfo => Ok(Reply::Cluster(self.cluster_info(true))),
             Request::Members => Ok(Reply::Cluster(self.cluster_info(false))),
             Request::GetPolicy => Ok(Reply::Policy(self.state.read(|s| s.policy.clone()))),
+            Request::ShowConfig => Ok(Reply::Config(self.config.slurm_config(self.agent.confines_jobs()))),
             Request::TestSubmit { spec } => self.test_submit(spec),
             other => Err(ApiError::Invalid(format!("not a read request: {other:?}"))),
         }
@@ -1035,8 +1039,6 @@ impl Node {
             Request::ReportInventory { node, inventory, reason } => {
                 self.propose(Command::UpdateInventory { node, inventory, reason, now_ms: now }).await.and_then(ok_or_rejected)
             }
-            Request::Requeue { job } => self.requeue(job, false, now).await,
-            Request::RequeueHold { job } => self.requeue(job, true, now).await,
             Request::SetPolicy { policy } => {
                 policy.validate().map_err(ApiError::Invalid)?;
                 let result = self.propose(Command::SetPolicy { policy, now_ms: now }).await.and_then(ok_or_rejected);
@@ -1049,6 +1051,16 @@ impl Node {
                 self.kick.notify_one();
                 result
             }
+            request => self.change_job_on_leader(request, who, now).await,
+        }
+    }
+
+    /// The leader's part of what changes a job's run: requeues, updates, signals, suspensions
+    /// and its steps' records.
+    async fn change_job_on_leader(&self, request: Request, who: Option<&str>, now: u64) -> Response {
+        match request {
+            Request::Requeue { job } => self.requeue(job, false, now).await,
+            Request::RequeueHold { job } => self.requeue(job, true, now).await,
             Request::UpdateJob { job, hold, time_limit_ms, partition } => {
                 let cmd = Command::UpdateJob { job, hold, time_limit_ms, partition, now_ms: now };
                 let result = self.propose(cmd).await.and_then(ok_or_rejected);
