@@ -7,6 +7,7 @@
 //! that many bytes. A bad stream is answered with an error and closed; its connection and the
 //! server go on.
 
+pub mod datagram;
 pub mod local;
 /// The QUIC implementation, for callers that hold an endpoint.
 pub use quinn;
@@ -88,6 +89,8 @@ fn transport_config() -> anyhow::Result<Arc<TransportConfig>> {
     config.max_idle_timeout(Some(idle));
     config.max_concurrent_bidi_streams(VarInt::from_u32(STREAMS_PER_CONNECTION_MAX));
     config.max_concurrent_uni_streams(VarInt::from_u32(0));
+    config.datagram_receive_buffer_size(Some(datagram::DATAGRAM_RECEIVE_BUFFER_BYTES));
+    config.datagram_send_buffer_size(datagram::DATAGRAM_RECEIVE_BUFFER_BYTES);
     Ok(Arc::new(config))
 }
 
@@ -272,6 +275,12 @@ pub const ANONYMOUS_PEER: &str = "anonymous:";
 /// Answers requests. Called once per stream, concurrently; the future must not borrow `self`.
 pub trait Handler: Send + Sync + 'static {
     fn handle(&self, peer: Peer, envelope: Envelope) -> Pin<Box<dyn Future<Output = Response> + Send + 'static>>;
+
+    /// Whether `envelope` may come as a datagram ([`datagram`]): small, idempotent requests
+    /// whose loss the caller mends by itself. Others are refused that way.
+    fn takes_datagram(&self, _envelope: &Envelope) -> bool {
+        false
+    }
 }
 
 fn peer_of(conn: &quinn::Connection) -> Peer {
@@ -318,6 +327,7 @@ pub async fn serve(endpoint: quinn::Endpoint, handler: Arc<dyn Handler>) {
 }
 
 async fn serve_connection(conn: quinn::Connection, peer: Peer, handler: Arc<dyn Handler>) {
+    tokio::spawn(datagram::serve_datagrams(conn.clone(), peer.clone(), Arc::clone(&handler)));
     let streams = Arc::new(Semaphore::new(STREAMS_PER_CONNECTION_MAX as usize));
     loop {
         let Ok(permit) = streams.clone().acquire_owned().await else {
@@ -339,7 +349,7 @@ async fn serve_connection(conn: quinn::Connection, peer: Peer, handler: Arc<dyn 
     }
 }
 
-fn codec_error(e: CodecError) -> ApiError {
+pub(crate) fn codec_error(e: CodecError) -> ApiError {
     match e {
         CodecError::Version { ours, theirs } => ApiError::Version { ours, theirs },
         other => ApiError::Invalid(other.to_string()),
@@ -502,6 +512,8 @@ struct ClientInner {
     blocked: std::sync::RwLock<Vec<String>>,
     /// After a certificate rotation: the configuration new connections dial with.
     rotated: std::sync::RwLock<Option<quinn::ClientConfig>>,
+    /// Calls made as datagrams, waiting for their replies.
+    datagrams: Arc<datagram::DatagramCalls>,
 }
 
 /// Calls peers over one endpoint, keeping one connection per address. Clones share the
@@ -536,6 +548,7 @@ impl Client {
                 idle_close,
                 blocked: std::sync::RwLock::new(Vec::new()),
                 rotated: std::sync::RwLock::new(None),
+                datagrams: Arc::default(),
             }),
         }
     }

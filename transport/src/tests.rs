@@ -18,11 +18,19 @@ struct TestHandler {
     calls: AtomicUsize,
 }
 
+/// Jobs from this id on are refused with a text of `job - LONG_REFUSAL_JOB` bytes.
+const LONG_REFUSAL_JOB: u64 = 1_000_000;
+
 impl Handler for TestHandler {
+    fn takes_datagram(&self, envelope: &Envelope) -> bool {
+        matches!(envelope.request, Request::Cancel { .. } | Request::ListNodes | Request::ClusterInfo)
+    }
+
     fn handle(&self, peer: Peer, envelope: Envelope) -> Pin<Box<dyn Future<Output = Response> + Send + 'static>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         Box::pin(async move {
             match envelope.request {
+                Request::Cancel { job } if job >= LONG_REFUSAL_JOB => Err(ApiError::Denied("d".repeat((job - LONG_REFUSAL_JOB) as usize))),
                 Request::Cancel { job } => Ok(Reply::Submitted { job }),
                 Request::ListNodes => Ok(Reply::Joined { id: 0, name: peer.common_name }),
                 Request::ClusterInfo => std::future::pending().await,
@@ -464,4 +472,88 @@ async fn a_call_to_a_peer_that_died_silently_fails_within_the_unacked_silence() 
     assert_eq!(dead, Err(CallError::Silent(UNACKED_SILENCE_MS)));
     assert!(started.elapsed() < silence * 2, "took {:?} with a {CALL_TIMEOUT:?} call timeout", started.elapsed());
     assert!(!client.lock().contains_key(&addr), "the dead peer's connection is dropped");
+}
+
+#[tokio::test]
+async fn a_datagram_call_round_trips_and_goes_by_stream_when_it_does_not_fit() {
+    let cluster = Cluster::new();
+    let server = start_server(&cluster.server_id, LOOPBACK.parse().expect("addr"));
+    let addr = server.addr.to_string();
+    let client = cluster.client("alice");
+    let resend = Duration::from_secs(5);
+    let call = |e: Envelope| {
+        let (client, addr) = (client.clone(), addr.clone());
+        async move { client.call_datagram(&addr, &e, CALL_TIMEOUT, resend).await.expect("datagram call") }
+    };
+
+    assert_eq!(call(envelope(Request::Cancel { job: 7 })).await, Ok(Reply::Submitted { job: 7 }));
+    assert_eq!(call(envelope(Request::ListNodes)).await, Ok(Reply::Joined { id: 0, name: "user:alice".into() }));
+    let conn = client.lock().get(&addr).map(|c| c.conn.clone()).expect("cached");
+    let streams_before = conn.stats().frame_tx.stream;
+    // Many at once, each answered with its own reply on the one connection, and no stream.
+    let calls: Vec<_> = (0..64u64).map(|job| tokio::spawn(call(envelope(Request::Cancel { job })))).collect();
+    for (job, c) in calls.into_iter().enumerate() {
+        assert_eq!(c.await.expect("join"), Ok(Reply::Submitted { job: job as u64 }));
+    }
+    assert_eq!(conn.stats().frame_tx.stream, streams_before, "datagram calls opened streams");
+    assert_eq!(server.handler.calls.load(Ordering::SeqCst), 2 + 64);
+
+    // Only what the handler takes as a datagram.
+    let refused = call(envelope(Request::ListJobs { include_finished: true })).await;
+    assert_eq!(refused, Err(ApiError::Invalid("this request is not taken as a datagram".into())));
+    assert_eq!(server.handler.calls.load(Ordering::SeqCst), 2 + 64);
+
+    // A request too large for a datagram goes by stream.
+    let big = Envelope { hops: 0, request: Request::Cancel { job: 9 }, user: Some("u".repeat(2 * datagram::DATAGRAM_BYTES_MAX)) };
+    assert_eq!(call(big).await, Ok(Reply::Submitted { job: 9 }));
+    assert!(conn.stats().frame_tx.stream > streams_before);
+    // A reply too large for one is asked for again by stream: the handler runs twice.
+    let calls_before = server.handler.calls.load(Ordering::SeqCst);
+    let long = call(envelope(Request::Cancel { job: LONG_REFUSAL_JOB + 3_000 })).await;
+    assert_eq!(long, Err(ApiError::Denied("d".repeat(3_000))));
+    assert_eq!(server.handler.calls.load(Ordering::SeqCst), calls_before + 2);
+    // A short refusal comes back as it is.
+    let short = call(envelope(Request::Cancel { job: LONG_REFUSAL_JOB + 10 })).await;
+    assert_eq!(short, Err(ApiError::Denied("d".repeat(10))));
+}
+
+#[tokio::test]
+async fn an_unanswered_datagram_call_is_resent_then_times_out_and_a_live_peer_keeps_its_connection() {
+    let cluster = Cluster::new();
+    let server = start_server(&cluster.server_id, LOOPBACK.parse().expect("addr"));
+    let addr = server.addr.to_string();
+    let client = cluster.client("alice");
+    assert_eq!(
+        client.call_datagram(&addr, &envelope(Request::Cancel { job: 1 }), CALL_TIMEOUT, CALL_TIMEOUT).await.expect("call"),
+        Ok(Reply::Submitted { job: 1 })
+    );
+    let conn = client.lock().get(&addr).map(|c| c.conn.clone()).expect("cached");
+
+    // ClusterInfo is never answered: sent every 100 ms until the 450 ms are up.
+    let started = std::time::Instant::now();
+    let slow = client.call_datagram(&addr, &envelope(Request::ClusterInfo), Duration::from_millis(450), Duration::from_millis(100)).await;
+    assert_eq!(slow, Err(CallError::Timeout));
+    assert!(started.elapsed() < Duration::from_millis(1_000), "{:?}", started.elapsed());
+    // The first send and four resends reach the handler (the last one may still be on its way).
+    let deadline = std::time::Instant::now() + CALL_TIMEOUT;
+    while server.handler.calls.load(Ordering::SeqCst) < 1 + 5 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(server.handler.calls.load(Ordering::SeqCst), 1 + 5);
+    // The peer acknowledged the datagrams: alive, so its connection stays for the next call.
+    assert_eq!(client.lock().get(&addr).map(|c| c.conn.stable_id()), Some(conn.stable_id()));
+    assert_eq!(
+        client.call_datagram(&addr, &envelope(Request::Cancel { job: 2 }), CALL_TIMEOUT, CALL_TIMEOUT).await.expect("call"),
+        Ok(Reply::Submitted { job: 2 })
+    );
+
+    // A server that went away: the call fails within its time.
+    server.endpoint.close(VarInt::from_u32(0), b"stop");
+    let gone =
+        client.call_datagram(&addr, &envelope(Request::Cancel { job: 3 }), Duration::from_millis(500), Duration::from_millis(100)).await;
+    assert!(gone.is_err(), "{gone:?}");
+    // Blocked addresses are refused at once, as for a call.
+    client.set_blocked(vec!["*".into()]);
+    let blocked = client.call_datagram(&addr, &envelope(Request::Cancel { job: 4 }), CALL_TIMEOUT, CALL_TIMEOUT).await;
+    assert!(matches!(blocked, Err(CallError::Connect(_))), "{blocked:?}");
 }
