@@ -95,6 +95,10 @@ pub struct BenchArgs {
     /// Skip the peer run with direct heartbeats.
     #[arg(long)]
     pub nodes_no_direct_peer: bool,
+    /// Also a peer run at rest with relayed heartbeats as one stream call each (as before
+    /// datagrams).
+    #[arg(long)]
+    pub nodes_stream_peer: bool,
 }
 
 /// The `p` quantile (0 to 1) of `sorted`; NaN when empty.
@@ -258,6 +262,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             heartbeat_interval_ms: args.nodes_heartbeat_interval_ms,
             node_down_after_ms: args.nodes_down_after_ms,
             direct_peer: !args.nodes_no_direct_peer,
+            stream_peer: args.nodes_stream_peer,
         };
         return crate::bench_nodes::run(opts, args.dir.clone()).await;
     }

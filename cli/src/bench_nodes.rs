@@ -4,8 +4,9 @@
 //! CPU and RSS of each voter at rest and while jobs run, how long a silenced node takes to be
 //! declared down and its `--requeue` job to run again, and leader failovers (how long until
 //! every node has a heartbeat acknowledged by the new leader; nodes wrongly declared down;
-//! nodes that fenced). The same cluster is measured with the nodes heartbeating the leader
-//! directly, as every node did before relays, as the peer of the relayed figures.
+//! nodes that fenced). Two peers, each the same cluster at rest: the nodes heartbeating the
+//! leader directly, as every node did before relays, and the nodes heartbeating their relays
+//! by one stream call each, as they did before heartbeats became datagrams.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -28,6 +29,40 @@ pub struct NodesBench {
     pub node_down_after_ms: u64,
     /// Also measure the cluster at rest with every node heartbeating the leader directly.
     pub direct_peer: bool,
+    /// Also measure the cluster at rest with relayed heartbeats as stream calls.
+    pub stream_peer: bool,
+}
+
+/// Each process's (name, % of a core, RSS MiB) over a window.
+type Figures = Vec<(String, f64, f64)>;
+
+/// How the simulated nodes heartbeat.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Beats {
+    /// To their relays, as datagrams: what a node does.
+    Relayed,
+    /// To their relays, one stream call each (before datagrams).
+    RelayedStreams,
+    /// To the leader, one stream call each (before relays).
+    Direct,
+}
+
+impl Beats {
+    fn name(self) -> &'static str {
+        match self {
+            Beats::Relayed => "sim",
+            Beats::RelayedStreams => "streams",
+            Beats::Direct => "direct",
+        }
+    }
+
+    fn says(self) -> &'static str {
+        match self {
+            Beats::Relayed => "relayed, as datagrams",
+            Beats::RelayedStreams => "relayed, one stream call each",
+            Beats::Direct => "every node heartbeating the leader directly",
+        }
+    }
 }
 
 /// The simulated nodes' process and its control lines.
@@ -38,8 +73,8 @@ struct Sim {
 }
 
 impl Sim {
-    async fn start(dir: &Path, count: usize, direct: bool, patience: Duration) -> anyhow::Result<(Sim, u64)> {
-        let log = std::fs::File::create(dir.join(if direct { "sim-direct.log" } else { "sim.log" })).context("create the sim log")?;
+    async fn start(dir: &Path, count: usize, beats: Beats, patience: Duration) -> anyhow::Result<(Sim, u64)> {
+        let log = std::fs::File::create(dir.join(format!("{}.log", beats.name()))).context("create the sim log")?;
         let mut cmd = tokio::process::Command::new(dev::corrald_binary());
         cmd.arg("--sim-nodes")
             .arg(count.to_string())
@@ -48,9 +83,15 @@ impl Sim {
             .arg("--sim-ca-dir")
             .arg(dir)
             .arg("--sim-prefix")
-            .arg(if direct { "direct" } else { "sim" });
-        if direct {
-            cmd.arg("--sim-direct-to-leader");
+            .arg(beats.name());
+        match beats {
+            Beats::Relayed => {}
+            Beats::RelayedStreams => {
+                cmd.arg("--sim-stream-heartbeats");
+            }
+            Beats::Direct => {
+                cmd.arg("--sim-direct-to-leader");
+            }
         }
         cmd.env("RUST_LOG", "error")
             .stdin(std::process::Stdio::piped())
@@ -328,19 +369,22 @@ async fn one_size(base: &Path, opts: &NodesBench, count: usize) -> anyhow::Resul
         node_down_after_ms: opts.node_down_after_ms,
         ..crate::bench::three_nodes()
     };
-    let mut direct = None;
-    if opts.direct_peer {
-        let dir = base.join(format!("nodes-{count}-direct"));
+    let mut peers = Vec::new();
+    for (beats, wanted) in [(Beats::Direct, opts.direct_peer), (Beats::RelayedStreams, opts.stream_peer)] {
+        if !wanted {
+            continue;
+        }
+        let dir = base.join(format!("nodes-{count}-{}", beats.name()));
         dev::up(&dir, &dev_opts).await?;
-        let result = at_rest_direct(&dir, count).await;
+        let result = at_rest_peer(&dir, count, beats).await;
         if let Err(e) = dev::down(&dir) {
             eprintln!("stop the bench cluster: {e:#}");
         }
-        direct = Some(result?);
+        peers.push((beats, result?));
     }
     let dir = base.join(format!("nodes-{count}"));
     dev::up(&dir, &dev_opts).await?;
-    let result = measure(&dir, opts, count, direct).await;
+    let result = measure(&dir, opts, count, &peers).await;
     if let Err(e) = dev::down(&dir) {
         eprintln!("stop the bench cluster: {e:#}");
     }
@@ -351,34 +395,44 @@ async fn one_size(base: &Path, opts: &NodesBench, count: usize) -> anyhow::Resul
 const SETTLE: Duration = Duration::from_secs(15);
 const WINDOW: Duration = Duration::from_secs(10);
 
-/// The peer: the same cluster with every node heartbeating the leader directly, at rest. The
-/// leader's % of a core.
-async fn at_rest_direct(dir: &Path, count: usize) -> anyhow::Result<f64> {
+/// A peer: the same cluster at rest with the nodes heartbeating as `beats` says: % of a core
+/// and RSS of the leader, the voters and the simulated nodes.
+async fn at_rest_peer(dir: &Path, count: usize, beats: Beats) -> anyhow::Result<Figures> {
     let cluster = Cluster::connect(dir, None)?;
-    let (mut sim, join_ms) = Sim::start(dir, count, true, Duration::from_secs(900)).await?;
+    let (mut sim, join_ms) = Sim::start(dir, count, beats, Duration::from_secs(900)).await?;
     tokio::time::sleep(SETTLE).await;
     let procs = processes(&cluster, dir, &sim).await?;
     let figures = cpu_over(&procs, WINDOW).await?;
-    print_cpu(&format!("at rest, every node heartbeating the leader directly (joined in {join_ms} ms)"), &figures);
+    print_cpu(&format!("at rest, {} (joined in {join_ms} ms)", beats.says()), &figures);
     println!("    nodes that fenced: {}", sim.fences().await?);
-    Ok(figures[0].1)
+    Ok(figures)
 }
 
-async fn measure(dir: &Path, opts: &NodesBench, count: usize, direct_leader_pct: Option<f64>) -> anyhow::Result<()> {
+/// The relayed figures against each peer's, process by process in order (leader, voters, the
+/// simulated nodes), as ratios.
+fn print_ratios(rest: &[(String, f64, f64)], peers: &[(Beats, Figures)]) {
+    for (beats, peer) in peers {
+        let parts: Vec<String> = rest
+            .iter()
+            .zip(peer)
+            .map(|((name, ours, _), (_, theirs, _))| {
+                let role = name.split_whitespace().next().unwrap_or(name);
+                format!("{role} {ours:.1}% against {theirs:.1}% (ratio {:.2}x)", theirs / ours.max(0.1))
+            })
+            .collect();
+        println!("    at rest against {}: {}", beats.says(), parts.join(", "));
+    }
+}
+
+async fn measure(dir: &Path, opts: &NodesBench, count: usize, peers: &[(Beats, Figures)]) -> anyhow::Result<()> {
     let workdir = dir.display().to_string();
     let cluster = std::sync::Arc::new(Cluster::connect(dir, None)?);
-    let (mut sim, join_ms) = Sim::start(dir, count, false, Duration::from_secs(900)).await?;
+    let (mut sim, join_ms) = Sim::start(dir, count, Beats::Relayed, Duration::from_secs(900)).await?;
     tokio::time::sleep(SETTLE).await;
     let procs = processes(&cluster, dir, &sim).await?;
     let rest = cpu_over(&procs, WINDOW).await?;
-    print_cpu(&format!("at rest, relayed (joined in {join_ms} ms)"), &rest);
-    if let Some(direct) = direct_leader_pct {
-        println!(
-            "    the leader at rest: relayed {:.1}% of a core against {direct:.1}% direct (ratio {:.1}x)",
-            rest[0].1,
-            direct / rest[0].1.max(0.1)
-        );
-    }
+    print_cpu(&format!("at rest, {} (joined in {join_ms} ms)", Beats::Relayed.says()), &rest);
+    print_ratios(&rest, peers);
     // At most half the simulated GPUs (8 per node), so each job starts at once.
     let jobs = opts.jobs.min(count * 4);
     let took_s = run_jobs(&cluster, &workdir, jobs).await?;

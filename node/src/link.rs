@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use proto::{ApiError, Envelope, Reply, Request};
+use tracing::debug;
 use transport::Client;
 
 pub struct LeaderLink {
@@ -39,13 +40,17 @@ impl LeaderLink {
         }
     }
 
-    /// The members to try first, in order (`liveness::relay_order`). A new order forgets the
-    /// preferred member, so nodes move to their new relay when the voters change.
+    /// The members to try first, in order (`liveness::relay_order`). A preferred member other
+    /// than the order's head is forgotten, so nodes move to their new relay when the voters
+    /// change, and come back to it from wherever a failure sent them (at each members check:
+    /// a node whose first beat went to the leader while its order was being set stayed on the
+    /// leader for good, and at 1,000 nodes the leader answered most beats itself).
     pub fn set_first(&self, order: Vec<String>) {
-        let mut first = lock(&self.first);
-        if *first != order {
-            *first = order;
-            self.set_preferred(None);
+        let head = order.first().cloned();
+        *lock(&self.first) = order;
+        let mut preferred = lock(&self.preferred);
+        if preferred.is_some() && *preferred != head {
+            *preferred = None;
         }
     }
 
@@ -70,7 +75,7 @@ impl LeaderLink {
 
     /// [`LeaderLink::call`] on behalf of `user` (a client's request this node forwards).
     pub async fn call_as(&self, request: Request, hops: u8, user: Option<String>) -> Result<Reply, LinkError> {
-        self.call_with(request, hops, user, false).await
+        self.call_with(request, hops, user, Carrier::Stream).await
     }
 
     /// [`LeaderLink::call_as`] for a client's request: a member that leaves the request
@@ -79,10 +84,17 @@ impl LeaderLink {
     /// call timeout. Heartbeats keep [`LeaderLink::call`]: a saturated relay must not lose
     /// every node's connection at once.
     pub async fn forward_as(&self, request: Request, hops: u8, user: Option<String>) -> Result<Reply, LinkError> {
-        self.call_with(request, hops, user, true).await
+        self.call_with(request, hops, user, Carrier::StreamFailingOnSilence).await
     }
 
-    async fn call_with(&self, request: Request, hops: u8, user: Option<String>, fail_on_silence: bool) -> Result<Reply, LinkError> {
+    /// [`LeaderLink::call`] as a datagram to each member (`transport::datagram`), sent again
+    /// every quarter of the call timeout while unanswered: for a heartbeat, small and
+    /// idempotent, sent by every node of a fleet every interval.
+    pub async fn call_datagram(&self, request: Request, hops: u8) -> Result<Reply, LinkError> {
+        self.call_with(request, hops, None, Carrier::Datagram).await
+    }
+
+    async fn call_with(&self, request: Request, hops: u8, user: Option<String>, carrier: Carrier) -> Result<Reply, LinkError> {
         let mut order: Vec<String> = Vec::new();
         if let Some(p) = lock(&self.preferred).clone() {
             order.push(p);
@@ -108,10 +120,10 @@ impl LeaderLink {
             let addr = order[i].clone();
             i += 1;
             let connect = Duration::from_millis(transport::CONNECT_TIMEOUT_MS);
-            let call = if fail_on_silence {
-                self.client.call_failing_on_silence(&addr, &envelope, self.call_timeout, connect).await
-            } else {
-                self.client.call(&addr, &envelope, self.call_timeout).await
+            let call = match carrier {
+                Carrier::Stream => self.client.call(&addr, &envelope, self.call_timeout).await,
+                Carrier::StreamFailingOnSilence => self.client.call_failing_on_silence(&addr, &envelope, self.call_timeout, connect).await,
+                Carrier::Datagram => self.client.call_datagram(&addr, &envelope, self.call_timeout, self.call_timeout / 4).await,
             };
             match call {
                 Ok(Ok(reply)) => {
@@ -123,6 +135,7 @@ impl LeaderLink {
                     order.insert(i, leader);
                 }
                 Ok(Err(e @ (ApiError::NotLeader { .. } | ApiError::NoLeader | ApiError::Unavailable(_)))) => {
+                    debug!(member = %addr, error = %e, "member cannot take the call, trying the next");
                     last_error = format!("{addr}: {e}");
                 }
                 Ok(Err(e)) => return Err(LinkError::Api(e)),
@@ -138,12 +151,23 @@ impl LeaderLink {
                     if suspects.len() < 64 && !suspects.iter().any(|(s, _)| *s == addr) {
                         suspects.push((addr.clone(), std::time::Instant::now() + SUSPECT_FOR));
                     }
+                    debug!(member = %addr, error = %e, "member not reached, trying the next");
                     last_error = format!("{addr}: {e}");
                 }
             }
         }
         Err(LinkError::Unreachable(last_error))
     }
+}
+
+/// How a call travels to each member.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Carrier {
+    Stream,
+    /// A client's request: given up on a member that leaves it unacknowledged.
+    StreamFailingOnSilence,
+    /// A heartbeat (`transport::datagram`).
+    Datagram,
 }
 
 /// How long a member that could not be reached goes last in the order.
@@ -175,6 +199,31 @@ mod tests {
                 }
             })
         }
+    }
+
+    #[test]
+    fn the_relay_order_takes_a_node_back_to_its_first_relay() {
+        let client = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(async {
+            let ca = transport::generate_ca("test").expect("ca");
+            let node = transport::issue_node_cert(&ca, "n9", &["127.0.0.1".into()]).expect("node cert");
+            let id = TlsIdentity::from_pems(&ca.cert_pem, &node.cert_pem, &node.key_pem).expect("identity");
+            Arc::new(Client::new(transport::endpoint("127.0.0.1:0".parse().expect("addr"), &id, false).expect("endpoint")))
+        });
+        let link = LeaderLink::new(client, vec!["leader".into()], Duration::from_millis(300));
+        let order = vec!["relay-a".to_string(), "relay-b".to_string(), "leader".to_string()];
+        // A beat in flight while the order is set lands on the leader afterwards.
+        link.set_first(order.clone());
+        link.set_preferred(Some("leader".into()));
+        // The next members check (the same order) sends it back to its relay.
+        link.set_first(order.clone());
+        assert_eq!(*lock(&link.preferred), None);
+        // A node already on its first relay stays there.
+        link.set_preferred(Some("relay-a".into()));
+        link.set_first(order);
+        assert_eq!(lock(&link.preferred).as_deref(), Some("relay-a"));
+        // A new order whose head is another relay moves it.
+        link.set_first(vec!["relay-b".into(), "leader".into()]);
+        assert_eq!(*lock(&link.preferred), None);
     }
 
     #[tokio::test]

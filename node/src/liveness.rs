@@ -99,6 +99,11 @@ pub trait Heartbeating: Send + Sync + 'static {
     fn silenced(&self) -> bool {
         false
     }
+    /// Whether beats go as QUIC datagrams (`transport::datagram`); else each is a stream call,
+    /// as before datagrams (the bench's peer).
+    fn beats_as_datagrams(&self) -> bool {
+        true
+    }
 }
 
 /// Heartbeats through `link` every `interval`, fencing once no heartbeat sent in the last
@@ -130,7 +135,14 @@ pub async fn heartbeat_loop<H: Heartbeating>(node: Arc<H>, link: Arc<LeaderLink>
         }
         // The lease counts from the send: the leader hears the beat after this, by any path.
         let sent_at = Instant::now();
-        let beat = match tokio::time::timeout(budget, link.call(node.heartbeat(), 0)).await {
+        let call = async {
+            if node.beats_as_datagrams() {
+                link.call_datagram(node.heartbeat(), 0).await
+            } else {
+                link.call(node.heartbeat(), 0).await
+            }
+        };
+        let beat = match tokio::time::timeout(budget, call).await {
             Ok(beat) => beat,
             Err(_) => Err(LinkError::Unreachable(format!("no member acknowledged within {} ms", budget.as_millis()))),
         };

@@ -35,6 +35,9 @@ struct Args {
     /// Simulated nodes heartbeat the leader directly (no relay), for comparison.
     #[arg(long, hide = true)]
     sim_direct_to_leader: bool,
+    /// Simulated nodes heartbeat by stream calls, not datagrams, for comparison.
+    #[arg(long, hide = true)]
+    sim_stream_heartbeats: bool,
 }
 
 /// The exit status of a daemon that handed its runs over (EX_TEMPFAIL): systemd restarts it
@@ -65,6 +68,7 @@ fn main() -> anyhow::Result<()> {
             count,
             prefix: args.sim_prefix.clone(),
             direct_to_leader: args.sim_direct_to_leader,
+            stream_heartbeats: args.sim_stream_heartbeats,
         });
     }
     let config_path = args.config.context("--config is required")?;

@@ -51,6 +51,9 @@ pub struct SimOptions {
     /// Heartbeat the leader directly instead of a relay (each beat is one request to the
     /// leader: how every node heartbeated before relays, for the bench's comparison).
     pub direct_to_leader: bool,
+    /// Heartbeat as one stream call each, as nodes did before datagrams (the bench's peer);
+    /// always so with `direct_to_leader`.
+    pub stream_heartbeats: bool,
 }
 
 #[derive(Default, serde::Serialize)]
@@ -77,6 +80,8 @@ struct SimNode {
     ack_term: AtomicU64,
     /// Wall clock (Unix ms) when the last acknowledged heartbeat was sent.
     acked_sent_unix_ms: AtomicU64,
+    /// Heartbeats as datagrams (`liveness::Heartbeating::beats_as_datagrams`).
+    datagrams: bool,
     stats: Arc<SimStats>,
 }
 
@@ -204,6 +209,10 @@ impl Heartbeating for SimNode {
     fn silenced(&self) -> bool {
         self.silenced.load(Ordering::SeqCst)
     }
+
+    fn beats_as_datagrams(&self) -> bool {
+        self.datagrams
+    }
 }
 
 struct SimHandler {
@@ -263,7 +272,8 @@ async fn run_async(opts: SimOptions) -> anyhow::Result<()> {
     let mut joined = tokio::task::JoinSet::new();
     for i in 1..=opts.count {
         let name = format!("{}{i}", opts.prefix);
-        let (node, heartbeat_link, join) = start_node(&config, &ca, &name, inventory.clone(), Arc::clone(&stats))?;
+        let datagrams = !(opts.direct_to_leader || opts.stream_heartbeats);
+        let (node, heartbeat_link, join) = start_node(&config, &ca, &name, inventory.clone(), datagrams, Arc::clone(&stats))?;
         nodes.insert(name.clone(), Arc::clone(&node));
         let joins = Arc::clone(&joins);
         let interval = Duration::from_millis(config.heartbeat_interval_ms);
@@ -290,6 +300,7 @@ fn start_node(
     ca: &PemPair,
     name: &str,
     inventory: Inventory,
+    datagrams: bool,
     stats: Arc<SimStats>,
 ) -> anyhow::Result<(Arc<SimNode>, Arc<LeaderLink>, Request)> {
     let host = config.listen.ip().to_string();
@@ -317,6 +328,7 @@ fn start_node(
         fence_after: Duration::from_millis(config.fence_after_ms()),
         ack_term: AtomicU64::new(0),
         acked_sent_unix_ms: AtomicU64::new(0),
+        datagrams,
         stats,
     });
     tokio::spawn(transport::serve(endpoint, Arc::new(SimHandler { node: Arc::clone(&node) })));

@@ -1146,6 +1146,11 @@ pub struct Api {
 }
 
 impl Handler for Api {
+    /// Heartbeats only: a node sends one every interval and mends a lost one itself.
+    fn takes_datagram(&self, envelope: &Envelope) -> bool {
+        matches!(envelope.request, Request::Heartbeat { .. })
+    }
+
     fn handle(&self, peer: Peer, mut envelope: Envelope) -> Pin<Box<dyn Future<Output = Response> + Send + 'static>> {
         // Who is asking: a user's certificate names them; a node may act for the user whose
         // request it forwards.
