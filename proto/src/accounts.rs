@@ -335,7 +335,7 @@ impl Accounts {
         for e in edits {
             db.edit_one(&mut pol, e, &live_jobs)?;
         }
-        db.validate(&pol)?;
+        db.validate()?;
         pol.validate()?;
         *self = db;
         *policy = pol;
@@ -529,7 +529,7 @@ impl Accounts {
     }
 
     /// Bounds, and that every name points at something that exists.
-    fn validate(&self, policy: &SchedulerPolicy) -> Result<(), String> {
+    fn validate(&self) -> Result<(), String> {
         if self.accounts.len() > ACCOUNTS_MAX {
             return Err(format!("at most {ACCOUNTS_MAX} accounts"));
         }
@@ -541,19 +541,11 @@ impl Accounts {
                 return Err(format!("User '{}' has no association with its default account '{}'", u.name, u.default_account));
             }
         }
-        let qos_exists = |q: &str| q == crate::DEFAULT_QOS || policy.qos.iter().any(|d| d.name == q);
-        let lists = self
-            .accounts
-            .values()
-            .map(|a| (&a.qos, &a.default_qos))
-            .chain(self.users.values().flat_map(|u| u.assocs.values().map(|a| (&a.qos, &a.default_qos))));
-        for (qos, default) in lists {
-            if qos.len() > QOS_PER_ASSOC_MAX {
-                return Err(format!("at most {QOS_PER_ASSOC_MAX} QOS per association"));
-            }
-            if let Some(q) = qos.iter().chain(default.iter()).find(|q| !qos_exists(q)) {
-                return Err(format!("Invalid qos '{q}'"));
-            }
+        // The QoS an edit names are checked as it is applied (`apply_qos_changes`): a QoS that
+        // a policy replacement dropped since must not block every later edit.
+        let mut lists = self.accounts.values().map(|a| &a.qos).chain(self.users.values().flat_map(|u| u.assocs.values().map(|a| &a.qos)));
+        if lists.any(|q| q.len() > QOS_PER_ASSOC_MAX) {
+            return Err(format!("at most {QOS_PER_ASSOC_MAX} QOS per association"));
         }
         Ok(())
     }
@@ -582,6 +574,9 @@ fn apply_qos_changes(
         *qos = list.clone();
     }
     if let Some(d) = &changes.default_qos {
+        if let Some(q) = d.as_deref().filter(|q| !exists(q)) {
+            return Err(format!("Invalid qos '{q}'"));
+        }
         *default = d.clone();
     }
     // Slurm refuses a default QoS the association may not use.

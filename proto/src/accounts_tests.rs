@@ -81,7 +81,14 @@ fn qos_lists_and_defaults_are_inherited_and_checked() {
     let outside = AssocChanges { qos: Some(vec!["normal".into()]), default_qos: Some(Some("high".into())), ..Default::default() };
     let edit = AccountsEdit::ModifyUser { name: "alice".into(), account: Some("hep".into()), changes: outside, default_account: None };
     assert!(db.edit(&mut policy, &[edit], no_jobs).is_err());
+    let unknown_default = AssocChanges { default_qos: Some(Some("gold".into())), ..Default::default() };
+    let edit = AccountsEdit::ModifyAccount { name: "hep".into(), changes: unknown_default };
+    assert_eq!(db.edit(&mut policy, &[edit], no_jobs), Err("Invalid qos 'gold'".into()));
     assert_eq!((db.clone(), policy.clone()), before);
+    // A QoS the policy dropped since (`corral policy set`) blocks no later edit.
+    let mut dropped = policy.clone();
+    dropped.qos.clear();
+    assert_eq!(db.clone().edit(&mut dropped, &[add_account("bio", None)], no_jobs), Ok(()));
     // Deleting the QoS takes it out of every list.
     assert_eq!(db.edit(&mut policy, &[AccountsEdit::DeleteQos { name: "high".into() }], no_jobs), Ok(()));
     assert_eq!(db.accounts["phys"].qos, vec!["normal".to_string()]);

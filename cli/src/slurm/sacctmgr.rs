@@ -99,7 +99,8 @@ pub fn parse(args: &[String]) -> Result<(Options, Action), SlurmError> {
             "--noheader" => opts.header = false,
             "--parsable" => opts.parsable = Parsable::Ending,
             "--parsable2" => opts.parsable = Parsable::NoEnding,
-            flags if flags.starts_with('-') && flags.len() > 1 && !flags.starts_with("--") && words.is_empty() => {
+            // getopt's order: options anywhere (no value of sacctmgr's starts with '-').
+            flags if flags.starts_with('-') && flags.len() > 1 && !flags.starts_with("--") => {
                 for c in flags[1..].chars() {
                     match c {
                         'i' => opts.immediate = true,

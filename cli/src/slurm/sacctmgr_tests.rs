@@ -28,7 +28,7 @@ fn refusal(args: &str) -> String {
 fn options_and_add_commands() {
     let (opts, _) = parse(&argv("-i -nP show assoc")).expect("valid");
     assert_eq!(opts, Options { immediate: true, header: false, parsable: Parsable::NoEnding });
-    let (opts, _) = parse(&argv("--parsable --noheader list qos")).expect("valid");
+    let (opts, _) = parse(&argv("list qos --parsable --noheader")).expect("valid");
     assert_eq!((opts.parsable, opts.header, opts.immediate), (Parsable::Ending, false, false));
     assert_eq!(
         edits("add account phys Description=Physics Organization=sci"),
