@@ -188,3 +188,11 @@ fn tables_as_slurm_prints_them() {
     // A value wider than its column is cut, its last character '+'.
     assert_eq!(show(&db, &policy, "-n show account where name=root format=Descr%8"), "default+ \n");
 }
+
+#[test]
+fn a_policy_file_carries_qos_limits() {
+    let text = "[[qos]]\nname = \"high\"\npriority = 100\nlimits = { max_jobs = 2, grp_gpus_max = 16 }\n";
+    let policy: SchedulerPolicy = toml::from_str(text).expect("the README's policy form parses");
+    assert_eq!((policy.qos[0].limits.max_jobs, policy.qos[0].limits.grp_gpus_max), (Some(2), Some(16)));
+    assert!(toml::from_str::<SchedulerPolicy>("[[qos]]\nname = \"x\"\nlimits = { max_gpus = 1 }\n").is_err(), "unknown limits are refused");
+}
