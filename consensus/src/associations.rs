@@ -230,7 +230,12 @@ mod tests {
         s.bind_accounting(&mut plain);
         assert_eq!(plain, spec("alice", None), "nothing bound while nothing is enforced");
         let wall = LimitChanges { max_wall_min: Some(Some(90)), ..Default::default() };
-        let assoc = AssocChanges { limits: wall, qos: Some(vec!["normal".into(), "high".into()]), default_qos: Some(Some("high".into())) };
+        let assoc = AssocChanges {
+            limits: wall,
+            qos: Some(vec!["normal".into(), "high".into()]),
+            default_qos: Some(Some("high".into())),
+            ..Default::default()
+        };
         let edits = vec![add_account("phys"), add_user("alice", "phys"), AccountsEdit::AddQos { name: "high".into(), priority: None }];
         assert_eq!(edit(&mut s, edits), CommandResult::Ok);
         assert_eq!(edit(&mut s, vec![modify_user("alice", assoc)]), CommandResult::Ok);

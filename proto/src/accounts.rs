@@ -144,6 +144,10 @@ impl Default for Accounts {
 pub struct AssocChanges {
     pub limits: LimitChanges,
     pub qos: Option<Vec<String>>,
+    /// `QOS+=a,b` and `QOS-=a,b`: added to and taken from the list in effect (the inherited
+    /// one where the association has none of its own), after `qos`.
+    pub qos_add: Vec<String>,
+    pub qos_remove: Vec<String>,
     /// `Some(None)` clears it.
     pub default_qos: Option<Option<String>>,
 }
@@ -279,7 +283,16 @@ impl Accounts {
     /// else `normal` alone (Slurm's root association allows `normal`).
     pub fn allowed_qos(&self, user: &str, account: &str) -> Vec<String> {
         let own = self.assoc(user, account).map(|a| a.qos.clone()).filter(|q| !q.is_empty());
-        own.or_else(|| self.lineage(account).into_iter().map(|a| a.qos.clone()).find(|q| !q.is_empty()))
+        own.unwrap_or_else(|| self.account_qos(account))
+    }
+
+    /// QoS the association of `account` allows: its list, else its nearest ancestor's, else
+    /// `normal` alone.
+    pub fn account_qos(&self, account: &str) -> Vec<String> {
+        self.lineage(account)
+            .into_iter()
+            .map(|a| a.qos.clone())
+            .find(|q| !q.is_empty())
             .unwrap_or_else(|| vec![crate::DEFAULT_QOS.to_string()])
     }
 
@@ -355,9 +368,11 @@ impl Accounts {
             AccountsEdit::AddUser { name, account, default_account } => self.add_user(name, account, default_account.as_deref()),
             AccountsEdit::AddQos { name, priority } => add_qos(policy, name, *priority),
             AccountsEdit::ModifyAccount { name, changes } => {
+                let parent = self.accounts.get(name).and_then(|a| a.parent.clone());
+                let inherited = parent.map_or_else(|| vec![crate::DEFAULT_QOS.to_string()], |p| self.account_qos(&p));
                 let a = self.accounts.get_mut(name).ok_or_else(|| format!("Account '{name}' does not exist"))?;
                 changes.limits.apply_to(&mut a.limits);
-                apply_qos_changes(changes, &mut a.qos, &mut a.default_qos, policy)
+                apply_qos_changes(changes, &mut a.qos, &mut a.default_qos, &inherited, policy)
             }
             AccountsEdit::ModifyUser { name, account, changes, default_account } => {
                 self.modify_user(policy, name, account.as_deref(), changes, default_account.as_deref())
@@ -428,6 +443,8 @@ impl Accounts {
         changes: &AssocChanges,
         default_account: Option<&str>,
     ) -> Result<(), String> {
+        let accounts: Vec<String> = self.users.get(name).map(|u| u.assocs.keys().cloned().collect()).unwrap_or_default();
+        let inherited: BTreeMap<String, Vec<String>> = accounts.into_iter().map(|a| (a.clone(), self.account_qos(&a))).collect();
         let user = self.users.get_mut(name).ok_or_else(|| format!("User '{name}' does not exist"))?;
         if let Some(a) = account {
             if !user.assocs.contains_key(a) {
@@ -439,7 +456,8 @@ impl Accounts {
                 continue;
             }
             changes.limits.apply_to(&mut assoc.limits);
-            apply_qos_changes(changes, &mut assoc.qos, &mut assoc.default_qos, policy)?;
+            let from = inherited.get(acct).map_or(&[][..], Vec::as_slice);
+            apply_qos_changes(changes, &mut assoc.qos, &mut assoc.default_qos, from, policy)?;
         }
         if let Some(d) = default_account {
             user.default_account = d.to_string();
@@ -560,18 +578,31 @@ fn refuse_if_active(jobs: Vec<crate::JobId>) -> Result<(), String> {
     Err(format!("Job(s) active, cancel job(s) before remove: {}{more}", ids.join(",")))
 }
 
+/// `changes`' QoS list, additions, removals and default on an association whose list is
+/// `qos` (empty: `inherited` holds).
 fn apply_qos_changes(
     changes: &AssocChanges,
     qos: &mut Vec<String>,
     default: &mut Option<String>,
+    inherited: &[String],
     policy: &SchedulerPolicy,
 ) -> Result<(), String> {
     let exists = |q: &str| q == crate::DEFAULT_QOS || policy.qos.iter().any(|d| d.name == q);
+    if let Some(q) = changes.qos.iter().flatten().chain(&changes.qos_add).find(|q| !exists(q)) {
+        return Err(format!("Invalid qos '{q}'"));
+    }
     if let Some(list) = &changes.qos {
-        if let Some(q) = list.iter().find(|q| !exists(q)) {
-            return Err(format!("Invalid qos '{q}'"));
-        }
         *qos = list.clone();
+    }
+    if !changes.qos_add.is_empty() || !changes.qos_remove.is_empty() {
+        let mut list = if qos.is_empty() { inherited.to_vec() } else { qos.clone() };
+        for q in &changes.qos_add {
+            if !list.contains(q) {
+                list.push(q.clone());
+            }
+        }
+        list.retain(|q| !changes.qos_remove.contains(q));
+        *qos = list;
     }
     if let Some(d) = &changes.default_qos {
         if let Some(q) = d.as_deref().filter(|q| !exists(q)) {

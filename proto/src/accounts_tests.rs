@@ -89,10 +89,22 @@ fn qos_lists_and_defaults_are_inherited_and_checked() {
     let mut dropped = policy.clone();
     dropped.qos.clear();
     assert_eq!(db.clone().edit(&mut dropped, &[add_account("bio", None)], no_jobs), Ok(()));
+    // QOS+= and QOS-= start from the list in effect: hep's own list is empty, phys's holds.
+    let plus = AssocChanges { qos_add: vec!["high".into()], qos_remove: vec!["normal".into()], ..Default::default() };
+    assert_eq!(db.edit(&mut policy, &[AccountsEdit::ModifyAccount { name: "hep".into(), changes: plus }], no_jobs), Ok(()));
+    assert_eq!(db.accounts["hep"].qos, vec!["high".to_string()]);
+    let minus = AssocChanges { qos_remove: vec!["normal".into()], ..Default::default() };
+    let edit = AccountsEdit::ModifyUser { name: "alice".into(), account: Some("phys".into()), changes: minus, default_account: None };
+    assert_eq!(db.edit(&mut policy, &[edit], no_jobs), Ok(()));
+    assert_eq!(db.allowed_qos("alice", "phys"), vec!["high".to_string()]);
+    let unknown = AssocChanges { qos_add: vec!["gold".into()], ..Default::default() };
+    let edit = AccountsEdit::ModifyAccount { name: "hep".into(), changes: unknown };
+    assert_eq!(db.edit(&mut policy, &[edit], no_jobs), Err("Invalid qos 'gold'".into()));
     // Deleting the QoS takes it out of every list.
     assert_eq!(db.edit(&mut policy, &[AccountsEdit::DeleteQos { name: "high".into() }], no_jobs), Ok(()));
     assert_eq!(db.accounts["phys"].qos, vec!["normal".to_string()]);
     assert_eq!(db.accounts["phys"].default_qos, None);
+    assert!(db.accounts["hep"].qos.is_empty() && db.users["alice"].assocs["phys"].qos.is_empty(), "back to what they inherit");
     assert!(policy.qos.is_empty());
     let normal = AccountsEdit::DeleteQos { name: "normal".into() };
     assert_eq!(db.edit(&mut policy, &[normal], no_jobs), Err("The 'normal' QOS cannot be deleted".into()));

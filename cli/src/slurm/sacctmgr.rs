@@ -274,10 +274,12 @@ fn parse_set(entity: Entity, words: &[&str]) -> Result<Set, SlurmError> {
             "grptres" => set.assoc.limits.grp_gpus_max = Some(gpu_limit("GrpTRES", v)?),
             "maxtresperjob" | "maxtres" => set.assoc.limits.gpus_per_job_max = Some(gpu_limit("MaxTRESPerJob", v)?),
             "qos" | "qoslevel" if !qos => set.assoc.qos = Some(list(v)),
+            "qos+" | "qoslevel+" if !qos => set.assoc.qos_add.extend(list(v)),
+            "qos-" | "qoslevel-" if !qos => set.assoc.qos_remove.extend(list(v)),
             "defaultqos" if !qos => set.assoc.default_qos = Some(if v.is_empty() || v == "-1" { None } else { Some(v.to_string()) }),
             "defaultaccount" if entity == Entity::User => set.default_account = Some(v.to_string()),
             "priority" if qos => set.priority = Some(number(&k, v)?),
-            _ => return Err(error(format!(" Unknown option: {w}\n Corral's sacctmgr sets MaxJobs, MaxSubmitJobs, MaxWall, GrpTRES=gres/gpu=N, MaxTRESPerJob=gres/gpu=N, QOS, DefaultQOS, DefaultAccount (users), Priority (QOS)"))),
+            _ => return Err(error(format!(" Unknown option: {w}\n Corral's sacctmgr sets MaxJobs, MaxSubmitJobs, MaxWall, GrpTRES=gres/gpu=N, MaxTRESPerJob=gres/gpu=N, QOS (=, += or -=), DefaultQOS, DefaultAccount (users), Priority (QOS)"))),
         }
     }
     Ok(set)
@@ -619,7 +621,7 @@ fn value(t: &Tables<'_>, row: &Row<'_>, field: Field) -> Option<String> {
         (Row::Assoc { .. }, Field::MaxSubmit) => limits.max_submit_jobs.map(|n| n.to_string()),
         (Row::Assoc { account, user }, Field::Qos) => Some(match user {
             Some(u) => t.accounts.allowed_qos(u, &account.name),
-            None => account_qos(t.accounts, &account.name),
+            None => t.accounts.account_qos(&account.name),
         })
         .map(|mut q| {
             q.sort();
@@ -631,11 +633,6 @@ fn value(t: &Tables<'_>, row: &Row<'_>, field: Field) -> Option<String> {
         }
         _ => None,
     }
-}
-
-/// QoS an account's association allows: its own list, else its nearest ancestor's, else normal.
-fn account_qos(db: &Accounts, account: &str) -> Vec<String> {
-    db.lineage(account).into_iter().map(|a| a.qos.clone()).find(|q| !q.is_empty()).unwrap_or_else(|| vec![proto::DEFAULT_QOS.to_string()])
 }
 
 /// Every association in Slurm's tree order: an account, its users, then its sub-accounts.

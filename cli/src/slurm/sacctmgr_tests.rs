@@ -70,11 +70,20 @@ fn modify_sets_limits_and_minus_one_clears() {
         grp_gpus_max: Some(Some(4)),
         gpus_per_job_max: Some(None),
     };
-    let changes =
-        AssocChanges { limits: limits.clone(), qos: Some(vec!["normal".into(), "high".into()]), default_qos: Some(Some("high".into())) };
+    let changes = AssocChanges {
+        limits: limits.clone(),
+        qos: Some(vec!["normal".into(), "high".into()]),
+        default_qos: Some(Some("high".into())),
+        ..Default::default()
+    };
     assert_eq!(
         edits("modify user where name=alice account=phys set MaxJobs=2 MaxSubmitJobs=-1 MaxWall=1:30:00 GrpTRES=gres/gpu=4 MaxTRESPerJob=gres/gpu=-1 QOS=normal,high DefaultQOS=high"),
         vec![AccountsEdit::ModifyUser { name: "alice".into(), account: Some("phys".into()), changes, default_account: None }]
+    );
+    let plus = AssocChanges { qos_add: vec!["high".into()], qos_remove: vec!["low".into()], ..Default::default() };
+    assert_eq!(
+        edits("modify account phys set QOS+=high QOS-=low"),
+        vec![AccountsEdit::ModifyAccount { name: "phys".into(), changes: plus }]
     );
     let wall = LimitChanges { max_wall_min: Some(Some(2 * 1440)), ..Default::default() };
     assert_eq!(
