@@ -183,6 +183,12 @@ pub enum AccountsEdit {
         name: String,
         changes: AssocChanges,
     },
+    /// `modify account NAME set Description= Organization=`.
+    DescribeAccount {
+        name: String,
+        description: Option<String>,
+        organization: Option<String>,
+    },
     /// Every association of the user (or the one with `account`), and its default account.
     ModifyUser {
         name: String,
@@ -373,6 +379,18 @@ impl Accounts {
                 let a = self.accounts.get_mut(name).ok_or_else(|| format!("Account '{name}' does not exist"))?;
                 changes.limits.apply_to(&mut a.limits);
                 apply_qos_changes(changes, &mut a.qos, &mut a.default_qos, &inherited, policy)
+            }
+            AccountsEdit::DescribeAccount { name, description, organization } => {
+                let a = self.accounts.get_mut(name).ok_or_else(|| format!("Account '{name}' does not exist"))?;
+                if let Some(d) = description {
+                    check_text("Description", d)?;
+                    a.description = d.clone();
+                }
+                if let Some(o) = organization {
+                    check_text("Organization", o)?;
+                    a.organization = o.clone();
+                }
+                Ok(())
             }
             AccountsEdit::ModifyUser { name, account, changes, default_account } => {
                 self.modify_user(policy, name, account.as_deref(), changes, default_account.as_deref())

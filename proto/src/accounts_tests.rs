@@ -120,6 +120,9 @@ fn limits_are_set_cleared_and_inherited_limit_by_limit() {
         AccountsEdit::ModifyUser { name: "alice".into(), account: Some("hep".into()), changes: set(on_alice), default_account: None },
     ];
     assert_eq!(db.edit(&mut policy, &edits, no_jobs), Ok(()));
+    let describe = AccountsEdit::DescribeAccount { name: "hep".into(), description: Some("High energy".into()), organization: None };
+    assert_eq!(db.edit(&mut policy, &[describe], no_jobs), Ok(()));
+    assert_eq!((db.accounts["hep"].description.as_str(), db.accounts["hep"].organization.as_str()), ("High energy", "phys"));
     let hep = db.effective_limits("alice", "hep").expect("alice is in hep");
     assert_eq!((hep.max_jobs, hep.max_wall_min, hep.grp_gpus_max), (Some(1), Some(60), None), "the group limit is not inherited");
     assert_eq!(db.effective_limits("alice", "phys").and_then(|l| l.max_jobs), Some(4));

@@ -258,6 +258,8 @@ struct Set {
     assoc: AssocChanges,
     default_account: Option<String>,
     priority: Option<u32>,
+    description: Option<String>,
+    organization: Option<String>,
 }
 
 fn parse_set(entity: Entity, words: &[&str]) -> Result<Set, SlurmError> {
@@ -279,7 +281,9 @@ fn parse_set(entity: Entity, words: &[&str]) -> Result<Set, SlurmError> {
             "defaultqos" if !qos => set.assoc.default_qos = Some(if v.is_empty() || v == "-1" { None } else { Some(v.to_string()) }),
             "defaultaccount" if entity == Entity::User => set.default_account = Some(v.to_string()),
             "priority" if qos => set.priority = Some(number(&k, v)?),
-            _ => return Err(error(format!(" Unknown option: {w}\n Corral's sacctmgr sets MaxJobs, MaxSubmitJobs, MaxWall, GrpTRES=gres/gpu=N, MaxTRESPerJob=gres/gpu=N, QOS (=, += or -=), DefaultQOS, DefaultAccount (users), Priority (QOS)"))),
+            "description" if entity == Entity::Account => set.description = Some(v.to_string()),
+            "organization" if entity == Entity::Account => set.organization = Some(v.to_string()),
+            _ => return Err(error(format!(" Unknown option: {w}\n Corral's sacctmgr sets MaxJobs, MaxSubmitJobs, MaxWall, GrpTRES=gres/gpu=N, MaxTRESPerJob=gres/gpu=N, QOS (=, += or -=), DefaultQOS, DefaultAccount (users), Description and Organization (accounts), Priority (QOS)"))),
         }
     }
     Ok(set)
@@ -319,6 +323,10 @@ fn parse_modify(entity: Entity, words: &[&str]) -> Result<Action, SlurmError> {
     let mut summary = format!(" Modified {}...\n", entity_word(entity));
     for name in &filter.names {
         summary.push_str(&format!("  {name}\n"));
+        if set.description.is_some() || set.organization.is_some() {
+            let (description, organization) = (set.description.clone(), set.organization.clone());
+            edits.push(AccountsEdit::DescribeAccount { name: name.clone(), description, organization });
+        }
         edits.push(match entity {
             Entity::Account => AccountsEdit::ModifyAccount { name: name.clone(), changes: set.assoc.clone() },
             Entity::User => AccountsEdit::ModifyUser {

@@ -85,6 +85,10 @@ fn modify_sets_limits_and_minus_one_clears() {
         edits("modify account phys set QOS+=high QOS-=low"),
         vec![AccountsEdit::ModifyAccount { name: "phys".into(), changes: plus }]
     );
+    assert_eq!(
+        edits("modify account phys set Description=Physics")[0],
+        AccountsEdit::DescribeAccount { name: "phys".into(), description: Some("Physics".into()), organization: None }
+    );
     let wall = LimitChanges { max_wall_min: Some(Some(2 * 1440)), ..Default::default() };
     assert_eq!(
         edits("update account phys set MaxWall=2-00:00:00"),
