@@ -7,6 +7,7 @@
 //! [`handle_raft_rpc`].
 
 pub mod accounting;
+mod associations;
 pub mod network;
 pub mod proposer;
 pub mod snapshot;

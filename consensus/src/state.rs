@@ -44,6 +44,9 @@ pub struct ClusterState {
     /// GPU-seconds used by each `user:NAME` and `account:NAME` (fair share), kept here because
     /// finished jobs leave the hot state.
     pub usage_gpu_seconds: BTreeMap<String, u64>,
+    /// Accounts, users, associations and their limits (`sacctmgr`; QoS and their limits are in
+    /// `policy`). See `associations`.
+    pub accounts: proto::accounts::Accounts,
 }
 
 /// Replaced instances remembered per node.
@@ -68,6 +71,7 @@ impl Default for ClusterState {
             retired_instances: BTreeMap::new(),
             array_started: BTreeMap::new(),
             usage_gpu_seconds: BTreeMap::new(),
+            accounts: Default::default(),
         }
     }
 }
@@ -118,6 +122,7 @@ fn command_name(c: &Command) -> &'static str {
         Command::Requeue { .. } => "Requeue",
         Command::SetPolicy { .. } => "SetPolicy",
         Command::EditPartition { .. } => "EditPartition",
+        Command::EditAccounts { .. } => "EditAccounts",
         Command::UpdateJob { .. } => "UpdateJob",
         Command::Suspend { .. } => "Suspend",
         Command::StepStarted { .. } => "StepStarted",
@@ -252,6 +257,7 @@ impl ClusterState {
             Command::Requeue { job, reason, now_ms } => self.requeue(*job, reason, *now_ms),
             Command::SetPolicy { policy, now_ms: _ } => self.set_policy(policy),
             Command::EditPartition { edit, now_ms: _ } => self.edit_partition(edit),
+            Command::EditAccounts { edits, now_ms: _ } => self.edit_accounts(edits),
             Command::UpdateJob { job, hold, time_limit_ms, partition, now_ms: _ } => {
                 self.update_job(*job, *hold, *time_limit_ms, partition.clone())
             }
@@ -611,6 +617,11 @@ impl ClusterState {
     fn submit(&mut self, spec: &JobSpec, now_ms: u64) -> CommandResult {
         if let Err(e) = spec.validate() {
             return rejected(e);
+        }
+        // The node checked it before proposing; checked again here, where the state is the one
+        // it enters (two submissions racing for the last of a `MaxSubmitJobs`).
+        if let Some(why) = self.accounting_refusal(spec) {
+            return rejected(why);
         }
         let id = self.next_job_id;
         self.next_job_id += 1;
@@ -1025,9 +1036,8 @@ impl ClusterState {
     /// (`normal`, every job's without one, always exists), MIG instances per node that no
     /// node's MIG-mode GPUs could hold in any valid layout (`scheduler::mig::never_fits`). Slurm
     /// refuses these at submit; a job accepted with one would pend for ever. So is a job for a
-    /// partition in state DRAIN or INACTIVE, as in Slurm. Accounts are not
-    /// checked: there is no account database yet, as in a Slurm that does not enforce
-    /// associations.
+    /// partition in state DRAIN or INACTIVE, as in Slurm. Accounts are checked apart
+    /// ([`ClusterState::accounting_refusal`]).
     pub fn undefined_in_submission(&self, spec: &JobSpec) -> Option<String> {
         if let Some(p) = spec.partition.as_deref() {
             let default = self.policy.default_partition_name();
@@ -1101,6 +1111,7 @@ impl ClusterState {
             retired_instances: self.retired_instances.clone(),
             array_started: self.array_started.clone(),
             usage_gpu_seconds: self.usage_gpu_seconds.clone(),
+            accounts: self.accounts.clone(),
         }
     }
 
@@ -1460,7 +1471,13 @@ mod tests {
         assert_eq!(with(&s, None, Some(proto::DEFAULT_QOS)), None);
         assert_eq!(with(&s, None, Some("high")).as_deref(), Some("Invalid qos specification"));
         s.policy.partitions.push(proto::PartitionDef { name: "long".into(), default: true, ..Default::default() });
-        s.policy.qos.push(proto::QosDef { name: "high".into(), priority: 10, preempt: vec![], preempt_mode: "requeue".into() });
+        s.policy.qos.push(proto::QosDef {
+            name: "high".into(),
+            priority: 10,
+            preempt: vec![],
+            preempt_mode: "requeue".into(),
+            limits: Default::default(),
+        });
         assert_eq!(with(&s, Some("long"), Some("high")), None, "the policy defines both");
         assert_eq!(
             with(&s, Some(proto::DEFAULT_PARTITION), None).as_deref(),

@@ -60,6 +60,7 @@ impl fmt::Display for LogCommand {
             Command::StepEnded { job, step, node, .. } => write!(f, "step_ended({job}.{step} on {node})"),
             Command::SetPolicy { .. } => write!(f, "set_policy"),
             Command::EditPartition { edit, .. } => write!(f, "edit_partition({})", edit.name()),
+            Command::EditAccounts { edits, .. } => write!(f, "edit_accounts({} changes)", edits.len()),
             Command::GpuHealth { node, gpu, healthy, .. } => write!(f, "gpu_health({node}/{gpu}, healthy {healthy})"),
             Command::UpdateInventory { node, .. } => write!(f, "update_inventory({node})"),
             Command::PinMigLayout { node, gpu, .. } => write!(f, "pin_mig_layout({node}/{gpu})"),

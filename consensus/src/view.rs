@@ -108,9 +108,12 @@ pub fn scheduler_view_with(state: &ClusterState, archived: impl Fn(JobId) -> Opt
     let mut config = scheduler::SchedulerConfig::default();
     for q in &state.policy.qos {
         let mode = if q.preempt_mode == "cancel" { scheduler::PreemptAction::Cancel } else { scheduler::PreemptAction::Requeue };
-        config.qos.insert(q.name.clone(), scheduler::Qos { priority: q.priority, preempt: q.preempt.clone(), preempt_mode: mode });
+        config.qos.insert(
+            q.name.clone(),
+            scheduler::Qos { priority: q.priority, preempt: q.preempt.clone(), preempt_mode: mode, limits: q.limits.clone() },
+        );
     }
-    ClusterView { nodes: node_views(state), jobs, partitions, usage, config }
+    ClusterView { nodes: node_views(state), jobs, partitions, usage, config, accounts: state.accounts.clone() }
 }
 
 /// A job the scheduler must see whatever depends on it: not final, or holding a part.

@@ -2,6 +2,7 @@
 //! requests, and the one codec that turns them into bytes. No IO, no clock, no async: serde and a
 //! size-checked, versioned postcard encoding, nothing more.
 
+pub mod accounts;
 mod array;
 pub mod codec;
 pub mod fuzzing;
@@ -13,13 +14,14 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+pub use accounts::{AccountsEdit, Limits};
 pub use array::{ArraySpec, TaskRun};
 pub use codec::{decode, encode, CodecError};
 pub use partition::{PartitionChanges, PartitionEdit, PartitionState};
 
 /// Bumped on any incompatible change to a type in this crate. The first byte of every encoded
 /// message; a peer speaking another version is refused with a clear error.
-pub const PROTOCOL_VERSION: u8 = 7;
+pub const PROTOCOL_VERSION: u8 = 8;
 
 pub type NodeId = u64;
 pub type JobId = u64;
@@ -935,6 +937,10 @@ pub struct QosDef {
     /// What happens to jobs of this QoS when they are preempted: `requeue` or `cancel`.
     #[serde(default = "default_preempt_mode")]
     pub preempt_mode: String,
+    /// `sacctmgr modify qos ... set MaxJobsPerUser= MaxSubmitJobsPerUser= MaxWall= GrpTRES=
+    /// MaxTRESPerJob=`: `max_jobs` and `max_submit_jobs` count one user's jobs of this QoS.
+    #[serde(default)]
+    pub limits: Limits,
 }
 
 fn default_preempt_mode() -> String {
@@ -1129,6 +1135,12 @@ pub enum Command {
         hold: Option<bool>,
         time_limit_ms: Option<Option<u64>>,
         partition: Option<Option<String>>,
+        now_ms: u64,
+    },
+    /// `sacctmgr add|modify|delete`: changes to the accounts, users, associations and QoS,
+    /// applied all or none ([`accounts::Accounts::edit`]).
+    EditAccounts {
+        edits: Vec<AccountsEdit>,
         now_ms: u64,
     },
     /// `scontrol suspend` (`suspend: true`) or `resume` of a running job.
@@ -1693,6 +1705,12 @@ pub enum Request {
     RequeueHold {
         job: JobId,
     },
+    /// `sacctmgr add|modify|delete` (admin only), all or none.
+    EditAccounts {
+        edits: Vec<AccountsEdit>,
+    },
+    /// The accounting database (`sacctmgr show`), answered by any node from its state.
+    GetAccounts,
     /// `corral mig set NODE GPU PROFILES|auto` (admin only): pin a MIG-mode GPU to a layout,
     /// applied once the GPU is idle (only that GPU is drained meanwhile), or unpin it (`None`).
     SetMigLayout {
@@ -1807,6 +1825,7 @@ impl Request {
                 | Request::RequeueHold { .. }
                 | Request::SetMigLayout { .. }
                 | Request::EditPartition { .. }
+                | Request::EditAccounts { .. }
                 | Request::UpdateJob { .. }
                 | Request::Signal { .. }
                 | Request::Suspend { .. }
@@ -1942,6 +1961,11 @@ pub enum Reply {
         payload: Vec<u8>,
     },
     Policy(SchedulerPolicy),
+    /// The accounting database and the policy (whose QoS it names), for `sacctmgr show`.
+    Accounts {
+        accounts: Box<accounts::Accounts>,
+        policy: SchedulerPolicy,
+    },
     /// (key, value) in Slurm's words and formats, sorted by key.
     Config(Vec<(String, String)>),
     JoinTokenCreated {

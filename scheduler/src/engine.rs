@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use proto::{Allocation, DependencyKind, JobId, JobState, NodeId, Placement};
 
 use crate::fit::{is_mig_profile, node_matches};
+use crate::limits::LimitUsage;
 use crate::mig;
 use crate::topo;
 use crate::view::{cpu_shares, decode_slot, mig_slot, ClusterView, JobRequest, NodeView, PreemptAction, Slot};
@@ -173,6 +174,9 @@ struct Pass<'v> {
     placed: Vec<(usize, u64, Allocation)>,
     timeline: Option<Vec<Vec<(u64, Allocation)>>>,
     holders: Option<Vec<Vec<(u32, JobId)>>>,
+    /// What running jobs and this pass's starts hold against the accounting limits (`None`:
+    /// nothing is limited).
+    limits: Option<LimitUsage>,
     plan: Plan,
 }
 
@@ -384,6 +388,7 @@ impl<'v> Pass<'v> {
             placed: Vec::new(),
             timeline: None,
             holders: None,
+            limits: LimitUsage::new(view),
             plan: Plan::default(),
         };
         pass.prio = crate::priority::priorities(view, now_ms);
@@ -483,6 +488,7 @@ impl<'v> Pass<'v> {
                 reasons.push(format!("time limit {} exceeds the {} of partition {pname}", fmt_duration_ms(limit), fmt_duration_ms(max)));
             }
         }
+        reasons.extend(self.limit_reasons(j));
         let array_id = j.array_task.as_ref().map(|t| t.array_job).or(if j.is_array() { Some(j.id) } else { None });
         if let Some(a) = array_id {
             let throttle = if j.is_array() {
@@ -498,6 +504,11 @@ impl<'v> Pass<'v> {
             }
         }
         reasons
+    }
+
+    /// The accounting limits (association, account, QoS) `j` would pass if it started now.
+    fn limit_reasons(&self, j: &JobRequest) -> Vec<String> {
+        self.limits.as_ref().map_or_else(Vec::new, |l| l.reasons(self.view, j, self.effective_limit_ms(j)))
     }
 
     fn dependency_unmet(&self, j: &JobRequest, kind: DependencyKind, on: Option<JobId>) -> Option<String> {
@@ -600,6 +611,11 @@ impl<'v> Pass<'v> {
             }
             if self.starts_left() == 0 {
                 reasons.push(PACED.to_string());
+                break;
+            }
+            let over = self.limit_reasons(j);
+            if !over.is_empty() {
+                reasons.extend(over);
                 break;
             }
             let before = self.plan.placements.len();
@@ -1062,6 +1078,9 @@ impl<'v> Pass<'v> {
             allocs.push(alloc);
         }
         self.plan.placements.push(Placement { job: j.id, run: if j.is_array() { 1 } else { j.run }, allocs });
+        if let Some(l) = &mut self.limits {
+            l.add(self.view, j);
+        }
     }
 
     fn reindex(&mut self, n: usize) {

@@ -13,6 +13,7 @@
 
 mod engine;
 mod fit;
+mod limits;
 pub mod mig;
 pub mod priority;
 pub mod testkit;

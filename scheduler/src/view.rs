@@ -408,6 +408,8 @@ pub struct Qos {
     /// What happens to jobs of this QoS when they are preempted. `Requeue` cancels a job
     /// submitted with `requeue: false`, as Slurm does.
     pub preempt_mode: PreemptAction,
+    /// Its accounting limits (`max_jobs` per user); jobs over one wait with `QOS...` reasons.
+    pub limits: proto::Limits,
 }
 
 /// Weights of the multifactor priority; each factor is in [0, 1].
@@ -474,4 +476,7 @@ pub struct ClusterView {
     /// Decayed GPU-seconds by `user:NAME` and `account:NAME` (see [`usage_key_user`]).
     pub usage: BTreeMap<String, f64>,
     pub config: SchedulerConfig,
+    /// Accounts, users and associations with their limits (`sacctmgr`); jobs over one wait
+    /// with `Assoc...` reasons. With no association, nothing is limited.
+    pub accounts: proto::accounts::Accounts,
 }

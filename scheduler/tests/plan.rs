@@ -237,7 +237,10 @@ fn priority_orders_by_fair_share_qos_and_size() {
     );
     // QoS outweighs fair share.
     let mut c2 = c.clone();
-    c2.view.config.qos.insert("urgent".into(), Qos { priority: 10, preempt: vec![], preempt_mode: PreemptAction::Requeue });
+    c2.view
+        .config
+        .qos
+        .insert("urgent".into(), Qos { priority: 10, preempt: vec![], preempt_mode: PreemptAction::Requeue, limits: Default::default() });
     let mut urgent = spec("gpu:1", 1);
     urgent.user = "alice".into();
     urgent.qos = Some("urgent".into());
@@ -298,8 +301,14 @@ fn backfill_never_delays_the_top_jobs_reservation() {
 fn preemption_frees_room_for_a_qos_allowed_to() {
     let mut c = Cluster::new();
     c.node(1, "n1", dgx("h100"));
-    c.view.config.qos.insert("high".into(), Qos { priority: 100, preempt: vec!["normal".into()], preempt_mode: PreemptAction::Cancel });
-    c.view.config.qos.insert("normal".into(), Qos { priority: 0, preempt: vec![], preempt_mode: PreemptAction::Requeue });
+    c.view.config.qos.insert(
+        "high".into(),
+        Qos { priority: 100, preempt: vec!["normal".into()], preempt_mode: PreemptAction::Cancel, limits: Default::default() },
+    );
+    c.view
+        .config
+        .qos
+        .insert("normal".into(), Qos { priority: 0, preempt: vec![], preempt_mode: PreemptAction::Requeue, limits: Default::default() });
     let mut a = spec("gpu:4", 1);
     a.requeue = true;
     c.running(1, a, vec![alloc(1, &[0, 1, 2, 3], 1, 1024)], 0);

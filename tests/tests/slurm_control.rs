@@ -465,3 +465,76 @@ fn a_suspended_job_stays_stopped_through_a_leader_kill_and_the_new_leader_resume
     );
     assert_eq!(ticks(), 30, "the work ran once, whole");
 }
+
+/// Accounts through `sacctmgr` (Slurm's words and `-n -P` output; the Slurm peer has no slurmdbd
+/// to compare with): once a user has an association, a submission to another account is
+/// refused, a job with no `--account` is charged to the default account, `MaxJobs=1` and then
+/// `GrpTRES=gres/gpu=1` keep a second job pending with Slurm's reason until the first ends.
+#[test]
+fn sacctmgr_accounts_and_limits_hold_jobs_with_slurms_reasons() {
+    let c = TestCluster::up(&["--nodes", "1", "--voters-max", "1", "--gpus", "h100:2"]);
+    let probe = c.submit(&[], &["true"]);
+    let user = c.wait_final(probe, Duration::from_secs(30))["user"].as_str().expect("a job has a user").to_string();
+    let stderr = |out: &Output| String::from_utf8_lossy(&out.stderr).trim().to_string();
+    let sacctmgr = |args: &[&str]| {
+        let out = shim(&c, "sacctmgr", args);
+        assert!(out.status.success(), "sacctmgr {args:?}: {}", stderr(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    sacctmgr(&["-i", "add", "account", "phys", "Description=Physics"]);
+    sacctmgr(&["-i", "add", "account", "chem"]);
+    sacctmgr(&["-i", "add", "user", &user, "Account=phys"]);
+    // Without -i and with nothing on stdin, nothing is committed.
+    let out = sacctmgr(&["add", "account", "bio"]);
+    assert!(out.ends_with("(N/y): \n Changes Discarded\n"), "{out}");
+
+    let out = shim(&c, "sbatch", &["--account=chem", "--wrap", "true"]);
+    assert_eq!(
+        (out.status.code(), stderr(&out)),
+        (Some(1), "sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified".to_string())
+    );
+    let sbatch = |args: &[&str]| -> u64 {
+        let out = shim(&c, "sbatch", args);
+        assert!(out.status.success(), "sbatch {args:?}: {}", stderr(&out));
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or_else(|e| panic!("sbatch --parsable printed no id ({e})"))
+    };
+    let state =
+        |id: u64| String::from_utf8_lossy(&shim(&c, "squeue", &["-h", "-j", &id.to_string(), "-o", "%T %r %a"]).stdout).trim().to_string();
+    // One job pending behind another by a limit, running once the first is cancelled.
+    let held_by = |set: &[&str], reason: &str, job: &[&str]| {
+        let mut args = vec!["-i", "modify", "user", "where"];
+        let name = format!("name={user}");
+        args.extend([name.as_str(), "set"]);
+        args.extend_from_slice(set);
+        sacctmgr(&args);
+        let mut submit = vec!["--parsable"];
+        submit.extend_from_slice(job);
+        submit.extend(["--wrap", "sleep 60"]);
+        let first = sbatch(&submit);
+        let second = sbatch(&submit);
+        wait_until("the first job to run", Duration::from_secs(30), || state(first).starts_with("RUNNING"));
+        wait_until(&format!("the second job to wait for {reason}"), Duration::from_secs(30), || {
+            state(second) == format!("PENDING {reason} phys")
+        });
+        assert!(shim(&c, "scancel", &[&first.to_string()]).status.success());
+        wait_until("the second job to run once the first ended", Duration::from_secs(30), || state(second).starts_with("RUNNING"));
+        assert!(shim(&c, "scancel", &[&second.to_string()]).status.success());
+    };
+    // No --account: the user's default account, phys.
+    held_by(&["MaxJobs=1"], "AssocMaxJobsLimit", &[]);
+    held_by(&["MaxJobs=-1", "GrpTRES=gres/gpu=1"], "AssocGrpGRES", &["--gres=gpu:1"]);
+
+    let out = shim(&c, "sacctmgr", &["-i", "delete", "account", "phys"]);
+    assert_eq!((out.status.code(), stderr(&out)), (Some(1), format!("Account 'phys' has users ({user}): delete their associations first")));
+    let config = String::from_utf8_lossy(&shim(&c, "scontrol", &["show", "config"]).stdout).into_owned();
+    let cluster = config.lines().find_map(|l| l.strip_prefix("ClusterName")).and_then(|l| l.split('=').nth(1)).expect("ClusterName").trim();
+    assert_eq!(
+        sacctmgr(&["-n", "-P", "show", "assoc"]),
+        format!(
+            "{cluster}|root|||1|||||||||||||normal||\n\
+             {cluster}|chem|||1|||||||||||||normal||\n\
+             {cluster}|phys|||1|||||||||||||normal||\n\
+             {cluster}|phys|{user}||1|||gres/gpu=1||||||||||normal||\n"
+        )
+    );
+}

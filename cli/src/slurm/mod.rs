@@ -1,5 +1,5 @@
 //! Slurm's commands on top of Corral: `sbatch`, `srun`, `squeue`, `scancel`, `sinfo`,
-//! `scontrol` and `sacct`, reached through symlinks to the `corral` binary (see
+//! `scontrol`, `sacct` and `sacctmgr`, reached through symlinks to the `corral` binary (see
 //! [`install_shims`]). Each takes Slurm's options and prints Slurm's formats and errors, so
 //! existing job scripts and wrappers run unchanged.
 //!
@@ -9,6 +9,7 @@
 pub mod fuzzing;
 pub mod opts;
 pub mod sacct;
+pub mod sacctmgr;
 pub mod salloc;
 pub mod sbatch;
 pub mod scancel;
@@ -19,6 +20,8 @@ pub mod srun;
 pub mod stdin;
 pub mod time;
 
+#[cfg(test)]
+mod sacctmgr_tests;
 #[cfg(test)]
 mod tests;
 
@@ -33,7 +36,7 @@ pub use slurm_compat::{env, hostlist};
 use crate::client::Cluster;
 
 /// The names the `corral` binary answers to as Slurm.
-pub const COMMANDS: [&str; 8] = ["sbatch", "srun", "salloc", "squeue", "scancel", "sinfo", "scontrol", "sacct"];
+pub const COMMANDS: [&str; 9] = ["sbatch", "srun", "salloc", "squeue", "scancel", "sinfo", "scontrol", "sacct", "sacctmgr"];
 
 /// The Slurm release whose behaviour (options, formats, messages) is followed.
 pub const SLURM_VERSION: &str = "22.05.8";
@@ -83,6 +86,7 @@ pub fn main(name: &str, args: Vec<String>) -> i32 {
         "sinfo" => sinfo::run(&args),
         "scontrol" => scontrol::run(&args),
         "sacct" => sacct::run(&args),
+        "sacctmgr" => sacctmgr::run(&args),
         other => Err(SlurmError { text: format!("corral: '{other}' is not a Slurm command Corral provides"), code: 1 }),
     };
     match result {

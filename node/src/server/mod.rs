@@ -194,7 +194,12 @@ impl Node {
                 if self.leader().0.is_none()
                     && !matches!(
                         request,
-                        Request::ClusterInfo | Request::Members | Request::GetPolicy | Request::ShowConfig | Request::AccountingDigest
+                        Request::ClusterInfo
+                            | Request::Members
+                            | Request::GetPolicy
+                            | Request::GetAccounts
+                            | Request::ShowConfig
+                            | Request::AccountingDigest
                     )
                 {
                     return Err(ApiError::NoLeader);
@@ -457,6 +462,10 @@ impl Node {
             Request::ClusterInfo => Ok(Reply::Cluster(self.cluster_info(true))),
             Request::Members => Ok(Reply::Cluster(self.cluster_info(false))),
             Request::GetPolicy => Ok(Reply::Policy(self.state.read(|s| s.policy.clone()))),
+            Request::GetAccounts => {
+                let (accounts, policy) = self.state.read(|s| (Box::new(s.accounts.clone()), s.policy.clone()));
+                Ok(Reply::Accounts { accounts, policy })
+            }
             Request::ShowConfig => Ok(Reply::Config(self.config.slurm_config(self.agent.confines_jobs()))),
             Request::TestSubmit { spec } => self.test_submit(spec),
             other => Err(ApiError::Invalid(format!("not a read request: {other:?}"))),
@@ -467,7 +476,7 @@ impl Node {
     /// would do with it now; the log is not touched.
     fn test_submit(&self, mut spec: proto::JobSpec) -> Response {
         spec.fill_default_mem();
-        self.bind_default_partition(&mut spec);
+        self.bind_defaults(&mut spec);
         spec.validate().map_err(ApiError::Invalid)?;
         let now = now_ms();
         self.state.read(|s| {
@@ -776,6 +785,7 @@ impl Node {
             Request::Drain { .. } => self.require_admin(who, "drain nodes")?,
             Request::Resume { .. } => self.require_admin(who, "resume nodes")?,
             Request::SetPolicy { .. } | Request::EditPartition { .. } => self.require_admin(who, "change the scheduling policy")?,
+            Request::EditAccounts { .. } => self.require_admin(who, "change accounts, users and QOS")?,
             Request::SetGpuHealth { .. } => self.require_admin(who, "change GPU health")?,
             Request::SetMigLayout { .. } => self.require_admin(who, "set MIG layouts")?,
             Request::CreateJoinToken { .. } => self.require_admin(who, "create join tokens")?,
@@ -787,11 +797,16 @@ impl Node {
     }
 
     /// A job that names no partition is the default partition's as of its submission, as in
-    /// Slurm: it stays there when an admin makes another partition the default.
-    fn bind_default_partition(&self, spec: &mut proto::JobSpec) {
-        if spec.partition.is_none() {
-            spec.partition = Some(self.state.read(|s| s.policy.default_partition_name().to_string()));
-        }
+    /// Slurm: it stays there when an admin makes another partition the default. Once accounts
+    /// are enforced, one that names no account, QoS or time limit gets its user's defaults
+    /// (`ClusterState::bind_accounting`).
+    fn bind_defaults(&self, spec: &mut proto::JobSpec) {
+        self.state.read(|s| {
+            if spec.partition.is_none() {
+                spec.partition = Some(s.policy.default_partition_name().to_string());
+            }
+            s.bind_accounting(spec);
+        });
     }
 
     /// Submits a job: its user is the one the certificate names, not the client's environment.
@@ -800,13 +815,13 @@ impl Node {
             spec.user = u.to_string();
         }
         spec.fill_default_mem();
-        self.bind_default_partition(&mut spec);
+        self.bind_defaults(&mut spec);
         spec.validate().map_err(ApiError::Invalid)?;
         if spec.nice() < 0 && !self.is_admin(user) {
             // Slurm 22.05's answer to a user's negative --nice (an admin's raises the priority).
             return Err(ApiError::Invalid("Invalid --nice value".into()));
         }
-        if let Some(why) = self.state.read(|s| s.undefined_in_submission(&spec)) {
+        if let Some(why) = self.state.read(|s| s.undefined_in_submission(&spec).or_else(|| s.accounting_refusal(&spec))) {
             return Err(ApiError::Invalid(why));
         }
         match self.propose(Command::Submit { spec, now_ms: now }).await? {
@@ -1048,6 +1063,12 @@ impl Node {
             Request::EditPartition { edit } => {
                 info!(partition = %edit.name(), ?edit, "operator edits a partition");
                 let result = self.propose(Command::EditPartition { edit, now_ms: now }).await.and_then(ok_or_rejected);
+                self.kick.notify_one();
+                result
+            }
+            Request::EditAccounts { edits } => {
+                info!(?edits, by = who.unwrap_or("root"), "operator edits accounts");
+                let result = self.propose(Command::EditAccounts { edits, now_ms: now }).await.and_then(ok_or_rejected);
                 self.kick.notify_one();
                 result
             }

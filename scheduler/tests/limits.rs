@@ -1,0 +1,185 @@
+//! Accounting limits in one pass: jobs over an association's, an account's or a QoS's limit
+//! stay pending with Slurm's reason and start once the limit allows.
+
+use corral_scheduler::testkit::{alloc, dgx, spec, Cluster};
+use corral_scheduler::{PreemptAction, Qos};
+use proto::accounts::{AccountsEdit, AssocChanges, Holder, LimitChanges};
+use proto::{ArraySpec, JobSpec, Limits, SchedulerPolicy};
+
+const MIN: u64 = 60_000;
+
+/// A DGX node and the database: account `phys` with child `hep`, alice in both (default phys),
+/// bob in phys.
+fn cluster() -> Cluster {
+    let mut c = Cluster::new();
+    c.node(1, "n1", dgx("h100"));
+    let add_account = |name: &str, parent: Option<&str>| AccountsEdit::AddAccount {
+        name: name.into(),
+        description: None,
+        organization: None,
+        parent: parent.map(str::to_string),
+    };
+    let add_user = |name: &str, account: &str| AccountsEdit::AddUser { name: name.into(), account: account.into(), default_account: None };
+    let edits = [
+        add_account("phys", None),
+        add_account("hep", Some("phys")),
+        add_user("alice", "phys"),
+        add_user("alice", "hep"),
+        add_user("bob", "phys"),
+    ];
+    edit(&mut c, &edits);
+    c
+}
+
+fn edit(c: &mut Cluster, edits: &[AccountsEdit]) {
+    let none = |_: Holder<'_>| Vec::new();
+    assert_eq!(c.view.accounts.edit(&mut SchedulerPolicy::default(), edits, none), Ok(()));
+}
+
+fn limit_user(c: &mut Cluster, user: &str, limits: LimitChanges) {
+    let changes = AssocChanges { limits, ..Default::default() };
+    edit(c, &[AccountsEdit::ModifyUser { name: user.into(), account: None, changes, default_account: None }]);
+}
+
+fn limit_account(c: &mut Cluster, account: &str, limits: LimitChanges) {
+    let changes = AssocChanges { limits, ..Default::default() };
+    edit(c, &[AccountsEdit::ModifyAccount { name: account.into(), changes }]);
+}
+
+fn job(user: &str, account: Option<&str>, gres: &str) -> JobSpec {
+    let mut s = spec(gres, 1);
+    s.user = user.into();
+    s.account = account.map(str::to_string);
+    s
+}
+
+fn started(plan: &corral_scheduler::Plan) -> Vec<u64> {
+    let mut ids: Vec<u64> = plan.placements.iter().map(|p| p.job).collect();
+    ids.sort_unstable();
+    ids
+}
+
+/// The Slurm code of each pending job's first reason.
+fn codes(plan: &corral_scheduler::Plan) -> Vec<(u64, String)> {
+    plan.pending.iter().map(|(id, r)| (*id, r[0].split(':').next().unwrap_or("").to_string())).collect()
+}
+
+#[test]
+fn max_jobs_counts_running_jobs_and_this_passs_starts() {
+    let mut c = cluster();
+    limit_user(&mut c, "alice", LimitChanges { max_jobs: Some(Some(1)), ..Default::default() });
+    c.submit(1, job("alice", Some("phys"), "gpu:1"), 0).submit(2, job("alice", None, "gpu:1"), 1).submit(3, job("bob", None, "gpu:1"), 2);
+    let plan = c.schedule(1000);
+    assert_eq!(started(&plan), vec![1, 3], "bob is not alice");
+    assert_eq!(codes(&plan), vec![(2, "AssocMaxJobsLimit".to_string())]);
+    assert_eq!(plan.pending[&2][0], "AssocMaxJobsLimit: user alice has 1 running jobs in account phys (MaxJobs=1)");
+    // Running, job 1 still holds the limit; alice's hep association is another one.
+    let mut c2 = c.clone();
+    c2.running(1, job("alice", Some("phys"), "gpu:1"), vec![alloc(1, &[0], 1, 1024)], 0);
+    c2.submit(4, job("alice", Some("hep"), "gpu:1"), 3);
+    let plan = c2.schedule(1000);
+    assert_eq!(started(&plan), vec![3, 4]);
+    assert_eq!(codes(&plan), vec![(2, "AssocMaxJobsLimit".to_string())]);
+    // Once job 1 is gone, job 2 starts.
+    let mut c3 = c.clone();
+    c3.finished(1, job("alice", Some("phys"), "gpu:1"), proto::JobState::Completed);
+    assert_eq!(started(&c3.schedule(1000)), vec![2, 3]);
+}
+
+#[test]
+fn an_accounts_group_gpus_cover_its_subtree_and_cpu_jobs_pass() {
+    let mut c = cluster();
+    limit_account(&mut c, "phys", LimitChanges { grp_gpus_max: Some(Some(3)), ..Default::default() });
+    c.running(1, job("bob", Some("phys"), "gpu:2"), vec![alloc(1, &[0, 1], 1, 1024)], 0);
+    c.submit(2, job("alice", Some("hep"), "gpu:2"), 1).submit(3, job("alice", Some("hep"), "gpu:1"), 2);
+    c.submit(4, job("alice", Some("hep"), ""), 3);
+    let plan = c.schedule(1000);
+    // 2 held + 2 > 3 (the 2-GPU job comes first: job size); then 2 + 1 = 3 fits; the CPU job
+    // holds no GPU.
+    assert_eq!(started(&plan), vec![3, 4]);
+    assert_eq!(codes(&plan), vec![(2, "AssocGrpGRES".to_string())]);
+    assert_eq!(plan.pending[&2][0], "AssocGrpGRES: the running jobs of account phys hold 2 GPUs, 2 more would pass GrpTRES=gres/gpu=3");
+    // A user's own GrpTRES counts their jobs in that account alone.
+    let mut c = cluster();
+    limit_user(&mut c, "alice", LimitChanges { grp_gpus_max: Some(Some(1)), ..Default::default() });
+    c.submit(1, job("alice", None, "gpu:1"), 0).submit(2, job("alice", None, "gpu:1"), 1).submit(3, job("bob", None, "gpu:4"), 2);
+    let plan = c.schedule(1000);
+    assert_eq!(started(&plan), vec![1, 3]);
+    assert_eq!(codes(&plan), vec![(2, "AssocGrpGRES".to_string())]);
+}
+
+#[test]
+fn max_wall_and_gpus_per_job_hold_a_job_until_it_fits_them() {
+    let mut c = cluster();
+    limit_account(&mut c, "phys", LimitChanges { max_wall_min: Some(Some(60)), gpus_per_job_max: Some(Some(2)), ..Default::default() });
+    let timed = |minutes: Option<u64>, gres: &str| {
+        let mut s = job("alice", Some("hep"), gres);
+        s.time_limit_ms = minutes.map(|m| m * MIN);
+        s
+    };
+    c.submit(1, timed(Some(120), "gpu:1"), 0).submit(2, timed(None, "gpu:1"), 1).submit(3, timed(Some(30), "gpu:4"), 2);
+    c.submit(4, timed(Some(60), "gpu:2"), 3);
+    let plan = c.schedule(1000);
+    assert_eq!(started(&plan), vec![4]);
+    let expected = vec![
+        (1, "AssocMaxWallDurationPerJobLimit".to_string()),
+        (2, "AssocMaxWallDurationPerJobLimit".to_string()),
+        (3, "AssocMaxGRESPerJob".to_string()),
+    ];
+    assert_eq!(codes(&plan), expected);
+    assert_eq!(plan.pending[&1][0], "AssocMaxWallDurationPerJobLimit: time limit 2:00:00 is over MaxWall=1:00:00 of account hep");
+    assert!(plan.pending[&2][0].contains("time limit UNLIMITED"), "{:?}", plan.pending[&2]);
+    // alice's own association's limit wins over the account's.
+    limit_user(&mut c, "alice", LimitChanges { max_wall_min: Some(Some(180)), ..Default::default() });
+    assert_eq!(started(&c.schedule(1000)), vec![1, 4]);
+}
+
+#[test]
+fn qos_limits_count_per_user_and_per_qos() {
+    let mut c = cluster();
+    let limits = Limits { max_jobs: Some(1), grp_gpus_max: Some(3), max_wall_min: Some(10), ..Default::default() };
+    c.view.config.qos.insert("normal".into(), Qos { priority: 0, preempt: vec![], preempt_mode: PreemptAction::Requeue, limits });
+    let timed = |user: &str, gres: &str, minutes: u64| {
+        let mut s = job(user, None, gres);
+        s.time_limit_ms = Some(minutes * MIN);
+        s
+    };
+    c.submit(1, timed("alice", "gpu:2", 5), 0).submit(2, timed("alice", "gpu:1", 5), 1).submit(3, timed("bob", "gpu:2", 5), 2);
+    c.submit(4, timed("bob", "gpu:1", 20), 3).submit(5, timed("carol", "", 5), 4);
+    let plan = c.schedule(1000);
+    // carol has no association but the QoS limits everyone.
+    assert_eq!(started(&plan), vec![1, 5]);
+    let expected =
+        vec![(2, "QOSMaxJobsPerUserLimit".to_string()), (3, "QOSGrpGRES".to_string()), (4, "QOSMaxWallDurationPerJobLimit".to_string())];
+    assert_eq!(codes(&plan), expected);
+}
+
+#[test]
+fn array_tasks_start_up_to_the_limit() {
+    let mut c = cluster();
+    limit_user(&mut c, "alice", LimitChanges { max_jobs: Some(Some(2)), ..Default::default() });
+    let mut s = job("alice", None, "gpu:1");
+    s.array = Some(ArraySpec::from_ids(&[0, 1, 2, 3], None));
+    c.submit(1, s, 0);
+    let plan = c.schedule(1000);
+    assert_eq!(plan.array_tasks.len(), 2);
+    assert_eq!(
+        plan.pending[&1],
+        vec![
+            "array: 2 of 4 tasks not started".to_string(),
+            "AssocMaxJobsLimit: user alice has 2 running jobs in account phys (MaxJobs=2)".to_string()
+        ]
+    );
+}
+
+#[test]
+fn without_associations_or_qos_limits_nothing_is_limited() {
+    let mut c = Cluster::new();
+    c.node(1, "n1", dgx("h100"));
+    for id in 1..=4 {
+        c.submit(id, job("alice", Some("anything"), "gpu:2"), id);
+    }
+    let plan = c.schedule(1000);
+    assert_eq!(started(&plan), vec![1, 2, 3, 4]);
+    assert!(plan.pending.is_empty());
+}
