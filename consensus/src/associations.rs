@@ -35,11 +35,11 @@ impl ClusterState {
                 .map(|j| j.id)
                 .collect()
         };
-        let mut accounts = self.accounts.clone();
+        let mut accounts = (*self.accounts).clone();
         let mut policy = self.policy.clone();
         match accounts.edit(&mut policy, edits, live_jobs) {
             Ok(()) => {
-                self.accounts = accounts;
+                self.accounts = std::sync::Arc::new(accounts);
                 self.policy = policy;
                 CommandResult::Ok
             }

@@ -45,8 +45,8 @@ pub struct ClusterState {
     /// finished jobs leave the hot state.
     pub usage_gpu_seconds: BTreeMap<String, u64>,
     /// Accounts, users, associations and their limits (`sacctmgr`; QoS and their limits are in
-    /// `policy`). See `associations`.
-    pub accounts: proto::accounts::Accounts,
+    /// `policy`). See `associations`. Shared with each scheduling pass's view, not copied.
+    pub accounts: std::sync::Arc<proto::accounts::Accounts>,
 }
 
 /// Replaced instances remembered per node.

@@ -477,6 +477,7 @@ pub struct ClusterView {
     pub usage: BTreeMap<String, f64>,
     pub config: SchedulerConfig,
     /// Accounts, users and associations with their limits (`sacctmgr`); jobs over one wait
-    /// with `Assoc...` reasons. With no association, nothing is limited.
-    pub accounts: proto::accounts::Accounts,
+    /// with `Assoc...` reasons. With no association, nothing is limited. Shared with the
+    /// replicated state (a pass does not copy up to 65,536 users).
+    pub accounts: std::sync::Arc<proto::accounts::Accounts>,
 }

@@ -33,7 +33,7 @@ fn cluster() -> Cluster {
 
 fn edit(c: &mut Cluster, edits: &[AccountsEdit]) {
     let none = |_: Holder<'_>| Vec::new();
-    assert_eq!(c.view.accounts.edit(&mut SchedulerPolicy::default(), edits, none), Ok(()));
+    assert_eq!(std::sync::Arc::make_mut(&mut c.view.accounts).edit(&mut SchedulerPolicy::default(), edits, none), Ok(()));
 }
 
 fn limit_user(c: &mut Cluster, user: &str, limits: LimitChanges) {

@@ -463,7 +463,7 @@ impl Node {
             Request::Members => Ok(Reply::Cluster(self.cluster_info(false))),
             Request::GetPolicy => Ok(Reply::Policy(self.state.read(|s| s.policy.clone()))),
             Request::GetAccounts => {
-                let (accounts, policy) = self.state.read(|s| (Box::new(s.accounts.clone()), s.policy.clone()));
+                let (accounts, policy) = self.state.read(|s| (Box::new((*s.accounts).clone()), s.policy.clone()));
                 Ok(Reply::Accounts { accounts, policy })
             }
             Request::ShowConfig => Ok(Reply::Config(self.config.slurm_config(self.agent.confines_jobs()))),
