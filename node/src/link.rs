@@ -81,8 +81,8 @@ impl LeaderLink {
     /// [`LeaderLink::call_as`] for a client's request: a member that leaves the request
     /// unacknowledged (killed a moment ago) is given up after
     /// [`transport::UNACKED_SILENCE_MS`] and the next one asked, instead of waiting for the
-    /// call timeout. Heartbeats keep [`LeaderLink::call`]: a saturated relay must not lose
-    /// every node's connection at once.
+    /// call timeout. Heartbeats never use it ([`LeaderLink::call_datagram`]): a saturated relay
+    /// must not lose every node's connection at once.
     pub async fn forward_as(&self, request: Request, hops: u8, user: Option<String>) -> Result<Reply, LinkError> {
         self.call_with(request, hops, user, Carrier::StreamFailingOnSilence).await
     }

@@ -290,7 +290,9 @@ pub enum Style {
     Parsable2,
 }
 
-fn fit(value: &str, width: i32) -> String {
+/// `value` in a column of `width` characters as Slurm's print functions put it: cut to the
+/// width with its last character `+`, right-aligned (negative width: left-aligned).
+pub(crate) fn fit(value: &str, width: i32) -> String {
     let w = width.unsigned_abs() as usize;
     let mut v: String = value.to_string();
     if v.chars().count() > w {

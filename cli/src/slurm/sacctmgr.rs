@@ -565,12 +565,7 @@ fn tres(gpus: Option<u32>) -> Option<String> {
 
 /// `MaxWall` as Slurm prints minutes: `HH:MM:SS`, `D-HH:MM:SS` from a day.
 pub fn wall_text(min: u64) -> String {
-    let (d, h, m) = (min / 1440, min / 60 % 24, min % 60);
-    if d > 0 {
-        format!("{d}-{h:02}:{m:02}:00")
-    } else {
-        format!("{h:02}:{m:02}:00")
-    }
+    super::time::elapsed(min.saturating_mul(60))
 }
 
 /// The limits a row shows: its own, with what a user's association inherits from its accounts.
@@ -701,13 +696,8 @@ fn cell(out: &mut String, value: Option<&str>, width: usize, parsable: Parsable,
             out.push('|');
         }
         Parsable::No => {
-            let v = value.unwrap_or(" ");
-            let shown: String = if v.chars().count() > width {
-                v.chars().take(width.saturating_sub(1)).chain(std::iter::once('+')).collect()
-            } else {
-                v.to_string()
-            };
-            out.push_str(&format!("{shown:>width$} "));
+            out.push_str(&super::sacct::fit(value.unwrap_or(" "), i32::try_from(width).unwrap_or(i32::MAX)));
+            out.push(' ');
         }
     }
 }
