@@ -15,8 +15,10 @@
 //! same name below the daemon's own in each; the job joins every one before it executes. The
 //! v1 `devices` controller, where mounted, fences GPU device files: each run's cgroup denies
 //! the device files of the node's GPUs it was not given (`devices.deny`), so a job cannot open
-//! another job's GPU whatever `CUDA_VISIBLE_DEVICES` says. On a v2-only host that needs eBPF
-//! device programs, which this build does not load: the node says so at start.
+//! another job's GPU whatever `CUDA_VISIBLE_DEVICES` says. On cgroup v2 the same deny list is
+//! an eBPF device program attached to the run's cgroup (`crate::cgroup_devices`), where the
+//! node can load one (root); where both exist both fence. Where neither does, the node says so
+//! at start.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -41,6 +43,9 @@ pub struct JobCgroups {
     /// cgroup v1 hierarchies used beside it: a controller v2 lacks (of [`CONTROLLERS`]), or
     /// `devices`; each with the base of the job cgroups in it.
     pub v1: Vec<(String, PathBuf)>,
+    /// Whether each run's v2 cgroup gets an eBPF device program denying the GPUs it was not
+    /// given ([`JobCgroups::add_device_programs`] found that it can).
+    pub device_programs: bool,
 }
 
 /// The v1 hierarchies mounted here: (controller, mount point), from `/proc/self/mountinfo`.
@@ -123,7 +128,7 @@ impl JobCgroups {
                 Err(e) => warn!(controller = c, cgroup = %base.display(), error = %e, "enable cgroup controller"),
             }
         }
-        Ok(JobCgroups { base: base.to_path_buf(), controllers, v1: Vec::new() })
+        Ok(JobCgroups { base: base.to_path_buf(), controllers, v1: Vec::new(), device_programs: false })
     }
 
     /// Adds the v1 hierarchies that give what v2 lacks here: the missing limits, and device
@@ -145,9 +150,30 @@ impl JobCgroups {
         }
     }
 
-    /// Whether GPU device files are fenced per run (the v1 `devices` controller).
+    /// Fences GPU device files with eBPF device programs where they can be loaded and attached
+    /// below the base here; otherwise says why not (the caller logs it where it matters).
+    pub fn add_device_programs(&mut self) -> Result<(), crate::cgroup_devices::FenceError> {
+        crate::cgroup_devices::probe(&self.base)?;
+        self.device_programs = true;
+        Ok(())
+    }
+
+    /// Whether GPU device files are fenced per run (the v1 `devices` controller, or v2 device
+    /// programs).
     pub fn fences_devices(&self) -> bool {
-        self.v1.iter().any(|(c, _)| c == "devices")
+        self.device_programs || self.v1.iter().any(|(c, _)| c == "devices")
+    }
+
+    /// How GPU device files are fenced, for the log at start.
+    pub fn fence_kinds(&self) -> Vec<&'static str> {
+        let mut kinds = Vec::new();
+        if self.device_programs {
+            kinds.push("cgroup v2 eBPF device program");
+        }
+        if self.v1.iter().any(|(c, _)| c == "devices") {
+            kinds.push("cgroup v1 devices controller");
+        }
+        kinds
     }
 
     /// Controllers enforced, by v2 or v1.
@@ -196,6 +222,10 @@ impl JobCgroups {
         make_dir(&path)?;
         for (file, value) in limit_files(limits, &self.controllers) {
             std::fs::write(path.join(file), &value).with_context(|| format!("write {value} to {}/{file}", path.display()))?;
+        }
+        if self.device_programs && !deny.is_empty() {
+            // Before any process joins: the run never holds a GPU it was not given.
+            crate::cgroup_devices::attach(&path, deny).with_context(|| format!("fence the GPUs of job {job} run {run}"))?;
         }
         let mut v1 = Vec::new();
         for (controller, base) in &self.v1 {

@@ -4,6 +4,7 @@
 
 pub mod agent;
 pub mod cgroup;
+pub mod cgroup_devices;
 pub mod config;
 pub mod fault;
 pub mod gpu;

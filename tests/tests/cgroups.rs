@@ -1,7 +1,9 @@
 //! Issue 8, jobs confined by cgroups: each run gets its CPU, memory and process limits in its
 //! own cgroups (v2, and the v1 hierarchies of a hybrid host for what v2 lacks), and, where the
-//! v1 devices controller is available, may open only its own GPUs' device files. Simulated GPUs
-//! stand for real devices here (`--gpu-device-files`): the kernel refuses the others.
+//! node can fence devices (a cgroup v2 eBPF device program as root, or the v1 devices
+//! controller), may open only its own GPUs' device files. Simulated GPUs stand for real devices
+//! here (`--gpu-device-files`): the kernel refuses the others. (`node/tests/cgroup_devices.rs`
+//! checks the eBPF program alone; on a hybrid host both fence here.)
 
 use std::time::Duration;
 
@@ -28,11 +30,13 @@ fn a_run_gets_its_limits_and_may_open_only_its_own_gpus_device_files() {
     let c = TestCluster::up(&["--nodes", "1", "--gpus", "h100:4", "--gpu-device-files", &files]);
     let log = corral_tests::node_log(&c, "n1");
     if !log.contains("each run may open only its own GPUs' device files") {
-        // No v1 devices controller on this host: the node must say the GPUs are not fenced.
+        // Neither fence on this host: the node must say the GPUs are not fenced.
         assert!(log.contains("a job's GPUs are chosen with CUDA_VISIBLE_DEVICES, not fenced"), "{log}");
-        eprintln!("this host has no cgroup v1 devices controller: device fencing is not available here");
+        eprintln!("this host has no cgroup v1 devices controller and loads no device programs: device fencing is not available here");
         return;
     }
+    let fences: Vec<&str> = log.lines().filter(|l| l.contains("each run may open only its own GPUs' device files")).collect();
+    println!("fenced by: {fences:?}");
     let one = c.submit(&["--gres", "gpu:1", "--mem", "96M", "-c", "2", "-o", "one.out"], &["sh", "-c", &body()]);
     let three = c.submit(&["--gres", "gpu:3", "--mem", "128M", "-o", "three.out"], &["sh", "-c", &body()]);
     for id in [one, three] {

@@ -31,6 +31,10 @@ fn job_cgroups(config: &NodeConfig) -> Option<crate::cgroup::JobCgroups> {
         Ok(mut c) => {
             // What cgroup v2 lacks here, from the v1 hierarchies beside it (a hybrid host).
             c.add_v1(&format!("{}-{:08x}", config.name, fnv32(&config.data_dir.display().to_string())));
+            if let Err(e) = c.add_device_programs() {
+                // Said as a warning by `gpu_device_files` where the node has GPUs to fence.
+                debug!(error = %e, "no cgroup v2 device programs here");
+            }
             let missing = c.missing();
             if !c.v1.is_empty() {
                 info!(v1 = ?c.v1, "cgroup v1 hierarchies used beside v2");
@@ -150,15 +154,15 @@ fn gpu_device_files(
     } else {
         config.gpu_device_files.iter().enumerate().map(|(i, p)| (i as u32, p.clone())).collect()
     };
-    let fenced = cgroups.is_some_and(|c| c.fences_devices());
-    if !files.is_empty() && fenced {
-        info!(files = files.len(), "each run may open only its own GPUs' device files (cgroup v1 devices controller)");
+    let fences = cgroups.map(|c| c.fence_kinds()).unwrap_or_default();
+    if !files.is_empty() && !fences.is_empty() {
+        info!(files = files.len(), by = ?fences, "each run may open only its own GPUs' device files");
     } else if !discovered.gpus.is_empty() && (probe_kind != "simulated" || !files.is_empty()) {
         // Said at start, as for the cgroup controllers that are missing.
         warn!(
-        gpus = discovered.gpus.len(),
-        "a job's GPUs are chosen with CUDA_VISIBLE_DEVICES, not fenced: there is no cgroup v1 devices controller here, and cgroup v2 device control (a BPF program) is not implemented, so a job can open every /dev/nvidia* this node has"
-    );
+            gpus = discovered.gpus.len(),
+            "a job's GPUs are chosen with CUDA_VISIBLE_DEVICES, not fenced: there is no cgroup v1 devices controller here and no cgroup v2 device program could be attached (corrald needs root for that), so a job can open every /dev/nvidia* this node has"
+        );
     }
     files
 }
