@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -158,13 +159,36 @@ pub fn endpoint(bind: SocketAddr, id: &TlsIdentity, serve: bool) -> anyhow::Resu
 
 /// [`endpoint`] speaking `versions` (newest first): tests use it to stand in for another build.
 pub fn endpoint_speaking(bind: SocketAddr, id: &TlsIdentity, serve: bool, versions: &[u8]) -> anyhow::Result<quinn::Endpoint> {
-    let mut endpoint = if serve {
-        quinn::Endpoint::server(server_config(id, versions)?, bind).with_context(|| format!("bind QUIC server on {bind}"))?
-    } else {
-        quinn::Endpoint::client(bind).with_context(|| format!("bind QUIC client on {bind}"))?
-    };
+    let server = if serve { Some(server_config(id, versions)?) } else { None };
+    let socket =
+        std::net::UdpSocket::bind(bind).with_context(|| format!("bind QUIC {} on {bind}", if serve { "server" } else { "client" }))?;
+    let (reset, cid_key) = reset_keys(id);
+    let mut config = quinn::EndpointConfig::new(reset);
+    config.cid_generator(move || Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cid_key)));
+    let mut endpoint = quinn::Endpoint::new(config, server, socket, Arc::new(quinn::TokioRuntime))
+        .with_context(|| format!("start the QUIC endpoint on {bind}"))?;
     endpoint.set_default_client_config(client_config(id, versions)?);
     Ok(endpoint)
+}
+
+/// The keys QUIC derives its stateless reset tokens and checks its connection ids with: the
+/// same for every process with this identity (derived from its private key, which they do not
+/// reveal), so a member restarted on its address takes its predecessor's connection ids for
+/// its own and answers their packets with a reset the peers accept, and they dial anew at once.
+/// With random keys per process (quinn's default) the new process dropped those packets as
+/// forged, and a peer kept sending into the dead connection until QUIC's idle timeout
+/// ([`IDLE_TIMEOUT_MS`]): every heartbeat a node sent its restarted relay meanwhile was lost.
+fn reset_keys(id: &TlsIdentity) -> (Arc<dyn quinn::crypto::HmacKey>, u64) {
+    let derive = |label: &[u8]| {
+        let mut material = label.to_vec();
+        material.extend_from_slice(id.key.secret_der());
+        ring::digest::digest(&ring::digest::SHA256, &material)
+    };
+    let reset = derive(b"corral quic stateless reset key v1\0");
+    let cid = derive(b"corral quic connection id key v1\0");
+    let mut cid_key = [0u8; 8];
+    cid_key.copy_from_slice(&cid.as_ref()[..8]);
+    (Arc::new(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, reset.as_ref())), u64::from_le_bytes(cid_key))
 }
 
 /// Swaps the certificate `endpoint` serves for `id`'s (a rotation): new connections get it;
@@ -292,6 +316,34 @@ fn peer_of(conn: &quinn::Connection) -> Peer {
     }
 }
 
+/// What this process's transport did since it started, for metrics and benches: handshakes
+/// are what a loaded member pays most for, so a rise in them is the first sign of a herd.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Counters {
+    /// Connections accepted (handshake completed) by `serve`.
+    pub accepted: u64,
+    /// Connections this process dialed, and dials that failed (no answer, refused).
+    pub dialed: u64,
+    pub dials_failed: u64,
+    /// Cached connections dropped after a call failed on them or heard nothing from the peer.
+    pub dropped: u64,
+}
+
+static ACCEPTED: AtomicU64 = AtomicU64::new(0);
+static DIALED: AtomicU64 = AtomicU64::new(0);
+static DIALS_FAILED: AtomicU64 = AtomicU64::new(0);
+static DROPPED: AtomicU64 = AtomicU64::new(0);
+
+/// The process's [`Counters`] now.
+pub fn counters() -> Counters {
+    Counters {
+        accepted: ACCEPTED.load(Ordering::Relaxed),
+        dialed: DIALED.load(Ordering::Relaxed),
+        dials_failed: DIALS_FAILED.load(Ordering::Relaxed),
+        dropped: DROPPED.load(Ordering::Relaxed),
+    }
+}
+
 /// Accepts connections on `endpoint` until it is closed, answering every request with
 /// `handler`. A connection that fails its handshake (a certificate not from the cluster CA, no
 /// certificate at all) is refused and logged; the server goes on.
@@ -318,6 +370,7 @@ pub async fn serve(endpoint: quinn::Endpoint, handler: Arc<dyn Handler>) {
                     return;
                 }
             };
+            ACCEPTED.fetch_add(1, Ordering::Relaxed);
             let peer = peer_of(&conn);
             debug!(peer = %remote, name = %peer.common_name, "connection accepted");
             serve_connection(conn, peer, handler).await;
@@ -596,6 +649,7 @@ impl Client {
     fn drop_cached(&self, addr: &str, conn: &quinn::Connection) {
         let mut map = self.lock();
         if map.get(addr).is_some_and(|c| c.conn.stable_id() == conn.stable_id()) {
+            DROPPED.fetch_add(1, Ordering::Relaxed);
             map.remove(addr);
         }
     }
@@ -764,8 +818,12 @@ impl Client {
             }
         }
         let conn = match self.dial(addr, connect_timeout).await {
-            Ok(conn) => conn,
+            Ok(conn) => {
+                DIALED.fetch_add(1, Ordering::Relaxed);
+                conn
+            }
             Err(e) => {
+                DIALS_FAILED.fetch_add(1, Ordering::Relaxed);
                 let why = format!("{e:#}");
                 *failed = Some((std::time::Instant::now(), why.clone()));
                 return Err(CallError::Connect(why));
