@@ -124,12 +124,52 @@ impl Sim {
         self.child.id().map(|p| p as i32)
     }
 
+    /// The simulator's transport counters (its nodes' dials).
+    async fn transport(&mut self) -> anyhow::Result<transport::Counters> {
+        let line = self.ask("transport").await?;
+        let json = line.strip_prefix("transport ").context("transport reply")?;
+        serde_json::from_str(json).context("parse transport counters")
+    }
+
     async fn fences(&mut self) -> anyhow::Result<u64> {
         let line = self.ask("stats").await?;
         let json = line.strip_prefix("stats ").context("stats reply")?;
         let v: serde_json::Value = serde_json::from_str(json).context("parse stats")?;
         Ok(v.get("fences").and_then(|f| f.as_u64()).unwrap_or(0))
     }
+}
+
+/// Connections each member accepted since it started (handshakes it served), from
+/// `corral_transport_connections_accepted_total`, for the members whose metrics answer now.
+fn voters_accepted(dir: &Path) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    for (name, url) in dev::metrics_urls(dir).unwrap_or_default() {
+        let Some(addr) = url.strip_prefix("http://").and_then(|u| u.strip_suffix("/metrics")) else { continue };
+        let text = (|| -> std::io::Result<String> {
+            use std::io::{Read, Write};
+            let mut s = std::net::TcpStream::connect(addr)?;
+            s.set_read_timeout(Some(Duration::from_secs(2)))?;
+            s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")?;
+            let mut out = String::new();
+            s.take(8 << 20).read_to_string(&mut out)?;
+            Ok(out)
+        })()
+        .unwrap_or_default();
+        if let Some(v) = text
+            .lines()
+            .find_map(|l| l.strip_prefix("corral_transport_connections_accepted_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+        {
+            counts.insert(name, v as u64);
+        }
+    }
+    counts
+}
+
+/// Handshakes the members served between two [`voters_accepted`] readings: a member that
+/// restarted meanwhile (its count went back) counts from zero.
+fn accepted_between(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> u64 {
+    after.iter().map(|(name, now)| before.get(name).filter(|was| *was <= now).map_or(*now, |was| now - was)).sum()
 }
 
 fn unix_ms() -> u64 {
@@ -464,14 +504,35 @@ async fn measure(dir: &Path, opts: &NodesBench, count: usize, peers: &[(Beats, F
     let (mut rejoin, mut declared) = (Vec::new(), 0);
     for round in 0..opts.failovers {
         let logs = voter_logs(dir);
-        let (leader, ms) = failover(dir, &cluster, &mut sim).await?;
+        let (sim_before, accepted_before) = (sim.transport().await?, voters_accepted(dir));
+        let (leader, ms) = match failover(dir, &cluster, &mut sim).await {
+            Ok(done) => done,
+            Err(e) => {
+                let after = sim.transport().await?;
+                println!(
+                    "    failover {}: {e:#}; handshakes: the nodes dialed {} (failed {}, dropped {}), the members accepted {}; nodes declared down: {}",
+                    round + 1,
+                    after.dialed - sim_before.dialed,
+                    after.dials_failed - sim_before.dials_failed,
+                    after.dropped - sim_before.dropped,
+                    accepted_between(&accepted_before, &voters_accepted(dir)),
+                    declared_down_since(&logs)?
+                );
+                return Err(e);
+            }
+        };
         // Past the new leader's grace period, any node it gave up on has been declared down.
         tokio::time::sleep(Duration::from_millis(opts.node_down_after_ms + 1_000)).await;
         let downs = declared_down_since(&logs)?;
         declared += downs;
+        let sim_after = sim.transport().await?;
+        let accepted = accepted_between(&accepted_before, &voters_accepted(dir));
         println!(
-            "    failover {}: killed {leader}; every node acknowledged by the new leader {ms:.0} ms after the kill; nodes declared down: {downs}",
-            round + 1
+            "    failover {}: killed {leader}; every node acknowledged by the new leader {ms:.0} ms after the kill; nodes declared down: {downs}; handshakes: the nodes dialed {} (failed {}, dropped {}), the members accepted {accepted}",
+            round + 1,
+            sim_after.dialed - sim_before.dialed,
+            sim_after.dials_failed - sim_before.dials_failed,
+            sim_after.dropped - sim_before.dropped,
         );
         rejoin.push(ms);
     }

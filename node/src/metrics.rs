@@ -40,6 +40,8 @@ pub struct MetricsSnapshot {
     pub agent_running_jobs: u64,
     /// Scheduling passes this node held back while leading, by why (`pacing::Paced`).
     pub passes_paced: Vec<(&'static str, u64)>,
+    /// This process's QUIC connections: accepted, dialed, dials failed, dropped.
+    pub transport: transport::Counters,
     /// Cluster-wide series; only on members that hold the replicated state.
     pub cluster: Option<ClusterSnapshot>,
     /// This node's GPUs and the job holding each.
@@ -145,6 +147,7 @@ pub fn snapshot(node: &Node) -> MetricsSnapshot {
         raft_applied_index: info.applied_index,
         agent_running_jobs: node.agent.running().len() as u64,
         passes_paced: node.paced.read(),
+        transport: transport::counters(),
         cluster,
         gpus,
     }
@@ -184,6 +187,7 @@ pub fn render_snapshot(snap: &MetricsSnapshot) -> String {
             "Scheduling passes that started fewer jobs than fit: launches in flight, voters lagging or stalled",
             paced,
         );
+        register_transport(corral, &snap.transport);
         if let Some(c) = &snap.cluster {
             register_cluster(corral, c);
         }
@@ -195,6 +199,19 @@ pub fn render_snapshot(snap: &MetricsSnapshot) -> String {
         warn!(error = %e, "encode metrics");
     }
     out
+}
+
+fn register_transport(corral: &mut Registry, t: &transport::Counters) {
+    for (name, help, value) in [
+        ("transport_connections_accepted", "QUIC connections this node accepted (handshakes served)", t.accepted),
+        ("transport_connections_dialed", "QUIC connections this node dialed", t.dialed),
+        ("transport_dials_failed", "Dials that got no handshake (peer dead, refused, timed out)", t.dials_failed),
+        ("transport_connections_dropped", "Cached connections dropped after a call failed on them or heard nothing", t.dropped),
+    ] {
+        let c: Counter = Counter::default();
+        c.inc_by(value);
+        corral.register(name, help, c);
+    }
 }
 
 fn register_cluster(corral: &mut Registry, c: &ClusterSnapshot) {

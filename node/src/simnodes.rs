@@ -359,17 +359,15 @@ async fn join_until(link: &LeaderLink, join: &Request, name: &str) -> anyhow::Re
 }
 
 /// What a real node's `learn_members_loop` does: the relays to heartbeat, asked again on a new
-/// term or every `MEMBERS_REFRESH_MAX`.
+/// term or every `MEMBERS_REFRESH_MAX` (`liveness::MembersSchedule`).
 async fn members_loop(node: Arc<SimNode>, heartbeat_link: Arc<LeaderLink>, direct_to_leader: bool) {
     let mut ticker = tokio::time::interval(crate::liveness::MEMBERS_CHECK_INTERVAL);
-    let mut learned: Option<(u64, Instant)> = None;
+    let mut schedule = crate::liveness::MembersSchedule::default();
     while !node.silenced.load(Ordering::SeqCst) {
         ticker.tick().await;
         let term = node.ack_term.load(Ordering::SeqCst);
-        if !crate::liveness::members_due(learned, term, Instant::now()) {
-            continue;
-        }
-        if let Ok(Reply::Cluster(info)) = heartbeat_link.call(Request::Members, 0).await {
+        let Some(check) = schedule.due(term, Instant::now()) else { continue };
+        if let Ok(Reply::Cluster(info)) = crate::liveness::ask_members(&heartbeat_link).await {
             let voters: Vec<_> = info
                 .members
                 .iter()
@@ -378,8 +376,8 @@ async fn members_loop(node: Arc<SimNode>, heartbeat_link: Arc<LeaderLink>, direc
                 .collect();
             // As a real node does: every voter becomes a candidate too, not only the relay order.
             heartbeat_link.learn(voters.iter().map(|(_, _, addr)| addr.clone()).collect::<Vec<_>>());
-            heartbeat_link.set_first(crate::liveness::relay_order(node.node_id(), &voters));
-            learned = Some((term, Instant::now()));
+            heartbeat_link.set_first(crate::liveness::relay_order(node.node_id(), &voters), crate::liveness::keeps_current(check));
+            schedule.learned(node.node_id(), check, term, Instant::now());
         }
     }
 }
@@ -411,6 +409,7 @@ async fn control(nodes: &BTreeMap<String, Arc<SimNode>>, stats: &SimStats) -> an
                 println!("acked {} {} {names}", live.len() - behind.len(), live.len());
             }
             ["stats"] => println!("stats {}", serde_json::to_string(stats).context("encode stats")?),
+            ["transport"] => println!("transport {}", serde_json::to_string(&transport::counters()).context("encode transport counters")?),
             _ => warn!(line = %line, "unknown control command"),
         }
     }

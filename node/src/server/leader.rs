@@ -542,27 +542,19 @@ impl Node {
     /// Periodically learns the members' addresses so this node can find the leader.
     pub(super) async fn learn_members_loop(self: Arc<Self>) {
         let mut ticker = tokio::time::interval(liveness::MEMBERS_CHECK_INTERVAL);
-        let mut learned: Option<(u64, Instant)> = None;
+        let mut schedule = liveness::MembersSchedule::default();
         loop {
             ticker.tick().await;
             let term = self.agent.ack_term();
-            if !liveness::members_due(learned, term, Instant::now()) {
-                continue;
-            }
-            // A relay answers (any voter does): the leader is asked only when none can.
-            let members = match self.heartbeat_link.call(Request::Members, 0).await {
-                // A leader of an older build does not know `Members` yet.
-                Err(crate::link::LinkError::Api(ApiError::Invalid(_))) => self.heartbeat_link.call(Request::ClusterInfo, 0).await,
-                other => other,
-            };
-            if let Ok(Reply::Cluster(info)) = members {
+            let Some(check) = schedule.due(term, Instant::now()) else { continue };
+            if let Ok(Reply::Cluster(info)) = liveness::ask_members(&self.heartbeat_link).await {
                 let addrs: Vec<String> = info.members.iter().filter(|m| m.role != NodeRole::Agent).map(|m| m.addr.clone()).collect();
                 self.forward_link.learn(addrs.iter().filter(|a| **a != self.config.advertise_addr()).cloned());
                 self.agent_link.learn(addrs.clone());
                 self.heartbeat_link.learn(addrs);
                 let voters: Vec<(NodeId, NodeRole, String)> = info.members.iter().map(|m| (m.id, m.role, m.addr.clone())).collect();
-                self.heartbeat_link.set_first(liveness::relay_order(self.id, &voters));
-                learned = Some((term, Instant::now()));
+                self.heartbeat_link.set_first(liveness::relay_order(self.id, &voters), liveness::keeps_current(check));
+                schedule.learned(self.id, check, term, Instant::now());
             }
         }
     }

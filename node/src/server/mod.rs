@@ -1167,9 +1167,10 @@ pub struct Api {
 }
 
 impl Handler for Api {
-    /// Heartbeats only: a node sends one every interval and mends a lost one itself.
+    /// Heartbeats, and the members a node asks for after every new term: small, idempotent,
+    /// sent by every node of a fleet at once, mended by asking again.
     fn takes_datagram(&self, envelope: &Envelope) -> bool {
-        matches!(envelope.request, Request::Heartbeat { .. })
+        matches!(envelope.request, Request::Heartbeat { .. } | Request::Members)
     }
 
     fn handle(&self, peer: Peer, mut envelope: Envelope) -> Pin<Box<dyn Future<Output = Response> + Send + 'static>> {
