@@ -151,6 +151,7 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     let token = format!("{:032x}", rand::random::<u128>());
     let sub = allocation(&p, &token)?;
     let quiet = p.has("quiet");
+    super::sbatch::print_warnings(&sub.warnings, quiet);
     let say = |line: String| {
         if !quiet {
             eprintln!("{PROG}: {line}");

@@ -157,7 +157,11 @@ pub const INPUT_ENV: &[(&str, &str)] = &[
     ("SBATCH_WCKEY", "wckey"),
 ];
 
-/// Options recorded in `extra` as given, with no other effect.
+/// Options kept with the job (in `extra`) only as Slurm does: shown back (`squeue %k`).
+const SHOWN_FROM_EXTRA: &[&str] = &["comment"];
+
+/// Options recorded in `extra` as given, with no other effect; each but those in
+/// `SHOWN_FROM_EXTRA` is named in a warning on stderr, so none is dropped silently.
 const KEPT_IN_EXTRA: &[&str] = &[
     "acctg-freq",
     "batch",
@@ -182,7 +186,6 @@ const KEPT_IN_EXTRA: &[&str] = &[
     "ignore-pbs",
     "input",
     "kill-on-invalid-dep",
-    "licenses",
     "mail-type",
     "mail-user",
     "mcs-label",
@@ -197,11 +200,9 @@ const KEPT_IN_EXTRA: &[&str] = &[
     "oversubscribe",
     "power",
     "prefer",
-    "priority",
     "profile",
     "propagate",
     "reboot",
-    "reservation",
     "sockets-per-node",
     "spread-job",
     "thread-spec",
@@ -250,6 +251,9 @@ pub struct Submission {
     pub wait: bool,
     pub quiet: bool,
     pub test_only: bool,
+    /// Lines for stderr before submitting: the options accepted but without effect in Corral
+    /// (kept with the job, never silently dropped).
+    pub warnings: Vec<String>,
 }
 
 /// What to do for a command line.
@@ -429,7 +433,7 @@ fn usage() -> String {
      Corral implements sbatch's options: -J -p -N -n -c --ntasks-per-node --mem --mem-per-cpu\n\
      --mem-per-gpu -t -o -e --open-mode --gres --gpus -G --gpus-per-node --gpus-per-task\n\
      --cpus-per-gpu -a --requeue --no-requeue --signal --exclusive -A -q -C -d -w -x -D --export\n\
-     --begin -H --wait --parsable --wrap; others are recorded with the job.\n"
+     --begin -H --wait --parsable --wrap; others are recorded with the job, with a warning.\n"
         .to_string()
 }
 
@@ -681,6 +685,8 @@ pub struct Builder<'a> {
     quiet: bool,
     test_only: bool,
     extra: BTreeMap<String, String>,
+    /// One line per option accepted without effect, for stderr (`Submission::warnings`).
+    warnings: Vec<String>,
 }
 
 impl<'a> Builder<'a> {
@@ -727,6 +733,7 @@ impl<'a> Builder<'a> {
             quiet: false,
             test_only: false,
             extra: BTreeMap::new(),
+            warnings: Vec::new(),
         }
     }
 
@@ -754,8 +761,19 @@ impl<'a> Builder<'a> {
             "nice" => {
                 self.extra.insert("nice".into(), v.to_string());
             }
+            // Slurm refuses these where nothing is configured for them, as Corral has nothing.
+            "reservation" => return Err(fatal(&format!("Requested reservation is invalid: {v} (Corral has no reservations)"))),
+            "licenses" => return Err(fatal(&format!("Invalid license specification: {v} (Corral has no licenses)"))),
+            "priority" => {
+                return Err(fatal(
+                    "--priority is not supported by Corral (an operator's setting in Slurm); --nice=N lowers a job's priority",
+                ))
+            }
             other if KEPT_IN_EXTRA.contains(&other) => {
                 self.extra.insert(other.to_string(), v.to_string());
+                if !SHOWN_FROM_EXTRA.contains(&other) {
+                    self.warnings.push(format!("{prog}: warning: --{other} has no effect in Corral; it is kept with the job"));
+                }
             }
             other => return Err(fatal(&format!("option --{other} is not supported"))),
         }
@@ -939,7 +957,8 @@ impl<'a> Builder<'a> {
         spec.ntasks_per_node = tasks_per_node;
         self.copy_options_into(&mut spec);
         spec.validate().map_err(|e| fatal(&format!("Batch job submission failed: {e}")))?;
-        Ok(Submission { spec, parsable: self.parsable, wait: self.wait, quiet: self.quiet, test_only: self.test_only })
+        let warnings = std::mem::take(&mut self.warnings);
+        Ok(Submission { spec, parsable: self.parsable, wait: self.wait, quiet: self.quiet, test_only: self.test_only, warnings })
     }
 
     /// The job's node count and tasks per node from `--nodes`, `--ntasks` and
@@ -1125,10 +1144,20 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
         }
         Action::Submit(sub) => sub,
     };
+    print_warnings(&sub.warnings, sub.quiet);
     if sub.test_only {
         return test_only(&sub);
     }
     submit_and_report(&sub)
+}
+
+/// Names on stderr the options a submission accepted without effect (not with `--quiet`).
+pub fn print_warnings(warnings: &[String], quiet: bool) {
+    if !quiet {
+        for line in warnings {
+            eprintln!("{line}");
+        }
+    }
 }
 
 /// `--test-only`: what the scheduler would do with the job now, in Slurm's words; nothing is

@@ -1004,6 +1004,7 @@ fn run_as_job(p: &Parsed) -> Result<i32, SlurmError> {
     let sub = allocation_for(p)?;
     catch_signals();
     let quiet = p.has("quiet");
+    super::sbatch::print_warnings(&sub.warnings, quiet);
     let cluster = super::connect(PROG)?;
     super::block_on(PROG, async {
         let reply = cluster

@@ -294,6 +294,23 @@ fn placement_and_policy_options() {
 }
 
 #[test]
+fn options_without_effect_are_named_on_stderr_and_unknown_reservations_are_refused() {
+    let sub = submit_with(&ctx(), &["--mail-type=END", "--comment=hello", "--hint=nomultithread"], SCRIPT).expect("parses");
+    // --comment does what Slurm does with it (squeue %k shows it); the others are named.
+    assert_eq!(
+        sub.warnings,
+        vec![
+            "sbatch: warning: --mail-type has no effect in Corral; it is kept with the job".to_string(),
+            "sbatch: warning: --hint has no effect in Corral; it is kept with the job".to_string(),
+        ]
+    );
+    assert!(submit_with(&ctx(), &["-N", "2", "--comment=x"], SCRIPT).expect("parses").warnings.is_empty());
+    assert_eq!(err(&["--reservation=maint"]), "sbatch: error: Requested reservation is invalid: maint (Corral has no reservations)");
+    assert_eq!(err(&["-L", "matlab:1"]), "sbatch: error: Invalid license specification: matlab:1 (Corral has no licenses)");
+    assert!(err(&["--priority=100"]).contains("--nice=N lowers a job's priority"), "{}", err(&["--priority=100"]));
+}
+
+#[test]
 fn export_forms() {
     let mut c = ctx();
     c.env.insert("SLURM_CONF".into(), "/etc/slurm.conf".into());
