@@ -1125,6 +1125,31 @@ async fn copy_job_output(cluster: &crate::client::Cluster, job: proto::JobId, of
     (progressed, finished)
 }
 
+/// Options a step inside an allocation takes without effect yet, and what the step does instead.
+const STEP_WITHOUT_EFFECT: &[(&str, &str)] = &[
+    ("cpus-per-task", "it sets SLURM_CPUS_PER_TASK; the step holds no CPUs of its own"),
+    ("mem", "the step shares the job's memory"),
+    ("mem-per-cpu", "the step shares the job's memory"),
+    ("mem-per-gpu", "the step shares the job's memory"),
+    ("exclusive", "the step shares the job's CPUs"),
+    ("exact", "the step shares the job's CPUs"),
+    ("whole", "the step shares the job's CPUs"),
+    ("cpu-bind", "tasks are not bound to CPUs"),
+    ("mem-bind", "tasks are not bound to memory"),
+    ("gpu-bind", "tasks see the step's GPUs"),
+    ("mpi", "no PMI is set up; torchrun and NCCL need none"),
+];
+
+/// One stderr line for each option of `p` that a step inside an allocation takes without effect
+/// (never silently). Pure.
+pub fn step_warnings(p: &Parsed) -> Vec<String> {
+    STEP_WITHOUT_EFFECT
+        .iter()
+        .filter(|(name, _)| p.has(name) && !(*name == "mpi" && p.last("mpi") == Some("none")))
+        .map(|(name, instead)| format!("{PROG}: warning: --{name} has no effect on a step in Corral yet: {instead}"))
+        .collect()
+}
+
 pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     let p = opts::parse(PROG, OPTIONS, args, true)?;
     if p.has("help") || p.has("usage") {
@@ -1143,6 +1168,9 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     let env = super::allocation_env(&std::env::vars().collect());
     let job_id = env.get("SLURM_JOB_ID").filter(|j| !j.is_empty());
     let batch = std::env::var(slurm_compat::env::BATCH_ENV).is_ok_and(|v| v == "1");
+    if job_id.is_some() || p.has("jobid") {
+        super::sbatch::print_warnings(&step_warnings(&p), p.has("quiet"));
+    }
     if let Some(text) = p.last("jobid") {
         run_step_in_job(&p, text)
     } else if let Some(id) = job_id.filter(|id| !batch && env.get(super::salloc::SALLOC_JOB_ENV) == Some(*id)) {

@@ -294,6 +294,19 @@ fn placement_and_policy_options() {
 }
 
 #[test]
+fn step_options_without_effect_are_named_on_stderr() {
+    let parse = |a: &[&str]| opts::parse("srun", srun::OPTIONS, &argv(a), true).unwrap();
+    assert_eq!(
+        srun::step_warnings(&parse(&["--mem=4G", "-c", "2", "--gres=gpu:1", "hostname"])),
+        vec![
+            "srun: warning: --cpus-per-task has no effect on a step in Corral yet: it sets SLURM_CPUS_PER_TASK; the step holds no CPUs of its own".to_string(),
+            "srun: warning: --mem has no effect on a step in Corral yet: the step shares the job's memory".to_string(),
+        ]
+    );
+    assert!(srun::step_warnings(&parse(&["--gres=gpu:1", "-n", "2", "--overlap", "hostname"])).is_empty());
+}
+
+#[test]
 fn options_without_effect_are_named_on_stderr_and_unknown_reservations_are_refused() {
     let sub = submit_with(&ctx(), &["--mail-type=END", "--comment=hello", "--hint=nomultithread"], SCRIPT).expect("parses");
     // --comment does what Slurm does with it (squeue %k shows it); the others are named.
