@@ -1140,13 +1140,19 @@ const STEP_WITHOUT_EFFECT: &[(&str, &str)] = &[
     ("mpi", "no PMI is set up; torchrun and NCCL need none"),
 ];
 
-/// One stderr line for each option of `p` that a step inside an allocation takes without effect
-/// (never silently). Pure.
-pub fn step_warnings(p: &Parsed) -> Vec<String> {
-    STEP_WITHOUT_EFFECT
-        .iter()
+/// Options srun takes without effect yet wherever it runs, and what it does instead.
+const SRUN_WITHOUT_EFFECT: &[(&str, &str)] = &[
+    ("immediate", "srun waits for its resources however long that takes"),
+    ("wait", "tasks still running after the first one exits are not killed"),
+];
+
+/// One stderr line for each option of `p` that this `srun` takes without effect (never
+/// silently): `in_allocation` for a step inside an existing allocation. Pure.
+pub fn step_warnings(p: &Parsed, in_allocation: bool) -> Vec<String> {
+    let step = STEP_WITHOUT_EFFECT.iter().filter(|_| in_allocation);
+    step.chain(SRUN_WITHOUT_EFFECT)
         .filter(|(name, _)| p.has(name) && !(*name == "mpi" && p.last("mpi") == Some("none")))
-        .map(|(name, instead)| format!("{PROG}: warning: --{name} has no effect on a step in Corral yet: {instead}"))
+        .map(|(name, instead)| format!("{PROG}: warning: --{name} has no effect in Corral yet: {instead}"))
         .collect()
 }
 
@@ -1168,9 +1174,7 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     let env = super::allocation_env(&std::env::vars().collect());
     let job_id = env.get("SLURM_JOB_ID").filter(|j| !j.is_empty());
     let batch = std::env::var(slurm_compat::env::BATCH_ENV).is_ok_and(|v| v == "1");
-    if job_id.is_some() || p.has("jobid") {
-        super::sbatch::print_warnings(&step_warnings(&p), p.has("quiet"));
-    }
+    super::sbatch::print_warnings(&step_warnings(&p, job_id.is_some() || p.has("jobid")), p.has("quiet"));
     if let Some(text) = p.last("jobid") {
         run_step_in_job(&p, text)
     } else if let Some(id) = job_id.filter(|id| !batch && env.get(super::salloc::SALLOC_JOB_ENV) == Some(*id)) {

@@ -297,13 +297,20 @@ fn placement_and_policy_options() {
 fn step_options_without_effect_are_named_on_stderr() {
     let parse = |a: &[&str]| opts::parse("srun", srun::OPTIONS, &argv(a), true).unwrap();
     assert_eq!(
-        srun::step_warnings(&parse(&["--mem=4G", "-c", "2", "--gres=gpu:1", "hostname"])),
+        srun::step_warnings(&parse(&["--mem=4G", "-c", "2", "--gres=gpu:1", "-W", "5", "hostname"]), true),
         vec![
-            "srun: warning: --cpus-per-task has no effect on a step in Corral yet: it sets SLURM_CPUS_PER_TASK; the step holds no CPUs of its own".to_string(),
-            "srun: warning: --mem has no effect on a step in Corral yet: the step shares the job's memory".to_string(),
+            "srun: warning: --cpus-per-task has no effect in Corral yet: it sets SLURM_CPUS_PER_TASK; the step holds no CPUs of its own"
+                .to_string(),
+            "srun: warning: --mem has no effect in Corral yet: the step shares the job's memory".to_string(),
+            "srun: warning: --wait has no effect in Corral yet: tasks still running after the first one exits are not killed".to_string(),
         ]
     );
-    assert!(srun::step_warnings(&parse(&["--gres=gpu:1", "-n", "2", "--overlap", "hostname"])).is_empty());
+    assert!(srun::step_warnings(&parse(&["--gres=gpu:1", "-n", "2", "--overlap", "--mpi=none", "hostname"]), true).is_empty());
+    // Outside an allocation -c and --mem size the job's allocation: only srun's own are named.
+    assert_eq!(
+        srun::step_warnings(&parse(&["--mem=4G", "-c", "2", "-I", "hostname"]), false),
+        vec!["srun: warning: --immediate has no effect in Corral yet: srun waits for its resources however long that takes".to_string()]
+    );
 }
 
 #[test]
