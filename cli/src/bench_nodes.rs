@@ -172,6 +172,17 @@ fn accepted_between(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64
     after.iter().map(|(name, now)| before.get(name).filter(|was| *was <= now).map_or(*now, |was| now - was)).sum()
 }
 
+/// What one failover cost in handshakes: the simulated nodes' dials between two readings of
+/// their counters, and the connections the members accepted meanwhile.
+fn handshakes(before: &transport::Counters, after: &transport::Counters, accepted: u64) -> String {
+    format!(
+        "handshakes: the nodes dialed {} (failed {}, dropped {}), the members accepted {accepted}",
+        after.dialed.saturating_sub(before.dialed),
+        after.dials_failed.saturating_sub(before.dials_failed),
+        after.dropped.saturating_sub(before.dropped),
+    )
+}
+
 fn unix_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
@@ -508,16 +519,8 @@ async fn measure(dir: &Path, opts: &NodesBench, count: usize, peers: &[(Beats, F
         let (leader, ms) = match failover(dir, &cluster, &mut sim).await {
             Ok(done) => done,
             Err(e) => {
-                let after = sim.transport().await?;
-                println!(
-                    "    failover {}: {e:#}; handshakes: the nodes dialed {} (failed {}, dropped {}), the members accepted {}; nodes declared down: {}",
-                    round + 1,
-                    after.dialed - sim_before.dialed,
-                    after.dials_failed - sim_before.dials_failed,
-                    after.dropped - sim_before.dropped,
-                    accepted_between(&accepted_before, &voters_accepted(dir)),
-                    declared_down_since(&logs)?
-                );
+                let shakes = handshakes(&sim_before, &sim.transport().await?, accepted_between(&accepted_before, &voters_accepted(dir)));
+                println!("    failover {}: {e:#}; {shakes}; nodes declared down: {}", round + 1, declared_down_since(&logs)?);
                 return Err(e);
             }
         };
@@ -525,14 +528,10 @@ async fn measure(dir: &Path, opts: &NodesBench, count: usize, peers: &[(Beats, F
         tokio::time::sleep(Duration::from_millis(opts.node_down_after_ms + 1_000)).await;
         let downs = declared_down_since(&logs)?;
         declared += downs;
-        let sim_after = sim.transport().await?;
-        let accepted = accepted_between(&accepted_before, &voters_accepted(dir));
+        let shakes = handshakes(&sim_before, &sim.transport().await?, accepted_between(&accepted_before, &voters_accepted(dir)));
         println!(
-            "    failover {}: killed {leader}; every node acknowledged by the new leader {ms:.0} ms after the kill; nodes declared down: {downs}; handshakes: the nodes dialed {} (failed {}, dropped {}), the members accepted {accepted}",
-            round + 1,
-            sim_after.dialed - sim_before.dialed,
-            sim_after.dials_failed - sim_before.dials_failed,
-            sim_after.dropped - sim_before.dropped,
+            "    failover {}: killed {leader}; every node acknowledged by the new leader {ms:.0} ms after the kill; nodes declared down: {downs}; {shakes}",
+            round + 1
         );
         rejoin.push(ms);
     }
