@@ -93,6 +93,36 @@ async fn wait_leader(rafts: &BTreeMap<NodeId, Raft>) -> NodeId {
     leader.expect("leader")
 }
 
+/// Waits until `raft` leads and has committed its term's first entry, which commits the
+/// membership `initialize` wrote before it: until then openraft refuses a membership change
+/// (`add_learner`) as `InProgress`, and a loaded host can take that long between the two.
+async fn wait_leads_with_membership_committed(raft: &Raft) {
+    wait_until("node leads and committed its first entry", || {
+        let status = raft_status(raft);
+        status.is_leader && status.applied_index.is_some_and(|index| index >= 1)
+    })
+    .await;
+}
+
+/// Adds `id` as a learner through `leader`, retrying while openraft refuses the change as
+/// `InProgress`: a membership entry not yet committed in the leader's term (a new leader commits
+/// its first entry a moment after it wins). Gives up after `WAIT_MS`.
+async fn add_learner(leader: &Raft, id: NodeId) {
+    use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
+    let deadline = Instant::now() + Duration::from_millis(WAIT_MS);
+    loop {
+        match leader.add_learner(id, member(id), true).await {
+            Ok(_) => return,
+            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(ChangeMembershipError::InProgress(_))))
+                if Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("add learner {id}: {e:?}"),
+        }
+    }
+}
+
 async fn submit(raft: &Raft, n: u32) -> (u64, u64) {
     match propose(raft, Command::Submit { spec: spec(n), now_ms: 1_000 + u64::from(n) }).await {
         Ok((index, CommandResult::Submitted { job })) => (index, job),
@@ -147,9 +177,9 @@ async fn three_nodes_replicate_fail_over_and_a_late_node_catches_up_by_snapshot(
     }
 
     rafts[&1].initialize(BTreeMap::from([(1, member(1))])).await.expect("initialize");
-    wait_until("node 1 leads", || raft_status(&rafts[&1]).is_leader).await;
+    wait_leads_with_membership_committed(&rafts[&1]).await;
     for id in [2, 3] {
-        rafts[&1].add_learner(id, member(id), true).await.expect("add learner");
+        add_learner(&rafts[&1], id).await;
     }
     rafts[&1].change_membership(BTreeSet::from([1, 2, 3]), false).await.expect("change membership");
     let status = raft_status(&rafts[&1]);
@@ -195,7 +225,7 @@ async fn three_nodes_replicate_fail_over_and_a_late_node_catches_up_by_snapshot(
     let (raft4, handle4) = open_raft(4, dirs[&4].path(), router.clone(), timings(), Default::default()).await.expect("open raft 4");
     router.add(4, raft4.clone(), &handle4);
     let leader = wait_leader(&rafts).await;
-    rafts[&leader].add_learner(4, member(4), true).await.expect("add learner 4");
+    add_learner(&rafts[&leader], 4).await;
     let (index, _) = submit_to_leader(&rafts, 40).await;
     let alive: Vec<&StateHandle> = handles.values().chain([&handle4]).collect();
     let digest4 = wait_converged(&alive, index).await;
@@ -217,7 +247,7 @@ async fn a_restarted_node_keeps_its_state() {
     let (raft, handle) = open_raft(1, dir.path(), router.clone(), timings.clone(), Default::default()).await.expect("open raft");
     router.add(1, raft.clone(), &handle);
     raft.initialize(BTreeMap::from([(1, member(1))])).await.expect("initialize");
-    wait_until("node 1 leads", || raft_status(&raft).is_leader).await;
+    wait_leads_with_membership_committed(&raft).await;
     let mut last_index = 0;
     for n in 0..20 {
         last_index = submit(&raft, n).await.0;
@@ -287,8 +317,8 @@ async fn finished_jobs_leave_the_hot_state_and_a_new_voter_gets_them_by_a_stream
         handles.insert(id, handle);
     }
     rafts[&1].initialize(BTreeMap::from([(1, member(1))])).await.expect("initialize");
-    wait_until("node 1 leads", || raft_status(&rafts[&1]).is_leader).await;
-    rafts[&1].add_learner(2, member(2), true).await.expect("add learner");
+    wait_leads_with_membership_committed(&rafts[&1]).await;
+    add_learner(&rafts[&1], 2).await;
     rafts[&1].change_membership(BTreeSet::from([1, 2]), false).await.expect("change membership");
 
     let jobs = 300u32;
@@ -343,7 +373,7 @@ async fn finished_jobs_leave_the_hot_state_and_a_new_voter_gets_them_by_a_stream
     wait_until("leader purged its log", || raft_status(&rafts[&1]).purged_index.is_some_and(|p| p > index)).await;
     let (raft3, handle3) = open_raft(3, dirs[&3].path(), router.clone(), timings(), Default::default()).await.expect("open raft 3");
     router.add(3, raft3.clone(), &handle3);
-    rafts[&1].add_learner(3, member(3), true).await.expect("add learner 3");
+    add_learner(&rafts[&1], 3).await;
     rafts[&1].change_membership(BTreeSet::from([1, 2, 3]), false).await.expect("promote 3");
     let (index, _) = submit_spec(&rafts[&1], spec(2000)).await;
     let all: Vec<&StateHandle> = handles.values().chain([&handle3]).collect();
