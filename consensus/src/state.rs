@@ -41,13 +41,18 @@ pub struct ClusterState {
     /// Tasks started so far of each array that has tasks left (their jobs may have finished and
     /// left the hot state): a task is never started twice.
     pub array_started: BTreeMap<JobId, BTreeSet<u32>>,
-    /// GPU-seconds used by each `user:NAME` and `account:NAME` (fair share), kept here because
-    /// finished jobs leave the hot state.
-    pub usage_gpu_seconds: BTreeMap<String, u64>,
+    /// Decayed GPU usage of each (account, user) association (fair share; `root` for a job
+    /// without an account), kept here because finished jobs leave the hot state. At most
+    /// [`USAGE_ASSOCS_MAX`] associations: usage of a new one past that is not counted.
+    pub usage: BTreeMap<(String, String), proto::accounts::Usage>,
     /// Accounts, users, associations and their limits (`sacctmgr`; QoS and their limits are in
     /// `policy`). See `associations`. Shared with each scheduling pass's view, not copied.
     pub accounts: std::sync::Arc<proto::accounts::Accounts>,
 }
+
+/// Associations whose usage is kept at most (twice the database's bound: jobs without an
+/// account are charged to root).
+pub const USAGE_ASSOCS_MAX: usize = 2 * proto::accounts::ASSOCS_MAX;
 
 /// Replaced instances remembered per node.
 pub const RETIRED_INSTANCES_MAX: usize = 16;
@@ -70,7 +75,7 @@ impl Default for ClusterState {
             revoked_nodes: BTreeMap::new(),
             retired_instances: BTreeMap::new(),
             array_started: BTreeMap::new(),
-            usage_gpu_seconds: BTreeMap::new(),
+            usage: BTreeMap::new(),
             accounts: Default::default(),
         }
     }
@@ -151,24 +156,26 @@ fn prune_accounting(jobs: &[JobId]) -> CommandResult {
 }
 
 /// Adds the GPU time of `part` from the run's start until `now_ms` to the job's account and to
-/// its user's and account's usage: GPU-seconds, a MIG instance weighted by its share of the
-/// GPU's compute slices (a 3g.71gb instance for 7 s is 3 GPU-seconds).
-fn account(usage: &mut BTreeMap<String, u64>, job: &mut Job, part: &NodeRun, now_ms: u64) {
-    if let Some(start) = job.start_ms {
-        let gres_type = job.spec.gres.as_ref().and_then(|g| g.gpu_type.as_deref());
-        let slices: u64 = part.alloc.gpus.iter().map(|&g| u64::from(scheduler::mig::slot_compute_slices(g, gres_type))).sum();
-        let slice_ms = now_ms.saturating_sub(start).saturating_mul(slices);
-        let seconds = slice_ms / (1000 * u64::from(scheduler::mig::COMPUTE_SLICES));
-        job.gpu_seconds = job.gpu_seconds.saturating_add(seconds);
-        if seconds > 0 {
-            let user = usage.entry(scheduler::usage_key_user(&job.spec.user)).or_default();
-            *user = user.saturating_add(seconds);
-            if let Some(a) = &job.spec.account {
-                let account = usage.entry(scheduler::usage_key_account(a)).or_default();
-                *account = account.saturating_add(seconds);
-            }
-        }
+/// its association's usage, decayed to `now_ms` first (`half_life_ms`): GPU-seconds, a MIG
+/// instance weighted by its share of the GPU's compute slices (a 3g.71gb instance for 7 s is
+/// 3 GPU-seconds).
+fn account(usage: &mut BTreeMap<(String, String), proto::accounts::Usage>, half_life_ms: u64, job: &mut Job, part: &NodeRun, now_ms: u64) {
+    let Some(start) = job.start_ms else { return };
+    let gres_type = job.spec.gres.as_ref().and_then(|g| g.gpu_type.as_deref());
+    let slices: u64 = part.alloc.gpus.iter().map(|&g| u64::from(scheduler::mig::slot_compute_slices(g, gres_type))).sum();
+    let slice_ms = now_ms.saturating_sub(start).saturating_mul(slices);
+    let gpu_ms = slice_ms / u64::from(scheduler::mig::COMPUTE_SLICES);
+    job.gpu_seconds = job.gpu_seconds.saturating_add(gpu_ms / 1000);
+    if gpu_ms == 0 {
+        return;
     }
+    let account = job.spec.account.clone().unwrap_or_else(|| proto::accounts::ROOT_ACCOUNT.to_string());
+    let key = (account, job.spec.user.clone());
+    if !usage.contains_key(&key) && usage.len() >= USAGE_ASSOCS_MAX {
+        return;
+    }
+    let entry = usage.entry(key).or_default();
+    *entry = scheduler::fairshare::add_usage(entry, gpu_ms, now_ms, half_life_ms);
 }
 
 /// The final state of a run all of whose parts ended, from how each ended: a launch failure
@@ -573,7 +580,7 @@ impl ClusterState {
         for job in self.jobs.values_mut() {
             let Some(pos) = job.parts.iter().position(&lost) else { continue };
             let part = job.parts.remove(pos);
-            account(&mut self.usage_gpu_seconds, job, &part, now_ms);
+            account(&mut self.usage, self.policy.decay_half_life_ms(), job, &part, now_ms);
             if part.run != job.run || job.state != JobState::Running {
                 continue;
             }
@@ -778,7 +785,7 @@ impl ClusterState {
             return rejected("stale run");
         };
         let part = job.parts.remove(pos);
-        account(&mut self.usage_gpu_seconds, job, &part, now_ms);
+        account(&mut self.usage, self.policy.decay_half_life_ms(), job, &part, now_ms);
         if run != job.run || job.state != JobState::Running {
             // A part of a cancelled, failed or requeued run is gone: only its resources return.
             return CommandResult::Ok;
@@ -1110,7 +1117,7 @@ impl ClusterState {
             revoked_nodes: self.revoked_nodes.clone(),
             retired_instances: self.retired_instances.clone(),
             array_started: self.array_started.clone(),
-            usage_gpu_seconds: self.usage_gpu_seconds.clone(),
+            usage: self.usage.clone(),
             accounts: self.accounts.clone(),
         }
     }
@@ -1602,8 +1609,19 @@ mod tests {
             assert_eq!(s.apply(&end), CommandResult::Ok);
         }
         assert_eq!(ran.iter().map(|j| s.jobs[j].gpu_seconds).collect::<Vec<_>>(), vec![3, 1]);
-        assert_eq!(s.usage_gpu_seconds.get("user:alice"), Some(&4), "{:?}", s.usage_gpu_seconds);
-        assert_eq!(s.usage_gpu_seconds.get("account:physics"), Some(&4));
+        let usage = s.usage.get(&("physics".to_string(), "alice".to_string()));
+        assert_eq!(usage, Some(&proto::accounts::Usage { gpu_ms: 4_000, at_ms: 7_030 }), "{:?}", s.usage);
+        // With a one-minute half-life, a run ending a minute later finds that usage halved.
+        s.policy.priority_decay_half_life_min = Some(1);
+        let job = submit(&mut s, mig("1g.18gb"));
+        let slot = scheduler::mig_slot(0, 6);
+        assert_eq!(plan(&mut s, job, 1, vec![alloc(id, &[slot])]), CommandResult::Planned { accepted: vec![job], rejected: vec![] });
+        assert_eq!(confirm(&mut s, job, 1, id, 1), CommandResult::Ok);
+        let end = Command::RunFinished { job, run: 1, node: id, outcome: RunOutcome::Exited(0), usage: Default::default(), now_ms: 67_030 };
+        assert_eq!(s.apply(&end), CommandResult::Ok);
+        // 2,000 left of 4,000, plus 67 s of 1/7 of a GPU.
+        let usage = s.usage.get(&("physics".to_string(), "alice".to_string()));
+        assert_eq!(usage, Some(&proto::accounts::Usage { gpu_ms: 2_000 + 67_000 / 7, at_ms: 67_030 }), "{:?}", s.usage);
         // A whole GPU counts whole, and a profile no table knows by its name.
         assert_eq!(scheduler::mig::slot_compute_slices(3, Some("h200")), 7);
         assert_eq!(scheduler::mig::slot_compute_slices(scheduler::mig_slot(0, 0), Some("2g.12gb")), 2);

@@ -63,7 +63,6 @@ pub fn scheduler_view(state: &ClusterState) -> ClusterView {
 /// [`scheduler_view`], with the finished jobs pending jobs depend on that are no longer in the
 /// hot state read through `archived` (the accounting store), so `afterok:ID` still resolves.
 pub fn scheduler_view_with(state: &ClusterState, archived: impl Fn(JobId) -> Option<Job>) -> ClusterView {
-    let usage: BTreeMap<String, f64> = state.usage_gpu_seconds.iter().map(|(k, v)| (k.clone(), *v as f64)).collect();
     // Only live work (pending, running, or still holding a part) and the finished jobs that
     // pending jobs depend on: finished jobs are most of the hot state under a sweep, and the
     // scheduler needs nothing else of them (`array_started` keeps which tasks ran).
@@ -105,7 +104,7 @@ pub fn scheduler_view_with(state: &ClusterState, archived: impl Fn(JobId) -> Opt
             (p.name.clone(), def)
         })
         .collect();
-    let mut config = scheduler::SchedulerConfig::default();
+    let mut config = scheduler::SchedulerConfig { decay_half_life_ms: state.policy.decay_half_life_ms(), ..Default::default() };
     for q in &state.policy.qos {
         let mode = if q.preempt_mode == "cancel" { scheduler::PreemptAction::Cancel } else { scheduler::PreemptAction::Requeue };
         config.qos.insert(
@@ -113,7 +112,7 @@ pub fn scheduler_view_with(state: &ClusterState, archived: impl Fn(JobId) -> Opt
             scheduler::Qos { priority: q.priority, preempt: q.preempt.clone(), preempt_mode: mode, limits: q.limits.clone() },
         );
     }
-    ClusterView { nodes: node_views(state), jobs, partitions, usage, config, accounts: state.accounts.clone() }
+    ClusterView { nodes: node_views(state), jobs, partitions, usage: state.usage.clone(), config, accounts: state.accounts.clone() }
 }
 
 /// A job the scheduler must see whatever depends on it: not final, or holding a part.

@@ -101,6 +101,9 @@ pub struct Account {
     /// QoS its users may use where their association names none (empty: the parent's).
     pub qos: Vec<String>,
     pub default_qos: Option<String>,
+    /// `Fairshare=N`: its shares among its siblings under its parent account (`None`: 1, as
+    /// Slurm's default).
+    pub shares: Option<u32>,
 }
 
 /// A user's association with one account.
@@ -110,6 +113,8 @@ pub struct Assoc {
     /// QoS the user may use in this account (empty: the account's).
     pub qos: Vec<String>,
     pub default_qos: Option<String>,
+    /// `Fairshare=N`: its shares among the users and accounts under its account (`None`: 1).
+    pub shares: Option<u32>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -118,6 +123,60 @@ pub struct User {
     pub default_account: String,
     /// By account name.
     pub assocs: BTreeMap<String, Assoc>,
+}
+
+/// `Fairshare=N` at most (Slurm's shares are 32-bit; this keeps sums of siblings exact).
+pub const SHARES_MAX: u32 = 1_000_000;
+
+/// Decayed usage of one association (an account and a user): what fair share compares.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// GPU-milliseconds (a MIG slice weighted by its share of the GPU) decayed to `at_ms`.
+    pub gpu_ms: u64,
+    /// When `gpu_ms` was last decayed (the time of the command that added to it).
+    pub at_ms: u64,
+}
+
+/// One line of `sshare`: an account, or a user's association with one. Ratios are in
+/// millionths (`sshare` prints six decimals).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShareLine {
+    pub account: String,
+    pub user: Option<String>,
+    /// Levels below root.
+    pub depth: u32,
+    pub raw_shares: u32,
+    pub norm_shares_ppm: u64,
+    /// Decayed GPU-seconds (an account: everything under it).
+    pub usage_gpu_s: u64,
+    pub effective_usage_ppm: u64,
+    /// `NormShares / EffectvUsage`; `u64::MAX`: infinite (no usage); `None` for root.
+    pub level_fs_ppm: Option<u64>,
+    /// Users only.
+    pub fair_share_ppm: Option<u64>,
+}
+
+/// One pending job's priority and its factors (in millionths: age, fair share, job size,
+/// partition, QoS) for `sprio`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PriorityLine {
+    pub job: crate::JobId,
+    pub user: String,
+    pub partition: String,
+    pub priority: u64,
+    pub factors_ppm: [u64; 5],
+    pub nice: i64,
+}
+
+/// A ratio in millionths, as `sshare` and `sprio` print them; infinity as `u64::MAX`.
+pub fn ppm(ratio: f64) -> u64 {
+    if ratio.is_infinite() && ratio > 0.0 {
+        u64::MAX
+    } else if ratio.is_finite() && ratio > 0.0 {
+        (ratio * 1e6).round().min(u64::MAX as f64) as u64
+    } else {
+        0
+    }
 }
 
 /// The database.
@@ -150,6 +209,8 @@ pub struct AssocChanges {
     pub qos_remove: Vec<String>,
     /// `Some(None)` clears it.
     pub default_qos: Option<Option<String>>,
+    /// `Fairshare=N`; `Some(None)` (`Fairshare=-1`) sets it back to 1.
+    pub shares: Option<Option<u32>>,
 }
 
 /// What `modify qos` sets.
@@ -234,6 +295,13 @@ fn check_name(kind: &str, name: &str) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!("Invalid {kind} name '{name}': 1-{NAME_BYTES_MAX} characters, none of space , = | or quotes"))
+    }
+}
+
+fn check_shares(shares: Option<u32>) -> Result<Option<u32>, String> {
+    match shares {
+        Some(n) if n > SHARES_MAX => Err(format!("Fairshare={n}: at most {SHARES_MAX}")),
+        other => Ok(other),
     }
 }
 
@@ -378,6 +446,9 @@ impl Accounts {
                 let inherited = parent.map_or_else(|| vec![crate::DEFAULT_QOS.to_string()], |p| self.account_qos(&p));
                 let a = self.accounts.get_mut(name).ok_or_else(|| format!("Account '{name}' does not exist"))?;
                 changes.limits.apply_to(&mut a.limits);
+                if let Some(shares) = changes.shares {
+                    a.shares = check_shares(shares)?;
+                }
                 apply_qos_changes(changes, &mut a.qos, &mut a.default_qos, &inherited, policy)
             }
             AccountsEdit::DescribeAccount { name, description, organization } => {
@@ -474,6 +545,9 @@ impl Accounts {
                 continue;
             }
             changes.limits.apply_to(&mut assoc.limits);
+            if let Some(shares) = changes.shares {
+                assoc.shares = check_shares(shares)?;
+            }
             let from = inherited.get(acct).map_or(&[][..], Vec::as_slice);
             apply_qos_changes(changes, &mut assoc.qos, &mut assoc.default_qos, from, policy)?;
         }

@@ -21,7 +21,7 @@ pub use partition::{PartitionChanges, PartitionEdit, PartitionState};
 
 /// Bumped on any incompatible change to a type in this crate. The first byte of every encoded
 /// message; a peer speaking another version is refused with a clear error.
-pub const PROTOCOL_VERSION: u8 = 8;
+pub const PROTOCOL_VERSION: u8 = 9;
 
 pub type NodeId = u64;
 pub type JobId = u64;
@@ -954,9 +954,23 @@ pub struct SchedulerPolicy {
     pub partitions: Vec<PartitionDef>,
     #[serde(default)]
     pub qos: Vec<QosDef>,
+    /// Slurm's `PriorityDecayHalfLife` in minutes: usage counts half after this long. `None`:
+    /// Slurm's default, 7 days; `Some(0)`: usage never decays.
+    #[serde(default)]
+    pub priority_decay_half_life_min: Option<u64>,
 }
 
+/// Slurm's default `PriorityDecayHalfLife`, 7 days.
+pub const DECAY_HALF_LIFE_MIN_DEFAULT: u64 = 7 * 24 * 60;
+/// The longest half-life accepted, about 10 years.
+pub const DECAY_HALF_LIFE_MIN_MAX: u64 = 10 * 366 * 24 * 60;
+
 impl SchedulerPolicy {
+    /// Usage's half-life in milliseconds; 0: no decay.
+    pub fn decay_half_life_ms(&self) -> u64 {
+        self.priority_decay_half_life_min.unwrap_or(DECAY_HALF_LIFE_MIN_DEFAULT).saturating_mul(60_000)
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         let mut names = std::collections::BTreeSet::new();
         for p in &self.partitions {
@@ -985,6 +999,9 @@ impl SchedulerPolicy {
             if q.preempt_mode != "requeue" && q.preempt_mode != "cancel" {
                 return Err(format!("qos {}: preempt_mode must be requeue or cancel", q.name));
             }
+        }
+        if self.priority_decay_half_life_min.is_some_and(|m| m > DECAY_HALF_LIFE_MIN_MAX) {
+            return Err(format!("priority_decay_half_life_min: at most {DECAY_HALF_LIFE_MIN_MAX} (about 10 years; 0: no decay)"));
         }
         if self.partitions.len() + self.qos.len() > 1024 {
             return Err("at most 1024 partitions and QoS".into());
@@ -1711,6 +1728,14 @@ pub enum Request {
     },
     /// The accounting database (`sacctmgr show`), answered by any node from its state.
     GetAccounts,
+    /// Fair share of every association now (`sshare`), answered by any node from its state.
+    GetShares,
+    /// The priority factors of pending jobs now (`sprio`): those of `jobs` and `users` (empty:
+    /// any), answered by any node from its state.
+    GetPriorities {
+        jobs: Vec<JobId>,
+        users: Vec<String>,
+    },
     /// `corral mig set NODE GPU PROFILES|auto` (admin only): pin a MIG-mode GPU to a layout,
     /// applied once the GPU is idle (only that GPU is drained meanwhile), or unpin it (`None`).
     SetMigLayout {
@@ -1961,6 +1986,14 @@ pub enum Reply {
         payload: Vec<u8>,
     },
     Policy(SchedulerPolicy),
+    /// `sshare`'s lines, depth-first from root.
+    Shares(Vec<accounts::ShareLine>),
+    /// `sprio`: the weights (age, fair share, job size, partition, QoS) and each pending job's
+    /// factors.
+    Priorities {
+        weights: [u32; 5],
+        jobs: Vec<accounts::PriorityLine>,
+    },
     /// The accounting database and the policy (whose QoS it names), for `sacctmgr show`.
     Accounts {
         accounts: Box<accounts::Accounts>,

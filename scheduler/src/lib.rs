@@ -8,10 +8,11 @@
 //! [`fits_gang`] and rejects the stale ones, like Nomad's plan applier.
 //!
 //! Modules: [`mig`] (profile tables and layout planner), [`topo`] (GPUs, CPUs and NIC inside a
-//! node), [`priority`] (multifactor priority), [`testkit`] (cluster builders for tests and the
+//! node), [`priority`] (multifactor priority), [`fairshare`] (Fair Tree on decayed usage), [`testkit`] (cluster builders for tests and the
 //! benchmark). The pass itself is in `engine`.
 
 mod engine;
+pub mod fairshare;
 mod fit;
 mod limits;
 pub mod mig;
@@ -23,6 +24,6 @@ mod view;
 pub use engine::{fmt_duration_ms, fmt_time_ms, schedule, ArrayTaskStart, Binding, Plan, Reservation, NEVER, PACED};
 pub use fit::{fits, fits_gang, is_mig_profile, Misfit};
 pub use view::{
-    cpu_shares, decode_slot, job_request, mig_slot, node_view, usage_key_account, usage_key_user, ClusterView, GpuSlot, JobRequest,
-    MigSlot, NodeView, NumaView, Partition, PreemptAction, PriorityWeights, Qos, SchedulerConfig, Slot, GPUS_PER_NODE_MAX, MIG_SLOT_BASE,
+    cpu_shares, decode_slot, job_request, mig_slot, node_view, ClusterView, GpuSlot, JobRequest, MigSlot, NodeView, NumaView, Partition,
+    PreemptAction, PriorityWeights, Qos, SchedulerConfig, Slot, GPUS_PER_NODE_MAX, MIG_SLOT_BASE,
 };

@@ -439,6 +439,8 @@ pub struct SchedulerConfig {
     /// At most this many jobs and array tasks started per pass, in priority order: the leader
     /// lowers it while it is behind (see `corral_node::pacing`); the jobs after wait a pass.
     pub starts_per_pass_max: u32,
+    /// Usage halves in this time (`PriorityDecayHalfLife`); 0: it never decays.
+    pub decay_half_life_ms: u64,
 }
 
 impl Default for SchedulerConfig {
@@ -452,18 +454,9 @@ impl Default for SchedulerConfig {
             mig_layouts_per_pass_max: 16,
             array_tasks_per_pass_max: 100_000,
             starts_per_pass_max: u32::MAX,
+            decay_half_life_ms: proto::DECAY_HALF_LIFE_MIN_DEFAULT * 60_000,
         }
     }
-}
-
-/// Key of a user's decayed GPU-seconds in [`ClusterView::usage`].
-pub fn usage_key_user(user: &str) -> String {
-    format!("user:{user}")
-}
-
-/// Key of an account's decayed GPU-seconds in [`ClusterView::usage`].
-pub fn usage_key_account(account: &str) -> String {
-    format!("account:{account}")
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -473,8 +466,9 @@ pub struct ClusterView {
     /// (a dependency on a job not listed here can never be satisfied).
     pub jobs: Vec<JobRequest>,
     pub partitions: BTreeMap<String, Partition>,
-    /// Decayed GPU-seconds by `user:NAME` and `account:NAME` (see [`usage_key_user`]).
-    pub usage: BTreeMap<String, f64>,
+    /// Usage by (account, user) association, each decayed to its own time (`root` for a job
+    /// without an account); see [`crate::fairshare`].
+    pub usage: BTreeMap<(String, String), proto::accounts::Usage>,
     pub config: SchedulerConfig,
     /// Accounts, users and associations with their limits (`sacctmgr`); jobs over one wait
     /// with `Assoc...` reasons. With no association, nothing is limited. Shared with the

@@ -223,7 +223,7 @@ fn priority_orders_by_fair_share_qos_and_size() {
     heavy.user = "alice".into();
     let mut light = spec("gpu:1", 1);
     light.user = "bob".into();
-    c.usage("user:alice", 9_000_000.0).usage("user:bob", 1_000_000.0);
+    c.usage("alice", 9_000_000).usage("bob", 1_000_000);
     c.submit(10, heavy, 0).submit(11, light, 0);
     let plan = c.schedule(1000);
     assert_eq!(plan.queue.iter().map(|q| q.0).collect::<Vec<_>>(), vec![11, 10]);
@@ -248,7 +248,7 @@ fn priority_orders_by_fair_share_qos_and_size() {
     let plan = c2.schedule(1000);
     assert_eq!(plan.queue.iter().map(|q| q.0).collect::<Vec<_>>(), vec![12, 11, 10]);
 
-    // `--nice` is taken off the priority (bob's lead over alice is about 4,800): 100,000 puts
+    // `--nice` is taken off the priority (bob's lead over alice is about 3,300): 100,000 puts
     // bob's job behind alice's, at 0, never below; an admin's negative one ahead again.
     let mut c3 = c.clone();
     let niced = |nice: &str| {

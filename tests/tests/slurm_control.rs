@@ -538,3 +538,85 @@ fn sacctmgr_accounts_and_limits_hold_jobs_with_slurms_reasons() {
         )
     );
 }
+
+/// Fair share by shares (issue 19): one user in two accounts, `phys` with 1 share and `chem`
+/// with 9, uses the same GPU time in each; `sshare` shows the shares, the usage and Fair Tree's
+/// factors (the association in the under-served `chem` ranks first), `sprio` shows them weighted,
+/// and of two jobs waiting for the same GPUs the `chem` one starts first though submitted
+/// second. `scontrol show config` shows the replicated half-life, and a policy changes it.
+#[test]
+fn fair_share_ranks_associations_by_shares_and_usage_in_sshare_sprio_and_the_queue() {
+    let c = TestCluster::up(&["--nodes", "1", "--voters-max", "1", "--gpus", "h100:2"]);
+    let probe = c.submit(&[], &["true"]);
+    let user = c.wait_final(probe, Duration::from_secs(30))["user"].as_str().expect("a job has a user").to_string();
+    let run = |name: &str, args: &[&str]| {
+        let out = shim(&c, name, args);
+        assert!(out.status.success(), "{name} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    run("sacctmgr", &["-i", "add", "account", "phys", "Fairshare=1"]);
+    run("sacctmgr", &["-i", "add", "account", "chem", "Fairshare=9"]);
+    run("sacctmgr", &["-i", "add", "user", &user, "Account=phys,chem"]);
+    let sbatch = |args: &[&str]| -> u64 {
+        let mut all = vec!["--parsable"];
+        all.extend_from_slice(args);
+        run("sbatch", &all).trim().parse().expect("sbatch --parsable prints the id")
+    };
+    // The same GPU time in each account: both GPUs for 3 s.
+    for account in ["phys", "chem"] {
+        let job = sbatch(&[&format!("--account={account}"), "--gres=gpu:2", "--wrap", "sleep 3"]);
+        assert_eq!(c.wait_final(job, Duration::from_secs(60))["state"], "COMPLETED");
+    }
+    let shares = run("sshare", &["-a", "-n", "-P"]);
+    let rows: Vec<Vec<&str>> = shares.lines().map(|l| l.split('|').collect()).collect();
+    let names: Vec<(&str, &str, &str, &str)> = rows.iter().map(|r| (r[0], r[1], r[2], r[3])).collect();
+    assert_eq!(
+        names,
+        vec![
+            ("root", "", "", "1.000000"),
+            ("chem", "", "9", "0.900000"),
+            ("chem", user.as_str(), "1", "1.000000"),
+            ("phys", "", "1", "0.100000"),
+            ("phys", user.as_str(), "1", "1.000000"),
+        ],
+        "{shares}"
+    );
+    let usage = |row: usize| rows[row][4].parse::<u64>().unwrap_or_else(|e| panic!("RawUsage of {:?}: {e}", rows[row]));
+    assert!((5..=9).contains(&usage(2)) && (5..=9).contains(&usage(4)), "about 6 GPU-seconds each:\n{shares}");
+    assert_eq!(usage(0), usage(1) + usage(3), "root holds everything:\n{shares}");
+    assert_eq!((rows[2][6], rows[4][6]), ("1.000000", "0.500000"), "FairShare of the chem and phys associations:\n{shares}");
+
+    // Both GPUs held; then a phys job and a chem job wait for them.
+    let blocker = sbatch(&["--account=phys", "--gres=gpu:2", "--wrap", "sleep 120"]);
+    let phys = sbatch(&["--account=phys", "--gres=gpu:2", "--wrap", "sleep 120"]);
+    let chem = sbatch(&["--account=chem", "--gres=gpu:2", "--wrap", "sleep 120"]);
+    let state = |id: u64| run("squeue", &["-h", "-j", &id.to_string(), "-o", "%T"]).trim().to_string();
+    wait_until("the blocker to run", Duration::from_secs(30), || state(blocker) == "RUNNING");
+    let prio = run("sprio", &["-h", "-l"]);
+    let fairshare: Vec<(u64, String)> = prio
+        .lines()
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w[0].parse().expect("job id"), w[6].to_string())
+        })
+        .collect();
+    assert_eq!(fairshare, vec![(phys, "5000".to_string()), (chem, "10000".to_string())], "{prio}");
+    let out = shim(&c, "sprio", &["-j", &blocker.to_string()]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "Unable to find jobs matching user/id(s) specified");
+    run("scancel", &[&blocker.to_string()]);
+    wait_until("the chem job to start first", Duration::from_secs(30), || state(chem) == "RUNNING");
+    assert_eq!(state(phys), "PENDING");
+    run("scancel", &[&phys.to_string(), &chem.to_string()]);
+
+    let half_life = || {
+        let config = run("scontrol", &["show", "config"]);
+        let line = config.lines().find(|l| l.starts_with("PriorityDecayHalfLife")).map(str::to_string);
+        line.and_then(|l| l.split('=').nth(1).map(|v| v.trim().to_string())).expect("PriorityDecayHalfLife")
+    };
+    assert_eq!(half_life(), "7-00:00:00");
+    let policy = c.work.join("policy.toml");
+    std::fs::write(&policy, "priority_decay_half_life_min = 90\n").expect("write policy");
+    let out = c.corral(&["policy", "set", policy.to_str().expect("path")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(half_life(), "01:30:00");
+}

@@ -15,8 +15,10 @@ pub mod sbatch;
 pub mod scancel;
 pub mod scontrol;
 pub mod sinfo;
+pub mod sprio;
 pub mod squeue;
 pub mod srun;
+pub mod sshare;
 pub mod stdin;
 pub mod time;
 
@@ -36,7 +38,8 @@ pub use slurm_compat::{env, hostlist};
 use crate::client::Cluster;
 
 /// The names the `corral` binary answers to as Slurm.
-pub const COMMANDS: [&str; 9] = ["sbatch", "srun", "salloc", "squeue", "scancel", "sinfo", "scontrol", "sacct", "sacctmgr"];
+pub const COMMANDS: [&str; 11] =
+    ["sbatch", "srun", "salloc", "squeue", "scancel", "sinfo", "scontrol", "sacct", "sacctmgr", "sshare", "sprio"];
 
 /// The Slurm release whose behaviour (options, formats, messages) is followed.
 pub const SLURM_VERSION: &str = "22.05.8";
@@ -87,6 +90,8 @@ pub fn main(name: &str, args: Vec<String>) -> i32 {
         "scontrol" => scontrol::run(&args),
         "sacct" => sacct::run(&args),
         "sacctmgr" => sacctmgr::run(&args),
+        "sshare" => sshare::run(&args),
+        "sprio" => sprio::run(&args),
         other => Err(SlurmError { text: format!("corral: '{other}' is not a Slurm command Corral provides"), code: 1 }),
     };
     match result {

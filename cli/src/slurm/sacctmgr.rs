@@ -146,6 +146,7 @@ fn parse_add(entity: Entity, words: &[&str]) -> Result<Action, SlurmError> {
     let mut names = Vec::new();
     let (mut description, mut organization, mut parent, mut accounts, mut default_account, mut priority) =
         (None, None, None, Vec::new(), None, None);
+    let mut fairshare = None;
     for w in words {
         match key_value(w) {
             (_, None) => names.extend(list(w)),
@@ -157,6 +158,7 @@ fn parse_add(entity: Entity, words: &[&str]) -> Result<Action, SlurmError> {
                 (Entity::User, "account" | "accounts") => accounts.extend(list(v)),
                 (Entity::User, "defaultaccount") => default_account = Some(v.to_string()),
                 (Entity::Qos, "priority") => priority = Some(number(&k, v)?),
+                (Entity::Account | Entity::User, "fairshare" | "shares") => fairshare = Some(shares(v)?),
                 _ => return Err(unknown_option(w)),
             },
         }
@@ -173,6 +175,10 @@ fn parse_add(entity: Entity, words: &[&str]) -> Result<Action, SlurmError> {
                 summary.push_str(&format!("  {n}\n"));
                 let (description, organization, parent) = (description.clone(), organization.clone(), parent.clone());
                 edits.push(AccountsEdit::AddAccount { name: n.clone(), description, organization, parent });
+                if let Some(shares) = fairshare {
+                    let changes = AssocChanges { shares: Some(shares), ..Default::default() };
+                    edits.push(AccountsEdit::ModifyAccount { name: n.clone(), changes });
+                }
             }
             summary.push_str(&format!(" Settings\n  Description     = {}\n", description.as_deref().unwrap_or("Account Name")));
             summary.push_str(&format!("  Organization    = {}\n", organization.as_deref().unwrap_or("Parent/Account Name")));
@@ -190,6 +196,10 @@ fn parse_add(entity: Entity, words: &[&str]) -> Result<Action, SlurmError> {
                 for (i, a) in accounts.iter().enumerate() {
                     let default = if i == 0 { default_account.clone() } else { None };
                     edits.push(AccountsEdit::AddUser { name: n.clone(), account: a.clone(), default_account: default });
+                    if let Some(shares) = fairshare {
+                        let changes = AssocChanges { shares: Some(shares), ..Default::default() };
+                        edits.push(AccountsEdit::ModifyUser { name: n.clone(), account: Some(a.clone()), changes, default_account: None });
+                    }
                 }
             }
             summary.push_str(" Associations =\n");
@@ -233,6 +243,21 @@ fn count_limit(key: &str, value: &str) -> Result<Option<u32>, SlurmError> {
 }
 
 /// `MaxWall=`: Slurm's time formats (minutes by default), `-1` or `UNLIMITED` to clear.
+/// `Fairshare=N`; `-1` sets it back to Slurm's default of 1. `parent` is refused: Corral has no
+/// shares inherited from the parent.
+fn shares(value: &str) -> Result<Option<u32>, SlurmError> {
+    if value == "-1" {
+        return Ok(None);
+    }
+    match value.parse::<u32>() {
+        Ok(n) if n <= proto::accounts::SHARES_MAX => Ok(Some(n)),
+        _ => Err(error(format!(
+            " Invalid Fairshare '{value}': Corral takes a number of shares from 0 to {} or -1 (\"parent\" is not supported)",
+            proto::accounts::SHARES_MAX
+        ))),
+    }
+}
+
 fn wall_limit(value: &str) -> Result<Option<u64>, SlurmError> {
     match super::time::parse_limit_s(value) {
         Ok(s) => Ok(s.map(|s| s.div_ceil(60))),
@@ -280,10 +305,11 @@ fn parse_set(entity: Entity, words: &[&str]) -> Result<Set, SlurmError> {
             "qos-" | "qoslevel-" if !qos => set.assoc.qos_remove.extend(list(v)),
             "defaultqos" if !qos => set.assoc.default_qos = Some(if v.is_empty() || v == "-1" { None } else { Some(v.to_string()) }),
             "defaultaccount" if entity == Entity::User => set.default_account = Some(v.to_string()),
+            "fairshare" | "shares" if !qos => set.assoc.shares = Some(shares(v)?),
             "priority" if qos => set.priority = Some(number(&k, v)?),
             "description" if entity == Entity::Account => set.description = Some(v.to_string()),
             "organization" if entity == Entity::Account => set.organization = Some(v.to_string()),
-            _ => return Err(error(format!(" Unknown option: {w}\n Corral's sacctmgr sets MaxJobs, MaxSubmitJobs, MaxWall, GrpTRES=gres/gpu=N, MaxTRESPerJob=gres/gpu=N, QOS (=, += or -=), DefaultQOS, DefaultAccount (users), Description and Organization (accounts), Priority (QOS)"))),
+            _ => return Err(error(format!(" Unknown option: {w}\n Corral's sacctmgr sets MaxJobs, MaxSubmitJobs, MaxWall, GrpTRES=gres/gpu=N, MaxTRESPerJob=gres/gpu=N, QOS (=, += or -=), DefaultQOS, DefaultAccount (users), Fairshare, Description and Organization (accounts), Priority (QOS)"))),
         }
     }
     Ok(set)
@@ -616,7 +642,10 @@ fn value(t: &Tables<'_>, row: &Row<'_>, field: Field) -> Option<String> {
         (Row::Assoc { account, .. }, Field::Account) => Some(account.name.clone()),
         (Row::Assoc { account, user: None }, Field::ParentName) => account.parent.clone(),
         (Row::Assoc { user, .. }, Field::User) => user.map(str::to_string),
-        (Row::Assoc { .. }, Field::Share) => Some("1".into()),
+        (Row::Assoc { account, user: None }, Field::Share) => Some(account.shares.unwrap_or(1).to_string()),
+        (Row::Assoc { account, user: Some(u) }, Field::Share) => {
+            Some(t.accounts.assoc(u, &account.name).and_then(|a| a.shares).unwrap_or(1).to_string())
+        }
         (Row::Assoc { .. }, Field::GrpTres) => tres(limits.grp_gpus_max),
         (Row::Assoc { .. }, Field::MaxTres) => tres(limits.gpus_per_job_max),
         (Row::Assoc { .. }, Field::MaxWall) => limits.max_wall_min.map(wall_text),

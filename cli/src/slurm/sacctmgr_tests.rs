@@ -80,6 +80,17 @@ fn modify_sets_limits_and_minus_one_clears() {
         edits("modify user where name=alice account=phys set MaxJobs=2 MaxSubmitJobs=-1 MaxWall=1:30:00 GrpTRES=gres/gpu=4 MaxTRESPerJob=gres/gpu=-1 QOS=normal,high DefaultQOS=high"),
         vec![AccountsEdit::ModifyUser { name: "alice".into(), account: Some("phys".into()), changes, default_account: None }]
     );
+    let shares = |n: Option<u32>| AssocChanges { shares: Some(n), ..Default::default() };
+    assert_eq!(
+        edits("modify account phys set Fairshare=9"),
+        vec![AccountsEdit::ModifyAccount { name: "phys".into(), changes: shares(Some(9)) }]
+    );
+    assert_eq!(
+        edits("modify user alice set fairshare=-1"),
+        vec![AccountsEdit::ModifyUser { name: "alice".into(), account: None, changes: shares(None), default_account: None }]
+    );
+    assert_eq!(edits("add account chem Fairshare=3")[1], AccountsEdit::ModifyAccount { name: "chem".into(), changes: shares(Some(3)) });
+    assert!(refusal("modify account phys set Fairshare=parent").contains("\"parent\" is not supported"));
     let plus = AssocChanges { qos_add: vec!["high".into()], qos_remove: vec!["low".into()], ..Default::default() };
     assert_eq!(
         edits("modify account phys set QOS+=high QOS-=low"),

@@ -469,6 +469,8 @@ fn signal_words(sig: i32) -> String {
 /// After `--kill-on-bad-exit`'s SIGTERM, how long tasks get before SIGKILL (Slurm's default
 /// `KillWait`).
 const STEP_KILL_WAIT_MS: u64 = 30_000;
+/// Tries of one signal to one node of a step before `srun` reports it lost.
+const STEP_SIGNAL_ATTEMPTS_MAX: u32 = 5;
 
 /// How often `srun` asks again for a step whose GPUs other steps hold.
 const STEP_BUSY_RETRY_MS: u64 = 200;
@@ -935,10 +937,26 @@ async fn launch_step(cluster: &crate::client::Cluster, job: proto::JobId, spec: 
 /// already is not an error.
 async fn signal_step(cluster: &crate::client::Cluster, job: proto::JobId, step: u32, nodes: &[String], signal: i32) {
     for node in nodes {
-        if let Ok(Err(e)) = cluster.call(Request::StepSignal { job, step, node: node.clone(), signal }).await {
-            if !matches!(e, proto::ApiError::NotFound(_)) {
-                eprintln!("{PROG}: error: {node}: signal step {job}.{step}: {e}");
+        let mut attempt = 1;
+        loop {
+            let request = Request::StepSignal { job, step, node: node.clone(), signal };
+            // A call lost on a loaded cluster, or a node briefly out of reach, is asked again:
+            // a lost SIGTERM would leave the task to -K's SIGKILL 30 s later.
+            let error = match cluster.call(request).await {
+                Ok(Ok(_)) | Ok(Err(proto::ApiError::NotFound(_))) => break,
+                Ok(Err(proto::ApiError::Unavailable(e))) => format!("unavailable: {e}"),
+                Ok(Err(e)) => {
+                    eprintln!("{PROG}: error: {node}: signal step {job}.{step}: {e}");
+                    break;
+                }
+                Err(e) => format!("{e:#}"),
+            };
+            if attempt >= STEP_SIGNAL_ATTEMPTS_MAX {
+                eprintln!("{PROG}: error: {node}: signal step {job}.{step}: {error} ({attempt} attempts)");
+                break;
             }
+            attempt += 1;
+            tokio::time::sleep(Duration::from_millis(STEP_RETRY_MS)).await;
         }
     }
 }

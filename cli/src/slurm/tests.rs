@@ -895,6 +895,7 @@ fn sinfo_partitions_and_nodes() {
             proto::PartitionDef { name: "debug".into(), max_time_limit_ms: Some(1_800_000), ..Default::default() },
         ],
         qos: vec![],
+        priority_decay_half_life_min: None,
     };
     for n in &mut nodes[..2] {
         // Naming none, they are in the policy's default, as the cluster lists them.
@@ -1219,7 +1220,7 @@ fn shims_are_symlinks_to_the_binary() {
     let _ = std::fs::remove_dir_all(&dir);
     let target = PathBuf::from("/usr/local/bin/corral");
     let made = install_shims(&dir, &target).unwrap();
-    assert_eq!(made.len(), 9);
+    assert_eq!(made.len(), 11);
     for name in COMMANDS {
         assert_eq!(std::fs::read_link(dir.join(name)).unwrap(), target);
     }

@@ -198,6 +198,8 @@ impl Node {
                             | Request::Members
                             | Request::GetPolicy
                             | Request::GetAccounts
+                            | Request::GetShares
+                            | Request::GetPriorities { .. }
                             | Request::ShowConfig
                             | Request::AccountingDigest
                     )
@@ -466,10 +468,86 @@ impl Node {
                 let (accounts, policy) = self.state.read(|s| (Box::new((*s.accounts).clone()), s.policy.clone()));
                 Ok(Reply::Accounts { accounts, policy })
             }
-            Request::ShowConfig => Ok(Reply::Config(self.config.slurm_config(self.agent.confines_jobs()))),
+            Request::ShowConfig => Ok(Reply::Config(self.show_config())),
             Request::TestSubmit { spec } => self.test_submit(spec),
+            Request::GetShares => Ok(Reply::Shares(self.shares())),
+            Request::GetPriorities { jobs, users } => Ok(self.priorities(&jobs, &users)),
             other => Err(ApiError::Invalid(format!("not a read request: {other:?}"))),
         }
+    }
+
+    /// `scontrol show config`: this node's settings, and the priority's from the replicated
+    /// policy and the scheduler's weights.
+    fn show_config(&self) -> Vec<(String, String)> {
+        let mut out = self.config.slurm_config(self.agent.confines_jobs());
+        let half_life_min = self.state.read(|s| s.policy.decay_half_life_ms() / 60_000);
+        let (days, rest) = (half_life_min / 1440, half_life_min % 1440);
+        let half_life =
+            if days > 0 { format!("{days}-{:02}:{:02}:00", rest / 60, rest % 60) } else { format!("{:02}:{:02}:00", rest / 60, rest % 60) };
+        let w = scheduler::SchedulerConfig::default().weights;
+        out.extend([
+            ("PriorityDecayHalfLife".to_string(), half_life),
+            ("PriorityWeightAge".to_string(), w.age.to_string()),
+            ("PriorityWeightFairShare".to_string(), w.fair_share.to_string()),
+            ("PriorityWeightJobSize".to_string(), w.job_size.to_string()),
+            ("PriorityWeightPartition".to_string(), w.partition.to_string()),
+            ("PriorityWeightQOS".to_string(), w.qos.to_string()),
+        ]);
+        out.sort_by_key(|(k, _)| k.to_ascii_lowercase());
+        out
+    }
+
+    /// `sshare`: Fair Tree over this node's state, usage decayed to now.
+    fn shares(&self) -> Vec<proto::accounts::ShareLine> {
+        use proto::accounts::ppm;
+        let view = self.scheduler_view();
+        let shares = scheduler::priority::fair_shares(&view, now_ms());
+        shares
+            .rows
+            .into_iter()
+            .map(|r| proto::accounts::ShareLine {
+                account: r.account,
+                user: r.user,
+                depth: r.depth,
+                raw_shares: r.raw_shares,
+                norm_shares_ppm: ppm(r.norm_shares),
+                usage_gpu_s: (r.usage_gpu_ms / 1000.0).round() as u64,
+                effective_usage_ppm: ppm(r.effective_usage),
+                level_fs_ppm: r.level_fs.map(ppm),
+                fair_share_ppm: r.fair_share.map(ppm),
+            })
+            .collect()
+    }
+
+    /// `sprio`: the priority factors of the pending jobs of `jobs` and `users` (empty: any).
+    fn priorities(&self, jobs: &[JobId], users: &[String]) -> Reply {
+        use proto::accounts::ppm;
+        let view = self.scheduler_view();
+        let factors = scheduler::priority::factors(&view, now_ms());
+        let w = &view.config.weights;
+        let weights = [w.age, w.fair_share, w.job_size, w.partition, w.qos];
+        let default_partition =
+            view.partitions.values().find(|p| p.default).map_or(view.config.default_partition.as_str(), |p| p.name.as_str());
+        let lines = view
+            .jobs
+            .iter()
+            .zip(factors)
+            .filter(|(j, _)| j.state == proto::JobState::Pending)
+            .filter(|(j, _)| jobs.is_empty() || jobs.contains(&j.id))
+            .filter(|(j, _)| users.is_empty() || users.contains(&j.user))
+            .filter_map(|(j, f)| {
+                let f = f?;
+                Some(proto::accounts::PriorityLine {
+                    job: j.id,
+                    user: j.user.clone(),
+                    partition: j.partition.clone().unwrap_or_else(|| default_partition.to_string()),
+                    priority: f.priority,
+                    factors_ppm: [ppm(f.age), ppm(f.fair_share), ppm(f.size), ppm(f.partition), ppm(f.qos)],
+                    nice: f.nice,
+                })
+            })
+            .collect();
+        Reply::Priorities { weights, jobs: lines }
     }
 
     /// `sbatch --test-only`: submits `spec` to a copy of the state and asks the scheduler what it

@@ -62,7 +62,7 @@ fn pending(c: &mut Cluster, first_job: u64, count: u64) {
         c.submit(id, s, k);
     }
     for u in 0..50 {
-        c.usage(&format!("user:u{u}"), (u * 1000) as f64);
+        c.usage(&format!("u{u}"), u * 1000);
     }
 }
 
