@@ -142,6 +142,18 @@ impl Sim {
 /// Connections each member accepted since it started (handshakes it served), from
 /// `corral_transport_connections_accepted_total`, for the members whose metrics answer now.
 fn voters_accepted(dir: &Path) -> BTreeMap<String, u64> {
+    voters_counter(dir, "corral_transport_connections_accepted_total")
+}
+
+/// Connections each member refused since it started because too many handshakes were under
+/// way (`corral_transport_connections_refused_busy_total`).
+fn voters_refused(dir: &Path) -> BTreeMap<String, u64> {
+    voters_counter(dir, "corral_transport_connections_refused_busy_total")
+}
+
+/// Counter `metric` of each member whose metrics answer now.
+fn voters_counter(dir: &Path, metric: &str) -> BTreeMap<String, u64> {
+    let prefix = format!("{metric} ");
     let mut counts = BTreeMap::new();
     for (name, url) in dev::metrics_urls(dir).unwrap_or_default() {
         let Some(addr) = url.strip_prefix("http://").and_then(|u| u.strip_suffix("/metrics")) else { continue };
@@ -157,7 +169,7 @@ fn voters_accepted(dir: &Path) -> BTreeMap<String, u64> {
         .unwrap_or_default();
         if let Some(v) = text
             .lines()
-            .find_map(|l| l.strip_prefix("corral_transport_connections_accepted_total "))
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
             .and_then(|v| v.trim().parse::<f64>().ok())
         {
             counts.insert(name, v as u64);
@@ -173,10 +185,10 @@ fn accepted_between(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64
 }
 
 /// What one failover cost in handshakes: the simulated nodes' dials between two readings of
-/// their counters, and the connections the members accepted meanwhile.
-fn handshakes(before: &transport::Counters, after: &transport::Counters, accepted: u64) -> String {
+/// their counters, and the connections the members accepted and refused as busy meanwhile.
+fn handshakes(before: &transport::Counters, after: &transport::Counters, (accepted, refused): (u64, u64)) -> String {
     format!(
-        "handshakes: the nodes dialed {} (failed {}, dropped {}), the members accepted {accepted}",
+        "handshakes: the nodes dialed {} (failed {}, dropped {}), the members accepted {accepted} and refused {refused} as busy",
         after.dialed.saturating_sub(before.dialed),
         after.dials_failed.saturating_sub(before.dials_failed),
         after.dropped.saturating_sub(before.dropped),
@@ -515,11 +527,14 @@ async fn measure(dir: &Path, opts: &NodesBench, count: usize, peers: &[(Beats, F
     let (mut rejoin, mut declared) = (Vec::new(), 0);
     for round in 0..opts.failovers {
         let logs = voter_logs(dir);
-        let (sim_before, accepted_before) = (sim.transport().await?, voters_accepted(dir));
+        let (sim_before, accepted_before, refused_before) = (sim.transport().await?, voters_accepted(dir), voters_refused(dir));
+        let served = |dir: &Path| {
+            (accepted_between(&accepted_before, &voters_accepted(dir)), accepted_between(&refused_before, &voters_refused(dir)))
+        };
         let (leader, ms) = match failover(dir, &cluster, &mut sim).await {
             Ok(done) => done,
             Err(e) => {
-                let shakes = handshakes(&sim_before, &sim.transport().await?, accepted_between(&accepted_before, &voters_accepted(dir)));
+                let shakes = handshakes(&sim_before, &sim.transport().await?, served(dir));
                 println!("    failover {}: {e:#}; {shakes}; nodes declared down: {}", round + 1, declared_down_since(&logs)?);
                 return Err(e);
             }
@@ -528,7 +543,7 @@ async fn measure(dir: &Path, opts: &NodesBench, count: usize, peers: &[(Beats, F
         tokio::time::sleep(Duration::from_millis(opts.node_down_after_ms + 1_000)).await;
         let downs = declared_down_since(&logs)?;
         declared += downs;
-        let shakes = handshakes(&sim_before, &sim.transport().await?, accepted_between(&accepted_before, &voters_accepted(dir)));
+        let shakes = handshakes(&sim_before, &sim.transport().await?, served(dir));
         println!(
             "    failover {}: killed {leader}; every node acknowledged by the new leader {ms:.0} ms after the kill; nodes declared down: {downs}; {shakes}",
             round + 1

@@ -207,6 +207,7 @@ fn register_transport(corral: &mut Registry, t: &transport::Counters) {
         ("transport_connections_dialed", "QUIC connections this node dialed", t.dialed),
         ("transport_dials_failed", "Dials that got no handshake (peer dead, refused, timed out)", t.dials_failed),
         ("transport_connections_dropped", "Cached connections dropped after a call failed on them or heard nothing", t.dropped),
+        ("transport_connections_refused_busy", "Connections refused because too many handshakes were under way", t.refused_busy),
     ] {
         let c: Counter = Counter::default();
         c.inc_by(value);

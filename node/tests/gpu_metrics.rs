@@ -48,7 +48,7 @@ fn scrape_parses_with_dcgm_names_and_job_labels() {
         raft_applied_index: 16,
         agent_running_jobs: 1,
         passes_paced: vec![("in_flight", 4), ("lagging", 2), ("stalled", 1)],
-        transport: transport::Counters { accepted: 40, dialed: 7, dials_failed: 2, dropped: 3 },
+        transport: transport::Counters { accepted: 40, dialed: 7, dials_failed: 2, dropped: 3, refused_busy: 5 },
         cluster: Some(ClusterSnapshot {
             jobs_by_state: [("PENDING", 2), ("RUNNING", 1)].into_iter().collect(),
             queue_depth: [(("default".to_string(), "pending"), 2), (("default".to_string(), "running"), 1)].into_iter().collect(),
@@ -75,6 +75,7 @@ fn scrape_parses_with_dcgm_names_and_job_labels() {
     assert_eq!(get("corral_scheduler_passes_paced_total", &[("why", "stalled")]), 1.0);
     assert_eq!(get("corral_transport_connections_accepted_total", &[]), 40.0);
     assert_eq!(get("corral_transport_dials_failed_total", &[]), 2.0);
+    assert_eq!(get("corral_transport_connections_refused_busy_total", &[]), 5.0);
     assert_eq!(get("corral_transport_connections_dropped_total", &[]), 3.0);
 
     let inv = probe.discover().expect("discover");

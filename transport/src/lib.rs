@@ -69,6 +69,12 @@ pub const STREAMS_PER_CONNECTION_MAX: u32 = 256;
 /// every node (its own share, and the nodes of a relay that died): at 4,096 both relays of a
 /// 5,000-node cluster refused nodes, which then went silent. An idle connection costs a few KiB.
 pub const CONNECTIONS_MAX: usize = 16_384;
+/// Handshakes a server runs at once; a connection past them is refused at once (one packet,
+/// no crypto), so its peer tries another member or dials again later. Queued instead, a herd
+/// of nodes whose relay died (thousands at once) waited past their 1 s connect timeout on a
+/// saturated member, which then finished handshakes nobody waited for, and every retry added
+/// to the queue.
+pub const HANDSHAKES_IN_PROGRESS_MAX: usize = 64;
 /// How long a server waits for the whole request frame of a stream.
 pub const REQUEST_READ_TIMEOUT_MS: u64 = 60_000;
 
@@ -327,12 +333,16 @@ pub struct Counters {
     pub dials_failed: u64,
     /// Cached connections dropped after a call failed on them or heard nothing from the peer.
     pub dropped: u64,
+    /// Connections `serve` refused because [`HANDSHAKES_IN_PROGRESS_MAX`] were under way.
+    #[serde(default)]
+    pub refused_busy: u64,
 }
 
 static ACCEPTED: AtomicU64 = AtomicU64::new(0);
 static DIALED: AtomicU64 = AtomicU64::new(0);
 static DIALS_FAILED: AtomicU64 = AtomicU64::new(0);
 static DROPPED: AtomicU64 = AtomicU64::new(0);
+static REFUSED_BUSY: AtomicU64 = AtomicU64::new(0);
 
 /// The process's [`Counters`] now.
 pub fn counters() -> Counters {
@@ -341,6 +351,7 @@ pub fn counters() -> Counters {
         dialed: DIALED.load(Ordering::Relaxed),
         dials_failed: DIALS_FAILED.load(Ordering::Relaxed),
         dropped: DROPPED.load(Ordering::Relaxed),
+        refused_busy: REFUSED_BUSY.load(Ordering::Relaxed),
     }
 }
 
@@ -348,9 +359,22 @@ pub fn counters() -> Counters {
 /// `handler`. A connection that fails its handshake (a certificate not from the cluster CA, no
 /// certificate at all) is refused and logged; the server goes on.
 pub async fn serve(endpoint: quinn::Endpoint, handler: Arc<dyn Handler>) {
+    serve_limited(endpoint, handler, HANDSHAKES_IN_PROGRESS_MAX).await
+}
+
+/// [`serve`] with at most `handshakes_max` handshakes under way.
+async fn serve_limited(endpoint: quinn::Endpoint, handler: Arc<dyn Handler>, handshakes_max: usize) {
     let connections = Arc::new(Semaphore::new(CONNECTIONS_MAX));
+    let handshakes = Arc::new(Semaphore::new(handshakes_max));
     while let Some(incoming) = endpoint.accept().await {
         let remote = incoming.remote_address();
+        let Ok(handshake) = handshakes.clone().try_acquire_owned() else {
+            // A herd: refusing costs one packet; the peer tries elsewhere or again later.
+            REFUSED_BUSY.fetch_add(1, Ordering::Relaxed);
+            debug!(peer = %remote, limit = handshakes_max, "connection refused: too many handshakes under way");
+            incoming.refuse();
+            continue;
+        };
         let Ok(permit) = connections.clone().try_acquire_owned() else {
             warn!(peer = %remote, limit = CONNECTIONS_MAX, "connection refused: too many connections");
             incoming.refuse();
@@ -359,7 +383,9 @@ pub async fn serve(endpoint: quinn::Endpoint, handler: Arc<dyn Handler>) {
         let handler = handler.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let conn = match incoming.await {
+            let accepted = incoming.await;
+            drop(handshake);
+            let conn = match accepted {
                 Ok(conn) => conn,
                 Err(e) if is_version_mismatch(&e) => {
                     warn!(peer = %remote, ours = %versions_text(PROTOCOL_VERSIONS), "connection refused: the peer speaks no protocol version of ours");

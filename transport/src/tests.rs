@@ -639,3 +639,36 @@ async fn a_peer_restarted_on_its_address_resets_the_old_connections_and_the_next
     assert!(answered.is_some(), "no call got through the restarted server");
     assert!(took < Duration::from_millis(IDLE_TIMEOUT_MS / 2), "the old connection lingered {took:?}, as if never reset");
 }
+
+/// A server with `handshakes_max` handshakes under way at most refuses the next connection at
+/// once (no wait for the connect timeout), counts it, and takes connections again once its
+/// handshakes completed.
+#[tokio::test]
+async fn a_server_busy_with_handshakes_refuses_at_once_and_counts_it() {
+    let cluster = Cluster::new();
+    let serve_with = |handshakes_max: usize| {
+        let endpoint = endpoint(LOOPBACK.parse().expect("addr"), &cluster.server_id, true).expect("server endpoint");
+        let addr = endpoint.local_addr().expect("local addr").to_string();
+        let handler = Arc::new(TestHandler { calls: AtomicUsize::new(0) });
+        (endpoint.clone(), addr, tokio::spawn(crate::serve_limited(endpoint, handler, handshakes_max)))
+    };
+    // None allowed: every dial is refused in far less than the connect timeout.
+    let (full, addr, task) = serve_with(0);
+    let before = crate::counters().refused_busy;
+    let client = cluster.client("c1");
+    let started = std::time::Instant::now();
+    let refused = client.call_failing_on_silence(&addr, &envelope(Request::Cancel { job: 1 }), CALL_TIMEOUT, CALL_TIMEOUT).await;
+    assert!(matches!(refused, Err(CallError::Connect(_))), "{refused:?}");
+    assert!(started.elapsed() < CALL_TIMEOUT / 2, "refused in {:?}, not timed out", started.elapsed());
+    assert!(crate::counters().refused_busy > before);
+    full.close(0u32.into(), b"done");
+    task.abort();
+    // One at a time: each handshake gives its place back, so dials one after another all connect.
+    let (one, addr, task) = serve_with(1);
+    for n in 0..5 {
+        let client = cluster.client(&format!("c{n}"));
+        assert_eq!(cancel(&client, &addr, n).await.expect("call"), Ok(Reply::Submitted { job: n }), "dial {n}");
+    }
+    one.close(0u32.into(), b"done");
+    task.abort();
+}
