@@ -167,11 +167,7 @@ fn voters_counter(dir: &Path, metric: &str) -> BTreeMap<String, u64> {
             Ok(out)
         })()
         .unwrap_or_default();
-        if let Some(v) = text
-            .lines()
-            .find_map(|l| l.strip_prefix(prefix.as_str()))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-        {
+        if let Some(v) = text.lines().find_map(|l| l.strip_prefix(prefix.as_str())).and_then(|v| v.trim().parse::<f64>().ok()) {
             counts.insert(name, v as u64);
         }
     }

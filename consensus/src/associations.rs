@@ -76,7 +76,8 @@ impl ClusterState {
 
     /// Why the database refuses this submission, in Slurm's words (`None`: it may go in): no
     /// association with its account, a QoS the association does not allow, or one job more than
-    /// `MaxSubmitJobs` of its association or `MaxSubmitJobsPerUser` of its QoS. Counting live
+    /// `MaxSubmitJobs` of its association or `MaxSubmitJobsPerUser` of its QoS, or than
+    /// `GrpSubmitJobs` of its association, an account above it or its QoS. Counting live
     /// jobs costs one scan of the hot state, made only where such a limit is set.
     pub fn accounting_refusal(&self, spec: &JobSpec) -> Option<String> {
         let db = &self.accounts;
@@ -84,18 +85,36 @@ impl ClusterState {
             return Some(why.to_string());
         }
         let qos = spec.qos.as_deref().unwrap_or(proto::DEFAULT_QOS);
-        if let Some(max) = self.policy.qos.iter().find(|q| q.name == qos).and_then(|q| q.limits.max_submit_jobs) {
-            let live = self.live_weight(|j| j.spec.user == spec.user && j.spec.qos.as_deref().unwrap_or(proto::DEFAULT_QOS) == qos);
-            if live + weight(spec) > u64::from(max) {
+        let job_qos = |j: &Job| j.spec.qos.as_deref().unwrap_or(proto::DEFAULT_QOS) == qos;
+        let over = |live: u64, max: u32| live + weight(spec) > u64::from(max);
+        if let Some(l) = self.policy.qos.iter().find(|q| q.name == qos).map(|q| &q.limits) {
+            if l.max_submit_jobs.is_some_and(|max| over(self.live_weight(|j| j.spec.user == spec.user && job_qos(j)), max)) {
+                return Some(SUBMIT_LIMIT.to_string());
+            }
+            if l.grp_submit_jobs_max.is_some_and(|max| over(self.live_weight(job_qos), max)) {
                 return Some(SUBMIT_LIMIT.to_string());
             }
         }
         let account = spec.account.as_deref().or_else(|| db.default_account(&spec.user))?;
-        let max = db.effective_limits(&spec.user, account)?.max_submit_jobs?;
-        let live = self.live_weight(|j| {
-            j.spec.user == spec.user && j.spec.account.as_deref().or_else(|| db.default_account(&j.spec.user)) == Some(account)
-        });
-        (live + weight(spec) > u64::from(max)).then(|| SUBMIT_LIMIT.to_string())
+        let account_of = |j: &Job| j.spec.account.clone().or_else(|| db.default_account(&j.spec.user).map(str::to_string));
+        let in_assoc = |j: &Job| j.spec.user == spec.user && account_of(j).as_deref() == Some(account);
+        let limits = db.effective_limits(&spec.user, account)?;
+        if limits.max_submit_jobs.is_some_and(|max| over(self.live_weight(in_assoc), max)) {
+            return Some(SUBMIT_LIMIT.to_string());
+        }
+        let own_grp = db.assoc(&spec.user, account).and_then(|a| a.limits.grp_submit_jobs_max);
+        if own_grp.is_some_and(|max| over(self.live_weight(in_assoc), max)) {
+            return Some(SUBMIT_LIMIT.to_string());
+        }
+        // GrpSubmitJobs of each account up the tree counts every job under it.
+        for a in db.lineage(account) {
+            let Some(max) = a.limits.grp_submit_jobs_max else { continue };
+            let under = |j: &Job| account_of(j).is_some_and(|acct| db.lineage(&acct).iter().any(|x| x.name == a.name));
+            if over(self.live_weight(under), max) {
+                return Some(SUBMIT_LIMIT.to_string());
+            }
+        }
+        None
     }
 
     /// Pending and running jobs matching `which`, an array's tasks not yet started each counted.
@@ -221,6 +240,48 @@ mod tests {
         assert_eq!(submit(&mut s, array), rejected(proto::accounts::SUBMIT_LIMIT));
         assert!(matches!(submit(&mut s, spec("alice", None)), CommandResult::Submitted { .. }));
         assert_eq!(submit(&mut s, spec("alice", None)), rejected(proto::accounts::SUBMIT_LIMIT));
+    }
+
+    #[test]
+    fn group_submit_limits_count_every_users_jobs_under_an_account_and_a_qos() {
+        let mut s = ClusterState::default();
+        let hep = AccountsEdit::AddAccount { name: "hep".into(), description: None, organization: None, parent: Some("phys".into()) };
+        assert_eq!(edit(&mut s, vec![add_account("phys"), hep, add_user("alice", "hep"), add_user("bob", "phys")]), CommandResult::Ok);
+        // GrpSubmitJobs=2 on phys covers hep's jobs too.
+        let limits = LimitChanges { grp_submit_jobs_max: Some(Some(2)), ..Default::default() };
+        let changes = AssocChanges { limits, ..Default::default() };
+        assert_eq!(edit(&mut s, vec![AccountsEdit::ModifyAccount { name: "phys".into(), changes }]), CommandResult::Ok);
+        assert!(matches!(submit(&mut s, spec("alice", None)), CommandResult::Submitted { .. }));
+        let CommandResult::Submitted { job } = submit(&mut s, spec("bob", None)) else { panic!("bob's is the second") };
+        assert_eq!(submit(&mut s, spec("bob", None)), rejected(proto::accounts::SUBMIT_LIMIT));
+        assert_eq!(submit(&mut s, spec("alice", None)), rejected(proto::accounts::SUBMIT_LIMIT), "alice's hep is under phys");
+        assert_eq!(s.apply(&Command::Cancel { job, now_ms: 20 }), CommandResult::Ok);
+        assert!(matches!(submit(&mut s, spec("alice", None)), CommandResult::Submitted { .. }), "a place again");
+        // A QoS's GrpSubmitJobs counts all its users.
+        let limits = LimitChanges { grp_submit_jobs_max: Some(Some(1)), ..Default::default() };
+        let edits = vec![
+            AccountsEdit::AddQos { name: "debug".into(), priority: None },
+            AccountsEdit::ModifyQos { name: "debug".into(), changes: QosChanges { limits, priority: None } },
+            AccountsEdit::ModifyAccount {
+                name: "phys".into(),
+                changes: AssocChanges { qos_add: vec!["debug".into()], ..Default::default() },
+            },
+            AccountsEdit::ModifyAccount {
+                name: "phys".into(),
+                changes: AssocChanges {
+                    limits: LimitChanges { grp_submit_jobs_max: Some(None), ..Default::default() },
+                    ..Default::default()
+                },
+            },
+        ];
+        assert_eq!(edit(&mut s, edits), CommandResult::Ok);
+        let debug = |user: &str| {
+            let mut sp = spec(user, None);
+            sp.qos = Some("debug".into());
+            sp
+        };
+        assert!(matches!(submit(&mut s, debug("bob")), CommandResult::Submitted { .. }));
+        assert_eq!(submit(&mut s, debug("alice")), rejected(proto::accounts::SUBMIT_LIMIT));
     }
 
     #[test]

@@ -52,6 +52,13 @@ pub struct Limits {
     /// `MaxTRESPerJob=gres/gpu=N`: GPUs of one job.
     #[serde(default)]
     pub gpus_per_job_max: Option<u32>,
+    /// `GrpJobs`: running jobs of everything under it together (an account: its whole
+    /// subtree; a QoS: all its users).
+    #[serde(default)]
+    pub grp_jobs_max: Option<u32>,
+    /// `GrpSubmitJobs`: pending and running jobs under it together (an array counts its tasks).
+    #[serde(default)]
+    pub grp_submit_jobs_max: Option<u32>,
 }
 
 /// A change to [`Limits`]: `None` leaves a limit, `Some(None)` clears it (Slurm's `-1`).
@@ -62,6 +69,8 @@ pub struct LimitChanges {
     pub max_wall_min: Option<Option<u64>>,
     pub grp_gpus_max: Option<Option<u32>>,
     pub gpus_per_job_max: Option<Option<u32>>,
+    pub grp_jobs_max: Option<Option<u32>>,
+    pub grp_submit_jobs_max: Option<Option<u32>>,
 }
 
 impl LimitChanges {
@@ -80,6 +89,12 @@ impl LimitChanges {
         }
         if let Some(v) = self.gpus_per_job_max {
             limits.gpus_per_job_max = v;
+        }
+        if let Some(v) = self.grp_jobs_max {
+            limits.grp_jobs_max = v;
+        }
+        if let Some(v) = self.grp_submit_jobs_max {
+            limits.grp_submit_jobs_max = v;
         }
     }
 

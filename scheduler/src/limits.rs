@@ -1,5 +1,5 @@
 //! The accounting limits of associations, accounts and QoS (`sacctmgr ... set MaxJobs=
-//! GrpTRES=gres/gpu=N MaxWall= MaxTRESPerJob=gres/gpu=N`): what the running jobs hold against
+//! GrpJobs= GrpTRES=gres/gpu=N MaxWall= MaxTRESPerJob=gres/gpu=N`): what the running jobs hold against
 //! them, counted once per pass and kept up to date as the pass starts jobs, and the reasons,
 //! with Slurm's codes first, a pending job waits for them.
 
@@ -17,10 +17,12 @@ pub(crate) struct LimitUsage {
     assoc_jobs: BTreeMap<(String, String), u32>,
     /// GPUs of each (user, account)'s running jobs.
     assoc_gpus: BTreeMap<(String, String), u64>,
-    /// GPUs of the running jobs under each account (its whole subtree).
+    /// GPUs and running jobs under each account (its whole subtree).
     account_gpus: BTreeMap<String, u64>,
-    /// GPUs of each QoS's running jobs, and running jobs of each (QoS, user).
+    account_jobs: BTreeMap<String, u32>,
+    /// GPUs and running jobs of each QoS, and running jobs of each (QoS, user).
     qos_gpus: BTreeMap<String, u64>,
+    qos_jobs: BTreeMap<String, u32>,
     qos_user_jobs: BTreeMap<(String, String), u32>,
 }
 
@@ -61,10 +63,12 @@ impl LimitUsage {
             *self.assoc_gpus.entry(key).or_default() += gpus;
             for a in view.accounts.lineage(account) {
                 *self.account_gpus.entry(a.name.clone()).or_default() += gpus;
+                *self.account_jobs.entry(a.name.clone()).or_default() += 1;
             }
         }
         let qos = qos_of(j).to_string();
         *self.qos_gpus.entry(qos.clone()).or_default() += gpus;
+        *self.qos_jobs.entry(qos.clone()).or_default() += 1;
         *self.qos_user_jobs.entry((qos, j.user.clone())).or_default() += 1;
     }
 
@@ -81,6 +85,10 @@ impl LimitUsage {
             let running = self.qos_user_jobs.get(&(qos.to_string(), j.user.clone())).copied().unwrap_or(0);
             if let Some(max) = l.max_jobs.filter(|&m| running >= m) {
                 out.push(format!("QOSMaxJobsPerUserLimit: user {} has {running} running jobs of QOS {qos} (MaxJobsPerUser={max})", j.user));
+            }
+            let all = self.qos_jobs.get(qos).copied().unwrap_or(0);
+            if let Some(max) = l.grp_jobs_max.filter(|&m| all >= m) {
+                out.push(format!("QOSGrpJobsLimit: QOS {qos} has {all} running jobs (GrpJobs={max})"));
             }
             let held = self.qos_gpus.get(qos).copied().unwrap_or(0);
             if let Some(max) = l.grp_gpus_max.filter(|&m| gpus > 0 && held + gpus > u64::from(m)) {
@@ -102,6 +110,11 @@ impl LimitUsage {
         if let Some(max) = l.max_jobs.filter(|&m| running >= m) {
             out.push(format!("AssocMaxJobsLimit: user {} has {running} running jobs in account {account} (MaxJobs={max})", j.user));
         }
+        // GrpJobs of the user's association itself (an account's is below, per account).
+        let own_grp_jobs = view.accounts.assoc(&j.user, account).and_then(|a| a.limits.grp_jobs_max);
+        if let Some(max) = own_grp_jobs.filter(|&m| running >= m) {
+            out.push(format!("AssocGrpJobsLimit: user {} has {running} running jobs in account {account} (GrpJobs={max})", j.user));
+        }
         let held = self.assoc_gpus.get(&key).copied().unwrap_or(0);
         if let Some(max) = l.grp_gpus_max.filter(|&m| gpus > 0 && held + gpus > u64::from(m)) {
             out.push(format!(
@@ -110,6 +123,10 @@ impl LimitUsage {
             ));
         }
         for a in view.accounts.lineage(account) {
+            let jobs = self.account_jobs.get(&a.name).copied().unwrap_or(0);
+            if let Some(max) = a.limits.grp_jobs_max.filter(|&m| jobs >= m) {
+                out.push(format!("AssocGrpJobsLimit: account {} has {jobs} running jobs (GrpJobs={max})", a.name));
+            }
             let held = self.account_gpus.get(&a.name).copied().unwrap_or(0);
             if let Some(max) = a.limits.grp_gpus_max.filter(|&m| gpus > 0 && held + gpus > u64::from(m)) {
                 out.push(format!(

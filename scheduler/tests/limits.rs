@@ -109,6 +109,34 @@ fn an_accounts_group_gpus_cover_its_subtree_and_cpu_jobs_pass() {
 }
 
 #[test]
+fn group_jobs_cover_an_accounts_subtree_an_association_and_a_qos() {
+    let mut c = cluster();
+    limit_account(&mut c, "phys", LimitChanges { grp_jobs_max: Some(Some(2)), ..Default::default() });
+    c.running(1, job("bob", Some("phys"), "gpu:1"), vec![alloc(1, &[0], 1, 1024)], 0);
+    c.submit(2, job("alice", Some("hep"), "gpu:1"), 1).submit(3, job("alice", Some("phys"), "gpu:1"), 2);
+    let plan = c.schedule(1000);
+    // bob's running job and the one this pass starts (in hep, under phys) reach phys's GrpJobs=2.
+    assert_eq!(started(&plan), vec![2]);
+    assert_eq!(plan.pending[&3][0], "AssocGrpJobsLimit: account phys has 2 running jobs (GrpJobs=2)");
+    // A user's own GrpJobs counts their jobs in that account.
+    let mut c = cluster();
+    limit_user(&mut c, "alice", LimitChanges { grp_jobs_max: Some(Some(1)), ..Default::default() });
+    c.submit(1, job("alice", None, "gpu:1"), 0).submit(2, job("alice", None, "gpu:1"), 1).submit(3, job("bob", None, "gpu:1"), 2);
+    let plan = c.schedule(1000);
+    assert_eq!(started(&plan), vec![1, 3]);
+    assert_eq!(plan.pending[&2][0], "AssocGrpJobsLimit: user alice has 1 running jobs in account phys (GrpJobs=1)");
+    // A QoS's GrpJobs counts every user's jobs of it.
+    let mut c = cluster();
+    let limits = Limits { grp_jobs_max: Some(1), ..Default::default() };
+    c.view.config.qos.insert("normal".into(), Qos { priority: 0, preempt: vec![], preempt_mode: PreemptAction::Requeue, limits });
+    c.submit(1, job("alice", None, "gpu:1"), 0).submit(2, job("bob", None, "gpu:1"), 1);
+    let plan = c.schedule(1000);
+    assert_eq!(started(&plan), vec![1]);
+    assert_eq!(codes(&plan), vec![(2, "QOSGrpJobsLimit".to_string())]);
+    assert_eq!(plan.pending[&2][0], "QOSGrpJobsLimit: QOS normal has 1 running jobs (GrpJobs=1)");
+}
+
+#[test]
 fn max_wall_and_gpus_per_job_hold_a_job_until_it_fits_them() {
     let mut c = cluster();
     limit_account(&mut c, "phys", LimitChanges { max_wall_min: Some(Some(60)), gpus_per_job_max: Some(Some(2)), ..Default::default() });

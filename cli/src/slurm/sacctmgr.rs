@@ -242,7 +242,6 @@ fn count_limit(key: &str, value: &str) -> Result<Option<u32>, SlurmError> {
     number(key, value).map(Some)
 }
 
-/// `MaxWall=`: Slurm's time formats (minutes by default), `-1` or `UNLIMITED` to clear.
 /// `Fairshare=N`; `-1` sets it back to Slurm's default of 1. `parent` is refused: Corral has no
 /// shares inherited from the parent.
 fn shares(value: &str) -> Result<Option<u32>, SlurmError> {
@@ -258,6 +257,7 @@ fn shares(value: &str) -> Result<Option<u32>, SlurmError> {
     }
 }
 
+/// `MaxWall=`: Slurm's time formats (minutes by default), `-1` or `UNLIMITED` to clear.
 fn wall_limit(value: &str) -> Result<Option<u64>, SlurmError> {
     match super::time::parse_limit_s(value) {
         Ok(s) => Ok(s.map(|s| s.div_ceil(60))),
@@ -299,6 +299,8 @@ fn parse_set(entity: Entity, words: &[&str]) -> Result<Set, SlurmError> {
             }
             "maxwall" | "maxwalldurationperjob" => set.assoc.limits.max_wall_min = Some(wall_limit(v)?),
             "grptres" => set.assoc.limits.grp_gpus_max = Some(gpu_limit("GrpTRES", v)?),
+            "grpjobs" => set.assoc.limits.grp_jobs_max = Some(count_limit(&k, v)?),
+            "grpsubmitjobs" | "grpsubmit" => set.assoc.limits.grp_submit_jobs_max = Some(count_limit(&k, v)?),
             "maxtresperjob" | "maxtres" => set.assoc.limits.gpus_per_job_max = Some(gpu_limit("MaxTRESPerJob", v)?),
             "qos" | "qoslevel" if !qos => set.assoc.qos = Some(list(v)),
             "qos+" | "qoslevel+" if !qos => set.assoc.qos_add.extend(list(v)),
@@ -309,7 +311,7 @@ fn parse_set(entity: Entity, words: &[&str]) -> Result<Set, SlurmError> {
             "priority" if qos => set.priority = Some(number(&k, v)?),
             "description" if entity == Entity::Account => set.description = Some(v.to_string()),
             "organization" if entity == Entity::Account => set.organization = Some(v.to_string()),
-            _ => return Err(error(format!(" Unknown option: {w}\n Corral's sacctmgr sets MaxJobs, MaxSubmitJobs, MaxWall, GrpTRES=gres/gpu=N, MaxTRESPerJob=gres/gpu=N, QOS (=, += or -=), DefaultQOS, DefaultAccount (users), Fairshare, Description and Organization (accounts), Priority (QOS)"))),
+            _ => return Err(error(format!(" Unknown option: {w}\n Corral's sacctmgr sets MaxJobs, MaxSubmitJobs, MaxWall, GrpJobs, GrpSubmitJobs, GrpTRES=gres/gpu=N, MaxTRESPerJob=gres/gpu=N, QOS (=, += or -=), DefaultQOS, DefaultAccount (users), Fairshare, Description and Organization (accounts), Priority (QOS)"))),
         }
     }
     Ok(set)
@@ -634,6 +636,8 @@ fn value(t: &Tables<'_>, row: &Row<'_>, field: Field) -> Option<String> {
         (Row::Qos(_), Field::PreemptMode) => Some("cluster".into()),
         (Row::Qos(_), Field::UsageFactor) => Some("1.000000".into()),
         (Row::Qos(_), Field::GrpTres) => tres(limits.grp_gpus_max),
+        (Row::Qos(_) | Row::Assoc { .. }, Field::GrpJobs) => limits.grp_jobs_max.map(|n| n.to_string()),
+        (Row::Qos(_) | Row::Assoc { .. }, Field::GrpSubmit) => limits.grp_submit_jobs_max.map(|n| n.to_string()),
         (Row::Qos(_), Field::MaxTres) => tres(limits.gpus_per_job_max),
         (Row::Qos(_), Field::MaxWall) => limits.max_wall_min.map(wall_text),
         (Row::Qos(_), Field::MaxJobsPu) => limits.max_jobs.map(|n| n.to_string()),

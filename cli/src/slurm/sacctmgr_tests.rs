@@ -69,6 +69,7 @@ fn modify_sets_limits_and_minus_one_clears() {
         max_wall_min: Some(Some(90)),
         grp_gpus_max: Some(Some(4)),
         gpus_per_job_max: Some(None),
+        ..Default::default()
     };
     let changes = AssocChanges {
         limits: limits.clone(),
@@ -79,6 +80,11 @@ fn modify_sets_limits_and_minus_one_clears() {
     assert_eq!(
         edits("modify user where name=alice account=phys set MaxJobs=2 MaxSubmitJobs=-1 MaxWall=1:30:00 GrpTRES=gres/gpu=4 MaxTRESPerJob=gres/gpu=-1 QOS=normal,high DefaultQOS=high"),
         vec![AccountsEdit::ModifyUser { name: "alice".into(), account: Some("phys".into()), changes, default_account: None }]
+    );
+    let grp = LimitChanges { grp_jobs_max: Some(Some(3)), grp_submit_jobs_max: Some(None), ..Default::default() };
+    assert_eq!(
+        edits("modify account phys set GrpJobs=3 GrpSubmitJobs=-1"),
+        vec![AccountsEdit::ModifyAccount { name: "phys".into(), changes: AssocChanges { limits: grp, ..Default::default() } }]
     );
     let shares = |n: Option<u32>| AssocChanges { shares: Some(n), ..Default::default() };
     assert_eq!(

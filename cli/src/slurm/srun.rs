@@ -1152,14 +1152,15 @@ const STEP_WITHOUT_EFFECT: &[(&str, &str)] = &[
     ("exclusive", "the step shares the job's CPUs"),
     ("exact", "the step shares the job's CPUs"),
     ("whole", "the step shares the job's CPUs"),
+];
+
+/// Options srun takes without effect yet wherever it runs (a step, or the job it makes
+/// outside an allocation), and what it does instead.
+const SRUN_WITHOUT_EFFECT: &[(&str, &str)] = &[
     ("cpu-bind", "tasks are not bound to CPUs"),
     ("mem-bind", "tasks are not bound to memory"),
     ("gpu-bind", "tasks see the step's GPUs"),
     ("mpi", "no PMI is set up; torchrun and NCCL need none"),
-];
-
-/// Options srun takes without effect yet wherever it runs, and what it does instead.
-const SRUN_WITHOUT_EFFECT: &[(&str, &str)] = &[
     ("immediate", "srun waits for its resources however long that takes"),
     ("wait", "tasks still running after the first one exits are not killed"),
 ];

@@ -306,10 +306,15 @@ fn step_options_without_effect_are_named_on_stderr() {
         ]
     );
     assert!(srun::step_warnings(&parse(&["--gres=gpu:1", "-n", "2", "--overlap", "--mpi=none", "hostname"]), true).is_empty());
-    // Outside an allocation -c and --mem size the job's allocation: only srun's own are named.
+    // Outside an allocation -c, --mem and --exact size the job's allocation: only the binds,
+    // --mpi and srun's own are named.
     assert_eq!(
-        srun::step_warnings(&parse(&["--mem=4G", "-c", "2", "-I", "hostname"]), false),
-        vec!["srun: warning: --immediate has no effect in Corral yet: srun waits for its resources however long that takes".to_string()]
+        srun::step_warnings(&parse(&["--mem=4G", "-c", "2", "--exact", "--cpu-bind=cores", "--mpi=pmix", "-I", "hostname"]), false),
+        vec![
+            "srun: warning: --cpu-bind has no effect in Corral yet: tasks are not bound to CPUs".to_string(),
+            "srun: warning: --mpi has no effect in Corral yet: no PMI is set up; torchrun and NCCL need none".to_string(),
+            "srun: warning: --immediate has no effect in Corral yet: srun waits for its resources however long that takes".to_string(),
+        ]
     );
 }
 
