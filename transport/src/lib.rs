@@ -205,6 +205,17 @@ pub fn reload_server_identity(endpoint: &quinn::Endpoint, id: &TlsIdentity) -> a
     Ok(())
 }
 
+/// Whether a dial failed because the peer refused the connection (too many handshakes under
+/// way, or too many connections): it is alive, and busy.
+fn is_refusal(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<quinn::ConnectionError>(),
+            Some(quinn::ConnectionError::ConnectionClosed(close)) if close.error_code == quinn::TransportErrorCode::CONNECTION_REFUSED
+        )
+    })
+}
+
 /// Whether a failed handshake failed because the two sides share no protocol version.
 fn is_version_mismatch(e: &quinn::ConnectionError) -> bool {
     match e {
@@ -552,6 +563,14 @@ impl Drop for InFlight {
 /// keep-alives cost both ends packets every second for as long as a connection is open, and a
 /// leader that every node of a fleet once called would otherwise pay that for each of them.
 pub const CONNECTION_IDLE_CLOSE: Duration = Duration::from_secs(10);
+/// How long a client leaves a peer that refused its handshake (busy, or full) before dialing it
+/// again: 200 to 600 ms, spread per dial so a refused herd does not come back at once. Calls
+/// meanwhile fail at once, and a caller with several members asks the next.
+const REFUSED_BACKOFF_MS_MIN: u64 = 200;
+const REFUSED_BACKOFF_SPAN_MS: u64 = 400;
+/// Peers a client remembers as refusing at once, at most.
+const REFUSED_PEERS_MAX: usize = 1024;
+
 /// How often a client looks for idle connections (on a call; never between calls).
 const CONNECTION_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -585,6 +604,8 @@ struct ClientInner {
     /// jobs on a node it never called dialed it eight times). An entry lives while its dial
     /// has callers.
     dialing: Mutex<HashMap<String, Arc<DialState>>>,
+    /// Peers that refused a handshake, and until when they are not dialed again.
+    refused: Mutex<HashMap<String, std::time::Instant>>,
     swept: Mutex<std::time::Instant>,
     idle_close: Duration,
     /// Fault injection: addresses this client cannot reach (`*` for all), as if partitioned.
@@ -623,6 +644,7 @@ impl Client {
                 endpoint,
                 connections: Mutex::new(HashMap::new()),
                 dialing: Mutex::new(HashMap::new()),
+                refused: Mutex::new(HashMap::new()),
                 swept: Mutex::new(std::time::Instant::now()),
                 idle_close,
                 blocked: std::sync::RwLock::new(Vec::new()),
@@ -818,8 +840,31 @@ impl Client {
         if let Some(found) = self.cached(addr) {
             return Ok(found);
         }
+        if let Some(left) = self.refused_for(addr) {
+            return Err(CallError::Connect(format!("{addr} refused a handshake: not dialed again for {} ms", left.as_millis())));
+        }
         let gate = DialGate { client: self, addr, gate: Arc::clone(self.lock_dialing().entry(addr.to_string()).or_default()) };
         self.dial_through(addr, &gate.gate, connect_timeout).await
+    }
+
+    /// How long `addr` is still left alone after it refused a handshake.
+    fn refused_for(&self, addr: &str) -> Option<Duration> {
+        let refused = self.inner.refused.lock().unwrap_or_else(|p| p.into_inner());
+        refused.get(addr).and_then(|until| until.checked_duration_since(std::time::Instant::now()))
+    }
+
+    /// Leaves `addr` alone for a spread back-off after it refused a handshake.
+    fn back_off_refused(&self, addr: &str) {
+        let now = std::time::Instant::now();
+        let mut refused = self.inner.refused.lock().unwrap_or_else(|p| p.into_inner());
+        refused.retain(|_, until| *until > now);
+        if refused.len() >= REFUSED_PEERS_MAX {
+            return;
+        }
+        // Spread by the clock's low bits: peers refused together come back apart.
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        let spread_ms = u64::from(nanos / 1_000) % (REFUSED_BACKOFF_SPAN_MS + 1);
+        refused.insert(addr.to_string(), now + Duration::from_millis(REFUSED_BACKOFF_MS_MIN + spread_ms));
     }
 
     async fn dial_through(
@@ -850,6 +895,9 @@ impl Client {
             }
             Err(e) => {
                 DIALS_FAILED.fetch_add(1, Ordering::Relaxed);
+                if is_refusal(&e) {
+                    self.back_off_refused(addr);
+                }
                 let why = format!("{e:#}");
                 *failed = Some((std::time::Instant::now(), why.clone()));
                 return Err(CallError::Connect(why));

@@ -642,7 +642,7 @@ async fn a_peer_restarted_on_its_address_resets_the_old_connections_and_the_next
 
 /// A server with `handshakes_max` handshakes under way at most refuses the next connection at
 /// once (no wait for the connect timeout), counts it, and takes connections again once its
-/// handshakes completed.
+/// handshakes completed; the refused client leaves it alone for a moment before dialing again.
 #[tokio::test]
 async fn a_server_busy_with_handshakes_refuses_at_once_and_counts_it() {
     let cluster = Cluster::new();
@@ -661,6 +661,12 @@ async fn a_server_busy_with_handshakes_refuses_at_once_and_counts_it() {
     assert!(matches!(refused, Err(CallError::Connect(_))), "{refused:?}");
     assert!(started.elapsed() < CALL_TIMEOUT / 2, "refused in {:?}, not timed out", started.elapsed());
     assert!(crate::counters().refused_busy > before);
+    // Refused, the client leaves the peer alone for 200-600 ms: calls fail without a dial.
+    let again = client.call_failing_on_silence(&addr, &envelope(Request::Cancel { job: 2 }), CALL_TIMEOUT, CALL_TIMEOUT).await;
+    assert!(matches!(&again, Err(CallError::Connect(why)) if why.contains("not dialed again")), "{again:?}");
+    tokio::time::sleep(Duration::from_millis(650)).await;
+    let later = client.call_failing_on_silence(&addr, &envelope(Request::Cancel { job: 3 }), CALL_TIMEOUT, CALL_TIMEOUT).await;
+    assert!(matches!(&later, Err(CallError::Connect(why)) if !why.contains("not dialed again")), "dialed again: {later:?}");
     full.close(0u32.into(), b"done");
     task.abort();
     // One at a time: each handshake gives its place back, so dials one after another all connect.
