@@ -11,6 +11,10 @@
 //!
 //! Only +, ·, / and rounding: the same bits on every machine.
 
+use std::collections::BTreeMap;
+
+use proto::JobState;
+
 use crate::fairshare::{fair_tree, FairShares};
 use crate::view::ClusterView;
 
@@ -27,10 +31,39 @@ pub struct Factors {
 }
 
 /// Fair Tree over the view's accounts, its usage decayed to `now_ms` and the users of its live
-/// jobs (see [`crate::fairshare`]).
+/// jobs (see [`crate::fairshare`]). A running job's GPU time so far counts too, as of now: the
+/// state charges a run when it ends, and a week-long training job must not look idle until then
+/// (Slurm charges running jobs every `PriorityCalcPeriod`).
 pub fn fair_shares(view: &ClusterView, now_ms: u64) -> FairShares {
     let live = view.jobs.iter().filter(|j| !j.state.is_final()).map(|j| (j.account.as_deref(), j.user.as_str()));
-    fair_tree(&view.accounts, &view.usage, live, now_ms, view.config.decay_half_life_ms)
+    let running = running_usage(view, now_ms);
+    if running.is_empty() {
+        return fair_tree(&view.accounts, &view.usage, live, now_ms, view.config.decay_half_life_ms);
+    }
+    let mut usage = view.usage.clone();
+    for (key, gpu_ms) in running {
+        let entry = usage.entry(key).or_default();
+        *entry = crate::fairshare::add_usage(entry, gpu_ms, now_ms, view.config.decay_half_life_ms);
+    }
+    fair_tree(&view.accounts, &usage, live, now_ms, view.config.decay_half_life_ms)
+}
+
+/// GPU-milliseconds each association's running jobs used so far (a MIG instance by its share of
+/// the GPU), as the state will charge them when their runs end.
+fn running_usage(view: &ClusterView, now_ms: u64) -> BTreeMap<(String, String), u64> {
+    let mut out: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for j in view.jobs.iter().filter(|j| j.state == JobState::Running) {
+        let Some(start) = j.start_ms else { continue };
+        let gres = j.gpu_type.as_deref();
+        let slices: u64 = j.running.iter().flat_map(|a| &a.gpus).map(|&g| u64::from(crate::mig::slot_compute_slices(g, gres))).sum();
+        let gpu_ms = now_ms.saturating_sub(start).saturating_mul(slices) / u64::from(crate::mig::COMPUTE_SLICES);
+        if gpu_ms > 0 {
+            let account = j.account.clone().unwrap_or_else(|| proto::accounts::ROOT_ACCOUNT.to_string());
+            let used = out.entry((account, j.user.clone())).or_default();
+            *used = used.saturating_add(gpu_ms);
+        }
+    }
+    out
 }
 
 /// Priority of every job of `view.jobs` (same order); 0 for jobs not pending or running.

@@ -2,7 +2,7 @@
 
 use corral_scheduler::testkit::{alloc, at, dgx, h200_mig, pcie_box, spec, Cluster};
 use corral_scheduler::{fits, fits_gang, mig, mig_slot, schedule, Misfit, Partition, PreemptAction, Qos};
-use proto::{ArraySpec, Dependency, DependencyKind, JobState};
+use proto::{ArraySpec, Dependency, DependencyKind, JobSpec, JobState};
 
 const MIN: u64 = 60_000;
 const HOUR: u64 = 3_600_000;
@@ -588,4 +588,21 @@ fn nice_is_read_as_slurm_reads_it() {
         s.extra.insert("nice".into(), given.into());
         assert_eq!(s.nice(), nice, "--nice={given}");
     }
+}
+
+#[test]
+fn a_running_jobs_gpu_time_counts_in_fair_share_before_it_ends() {
+    let mut c = Cluster::new();
+    c.node(1, "n1", dgx("h100"));
+    let user = |mut s: JobSpec, name: &str| {
+        s.user = name.into();
+        s
+    };
+    c.running(1, user(spec("gpu:7", 1), "alice"), vec![alloc(1, &[0, 1, 2, 3, 4, 5, 6], 1, 1024)], 0);
+    c.submit(10, user(spec("gpu:1", 1), "alice"), 0).submit(11, user(spec("gpu:1", 1), "bob"), 0);
+    // When her job starts alice has used nothing: the ids decide.
+    assert_eq!(c.schedule(0).queue.iter().map(|q| q.0).collect::<Vec<_>>(), vec![10, 11]);
+    // An hour in, her running job's 7 GPU-hours put bob first, though nothing was charged yet.
+    assert!(c.view.usage.is_empty());
+    assert_eq!(c.schedule(3_600_000).queue.iter().map(|q| q.0).collect::<Vec<_>>(), vec![11, 10]);
 }
