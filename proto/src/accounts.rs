@@ -52,6 +52,21 @@ pub struct Limits {
     /// `MaxTRESPerJob=gres/gpu=N`: GPUs of one job.
     #[serde(default)]
     pub gpus_per_job_max: Option<u32>,
+    /// `GrpTRES=cpu=N,mem=M,node=K`: CPUs, memory and nodes held by all running jobs together
+    /// (a job's nodes counted once per job).
+    #[serde(default)]
+    pub grp_cpus_max: Option<u32>,
+    #[serde(default)]
+    pub grp_mem_mib_max: Option<u64>,
+    #[serde(default)]
+    pub grp_nodes_max: Option<u32>,
+    /// `MaxTRESPerJob=cpu=N,mem=M,node=K`: CPUs, memory and nodes of one job.
+    #[serde(default)]
+    pub cpus_per_job_max: Option<u32>,
+    #[serde(default)]
+    pub mem_mib_per_job_max: Option<u64>,
+    #[serde(default)]
+    pub nodes_per_job_max: Option<u32>,
     /// `GrpJobs`: running jobs of everything under it together (an account: its whole
     /// subtree; a QoS: all its users).
     #[serde(default)]
@@ -71,6 +86,12 @@ pub struct LimitChanges {
     pub gpus_per_job_max: Option<Option<u32>>,
     pub grp_jobs_max: Option<Option<u32>>,
     pub grp_submit_jobs_max: Option<Option<u32>>,
+    pub grp_cpus_max: Option<Option<u32>>,
+    pub grp_mem_mib_max: Option<Option<u64>>,
+    pub grp_nodes_max: Option<Option<u32>>,
+    pub cpus_per_job_max: Option<Option<u32>>,
+    pub mem_mib_per_job_max: Option<Option<u64>>,
+    pub nodes_per_job_max: Option<Option<u32>>,
 }
 
 impl LimitChanges {
@@ -95,6 +116,24 @@ impl LimitChanges {
         }
         if let Some(v) = self.grp_submit_jobs_max {
             limits.grp_submit_jobs_max = v;
+        }
+        if let Some(v) = self.grp_cpus_max {
+            limits.grp_cpus_max = v;
+        }
+        if let Some(v) = self.grp_mem_mib_max {
+            limits.grp_mem_mib_max = v;
+        }
+        if let Some(v) = self.grp_nodes_max {
+            limits.grp_nodes_max = v;
+        }
+        if let Some(v) = self.cpus_per_job_max {
+            limits.cpus_per_job_max = v;
+        }
+        if let Some(v) = self.mem_mib_per_job_max {
+            limits.mem_mib_per_job_max = v;
+        }
+        if let Some(v) = self.nodes_per_job_max {
+            limits.nodes_per_job_max = v;
         }
     }
 
@@ -353,7 +392,7 @@ impl Accounts {
     }
 
     /// The per-user limits that hold for `user` in `account`: the association's, else the
-    /// nearest account's up the tree, limit by limit. `grp_gpus_max` is the association's own
+    /// nearest account's up the tree, limit by limit. The `grp_*` limits are the association's own
     /// (each account's covers its whole subtree: see [`Accounts::lineage`]).
     pub fn effective_limits(&self, user: &str, account: &str) -> Option<Limits> {
         let assoc = self.assoc(user, account)?;
@@ -364,6 +403,9 @@ impl Accounts {
             limits.max_submit_jobs = limits.max_submit_jobs.or(l.max_submit_jobs);
             limits.max_wall_min = limits.max_wall_min.or(l.max_wall_min);
             limits.gpus_per_job_max = limits.gpus_per_job_max.or(l.gpus_per_job_max);
+            limits.cpus_per_job_max = limits.cpus_per_job_max.or(l.cpus_per_job_max);
+            limits.mem_mib_per_job_max = limits.mem_mib_per_job_max.or(l.mem_mib_per_job_max);
+            limits.nodes_per_job_max = limits.nodes_per_job_max.or(l.nodes_per_job_max);
         }
         Some(limits)
     }

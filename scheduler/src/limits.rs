@@ -1,5 +1,5 @@
 //! The accounting limits of associations, accounts and QoS (`sacctmgr ... set MaxJobs=
-//! GrpJobs= GrpTRES=gres/gpu=N MaxWall= MaxTRESPerJob=gres/gpu=N`): what the running jobs hold against
+//! GrpJobs= GrpTRES=cpu=N,mem=M,node=K,gres/gpu=G MaxWall= MaxTRESPerJob=...`): what the running jobs hold against
 //! them, counted once per pass and kept up to date as the pass starts jobs, and the reasons,
 //! with Slurm's codes first, a pending job waits for them.
 
@@ -15,15 +15,132 @@ use crate::view::{ClusterView, JobRequest};
 pub(crate) struct LimitUsage {
     /// Running jobs of each (user, account).
     assoc_jobs: BTreeMap<(String, String), u32>,
-    /// GPUs of each (user, account)'s running jobs.
-    assoc_gpus: BTreeMap<(String, String), u64>,
-    /// GPUs and running jobs under each account (its whole subtree).
-    account_gpus: BTreeMap<String, u64>,
+    /// What each (user, account)'s running jobs hold.
+    assoc_tres: BTreeMap<(String, String), Tres>,
+    /// What the running jobs under each account (its whole subtree) hold, and how many.
+    account_tres: BTreeMap<String, Tres>,
     account_jobs: BTreeMap<String, u32>,
-    /// GPUs and running jobs of each QoS, and running jobs of each (QoS, user).
-    qos_gpus: BTreeMap<String, u64>,
+    /// What each QoS's running jobs hold and how many, and running jobs of each (QoS, user).
+    qos_tres: BTreeMap<String, Tres>,
     qos_jobs: BTreeMap<String, u32>,
     qos_user_jobs: BTreeMap<(String, String), u32>,
+}
+
+/// The trackable resources of a job or a group of running jobs (Slurm's TRES that Corral
+/// limits): GPUs, CPUs, memory and nodes.
+#[derive(Clone, Copy, Default)]
+struct Tres {
+    gpus: u64,
+    cpus: u64,
+    mem_mib: u64,
+    nodes: u64,
+}
+
+impl Tres {
+    fn of(j: &JobRequest) -> Tres {
+        let nodes = u64::from(j.nodes);
+        Tres { gpus: j.total_gpus(), cpus: u64::from(j.cpus_per_node) * nodes, mem_mib: j.mem_per_node_mib * nodes, nodes }
+    }
+
+    fn add(&mut self, other: Tres) {
+        self.gpus += other.gpus;
+        self.cpus += other.cpus;
+        self.mem_mib += other.mem_mib;
+        self.nodes += other.nodes;
+    }
+}
+
+/// One resource as limits and reasons name it: Slurm's reason code suffixes (`Grp…`, `Max…`
+/// after `Assoc`/`QOS`), its TRES name, its words, and its amount in a [`Tres`] and limits.
+struct Kind {
+    grp_code: &'static str,
+    max_code: &'static str,
+    max_code_qos: &'static str,
+    tres: &'static str,
+    unit: &'static str,
+    amount: fn(&Tres) -> u64,
+    grp: fn(&proto::Limits) -> Option<u64>,
+    per_job: fn(&proto::Limits) -> Option<u64>,
+}
+
+const KINDS: [Kind; 4] = [
+    Kind {
+        grp_code: "GrpGRES",
+        max_code: "MaxGRESPerJob",
+        max_code_qos: "MaxGRESPerJob",
+        tres: "gres/gpu",
+        unit: "GPUs",
+        amount: |t| t.gpus,
+        grp: |l| l.grp_gpus_max.map(u64::from),
+        per_job: |l| l.gpus_per_job_max.map(u64::from),
+    },
+    Kind {
+        grp_code: "GrpCpuLimit",
+        max_code: "MaxCpuPerJobLimit",
+        max_code_qos: "MaxCpuPerJobLimit",
+        tres: "cpu",
+        unit: "CPUs",
+        amount: |t| t.cpus,
+        grp: |l| l.grp_cpus_max.map(u64::from),
+        per_job: |l| l.cpus_per_job_max.map(u64::from),
+    },
+    Kind {
+        grp_code: "GrpMemLimit",
+        max_code: "MaxMemPerJob",
+        max_code_qos: "MaxMemoryPerJob",
+        tres: "mem",
+        unit: "MiB",
+        amount: |t| t.mem_mib,
+        grp: |l| l.grp_mem_mib_max,
+        per_job: |l| l.mem_mib_per_job_max,
+    },
+    Kind {
+        grp_code: "GrpNodeLimit",
+        max_code: "MaxNodePerJobLimit",
+        max_code_qos: "MaxNodePerJobLimit",
+        tres: "node",
+        unit: "nodes",
+        amount: |t| t.nodes,
+        grp: |l| l.grp_nodes_max.map(u64::from),
+        per_job: |l| l.nodes_per_job_max.map(u64::from),
+    },
+];
+
+/// A limit's value as `GrpTRES`/`MaxTRESPerJob` print it (`mem` in MiB with Slurm's `M`).
+fn tres_value(kind: &Kind, max: u64) -> String {
+    if kind.tres == "mem" {
+        format!("{max}M")
+    } else {
+        max.to_string()
+    }
+}
+
+/// `prefix` (`Assoc`/`QOS`) group-limit reasons of `held` plus `job` against `limits`, for the
+/// running jobs `whose` (words for the reason).
+fn grp_reasons(out: &mut Vec<String>, prefix: &str, whose: &str, held: Tres, job: Tres, limits: &proto::Limits) {
+    for k in &KINDS {
+        let (have, more) = ((k.amount)(&held), (k.amount)(&job));
+        if let Some(max) = (k.grp)(limits).filter(|&m| more > 0 && have + more > m) {
+            out.push(format!(
+                "{prefix}{}: the running jobs of {whose} hold {have} {}, {more} more would pass GrpTRES={}={}",
+                k.grp_code,
+                k.unit,
+                k.tres,
+                tres_value(k, max)
+            ));
+        }
+    }
+}
+
+/// `prefix` per-job reasons of `job` against `limits`, of `whose` (`account X`, `QOS Y`).
+fn per_job_reasons(out: &mut Vec<String>, prefix: &str, whose: &str, job: Tres, limits: &proto::Limits) {
+    for k in &KINDS {
+        let amount = (k.amount)(&job);
+        if let Some(max) = (k.per_job)(limits).filter(|&m| amount > m) {
+            let code = if prefix == "QOS" { k.max_code_qos } else { k.max_code };
+            out.push(format!("{prefix}{code}: {amount} {} are over MaxTRESPerJob={}={} of {whose}", k.unit, k.tres, tres_value(k, max)));
+        }
+    }
 }
 
 /// The account a job is charged to: its own, else its user's default.
@@ -56,18 +173,18 @@ impl LimitUsage {
 
     /// Counts `j` as running (a job of the view, or one the pass starts).
     pub(crate) fn add(&mut self, view: &ClusterView, j: &JobRequest) {
-        let gpus = j.total_gpus();
+        let tres = Tres::of(j);
         if let Some(account) = account_of(view, j) {
             let key = (j.user.clone(), account.to_string());
             *self.assoc_jobs.entry(key.clone()).or_default() += 1;
-            *self.assoc_gpus.entry(key).or_default() += gpus;
+            self.assoc_tres.entry(key).or_default().add(tres);
             for a in view.accounts.lineage(account) {
-                *self.account_gpus.entry(a.name.clone()).or_default() += gpus;
+                self.account_tres.entry(a.name.clone()).or_default().add(tres);
                 *self.account_jobs.entry(a.name.clone()).or_default() += 1;
             }
         }
         let qos = qos_of(j).to_string();
-        *self.qos_gpus.entry(qos.clone()).or_default() += gpus;
+        self.qos_tres.entry(qos.clone()).or_default().add(tres);
         *self.qos_jobs.entry(qos.clone()).or_default() += 1;
         *self.qos_user_jobs.entry((qos, j.user.clone())).or_default() += 1;
     }
@@ -77,7 +194,7 @@ impl LimitUsage {
     /// Slurm checks them.
     pub(crate) fn reasons(&self, view: &ClusterView, j: &JobRequest, time_limit_ms: Option<u64>) -> Vec<String> {
         let mut out = Vec::new();
-        let gpus = j.total_gpus();
+        let job = Tres::of(j);
         let time = time_limit_ms.map_or_else(|| "UNLIMITED".to_string(), fmt_duration_ms);
         let over_wall = |max_min: u64| time_limit_ms.is_none_or(|t| t > max_min.saturating_mul(60_000));
         let qos = qos_of(j);
@@ -90,18 +207,12 @@ impl LimitUsage {
             if let Some(max) = l.grp_jobs_max.filter(|&m| all >= m) {
                 out.push(format!("QOSGrpJobsLimit: QOS {qos} has {all} running jobs (GrpJobs={max})"));
             }
-            let held = self.qos_gpus.get(qos).copied().unwrap_or(0);
-            if let Some(max) = l.grp_gpus_max.filter(|&m| gpus > 0 && held + gpus > u64::from(m)) {
-                out.push(format!(
-                    "QOSGrpGRES: the running jobs of QOS {qos} hold {held} GPUs, {gpus} more would pass GrpTRES=gres/gpu={max}"
-                ));
-            }
+            let held = self.qos_tres.get(qos).copied().unwrap_or_default();
+            grp_reasons(&mut out, "QOS", &format!("QOS {qos}"), held, job, l);
             if let Some(max) = l.max_wall_min.filter(|&m| over_wall(m)) {
                 out.push(format!("QOSMaxWallDurationPerJobLimit: time limit {time} is over MaxWall={} of QOS {qos}", wall_text(max)));
             }
-            if let Some(max) = l.gpus_per_job_max.filter(|&m| gpus > u64::from(m)) {
-                out.push(format!("QOSMaxGRESPerJob: {gpus} GPUs are over MaxTRESPerJob=gres/gpu={max} of QOS {qos}"));
-            }
+            per_job_reasons(&mut out, "QOS", &format!("QOS {qos}"), job, l);
         }
         let Some(account) = account_of(view, j) else { return out };
         let Some(l) = view.accounts.effective_limits(&j.user, account) else { return out };
@@ -110,37 +221,25 @@ impl LimitUsage {
         if let Some(max) = l.max_jobs.filter(|&m| running >= m) {
             out.push(format!("AssocMaxJobsLimit: user {} has {running} running jobs in account {account} (MaxJobs={max})", j.user));
         }
-        // GrpJobs of the user's association itself (an account's is below, per account).
-        let own_grp_jobs = view.accounts.assoc(&j.user, account).and_then(|a| a.limits.grp_jobs_max);
-        if let Some(max) = own_grp_jobs.filter(|&m| running >= m) {
+        // The group limits of the user's association itself (an account's are below, per account).
+        let own = view.accounts.assoc(&j.user, account).map(|a| a.limits.clone()).unwrap_or_default();
+        if let Some(max) = own.grp_jobs_max.filter(|&m| running >= m) {
             out.push(format!("AssocGrpJobsLimit: user {} has {running} running jobs in account {account} (GrpJobs={max})", j.user));
         }
-        let held = self.assoc_gpus.get(&key).copied().unwrap_or(0);
-        if let Some(max) = l.grp_gpus_max.filter(|&m| gpus > 0 && held + gpus > u64::from(m)) {
-            out.push(format!(
-                "AssocGrpGRES: the running jobs of user {} in account {account} hold {held} GPUs, {gpus} more would pass GrpTRES=gres/gpu={max}",
-                j.user
-            ));
-        }
+        let held = self.assoc_tres.get(&key).copied().unwrap_or_default();
+        grp_reasons(&mut out, "Assoc", &format!("user {} in account {account}", j.user), held, job, &own);
         for a in view.accounts.lineage(account) {
             let jobs = self.account_jobs.get(&a.name).copied().unwrap_or(0);
             if let Some(max) = a.limits.grp_jobs_max.filter(|&m| jobs >= m) {
                 out.push(format!("AssocGrpJobsLimit: account {} has {jobs} running jobs (GrpJobs={max})", a.name));
             }
-            let held = self.account_gpus.get(&a.name).copied().unwrap_or(0);
-            if let Some(max) = a.limits.grp_gpus_max.filter(|&m| gpus > 0 && held + gpus > u64::from(m)) {
-                out.push(format!(
-                    "AssocGrpGRES: the running jobs of account {} hold {held} GPUs, {gpus} more would pass GrpTRES=gres/gpu={max}",
-                    a.name
-                ));
-            }
+            let held = self.account_tres.get(&a.name).copied().unwrap_or_default();
+            grp_reasons(&mut out, "Assoc", &format!("account {}", a.name), held, job, &a.limits);
         }
         if let Some(max) = l.max_wall_min.filter(|&m| over_wall(m)) {
             out.push(format!("AssocMaxWallDurationPerJobLimit: time limit {time} is over MaxWall={} of account {account}", wall_text(max)));
         }
-        if let Some(max) = l.gpus_per_job_max.filter(|&m| gpus > u64::from(m)) {
-            out.push(format!("AssocMaxGRESPerJob: {gpus} GPUs are over MaxTRESPerJob=gres/gpu={max} of account {account}"));
-        }
+        per_job_reasons(&mut out, "Assoc", &format!("account {account}"), job, &l);
         out
     }
 }

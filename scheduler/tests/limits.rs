@@ -137,6 +137,49 @@ fn group_jobs_cover_an_accounts_subtree_an_association_and_a_qos() {
 }
 
 #[test]
+fn cpu_memory_and_node_limits_hold_jobs_with_slurms_reasons() {
+    let sized = |user: &str, cpus: u32, mem_mib: u64, nodes: u32| {
+        let mut s = job(user, Some("phys"), "");
+        s.cpus_per_task = cpus;
+        s.mem_mib = mem_mib;
+        s.nodes = nodes;
+        s
+    };
+    // GrpTRES=cpu=8,mem=4096M on phys: bob's running 6 CPUs leave room for 2.
+    let mut c = cluster();
+    let grp = LimitChanges { grp_cpus_max: Some(Some(8)), grp_mem_mib_max: Some(Some(4096)), ..Default::default() };
+    limit_account(&mut c, "phys", grp);
+    c.running(1, sized("bob", 6, 1024, 1), vec![alloc(1, &[], 6, 1024)], 0);
+    c.submit(2, sized("alice", 4, 1024, 1), 1).submit(3, sized("alice", 2, 4096, 1), 2).submit(4, sized("alice", 2, 1024, 1), 3);
+    let plan = c.schedule(1000);
+    assert_eq!(started(&plan), vec![4]);
+    assert_eq!(plan.pending[&2][0], "AssocGrpCpuLimit: the running jobs of account phys hold 6 CPUs, 4 more would pass GrpTRES=cpu=8");
+    assert_eq!(
+        plan.pending[&3][0],
+        "AssocGrpMemLimit: the running jobs of account phys hold 1024 MiB, 4096 more would pass GrpTRES=mem=4096M"
+    );
+    // MaxTRESPerJob=cpu=4,node=1 on alice's association, and a QoS's per-job memory.
+    let mut c = cluster();
+    limit_user(&mut c, "alice", LimitChanges { cpus_per_job_max: Some(Some(4)), nodes_per_job_max: Some(Some(1)), ..Default::default() });
+    let limits = Limits { mem_mib_per_job_max: Some(2048), grp_nodes_max: Some(1), ..Default::default() };
+    c.view.config.qos.insert("normal".into(), Qos { priority: 0, preempt: vec![], preempt_mode: PreemptAction::Requeue, limits });
+    c.submit(1, sized("alice", 8, 1024, 1), 0).submit(2, sized("alice", 1, 1024, 2), 1).submit(3, sized("bob", 1, 8192, 1), 2);
+    c.submit(4, sized("bob", 1, 1024, 1), 3).submit(5, sized("bob", 1, 1024, 1), 4);
+    let plan = c.schedule(1000);
+    assert_eq!(started(&plan), vec![4], "one node at a time for the QoS");
+    let expected = vec![
+        (1, "AssocMaxCpuPerJobLimit".to_string()),
+        (2, "QOSGrpNodeLimit".to_string()),
+        (3, "QOSMaxMemoryPerJob".to_string()),
+        (5, "QOSGrpNodeLimit".to_string()),
+    ];
+    assert_eq!(codes(&plan), expected);
+    // The QoS's limits come first, as Slurm checks them; the association's follow.
+    assert_eq!(plan.pending[&2][1], "AssocMaxNodePerJobLimit: 2 nodes are over MaxTRESPerJob=node=1 of account phys");
+    assert_eq!(plan.pending[&1][0], "AssocMaxCpuPerJobLimit: 8 CPUs are over MaxTRESPerJob=cpu=4 of account phys");
+}
+
+#[test]
 fn max_wall_and_gpus_per_job_hold_a_job_until_it_fits_them() {
     let mut c = cluster();
     limit_account(&mut c, "phys", LimitChanges { max_wall_min: Some(Some(60)), gpus_per_job_max: Some(Some(2)), ..Default::default() });

@@ -469,8 +469,8 @@ fn a_suspended_job_stays_stopped_through_a_leader_kill_and_the_new_leader_resume
 /// Accounts through `sacctmgr` (Slurm's words and `-n -P` output; the Slurm peer has no slurmdbd
 /// to compare with): once a user has an association, a submission to another account is
 /// refused, a job with no `--account` is charged to the default account, `MaxJobs=1`, then
-/// `GrpTRES=gres/gpu=1`, then `GrpJobs=1` keep a second job pending with Slurm's reason until the
-/// first ends.
+/// `GrpTRES=gres/gpu=1`, then `GrpJobs=1`, then `GrpTRES=cpu=1` keep a second job pending with
+/// Slurm's reason until the first ends.
 #[test]
 fn sacctmgr_accounts_and_limits_hold_jobs_with_slurms_reasons() {
     let c = TestCluster::up(&["--nodes", "1", "--voters-max", "1", "--gpus", "h100:2"]);
@@ -525,6 +525,7 @@ fn sacctmgr_accounts_and_limits_hold_jobs_with_slurms_reasons() {
     held_by(&["MaxJobs=1"], "AssocMaxJobsLimit", &[]);
     held_by(&["MaxJobs=-1", "GrpTRES=gres/gpu=1"], "AssocGrpGRES", &["--gres=gpu:1"]);
     held_by(&["GrpTRES=gres/gpu=-1", "GrpJobs=1"], "AssocGrpJobsLimit", &[]);
+    held_by(&["GrpJobs=-1", "GrpTRES=cpu=1"], "AssocGrpCpuLimit", &[]);
 
     let out = shim(&c, "sacctmgr", &["-i", "delete", "account", "phys"]);
     assert_eq!((out.status.code(), stderr(&out)), (Some(1), format!("Account 'phys' has users ({user}): delete their associations first")));
@@ -536,7 +537,7 @@ fn sacctmgr_accounts_and_limits_hold_jobs_with_slurms_reasons() {
             "{cluster}|root|||1|||||||||||||normal||\n\
              {cluster}|chem|||1|||||||||||||normal||\n\
              {cluster}|phys|||1|||||||||||||normal||\n\
-             {cluster}|phys|{user}||1||1|||||||||||normal||\n"
+             {cluster}|phys|{user}||1|||cpu=1||||||||||normal||\n"
         )
     );
 }

@@ -13,7 +13,7 @@
 use std::io::{BufRead, Write};
 use std::time::Duration;
 
-use proto::accounts::{Account, Accounts, AccountsEdit, AssocChanges, QosChanges};
+use proto::accounts::{Account, Accounts, AccountsEdit, AssocChanges, LimitChanges, QosChanges};
 use proto::{ApiError, Limits, QosDef, Reply, Request, SchedulerPolicy};
 
 use super::SlurmError;
@@ -265,16 +265,47 @@ fn wall_limit(value: &str) -> Result<Option<u64>, SlurmError> {
     }
 }
 
-/// `GrpTRES=`/`MaxTRESPerJob=`: `gres/gpu=N` (`-1` clears); Corral limits GPUs alone.
-fn gpu_limit(key: &str, value: &str) -> Result<Option<u32>, SlurmError> {
-    let mut out = None;
-    for tres in value.split(',') {
-        match tres.split_once('=') {
-            Some((name, n)) if name.eq_ignore_ascii_case("gres/gpu") => out = Some(count_limit(key, n)?),
-            _ => return Err(error(format!(" Corral limits GPUs alone: {key}=gres/gpu=N (-1 clears it), not '{tres}'"))),
+/// `GrpTRES=`/`MaxTRESPerJob=`: a comma list of `cpu=N`, `mem=SIZE` (MiB when bare, or with
+/// K, M, G, T), `node=N` and `gres/gpu=N`, each `-1` to clear; other TRES are refused.
+fn tres_limits(key: &str, value: &str, grp: bool, limits: &mut LimitChanges) -> Result<(), SlurmError> {
+    let mut any = false;
+    for tres in value.split(',').filter(|t| !t.is_empty()) {
+        let Some((name, n)) = tres.split_once('=') else {
+            return Err(error(format!(" Bad {key} value: {value}")));
+        };
+        let count = || count_limit(key, n);
+        match (name.to_ascii_lowercase().as_str(), grp) {
+            ("gres/gpu", true) => limits.grp_gpus_max = Some(count()?),
+            ("gres/gpu", false) => limits.gpus_per_job_max = Some(count()?),
+            ("cpu", true) => limits.grp_cpus_max = Some(count()?),
+            ("cpu", false) => limits.cpus_per_job_max = Some(count()?),
+            ("node", true) => limits.grp_nodes_max = Some(count()?),
+            ("node", false) => limits.nodes_per_job_max = Some(count()?),
+            ("mem", _) => {
+                let mib = if n == "-1" {
+                    None
+                } else {
+                    Some(crate::units::parse_mem_mib(n).map_err(|e| error(format!(" Bad {key} value: {e}")))?)
+                };
+                if grp {
+                    limits.grp_mem_mib_max = Some(mib);
+                } else {
+                    limits.mem_mib_per_job_max = Some(mib);
+                }
+            }
+            _ => {
+                return Err(error(format!(
+                    " Corral limits cpu, mem, node and gres/gpu: {key}=cpu=N,mem=SIZE,node=N,gres/gpu=N (-1 clears one), not '{tres}'"
+                )))
+            }
         }
+        any = true;
     }
-    out.ok_or_else(|| error(format!(" Bad {key} value: {value}")))
+    if any {
+        Ok(())
+    } else {
+        Err(error(format!(" Bad {key} value: {value}")))
+    }
 }
 
 /// What `set` changes: limits, QoS, and for users the default account, for QoS the priority.
@@ -298,10 +329,10 @@ fn parse_set(entity: Entity, words: &[&str]) -> Result<Set, SlurmError> {
                 set.assoc.limits.max_submit_jobs = Some(count_limit(&k, v)?)
             }
             "maxwall" | "maxwalldurationperjob" => set.assoc.limits.max_wall_min = Some(wall_limit(v)?),
-            "grptres" => set.assoc.limits.grp_gpus_max = Some(gpu_limit("GrpTRES", v)?),
+            "grptres" => tres_limits("GrpTRES", v, true, &mut set.assoc.limits)?,
             "grpjobs" => set.assoc.limits.grp_jobs_max = Some(count_limit(&k, v)?),
             "grpsubmitjobs" | "grpsubmit" => set.assoc.limits.grp_submit_jobs_max = Some(count_limit(&k, v)?),
-            "maxtresperjob" | "maxtres" => set.assoc.limits.gpus_per_job_max = Some(gpu_limit("MaxTRESPerJob", v)?),
+            "maxtresperjob" | "maxtres" => tres_limits("MaxTRESPerJob", v, false, &mut set.assoc.limits)?,
             "qos" | "qoslevel" if !qos => set.assoc.qos = Some(list(v)),
             "qos+" | "qoslevel+" if !qos => set.assoc.qos_add.extend(list(v)),
             "qos-" | "qoslevel-" if !qos => set.assoc.qos_remove.extend(list(v)),
@@ -311,7 +342,7 @@ fn parse_set(entity: Entity, words: &[&str]) -> Result<Set, SlurmError> {
             "priority" if qos => set.priority = Some(number(&k, v)?),
             "description" if entity == Entity::Account => set.description = Some(v.to_string()),
             "organization" if entity == Entity::Account => set.organization = Some(v.to_string()),
-            _ => return Err(error(format!(" Unknown option: {w}\n Corral's sacctmgr sets MaxJobs, MaxSubmitJobs, MaxWall, GrpJobs, GrpSubmitJobs, GrpTRES=gres/gpu=N, MaxTRESPerJob=gres/gpu=N, QOS (=, += or -=), DefaultQOS, DefaultAccount (users), Fairshare, Description and Organization (accounts), Priority (QOS)"))),
+            _ => return Err(error(format!(" Unknown option: {w}\n Corral's sacctmgr sets MaxJobs, MaxSubmitJobs, MaxWall, GrpJobs, GrpSubmitJobs, GrpTRES and MaxTRESPerJob (cpu, mem, node, gres/gpu), QOS (=, += or -=), DefaultQOS, DefaultAccount (users), Fairshare, Description and Organization (accounts), Priority (QOS)"))),
         }
     }
     Ok(set)
@@ -587,8 +618,24 @@ pub struct Tables<'a> {
     pub cluster: &'a str,
 }
 
-fn tres(gpus: Option<u32>) -> Option<String> {
-    gpus.map(|n| format!("gres/gpu={n}"))
+/// A TRES list as sacctmgr prints it, in Slurm's TRES order (cpu, mem, node, gres/gpu); `None`
+/// when nothing is set.
+fn tres(cpus: Option<u32>, mem_mib: Option<u64>, nodes: Option<u32>, gpus: Option<u32>) -> Option<String> {
+    let mem = mem_mib.map(|m| if m > 0 && m % 1024 == 0 { format!("mem={}G", m / 1024) } else { format!("mem={m}M") });
+    let parts: Vec<String> =
+        [cpus.map(|n| format!("cpu={n}")), mem, nodes.map(|n| format!("node={n}")), gpus.map(|n| format!("gres/gpu={n}"))]
+            .into_iter()
+            .flatten()
+            .collect();
+    (!parts.is_empty()).then(|| parts.join(","))
+}
+
+fn grp_tres(l: &Limits) -> Option<String> {
+    tres(l.grp_cpus_max, l.grp_mem_mib_max, l.grp_nodes_max, l.grp_gpus_max)
+}
+
+fn max_tres(l: &Limits) -> Option<String> {
+    tres(l.cpus_per_job_max, l.mem_mib_per_job_max, l.nodes_per_job_max, l.gpus_per_job_max)
 }
 
 /// `MaxWall` as Slurm prints minutes: `HH:MM:SS`, `D-HH:MM:SS` from a day.
@@ -600,9 +647,8 @@ pub fn wall_text(min: u64) -> String {
 fn row_limits(t: &Tables<'_>, row: &Row<'_>) -> Limits {
     match row {
         Row::Assoc { account, user: Some(u) } => {
-            let mut l = t.accounts.effective_limits(u, &account.name).unwrap_or_default();
-            l.grp_gpus_max = t.accounts.assoc(u, &account.name).and_then(|a| a.limits.grp_gpus_max);
-            l
+            // Per-user and per-job limits as inherited; the group ones are the association's own.
+            t.accounts.effective_limits(u, &account.name).unwrap_or_default()
         }
         Row::Assoc { account, user: None } => {
             let mut l = account.limits.clone();
@@ -611,6 +657,9 @@ fn row_limits(t: &Tables<'_>, row: &Row<'_>) -> Limits {
                 l.max_submit_jobs = l.max_submit_jobs.or(a.limits.max_submit_jobs);
                 l.max_wall_min = l.max_wall_min.or(a.limits.max_wall_min);
                 l.gpus_per_job_max = l.gpus_per_job_max.or(a.limits.gpus_per_job_max);
+                l.cpus_per_job_max = l.cpus_per_job_max.or(a.limits.cpus_per_job_max);
+                l.mem_mib_per_job_max = l.mem_mib_per_job_max.or(a.limits.mem_mib_per_job_max);
+                l.nodes_per_job_max = l.nodes_per_job_max.or(a.limits.nodes_per_job_max);
             }
             l
         }
@@ -635,10 +684,10 @@ fn value(t: &Tables<'_>, row: &Row<'_>, field: Field) -> Option<String> {
         (Row::Qos(q), Field::Preempt) => Some(q.preempt.join(",")).filter(|p| !p.is_empty()),
         (Row::Qos(_), Field::PreemptMode) => Some("cluster".into()),
         (Row::Qos(_), Field::UsageFactor) => Some("1.000000".into()),
-        (Row::Qos(_), Field::GrpTres) => tres(limits.grp_gpus_max),
+        (Row::Qos(_), Field::GrpTres) => grp_tres(&limits),
         (Row::Qos(_) | Row::Assoc { .. }, Field::GrpJobs) => limits.grp_jobs_max.map(|n| n.to_string()),
         (Row::Qos(_) | Row::Assoc { .. }, Field::GrpSubmit) => limits.grp_submit_jobs_max.map(|n| n.to_string()),
-        (Row::Qos(_), Field::MaxTres) => tres(limits.gpus_per_job_max),
+        (Row::Qos(_), Field::MaxTres) => max_tres(&limits),
         (Row::Qos(_), Field::MaxWall) => limits.max_wall_min.map(wall_text),
         (Row::Qos(_), Field::MaxJobsPu) => limits.max_jobs.map(|n| n.to_string()),
         (Row::Qos(_), Field::MaxSubmitPu) => limits.max_submit_jobs.map(|n| n.to_string()),
@@ -650,8 +699,8 @@ fn value(t: &Tables<'_>, row: &Row<'_>, field: Field) -> Option<String> {
         (Row::Assoc { account, user: Some(u) }, Field::Share) => {
             Some(t.accounts.assoc(u, &account.name).and_then(|a| a.shares).unwrap_or(1).to_string())
         }
-        (Row::Assoc { .. }, Field::GrpTres) => tres(limits.grp_gpus_max),
-        (Row::Assoc { .. }, Field::MaxTres) => tres(limits.gpus_per_job_max),
+        (Row::Assoc { .. }, Field::GrpTres) => grp_tres(&limits),
+        (Row::Assoc { .. }, Field::MaxTres) => max_tres(&limits),
         (Row::Assoc { .. }, Field::MaxWall) => limits.max_wall_min.map(wall_text),
         (Row::Assoc { .. }, Field::MaxJobs) => limits.max_jobs.map(|n| n.to_string()),
         (Row::Assoc { .. }, Field::MaxSubmit) => limits.max_submit_jobs.map(|n| n.to_string()),

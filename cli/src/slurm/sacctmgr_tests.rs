@@ -120,7 +120,29 @@ fn modify_sets_limits_and_minus_one_clears() {
     );
     assert_eq!(edits("modify qos high set MaxJobs=3").len(), 1);
     assert!(refusal("modify user alice set MaxJobsPerUser=1").starts_with(" Unknown option: MaxJobsPerUser=1"));
-    assert!(refusal("modify user alice set GrpTRES=cpu=4").contains("Corral limits GPUs alone"));
+    let tres = LimitChanges {
+        grp_cpus_max: Some(Some(64)),
+        grp_mem_mib_max: Some(Some(256 * 1024)),
+        grp_nodes_max: Some(None),
+        grp_gpus_max: Some(Some(8)),
+        ..Default::default()
+    };
+    assert_eq!(
+        edits("modify account phys set GrpTRES=cpu=64,mem=256G,node=-1,gres/gpu=8"),
+        vec![AccountsEdit::ModifyAccount { name: "phys".into(), changes: AssocChanges { limits: tres, ..Default::default() } }]
+    );
+    let per_job = LimitChanges {
+        cpus_per_job_max: Some(Some(16)),
+        mem_mib_per_job_max: Some(Some(512)),
+        nodes_per_job_max: Some(Some(2)),
+        ..Default::default()
+    };
+    assert_eq!(
+        edits("modify qos high set MaxTRESPerJob=cpu=16,mem=512,node=2"),
+        vec![AccountsEdit::ModifyQos { name: "high".into(), changes: QosChanges { limits: per_job, priority: None } }]
+    );
+    assert!(refusal("modify user alice set GrpTRES=billing=4").contains("Corral limits cpu, mem, node and gres/gpu"));
+    assert!(refusal("modify user alice set GrpTRES=mem=lots").contains("invalid memory size"));
     assert_eq!(refusal("modify user alice set MaxWall=soon"), " Bad MaxWall time format: soon");
     assert_eq!(refusal("modify user alice MaxJobs=1"), " You didn't give me anything to set");
 }
@@ -183,6 +205,17 @@ fn show(db: &Accounts, policy: &SchedulerPolicy, args: &str) -> String {
     let (opts, action) = parse(&argv(args)).expect("valid");
     let Action::Show { entity, filter, format } = action else { panic!("{args} is not a show") };
     render(&Tables { accounts: db, policy, cluster: "corral" }, entity, &filter, &format, opts)
+}
+
+#[test]
+fn tres_limits_print_in_slurms_order_and_per_job_ones_are_inherited() {
+    let (mut db, mut policy) = sample();
+    let more = edits("modify account phys set GrpTRES=cpu=64,mem=256G MaxTRESPerJob=node=2");
+    assert_eq!(db.edit(&mut policy, &more, |_: Holder<'_>| Vec::new()), Ok(()));
+    assert_eq!(
+        show(&db, &policy, "-n -P show assoc format=Account,User,GrpTRES,MaxTRES"),
+        "root|||\nphys||cpu=64,mem=256G|node=2\nphys|alice|gres/gpu=2|node=2\nhep|||node=2\nhep|alice||node=2\n"
+    );
 }
 
 #[test]
