@@ -5,6 +5,7 @@
 use proto::accounts::PriorityLine;
 use proto::{Reply, Request};
 
+use super::opts::{self, opt, Arg, OptDef};
 use super::SlurmError;
 
 const PROG: &str = "sprio";
@@ -19,45 +20,28 @@ pub struct Options {
     pub weights: bool,
 }
 
+const OPTIONS: &[OptDef] = &[
+    opt("jobs", Some('j'), Arg::Required),
+    opt("long", Some('l'), Arg::No),
+    opt("noheader", Some('h'), Arg::No),
+    opt("norm", Some('n'), Arg::No),
+    opt("user", Some('u'), Arg::Required),
+    opt("users", None, Arg::Required),
+    opt("weights", Some('w'), Arg::No),
+];
+
 pub fn parse(args: &[String]) -> Result<Options, SlurmError> {
-    let mut o = Options::default();
-    let mut i = 0;
-    while i < args.len() {
-        let arg = args[i].as_str();
-        let (key, inline) = match arg.split_once('=') {
-            Some((k, v)) if k.starts_with("--") => (k, Some(v.to_string())),
-            _ if arg.len() > 2 && !arg.starts_with("--") => (&arg[..2], Some(arg[2..].to_string())),
-            _ => (arg, None),
-        };
-        let value = |i: &mut usize| -> Result<String, SlurmError> {
-            if let Some(v) = inline.clone() {
-                return Ok(v);
-            }
-            *i += 1;
-            args.get(*i).cloned().ok_or_else(|| SlurmError::getopt(PROG, format!("option '{key}' requires an argument")))
-        };
-        match key {
-            "-h" | "--noheader" => o.noheader = true,
-            "-l" | "--long" => o.long = true,
-            "-n" | "--norm" => o.norm = true,
-            "-w" | "--weights" => o.weights = true,
-            "-j" | "--jobs" => {
-                for id in value(&mut i)?.split(',').filter(|s| !s.is_empty()) {
-                    let id = id.parse().map_err(|_| SlurmError::fatal(PROG, format!("Invalid job id: {id}")))?;
-                    o.jobs.push(id);
-                }
-            }
-            "-u" | "--user" | "--users" => o.users.extend(value(&mut i)?.split(',').filter(|s| !s.is_empty()).map(str::to_string)),
-            other => {
-                return Err(SlurmError::getopt(
-                    PROG,
-                    format!("unrecognized option '{other}' (Corral's sprio takes -h, -j, -l, -n, -u, -w)"),
-                ))
-            }
-        }
-        i += 1;
+    let p = opts::parse(PROG, OPTIONS, args, false)?;
+    if let Some(extra) = p.operands.first() {
+        return Err(SlurmError::fatal(PROG, format!("Unknown argument: {extra} (Corral's sprio takes -h, -j, -l, -n, -u, -w)")));
     }
-    Ok(o)
+    let split = |name: &str| p.all(name).into_iter().flat_map(|v| v.split(',')).filter(|s| !s.is_empty()).collect::<Vec<_>>();
+    let mut jobs = Vec::new();
+    for id in split("jobs") {
+        jobs.push(id.parse().map_err(|_| SlurmError::fatal(PROG, format!("Invalid job id: {id}")))?);
+    }
+    let users = split("user").into_iter().chain(split("users")).map(str::to_string).collect();
+    Ok(Options { jobs, users, noheader: p.has("noheader"), long: p.has("long"), norm: p.has("norm"), weights: p.has("weights") })
 }
 
 /// The columns after JOBID and PARTITION (and USER with `-l`): header, width.

@@ -469,8 +469,8 @@ fn signal_words(sig: i32) -> String {
 /// After `--kill-on-bad-exit`'s SIGTERM, how long tasks get before SIGKILL (Slurm's default
 /// `KillWait`).
 const STEP_KILL_WAIT_MS: u64 = 30_000;
-/// Tries of one signal to one node of a step before `srun` reports it lost.
-const STEP_SIGNAL_ATTEMPTS_MAX: u32 = 5;
+/// How long `srun` asks again for a signal to one node of a step before it reports it lost.
+const STEP_SIGNAL_PATIENCE_MS: u64 = 1_000;
 
 /// How often `srun` asks again for a step whose GPUs other steps hold.
 const STEP_BUSY_RETRY_MS: u64 = 200;
@@ -937,26 +937,13 @@ async fn launch_step(cluster: &crate::client::Cluster, job: proto::JobId, spec: 
 /// already is not an error.
 async fn signal_step(cluster: &crate::client::Cluster, job: proto::JobId, step: u32, nodes: &[String], signal: i32) {
     for node in nodes {
-        let mut attempt = 1;
-        loop {
-            let request = Request::StepSignal { job, step, node: node.clone(), signal };
-            // A call lost on a loaded cluster, or a node briefly out of reach, is asked again:
-            // a lost SIGTERM would leave the task to -K's SIGKILL 30 s later.
-            let error = match cluster.call(request).await {
-                Ok(Ok(_)) | Ok(Err(proto::ApiError::NotFound(_))) => break,
-                Ok(Err(proto::ApiError::Unavailable(e))) => format!("unavailable: {e}"),
-                Ok(Err(e)) => {
-                    eprintln!("{PROG}: error: {node}: signal step {job}.{step}: {e}");
-                    break;
-                }
-                Err(e) => format!("{e:#}"),
-            };
-            if attempt >= STEP_SIGNAL_ATTEMPTS_MAX {
-                eprintln!("{PROG}: error: {node}: signal step {job}.{step}: {error} ({attempt} attempts)");
-                break;
+        let request = Request::StepSignal { job, step, node: node.clone(), signal };
+        // Asked again while the call is lost on a loaded cluster or the node briefly out of
+        // reach: a lost SIGTERM would leave the task to -K's SIGKILL 30 s later.
+        if let Err(e) = cluster.call_patiently(request, Duration::from_millis(STEP_SIGNAL_PATIENCE_MS)).await {
+            if !matches!(e.downcast_ref::<proto::ApiError>(), Some(proto::ApiError::NotFound(_))) {
+                eprintln!("{PROG}: error: {node}: signal step {job}.{step}: {e:#}");
             }
-            attempt += 1;
-            tokio::time::sleep(Duration::from_millis(STEP_RETRY_MS)).await;
         }
     }
 }

@@ -5,6 +5,7 @@
 use proto::accounts::ShareLine;
 use proto::{Reply, Request};
 
+use super::opts::{self, opt, Arg, OptDef};
 use super::SlurmError;
 
 const PROG: &str = "sshare";
@@ -21,47 +22,34 @@ pub struct Options {
     pub parsable: Option<bool>,
 }
 
-fn list(v: &str) -> Vec<String> {
-    v.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect()
+const OPTIONS: &[OptDef] = &[
+    opt("accounts", Some('A'), Arg::Required),
+    opt("all", Some('a'), Arg::No),
+    opt("long", Some('l'), Arg::No),
+    opt("noheader", Some('n'), Arg::No),
+    opt("parsable", Some('p'), Arg::No),
+    opt("parsable2", Some('P'), Arg::No),
+    opt("users", Some('u'), Arg::Required),
+];
+
+fn list(values: Vec<&str>) -> Vec<String> {
+    values.iter().flat_map(|v| v.split(',')).filter(|s| !s.is_empty()).map(str::to_string).collect()
 }
 
 pub fn parse(args: &[String]) -> Result<Options, SlurmError> {
-    let mut o = Options::default();
-    let mut i = 0;
-    while i < args.len() {
-        let arg = args[i].as_str();
-        let (key, inline) = match arg.split_once('=') {
-            Some((k, v)) if k.starts_with("--") => (k, Some(v.to_string())),
-            _ => (arg, None),
-        };
-        let value = |i: &mut usize| -> Result<String, SlurmError> {
-            if let Some(v) = inline.clone() {
-                return Ok(v);
-            }
-            if key.len() > 2 && !key.starts_with("--") {
-                return Ok(key[2..].to_string());
-            }
-            *i += 1;
-            args.get(*i).cloned().ok_or_else(|| SlurmError::getopt(PROG, format!("option '{key}' requires an argument")))
-        };
-        match key {
-            "-a" | "--all" => o.all = true,
-            "-n" | "--noheader" => o.noheader = true,
-            "-l" | "--long" => o.long = true,
-            "-p" | "--parsable" => o.parsable = Some(true),
-            "-P" | "--parsable2" => o.parsable = Some(false),
-            k if k == "--accounts" || k.starts_with("-A") => o.accounts.extend(list(&value(&mut i)?)),
-            k if k == "--users" || k.starts_with("-u") => o.users.extend(list(&value(&mut i)?)),
-            other => {
-                return Err(SlurmError::getopt(
-                    PROG,
-                    format!("unrecognized option '{other}' (Corral's sshare takes -a, -A, -u, -n, -l, -p, -P)"),
-                ))
-            }
-        }
-        i += 1;
+    let p = opts::parse(PROG, OPTIONS, args, false)?;
+    if let Some(extra) = p.operands.first() {
+        return Err(SlurmError::fatal(PROG, format!("Unknown argument: {extra} (Corral's sshare takes -a, -A, -u, -n, -l, -p, -P)")));
     }
-    Ok(o)
+    let parsable = if p.has("parsable2") { Some(false) } else { p.has("parsable").then_some(true) };
+    Ok(Options {
+        all: p.has("all"),
+        accounts: list(p.all("accounts")),
+        users: list(p.all("users")),
+        noheader: p.has("noheader"),
+        long: p.has("long"),
+        parsable,
+    })
 }
 
 /// The columns: header, width.
