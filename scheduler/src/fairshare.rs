@@ -108,11 +108,13 @@ struct TreeNode {
     level_fs: f64,
 }
 
-/// Fair Tree over `accounts`, with `usage` by (account, user) decayed to `now_ms` and `live`
-/// the (account, user) of live jobs (they get a place in the tree without usage).
+/// Fair Tree over `accounts`, with `usage` by (account, user) decayed to `now_ms`, plus
+/// `running` (GPU-ms of running jobs not charged yet, counted as of now), and `live` the
+/// (account, user) of live jobs (they get a place in the tree without usage).
 pub fn fair_tree<'a>(
     accounts: &'a Accounts,
     usage: &'a BTreeMap<(String, String), Usage>,
+    running: &BTreeMap<(String, String), u64>,
     live: impl IntoIterator<Item = (Option<&'a str>, &'a str)>,
     now_ms: u64,
     half_life_ms: u64,
@@ -159,7 +161,9 @@ pub fn fair_tree<'a>(
     }
     for ((account, user), shares) in &leaves {
         let parent = index.get(account.as_str()).copied().unwrap_or(0);
-        let used = usage.get(&(account.clone(), user.clone())).map_or(0.0, |u| decayed_gpu_ms(u, now_ms, half_life_ms));
+        let key = (account.clone(), user.clone());
+        let used =
+            usage.get(&key).map_or(0.0, |u| decayed_gpu_ms(u, now_ms, half_life_ms)) + running.get(&key).map_or(0.0, |&ms| ms as f64);
         let at = nodes.len();
         nodes[parent].children.push(at);
         let mut node = TreeNode::new(account, Some(user), *shares);
@@ -346,7 +350,7 @@ mod tests {
             (("root".to_string(), "alice".to_string()), usage(1000)),
             (("root".to_string(), "bob".to_string()), usage(10)),
         ]);
-        let fs = fair_tree(&db, &used, [(None, "carol")], 0, 0);
+        let fs = fair_tree(&db, &used, &BTreeMap::new(), [(None, "carol")], 0, 0);
         assert_eq!(fs.factor(None, "carol"), 1.0, "no usage ranks first");
         assert!((fs.factor(None, "bob") - 2.0 / 3.0).abs() < 1e-12);
         assert!((fs.factor(None, "alice") - 1.0 / 3.0).abs() < 1e-12);
@@ -354,7 +358,7 @@ mod tests {
         // alice's usage is older: after enough half-lives bob's recent use weighs more.
         let mut later = used.clone();
         later.insert(("root".into(), "bob".into()), Usage { gpu_ms: 10_000, at_ms: 70 * 60_000 });
-        let fs = fair_tree(&db, &later, [], 70 * 60_000, 5 * 60_000);
+        let fs = fair_tree(&db, &later, &BTreeMap::new(), [], 70 * 60_000, 5 * 60_000);
         assert!(fs.factor(None, "alice") > fs.factor(None, "bob"), "{fs:?}");
     }
 
@@ -385,7 +389,7 @@ mod tests {
             (("physics".to_string(), "bob".to_string()), usage(100)),
             (("bio".to_string(), "carol".to_string()), usage(500)),
         ]);
-        let fs = fair_tree(&db, &used, [], 0, 0);
+        let fs = fair_tree(&db, &used, &BTreeMap::new(), [], 0, 0);
         assert_eq!(fs.factor(Some("physics"), "bob"), 1.0);
         assert!((fs.factor(Some("physics"), "alice") - 2.0 / 3.0).abs() < 1e-12);
         assert!((fs.factor(Some("bio"), "carol") - 1.0 / 3.0).abs() < 1e-12);
@@ -396,12 +400,12 @@ mod tests {
             fs.rows.iter().map(|r| format!("{}{}", r.account, r.user.as_ref().map(|u| format!("/{u}")).unwrap_or_default())).collect();
         assert_eq!(order, ["root", "bio", "bio/carol", "physics", "physics/alice", "physics/bob"]);
         // Nobody used anything: every user ranks first, across accounts too.
-        let fs = fair_tree(&db, &BTreeMap::new(), [(None, "dave")], 0, 0);
+        let fs = fair_tree(&db, &BTreeMap::new(), &BTreeMap::new(), [(None, "dave")], 0, 0);
         assert_eq!(fs.factors.len(), 4);
         assert!(fs.factors.values().all(|&f| f == 1.0), "{:?}", fs.factors);
         // With bio's shares up to 9, bio is the under-served one.
         db.accounts.get_mut("bio").expect("bio").shares = Some(9);
-        let fs = fair_tree(&db, &used, [], 0, 0);
+        let fs = fair_tree(&db, &used, &BTreeMap::new(), [], 0, 0);
         assert_eq!(fs.factor(Some("bio"), "carol"), 1.0);
     }
 }

@@ -37,15 +37,7 @@ pub struct Factors {
 pub fn fair_shares(view: &ClusterView, now_ms: u64) -> FairShares {
     let live = view.jobs.iter().filter(|j| !j.state.is_final()).map(|j| (j.account.as_deref(), j.user.as_str()));
     let running = running_usage(view, now_ms);
-    if running.is_empty() {
-        return fair_tree(&view.accounts, &view.usage, live, now_ms, view.config.decay_half_life_ms);
-    }
-    let mut usage = view.usage.clone();
-    for (key, gpu_ms) in running {
-        let entry = usage.entry(key).or_default();
-        *entry = crate::fairshare::add_usage(entry, gpu_ms, now_ms, view.config.decay_half_life_ms);
-    }
-    fair_tree(&view.accounts, &usage, live, now_ms, view.config.decay_half_life_ms)
+    fair_tree(&view.accounts, &view.usage, &running, live, now_ms, view.config.decay_half_life_ms)
 }
 
 /// GPU-milliseconds each association's running jobs used so far (a MIG instance by its share of
