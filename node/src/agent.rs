@@ -933,6 +933,7 @@ impl Agent {
                 node: self.name.clone(),
                 hosts_file: base.hosts_file.clone(),
                 stdin: fed && spec.stdin.reaches(*rank),
+                pty: spec.pty.filter(|_| *rank == 0),
             };
             match shepherd::spawn_task(&dir, &request).await {
                 Ok((pgid, start_ticks)) if pgid > 1 => {
@@ -1049,6 +1050,17 @@ impl Agent {
         }
         self.step_of(job, step, user)?;
         self.stdin_feeds.feed(job, step, &self.name, offset, data, eof).await?;
+        Ok(Reply::Ok)
+    }
+
+    /// Gives the pseudo-terminal of a step's task 0 here (`srun --pty`) the size `size`.
+    pub async fn resize_step(&self, job: JobId, step: u32, size: proto::PtySize, user: Option<&str>) -> Response {
+        let (handle, _) = self.step_of(job, step, user)?;
+        if handle.ended() {
+            return Ok(Reply::Ok);
+        }
+        let dir = shepherd::run_dir(&self.settings.runs_dir, job, handle.run);
+        shepherd::resize_pty(&dir, step, 0, size).await.map_err(|e| ApiError::Invalid(format!("step {job}.{step}: {e:#}")))?;
         Ok(Reply::Ok)
     }
 

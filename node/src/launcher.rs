@@ -393,7 +393,7 @@ pub fn start_run_process(spec: &LaunchSpec, cgroups: &[PathBuf]) -> anyhow::Resu
         run_as,
         hosts_file: spec.hosts_file.as_deref(),
     };
-    let mut cmd = command(&proc, procs_fds, stdout, stderr);
+    let mut cmd = command(&proc, procs_fds, stdout, stderr, false);
     cmd.spawn().with_context(|| format!("start {} in {}", proc.program.display(), proc.workdir.display()))
 }
 
@@ -421,22 +421,31 @@ pub struct Process<'a> {
 
 /// The command that starts a step's task (in its run's shepherd): like a run's process (own
 /// session and process group, the job's cgroup and user, parent-death signal), its output piped
-/// to the shepherd.
-pub(crate) fn task_command(proc: &Process<'_>, procs_fds: Vec<i32>) -> std::process::Command {
-    command(proc, procs_fds, Stdio::piped(), Stdio::piped())
+/// to the shepherd, or with `pty_slave` (`srun --pty`) the pseudo-terminal as its stdin, stdout,
+/// stderr and its session's controlling terminal.
+pub(crate) fn task_command(
+    proc: &Process<'_>,
+    procs_fds: Vec<i32>,
+    pty_slave: Option<&std::fs::File>,
+) -> std::io::Result<std::process::Command> {
+    let Some(slave) = pty_slave else { return Ok(command(proc, procs_fds, Stdio::piped(), Stdio::piped(), false)) };
+    let mut cmd = command(proc, procs_fds, Stdio::from(slave.try_clone()?), Stdio::from(slave.try_clone()?), true);
+    cmd.stdin(Stdio::from(slave.try_clone()?));
+    Ok(cmd)
 }
 
 /// The command that starts `proc`: own session and process group, in the cgroup whose
 /// `cgroup.procs` files are open as `procs_fds` (it joins each), as its user, with a
-/// parent-death signal.
-fn command(proc: &Process<'_>, procs_fds: Vec<i32>, stdout: Stdio, stderr: Stdio) -> std::process::Command {
+/// parent-death signal; `stdin_is_its_terminal`: its stdin (a terminal) becomes its session's
+/// controlling terminal.
+fn command(proc: &Process<'_>, procs_fds: Vec<i32>, stdout: Stdio, stderr: Stdio, stdin_is_its_terminal: bool) -> std::process::Command {
     let mut cmd = std::process::Command::new(proc.program);
     cmd.args(proc.args).env_clear().envs(proc.env).current_dir(proc.workdir).stdin(Stdio::null()).stdout(stdout).stderr(stderr);
     let ids = proc.run_as.map(|a| (a.uid, a.gid, a.groups.clone()));
     // Made before the fork: the child may not allocate. A path with a NUL byte cannot be a
     // hosts file; the child then fails to start with EINVAL.
     let hosts = proc.hosts_file.map(|p| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).ok());
-    // SAFETY: only async-signal-safe calls (signal, sigprocmask, setsid, write, unshare, mount,
+    // SAFETY: only async-signal-safe calls (signal, sigprocmask, setsid, ioctl, write, unshare, mount,
     // setgroups, setgid, setuid, prctl) between fork and exec; nothing allocates.
     unsafe {
         cmd.pre_exec(move || {
@@ -452,6 +461,10 @@ fn command(proc: &Process<'_>, procs_fds: Vec<i32>, stdout: Stdio, stderr: Stdio
             libc::sigemptyset(&mut empty);
             libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
             if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The stdio descriptors are in place before this runs.
+            if stdin_is_its_terminal && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             for fd in &procs_fds {
@@ -1044,7 +1057,7 @@ mod tests {
         let args = ["hosts".to_string(), "corral-test-node".to_string()];
         let proc =
             Process { program: Path::new("getent"), args: &args, env: &env, workdir: dir.path(), run_as: None, hosts_file: Some(&hosts) };
-        let out = command(&proc, Vec::new(), Stdio::piped(), Stdio::piped()).output().expect("run getent");
+        let out = command(&proc, Vec::new(), Stdio::piped(), Stdio::piped(), false).output().expect("run getent");
         assert_eq!(String::from_utf8_lossy(&out.stdout).split_whitespace().collect::<Vec<_>>(), ["127.0.0.9", "corral-test-node"]);
         let outside = std::process::Command::new("getent").args(&args).output().expect("run getent");
         assert!(!outside.status.success(), "the host's /etc/hosts is unchanged");

@@ -17,6 +17,7 @@ pub mod nccl;
 pub mod pacing;
 pub mod preflight;
 pub mod probe;
+pub mod pty;
 pub mod server;
 pub mod shepherd;
 pub mod simnodes;

@@ -86,6 +86,10 @@ pub struct TaskRequest {
     /// Its stdin is a pipe the agent feeds (`input STEP RANK`), not `/dev/null`.
     #[serde(default)]
     pub stdin: bool,
+    /// `srun --pty`: it runs on a pseudo-terminal of this size (see [`crate::pty`]), whose
+    /// master takes its stdin (with `stdin`) and gives its output, as stdout.
+    #[serde(default)]
+    pub pty: Option<proto::PtySize>,
 }
 
 /// Encodes one frame of a step's output log.
@@ -456,8 +460,11 @@ struct StepLogState {
     exits: u32,
     /// Process groups of its tasks.
     pgids: Vec<i32>,
-    /// Stdin pipes of its tasks that read one, until an `input` connection takes each.
-    inputs: std::collections::BTreeMap<u32, std::process::ChildStdin>,
+    /// Stdin pipes (or pseudo-terminal masters) of its tasks that read one, until an `input`
+    /// connection takes each.
+    inputs: std::collections::BTreeMap<u32, std::fs::File>,
+    /// Pseudo-terminal masters of its tasks on one, until they exit (`winsize` resizes them).
+    ptys: std::collections::BTreeMap<u32, std::fs::File>,
 }
 
 impl StepLogState {
@@ -541,6 +548,12 @@ impl Shared {
             };
             let early = reader.buffer().to_vec();
             self.feed_input(step, rank, &early, &conn);
+        } else if let Some(args) = line.strip_prefix("winsize ") {
+            let answer = match parse_winsize(args) {
+                Some((step, rank, size)) => self.resize(step, rank, size),
+                None => format!("err bad winsize request: {args}"),
+            };
+            let _ = writer.write_all(format!("{answer}\n").as_bytes());
         } else if let Some(args) = line.strip_prefix("tail ") {
             let mut words = args.split_whitespace();
             let (Some(step), Some(offset)) = (words.next().and_then(|w| w.parse().ok()), words.next().and_then(|w| w.parse().ok())) else {
@@ -562,6 +575,17 @@ impl Shared {
         }
     }
 
+    /// Gives task `rank` of step `step`'s pseudo-terminal the size `size`: `ok`, or `err WHY`.
+    fn resize(&self, step: u32, rank: u32, size: proto::PtySize) -> String {
+        let Some(log) = lock(&self.steps).get(&step).cloned() else { return format!("err no step {step}") };
+        let st = lock(&log.state);
+        let Some(master) = st.ptys.get(&rank) else { return format!("err task {rank} of step {step} has no terminal") };
+        match crate::pty::resize(master, size) {
+            Ok(()) => "ok".into(),
+            Err(e) => format!("err resize the terminal: {e}"),
+        }
+    }
+
     /// The log of step `step`, made when its first task is asked for.
     fn step_log(&self, step: u32, tasks: u32) -> anyhow::Result<Arc<StepLog>> {
         let mut steps = lock(&self.steps);
@@ -576,7 +600,15 @@ impl Shared {
         let len = file.metadata().map(|m| m.len()).unwrap_or(0);
         let log = Arc::new(StepLog {
             path,
-            state: Mutex::new(StepLogState { file, len, tasks, exits: 0, pgids: Vec::new(), inputs: Default::default() }),
+            state: Mutex::new(StepLogState {
+                file,
+                len,
+                tasks,
+                exits: 0,
+                pgids: Vec::new(),
+                inputs: Default::default(),
+                ptys: Default::default(),
+            }),
             grew: Condvar::new(),
         });
         steps.insert(step, Arc::clone(&log));
@@ -613,64 +645,61 @@ impl Shared {
             hosts_file: request.hosts_file.as_deref(),
         };
         let rank = request.rank;
-        let mut command = crate::launcher::task_command(&proc, procs_fds);
-        if request.stdin {
+        // As an exec failure: the error on the task's stderr, errno as its exit code.
+        let failed = |what: &str, e: std::io::Error| {
+            let why = e.to_string().split(" (os error").next().unwrap_or_default().to_string();
+            let line = format!("slurmstepd-{}: error: {what}: {}: {why}\n", request.node, request.program.display());
+            log.append(FRAME_STDERR, rank, line.as_bytes());
+            log.exit(rank, Some(e.raw_os_error().unwrap_or(1)), None);
+            "ok 0 0".to_string()
+        };
+        let pty = match request.pty.map(|size| crate::pty::open(size, request.run_as.as_ref().map(|a| a.uid))).transpose() {
+            Ok(pty) => pty,
+            Err(e) => return failed("openpty()", e),
+        };
+        let command = crate::launcher::task_command(&proc, procs_fds, pty.as_ref().map(|(_, slave)| slave));
+        let mut command = match command {
+            Ok(c) => c,
+            Err(e) => return failed("dup()", e),
+        };
+        if request.stdin && pty.is_none() {
             command.stdin(std::process::Stdio::piped());
         }
-        let mut child = match command.spawn() {
+        let spawned = command.spawn();
+        // The slave's copies in `command` close here: only the task holds the terminal, so the
+        // master reads EIO once the task and its children are gone.
+        drop(command);
+        let mut child = match spawned {
             Ok(c) => c,
-            Err(e) => {
-                // As slurmstepd: the error on the task's stderr, and errno as its exit code.
-                let why = e.to_string().split(" (os error").next().unwrap_or_default().to_string();
-                let line = format!("slurmstepd-{}: error: execve(): {}: {why}\n", request.node, request.program.display());
-                log.append(FRAME_STDERR, rank, line.as_bytes());
-                log.exit(rank, Some(e.raw_os_error().unwrap_or(1)), None);
-                return "ok 0 0".into();
-            }
+            // As slurmstepd.
+            Err(e) => return failed("execve()", e),
         };
         let pid = child.id() as i32;
         let ticks = start_ticks(pid).unwrap_or(0);
         let mut started = pid.to_le_bytes().to_vec();
         started.extend_from_slice(&ticks.to_le_bytes());
+        let mut terminal = None;
         {
             let mut state = lock(&log.state);
             state.pgids.push(pid);
             if let Some(stdin) = child.stdin.take() {
-                state.inputs.insert(rank, stdin);
+                state.inputs.insert(rank, std::fs::File::from(std::os::fd::OwnedFd::from(stdin)));
+            }
+            if let Some((master, _)) = pty {
+                // Failed clones leave the task without input or resizes, never without output.
+                if request.stdin {
+                    if let Ok(input) = master.try_clone() {
+                        state.inputs.insert(rank, input);
+                    }
+                }
+                if let Ok(sizer) = master.try_clone() {
+                    state.ptys.insert(rank, sizer);
+                }
+                terminal = Some(master);
             }
         }
         log.append(FRAME_STARTED, rank, &started);
-        let mut readers = Vec::new();
-        let pipes: [(u8, Option<Box<dyn Read + Send>>); 2] = [
-            (FRAME_STDOUT, child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>)),
-            (FRAME_STDERR, child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>)),
-        ];
-        for (kind, pipe) in pipes {
-            let Some(mut pipe) = pipe else { continue };
-            let log = Arc::clone(&log);
-            readers.push(std::thread::spawn(move || {
-                let mut buf = vec![0u8; PIPE_READ_BYTES];
-                loop {
-                    match pipe.read(&mut buf) {
-                        Ok(0) => break,
-                        Ok(n) => log.append(kind, rank, &buf[..n]),
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                        Err(_) => break,
-                    }
-                }
-            }));
-        }
-        std::thread::spawn(move || {
-            use std::os::unix::process::ExitStatusExt;
-            let status = child.wait();
-            for r in readers {
-                let _ = r.join();
-            }
-            match status {
-                Ok(s) => log.exit(rank, s.code(), s.signal()),
-                Err(_) => log.exit(rank, Some(1), None),
-            }
-        });
+        follow_task(log, rank, child, terminal);
         format!("ok {pid} {ticks}")
     }
 
@@ -891,6 +920,61 @@ pub fn status(dir: &Path) -> ExitRecord {
     }
 }
 
+/// Copies task `rank`'s output (its pipes, or its terminal's master) into the step's log, and
+/// then its exit, once it and every copy ended.
+fn follow_task(log: Arc<StepLog>, rank: u32, mut child: std::process::Child, terminal: Option<std::fs::File>) {
+    let mut readers = Vec::new();
+    let pipes: [(u8, Option<Box<dyn Read + Send>>); 2] = [
+        (
+            FRAME_STDOUT,
+            child
+                .stdout
+                .take()
+                .map(|p| Box::new(p) as Box<dyn Read + Send>)
+                .or_else(|| terminal.map(|m| Box::new(m) as Box<dyn Read + Send>)),
+        ),
+        (FRAME_STDERR, child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>)),
+    ];
+    for (kind, pipe) in pipes {
+        let Some(mut pipe) = pipe else { continue };
+        let log = Arc::clone(&log);
+        readers.push(std::thread::spawn(move || {
+            let mut buf = vec![0u8; PIPE_READ_BYTES];
+            loop {
+                match pipe.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => log.append(kind, rank, &buf[..n]),
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    // A terminal's master reads EIO once no process holds its slave.
+                    Err(_) => break,
+                }
+            }
+        }));
+    }
+    std::thread::spawn(move || {
+        use std::os::unix::process::ExitStatusExt;
+        let status = child.wait();
+        for r in readers {
+            let _ = r.join();
+        }
+        lock(&log.state).ptys.remove(&rank);
+        match status {
+            Ok(s) => log.exit(rank, s.code(), s.signal()),
+            Err(_) => log.exit(rank, Some(1), None),
+        }
+    });
+}
+
+/// `STEP RANK ROWS COLS` of a `winsize` request.
+fn parse_winsize(args: &str) -> Option<(u32, u32, proto::PtySize)> {
+    let mut words = args.split_whitespace();
+    let step = words.next()?.parse().ok()?;
+    let rank = words.next()?.parse().ok()?;
+    let rows = words.next()?.parse().ok()?;
+    let cols = words.next()?.parse().ok()?;
+    Some((step, rank, proto::PtySize { rows, cols }))
+}
+
 fn parse_started(text: &str) -> Option<(i32, u64)> {
     let mut words = text.split_whitespace();
     let pid = words.next()?.parse().ok()?;
@@ -940,6 +1024,20 @@ pub async fn spawn_task(dir: &Path, request: &TaskRequest) -> anyhow::Result<(i3
         anyhow::bail!("{why}");
     }
     answer.strip_prefix("ok ").and_then(parse_started).with_context(|| format!("the shepherd answered {answer:?}"))
+}
+
+/// Gives the pseudo-terminal of task `rank` of step `step` in the shepherd of `dir` the size
+/// `size` (`srun --pty`'s terminal was resized).
+pub async fn resize_pty(dir: &Path, step: u32, rank: u32, size: proto::PtySize) -> anyhow::Result<()> {
+    let mut conn = open_request(dir, &format!("winsize {step} {rank} {} {}", size.rows, size.cols)).await?;
+    let answer = tokio::time::timeout(Duration::from_millis(START_WAIT_MS), read_short_line(&mut conn, 4096))
+        .await
+        .context("the shepherd did not answer within 30 s")??;
+    match answer.strip_prefix("err ") {
+        Some(why) => anyhow::bail!("{why}"),
+        None if answer == "ok" => Ok(()),
+        None => anyhow::bail!("the shepherd answered {answer:?}"),
+    }
 }
 
 /// Opens the stdin of task `rank` of step `step` in the shepherd of `dir`: what is written to
@@ -1028,6 +1126,14 @@ mod tests {
         assert!(matches!(verdict(&file, 7, 10), Verdict::Kill(_)), "its daemon died without a hand-over");
         std::fs::write(&file, b"{broken").expect("write broken record");
         assert!(matches!(verdict(&file, 7, 10), Verdict::Kill(_)), "an unreadable record vouches for nothing");
+    }
+
+    #[test]
+    fn winsize_requests_parse_and_garbage_does_not() {
+        assert_eq!(parse_winsize("3 0 50 132"), Some((3, 0, proto::PtySize { rows: 50, cols: 132 })));
+        assert_eq!(parse_winsize("3 0 50"), None);
+        assert_eq!(parse_winsize("3 0 70000 80"), None);
+        assert_eq!(parse_winsize("x 0 5 5"), None);
     }
 
     #[test]

@@ -21,7 +21,7 @@ pub use partition::{PartitionChanges, PartitionEdit, PartitionState};
 
 /// Bumped on any incompatible change to a type in this crate. The first byte of every encoded
 /// message; a peer speaking another version is refused with a clear error.
-pub const PROTOCOL_VERSION: u8 = 9;
+pub const PROTOCOL_VERSION: u8 = 10;
 
 pub type NodeId = u64;
 pub type JobId = u64;
@@ -1341,6 +1341,17 @@ pub struct StepSpec {
     /// `salloc`'s own step that hands its command's exit status to the allocation: no step of
     /// the user's, so not recorded for accounting (Slurm has no such step).
     pub unrecorded: bool,
+    /// `srun --pty`: task 0 runs on a pseudo-terminal of this size (its stdin, stdout and
+    /// stderr, and its session's controlling terminal); it reads `srun`'s stdin
+    /// (`StepStdin::Task(0)`) and `srun` shows only its output, as Slurm does.
+    pub pty: Option<PtySize>,
+}
+
+/// A terminal's size in characters, as `TIOCGWINSZ` gives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtySize {
+    pub rows: u16,
+    pub cols: u16,
 }
 
 /// Which tasks of a step read `srun`'s stdin.
@@ -1414,6 +1425,9 @@ impl StepSpec {
         }
         if matches!(self.stdin, StepStdin::Task(r) if r as usize >= tasks) {
             return Err(format!("stdin goes to a task of 0..{tasks}"));
+        }
+        if self.pty.is_some() && !matches!(self.stdin, StepStdin::Task(0) | StepStdin::Nothing) {
+            return Err("a step with a pseudo-terminal reads stdin in task 0 alone".into());
         }
         Ok(())
     }
@@ -1678,6 +1692,14 @@ pub enum Request {
         step: u32,
         node: String,
         signal: i32,
+    },
+    /// `srun --pty`'s terminal changed size: the pseudo-terminal of the step's task 0, on node
+    /// `node`, takes it (its foreground processes get SIGWINCH).
+    StepResize {
+        job: JobId,
+        step: u32,
+        node: String,
+        size: PtySize,
     },
     /// `sbatch --test-only`: when and where the job would start if submitted now; nothing is
     /// written to the log.

@@ -173,6 +173,12 @@ fn srun_outside_an_allocation_gets_one_and_runs_the_step_in_it() {
         assert!(stderr.contains(&format!("{rank}: err {rank}")), "stderr stays stderr:\n{stderr}");
     }
     assert!(stderr.contains("task 3: Exited with exit code 3"), "{stderr}");
+    // As Slurm's srun, it runs the step itself: its stdin reaches every task.
+    let (out, err, code) = shell(&c, "printf 'in\\n' | srun -N2 -l cat | sort");
+    assert_eq!((out.as_str(), code), ("0: in\n1: in\n", Some(0)), "{err}");
+    // With --output the job's script runs the step, into that file (stderr too) and not here.
+    let (out, err, code) = shell(&c, "srun -N2 -l --output=two.out sh -c 'echo $SLURMD_NODENAME; echo e >&2'; echo rc=$?; sort two.out");
+    assert_eq!((out.as_str(), code), ("rc=0\n0: e\n0: n1\n1: e\n1: n2\n", Some(0)), "{err}");
 }
 
 const WAITING: &str = r#"#!/bin/sh
@@ -391,6 +397,52 @@ fn process_with_argv(argv: &[&str]) -> bool {
     entries.flatten().any(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == want))
 }
 
+/// A tmux session running one command line at a terminal of its own, killed when dropped.
+struct Terminal {
+    session: String,
+}
+
+impl Terminal {
+    fn new(name: &str, line: &str) -> Terminal {
+        let t = Terminal { session: format!("corral-{name}-{}", std::process::id()) };
+        t.tmux(&["new-session", "-d", "-s", &t.session, "-x", "150", "-y", "40", line]);
+        t
+    }
+
+    fn tmux(&self, args: &[&str]) -> String {
+        let out = std::process::Command::new("tmux").args(args).output().expect("run tmux (scripts/setup.sh installs it)");
+        assert!(out.status.success(), "tmux {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Types `keys` (tmux's key names: `Enter`, `C-c`, or text).
+    fn keys(&self, keys: &[&str]) {
+        let mut args = vec!["send-keys", "-t", &self.session];
+        args.extend_from_slice(keys);
+        self.tmux(&args);
+    }
+
+    fn screen(&self) -> String {
+        self.tmux(&["capture-pane", "-t", &self.session, "-p"])
+    }
+
+    /// Waits up to 30 s until the screen satisfies `done`: the screen then.
+    fn wait_for(&self, what: &str, done: &dyn Fn(&str) -> bool) -> String {
+        let mut shown = String::new();
+        wait_until(what, Duration::from_secs(30), || {
+            shown = self.screen();
+            done(&shown)
+        });
+        shown
+    }
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("tmux").args(["kill-session", "-t", &self.session]).status();
+    }
+}
+
 /// `salloc` at a terminal (tmux): the user's shell runs with the allocation, `srun` in it runs
 /// on both nodes, Ctrl-C stops what the shell runs and not salloc, and `exit 4` ends the job
 /// FAILED with code 4.
@@ -398,36 +450,22 @@ fn process_with_argv(argv: &[&str]) -> bool {
 fn salloc_gives_an_interactive_shell_at_a_terminal() {
     let c = TestCluster::up(&["--nodes", "2"]);
     c.shim("salloc", &["--version"], &[]); // installs the shims
-    let session = format!("corral-salloc-{}", std::process::id());
-    let tmux = |args: &[&str]| {
-        let out = std::process::Command::new("tmux").args(args).output().expect("run tmux (scripts/setup.sh installs it)");
-        assert!(out.status.success(), "tmux {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
     let shims = c.path().join("shims");
     let path = format!("{}:{}", shims.display(), std::env::var("PATH").unwrap_or_default());
     let line = format!("env CORRAL_CLUSTER={} SHELL=/bin/sh PS1='$ ' PATH={path} salloc -N2; echo salloc-rc=$?; sleep 60", c.path_str());
-    tmux(&["new-session", "-d", "-s", &session, "-x", "150", "-y", "40", &line]);
-    let screen = || tmux(&["capture-pane", "-t", &session, "-p"]);
-    let mut shown = String::new();
-    let mut wait_for = |what: &str, done: &dyn Fn(&str) -> bool| {
-        wait_until(what, Duration::from_secs(30), || {
-            shown = screen();
-            done(&shown)
-        });
-    };
-    wait_for("the shell", &|s| s.contains("salloc: Granted job allocation") && s.trim_end().ends_with('$'));
-    tmux(&["send-keys", "-t", &session, "echo id=$SLURM_JOB_ID nodes=$SLURM_JOB_NODELIST; srun -l hostname | sort", "Enter"]);
-    wait_for("the step's output", &|s| s.contains("1: ") && s.trim_end().ends_with('$'));
-    tmux(&["send-keys", "-t", &session, "sleep 100", "Enter"]);
+    let t = Terminal::new("salloc", &line);
+    t.wait_for("the shell", &|s| s.contains("salloc: Granted job allocation") && s.trim_end().ends_with('$'));
+    t.keys(&["echo id=$SLURM_JOB_ID nodes=$SLURM_JOB_NODELIST; srun -l hostname | sort", "Enter"]);
+    t.wait_for("the step's output", &|s| s.contains("1: ") && s.trim_end().ends_with('$'));
+    t.keys(&["sleep 100", "Enter"]);
     // Ctrl-C once the shell runs it (a `sleep 100` process exists), not at the prompt.
     wait_until("the shell to run sleep 100", Duration::from_secs(20), || process_with_argv(&["sleep", "100"]));
-    tmux(&["send-keys", "-t", &session, "C-c"]);
-    tmux(&["send-keys", "-t", &session, "echo interrupted=$?", "Enter"]);
-    wait_for("Ctrl-C to stop the sleep", &|s| s.contains("interrupted=130") && s.trim_end().ends_with('$'));
-    tmux(&["send-keys", "-t", &session, "exit 4", "Enter"]);
-    wait_for("salloc to end", &|s| s.contains("salloc-rc="));
-    let _ = std::process::Command::new("tmux").args(["kill-session", "-t", &session]).status();
+    t.keys(&["C-c"]);
+    t.keys(&["echo interrupted=$?", "Enter"]);
+    t.wait_for("Ctrl-C to stop the sleep", &|s| s.contains("interrupted=130") && s.trim_end().ends_with('$'));
+    t.keys(&["exit 4", "Enter"]);
+    let shown = t.wait_for("salloc to end", &|s| s.contains("salloc-rc="));
+    drop(t);
     let id: u64 = shown
         .lines()
         .find_map(|l| l.trim().strip_prefix("salloc: Granted job allocation "))
@@ -439,6 +477,52 @@ fn salloc_gives_an_interactive_shell_at_a_terminal() {
     assert!(shown.contains("salloc-rc=4"), "{shown}");
     let job = c.wait_final(id, Duration::from_secs(20));
     assert_eq!((job["state"].as_str(), job["exit_code"].as_i64()), (Some("FAILED"), Some(4)), "{job}");
+}
+
+/// `srun --pty bash` outside an allocation, at a terminal (tmux), as on Slurm 22.05 (checked on
+/// `../shared/peers/slurm`): the shell runs on the chosen node on a pseudo-terminal of the
+/// user's terminal's size, which follows a resize; keys reach it as typed (`cat` echoes a line,
+/// Ctrl-C interrupts its `sleep` and not srun), and its `exit 5` is srun's status and the job's.
+/// Without a terminal, and with `--output`, srun says what Slurm says.
+#[test]
+fn srun_pty_runs_an_interactive_shell_on_a_node() {
+    let c = TestCluster::up(&["--nodes", "2"]);
+    let (_, err, code) = shell(&c, "srun --pty -w n2 tty < /dev/null");
+    assert_eq!(code, Some(1), "{err}"); // `tty` without one: "not a tty", status 1
+    assert!(err.starts_with("srun: error: ioctl(TIOCGWINSZ): Inappropriate ioctl for device\nsrun: error: Not using a pseudo-terminal, disregarding --pty option\n"), "{err}");
+    let (_, err, code) = shell(&c, "srun --pty --output=x true");
+    assert_eq!((code, err.trim()), (Some(1), "srun: error: --error/--input/--output are incompatible with --pty"));
+
+    let shims = c.path().join("shims");
+    let path = format!("{}:{}", shims.display(), std::env::var("PATH").unwrap_or_default());
+    let line = format!(
+        "env CORRAL_CLUSTER={} PS1='remote> ' PATH={path} srun --pty -w n2 bash --norc --noprofile -i; echo srun-rc=$?; sleep 60",
+        c.path_str()
+    );
+    let t = Terminal::new("srun-pty", &line);
+    t.wait_for("the remote shell's prompt", &|s| s.trim_end().ends_with("remote>"));
+    t.keys(&["echo node=$SLURMD_NODENAME tty=$(tty) size=$(stty size)", "Enter"]);
+    t.wait_for("where the shell runs", &|s| s.contains("node=n2 tty=/dev/pts/") && s.contains("size=40 150"));
+    t.tmux(&["resize-window", "-t", &t.session, "-x", "120", "-y", "30"]);
+    t.keys(&["clear; echo now=$(stty size)", "Enter"]);
+    t.wait_for("the new size", &|s| s.contains("now=30 120"));
+    t.keys(&["cat", "Enter"]);
+    t.keys(&["typed line", "Enter"]);
+    t.wait_for("cat to echo the line", &|s| s.matches("typed line").count() == 2);
+    t.keys(&["C-d"]);
+    t.keys(&["sleep 100", "Enter"]);
+    wait_until("the remote shell to run sleep 100", Duration::from_secs(20), || process_with_argv(&["sleep", "100"]));
+    t.keys(&["C-c"]);
+    t.keys(&["echo interrupted=$?", "Enter"]);
+    t.wait_for("Ctrl-C to stop the sleep", &|s| s.contains("interrupted=130") && s.trim_end().ends_with("remote>"));
+    t.keys(&["exit 5", "Enter"]);
+    let shown = t.wait_for("srun to end", &|s| s.contains("srun-rc="));
+    drop(t);
+    assert!(shown.contains("srun: error: n2: task 0: Exited with exit code 5\nsrun-rc=5"), "{shown}");
+    let (jobs, _, _) = shell(&c, "sacct -X -n -P -o JobID,JobName");
+    let id: u64 = jobs.lines().find_map(|l| l.strip_suffix("|bash")).and_then(|id| id.parse().ok()).unwrap_or_else(|| panic!("{jobs}"));
+    let job = c.wait_final(id, Duration::from_secs(20));
+    assert_eq!((job["state"].as_str(), job["exit_code"].as_i64()), (Some("FAILED"), Some(5)), "{job}");
 }
 
 /// `sh -c CMD` in the cluster's work directory with the Slurm shims first on `PATH`: stdout,

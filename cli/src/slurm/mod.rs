@@ -20,6 +20,7 @@ pub mod squeue;
 pub mod srun;
 pub mod sshare;
 pub mod stdin;
+pub mod terminal;
 pub mod time;
 
 #[cfg(test)]

@@ -90,7 +90,7 @@ extern "C" fn on_signal(sig: libc::c_int) {
 
 /// SIGINT and SIGTERM are noted, not fatal: while pending they give up the allocation, while
 /// the command runs SIGINT is the command's (Ctrl-C reaches it too) and SIGTERM releases.
-fn catch_signals() {
+pub(super) fn catch_signals() {
     // SAFETY: the handler only stores into an atomic, which is async-signal-safe.
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
@@ -119,15 +119,27 @@ pub fn release_command(token: &str, code: i32) -> String {
 }
 
 fn allocation(p: &Parsed, token: &str) -> Result<Submission, SlurmError> {
+    holder_allocation(PROG, p, &["quiet", "verbose"], token, "interactive".into())
+}
+
+/// An allocation of `prog`'s options in `p` (but `skip`) whose script holds its nodes until
+/// [`release`] (salloc's, and `srun --pty`'s outside an allocation), named `name` unless `-J`.
+pub(super) fn holder_allocation(
+    prog: &'static str,
+    p: &Parsed,
+    skip: &[&str],
+    token: &str,
+    name: String,
+) -> Result<Submission, SlurmError> {
     let ctx = Context::current()?;
-    let mut b = Builder::new(PROG, &ctx);
-    for (name, value) in &p.opts {
-        if !matches!(*name, "quiet" | "verbose") {
-            b.apply(name, value.as_deref())?;
+    let mut b = Builder::new(prog, &ctx);
+    for (opt, value) in &p.opts {
+        if !skip.contains(opt) {
+            b.apply(opt, value.as_deref())?;
         }
     }
     b.apply("output", Some("/dev/null"))?;
-    let mut sub = b.finish(Some(holder_script(token)), Vec::new(), "interactive".into())?;
+    let mut sub = b.finish(Some(holder_script(token)), Vec::new(), name)?;
     sub.spec.set_batch(true);
     // Like srun's allocations, not a batch job to `scontrol requeue`.
     sub.spec.set_srun_allocation(true);
@@ -148,7 +160,7 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     } else {
         p.operands.clone()
     };
-    let token = format!("{:032x}", rand::random::<u128>());
+    let token = new_token();
     let sub = allocation(&p, &token)?;
     let quiet = p.has("quiet");
     super::sbatch::print_warnings(&sub.warnings, quiet);
@@ -159,7 +171,7 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     };
     catch_signals();
     let cluster = super::connect(PROG)?;
-    let (job, names) = super::block_on(PROG, granted(&cluster, &sub, &say))??;
+    let (job, names) = super::block_on(PROG, granted(PROG, &cluster, &sub, &say))??;
     let mut child = Command::new(&command[0])
         .args(&command[1..])
         .envs(command_env(&job, &names))
@@ -168,33 +180,46 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     let (code, revoked) = watch(&cluster, &job, &mut child, &say)?;
     if !revoked {
         say(format!("Relinquishing job allocation {}", job.id));
-        release(&cluster, &job, &names, &token, code);
+        release(PROG, &cluster, &job, &names, &token, code);
     }
     Ok(code)
 }
 
+/// The secret part of the FIFO's name that the allocation's script and its releasing step share.
+pub(super) fn new_token() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
 /// Submits the allocation and waits until it runs: the job and its nodes' names. Pending past
 /// [`IMMEDIATE_GRANT_MS`], it says so as Slurm does; SIGINT or SIGTERM meanwhile cancels it.
-async fn granted(cluster: &crate::client::Cluster, sub: &Submission, say: &impl Fn(String)) -> Result<(Job, Vec<String>), SlurmError> {
+/// `prog`: `salloc`, or `srun --pty` outside an allocation, which asks for one the same way.
+pub(super) async fn granted(
+    prog: &str,
+    cluster: &crate::client::Cluster,
+    sub: &Submission,
+    say: &impl Fn(String),
+) -> Result<(Job, Vec<String>), SlurmError> {
+    // Each program's words for a refused submission (Slurm 22.05's).
+    let refused = if prog == PROG { "Job submit/allocate failed" } else { "Unable to allocate resources" };
     let reply = cluster
         .call_patiently(Request::Submit { spec: sub.spec.clone() }, super::PATIENCE)
         .await
-        .map_err(|e| SlurmError::fatal(PROG, format!("Job submit/allocate failed: {}", super::describe_error(&e))))?;
+        .map_err(|e| SlurmError::fatal(prog, format!("{refused}: {}", super::describe_error(&e))))?;
     let Reply::Submitted { job: id } = reply else {
-        return Err(SlurmError::fatal(PROG, format!("unexpected reply {reply:?}")));
+        return Err(SlurmError::fatal(prog, format!("unexpected reply {reply:?}")));
     };
     let submitted = Instant::now();
     let mut announced = false;
     loop {
         if SIGNAL.swap(0, Ordering::SeqCst) != 0 {
-            if let Err(e) = super::call(PROG, cluster, Request::Cancel { job: id }).await {
+            if let Err(e) = super::call(prog, cluster, Request::Cancel { job: id }).await {
                 eprintln!("{}", e.text);
             }
-            return Err(SlurmError::fatal(PROG, format!("Job allocation {id} has been revoked.")));
+            return Err(SlurmError::fatal(prog, format!("Job allocation {id} has been revoked.")));
         }
-        let job = match super::call(PROG, cluster, Request::GetJob { job: id }).await? {
+        let job = match super::call(prog, cluster, Request::GetJob { job: id }).await? {
             Reply::Job(j) => *j,
-            other => return Err(SlurmError::fatal(PROG, format!("unexpected reply {other:?}"))),
+            other => return Err(SlurmError::fatal(prog, format!("unexpected reply {other:?}"))),
         };
         // Granted once every node has started its part: a step before that finds no job there.
         if job.state == JobState::Running && super::parts_started(&job) {
@@ -202,12 +227,12 @@ async fn granted(cluster: &crate::client::Cluster, sub: &Submission, say: &impl 
                 say(format!("job {id} has been allocated resources"));
             }
             say(format!("Granted job allocation {id}"));
-            let nodes = super::list_nodes(PROG, cluster).await?;
+            let nodes = super::list_nodes(prog, cluster).await?;
             let names = super::job_node_names(&job, &super::node_names(&nodes));
             return Ok((job, names));
         }
         if job.state.is_final() {
-            return Err(SlurmError::fatal(PROG, format!("Job allocation {id} has been revoked.")));
+            return Err(SlurmError::fatal(prog, format!("Job allocation {id} has been revoked.")));
         }
         if !announced && submitted.elapsed() >= Duration::from_millis(IMMEDIATE_GRANT_MS) {
             say(format!("Pending job allocation {id}"));
@@ -283,7 +308,7 @@ const RELEASE_WAIT_MS: u64 = 30_000;
 /// Ends the allocation with the command's exit status `code`: a step on its first node hands the
 /// status to the allocation's script, which exits with it. If that step cannot start, or the job
 /// has not ended [`RELEASE_WAIT_MS`] later, the allocation is cancelled.
-fn release(cluster: &crate::client::Cluster, job: &Job, names: &[String], token: &str, code: i32) {
+pub(super) fn release(prog: &str, cluster: &crate::client::Cluster, job: &Job, names: &[String], token: &str, code: i32) {
     let first = names.first().cloned().unwrap_or_default();
     let args: Vec<String> =
         ["--quiet", "-N1", "-n1", "-w", &first, "sh", "-c", &release_command(token, code)].iter().map(|s| s.to_string()).collect();
@@ -291,16 +316,16 @@ fn release(cluster: &crate::client::Cluster, job: &Job, names: &[String], token:
     let launched = opts::parse(super::srun::PROG, super::srun::OPTIONS, &args, true)
         .and_then(|p| super::srun::launch_step_in_job(&p, &id.to_string(), true));
     let ended = launched.and_then(|()| {
-        let wait = async { tokio::time::timeout(Duration::from_millis(RELEASE_WAIT_MS), super::wait_for(PROG, cluster, id)).await };
-        match super::block_on(PROG, wait)? {
+        let wait = async { tokio::time::timeout(Duration::from_millis(RELEASE_WAIT_MS), super::wait_for(prog, cluster, id)).await };
+        match super::block_on(prog, wait)? {
             Ok(ended) => ended.map(|_| ()),
-            Err(_) => Err(SlurmError::fatal(PROG, format!("job {id} had not ended {RELEASE_WAIT_MS} ms after its status"))),
+            Err(_) => Err(SlurmError::fatal(prog, format!("job {id} had not ended {RELEASE_WAIT_MS} ms after its status"))),
         }
     });
     if let Err(e) = ended {
         eprintln!("{}", e.text);
-        eprintln!("{PROG}: error: could not hand the exit status to job {id}; cancelling it");
-        if let Err(e) = super::block_on(PROG, super::call(PROG, cluster, Request::Cancel { job: id })).and_then(|r| r) {
+        eprintln!("{prog}: error: could not hand the exit status to job {id}; cancelling it");
+        if let Err(e) = super::block_on(prog, super::call(prog, cluster, Request::Cancel { job: id })).and_then(|r| r) {
             eprintln!("{}", e.text);
         }
     }

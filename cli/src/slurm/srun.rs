@@ -4,7 +4,9 @@
 //! `srun` prints their output as it comes, passes SIGINT and SIGTERM on to every task, and
 //! returns the worst exit status. In a `corral submit` job, where every node runs the command
 //! already, it starts only this node's tasks, as child processes. Outside an allocation it asks
-//! for one whose script runs the step, streams its output and exits with its exit code.
+//! for one, runs the step in it from here as in an allocation (stdin, `--pty`), and ends it
+//! with the step's exit code; with `--output`/`--error` the allocation's script runs the step
+//! and srun streams the job's files.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
@@ -12,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
-use proto::{LogStream, Reply, Request};
+use proto::{LogStream, PtySize, Reply, Request};
 
 use super::opts::{self, opt, Arg, OptDef, Parsed};
 use super::sbatch::{Builder, Context};
@@ -525,6 +527,7 @@ pub fn step_spec(
         gpus_per_node,
         overlap: p.has("overlap"),
         unrecorded: false,
+        pty: None,
     };
     spec.validate().map_err(|e| SlurmError::fatal(PROG, format!("Unable to create step: {e}")))?;
     Ok(spec)
@@ -565,6 +568,8 @@ fn step_gpus_per_node(p: &Parsed, env: &BTreeMap<String, String>, nodes: usize) 
 /// rank, a line cut across reads kept until its end arrives.
 struct Printer {
     label: bool,
+    /// `--pty`: task 0's output alone (Slurm sends the others' to `/dev/null`).
+    only_rank: Option<u32>,
     /// Labels are right-aligned to the width of the highest rank (` 0: ` with 11 or more tasks).
     width: usize,
     partial: BTreeMap<(u32, bool), Vec<u8>>,
@@ -572,6 +577,9 @@ struct Printer {
 
 impl Printer {
     fn print(&mut self, chunk: &proto::StepChunk) {
+        if self.only_rank.is_some_and(|r| r != chunk.rank) {
+            return;
+        }
         let is_err = chunk.stream == LogStream::Stderr;
         if !self.label {
             write_to(is_err, &chunk.data);
@@ -616,19 +624,19 @@ fn write_to(is_err: bool, data: &[u8]) {
 
 /// Inside a batch job: has the agents of the job's nodes start the step, prints its output,
 /// passes SIGINT/SIGTERM on to every task, and returns the worst exit status.
-fn run_step(p: &Parsed, env: &BTreeMap<String, String>) -> Result<i32, SlurmError> {
+fn run_step(p: &Parsed, env: &BTreeMap<String, String>, pty: Option<PtySize>) -> Result<i32, SlurmError> {
     let socket =
         env.get("CORRAL_SOCKET").ok_or_else(|| SlurmError::fatal(PROG, "CORRAL_SOCKET is not set: no local corrald to start the step"))?;
-    run_step_through(p, env, crate::client::Cluster::local(std::path::Path::new(socket)))
+    run_step_through(p, env, crate::client::Cluster::local(std::path::Path::new(socket)), pty)
 }
 
 /// `srun --jobid=ID`: a step in job ID's allocation from anywhere (outside it, or inside
 /// another): the allocation's variables are read from the cluster, and any node passes the
 /// step to the job's first node, which numbers and starts it.
 /// `text` is the job's id (`ID` or `ID.STEP`), from `--jobid` or from `salloc`.
-pub fn run_step_in_job(p: &Parsed, text: &str) -> Result<i32, SlurmError> {
+pub fn run_step_in_job(p: &Parsed, text: &str, pty: Option<PtySize>) -> Result<i32, SlurmError> {
     let (cluster, env) = allocation_of_job(text)?;
-    run_step_through(p, &env, cluster)
+    run_step_through(p, &env, cluster, pty)
 }
 
 /// Starts a step of `p` in job `text`'s allocation and returns once it is launched, without
@@ -698,24 +706,55 @@ fn prepared_step(p: &Parsed, env: &BTreeMap<String, String>) -> Result<(proto::J
 
 /// Starts a step of the allocation `env` describes through `cluster` (the node's socket inside
 /// a batch script, any node for `--jobid`), prints its tasks' output and returns its exit code.
-fn run_step_through(p: &Parsed, env: &BTreeMap<String, String>, cluster: crate::client::Cluster) -> Result<i32, SlurmError> {
-    let (stdin, source) = super::stdin::parse(p.last("input"))?;
+/// With `pty` (`--pty` at a terminal of that size), task 0 runs on a pseudo-terminal that gets
+/// this terminal's keys (raw mode meanwhile) and new sizes.
+fn run_step_through(
+    p: &Parsed,
+    env: &BTreeMap<String, String>,
+    cluster: crate::client::Cluster,
+    pty: Option<PtySize>,
+) -> Result<i32, SlurmError> {
+    let (mut stdin, mut source) = super::stdin::parse(p.last("input"))?;
+    if pty.is_some() {
+        (stdin, source) = (proto::StepStdin::Task(0), Some(super::stdin::Source::Stdin));
+    }
     let (job, mut spec) = prepared_step(p, env)?;
     spec.stdin = stdin;
+    spec.pty = pty;
     spec.validate().map_err(|e| SlurmError::fatal(PROG, format!("Unable to create step: {e}")))?;
     let nodes: Vec<String> = spec.nodes.iter().map(|n| n.name.clone()).collect();
+    let terminal_node = spec.nodes.iter().find(|n| n.ranks.contains(&0)).map(|n| n.name.clone()).unwrap_or_default();
     let readers: Vec<String> = spec.nodes.iter().filter(|n| n.ranks.iter().any(|r| stdin.reaches(*r))).map(|n| n.name.clone()).collect();
     let kill_on_bad_exit = p.has("kill-on-bad-exit");
     let quiet = p.has("quiet");
     let tasks: usize = spec.nodes.iter().map(|n| n.ranks.len()).sum();
-    let printer = Printer { label: p.has("label"), width: tasks.saturating_sub(1).to_string().len(), partial: BTreeMap::new() };
+    let printer = Printer {
+        label: p.has("label"),
+        only_rank: pty.map(|_| 0),
+        width: tasks.saturating_sub(1).to_string().len(),
+        partial: BTreeMap::new(),
+    };
     super::block_on(PROG, async move {
         let cluster = std::sync::Arc::new(cluster);
         let step = launch_step(&cluster, job, spec).await?;
+        // Raw from the step's start to its end (dropped with this block, before srun's last lines).
+        let _raw = match pty {
+            Some(_) => {
+                Some(super::terminal::RawMode::enter(libc::STDIN_FILENO).map_err(|e| SlurmError::fatal(PROG, format!("tcsetattr: {e}")))?)
+            }
+            None => None,
+        };
         if let Some(source) = source {
             super::stdin::start(std::sync::Arc::clone(&cluster), job, step, readers, source);
         }
         let (mut sigint, mut sigterm) = interrupts()?;
+        let mut resizes = match pty {
+            Some(_) => Some(
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change())
+                    .map_err(|e| SlurmError::fatal(PROG, format!("handle SIGWINCH: {e}")))?,
+            ),
+            None => None,
+        };
         let mut follower = StepFollower {
             cursors: nodes.iter().map(|n| (n.clone(), NodeCursor::default())).collect(),
             cluster,
@@ -740,6 +779,10 @@ fn run_step_through(p: &Parsed, env: &BTreeMap<String, String>, cluster: crate::
                 j = reads.join_next() => j,
                 _ = sigint.recv() => { follower.signal(libc::SIGINT).await; continue; }
                 _ = sigterm.recv() => { follower.signal(libc::SIGTERM).await; continue; }
+                Some(()) = next_or_never(&mut resizes) => {
+                    resize_terminal(&follower.cluster, job, step, &terminal_node).await;
+                    continue;
+                }
                 () = kill_wait => {
                     // --kill-on-bad-exit: what SIGTERM left after Slurm's KillWait.
                     follower.kill_at = None;
@@ -877,6 +920,25 @@ impl StepFollower {
     }
 }
 
+/// The next signal of `stream`, or never without one.
+async fn next_or_never(stream: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
+    match stream {
+        Some(s) => s.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Gives the step's pseudo-terminal (task 0's, on `node`) this terminal's size, after a SIGWINCH.
+async fn resize_terminal(cluster: &crate::client::Cluster, job: proto::JobId, step: u32, node: &str) {
+    let Some(size) = super::terminal::size(libc::STDIN_FILENO) else { return };
+    let request = Request::StepResize { job, step, node: node.to_string(), size };
+    match cluster.call(request).await {
+        Ok(Ok(_)) | Ok(Err(proto::ApiError::NotFound(_))) => {}
+        Ok(Err(e)) => eprintln!("{PROG}: error: resize the terminal of step {job}.{step}: {e}"),
+        Err(e) => eprintln!("{PROG}: error: resize the terminal of step {job}.{step}: {e:#}"),
+    }
+}
+
 /// Sleeps until `at`, or for ever without one.
 async fn sleep_until_or_never(at: Option<tokio::time::Instant>) {
     match at {
@@ -1004,7 +1066,8 @@ pub fn step_script(corral: &str, p: &Parsed) -> String {
     format!("#!/bin/sh\nexec {}\n", words.join(" "))
 }
 
-/// Outside an allocation: submit the command as a job, stream its output, return its code.
+/// Outside an allocation with `--output` or `--error`: submit the command as a job whose script
+/// runs the step (its output in those files), stream its output, return its code.
 fn run_as_job(p: &Parsed) -> Result<i32, SlurmError> {
     let sub = allocation_for(p)?;
     catch_signals();
@@ -1022,12 +1085,14 @@ fn run_as_job(p: &Parsed) -> Result<i32, SlurmError> {
         if !quiet {
             eprintln!("{PROG}: job {job} queued and waiting for resources");
         }
-        follow_allocation(&cluster, job, quiet).await
+        // As Slurm's srun: what goes to a file given is not shown here too.
+        let shown = [!p.has("output"), !p.has("error") && !p.has("output")];
+        follow_allocation(&cluster, job, quiet, shown).await
     })?
 }
 
-/// The allocation an `srun` outside one asks for: a batch job of srun's options (its output
-/// and error in files of their own unless given) whose script runs the step.
+/// The allocation an `srun` with `--output` or `--error` outside one asks for: a batch job of
+/// srun's options whose script runs the step.
 fn allocation_for(p: &Parsed) -> Result<super::sbatch::Submission, SlurmError> {
     let ctx = Context::current()?;
     let mut b = Builder::new(PROG, &ctx);
@@ -1041,12 +1106,10 @@ fn allocation_for(p: &Parsed) -> Result<super::sbatch::Submission, SlurmError> {
         error_given |= *name == "error";
         b.apply(name, value.as_deref())?;
     }
-    // Keep stdout and stderr apart so both can be streamed back.
-    if !output_given {
+    // With --error alone, stdout is streamed back from a file of its own; with --output alone,
+    // stderr joins it there, as srun's does.
+    if !output_given && error_given {
         b.apply("output", Some(".corral-srun-%j.out"))?;
-    }
-    if !error_given {
-        b.apply("error", Some(".corral-srun-%j.err"))?;
     }
     let name = std::path::Path::new(&p.operands[0]).file_name().map_or_else(|| p.operands[0].clone(), |n| n.to_string_lossy().into_owned());
     // Like Slurm: an allocation first, whose script (on its first node) runs the step.
@@ -1059,7 +1122,8 @@ fn allocation_for(p: &Parsed) -> Result<super::sbatch::Submission, SlurmError> {
 
 /// Follows the submitted allocation `job` to its end: cancels it on SIGINT or SIGTERM, says
 /// when it starts (unless `quiet`), copies its output here, and gives its exit code.
-async fn follow_allocation(cluster: &crate::client::Cluster, job: proto::JobId, quiet: bool) -> Result<i32, SlurmError> {
+/// `shown`: whether its stdout, and its stderr, are copied here.
+async fn follow_allocation(cluster: &crate::client::Cluster, job: proto::JobId, quiet: bool, shown: [bool; 2]) -> Result<i32, SlurmError> {
     let mut offsets = [0u64, 0u64];
     let mut announced = false;
     let mut cancelled = false;
@@ -1081,7 +1145,8 @@ async fn follow_allocation(cluster: &crate::client::Cluster, job: proto::JobId, 
                 announced = true;
             }
         }
-        let (progressed, finished) = if announced { copy_job_output(cluster, job, &mut offsets).await } else { (false, [false, false]) };
+        let (progressed, finished) =
+            if announced { copy_job_output(cluster, job, &mut offsets, shown).await } else { (false, [false, false]) };
         if let Some(j) = state {
             if j.state.is_final() && !progressed && (finished.iter().all(|f| *f) || !announced || j.start_ms.is_none()) {
                 let code = super::exit_code_of(&j);
@@ -1108,10 +1173,16 @@ async fn follow_allocation(cluster: &crate::client::Cluster, job: proto::JobId, 
 
 /// Copies what is new of `job`'s stdout and stderr (read from `offsets`, which move on) to
 /// this process's: whether there was any, and whether each stream is finished.
-async fn copy_job_output(cluster: &crate::client::Cluster, job: proto::JobId, offsets: &mut [u64; 2]) -> (bool, [bool; 2]) {
+async fn copy_job_output(
+    cluster: &crate::client::Cluster,
+    job: proto::JobId,
+    offsets: &mut [u64; 2],
+    shown: [bool; 2],
+) -> (bool, [bool; 2]) {
     let mut progressed = false;
-    let mut finished = [false, false];
-    for (k, stream) in [LogStream::Stdout, LogStream::Stderr].into_iter().enumerate() {
+    // A stream not shown is finished as far as srun is concerned.
+    let mut finished = shown.map(|s| !s);
+    for (k, stream) in [LogStream::Stdout, LogStream::Stderr].into_iter().enumerate().filter(|(k, _)| shown[*k]) {
         let req = Request::Logs { job, stream, offset: offsets[k], max_bytes: proto::limits::LOG_CHUNK_BYTES_MAX };
         if let Ok(Ok(Reply::LogChunk { data, next_offset, finished: done })) = cluster.call(req).await {
             if !data.is_empty() {
@@ -1174,25 +1245,75 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     if p.operands.is_empty() {
         return Err(SlurmError::fatal(PROG, "No command given to execute."));
     }
-    if p.has("pty") {
-        return Err(SlurmError::fatal(PROG, "--pty is not supported yet"));
-    }
+    let pty = pty_size(&p)?;
     let env = super::allocation_env(&std::env::vars().collect());
     let job_id = env.get("SLURM_JOB_ID").filter(|j| !j.is_empty());
     let batch = std::env::var(slurm_compat::env::BATCH_ENV).is_ok_and(|v| v == "1");
     super::sbatch::print_warnings(&step_warnings(&p, job_id.is_some() || p.has("jobid")), p.has("quiet"));
     if let Some(text) = p.last("jobid") {
-        run_step_in_job(&p, text)
+        run_step_in_job(&p, text, pty)
     } else if let Some(id) = job_id.filter(|id| !batch && env.get(super::salloc::SALLOC_JOB_ENV) == Some(*id)) {
         // In salloc's command, where the allocation's nodes are elsewhere.
-        run_step_in_job(&p, id)
+        run_step_in_job(&p, id, pty)
     } else if job_id.is_some() {
         if batch {
-            run_step(&p, &env)
+            run_step(&p, &env, pty)
+        } else if pty.is_some() {
+            Err(SlurmError::fatal(PROG, "--pty is not supported in a `corral submit` job, whose srun starts its node's tasks itself"))
         } else {
             run_local_step(&p, &env)
         }
-    } else {
+    } else if p.has("output") || p.has("error") {
+        // The step's output goes to the job's files: its script runs the step.
         run_as_job(&p)
+    } else {
+        run_in_new_allocation(&p, pty)
     }
+}
+
+/// `--pty`: the size of this terminal, which the step's pseudo-terminal takes; None when not
+/// asked for, or when stdin is no terminal: then, as Slurm 22.05 does, it says so and the step
+/// runs without one.
+fn pty_size(p: &Parsed) -> Result<Option<PtySize>, SlurmError> {
+    if !p.has("pty") {
+        return Ok(None);
+    }
+    if ["input", "output", "error"].iter().any(|o| p.has(o)) {
+        return Err(SlurmError::fatal(PROG, "--error/--input/--output are incompatible with --pty"));
+    }
+    match super::terminal::size(libc::STDIN_FILENO) {
+        Some(size) => Ok(Some(size)),
+        None => {
+            let e = std::io::Error::last_os_error();
+            let why = e.to_string().split(" (os error").next().unwrap_or_default().to_string();
+            eprintln!("{PROG}: error: ioctl(TIOCGWINSZ): {why}");
+            eprintln!("{PROG}: error: Not using a pseudo-terminal, disregarding --pty option");
+            Ok(None)
+        }
+    }
+}
+
+/// Outside an allocation, as Slurm's srun: an allocation first (held as salloc holds one), then
+/// the step from here, with this process's stdin (and terminal, with `pty`); the allocation
+/// ends with the step's exit status.
+fn run_in_new_allocation(p: &Parsed, pty: Option<PtySize>) -> Result<i32, SlurmError> {
+    let token = super::salloc::new_token();
+    let name = std::path::Path::new(&p.operands[0]).file_name().map_or_else(|| p.operands[0].clone(), |n| n.to_string_lossy().into_owned());
+    let sub = super::salloc::holder_allocation(PROG, p, STEP_ONLY, &token, name)?;
+    let quiet = p.has("quiet");
+    super::sbatch::print_warnings(&sub.warnings, quiet);
+    // Noted where granted() looks: SIGINT or SIGTERM while pending gives the allocation up.
+    super::salloc::catch_signals();
+    let cluster = super::connect(PROG)?;
+    // srun says only that it waits and when it got its nodes, not salloc's "Granted ..." lines.
+    let say = |line: String| {
+        if !quiet && line.starts_with("job ") {
+            eprintln!("{PROG}: {line}");
+        }
+    };
+    let (job, names) = super::block_on(PROG, super::salloc::granted(PROG, &cluster, &sub, &say))??;
+    let ran = run_step_in_job(p, &job.id.to_string(), pty);
+    // An allocation whose step could not run ends FAILED (code 1), as the error says.
+    super::salloc::release(PROG, &cluster, &job, &names, &token, *ran.as_ref().unwrap_or(&1));
+    ran
 }

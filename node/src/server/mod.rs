@@ -171,6 +171,13 @@ impl Node {
                 let request = Request::StepSignal { job, step, node: node.clone(), signal };
                 self.to_run_node(hops, job, &node, request, user, PEER_CALL_TIMEOUT).await
             }
+            Request::StepResize { job, step, node, size } => {
+                if node == self.config.name {
+                    return self.agent.resize_step(job, step, size, user.as_deref()).await;
+                }
+                let request = Request::StepResize { job, step, node: node.clone(), size };
+                self.to_run_node(hops, job, &node, request, user, PEER_CALL_TIMEOUT).await
+            }
             Request::ListJoinTokens => {
                 self.require_admin(user.as_deref(), "list join tokens")?;
                 Ok(Reply::JoinTokens(self.state.read(|s| s.join_tokens.values().cloned().collect())))
