@@ -624,3 +624,48 @@ fn fair_share_ranks_associations_by_shares_and_usage_in_sshare_sprio_and_the_que
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(half_life(), "01:30:00");
 }
+
+/// `squeue --json` and `sinfo --json` through the shims print the cluster's jobs and nodes in
+/// Slurm 22.05's openapi/v0.0.38 shape (its keys and types are checked against the peer's output
+/// in the cli's unit tests); as Slurm's, they ignore the other options and show every job the
+/// cluster still holds, ended ones too.
+#[test]
+fn squeue_and_sinfo_print_slurms_json() {
+    let c = TestCluster::up(&["--nodes", "1", "--voters-max", "1", "--gpus", "h100:2"]);
+    let sbatch = |args: &[&str]| -> u64 {
+        let out = shim(&c, "sbatch", args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().parse().expect("sbatch --parsable printed a job id")
+    };
+    let done = sbatch(&["--parsable", "-J", "three", "--wrap", "exit 3"]);
+    c.wait_final(done, Duration::from_secs(30));
+    let running = sbatch(&["--parsable", "-J", "gpus", "--gres=gpu:h100:2", "-t", "10", "--wrap", "sleep 300"]);
+    wait_until("the GPU job to run", Duration::from_secs(30), || c.job(running)["state"] == "RUNNING");
+    let held = sbatch(&["--parsable", "-J", "held", "-H", "--wrap", "true"]);
+    let json = |name: &str, args: &[&str]| -> serde_json::Value {
+        let out = shim(&c, name, args);
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{name} printed no JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+    };
+    let queue = json("squeue", &["--json", "-u", "nobody"]);
+    assert_eq!(queue["meta"]["plugin"]["type"], "openapi/v0.0.38", "{queue}");
+    let jobs = queue["jobs"].as_array().unwrap_or_else(|| panic!("{queue}"));
+    let by_id = |id: u64| jobs.iter().find(|j| j["job_id"] == id).unwrap_or_else(|| panic!("no job {id} in {queue}"));
+    let (r, h, d) = (by_id(running), by_id(held), by_id(done));
+    assert_eq!(
+        (&r["job_state"], &r["nodes"], &r["gres_detail"][0], &r["time_limit"]),
+        (&"RUNNING".into(), &"n1".into(), &"gpu:h100:2(IDX:0-1)".into(), &10.into()),
+        "{r}"
+    );
+    assert_eq!((&h["job_state"], &h["state_reason"], &h["name"]), (&"PENDING".into(), &"JobHeldUser".into(), &"held".into()), "{h}");
+    assert_eq!((&d["job_state"], &d["exit_code"], &d["state_reason"]), (&"FAILED".into(), &768.into(), &"NonZeroExitCode".into()), "{d}");
+    let nodes = json("sinfo", &["--json", "-n", "nosuch"]);
+    let n = &nodes["nodes"][0];
+    assert_eq!(
+        (&n["name"], &n["state"], &n["gres"], &n["gres_used"]),
+        (&"n1".into(), &"allocated".into(), &"gpu:h100:2".into(), &"gpu:h100:2".into()),
+        "{nodes}"
+    );
+    c.corral(&["cancel", &running.to_string()]);
+}

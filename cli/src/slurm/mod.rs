@@ -7,6 +7,7 @@
 //! include them by `#[path]`.
 
 pub mod fuzzing;
+pub mod openapi;
 pub mod opts;
 pub mod sacct;
 pub mod sacctmgr;

@@ -24,6 +24,7 @@ const OPTIONS: &[OptDef] = &[
     opt("help", None, Arg::No),
     opt("hide", None, Arg::No),
     opt("iterate", Some('i'), Arg::Required),
+    opt("json", None, Arg::No),
     opt("list-reasons", Some('R'), Arg::No),
     opt("long", Some('l'), Arg::No),
     opt("Node", Some('N'), Arg::No),
@@ -319,6 +320,16 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     }
     if p.has("Format") || p.has("iterate") {
         return Err(SlurmError::fatal(PROG, "--Format and --iterate are not supported yet; use -o"));
+    }
+    if p.has("json") {
+        // As Slurm 22.05's: every node, whatever the filters, in the openapi/v0.0.38 shape.
+        let cluster = super::connect(PROG)?;
+        let mut nodes = super::block_on(PROG, super::list_nodes(PROG, &cluster))??;
+        nodes.sort_by(|a, b| a.name.cmp(&b.name));
+        let items = nodes.iter().map(super::openapi::node).collect();
+        let text = serde_json::to_string_pretty(&super::openapi::envelope("nodes", items)).map_err(|e| SlurmError::fatal(PROG, e))?;
+        println!("{text}");
+        return Ok(0);
     }
     let mut filter = Filter { partitions: split_list(p.all("partition")), states: split_list(p.all("states")), ..Filter::default() };
     for n in p.all("nodes") {

@@ -23,6 +23,7 @@ const OPTIONS: &[OptDef] = &[
     opt("help", None, Arg::No),
     opt("hide", None, Arg::No),
     opt("iterate", Some('i'), Arg::Required),
+    opt("json", None, Arg::No),
     opt("jobs", Some('j'), Arg::Optional),
     opt("local", Some('L'), Arg::No),
     opt("long", Some('l'), Arg::No),
@@ -578,6 +579,23 @@ fn header_for(code: char) -> String {
     header(code)
 }
 
+/// `squeue --json`: as Slurm 22.05's, every job the cluster still holds (live ones and those
+/// ended within MinJobAge), whatever the filters, in the openapi/v0.0.38 shape.
+fn print_json() -> Result<i32, SlurmError> {
+    let query = proto::JobQuery { live: true, finished: true, brief: true, ..Default::default() };
+    let cluster = super::connect(PROG)?;
+    let (jobs, nodes) = super::block_on(PROG, async {
+        let jobs = super::query_jobs(PROG, &cluster, query).await?;
+        let nodes = super::list_nodes(PROG, &cluster).await?;
+        Ok::<_, SlurmError>((jobs, nodes))
+    })??;
+    let names = super::node_names(&nodes);
+    let items = jobs.iter().map(|j| super::openapi::job(j, &names)).collect();
+    let text = serde_json::to_string_pretty(&super::openapi::envelope("jobs", items)).map_err(|e| SlurmError::fatal(PROG, e))?;
+    println!("{text}");
+    Ok(0)
+}
+
 pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     let p = opts::parse(PROG, OPTIONS, args, false)?;
     if p.has("help") || p.has("usage") {
@@ -589,6 +607,9 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     }
     if p.has("iterate") {
         return Err(SlurmError::fatal(PROG, "--iterate is not supported yet"));
+    }
+    if p.has("json") {
+        return print_json();
     }
     let mut filter = Filter {
         users: split_list(p.all("user")),

@@ -1288,3 +1288,80 @@ fn scontrol_show_partition_lists_what_nodes_and_the_policy_define() {
     assert_eq!(scontrol::partitions_text(&nodes, &parts, Some("nope")).unwrap_err().text, "Partition nope not found");
     assert!(scontrol::node_text(&nodes[0]).contains("   Partitions=batch,gpu\n"));
 }
+
+// ---------------------------------------------------------------------------------------------
+// --json (the openapi/v0.0.38 shape, compared with what Slurm 22.05 printed on the peer)
+
+/// Keys and JSON types of an object.
+fn json_shape(v: &serde_json::Value) -> BTreeMap<String, &'static str> {
+    use serde_json::Value;
+    let kind = |v: &Value| match v {
+        Value::Null => "null",
+        Value::Bool(_) => "bool",
+        Value::Number(n) if n.is_f64() => "float",
+        Value::Number(_) => "int",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    };
+    v.as_object().map(|o| o.iter().map(|(k, v)| (k.clone(), kind(v))).collect()).unwrap_or_default()
+}
+
+/// The same keys, and where both have a value, the same types.
+fn assert_same_json_shape(slurm: &serde_json::Value, ours: &serde_json::Value, what: &str) {
+    let (theirs, mine) = (json_shape(slurm), json_shape(ours));
+    assert_eq!(theirs.keys().collect::<Vec<_>>(), mine.keys().collect::<Vec<_>>(), "{what}: keys");
+    for (k, t) in &theirs {
+        let m = mine[k];
+        assert!(*t == m || *t == "null" || m == "null", "{what}: {k} is {t} in Slurm's and {m} in ours");
+    }
+}
+
+#[test]
+fn squeue_and_sinfo_json_have_the_keys_and_types_slurm_22_05_prints() {
+    use serde_json::json;
+    let slurm: serde_json::Value =
+        serde_json::from_str(include_str!("../../../tests/fixtures/slurm_json/squeue_running_and_held.json")).expect("fixture");
+    let jobs = slurm["jobs"].as_array().expect("jobs");
+    let (running, pending) = (&jobs[0], &jobs[1]);
+    assert_eq!((&running["job_state"], &pending["job_state"]), (&json!("RUNNING"), &json!("PENDING")));
+    let names: BTreeMap<u64, String> = [(7, "n7".to_string())].into();
+    let mut job = job_of(spec(&["-J", "jtest", "--gres=gpu:h100:2", "-t", "10"]), 7);
+    job.start_ms = Some(1_796_433_492_000);
+    job.parts = vec![NodeRun { run: 1, alloc: Allocation { node: 7, gpus: vec![0, 1], cpus: 1, mem_mib: 1024 }, launched_by: Some(1) }];
+    job.last_nodes = vec![7];
+    let ours = openapi::job(&job, &names);
+    assert_same_json_shape(running, &ours, "running job");
+    assert_eq!(ours["gres_detail"], json!(["gpu:h100:2(IDX:0-1)"]));
+    assert_eq!((ours["end_time"].as_u64(), ours["time_limit"].as_u64()), (Some(1_796_434_092), Some(10)));
+    assert_eq!((&ours["nodes"], &ours["batch_host"], &ours["job_state"]), (&json!("n7"), &json!("n7"), &json!("RUNNING")));
+    assert_eq!((&ours["job_id"], &ours["name"], &ours["user_name"]), (&json!(7), &json!("jtest"), &json!("alice")));
+
+    let held = Job::submitted(8, spec(&["-J", "held", "-H"]).into(), 1_796_433_492_000);
+    let ours = openapi::job(&held, &names);
+    assert_same_json_shape(pending, &ours, "pending job");
+    assert_eq!((&ours["state_reason"], &ours["nodes"], &ours["time_limit"]), (&json!("JobHeldUser"), &json!(""), &serde_json::Value::Null));
+
+    let slurm: serde_json::Value = serde_json::from_str(include_str!("../../../tests/fixtures/slurm_json/sinfo.json")).expect("fixture");
+    assert_eq!(openapi::envelope("nodes", Vec::new())["meta"], slurm["meta"]);
+    let mut n = node(1, "n1", NodeState::Up, 8, 6);
+    n.cpus_alloc = 1;
+    let ours = openapi::node(&n);
+    assert_same_json_shape(&slurm["nodes"][0], &ours, "node");
+    assert_eq!((&ours["state"], &ours["gres_used"], &ours["port"]), (&json!("mixed"), &json!("gpu:h100:2"), &json!(7001)));
+    n.state = NodeState::Drained;
+    n.gpus_free = 8;
+    n.cpus_alloc = 0;
+    let ours = openapi::node(&n);
+    // As Slurm shows a drained idle node.
+    assert_eq!((&ours["state"], &ours["state_flags"]), (&json!("idle"), &json!(["DRAIN"])));
+}
+
+#[test]
+fn json_exit_codes_are_wait_statuses_as_slurm_keeps_them() {
+    // Slurm printed 768 for `exit 3` and 9 for a job killed by SIGKILL.
+    let mut job = job_of(spec(&[]), 9);
+    job.state = JobState::Failed;
+    job.exit_code = Some(3);
+    assert_eq!(openapi::raw_exit_code(&job), 768);
+}
