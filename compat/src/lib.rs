@@ -3,3 +3,5 @@
 
 pub mod env;
 pub mod hostlist;
+pub mod openapi;
+pub mod show;

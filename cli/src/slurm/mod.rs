@@ -7,7 +7,6 @@
 //! include them by `#[path]`.
 
 pub mod fuzzing;
-pub mod openapi;
 pub mod opts;
 pub mod sacct;
 pub mod sacctmgr;
@@ -43,8 +42,8 @@ use crate::client::Cluster;
 pub const COMMANDS: [&str; 11] =
     ["sbatch", "srun", "salloc", "squeue", "scancel", "sinfo", "scontrol", "sacct", "sacctmgr", "sshare", "sprio"];
 
-/// The Slurm release whose behaviour (options, formats, messages) is followed.
-pub const SLURM_VERSION: &str = "22.05.8";
+pub use slurm_compat::openapi;
+pub use slurm_compat::show::{exit_code_text, job_node_names, SLURM_VERSION};
 
 /// An error as a Slurm tool prints it, with the exit code to return.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -212,11 +211,6 @@ pub fn node_names(nodes: &[NodeInfo]) -> BTreeMap<u64, String> {
     nodes.iter().map(|n| (n.id, n.name.clone())).collect()
 }
 
-/// Names of the nodes a job runs on (or last ran on), in allocation order.
-pub fn job_node_names(job: &Job, names: &BTreeMap<u64, String>) -> Vec<String> {
-    job.run_nodes().iter().map(|id| names.get(id).cloned().unwrap_or_else(|| format!("node{id}"))).collect()
-}
-
 /// Jobs that belong to submitted job `id`: the job itself and, for an array, its tasks.
 pub fn members_of(jobs: &[Job], id: JobId) -> Vec<&Job> {
     jobs.iter().filter(|j| j.id == id || j.array.as_ref().is_some_and(|a| a.array_job == id)).collect()
@@ -228,41 +222,6 @@ pub fn display_id(job: &Job) -> String {
         Some(a) => format!("{}_{}", a.array_job, a.task),
         None => job.id.to_string(),
     }
-}
-
-/// Slurm's `ExitCode` (`sacct`, `scontrol show job`): `code:signal`. A job stopped for its time
-/// or by a cancel shows SIGTERM; one the kernel killed for its memory limit 125 (Slurm's
-/// `SIG_OOM`). One whose process a signal killed shows `0:SIGNAL`, as Slurm does (the state
-/// keeps the shell's `128 + SIGNAL` as its exit code; the run's outcome says it was a signal).
-pub fn exit_code_text(job: &Job) -> String {
-    if let Some(signal) = killed_by_signal(job) {
-        return format!("0:{signal}");
-    }
-    match (job.state, job.exit_code) {
-        (_, Some(code)) if code >= 0 => format!("{code}:0"),
-        (_, Some(code)) => format!("0:{}", code.unsigned_abs()),
-        (JobState::Timeout | JobState::Cancelled, None) => "0:15".into(),
-        (JobState::OutOfMemory, None) => "0:125".into(),
-        _ => "0:0".into(),
-    }
-}
-
-/// The signal that killed a failed job's process, from its last run's outcomes (or, for a
-/// record that kept only its reason, the reason the cluster wrote: "killed by signal N").
-fn killed_by_signal(job: &Job) -> Option<i32> {
-    if job.state != JobState::Failed {
-        return None;
-    }
-    let signal = job
-        .outcomes
-        .iter()
-        .find_map(|(_, o)| match o {
-            proto::RunOutcome::Signaled(sig) => Some(*sig),
-            _ => None,
-        })
-        .or_else(|| job.reasons.iter().find_map(|r| r.strip_prefix("killed by signal ").and_then(|n| n.trim().parse().ok())))?;
-    // Only where the cluster recorded it as such (a later non-zero exit is not a signal).
-    (job.exit_code == Some(signal.saturating_add(128))).then_some(signal)
 }
 
 /// The exit code `sbatch --wait` and `srun` return for a finished job.

@@ -10,6 +10,8 @@ use super::env::DEFAULT_PARTITION;
 use super::squeue::{dependency_text, mem_text, reason_code, run_seconds};
 use super::{hostlist, sinfo, time, SlurmError};
 
+pub use slurm_compat::show::final_reason;
+
 pub const PROG: &str = "scontrol";
 
 /// `show hostnames`: one name per line.
@@ -33,18 +35,6 @@ fn or_null(v: Option<&String>) -> String {
 
 fn time_or_unknown(ms: Option<u64>) -> String {
     ms.map_or("Unknown".into(), time::datetime)
-}
-
-/// Slurm's `Reason` of a job that left the queue: why it ended where it did not complete.
-pub fn final_reason(job: &Job) -> &'static str {
-    match (job.state, job.exit_code) {
-        (JobState::Timeout, _) => "TimeLimit",
-        (JobState::NodeFail, _) => "NodeDown",
-        (JobState::OutOfMemory, _) => "OutOfMemory",
-        (JobState::Failed, Some(code)) if code != 0 => "NonZeroExitCode",
-        (JobState::Failed, _) => "JobLaunchFailure",
-        _ => "None",
-    }
 }
 
 /// `scontrol show job` for one job, in Slurm's layout (the fields Corral knows).

@@ -7,6 +7,8 @@ use super::opts::{self, opt, Arg, OptDef};
 use super::squeue::{parse_format, render, Piece};
 use super::{hostlist, SlurmError};
 
+pub use slurm_compat::show::{gres_text, node_state};
+
 pub const PROG: &str = "sinfo";
 
 pub const DEFAULT_FORMAT: &str = "%#P %.5a %.10l %.6D %.6t %N";
@@ -39,37 +41,6 @@ const OPTIONS: &[OptDef] = &[
     opt("verbose", Some('v'), Arg::No),
     opt("version", Some('V'), Arg::No),
 ];
-
-/// A node's state the way sinfo abbreviates it (`idle`, `mix`, `alloc`, `drain`, `drng`,
-/// `down*`) and spells it out (`%T`), from what its jobs hold: `alloc` when all its CPUs, all its
-/// memory or all its GPUs are held (Slurm counts CPUs only; a GPU node whose GPUs are all
-/// held takes no more GPU work, so Corral says `alloc` there too), `mix` when some of any.
-pub fn node_state(n: &NodeInfo) -> (&'static str, &'static str) {
-    let gpus_busy = n.gpus_free < n.gpus_total;
-    let busy = gpus_busy || n.cpus_alloc > 0 || n.memory_alloc_mib > 0;
-    let full = (n.gpus_total > 0 && n.gpus_free == 0)
-        || (n.cpus_total > 0 && n.cpus_alloc >= n.cpus_total)
-        || (n.memory_mib > 0 && n.memory_alloc_mib >= n.memory_mib);
-    match n.state {
-        NodeState::Down if n.reason.as_deref().is_some_and(|r| r.contains("drain")) => ("drain*", "drained*"),
-        NodeState::Down => ("down*", "down*"),
-        NodeState::Drained if busy => ("drng", "draining"),
-        NodeState::Drained => ("drain", "drained"),
-        NodeState::Up if full => ("alloc", "allocated"),
-        NodeState::Up if busy => ("mix", "mixed"),
-        NodeState::Up => ("idle", "idle"),
-    }
-}
-
-/// GRES as sinfo prints it: `gpu:h100:8`, `gpu:8`, `(null)`.
-pub fn gres_text(n: &NodeInfo) -> String {
-    match (n.gpus_total, n.gpu_types.as_slice()) {
-        (0, _) => "(null)".into(),
-        (total, [one]) => format!("gpu:{one}:{total}"),
-        (total, []) => format!("gpu:{total}"),
-        (total, many) => format!("gpu:{}:{total}", many.join("+")),
-    }
-}
 
 /// The partitions a node is in, as the cluster lists them (`NodeInfo::partitions`: the
 /// default one spelled out; empty, in none).

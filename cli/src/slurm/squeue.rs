@@ -8,6 +8,8 @@ use super::env::DEFAULT_PARTITION;
 use super::opts::{self, opt, Arg, OptDef};
 use super::{hostlist, time, SlurmError};
 
+pub use slurm_compat::show::{dependency_text, reason_code, task_ranges};
+
 pub const PROG: &str = "squeue";
 
 pub const DEFAULT_FORMAT: &str = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R";
@@ -184,97 +186,6 @@ pub fn suspension_ok(wanted: Option<bool>, job: &Job) -> bool {
     wanted.is_none_or(|w| job.state != JobState::Running || job.suspended() == w)
 }
 
-/// Slurm's reason codes, which Corral's reasons map onto where one fits.
-const SLURM_REASONS: &[&str] = &[
-    "None",
-    "Priority",
-    "Resources",
-    "Dependency",
-    "DependencyNeverSatisfied",
-    "BeginTime",
-    "JobHeldUser",
-    "JobHeldAdmin",
-    "JobArrayTaskLimit",
-    "PartitionTimeLimit",
-    "PartitionNodeLimit",
-    "PartitionDown",
-    "PartitionInactive",
-    "ReqNodeNotAvail",
-    "BadConstraints",
-    "NodeDown",
-    "Reservation",
-    "InvalidAccount",
-    "InvalidQOS",
-    "AssocMaxJobsLimit",
-    "AssocGrpJobsLimit",
-    "AssocGrpGRES",
-    "AssocGrpCpuLimit",
-    "AssocGrpMemLimit",
-    "AssocGrpNodeLimit",
-    "AssocMaxCpuPerJobLimit",
-    "AssocMaxMemPerJob",
-    "AssocMaxNodePerJobLimit",
-    "AssocMaxWallDurationPerJobLimit",
-    "AssocMaxGRESPerJob",
-    "QOSMaxJobsPerUserLimit",
-    "QOSGrpJobsLimit",
-    "QOSGrpGRES",
-    "QOSGrpCpuLimit",
-    "QOSGrpMemLimit",
-    "QOSGrpNodeLimit",
-    "QOSMaxCpuPerJobLimit",
-    "QOSMaxMemoryPerJob",
-    "QOSMaxNodePerJobLimit",
-    "QOSMaxWallDurationPerJobLimit",
-    "QOSMaxGRESPerJob",
-    "NonZeroExitCode",
-    "TimeLimit",
-];
-
-/// The reason a pending job waits, as one Slurm reason code (or Corral's own words when no
-/// code fits).
-pub fn reason_code(job: &Job) -> String {
-    if job.spec.hold && job.state == JobState::Pending {
-        return "JobHeldUser".into();
-    }
-    let Some(reason) = job.reason() else {
-        return "None".into();
-    };
-    let first = reason.split_whitespace().next().unwrap_or("");
-    if let Some(code) = SLURM_REASONS.iter().find(|c| c.eq_ignore_ascii_case(first.trim_end_matches([':', ',', '.']))) {
-        return (*code).to_string();
-    }
-    let r = reason.to_ascii_lowercase();
-    let code = if r.contains("depend") {
-        if r.contains("never") || r.contains("cannot") {
-            "DependencyNeverSatisfied"
-        } else {
-            "Dependency"
-        }
-    } else if r.contains("held") || r.contains("hold") {
-        "JobHeldUser"
-    } else if r.contains("begin") || r.contains("eligible") {
-        "BeginTime"
-    } else if r.contains("throttle") || (r.contains("array") && r.contains("limit")) {
-        "JobArrayTaskLimit"
-    } else if r.contains("priority") || r.contains("behind") || r.contains("queued ahead") {
-        "Priority"
-    } else if r.contains("partition") {
-        "PartitionConfig"
-    } else if r.contains("gpu")
-        || r.contains("resource")
-        || r.contains("free")
-        || r.contains("cpu")
-        || r.contains("memory")
-        || r.contains("node")
-    {
-        "Resources"
-    } else {
-        return reason.to_string();
-    };
-    code.to_string()
-}
-
 /// What squeue needs besides the job: node names, the time, and a collapsed array's id.
 pub struct Row<'a> {
     pub job: &'a Job,
@@ -402,29 +313,6 @@ pub fn field(row: &Row<'_>, code: char, names: &BTreeMap<u64, String>, now_ms: u
     }
 }
 
-/// `afterok:12,singleton` or `(null)`.
-pub fn dependency_text(job: &Job) -> String {
-    use proto::DependencyKind::*;
-    if job.spec.dependencies.is_empty() {
-        return "(null)".into();
-    }
-    job.spec
-        .dependencies
-        .iter()
-        .map(|d| {
-            let kind = match d.kind {
-                After => "after",
-                AfterOk => "afterok",
-                AfterNotOk => "afternotok",
-                AfterAny => "afterany",
-                Singleton => return "singleton".to_string(),
-            };
-            format!("{kind}:{}", d.job.unwrap_or(0))
-        })
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
 /// Which jobs to show.
 #[derive(Clone, Debug, Default)]
 pub struct Filter {
@@ -496,24 +384,6 @@ pub fn rows<'a>(jobs: &'a [Job], expand_arrays: bool) -> Vec<Row<'a>> {
         i += 1;
     }
     out
-}
-
-/// `1,2,3,5` as `1-3,5`.
-pub fn task_ranges(tasks: &[u32]) -> String {
-    let mut t = tasks.to_vec();
-    t.sort_unstable();
-    t.dedup();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < t.len() {
-        let mut j = i;
-        while j + 1 < t.len() && t[j + 1] == t[j] + 1 {
-            j += 1;
-        }
-        out.push(if i == j { t[i].to_string() } else { format!("{}-{}", t[i], t[j]) });
-        i = j + 1;
-    }
-    out.join(",")
 }
 
 /// `-O field[:[.]size],...` as a `-o` format (fields 20 wide unless given).

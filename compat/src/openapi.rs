@@ -1,4 +1,4 @@
-//! `squeue --json` and `sinfo --json`: Slurm 22.05's JSON, the shape its `openapi/v0.0.38`
+//! `squeue --json`, `sinfo --json` and the HTTP API: Slurm 22.05's JSON, the shape its `openapi/v0.0.38`
 //! plugin prints (and slurmrestd serves), read from `../shared/peers/slurm`: every key Slurm
 //! prints, with Corral's values where it has them and Slurm's own "not set" (`""`, `0`, `null`)
 //! where it has none. Pure functions of their arguments.
@@ -8,18 +8,19 @@ use std::collections::BTreeMap;
 use proto::{Job, JobState, NodeInfo};
 use serde_json::{json, Map, Value};
 
-use super::env::DEFAULT_PARTITION;
-use super::hostlist;
+use crate::env::DEFAULT_PARTITION;
+use crate::hostlist;
+use crate::show;
 
 /// `{"meta": ..., "errors": [], KEY: items}`, as every `--json` output starts.
 pub fn envelope(key: &str, items: Vec<Value>) -> Value {
-    let (major, minor, micro) = version_parts(super::SLURM_VERSION);
+    let (major, minor, micro) = version_parts(show::SLURM_VERSION);
     let mut out = Map::new();
     out.insert(
         "meta".into(),
         json!({
             "plugin": {"type": "openapi/v0.0.38", "name": "Slurm OpenAPI v0.0.38"},
-            "Slurm": {"version": {"major": major, "micro": micro, "minor": minor}, "release": super::SLURM_VERSION},
+            "Slurm": {"version": {"major": major, "micro": micro, "minor": minor}, "release": show::SLURM_VERSION},
         }),
     );
     out.insert("errors".into(), json!([]));
@@ -43,8 +44,8 @@ fn or_null<T: Into<Value>>(v: Option<T>) -> Value {
 
 /// The wait status Slurm keeps as a job's `exit_code` (`code << 8 | signal`), from its
 /// `code:signal` text.
-pub(crate) fn raw_exit_code(job: &Job) -> u64 {
-    let text = super::exit_code_text(job);
+pub fn raw_exit_code(job: &Job) -> u64 {
+    let text = show::exit_code_text(job);
     let (code, signal) = text.split_once(':').unwrap_or(("0", "0"));
     (code.parse::<u64>().unwrap_or(0) & 0xff) << 8 | (signal.parse::<u64>().unwrap_or(0) & 0x7f)
 }
@@ -91,10 +92,7 @@ fn job_identity(job: &Job, out: &mut Map<String, Value>) {
         ("restart_cnt".into(), json!(job.restart_count)),
         ("show_flags".into(), json!(["SHOW_ALL", "SHOW_DETAIL", "SHOW_LOCAL"])),
         text("state_description", String::new()),
-        text(
-            "state_reason",
-            if job.state == JobState::Pending { super::squeue::reason_code(job) } else { super::scontrol::final_reason(job).into() },
-        ),
+        text("state_reason", if job.state == JobState::Pending { show::reason_code(job) } else { show::final_reason(job).into() }),
         text("standard_error", spec.error.clone().unwrap_or_default()),
         text("standard_input", "/dev/null".into()),
         text("standard_output", spec.output.clone().unwrap_or_default()),
@@ -145,7 +143,7 @@ fn job_request(job: &Job, out: &mut Map<String, Value>) {
         ("contiguous".into(), json!(false)),
         ("cpus".into(), json!(cpus)),
         ("cpus_per_task".into(), if spec.cpus_per_task > 1 { json!(spec.cpus_per_task) } else { Value::Null }),
-        ("dependency".into(), json!(if spec.dependencies.is_empty() { String::new() } else { super::squeue::dependency_text(job) })),
+        ("dependency".into(), json!(if spec.dependencies.is_empty() { String::new() } else { show::dependency_text(job) })),
         ("excluded_nodes".into(), json!(hostlist::compress(&spec.exclude))),
         ("features".into(), json!(spec.constraint.join("&"))),
         ("max_cpus".into(), json!(0)),
@@ -215,7 +213,7 @@ fn job_times(job: &Job, out: &mut Map<String, Value>) {
 }
 
 fn job_placement(job: &Job, names: &BTreeMap<u64, String>, out: &mut Map<String, Value>) {
-    let nodes = super::job_node_names(job, names);
+    let nodes = show::job_node_names(job, names);
     let nodelist = hostlist::compress(&nodes);
     let spec = &job.spec;
     let placed = !nodes.is_empty() && job.state != JobState::Pending;
@@ -225,7 +223,7 @@ fn job_placement(job: &Job, names: &BTreeMap<u64, String>, out: &mut Map<String,
                 .iter()
                 .map(|gpus| {
                     let kind = g.gpu_type.as_ref().map_or_else(|| "gpu".to_string(), |t| format!("gpu:{t}"));
-                    format!("{kind}:{}(IDX:{})", gpus.len(), super::squeue::task_ranges(gpus))
+                    format!("{kind}:{}(IDX:{})", gpus.len(), show::task_ranges(gpus))
                 })
                 .collect()
         }
@@ -252,7 +250,7 @@ fn job_placement(job: &Job, names: &BTreeMap<u64, String>, out: &mut Map<String,
 
 /// One node as `sinfo --json` prints it.
 pub fn node(n: &NodeInfo) -> Value {
-    let (_, long) = super::sinfo::node_state(n);
+    let (_, long) = show::node_state(n);
     let drained = matches!(n.state, proto::NodeState::Drained);
     // Slurm's base state, with DRAIN as a flag (a drained idle node is "idle" + ["DRAIN"]).
     let base = match long.trim_end_matches('*') {
@@ -288,7 +286,7 @@ pub fn node(n: &NodeInfo) -> Value {
         "last_busy": 0,
         "features": "",
         "active_features": "",
-        "gres": if n.gpus_total > 0 { super::sinfo::gres_text(n) } else { String::new() },
+        "gres": if n.gpus_total > 0 { show::gres_text(n) } else { String::new() },
         "gres_drained": "N/A",
         "gres_used": if n.gpus_total > 0 { gres_used } else { String::new() },
     });
@@ -315,7 +313,7 @@ pub fn node(n: &NodeInfo) -> Value {
         "temporary_disk": 0,
         "weight": 1,
         "tres": tres.join(","),
-        "slurmd_version": super::SLURM_VERSION,
+        "slurmd_version": show::SLURM_VERSION,
         "alloc_memory": n.memory_alloc_mib,
         "alloc_cpus": n.cpus_alloc,
         "idle_cpus": n.cpus_total.saturating_sub(n.cpus_alloc),

@@ -1,0 +1,225 @@
+//! How Slurm shows jobs and nodes, where both the CLI (`squeue`, `sinfo`, `scontrol`, `sacct`)
+//! and the node (its HTTP API) need it: reason codes, exit codes, node states, GRES text.
+//! Pure functions of their arguments.
+
+use std::collections::BTreeMap;
+
+use proto::{Job, JobState, NodeInfo, NodeState};
+
+/// The Slurm release whose commands and formats Corral follows.
+pub const SLURM_VERSION: &str = "22.05.8";
+
+/// Slurm's reason codes, which Corral's reasons map onto where one fits.
+const SLURM_REASONS: &[&str] = &[
+    "None",
+    "Priority",
+    "Resources",
+    "Dependency",
+    "DependencyNeverSatisfied",
+    "BeginTime",
+    "JobHeldUser",
+    "JobHeldAdmin",
+    "JobArrayTaskLimit",
+    "PartitionTimeLimit",
+    "PartitionNodeLimit",
+    "PartitionDown",
+    "PartitionInactive",
+    "ReqNodeNotAvail",
+    "BadConstraints",
+    "NodeDown",
+    "Reservation",
+    "InvalidAccount",
+    "InvalidQOS",
+    "AssocMaxJobsLimit",
+    "AssocGrpJobsLimit",
+    "AssocGrpGRES",
+    "AssocGrpCpuLimit",
+    "AssocGrpMemLimit",
+    "AssocGrpNodeLimit",
+    "AssocMaxCpuPerJobLimit",
+    "AssocMaxMemPerJob",
+    "AssocMaxNodePerJobLimit",
+    "AssocMaxWallDurationPerJobLimit",
+    "AssocMaxGRESPerJob",
+    "QOSMaxJobsPerUserLimit",
+    "QOSGrpJobsLimit",
+    "QOSGrpGRES",
+    "QOSGrpCpuLimit",
+    "QOSGrpMemLimit",
+    "QOSGrpNodeLimit",
+    "QOSMaxCpuPerJobLimit",
+    "QOSMaxMemoryPerJob",
+    "QOSMaxNodePerJobLimit",
+    "QOSMaxWallDurationPerJobLimit",
+    "QOSMaxGRESPerJob",
+    "NonZeroExitCode",
+    "TimeLimit",
+];
+
+/// The reason a pending job waits, as one Slurm reason code (or Corral's own words when no
+/// code fits).
+pub fn reason_code(job: &Job) -> String {
+    if job.spec.hold && job.state == JobState::Pending {
+        return "JobHeldUser".into();
+    }
+    let Some(reason) = job.reason() else {
+        return "None".into();
+    };
+    let first = reason.split_whitespace().next().unwrap_or("");
+    if let Some(code) = SLURM_REASONS.iter().find(|c| c.eq_ignore_ascii_case(first.trim_end_matches([':', ',', '.']))) {
+        return (*code).to_string();
+    }
+    let r = reason.to_ascii_lowercase();
+    let code = if r.contains("depend") {
+        if r.contains("never") || r.contains("cannot") {
+            "DependencyNeverSatisfied"
+        } else {
+            "Dependency"
+        }
+    } else if r.contains("held") || r.contains("hold") {
+        "JobHeldUser"
+    } else if r.contains("begin") || r.contains("eligible") {
+        "BeginTime"
+    } else if r.contains("throttle") || (r.contains("array") && r.contains("limit")) {
+        "JobArrayTaskLimit"
+    } else if r.contains("priority") || r.contains("behind") || r.contains("queued ahead") {
+        "Priority"
+    } else if r.contains("partition") {
+        "PartitionConfig"
+    } else if r.contains("gpu")
+        || r.contains("resource")
+        || r.contains("free")
+        || r.contains("cpu")
+        || r.contains("memory")
+        || r.contains("node")
+    {
+        "Resources"
+    } else {
+        return reason.to_string();
+    };
+    code.to_string()
+}
+
+/// `afterok:12,singleton` or `(null)`.
+pub fn dependency_text(job: &Job) -> String {
+    use proto::DependencyKind::*;
+    if job.spec.dependencies.is_empty() {
+        return "(null)".into();
+    }
+    job.spec
+        .dependencies
+        .iter()
+        .map(|d| {
+            let kind = match d.kind {
+                After => "after",
+                AfterOk => "afterok",
+                AfterNotOk => "afternotok",
+                AfterAny => "afterany",
+                Singleton => return "singleton".to_string(),
+            };
+            format!("{kind}:{}", d.job.unwrap_or(0))
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `1,2,3,5` as `1-3,5`.
+pub fn task_ranges(tasks: &[u32]) -> String {
+    let mut t = tasks.to_vec();
+    t.sort_unstable();
+    t.dedup();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < t.len() {
+        let mut j = i;
+        while j + 1 < t.len() && t[j + 1] == t[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j { t[i].to_string() } else { format!("{}-{}", t[i], t[j]) });
+        i = j + 1;
+    }
+    out.join(",")
+}
+
+/// Slurm's `Reason` of a job that left the queue: why it ended where it did not complete.
+pub fn final_reason(job: &Job) -> &'static str {
+    match (job.state, job.exit_code) {
+        (JobState::Timeout, _) => "TimeLimit",
+        (JobState::NodeFail, _) => "NodeDown",
+        (JobState::OutOfMemory, _) => "OutOfMemory",
+        (JobState::Failed, Some(code)) if code != 0 => "NonZeroExitCode",
+        (JobState::Failed, _) => "JobLaunchFailure",
+        _ => "None",
+    }
+}
+
+/// A node's state the way sinfo abbreviates it (`idle`, `mix`, `alloc`, `drain`, `drng`,
+/// `down*`) and spells it out (`%T`), from what its jobs hold: `alloc` when all its CPUs, all its
+/// memory or all its GPUs are held (Slurm counts CPUs only; a GPU node whose GPUs are all
+/// held takes no more GPU work, so Corral says `alloc` there too), `mix` when some of any.
+pub fn node_state(n: &NodeInfo) -> (&'static str, &'static str) {
+    let gpus_busy = n.gpus_free < n.gpus_total;
+    let busy = gpus_busy || n.cpus_alloc > 0 || n.memory_alloc_mib > 0;
+    let full = (n.gpus_total > 0 && n.gpus_free == 0)
+        || (n.cpus_total > 0 && n.cpus_alloc >= n.cpus_total)
+        || (n.memory_mib > 0 && n.memory_alloc_mib >= n.memory_mib);
+    match n.state {
+        NodeState::Down if n.reason.as_deref().is_some_and(|r| r.contains("drain")) => ("drain*", "drained*"),
+        NodeState::Down => ("down*", "down*"),
+        NodeState::Drained if busy => ("drng", "draining"),
+        NodeState::Drained => ("drain", "drained"),
+        NodeState::Up if full => ("alloc", "allocated"),
+        NodeState::Up if busy => ("mix", "mixed"),
+        NodeState::Up => ("idle", "idle"),
+    }
+}
+
+/// GRES as sinfo prints it: `gpu:h100:8`, `gpu:8`, `(null)`.
+pub fn gres_text(n: &NodeInfo) -> String {
+    match (n.gpus_total, n.gpu_types.as_slice()) {
+        (0, _) => "(null)".into(),
+        (total, [one]) => format!("gpu:{one}:{total}"),
+        (total, []) => format!("gpu:{total}"),
+        (total, many) => format!("gpu:{}:{total}", many.join("+")),
+    }
+}
+
+/// Names of the nodes a job runs on (or last ran on), in allocation order.
+pub fn job_node_names(job: &Job, names: &BTreeMap<u64, String>) -> Vec<String> {
+    job.run_nodes().iter().map(|id| names.get(id).cloned().unwrap_or_else(|| format!("node{id}"))).collect()
+}
+
+/// Slurm's `ExitCode` (`sacct`, `scontrol show job`): `code:signal`. A job stopped for its time
+/// or by a cancel shows SIGTERM; one the kernel killed for its memory limit 125 (Slurm's
+/// `SIG_OOM`). One whose process a signal killed shows `0:SIGNAL`, as Slurm does (the state
+/// keeps the shell's `128 + SIGNAL` as its exit code; the run's outcome says it was a signal).
+pub fn exit_code_text(job: &Job) -> String {
+    if let Some(signal) = killed_by_signal(job) {
+        return format!("0:{signal}");
+    }
+    match (job.state, job.exit_code) {
+        (_, Some(code)) if code >= 0 => format!("{code}:0"),
+        (_, Some(code)) => format!("0:{}", code.unsigned_abs()),
+        (JobState::Timeout | JobState::Cancelled, None) => "0:15".into(),
+        (JobState::OutOfMemory, None) => "0:125".into(),
+        _ => "0:0".into(),
+    }
+}
+
+/// The signal that killed a failed job's process, from its last run's outcomes (or, for a
+/// record that kept only its reason, the reason the cluster wrote: "killed by signal N").
+fn killed_by_signal(job: &Job) -> Option<i32> {
+    if job.state != JobState::Failed {
+        return None;
+    }
+    let signal = job
+        .outcomes
+        .iter()
+        .find_map(|(_, o)| match o {
+            proto::RunOutcome::Signaled(sig) => Some(*sig),
+            _ => None,
+        })
+        .or_else(|| job.reasons.iter().find_map(|r| r.strip_prefix("killed by signal ").and_then(|n| n.trim().parse().ok())))?;
+    // Only where the cluster recorded it as such (a later non-zero exit is not a signal).
+    (job.exit_code == Some(signal.saturating_add(128))).then_some(signal)
+}
