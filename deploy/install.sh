@@ -101,12 +101,15 @@ install -m 0644 "$here"/examples/*.toml "$DESTDIR$docdir/examples/"
 
 # 4. The systemd unit, with this installation's paths.
 install -d -m 0755 "$DESTDIR$UNITDIR"
-sed -e "s#/usr/local/bin/corrald#$bindir/corrald#g" \
-    -e "s#/etc/corral/#$confdir/#g" \
-    -e "s#/usr/local/share/doc/corral/#$docdir/#g" \
-    "$here/systemd/corrald.service" > "$DESTDIR$UNITDIR/corrald.service.tmp"
-chmod 0644 "$DESTDIR$UNITDIR/corrald.service.tmp"
-mv "$DESTDIR$UNITDIR/corrald.service.tmp" "$DESTDIR$UNITDIR/corrald.service"
+for unit in corrald.service corral-restd.service; do
+  sed -e "s#/usr/local/bin/corrald#$bindir/corrald#g" \
+      -e "s#/usr/local/bin/corral #$bindir/corral #g" \
+      -e "s#/etc/corral/#$confdir/#g" \
+      -e "s#/usr/local/share/doc/corral/#$docdir/#g" \
+      "$here/systemd/$unit" > "$DESTDIR$UNITDIR/$unit.tmp"
+  chmod 0644 "$DESTDIR$UNITDIR/$unit.tmp"
+  mv "$DESTDIR$UNITDIR/$unit.tmp" "$DESTDIR$UNITDIR/$unit"
+done
 
 # 5. Directories: root's (corrald runs as root to start jobs as their users, without
 # CAP_DAC_OVERRIDE, so it must own them), readable by the group for operators.
@@ -119,7 +122,7 @@ if [ "$run_systemctl" = 1 ] && command -v systemctl >/dev/null && [ -d /run/syst
   systemctl daemon-reload
 fi
 
-say "installed corrald and corral in $DESTDIR$bindir, Slurm shims in $DESTDIR$shimdir, unit $DESTDIR$UNITDIR/corrald.service"
+say "installed corrald and corral in $DESTDIR$bindir, Slurm shims in $DESTDIR$shimdir, units $DESTDIR$UNITDIR/corrald.service and corral-restd.service"
 say "next: $bindir/corral cluster init --dir $confdir --name NAME --listen ADDR:7100 --socket /run/corral/corral.sock --runtime-dir /run/corral/jobs   (first node)"
 say "  or: $bindir/corral cluster join --dir $confdir --token TOKEN --bundle FILE --server ADDR:7100 --name NAME --listen ADDR:7100 --socket /run/corral/corral.sock --runtime-dir /run/corral/jobs"
-say "then: systemctl enable --now corrald   (see $docdir/README.md)"
+say "then: systemctl enable --now corrald   (and corral-restd for the REST API; see $docdir/README.md)"

@@ -2,11 +2,12 @@
 # Installs the real programs the client tests run (tests/tests/clients.rs): a Python venv outside
 # the clone (CORRAL_PYENV, default /var/tmp/corral-pyenv, so a machine downloads torch once, like
 # the target directory) with torch, PyTorch Lightning, submitit, dask-jobqueue and DeepSpeed, and
-# the Prometheus text parser of prometheus-client (tests/tests/metrics.rs).
+# the Prometheus text parser of prometheus-client (tests/tests/metrics.rs), and slurm-rest, the
+# Python client generated from slurmrestd's OpenAPI description (tests/tests/rest.rs).
 # Idempotent: does nothing when the venv already holds these versions.
 set -euo pipefail
 PYENV="${CORRAL_PYENV:-/var/tmp/corral-pyenv}"
-PACKAGES=(torch==2.15.0 pytorch-lightning==2.6.6 submitit==1.5.4 dask-jobqueue==0.9.0 prometheus-client==0.26.0)
+PACKAGES=(torch==2.15.0 pytorch-lightning==2.6.6 submitit==1.5.4 dask-jobqueue==0.9.0 prometheus-client==0.26.0 slurm-rest==0.0.37.1)
 # DeepSpeed is a source package whose build imports torch: built against the torch above, not
 # in an isolated build environment (which would download torch a second time).
 LATE_PACKAGES=(deepspeed==0.19.8)

@@ -37,6 +37,8 @@ impl ClientConfig {
 }
 
 pub struct Cluster {
+    /// The user requests are made for ([`Cluster::local_for`]).
+    act_for: Option<String>,
     /// The node's local socket, when the CLI talks to its own node (peer credentials say who).
     local: Option<PathBuf>,
     client: Option<Client>,
@@ -67,6 +69,7 @@ impl Cluster {
             bail!("no server address in {}", cluster_dir.display());
         }
         Ok(Cluster {
+            act_for: None,
             local: None,
             client: Some(Client::new(endpoint)),
             ca_fingerprint: Some(identity.ca_fingerprint()),
@@ -80,6 +83,7 @@ impl Cluster {
     /// The local node over its Unix socket: no certificate, the kernel tells the node who we are.
     pub fn local(socket: &Path) -> Cluster {
         Cluster {
+            act_for: None,
             local: Some(socket.to_path_buf()),
             client: None,
             ca_fingerprint: None,
@@ -88,6 +92,13 @@ impl Cluster {
             suspects: Default::default(),
             call_timeout: Duration::from_secs(10),
         }
+    }
+
+    /// The local node over its Unix socket, acting for `user`: a node takes the user that root
+    /// on it names, as it takes a forwarding node's (`corral restd`, run as root on a node, acts
+    /// for the user its HTTPS client's certificate names); anyone else is who the kernel says.
+    pub fn local_for(socket: &Path, user: &str) -> Cluster {
+        Cluster { act_for: Some(user.to_string()), ..Cluster::local(socket) }
     }
 
     /// How the CLI reaches the cluster: `--socket`/`$CORRAL_SOCKET` (the local node); else
@@ -119,7 +130,7 @@ impl Cluster {
     /// Sends `request` to the first node that answers. Errors the cluster returned come back as
     /// `ApiError`; only when no node answers at all is the error a transport one.
     pub async fn call(&self, request: Request) -> anyhow::Result<Result<Reply, ApiError>> {
-        let envelope = Envelope { hops: 0, request, user: None };
+        let envelope = Envelope { hops: 0, request, user: self.act_for.clone() };
         let client = match (&self.local, &self.client) {
             (Some(path), _) => {
                 return transport::local::call_local(path, &envelope, self.call_timeout)
@@ -388,6 +399,7 @@ mod tests {
             let id = TlsIdentity::from_pems(&self.ca.cert_pem, &pair.cert_pem, &pair.key_pem).expect("client identity");
             let endpoint = transport::endpoint("127.0.0.1:0".parse().expect("addr"), &id, false).expect("client endpoint");
             Cluster {
+                act_for: None,
                 local: None,
                 client: Some(Client::new(endpoint)),
                 ca_fingerprint: None,

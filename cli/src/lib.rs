@@ -1,7 +1,7 @@
 //! The `corral` command line as a library: the client, the Slurm shims and their parsers, the
 //! development cluster, benchmarks. It speaks `proto` over `transport` to any node and never
 //! opens the Raft log or RocksDB. `main.rs` only dispatches; the fuzz targets (`fuzz/`) reach
-//! the `#SBATCH` parser through here.
+//! the `#SBATCH` parser through here. `corral restd` (the REST API) serves from a node.
 
 pub mod bench;
 pub mod bench_history;
@@ -13,5 +13,6 @@ pub mod commands;
 pub mod demo;
 pub mod dev;
 pub mod nccl;
+pub mod restd;
 pub mod slurm;
 pub mod units;

@@ -2,7 +2,7 @@
 //! certificate; it never opens the Raft log or RocksDB.
 
 use corral_cli::commands::{self, MigCmd, PolicyCmd, SubmitArgs};
-use corral_cli::{bench, client, cluster_admin, demo, dev, nccl, slurm};
+use corral_cli::{bench, client, cluster_admin, demo, dev, nccl, restd, slurm};
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -138,6 +138,16 @@ enum Cmd {
     /// Create sbatch, srun, salloc, squeue, scancel, sinfo, scontrol, sacct, sacctmgr, sshare and sprio in DIR as symlinks to
     /// this binary, which then behaves as those Slurm commands.
     InstallSlurmShims { dir: PathBuf },
+    /// Serve Slurm's REST API (slurmrestd's openapi/v0.0.38 job and node endpoints) over HTTPS
+    /// from this node, as root: clients show a user certificate of the cluster CA and act as that
+    /// user; the node is reached through its local socket.
+    Restd {
+        /// The node's node.toml (its certificate, key, CA and socket).
+        #[arg(long, default_value = "/etc/corral/node.toml")]
+        node_config: PathBuf,
+        #[arg(long, default_value = restd::DEFAULT_LISTEN)]
+        listen: std::net::SocketAddr,
+    },
 }
 
 #[derive(Subcommand)]
@@ -261,6 +271,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Demo { dir } => demo::run(dir).await?,
         Cmd::Bench(args) => bench::run(args).await?,
+        Cmd::Restd { node_config, listen } => restd::run(&node_config, listen).await?,
         Cmd::InstallSlurmShims { dir } => {
             let exe = std::env::current_exe().context("find the corral binary")?;
             for link in slurm::install_shims(&dir, &exe)? {

@@ -12,14 +12,39 @@ use crate::env::DEFAULT_PARTITION;
 use crate::hostlist;
 use crate::show;
 
-/// `{"meta": ..., "errors": [], KEY: items}`, as every `--json` output starts.
-pub fn envelope(key: &str, items: Vec<Value>) -> Value {
+/// An OpenAPI version of Slurm 22.05's: its JSON differs only in which keys a job has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Version {
+    V0037,
+    V0038,
+}
+
+impl Version {
+    /// As in the API's paths (`/slurm/v0.0.38/jobs`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Version::V0037 => "v0.0.37",
+            Version::V0038 => "v0.0.38",
+        }
+    }
+
+    /// Keys of a job this version does not have.
+    fn job_keys_absent(self) -> &'static [&'static str] {
+        match self {
+            Version::V0037 => &["container", "group_name", "prefer"],
+            Version::V0038 => &[],
+        }
+    }
+}
+
+/// `{"meta": ..., "errors": [], KEY: items}`, as every `--json` output and API reply starts.
+pub fn envelope(version: Version, key: &str, items: Vec<Value>) -> Value {
     let (major, minor, micro) = version_parts(show::SLURM_VERSION);
     let mut out = Map::new();
     out.insert(
         "meta".into(),
         json!({
-            "plugin": {"type": "openapi/v0.0.38", "name": "Slurm OpenAPI v0.0.38"},
+            "plugin": {"type": format!("openapi/{}", version.name()), "name": format!("Slurm OpenAPI {}", version.name())},
             "Slurm": {"version": {"major": major, "micro": micro, "minor": minor}, "release": show::SLURM_VERSION},
         }),
     );
@@ -50,13 +75,16 @@ pub fn raw_exit_code(job: &Job) -> u64 {
     (code.parse::<u64>().unwrap_or(0) & 0xff) << 8 | (signal.parse::<u64>().unwrap_or(0) & 0x7f)
 }
 
-/// One job as `squeue --json` prints it; `names` gives node names by id.
-pub fn job(job: &Job, names: &BTreeMap<u64, String>) -> Value {
+/// One job as `squeue --json` prints it (`version`'s keys); `names` gives node names by id.
+pub fn job(version: Version, job: &Job, names: &BTreeMap<u64, String>) -> Value {
     let mut out = Map::new();
     job_identity(job, &mut out);
     job_request(job, &mut out);
     job_times(job, &mut out);
     job_placement(job, names, &mut out);
+    for key in version.job_keys_absent() {
+        out.remove(*key);
+    }
     Value::Object(out)
 }
 

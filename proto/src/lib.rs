@@ -1693,6 +1693,13 @@ pub enum Request {
         node: String,
         signal: i32,
     },
+    /// Admin: whether the cluster still accepts the certificate of this fingerprint and common
+    /// name (`corral restd` asks for each HTTPS client); `Ok`, or `Denied` with the revocation's
+    /// reason. Answered by the node asked.
+    CheckCert {
+        fingerprint: String,
+        common_name: String,
+    },
     /// `srun --pty`'s terminal changed size: the pseudo-terminal of the step's task 0, on node
     /// `node`, takes it (its foreground processes get SIGWINCH).
     StepResize {

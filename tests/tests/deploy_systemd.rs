@@ -70,6 +70,12 @@ fn install_sh_stages_binaries_shims_unit_and_directories() {
     ] {
         assert!(unit.lines().any(|l| l == line), "installed unit lacks '{line}':\n{unit}");
     }
+    let restd = std::fs::read_to_string(staged("/etc/systemd/system/corral-restd.service")).expect("read installed restd unit");
+    for line in
+        ["ExecStart=/opt/corral/bin/corral restd --node-config /etc/corral/node.toml --listen 0.0.0.0:6820", "Requires=corrald.service"]
+    {
+        assert!(restd.lines().any(|l| l == line), "installed restd unit lacks '{line}':\n{restd}");
+    }
     for dir in ["/etc/corral", "/var/lib/corral", "/var/log/corral"] {
         assert!(staged(dir).is_dir(), "{dir} not made");
         assert_eq!(mode(&staged(dir)), 0o750, "{dir}");
@@ -134,6 +140,8 @@ fn installed_unit_passes_systemd_analyze_verify() {
         return;
     };
     assert!(out.status.success() && complaints.is_empty(), "systemd-analyze verify refused the unit: {}", text(&out));
+    let (out, complaints) = verify(&units.join("corral-restd.service")).expect("systemd-analyze ran a moment ago");
+    assert!(out.status.success() && complaints.is_empty(), "systemd-analyze verify refused the restd unit: {}", text(&out));
 
     // verify exits 0 on unknown keys and bad values, so the check above relies on its
     // messages: make sure a broken unit does produce them.

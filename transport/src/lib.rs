@@ -155,6 +155,29 @@ fn server_config(id: &TlsIdentity, versions: &[u8]) -> anyhow::Result<quinn::Ser
     Ok(config)
 }
 
+/// TLS for an HTTPS server of the cluster (`corral restd`): this identity's certificate, and a
+/// client certificate from the cluster CA required of every client (no anonymous access), over
+/// HTTP/1.1.
+pub fn https_server_config(id: &TlsIdentity) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    let provider = crypto_provider();
+    let verifier =
+        WebPkiClientVerifier::builder_with_provider(roots(id)?, provider.clone()).build().context("build client certificate verifier")?;
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .context("select TLS versions")?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain_with_ca(id), id.key.clone_key())
+        .context("use own certificate for serving")?;
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(tls))
+}
+
+/// Who a certificate (DER) names, as a QUIC peer is named: its common name, and its hex
+/// SHA-256 fingerprint (which revocations name).
+pub fn certificate_peer(der: &[u8]) -> (String, String) {
+    (pki::peer_name(der), pki::der_fingerprint(der))
+}
+
 /// A QUIC endpoint bound to `bind`. With `serve` it accepts connections whose client proves a
 /// certificate from the cluster CA (and no others); it can always dial out, proving its own
 /// certificate and trusting servers of the cluster CA only. Must be called inside a Tokio

@@ -298,7 +298,8 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
         let mut nodes = super::block_on(PROG, super::list_nodes(PROG, &cluster))??;
         nodes.sort_by(|a, b| a.name.cmp(&b.name));
         let items = nodes.iter().map(super::openapi::node).collect();
-        let text = serde_json::to_string_pretty(&super::openapi::envelope("nodes", items)).map_err(|e| SlurmError::fatal(PROG, e))?;
+        let text = serde_json::to_string_pretty(&super::openapi::envelope(super::openapi::Version::V0038, "nodes", items))
+            .map_err(|e| SlurmError::fatal(PROG, e))?;
         println!("{text}");
         return Ok(0);
     }

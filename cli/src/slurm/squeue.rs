@@ -460,8 +460,9 @@ fn print_json() -> Result<i32, SlurmError> {
         Ok::<_, SlurmError>((jobs, nodes))
     })??;
     let names = super::node_names(&nodes);
-    let items = jobs.iter().map(|j| super::openapi::job(j, &names)).collect();
-    let text = serde_json::to_string_pretty(&super::openapi::envelope("jobs", items)).map_err(|e| SlurmError::fatal(PROG, e))?;
+    let items = jobs.iter().map(|j| super::openapi::job(super::openapi::Version::V0038, j, &names)).collect();
+    let text = serde_json::to_string_pretty(&super::openapi::envelope(super::openapi::Version::V0038, "jobs", items))
+        .map_err(|e| SlurmError::fatal(PROG, e))?;
     println!("{text}");
     Ok(0)
 }

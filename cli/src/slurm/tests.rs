@@ -1330,7 +1330,7 @@ fn squeue_and_sinfo_json_have_the_keys_and_types_slurm_22_05_prints() {
     job.start_ms = Some(1_796_433_492_000);
     job.parts = vec![NodeRun { run: 1, alloc: Allocation { node: 7, gpus: vec![0, 1], cpus: 1, mem_mib: 1024 }, launched_by: Some(1) }];
     job.last_nodes = vec![7];
-    let ours = openapi::job(&job, &names);
+    let ours = openapi::job(openapi::Version::V0038, &job, &names);
     assert_same_json_shape(running, &ours, "running job");
     assert_eq!(ours["gres_detail"], json!(["gpu:h100:2(IDX:0-1)"]));
     assert_eq!((ours["end_time"].as_u64(), ours["time_limit"].as_u64()), (Some(1_796_434_092), Some(10)));
@@ -1338,12 +1338,12 @@ fn squeue_and_sinfo_json_have_the_keys_and_types_slurm_22_05_prints() {
     assert_eq!((&ours["job_id"], &ours["name"], &ours["user_name"]), (&json!(7), &json!("jtest"), &json!("alice")));
 
     let held = Job::submitted(8, spec(&["-J", "held", "-H"]).into(), 1_796_433_492_000);
-    let ours = openapi::job(&held, &names);
+    let ours = openapi::job(openapi::Version::V0038, &held, &names);
     assert_same_json_shape(pending, &ours, "pending job");
     assert_eq!((&ours["state_reason"], &ours["nodes"], &ours["time_limit"]), (&json!("JobHeldUser"), &json!(""), &serde_json::Value::Null));
 
     let slurm: serde_json::Value = serde_json::from_str(include_str!("../../../tests/fixtures/slurm_json/sinfo.json")).expect("fixture");
-    assert_eq!(openapi::envelope("nodes", Vec::new())["meta"], slurm["meta"]);
+    assert_eq!(openapi::envelope(openapi::Version::V0038, "nodes", Vec::new())["meta"], slurm["meta"]);
     let mut n = node(1, "n1", NodeState::Up, 8, 6);
     n.cpus_alloc = 1;
     let ours = openapi::node(&n);

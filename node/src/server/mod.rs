@@ -149,34 +149,16 @@ impl Node {
             }
             Request::StepLaunch { job, spec } => self.launch_step(job, spec, user).await,
             Request::StepStart { job, run, step, spec } => self.agent.start_step(job, run, step, &spec, user.as_deref()).await,
-            Request::StepRead { job, step, node, offset, exits_seen, wait_ms } => {
-                if node == self.config.name {
-                    return self.agent.read_step(job, step, offset, exits_seen, wait_ms, user.as_deref()).await;
-                }
-                let wait = Duration::from_millis(u64::from(wait_ms.min(proto::limits::STEP_READ_WAIT_MS_MAX)));
-                let request = Request::StepRead { job, step, node: node.clone(), offset, exits_seen, wait_ms };
-                self.to_run_node(hops, job, &node, request, user, PEER_CALL_TIMEOUT + wait).await
+            request @ (Request::StepRead { .. } | Request::StepInput { .. } | Request::StepSignal { .. } | Request::StepResize { .. }) => {
+                self.step_request(hops, request, user).await
             }
-            Request::StepInput { job, step, node, offset, data, eof } => {
-                if node == self.config.name {
-                    return self.agent.step_input(job, step, offset, &data, eof, user.as_deref()).await;
+            Request::CheckCert { fingerprint, common_name } => {
+                self.require_admin(user.as_deref(), "check certificates")?;
+                let revoked = self.state.read(|s| s.revoked_certs.get(&fingerprint).or_else(|| s.revoked_nodes.get(&common_name)).cloned());
+                match revoked {
+                    Some(why) => Err(ApiError::Denied(format!("certificate revoked: {why}"))),
+                    None => Ok(Reply::Ok),
                 }
-                let request = Request::StepInput { job, step, node: node.clone(), offset, data, eof };
-                self.to_run_node(hops, job, &node, request, user, PEER_CALL_TIMEOUT).await
-            }
-            Request::StepSignal { job, step, node, signal } => {
-                if node == self.config.name {
-                    return self.agent.signal_step(job, step, signal, user.as_deref());
-                }
-                let request = Request::StepSignal { job, step, node: node.clone(), signal };
-                self.to_run_node(hops, job, &node, request, user, PEER_CALL_TIMEOUT).await
-            }
-            Request::StepResize { job, step, node, size } => {
-                if node == self.config.name {
-                    return self.agent.resize_step(job, step, size, user.as_deref()).await;
-                }
-                let request = Request::StepResize { job, step, node: node.clone(), size };
-                self.to_run_node(hops, job, &node, request, user, PEER_CALL_TIMEOUT).await
             }
             Request::ListJoinTokens => {
                 self.require_admin(user.as_deref(), "list join tokens")?;
@@ -755,6 +737,43 @@ impl Node {
     /// itself (no user).
     fn is_admin(&self, user: Option<&str>) -> bool {
         user.is_none_or(|u| self.config.admins.iter().any(|a| a == u))
+    }
+
+    /// A request about a running step's tasks on one node: answered by the agent when it is
+    /// this node, else passed to that node through the job's run.
+    async fn step_request(&self, hops: u8, request: Request, user: Option<String>) -> Response {
+        match request {
+            Request::StepRead { job, step, node, offset, exits_seen, wait_ms } => {
+                if node == self.config.name {
+                    return self.agent.read_step(job, step, offset, exits_seen, wait_ms, user.as_deref()).await;
+                }
+                let wait = Duration::from_millis(u64::from(wait_ms.min(proto::limits::STEP_READ_WAIT_MS_MAX)));
+                let request = Request::StepRead { job, step, node: node.clone(), offset, exits_seen, wait_ms };
+                self.to_run_node(hops, job, &node, request, user, PEER_CALL_TIMEOUT + wait).await
+            }
+            Request::StepInput { job, step, node, offset, data, eof } => {
+                if node == self.config.name {
+                    return self.agent.step_input(job, step, offset, &data, eof, user.as_deref()).await;
+                }
+                let request = Request::StepInput { job, step, node: node.clone(), offset, data, eof };
+                self.to_run_node(hops, job, &node, request, user, PEER_CALL_TIMEOUT).await
+            }
+            Request::StepSignal { job, step, node, signal } => {
+                if node == self.config.name {
+                    return self.agent.signal_step(job, step, signal, user.as_deref());
+                }
+                let request = Request::StepSignal { job, step, node: node.clone(), signal };
+                self.to_run_node(hops, job, &node, request, user, PEER_CALL_TIMEOUT).await
+            }
+            Request::StepResize { job, step, node, size } => {
+                if node == self.config.name {
+                    return self.agent.resize_step(job, step, size, user.as_deref()).await;
+                }
+                let request = Request::StepResize { job, step, node: node.clone(), size };
+                self.to_run_node(hops, job, &node, request, user, PEER_CALL_TIMEOUT).await
+            }
+            other => Err(ApiError::Invalid(format!("not a step request: {other:?}"))),
+        }
     }
 
     fn require_admin(&self, user: Option<&str>, what: &str) -> Result<(), ApiError> {
@@ -1338,16 +1357,27 @@ impl transport::local::LocalHandler for Api {
             return Box::pin(async { Err(ApiError::Denied("this request is for cluster nodes only".into())) });
         }
         // The kernel names the caller. Root on a node holds the node's key anyway: it acts as
-        // the node (an admin); every other uid is the user of that name.
+        // the node (an admin), and like a node forwarding a request it may act for a user it
+        // names (`corral restd` for its HTTPS clients); every other uid is the user of that name.
         let Some(account) = crate::identity::by_uid(peer.uid) else {
             warn!(uid = peer.uid, "refused a local caller without a user name");
             return Box::pin(async move { Err(ApiError::Denied(format!("uid {} has no user name on this node", peer.uid))) });
         };
-        envelope.user = (peer.uid != 0).then(|| account.name.clone());
+        envelope.user = if peer.uid == 0 { envelope.user.take() } else { Some(account.name.clone()) };
         if let Request::Submit { spec } = &mut envelope.request {
-            spec.user = account.name.clone();
-            spec.uid = Some(peer.uid);
-            spec.gid = Some(peer.gid);
+            match &envelope.user {
+                // As for a user's certificate: the node that runs the job looks the name up.
+                Some(user) if peer.uid == 0 => {
+                    spec.user = user.clone();
+                    spec.uid = None;
+                    spec.gid = None;
+                }
+                _ => {
+                    spec.user = account.name.clone();
+                    spec.uid = Some(peer.uid);
+                    spec.gid = Some(peer.gid);
+                }
+            }
         }
         match self.node.get() {
             Some(node) => Box::pin(Arc::clone(node).handle(envelope)),
