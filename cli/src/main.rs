@@ -135,7 +135,7 @@ enum Cmd {
     },
     /// Benchmark a local 3-node cluster: submit throughput, submit-to-running latency, failover.
     Bench(bench::BenchArgs),
-    /// Create sbatch, srun, salloc, squeue, scancel, sinfo, scontrol, sacct, sacctmgr, sshare and sprio in DIR as symlinks to
+    /// Create sbatch, srun, salloc, squeue, scancel, sinfo, scontrol, sacct, sacctmgr, sshare, sprio and sstat in DIR as symlinks to
     /// this binary, which then behaves as those Slurm commands.
     InstallSlurmShims { dir: PathBuf },
     /// Serve Slurm's REST API (slurmrestd's openapi/v0.0.38 job and node endpoints) over HTTPS

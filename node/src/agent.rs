@@ -1053,6 +1053,48 @@ impl Agent {
         Ok(Reply::Ok)
     }
 
+    /// What the live tasks of `job`'s steps here, and its batch script if it runs here, use now
+    /// (`sstat`), read from `/proc` (off the async workers).
+    pub async fn step_usage(&self, job: JobId, user: Option<&str>) -> Response {
+        let (script, tasks) = {
+            let running = lock(&self.running);
+            let r = running.get(&job).ok_or_else(|| ApiError::NotFound(format!("job {job} does not run on {}", self.name)))?;
+            owner_may(user, &r.owner, job)?;
+            // A batch job's other nodes run a holder, not its script.
+            let script = (r.pgid > 0 && !r.hold).then_some(r.pgid);
+            let tasks: Vec<(u32, u32, i32)> = r
+                .steps
+                .values()
+                .filter(|s| !s.ended())
+                .flat_map(|s| s.task_sessions().into_iter().map(move |(rank, pgid)| (s.id, rank, pgid)))
+                .take(proto::TASK_USAGES_MAX)
+                .collect();
+            (script, tasks)
+        };
+        let mut wanted: Vec<i32> = tasks.iter().map(|(_, _, pgid)| *pgid).collect();
+        wanted.extend(script);
+        let found = tokio::task::spawn_blocking(move || crate::usage::sessions(std::path::Path::new("/proc"), &wanted))
+            .await
+            .map_err(|e| ApiError::Unavailable(format!("read /proc: {e}")))?;
+        let (tick_ms, page_kib) = (1000 / crate::usage::ticks_per_s().max(1), crate::usage::page_bytes() / 1024);
+        let entry = |step: Option<u32>, rank: u32, pgid: i32| {
+            found.get(&pgid).map(|u| proto::TaskUsage {
+                step,
+                rank,
+                cpu_ms: u.cpu_ticks * tick_ms,
+                rss_kib: u.rss_pages * page_kib,
+                vmsize_kib: u.vmsize_bytes / 1024,
+                pages: u.major_faults,
+                read_bytes: u.read_bytes,
+                write_bytes: u.write_bytes,
+            })
+        };
+        let mut usages: Vec<proto::TaskUsage> = script.and_then(|pgid| entry(None, 0, pgid)).into_iter().collect();
+        usages.extend(tasks.iter().filter_map(|(step, rank, pgid)| entry(Some(*step), *rank, *pgid)));
+        usages.truncate(proto::TASK_USAGES_MAX);
+        Ok(Reply::StepUsage(usages))
+    }
+
     /// Gives the pseudo-terminal of a step's task 0 here (`srun --pty`) the size `size`.
     pub async fn resize_step(&self, job: JobId, step: u32, size: proto::PtySize, user: Option<&str>) -> Response {
         let (handle, _) = self.step_of(job, step, user)?;

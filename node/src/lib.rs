@@ -25,4 +25,5 @@ pub mod spawner;
 pub mod step;
 pub mod step_stdin;
 pub mod systemd;
+pub mod usage;
 pub mod watchdog;

@@ -46,8 +46,8 @@ struct State {
     /// Output before this offset was read already (by an `srun` of a previous daemon): dropped
     /// as it comes instead of held.
     skip_to: u64,
-    /// Process groups of its tasks.
-    pgids: Vec<i32>,
+    /// Each started task's rank and process group (which is also its session).
+    pgids: Vec<(u32, i32)>,
 }
 
 /// What one read returns.
@@ -136,9 +136,14 @@ impl Step {
     /// Sends `signal` to every task's process group that is still alive.
     pub fn signal(&self, signal: i32, groups: &TaskGroups) {
         let pgids = self.lock().pgids.clone();
-        for pgid in pgids {
+        for (_, pgid) in pgids {
             groups.signal_one(pgid, signal);
         }
+    }
+
+    /// Each started task's rank and session.
+    pub fn task_sessions(&self) -> Vec<(u32, i32)> {
+        self.lock().pgids.clone()
     }
 
     /// Waits until the buffer has room for more output.
@@ -194,7 +199,7 @@ impl Step {
                         let mut ticks = [0u8; 8];
                         ticks.copy_from_slice(&data[4..12]);
                         if pid > 1 {
-                            step.lock().pgids.push(pid);
+                            step.lock().pgids.push((rank, pid));
                             if !groups.add(pid, u64::from_le_bytes(ticks)) {
                                 tracing::info!(step = step.id, rank, "step task started as its run ended: killed");
                             }

@@ -1441,6 +1441,26 @@ pub struct StepChunk {
     pub data: Vec<u8>,
 }
 
+/// What one live task of a step (or a batch script) uses on its node, summed over the processes
+/// of its session, as `sstat` shows it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskUsage {
+    /// None: the batch script (`ID.batch`).
+    pub step: Option<u32>,
+    pub rank: u32,
+    /// User and system CPU time.
+    pub cpu_ms: u64,
+    pub rss_kib: u64,
+    pub vmsize_kib: u64,
+    /// Major page faults.
+    pub pages: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+}
+
+/// The most task usages one node answers for one job.
+pub const TASK_USAGES_MAX: usize = 4_096;
+
 /// How one task of a step ended: its exit code, or the signal that killed it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskExit {
@@ -1685,6 +1705,11 @@ pub enum Request {
         offset: u64,
         data: Vec<u8>,
         eof: bool,
+    },
+    /// What the live tasks of `job`'s steps and its batch script use on node `node` (`sstat`).
+    StepUsage {
+        job: JobId,
+        node: String,
     },
     /// Signal every task of a step on node `node` (its whole process group).
     StepSignal {
@@ -2057,6 +2082,8 @@ pub enum Reply {
         cpus: u32,
         reasons: Vec<String>,
     },
+    /// Answer to [`Request::StepUsage`]: at most [`TASK_USAGES_MAX`].
+    StepUsage(Vec<TaskUsage>),
     /// A step's output on one node since the offset asked for; `done` once every task there
     /// ended and all its output was read.
     StepOutput {

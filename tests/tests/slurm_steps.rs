@@ -654,3 +654,32 @@ fn sacct_shows_the_batch_script_and_each_step_with_its_own_state_and_exit_code()
     assert_eq!(last, expected);
     assert_eq!(sacct(&["-j", &id_s, "-X", "-P", "-n", "-o", "JobID,State"]), format!("{id}|COMPLETED\n"));
 }
+
+/// `sstat` (issue 18): what a running 2-node step's 4 tasks use, read from `/proc` on each node
+/// and gathered per step as Slurm 22.05 prints it (fields, order and widths checked against the
+/// peer, whose gatherer is `jobacct_gather/none`, so its values are empty there).
+#[test]
+fn sstat_shows_what_the_running_steps_tasks_use() {
+    let c = TestCluster::up(&["--nodes", "2"]);
+    // Each task touches 64 MiB, burns 2 s of CPU, then waits for the test.
+    let script = "#!/bin/sh\n#SBATCH -N 2\n#SBATCH --ntasks-per-node=2\nsrun python3 -c \"\nimport os, time\nx = bytearray(64 << 20)\nfor i in range(0, len(x), 4096): x[i] = 1\nt = time.process_time()\nwhile time.process_time() - t < 2: pass\nwhile not os.path.exists('stop'): time.sleep(0.1)\"\n";
+    let id = sbatch(&c, "usage.sh", script);
+    let fields = "-o JobID,NTasks,MaxRSS,MaxRSSNode,MaxRSSTask,MinCPU,AveCPU -P -n";
+    let mut shown = String::new();
+    wait_until("every task to have burnt its CPU", Duration::from_secs(60), || {
+        shown = shell(&c, &format!("sstat -j {id} {fields}")).0;
+        shown.trim().split('|').nth(5).is_some_and(|min_cpu| min_cpu >= "00:00:02")
+    });
+    let cells: Vec<&str> = shown.trim().split('|').collect();
+    assert_eq!((cells[0], cells[1]), (format!("{id}.0").as_str(), "4"), "{shown}");
+    assert!(cells[2].ends_with('M') && cells[2].trim_end_matches('M').parse::<f64>().is_ok_and(|m| m >= 64.0), "MaxRSS: {shown}");
+    assert!(["n1", "n2"].contains(&cells[3]) && ["0", "1", "2", "3"].contains(&cells[4]), "{shown}");
+    let (all, _, _) = shell(&c, &format!("sstat -j {id} -a -o JobID,NTasks -P -n"));
+    assert_eq!(all, format!("{id}.batch|1\n{id}.0|4\n"));
+    let (header, _, _) = shell(&c, &format!("sstat -j {id}"));
+    assert!(header.starts_with("JobID         MaxVMSize  MaxVMSizeNode  MaxVMSizeTask  AveVMSize     MaxRSS "), "{header}");
+    let (_, err, code) = shell(&c, "sstat -j 999");
+    assert_eq!((err.trim(), code), ("sstat: error: couldn't get steps for job 999", Some(1)));
+    std::fs::write(c.work.join("stop"), "").expect("write stop");
+    completed_output(&c, id, 60);
+}

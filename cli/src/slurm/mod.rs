@@ -19,6 +19,7 @@ pub mod sprio;
 pub mod squeue;
 pub mod srun;
 pub mod sshare;
+pub mod sstat;
 pub mod stdin;
 pub mod terminal;
 pub mod time;
@@ -39,8 +40,8 @@ pub use slurm_compat::{env, hostlist};
 use crate::client::Cluster;
 
 /// The names the `corral` binary answers to as Slurm.
-pub const COMMANDS: [&str; 11] =
-    ["sbatch", "srun", "salloc", "squeue", "scancel", "sinfo", "scontrol", "sacct", "sacctmgr", "sshare", "sprio"];
+pub const COMMANDS: [&str; 12] =
+    ["sbatch", "srun", "salloc", "squeue", "scancel", "sinfo", "scontrol", "sacct", "sacctmgr", "sshare", "sprio", "sstat"];
 
 pub use slurm_compat::openapi;
 pub use slurm_compat::show::{exit_code_text, job_node_names, SLURM_VERSION};
@@ -93,6 +94,7 @@ pub fn main(name: &str, args: Vec<String>) -> i32 {
         "sacctmgr" => sacctmgr::run(&args),
         "sshare" => sshare::run(&args),
         "sprio" => sprio::run(&args),
+        "sstat" => sstat::run(&args),
         other => Err(SlurmError { text: format!("corral: '{other}' is not a Slurm command Corral provides"), code: 1 }),
     };
     match result {

@@ -149,9 +149,11 @@ impl Node {
             }
             Request::StepLaunch { job, spec } => self.launch_step(job, spec, user).await,
             Request::StepStart { job, run, step, spec } => self.agent.start_step(job, run, step, &spec, user.as_deref()).await,
-            request @ (Request::StepRead { .. } | Request::StepInput { .. } | Request::StepSignal { .. } | Request::StepResize { .. }) => {
-                self.step_request(hops, request, user).await
-            }
+            request @ (Request::StepRead { .. }
+            | Request::StepInput { .. }
+            | Request::StepSignal { .. }
+            | Request::StepResize { .. }
+            | Request::StepUsage { .. }) => self.step_request(hops, request, user).await,
             Request::CheckCert { fingerprint, common_name } => {
                 self.require_admin(user.as_deref(), "check certificates")?;
                 let revoked = self.state.read(|s| s.revoked_certs.get(&fingerprint).or_else(|| s.revoked_nodes.get(&common_name)).cloned());
@@ -770,6 +772,13 @@ impl Node {
                     return self.agent.resize_step(job, step, size, user.as_deref()).await;
                 }
                 let request = Request::StepResize { job, step, node: node.clone(), size };
+                self.to_run_node(hops, job, &node, request, user, PEER_CALL_TIMEOUT).await
+            }
+            Request::StepUsage { job, node } => {
+                if node == self.config.name {
+                    return self.agent.step_usage(job, user.as_deref()).await;
+                }
+                let request = Request::StepUsage { job, node: node.clone() };
                 self.to_run_node(hops, job, &node, request, user, PEER_CALL_TIMEOUT).await
             }
             other => Err(ApiError::Invalid(format!("not a step request: {other:?}"))),
