@@ -44,6 +44,8 @@ const PATIENCE: Duration = Duration::from_secs(10);
 pub struct NodeFiles {
     pub tls: transport::pki::TlsPaths,
     pub socket: PathBuf,
+    /// The cluster's member secret, from which the key of REST API tokens is derived.
+    pub secret: String,
 }
 
 /// Reads `node.toml` at `path` (relative paths are the config's directory's, as the node reads
@@ -68,16 +70,25 @@ pub fn node_files(path: &Path) -> anyhow::Result<NodeFiles> {
     let socket = path_of(Some(&config), "socket")
         .or_else(|| path_of(Some(&config), "data_dir").map(|d| d.join("corral.sock")))
         .with_context(|| format!("{} names neither socket nor data_dir", path.display()))?;
-    Ok(NodeFiles { tls, socket })
+    let secret = config.get("join_token").and_then(toml::Value::as_str).unwrap_or_default().to_string();
+    anyhow::ensure!(!secret.is_empty(), "{} has no join_token (the member secret tokens are signed with)", path.display());
+    Ok(NodeFiles { tls, socket, secret })
 }
 
-/// Who is asking: the user their certificate names, or why they may not.
+/// Who is asking: the user their certificate or token names, or why they may not.
 #[derive(Clone, Debug)]
 struct Caller(Result<String, String>);
+
+/// What a connection's TLS session says of its client: nothing (no certificate: its requests
+/// must carry a token), or what its certificate gives.
+#[derive(Clone, Debug)]
+struct Connection(Option<Caller>);
 
 struct Api {
     socket: PathBuf,
     host: String,
+    /// Checks `X-SLURM-USER-TOKEN`s (`scontrol token`).
+    token_key: ring::hmac::Key,
 }
 
 impl Api {
@@ -93,7 +104,7 @@ pub async fn run(node_config: &Path, listen: SocketAddr) -> anyhow::Result<()> {
     let identity = files.tls.load().context("load the node's certificate")?;
     let acceptor = tokio_rustls::TlsAcceptor::from(transport::https_server_config(&identity)?);
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listen on {listen}"))?;
-    let api = Arc::new(Api { socket: files.socket, host: crate::slurm::host_name() });
+    let api = Arc::new(Api { socket: files.socket, host: crate::slurm::host_name(), token_key: transport::token::key(&files.secret) });
     let app = router(Arc::clone(&api));
     let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
     println!(
@@ -128,8 +139,11 @@ async fn serve_connection(acceptor: tokio_rustls::TlsAcceptor, tcp: tokio::net::
         Err(_) => return debug!("TLS handshake timed out"),
     };
     let der = tls.get_ref().1.peer_certificates().and_then(|c| c.first()).map(|c| c.to_vec());
-    let caller = caller_of(der.as_deref(), api).await;
-    let service = hyper_util::service::TowerToHyperService::new(app.layer(Extension(caller)));
+    let connection = match der {
+        Some(der) => Connection(Some(caller_of(&der, api).await)),
+        None => Connection(None),
+    };
+    let service = hyper_util::service::TowerToHyperService::new(app.layer(Extension(connection)));
     let served = hyper::server::conn::http1::Builder::new()
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(Duration::from_millis(HEADER_READ_TIMEOUT_MS))
@@ -141,8 +155,7 @@ async fn serve_connection(acceptor: tokio_rustls::TlsAcceptor, tcp: tokio::net::
 }
 
 /// The user a client certificate (DER) names, if the cluster still accepts it.
-async fn caller_of(der: Option<&[u8]>, api: &Api) -> Caller {
-    let Some(der) = der else { return Caller(Err("a client certificate of the cluster is required".into())) };
+async fn caller_of(der: &[u8], api: &Api) -> Caller {
     let (name, fingerprint) = transport::certificate_peer(der);
     let Some(user) = name.strip_prefix(transport::pki::USER_CN_PREFIX) else {
         return Caller(Err(format!("{name} is not a user's certificate")));
@@ -162,6 +175,32 @@ struct Served {
 
 /// The routes of every version served (slurmrestd 22.05 serves v0.0.37 and v0.0.38 side by
 /// side; they differ in three keys of a job).
+/// Who each request is from: its connection's certificate, else its `X-SLURM-USER-NAME` and
+/// `X-SLURM-USER-TOKEN` (a token of this cluster naming that user, not expired), else nobody.
+async fn authenticate(
+    State(api): State<Arc<Api>>,
+    Extension(connection): Extension<Connection>,
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let caller = connection.0.unwrap_or_else(|| {
+        let header = |name: &str| request.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+        Caller(match (header("X-SLURM-USER-NAME"), header("X-SLURM-USER-TOKEN")) {
+            (Some(user), Some(token)) => {
+                let now_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+                match transport::token::verify(&api.token_key, &token, now_s) {
+                    Ok(named) if named == user => Ok(user),
+                    Ok(named) => Err(format!("the token is {named}'s, not {user}'s")),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+            _ => Err("a user certificate of the cluster, or X-SLURM-USER-NAME and X-SLURM-USER-TOKEN, is required".into()),
+        })
+    });
+    request.extensions_mut().insert(caller);
+    next.run(request).await
+}
+
 fn router(api: Arc<Api>) -> Router {
     let mut app = Router::new();
     for version in [Version::V0037, Version::V0038] {
@@ -176,6 +215,7 @@ fn router(api: Arc<Api>) -> Router {
         app = app.nest(&format!("/slurm/{}", version.name()), routes);
     }
     app.fallback(|| async { (StatusCode::NOT_FOUND, "Unable find requested URL. Please view /openapi/v3 for API reference.") })
+        .layer(axum::middleware::from_fn_with_state(api, authenticate))
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
 }
 
@@ -573,7 +613,7 @@ mod tests {
         let path = dir.path().join("node.toml");
         std::fs::write(
             &path,
-            "name = \"n1\"\ndata_dir = \"data\"\n[tls]\nca_cert = \"../ca.crt\"\ncert = \"node.crt\"\nkey = \"/k/node.key\"\n",
+            "name = \"n1\"\ndata_dir = \"data\"\njoin_token = \"s\"\n[tls]\nca_cert = \"../ca.crt\"\ncert = \"node.crt\"\nkey = \"/k/node.key\"\n",
         )
         .expect("write");
         let files = node_files(&path).expect("read");

@@ -1718,6 +1718,13 @@ pub enum Request {
         node: String,
         signal: i32,
     },
+    /// `scontrol token`: a token for the REST API (`corral restd`'s `X-SLURM-USER-TOKEN`) naming
+    /// `user` (none: the caller; another user's: admins only), good for `lifespan_s` (none:
+    /// Slurm's 1800). Answered by the node asked, with [`Reply::Token`].
+    IssueToken {
+        user: Option<String>,
+        lifespan_s: Option<u64>,
+    },
     /// Admin: whether the cluster still accepts the certificate of this fingerprint and common
     /// name (`corral restd` asks for each HTTPS client); `Ok`, or `Denied` with the revocation's
     /// reason. Answered by the node asked.
@@ -2082,6 +2089,8 @@ pub enum Reply {
         cpus: u32,
         reasons: Vec<String>,
     },
+    /// Answer to [`Request::IssueToken`].
+    Token(String),
     /// Answer to [`Request::StepUsage`]: at most [`TASK_USAGES_MAX`].
     StepUsage(Vec<TaskUsage>),
     /// A step's output on one node since the offset asked for; `done` once every task there

@@ -63,9 +63,10 @@ fn slurmrestd_clients_work_against_corral_restd_with_a_user_certificate() {
     let (crt, key) = (user_dir.join("nobody.crt").display().to_string(), user_dir.join("nobody.key").display().to_string());
     let ping = format!("{}/slurm/v0.0.38/ping", restd.base);
 
-    // Nothing is open: no certificate, no TLS session; a node's certificate is no user's.
-    let (_, status, code) = curl(&["--cacert", &ca, &ping]);
-    assert_eq!(status, "000", "curl exit {code:?}");
+    // Nothing is open: without a certificate or a token, 401; a node's certificate is no user's.
+    let (body, status, _) = curl(&["--cacert", &ca, &ping]);
+    assert_eq!(status, "401", "{body}");
+    assert!(body.contains("Authentication failure"), "{body}");
     let n2 = c.path().join("n2");
     let (body, status, _) = curl(&[
         "--cacert",
@@ -87,6 +88,33 @@ fn slurmrestd_clients_work_against_corral_restd_with_a_user_certificate() {
     assert_eq!(v["pings"].as_array().map(Vec::len), Some(2), "{v}");
     let (body, status, _) = curl(&[&user[..], &[&format!("{}/slurm/v0.0.38/nosuch", restd.base)]].concat());
     assert_eq!((status.as_str(), body.as_str()), ("404", "Unable find requested URL. Please view /openapi/v3 for API reference."));
+
+    // A token from `scontrol token`, as slurmrestd takes it (no certificate needed): a user
+    // gets their own, only an admin another's.
+    let as_nobody = |args: &[&str]| {
+        let out = Command::new(c.path().join("shims").join("scontrol"))
+            .args(args)
+            .env("CORRAL_CLUSTER", &user_dir)
+            .output()
+            .expect("run scontrol");
+        (String::from_utf8_lossy(&out.stdout).trim().to_string(), String::from_utf8_lossy(&out.stderr).trim().to_string())
+    };
+    c.shim("scontrol", &["--version"], &[]); // installs the shims
+    let (_, err) = as_nobody(&["token", "username=root"]);
+    assert!(err.contains("may not issue tokens for other users"), "{err}");
+    let (jwt, err) = as_nobody(&["token", "lifespan=120"]);
+    let token = jwt.strip_prefix("SLURM_JWT=").unwrap_or_else(|| panic!("{jwt} {err}")).to_string();
+    let with_token = |name: &str, token: &str| {
+        let (name, token) = (format!("X-SLURM-USER-NAME: {name}"), format!("X-SLURM-USER-TOKEN: {token}"));
+        curl(&["--cacert", &ca, "-H", &name, "-H", &token, &ping])
+    };
+    let (body, status, _) = with_token("nobody", &token);
+    assert_eq!(status, "200", "{body}");
+    let (body, status, _) = with_token("root", &token);
+    assert_eq!(status, "401", "{body}");
+    assert!(body.contains("the token is nobody's, not root's"), "{body}");
+    let (body, status, _) = with_token("nobody", &format!("{token}x"));
+    assert_eq!(status, "401", "{body}");
 
     // The published client: ping, submit, follow, list, nodes, cancel, a missing job.
     let script = c.work.join("slurm_rest_client.py");

@@ -12,6 +12,7 @@ pub mod local;
 /// The QUIC implementation, for callers that hold an endpoint.
 pub use quinn;
 pub mod pki;
+pub mod token;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -155,13 +156,15 @@ fn server_config(id: &TlsIdentity, versions: &[u8]) -> anyhow::Result<quinn::Ser
     Ok(config)
 }
 
-/// TLS for an HTTPS server of the cluster (`corral restd`): this identity's certificate, and a
-/// client certificate from the cluster CA required of every client (no anonymous access), over
-/// HTTP/1.1.
+/// TLS for an HTTPS server of the cluster (`corral restd`): this identity's certificate, over
+/// HTTP/1.1; a client certificate, when shown, must chain to the cluster CA (a client without
+/// one must prove itself otherwise, with a token).
 pub fn https_server_config(id: &TlsIdentity) -> anyhow::Result<Arc<rustls::ServerConfig>> {
     let provider = crypto_provider();
-    let verifier =
-        WebPkiClientVerifier::builder_with_provider(roots(id)?, provider.clone()).build().context("build client certificate verifier")?;
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots(id)?, provider.clone())
+        .allow_unauthenticated()
+        .build()
+        .context("build client certificate verifier")?;
     let mut tls = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .context("select TLS versions")?

@@ -209,6 +209,11 @@ pub enum Command {
     },
     /// `create|update|delete PartitionName=...`.
     EditPartition(proto::PartitionEdit),
+    /// `token [lifespan=SECONDS] [username=NAME]`: a REST API token.
+    Token {
+        lifespan_s: Option<u64>,
+        user: Option<String>,
+    },
     Version,
 }
 
@@ -374,6 +379,21 @@ fn job_ids(args: &[String]) -> Result<Vec<u64>, SlurmError> {
     Ok(out)
 }
 
+/// `token [lifespan=SECONDS|infinite] [username=NAME]`, as Slurm takes it.
+fn parse_token(args: &[String]) -> Result<Command, SlurmError> {
+    let (mut lifespan_s, mut user) = (None, None);
+    for a in args {
+        match a.split_once('=') {
+            Some((k, v)) if k.eq_ignore_ascii_case("lifespan") => {
+                lifespan_s = Some(v.parse().map_err(|_| SlurmError::fatal(PROG, format!("Invalid lifespan value: {v}")))?);
+            }
+            Some((k, v)) if k.eq_ignore_ascii_case("username") => user = Some(v.to_string()),
+            _ => return Err(SlurmError::fatal(PROG, format!("Invalid parameter {a} for token request"))),
+        }
+    }
+    Ok(Command::Token { lifespan_s, user })
+}
+
 /// Whether `word` is an abbreviation (at least `min` letters) of `full`.
 fn is(word: &str, full: &str, min: usize) -> bool {
     let w = word.to_ascii_lowercase();
@@ -410,6 +430,9 @@ pub fn parse(args: &[String]) -> Result<Command, SlurmError> {
             _ if is(&w, "config", 1) => Ok(Command::ShowConfig),
             _ => Err(SlurmError::fatal(PROG, format!("invalid entity:{what} for keyword:show"))),
         };
+    }
+    if is(verb, "token", 5) {
+        return parse_token(rest);
     }
     if is(verb, "requeue", 3) || is(verb, "requeuehold", 8) {
         return Ok(Command::Requeue(job_ids(rest)?, verb.eq_ignore_ascii_case("requeuehold")));
@@ -523,10 +546,21 @@ fn suspend_jobs(ids: Vec<u64>, suspend: bool) -> Result<i32, SlurmError> {
     })
 }
 
+/// `scontrol token`: prints `SLURM_JWT=TOKEN`, as Slurm does.
+fn token(lifespan_s: Option<u64>, user: Option<String>) -> Result<i32, SlurmError> {
+    let cluster = super::connect(PROG)?;
+    match super::block_on(PROG, super::call(PROG, &cluster, proto::Request::IssueToken { user, lifespan_s }))?? {
+        proto::Reply::Token(token) => println!("SLURM_JWT={token}"),
+        other => return Err(SlurmError::fatal(PROG, format!("unexpected reply {other:?}"))),
+    }
+    Ok(0)
+}
+
 pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     let cmd = parse(args)?;
     match cmd {
         Command::Version => Ok(super::print_version()),
+        Command::Token { lifespan_s, user } => token(lifespan_s, user),
         Command::Hostnames(list) => {
             let list = list
                 .or_else(|| super::allocation_env(&std::env::vars().collect()).get("SLURM_JOB_NODELIST").cloned())

@@ -1365,3 +1365,16 @@ fn json_exit_codes_are_wait_statuses_as_slurm_keeps_them() {
     job.exit_code = Some(3);
     assert_eq!(openapi::raw_exit_code(&job), 768);
 }
+
+#[test]
+fn scontrol_token_takes_slurms_lifespan_and_username() {
+    let p = |a: &[&str]| scontrol::parse(&argv(a));
+    assert!(matches!(p(&["token"]), Ok(scontrol::Command::Token { lifespan_s: None, user: None })));
+    let parsed = p(&["token", "lifespan=60", "username=alice"]);
+    assert!(matches!(&parsed, Ok(scontrol::Command::Token { lifespan_s: Some(60), user: Some(u) }) if u == "alice"), "{parsed:?}");
+    assert_eq!(p(&["token", "lifespan=soon"]).map(|_| ()).map_err(|e| e.text), Err("scontrol: error: Invalid lifespan value: soon".into()));
+    assert_eq!(
+        p(&["token", "user=x"]).map(|_| ()).map_err(|e| e.text),
+        Err("scontrol: error: Invalid parameter user=x for token request".into())
+    );
+}

@@ -40,6 +40,10 @@ pub fn now_ms() -> u64 {
 }
 
 const PEER_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// A REST API token's life unless asked otherwise (Slurm's `scontrol token` default).
+const TOKEN_LIFESPAN_S_DEFAULT: u64 = 1_800;
+/// The longest life a token may be given.
+const TOKEN_LIFESPAN_S_MAX: u64 = 365 * 86_400;
 /// How long a forward waits for a handshake with the leader (a live one answers in well under a
 /// millisecond on a LAN; a dead one should cost its clients little).
 const FORWARD_CONNECT_TIMEOUT: Duration = Duration::from_millis(250);
@@ -154,6 +158,7 @@ impl Node {
             | Request::StepSignal { .. }
             | Request::StepResize { .. }
             | Request::StepUsage { .. }) => self.step_request(hops, request, user).await,
+            Request::IssueToken { user: wanted, lifespan_s } => self.issue_token(user.as_deref(), wanted, lifespan_s),
             Request::CheckCert { fingerprint, common_name } => {
                 self.require_admin(user.as_deref(), "check certificates")?;
                 let revoked = self.state.read(|s| s.revoked_certs.get(&fingerprint).or_else(|| s.revoked_nodes.get(&common_name)).cloned());
@@ -783,6 +788,27 @@ impl Node {
             }
             other => Err(ApiError::Invalid(format!("not a step request: {other:?}"))),
         }
+    }
+
+    /// A REST API token (`scontrol token`) for `wanted` (none: the caller; root for an admin
+    /// acting as the node), signed with the key every node derives from the member secret.
+    fn issue_token(&self, caller: Option<&str>, wanted: Option<String>, lifespan_s: Option<u64>) -> Response {
+        let who = caller.unwrap_or("root");
+        let user = wanted.unwrap_or_else(|| who.to_string());
+        if user != who {
+            self.require_admin(caller, "issue tokens for other users")?;
+        }
+        if user.is_empty() || user.len() > 64 || !user.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
+            return Err(ApiError::Invalid(format!("invalid user name {user:?}")));
+        }
+        let lifespan_s = lifespan_s.unwrap_or(TOKEN_LIFESPAN_S_DEFAULT);
+        if lifespan_s == 0 || lifespan_s > TOKEN_LIFESPAN_S_MAX {
+            return Err(ApiError::Invalid(format!("lifespan must be 1..={TOKEN_LIFESPAN_S_MAX} seconds")));
+        }
+        let now_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let key = transport::token::key(&self.config.join_token);
+        info!(user = %user, by = %who, lifespan_s, "issued a REST API token");
+        Ok(Reply::Token(transport::token::sign(&key, &user, now_s, now_s + lifespan_s)))
     }
 
     fn require_admin(&self, user: Option<&str>, what: &str) -> Result<(), ApiError> {
