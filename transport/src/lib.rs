@@ -134,14 +134,21 @@ fn chain_with_ca(id: &TlsIdentity) -> Vec<CertificateDer<'static>> {
     chain
 }
 
-fn server_config(id: &TlsIdentity, versions: &[u8]) -> anyhow::Result<quinn::ServerConfig> {
-    let provider = crypto_provider();
-    // A client certificate, when shown, must chain to the cluster CA; a peer without one may
-    // connect, and the handler lets it only enrol.
-    let verifier = WebPkiClientVerifier::builder_with_provider(roots(id)?, provider.clone())
+/// A client certificate, when shown, must chain to the cluster CA; a client may show none.
+fn optional_client_verifier(
+    id: &TlsIdentity,
+    provider: &Arc<rustls::crypto::CryptoProvider>,
+) -> anyhow::Result<Arc<dyn rustls::server::danger::ClientCertVerifier>> {
+    WebPkiClientVerifier::builder_with_provider(roots(id)?, provider.clone())
         .allow_unauthenticated()
         .build()
-        .context("build client certificate verifier")?;
+        .context("build client certificate verifier")
+}
+
+fn server_config(id: &TlsIdentity, versions: &[u8]) -> anyhow::Result<quinn::ServerConfig> {
+    let provider = crypto_provider();
+    // A peer without a certificate may connect, and the handler lets it only enrol.
+    let verifier = optional_client_verifier(id, &provider)?;
     let mut tls = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .context("select TLS 1.3")?
@@ -161,10 +168,7 @@ fn server_config(id: &TlsIdentity, versions: &[u8]) -> anyhow::Result<quinn::Ser
 /// one must prove itself otherwise, with a token).
 pub fn https_server_config(id: &TlsIdentity) -> anyhow::Result<Arc<rustls::ServerConfig>> {
     let provider = crypto_provider();
-    let verifier = WebPkiClientVerifier::builder_with_provider(roots(id)?, provider.clone())
-        .allow_unauthenticated()
-        .build()
-        .context("build client certificate verifier")?;
+    let verifier = optional_client_verifier(id, &provider)?;
     let mut tls = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .context("select TLS versions")?

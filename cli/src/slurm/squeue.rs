@@ -449,17 +449,21 @@ fn header_for(code: char) -> String {
     header(code)
 }
 
+/// The jobs `query` finds, and node names by id.
+fn jobs_and_names(query: proto::JobQuery) -> Result<(Vec<Job>, BTreeMap<u64, String>), SlurmError> {
+    let cluster = super::connect(PROG)?;
+    super::block_on(PROG, async {
+        let jobs = super::query_jobs(PROG, &cluster, query).await?;
+        let nodes = super::list_nodes(PROG, &cluster).await?;
+        Ok::<_, SlurmError>((jobs, super::node_names(&nodes)))
+    })?
+}
+
 /// `squeue --json`: as Slurm 22.05's, every job the cluster still holds (live ones and those
 /// ended within MinJobAge), whatever the filters, in the openapi/v0.0.38 shape.
 fn print_json() -> Result<i32, SlurmError> {
     let query = proto::JobQuery { live: true, finished: true, brief: true, ..Default::default() };
-    let cluster = super::connect(PROG)?;
-    let (jobs, nodes) = super::block_on(PROG, async {
-        let jobs = super::query_jobs(PROG, &cluster, query).await?;
-        let nodes = super::list_nodes(PROG, &cluster).await?;
-        Ok::<_, SlurmError>((jobs, nodes))
-    })??;
-    let names = super::node_names(&nodes);
+    let (jobs, names) = jobs_and_names(query)?;
     let items = jobs.iter().map(|j| super::openapi::job(super::openapi::Version::V0038, j, &names)).collect();
     let text = serde_json::to_string_pretty(&super::openapi::envelope(super::openapi::Version::V0038, "jobs", items))
         .map_err(|e| SlurmError::fatal(PROG, e))?;
@@ -534,13 +538,7 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
         brief: true,
         ..Default::default()
     };
-    let cluster = super::connect(PROG)?;
-    let (jobs, nodes) = super::block_on(PROG, async {
-        let jobs = super::query_jobs(PROG, &cluster, query).await?;
-        let nodes = super::list_nodes(PROG, &cluster).await?;
-        Ok::<_, SlurmError>((jobs, nodes))
-    })??;
-    let names = super::node_names(&nodes);
+    let (jobs, names) = jobs_and_names(query)?;
     if let Some(missing) = filter.jobs.iter().find(|j| {
         !jobs.iter().any(|job| {
             job.id.to_string() == **j || super::display_id(job) == **j || job.array.as_ref().is_some_and(|a| a.array_job.to_string() == **j)

@@ -1225,7 +1225,7 @@ fn shims_are_symlinks_to_the_binary() {
     let _ = std::fs::remove_dir_all(&dir);
     let target = PathBuf::from("/usr/local/bin/corral");
     let made = install_shims(&dir, &target).unwrap();
-    assert_eq!(made.len(), 11);
+    assert_eq!(made.len(), 12);
     for name in COMMANDS {
         assert_eq!(std::fs::read_link(dir.join(name)).unwrap(), target);
     }
