@@ -100,6 +100,12 @@ impl Api {
 
 /// Serves the API on `listen` until the process ends.
 pub async fn run(node_config: &Path, listen: SocketAddr) -> anyhow::Result<()> {
+    // Anyone else would act, on the node's socket, as themselves whoever the client is.
+    // SAFETY: geteuid has no preconditions.
+    anyhow::ensure!(
+        unsafe { libc::geteuid() } == 0,
+        "corral restd must run as root: on the node's socket only root may act for its clients' users"
+    );
     let files = node_files(node_config)?;
     let identity = files.tls.load().context("load the node's certificate")?;
     let acceptor = tokio_rustls::TlsAcceptor::from(transport::https_server_config(&identity)?);
