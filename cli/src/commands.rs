@@ -138,7 +138,7 @@ fn fmt_time(ms: Option<u64>) -> String {
 }
 
 pub async fn node_names(cluster: &Cluster) -> anyhow::Result<BTreeMap<u64, String>> {
-    match cluster.call(Request::ListNodes).await?? {
+    match cluster.call_patiently(Request::ListNodes, crate::slurm::PATIENCE).await? {
         Reply::Nodes(list) => Ok(list.into_iter().map(|n| (n.id, n.name)).collect()),
         other => bail!("unexpected reply {other:?}"),
     }

@@ -25,7 +25,9 @@ use slurm_compat::openapi::{self, Version};
 use tracing::{debug, warn};
 
 use crate::client::Cluster;
+use crate::commands::node_names;
 use crate::slurm::sbatch::{Builder, Context};
+use crate::slurm::PATIENCE;
 
 /// slurmrestd's port.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:6820";
@@ -35,8 +37,6 @@ const HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
 const HEADER_READ_TIMEOUT_MS: u64 = 10_000;
 /// The largest request body (a submission's script and environment).
 const BODY_BYTES_MAX: usize = 1 << 20;
-/// How long a request waits out an election.
-const PATIENCE: Duration = Duration::from_secs(10);
 
 /// What `corral restd` needs of a node's `node.toml`: its certificate and key (which it serves
 /// with), the cluster CA (which clients' certificates must chain to), and its local socket.
@@ -306,13 +306,6 @@ async fn jobs(State(served): State<Arc<Served>>, Extension(caller): Extension<Ca
             let (error, number) = slurm_error(&e);
             failed(version, "slurm_load_jobs", &error, format!("{e:#}"), number, vec![("jobs", json!([]))])
         }
-    }
-}
-
-async fn node_names(cluster: &Cluster) -> anyhow::Result<BTreeMap<u64, String>> {
-    match cluster.call_patiently(Request::ListNodes, PATIENCE).await? {
-        Reply::Nodes(nodes) => Ok(crate::slurm::node_names(&nodes)),
-        other => anyhow::bail!("unexpected reply {other:?}"),
     }
 }
 

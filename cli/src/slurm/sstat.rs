@@ -108,50 +108,49 @@ fn cpu(ms: u64) -> String {
     super::time::elapsed(ms / 1000)
 }
 
+/// A quantity sstat shows as `Max{name}` (or `Min{name}`), with its `Node` and `Task`, and
+/// `Ave{name}`: what of a task's usage it reads, and how an amount of it prints.
+struct Measure {
+    name: &'static str,
+    of: fn(&TaskUsage) -> u64,
+    show: fn(u64) -> String,
+}
+
+const MEASURES: [Measure; 6] = [
+    Measure { name: "VMSize", of: |u| u.vmsize_kib, show: |v| amount(v, 1) },
+    Measure { name: "RSS", of: |u| u.rss_kib, show: |v| amount(v, 1) },
+    Measure { name: "Pages", of: |u| u.pages, show: |v| v.to_string() },
+    Measure { name: "CPU", of: |u| u.cpu_ms, show: cpu },
+    Measure { name: "DiskRead", of: |u| u.read_bytes, show: |v| amount(v, 0) },
+    Measure { name: "DiskWrite", of: |u| u.write_bytes, show: |v| amount(v, 0) },
+];
+
 /// The value of field `name` for the step `id` (`14.0`, `14.batch`) over its `tasks`. Pure.
 pub fn value(name: &str, id: &str, tasks: &[NodeTask]) -> String {
-    let most = |f: fn(&TaskUsage) -> u64| tasks.iter().max_by_key(|t| f(&t.usage));
-    let least = |f: fn(&TaskUsage) -> u64| tasks.iter().min_by_key(|t| f(&t.usage));
-    let average =
-        |f: fn(&TaskUsage) -> u64| if tasks.is_empty() { 0 } else { tasks.iter().map(|t| f(&t.usage)).sum::<u64>() / tasks.len() as u64 };
-    let rss = |u: &TaskUsage| u.rss_kib;
-    let vm = |u: &TaskUsage| u.vmsize_kib;
-    let pages = |u: &TaskUsage| u.pages;
-    let cpu_ms = |u: &TaskUsage| u.cpu_ms;
-    let read = |u: &TaskUsage| u.read_bytes;
-    let write = |u: &TaskUsage| u.write_bytes;
-    let node = |t: Option<&NodeTask>| t.map_or_else(String::new, |t| t.node.clone());
-    let task = |t: Option<&NodeTask>| t.map_or_else(String::new, |t| t.usage.rank.to_string());
     match name {
-        "JobID" => id.to_string(),
-        "MaxVMSize" => most(vm).map_or_else(String::new, |t| amount(t.usage.vmsize_kib, 1)),
-        "MaxVMSizeNode" => node(most(vm)),
-        "MaxVMSizeTask" => task(most(vm)),
-        "AveVMSize" => amount(average(vm), 1),
-        "MaxRSS" => most(rss).map_or_else(String::new, |t| amount(t.usage.rss_kib, 1)),
-        "MaxRSSNode" => node(most(rss)),
-        "MaxRSSTask" => task(most(rss)),
-        "AveRSS" => amount(average(rss), 1),
-        "MaxPages" => most(pages).map_or_else(String::new, |t| t.usage.pages.to_string()),
-        "MaxPagesNode" => node(most(pages)),
-        "MaxPagesTask" => task(most(pages)),
-        "AvePages" => average(pages).to_string(),
-        "MinCPU" => least(cpu_ms).map_or_else(String::new, |t| cpu(t.usage.cpu_ms)),
-        "MinCPUNode" => node(least(cpu_ms)),
-        "MinCPUTask" => task(least(cpu_ms)),
-        "AveCPU" => cpu(average(cpu_ms)),
-        "NTasks" => tasks.len().to_string(),
-        "AveCPUFreq" | "ConsumedEnergy" => "0".into(),
-        "ReqCPUFreqMin" | "ReqCPUFreqMax" | "ReqCPUFreqGov" => "Unknown".into(),
-        "MaxDiskRead" => most(read).map_or_else(String::new, |t| amount(t.usage.read_bytes, 0)),
-        "MaxDiskReadNode" => node(most(read)),
-        "MaxDiskReadTask" => task(most(read)),
-        "AveDiskRead" => amount(average(read), 0),
-        "MaxDiskWrite" => most(write).map_or_else(String::new, |t| amount(t.usage.write_bytes, 0)),
-        "MaxDiskWriteNode" => node(most(write)),
-        "MaxDiskWriteTask" => task(most(write)),
-        "AveDiskWrite" => amount(average(write), 0),
-        _ => String::new(),
+        "JobID" => return id.to_string(),
+        "NTasks" => return tasks.len().to_string(),
+        "AveCPUFreq" | "ConsumedEnergy" => return "0".into(),
+        "ReqCPUFreqMin" | "ReqCPUFreqMax" | "ReqCPUFreqGov" => return "Unknown".into(),
+        _ => {}
+    }
+    // `Max|Min|Ave` + a measure + `Node|Task|` (TRES usage and the like match none: empty).
+    let Some((stat, rest)) = ["Max", "Min", "Ave"].into_iter().find_map(|p| name.strip_prefix(p).map(|r| (p, r))) else {
+        return String::new();
+    };
+    let Some((m, part)) = MEASURES.iter().find_map(|m| rest.strip_prefix(m.name).map(|part| (m, part))) else {
+        return String::new();
+    };
+    if stat == "Ave" {
+        let sum: u64 = tasks.iter().map(|t| (m.of)(&t.usage)).sum();
+        return (m.show)(sum.checked_div(tasks.len() as u64).unwrap_or(0));
+    }
+    let chosen = if stat == "Max" { tasks.iter().max_by_key(|t| (m.of)(&t.usage)) } else { tasks.iter().min_by_key(|t| (m.of)(&t.usage)) };
+    match (chosen, part) {
+        (None, _) => String::new(),
+        (Some(t), "Node") => t.node.clone(),
+        (Some(t), "Task") => t.usage.rank.to_string(),
+        (Some(t), _) => (m.show)((m.of)(&t.usage)),
     }
 }
 

@@ -1378,3 +1378,32 @@ fn scontrol_token_takes_slurms_lifespan_and_username() {
         Err("scontrol: error: Invalid parameter user=x for token request".into())
     );
 }
+
+#[test]
+fn sstat_gathers_a_steps_tasks_per_field() {
+    use super::sstat::{value, NodeTask};
+    let task = |node: &str, rank: u32, rss_kib: u64, cpu_ms: u64| NodeTask {
+        node: node.into(),
+        usage: proto::TaskUsage {
+            step: Some(0),
+            rank,
+            cpu_ms,
+            rss_kib,
+            vmsize_kib: 2 * rss_kib,
+            pages: u64::from(rank),
+            ..Default::default()
+        },
+    };
+    let tasks = [task("n1", 0, 1024, 5_000), task("n2", 1, 3072, 2_000)];
+    let v = |name: &str| value(name, "7.0", &tasks);
+    assert_eq!((v("JobID"), v("NTasks")), ("7.0".to_string(), "2".to_string()));
+    assert_eq!((v("MaxRSS"), v("MaxRSSNode"), v("MaxRSSTask"), v("AveRSS")), ("3M".into(), "n2".into(), "1".into(), "2M".into()));
+    assert_eq!((v("MaxVMSize"), v("AveVMSize"), v("MaxPages"), v("AvePages")), ("6M".into(), "4M".into(), "1".into(), "0".into()));
+    assert_eq!(
+        (v("MinCPU"), v("MinCPUNode"), v("MinCPUTask"), v("AveCPU")),
+        ("00:00:02".into(), "n2".into(), "1".into(), "00:00:03".into())
+    );
+    assert_eq!((v("AveCPUFreq"), v("ReqCPUFreqGov"), v("TRESUsageInMax")), ("0".into(), "Unknown".into(), String::new()));
+    assert_eq!((value("MaxRSS", "7.0", &[]), value("AveRSS", "7.0", &[])), (String::new(), "0K".into()));
+    assert_eq!(super::sstat::amount(1536, 1), "1.50M");
+}
