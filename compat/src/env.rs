@@ -347,6 +347,45 @@ pub fn step_task_env(
 /// zero-pads numeric fields (`%4a`). The result is relative to the working directory unless
 /// absolute; unknown `%` sequences are left as they are.
 pub fn output_path(pattern: &str, job: &Job, node_names: &[String], node_index: usize) -> String {
+    let fields = PatternFields {
+        job: job.id,
+        array_job: job.array.as_ref().map_or(job.id, |a| a.array_job),
+        array_task: job.array.as_ref().map(|a| a.task),
+        name: &job.spec.name,
+        user: &job.spec.user,
+        node_name: node_names.first().map_or("", String::as_str),
+        node_index,
+        rank: 0,
+        step: None,
+    };
+    expand_pattern(pattern, &fields)
+}
+
+/// What an `--output`/`--error` file name pattern names.
+pub struct PatternFields<'a> {
+    pub job: u64,
+    /// `%A`: the array's job id (the job's own outside arrays).
+    pub array_job: u64,
+    /// `%a`: the array task id; none outside arrays.
+    pub array_task: Option<u32>,
+    pub name: &'a str,
+    pub user: &'a str,
+    /// `%N`, `%n`: the node of the task, and its place among the job's nodes.
+    pub node_name: &'a str,
+    pub node_index: usize,
+    /// `%t`: the task's rank.
+    pub rank: u32,
+    /// `%s` (and `%J`'s `.N`): the step; none for the batch script (`batch`, and `%J` is
+    /// the job id alone).
+    pub step: Option<u32>,
+}
+
+/// Expands file name pattern `pattern` for `f`, as [`output_path`] says; `\\` anywhere turns
+/// the expansion off, as Slurm's.
+pub fn expand_pattern(pattern: &str, f: &PatternFields) -> String {
+    if pattern.contains("\\\\") {
+        return pattern.replace("\\\\", "");
+    }
     let mut out = String::with_capacity(pattern.len() + 16);
     let chars: Vec<char> = pattern.chars().collect();
     let mut i = 0;
@@ -370,15 +409,19 @@ pub fn output_path(pattern: &str, job: &Job, node_names: &[String], node_index: 
         };
         let expansion = match chars.get(j) {
             Some('%') if j == i + 1 => Some("%".to_string()),
-            Some('j') | Some('J') => Some(numeric(job.id.to_string())),
-            Some('A') => Some(numeric(job.array.as_ref().map_or(job.id, |a| a.array_job).to_string())),
-            Some('a') => Some(numeric(job.array.as_ref().map_or(NO_ARRAY_INDEX.to_string(), |a| a.task.to_string()))),
-            Some('x') => Some(job.spec.name.clone()),
-            Some('u') => Some(job.spec.user.clone()),
-            Some('N') => Some(node_names.first().cloned().unwrap_or_default()),
-            Some('n') => Some(numeric(node_index.to_string())),
-            Some('t') => Some(numeric("0".to_string())),
-            Some('s') => Some("batch".to_string()),
+            Some('j') => Some(numeric(f.job.to_string())),
+            Some('J') => Some(match f.step {
+                Some(step) => format!("{}.{step}", numeric(f.job.to_string())),
+                None => numeric(f.job.to_string()),
+            }),
+            Some('A') => Some(numeric(f.array_job.to_string())),
+            Some('a') => Some(numeric(f.array_task.map_or(NO_ARRAY_INDEX.to_string(), |t| t.to_string()))),
+            Some('x') => Some(f.name.to_string()),
+            Some('u') => Some(f.user.to_string()),
+            Some('N') => Some(f.node_name.to_string()),
+            Some('n') => Some(numeric(f.node_index.to_string())),
+            Some('t') => Some(numeric(f.rank.to_string())),
+            Some('s') => Some(f.step.map_or_else(|| "batch".to_string(), |s| numeric(s.to_string()))),
             _ => None,
         };
         match expansion {

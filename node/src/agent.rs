@@ -129,9 +129,27 @@ struct Running {
     steps: BTreeMap<u32, Arc<Step>>,
     /// Next step number, on the node that numbers them (the batch script's).
     next_step: u32,
-    /// The job's GPUs here (positions in its `SLURM_JOB_GPUS`) that steps asking for their own
-    /// count hold, by step; a holding ends with its step's tasks here.
-    step_gpus: BTreeMap<u32, Vec<usize>>,
+    /// What steps hold of the job's CPUs, memory and GPUs here, by step: from their grant
+    /// (a start, or a hold before it) until their tasks here end.
+    step_holds: BTreeMap<u32, HeldStep>,
+}
+
+/// A step's share of its job on this node ([`scheduler::steps::grant_step`]), held until its
+/// tasks here end; one that no start took is dropped after [`proto::limits::STEP_HOLD_MS_MAX`].
+struct HeldStep {
+    grant: scheduler::steps::StepGrant,
+    since: std::time::Instant,
+    /// Its tasks here started: it ends with them (or when its step is gone here, read to
+    /// its end), not by time.
+    started: bool,
+    /// What was asked, so that a step number given back and used again is granted anew.
+    asked: (u32, proto::StepMemory, Option<u32>, bool, u32, bool),
+}
+
+impl HeldStep {
+    fn asked(spec: &proto::StepSpec, tasks: u32) -> (u32, proto::StepMemory, Option<u32>, bool, u32, bool) {
+        (spec.cpus_per_task, spec.memory, spec.gpus_per_node, spec.exact, tasks, spec.overlap)
+    }
 }
 
 /// Name and address of every node of a run, in rank order.
@@ -491,7 +509,7 @@ impl Agent {
             cgroup: None,
             tasks: Arc::new(launcher::TaskGroups::default()),
             steps: BTreeMap::new(),
-            step_gpus: BTreeMap::new(),
+            step_holds: BTreeMap::new(),
             next_step: 0,
         };
         lock(&self.running).insert(job.id, running);
@@ -883,7 +901,7 @@ impl Agent {
             return Err(ApiError::Unavailable(format!("node {} is handing its runs over to a new corrald", self.name)));
         }
         let ranks = &spec.nodes[node_index].ranks;
-        let (base, groups, handle, gpus) = {
+        let (base, groups, handle, grant, job_gpus, run_cgroup) = {
             let mut running = lock(&self.running);
             let r = running
                 .get_mut(&job)
@@ -902,17 +920,22 @@ impl Agent {
             if r.steps.len() >= proto::limits::STEPS_PER_JOB_MAX {
                 return Err(ApiError::Unavailable(format!("job {job} has {} steps on {}", r.steps.len(), self.name)));
             }
-            let gpus = step_gpus(r, job, step, spec, &self.name)?;
+            let grant = grant_here(r, job, step, spec, ranks.len() as u32, &self.name)?;
+            if let Some(held) = r.step_holds.get_mut(&step) {
+                held.started = true;
+            }
             let handle = Step::new(job, run, step, ranks.len());
             r.steps.insert(step, Arc::clone(&handle));
-            (Arc::clone(&r.base), Arc::clone(&r.tasks), handle, gpus)
+            (Arc::clone(&r.base), Arc::clone(&r.tasks), handle, grant, r.gpus.clone(), r.cgroup.clone())
         };
+        let step_cgroups = self.step_cgroups(job, step, &base.env, &grant, &job_gpus, run_cgroup.as_deref());
+        let gpus: Option<Vec<usize>> = grant.gpus.as_ref().map(|g| g.iter().map(|p| *p as usize).collect());
         let dir = shepherd::run_dir(&self.settings.runs_dir, job, run);
         let workdir = spec.workdir.as_ref().map_or_else(|| base.workdir.clone(), PathBuf::from);
         let readers: Vec<u32> = ranks.iter().copied().filter(|r| spec.stdin.reaches(*r)).collect();
         let fed = !readers.is_empty() && self.stdin_feeds.open(job, step, dir.clone(), readers);
         for (local, rank) in ranks.iter().enumerate() {
-            let env = slurm_compat::env::step_task_env(
+            let mut env = slurm_compat::env::step_task_env(
                 &base.env,
                 &spec.env,
                 step,
@@ -921,6 +944,8 @@ impl Agent {
                 local,
                 slurm_compat::env::TaskGpus { per_task: spec.gpus_per_task, step: gpus.as_deref() },
             );
+            // The step's CPUs here, as Slurm's step sees them.
+            env.insert("SLURM_CPUS_ON_NODE".into(), grant.cpus.to_string());
             let request = shepherd::TaskRequest {
                 step,
                 rank: *rank,
@@ -934,6 +959,7 @@ impl Agent {
                 hosts_file: base.hosts_file.clone(),
                 stdin: fed && spec.stdin.reaches(*rank),
                 pty: spec.pty.filter(|_| *rank == 0),
+                cgroups: step_cgroups.clone(),
             };
             match shepherd::spawn_task(&dir, &request).await {
                 Ok((pgid, start_ticks)) if pgid > 1 => {
@@ -962,17 +988,94 @@ impl Agent {
                 handle.stop_following();
             }
         }
-        self.report_step_end(&handle);
-        info!(job, run, step, tasks = ranks.len(), "step started");
+        // Kept for a daemon that takes the run over: what the step holds stays held.
+        let grant_file = dir.join("steps").join(step.to_string()).join(STEP_GRANT_FILE);
+        let recorded = serde_json::to_vec(&grant).map_err(anyhow::Error::from).and_then(|bytes| Ok(std::fs::write(&grant_file, bytes)?));
+        if let Err(e) = recorded {
+            warn!(job, step, error = format!("{e:#}"), "record the step's share");
+        }
+        self.report_step_end(&handle, run_cgroup.zip(step_cgroups));
+        info!(job, run, step, tasks = ranks.len(), cpus = grant.cpus, memory_mib = grant.memory_mib, "step started");
         Ok(Reply::Ok)
+    }
+
+    /// Holds this node's share of step `step` of `job` run `run` before its start, or gives
+    /// the hold back (`release`, only before the step started here): see [`Request::StepHold`].
+    pub fn hold_step(&self, job: JobId, run: RunNo, step: u32, spec: &proto::StepSpec, release: bool, user: Option<&str>) -> Response {
+        spec.validate().map_err(ApiError::Invalid)?;
+        let Some(here) = spec.nodes.iter().find(|n| n.name == self.name) else {
+            return Err(ApiError::Invalid(format!("step {job}.{step} has no tasks on {}", self.name)));
+        };
+        let mut running = lock(&self.running);
+        let r = running
+            .get_mut(&job)
+            .filter(|r| r.run == run)
+            .ok_or_else(|| ApiError::Denied(format!("job {job} run {run} does not run on {}", self.name)))?;
+        owner_may(user, &r.owner, job)?;
+        if release {
+            if !r.steps.contains_key(&step) {
+                r.step_holds.remove(&step);
+            }
+            return Ok(Reply::Ok);
+        }
+        if Self::suspended_here(r) {
+            return Err(ApiError::Busy(proto::STEPS_DISABLED_SUSPENDED.into()));
+        }
+        grant_here(r, job, step, spec, here.ranks.len() as u32, &self.name)?;
+        Ok(Reply::Ok)
+    }
+
+    /// The cgroups of step `step` below its run's, with its CPUs, memory and GPUs as limits
+    /// ([`crate::cgroup::JobCgroups::create_step`]); none where the run has no cgroup, or
+    /// they could not be made (its tasks then join the run's, which still confines them).
+    fn step_cgroups(
+        &self,
+        job: JobId,
+        step: u32,
+        env: &BTreeMap<String, String>,
+        grant: &scheduler::steps::StepGrant,
+        job_gpus: &[u32],
+        run_cgroup: Option<&crate::cgroup::JobCgroup>,
+    ) -> Option<Vec<PathBuf>> {
+        let (cgroups, run_cgroup) = (self.settings.cgroups.as_ref()?, run_cgroup?);
+        let share = node_share(env);
+        let limits =
+            crate::cgroup::Limits { cpus: grant.cpus, memory_mib: if share.memory_mib == 0 { u64::MAX >> 20 } else { grant.memory_mib } };
+        // The job's GPUs the step was not given, by their device files.
+        let given: Vec<u32> = match &grant.gpus {
+            None => job_gpus.to_vec(),
+            Some(positions) => {
+                let indices: Vec<u32> =
+                    env.get("SLURM_JOB_GPUS").map_or(Vec::new(), |v| v.split(',').filter_map(|g| g.trim().parse().ok()).collect());
+                positions.iter().filter_map(|p| indices.get(*p as usize).copied()).collect()
+            }
+        };
+        let deny: Vec<(u32, u32)> = self
+            .settings
+            .gpu_device_files
+            .iter()
+            .filter(|(gpu, _)| !given.contains(gpu))
+            .filter_map(|(_, path)| crate::cgroup::char_device(path))
+            .collect();
+        match cgroups.create_step(run_cgroup, step, &limits, &deny) {
+            Ok(paths) => Some(paths),
+            Err(e) => {
+                warn!(job, step, error = format!("{e:#}"), "step cgroup not made: its tasks run in the run's");
+                None
+            }
+        }
     }
 
     /// Once every task of `handle` here ended, queues its end for the leader: the highest exit
     /// code and a killing signal among them (Slurm's step ExitCode).
-    fn report_step_end(&self, handle: &Arc<Step>) {
+    fn report_step_end(&self, handle: &Arc<Step>, cgroups: Option<(Arc<crate::cgroup::JobCgroup>, Vec<PathBuf>)>) {
         let (handle, tx) = (Arc::clone(handle), self.step_ends_tx.clone());
         tokio::spawn(async move {
             let exits = handle.exits_when_ended().await;
+            if let Some((run, paths)) = cgroups {
+                // As slurmstepd: what the step's tasks left behind ends with the step.
+                run.remove_step(&paths).await;
+            }
             let exit_code = exits.iter().filter_map(|e| e.code).max().unwrap_or(0);
             let signal = exits.iter().find_map(|e| e.signal);
             let end = proto::StepEnd { job: handle.job, run: handle.run, step: handle.id, exit_code, signal };
@@ -1272,11 +1375,11 @@ impl Agent {
                 cgroup: cgroup.clone(),
                 tasks: Arc::clone(&tasks),
                 steps: BTreeMap::new(),
-                step_gpus: BTreeMap::new(),
+                step_holds: BTreeMap::new(),
                 next_step,
             },
         );
-        self.adopt_steps(dir, spec.job, spec.run, &tasks).await;
+        self.adopt_steps(dir, spec.job, spec.run, &tasks, cgroup.as_ref()).await;
         let elapsed_ms = crate::watchdog::boot_ms().saturating_sub(record.started_boot_ms);
         let span = info_span!("job", job = spec.job, run = spec.run);
         span.in_scope(|| info!(pgid = child.pgid, elapsed_ms, "took the run over from the previous daemon"));
@@ -1287,7 +1390,14 @@ impl Agent {
 
     /// Follows again, from their start, the logs of the steps a run taken over still has here
     /// (those whose `srun` had not read them to their end).
-    async fn adopt_steps(&self, dir: &std::path::Path, job: JobId, run: RunNo, groups: &Arc<launcher::TaskGroups>) {
+    async fn adopt_steps(
+        &self,
+        dir: &std::path::Path,
+        job: JobId,
+        run: RunNo,
+        groups: &Arc<launcher::TaskGroups>,
+        cgroup: Option<&Arc<crate::cgroup::JobCgroup>>,
+    ) {
         let Ok(entries) = std::fs::read_dir(dir.join("steps")) else { return };
         for entry in entries.flatten().take(proto::limits::STEPS_PER_JOB_MAX) {
             let Some(step) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
@@ -1300,9 +1410,20 @@ impl Agent {
                     handle.stop_following();
                 }
             }
+            // Its cgroups, where it has its own.
+            let cgroups = cgroup.and_then(|run| {
+                let paths: Vec<PathBuf> = run.paths().iter().map(|p| p.join(format!("step-{step}"))).collect();
+                paths.iter().all(|p| p.is_dir()).then(|| (Arc::clone(run), paths))
+            });
             // One that ended before the handover is reported again: the log keeps the first.
-            self.report_step_end(&handle);
+            self.report_step_end(&handle, cgroups);
+            let grant: Option<scheduler::steps::StepGrant> = shepherd::read_json(&entry.path().join(STEP_GRANT_FILE)).ok().flatten();
             if let Some(r) = lock(&self.running).get_mut(&job) {
+                if let Some(grant) = grant {
+                    // What it holds stays held until it ends.
+                    r.step_holds
+                        .insert(step, HeldStep { grant, since: std::time::Instant::now(), asked: Default::default(), started: true });
+                }
                 r.steps.insert(step, handle);
             }
             info!(job, step, tasks, "took the step over");
@@ -1584,35 +1705,53 @@ fn read_pause(dir: &std::path::Path) -> launcher::Pause {
     }
 }
 
-/// The positions in the job's GPU list here that step `step` gets: None without a count of its
-/// own (all of them); with `--overlap`, or on several nodes, the first N; else N that no live
-/// step holds, now held by this one, or [`ApiError::Busy`] while too few are free (an ended step's holding is dropped
-/// first). More than the job has here is refused.
-fn step_gpus(r: &mut Running, job: JobId, step: u32, spec: &proto::StepSpec, node: &str) -> Result<Option<Vec<usize>>, ApiError> {
-    let Some(want) = spec.gpus_per_node.map(|n| n as usize) else { return Ok(None) };
-    let have = r.base.env.get("SLURM_JOB_GPUS").map_or(0, |v| v.split(',').filter(|s| !s.is_empty()).count());
-    if want > have {
-        return Err(ApiError::Invalid(format!(
-            "Invalid generic resource (gres) specification: step {job}.{step} asks for {want} GPUs, the job has {have} on {node}"
-        )));
+/// Where a step's share of its job here is kept, in its directory of the run's.
+const STEP_GRANT_FILE: &str = "grant.json";
+
+/// What the job holds here, which its steps share: its CPUs, memory and GPUs as its
+/// environment says (`SLURM_CPUS_ON_NODE`, `SLURM_MEM_PER_NODE`, `SLURM_JOB_GPUS`).
+fn node_share(env: &BTreeMap<String, String>) -> scheduler::steps::NodeShare {
+    let number = |key: &str| env.get(key).and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(0);
+    let gpus = env.get("SLURM_JOB_GPUS").map_or(0, |v| v.split(',').filter(|s| !s.is_empty()).count());
+    scheduler::steps::NodeShare {
+        cpus: u32::try_from(number("SLURM_CPUS_ON_NODE")).unwrap_or(u32::MAX).max(1),
+        memory_mib: number("SLURM_MEM_PER_NODE"),
+        gpus: u32::try_from(gpus).unwrap_or(u32::MAX),
     }
-    if spec.overlap || spec.nodes.len() > 1 {
-        // Shared: a step of several nodes holds nothing, so it never starts on some nodes
-        // while it waits on others.
-        return Ok(Some((0..want).collect()));
+}
+
+/// Step `step`'s share of the job here with `tasks` tasks: the hold it was given before its
+/// start, or a new grant (held now). Holds of steps whose tasks here ended, and those no start
+/// took in time, are dropped first. Asking more than the job has is refused; finding too
+/// little free is [`ApiError::Busy`] (the caller asks again, as Slurm's srun does).
+fn grant_here(
+    r: &mut Running,
+    job: JobId,
+    step: u32,
+    spec: &proto::StepSpec,
+    tasks: u32,
+    node: &str,
+) -> Result<scheduler::steps::StepGrant, ApiError> {
+    use scheduler::steps::StepRefusal;
+    let asked = HeldStep::asked(spec, tasks);
+    if let Some(held) = r.step_holds.get(&step).filter(|h| h.asked == asked) {
+        return Ok(held.grant.clone());
     }
+    let now = std::time::Instant::now();
     let steps = &r.steps;
-    r.step_gpus.retain(|s, _| steps.get(s).is_some_and(|h| !h.ended()));
-    let held: std::collections::BTreeSet<usize> = r.step_gpus.values().flatten().copied().collect();
-    let free: Vec<usize> = (0..have).filter(|i| !held.contains(i)).take(want).collect();
-    if free.len() < want {
-        return Err(ApiError::Busy(format!(
-            "step {job}.{step} waits for {want} GPUs on {node}: {} of the job's {have} are held by other steps",
-            held.len()
-        )));
+    r.step_holds.retain(|s, h| match steps.get(s) {
+        Some(handle) => !handle.ended(),
+        None => !h.started && *s != step && now.duration_since(h.since) < Duration::from_millis(proto::limits::STEP_HOLD_MS_MAX),
+    });
+    let held: Vec<&scheduler::steps::StepHold> = r.step_holds.values().map(|h| &h.grant.held).collect();
+    match scheduler::steps::grant_step(node_share(&r.base.env), &held, spec, tasks) {
+        Ok(grant) => {
+            r.step_holds.insert(step, HeldStep { grant: grant.clone(), since: now, asked, started: false });
+            Ok(grant)
+        }
+        Err(StepRefusal::Invalid(why)) => Err(ApiError::Invalid(why)),
+        Err(StepRefusal::Busy(why)) => Err(ApiError::Busy(format!("step {job}.{step} waits on {node}: {why}"))),
     }
-    r.step_gpus.insert(step, free.clone());
-    Ok(Some(free))
 }
 
 #[cfg(test)]

@@ -223,6 +223,14 @@ impl JobCgroups {
         for (file, value) in limit_files(limits, &self.controllers) {
             std::fs::write(path.join(file), &value).with_context(|| format!("write {value} to {}/{file}", path.display()))?;
         }
+        if !self.controllers.is_empty() {
+            // Before any process joins: the controllers for the steps' cgroups, and the leaf
+            // for the run's own processes.
+            let enable: Vec<String> = self.controllers.iter().map(|c| format!("+{c}")).collect();
+            std::fs::write(path.join("cgroup.subtree_control"), enable.join(" "))
+                .with_context(|| format!("enable {} for the steps of {}", enable.join(" "), path.display()))?;
+            make_dir(&path.join(RUN_LEAF))?;
+        }
         if self.device_programs && !deny.is_empty() {
             // Before any process joins: the run never holds a GPU it was not given.
             crate::cgroup_devices::attach(&path, deny).with_context(|| format!("fence the GPUs of job {job} run {run}"))?;
@@ -242,11 +250,55 @@ impl JobCgroups {
     }
 }
 
-/// Opens `cgroup.procs` of cgroup `dir` for writing: a process joins the cgroup by writing its
-/// pid there (a run's process and each step task, from the child before it runs its program).
-/// The one way every join starts.
+/// The leaf of a v2 run cgroup that holds the run's own processes (its script and the
+/// tasks of steps without a cgroup of their own): v2 keeps processes out of a cgroup whose
+/// children get controllers, and each step's cgroup is such a child.
+pub const RUN_LEAF: &str = "run";
+
+/// The `cgroup.procs` file a process joining cgroup `dir` writes to: that of its
+/// [`RUN_LEAF`] where it has one.
+pub fn procs_file(dir: &Path) -> PathBuf {
+    let leaf = dir.join(RUN_LEAF);
+    if leaf.is_dir() {
+        leaf.join("cgroup.procs")
+    } else {
+        dir.join("cgroup.procs")
+    }
+}
+
+impl JobCgroups {
+    /// Creates the cgroups of step `step` of a run below the run's (`step-N` in each), with
+    /// `limits` and, where devices are fenced, `deny` the job's GPUs the step was not given;
+    /// returns their paths (v2 first), which the step's tasks join instead of the run's.
+    pub fn create_step(&self, run: &JobCgroup, step: u32, limits: &Limits, deny: &[(u32, u32)]) -> anyhow::Result<Vec<PathBuf>> {
+        let name = format!("step-{step}");
+        let path = run.path.join(&name);
+        make_dir(&path)?;
+        let mut paths = vec![path.clone()];
+        for (file, value) in limit_files(limits, &self.controllers) {
+            std::fs::write(path.join(file), &value).with_context(|| format!("write {value} to {}/{file}", path.display()))?;
+        }
+        if self.device_programs && !deny.is_empty() {
+            crate::cgroup_devices::attach(&path, deny).with_context(|| format!("fence the GPUs of step {step}"))?;
+        }
+        for v1 in &run.v1 {
+            let controller = self.v1.iter().find(|(_, base)| v1.starts_with(base)).map_or("", |(c, _)| c.as_str());
+            let dir = v1.join(&name);
+            make_dir(&dir)?;
+            for (file, value) in limit_files_v1(controller, limits, deny) {
+                std::fs::write(dir.join(file), &value).with_context(|| format!("write {value} to {}/{file}", dir.display()))?;
+            }
+            paths.push(dir);
+        }
+        Ok(paths)
+    }
+}
+
+/// Opens the `cgroup.procs` of cgroup `dir` ([`procs_file`]) for writing: a process joins
+/// the cgroup by writing its pid there (a run's process and each step task, from the child
+/// before it runs its program). The one way every join starts.
 pub fn open_procs(dir: &Path) -> std::io::Result<std::fs::File> {
-    std::fs::OpenOptions::new().write(true).open(dir.join("cgroup.procs"))
+    std::fs::OpenOptions::new().write(true).open(procs_file(dir))
 }
 
 fn make_dir(path: &Path) -> anyhow::Result<()> {
@@ -293,6 +345,8 @@ pub struct JobCgroup {
     pub v1: Vec<PathBuf>,
     /// Their `cgroup.procs`, opened before the fork: the child writes its pid in each.
     procs: Vec<std::fs::File>,
+    /// OOM kills in the cgroups of its steps that are removed already.
+    step_oom_kills: std::sync::atomic::AtomicU64,
 }
 
 /// Kills every process of the cgroup at `path`: `cgroup.kill` where the kernel has it (v2),
@@ -301,6 +355,9 @@ pub fn kill_cgroup(path: &Path) {
     if std::fs::OpenOptions::new().write(true).open(path.join("cgroup.kill")).and_then(|mut f| f.write_all(b"1")).is_ok() {
         return;
     }
+    for child in child_cgroups(path) {
+        kill_cgroup(&child);
+    }
     let Ok(text) = std::fs::read_to_string(path.join("cgroup.procs")) else { return };
     for pid in text.lines().filter_map(|l| l.trim().parse::<i32>().ok()).filter(|p| *p > 1) {
         // SAFETY: kill(2) on a process of a job's cgroup.
@@ -308,11 +365,37 @@ pub fn kill_cgroup(path: &Path) {
     }
 }
 
+/// The cgroups directly below `path` (a run's [`RUN_LEAF`] and its steps').
+fn child_cgroups(path: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(path) else { return Vec::new() };
+    entries.filter_map(Result::ok).filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| e.path()).collect()
+}
+
+/// Kills every process in cgroup `path` and below, and removes them, bottom up, retrying
+/// until `deadline` while the processes exit; says whether it is gone.
+pub async fn kill_and_remove_tree(path: &Path, deadline: std::time::Instant) -> bool {
+    for child in child_cgroups(path) {
+        Box::pin(kill_and_remove_tree(&child, deadline)).await;
+    }
+    loop {
+        kill_cgroup(path);
+        match std::fs::remove_dir(path) {
+            Ok(()) => return true,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return true,
+            Err(e) if std::time::Instant::now() >= deadline => {
+                warn!(cgroup = %path.display(), error = %e, "remove job cgroup");
+                return false;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
 impl JobCgroup {
     /// A run's cgroups that exist already (created, or a run taken over from a previous daemon).
     pub fn existing(path: PathBuf, v1: Vec<PathBuf>) -> JobCgroup {
         let procs = std::iter::once(&path).chain(v1.iter()).filter_map(|p| open_procs(p).ok()).collect();
-        JobCgroup { path, v1, procs }
+        JobCgroup { path, v1, procs, step_oom_kills: Default::default() }
     }
 
     /// The raw descriptors of the `cgroup.procs` files for the child to write its pid into.
@@ -329,18 +412,9 @@ impl JobCgroup {
     /// `memory.events` and of v1's `memory.oom_control` (kernel 4.13 and later), wherever the
     /// run has a memory controller. Read before the cgroups are removed.
     pub fn oom_kills(&self) -> u64 {
-        let v2 = std::iter::once(self.path.join("memory.events"));
-        let v1 = self.v1.iter().map(|p| p.join("memory.oom_control"));
-        v2.chain(v1)
-            .filter_map(|file| match std::fs::read_to_string(&file) {
-                Ok(text) => Some(oom_kill_count(&text)),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-                Err(e) => {
-                    warn!(file = %file.display(), error = %e, "read the run's OOM kill count");
-                    None
-                }
-            })
-            .sum()
+        // v1 counts a kill only where the limit was hit: a live step's cgroup too.
+        let steps: Vec<PathBuf> = self.v1.iter().flat_map(|p| child_cgroups(p)).collect();
+        oom_kills_of(&self.paths()) + oom_kills_of(&steps) + self.step_oom_kills.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The run's memory limit in MiB, as its cgroups hold it (v2 `memory.max`, else v1
@@ -357,20 +431,38 @@ impl JobCgroup {
     pub async fn kill_and_remove(&self) {
         let deadline = std::time::Instant::now() + Duration::from_millis(REMOVE_WAIT_MS);
         for path in self.paths() {
-            loop {
-                kill_cgroup(&path);
-                match std::fs::remove_dir(&path) {
-                    Ok(()) => break,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
-                    Err(e) if std::time::Instant::now() >= deadline => {
-                        warn!(cgroup = %path.display(), error = %e, "remove job cgroup");
-                        break;
-                    }
-                    Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-                }
-            }
+            kill_and_remove_tree(&path, deadline).await;
         }
     }
+
+    /// Kills what is left of a step's processes in its cgroups `paths` (below this run's) and
+    /// removes them, keeping their OOM kills in the run's count.
+    pub async fn remove_step(&self, paths: &[PathBuf]) {
+        let deadline = std::time::Instant::now() + Duration::from_millis(REMOVE_WAIT_MS);
+        // v2's (the first) counts in the run's `memory.events` already.
+        let kills = oom_kills_of(paths.get(1..).unwrap_or_default());
+        self.step_oom_kills.fetch_add(kills, std::sync::atomic::Ordering::Relaxed);
+        for path in paths.iter().filter(|p| self.paths().iter().any(|run| p.starts_with(run))) {
+            kill_and_remove_tree(path, deadline).await;
+        }
+    }
+}
+
+/// The OOM kills cgroups `paths` counted (v2's `memory.events`, which counts those below too,
+/// or v1's `memory.oom_control`).
+fn oom_kills_of(paths: &[PathBuf]) -> u64 {
+    paths
+        .iter()
+        .flat_map(|p| [p.join("memory.events"), p.join("memory.oom_control")])
+        .filter_map(|file| match std::fs::read_to_string(&file) {
+            Ok(text) => Some(oom_kill_count(&text)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => {
+                warn!(file = %file.display(), error = %e, "read an OOM kill count");
+                None
+            }
+        })
+        .sum()
 }
 
 /// The `oom_kill N` line of a `memory.events` or `memory.oom_control` file (0 without one).

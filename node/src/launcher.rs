@@ -401,10 +401,7 @@ pub fn start_run_process(spec: &LaunchSpec, cgroups: &[PathBuf]) -> anyhow::Resu
 pub(crate) fn open_procs(cgroups: &[PathBuf]) -> anyhow::Result<Vec<std::fs::File>> {
     cgroups
         .iter()
-        .map(|c| {
-            let path = c.join("cgroup.procs");
-            std::fs::OpenOptions::new().write(true).open(&path).with_context(|| format!("open {}", path.display()))
-        })
+        .map(|c| crate::cgroup::open_procs(c).with_context(|| format!("open {}", crate::cgroup::procs_file(c).display())))
         .collect()
 }
 

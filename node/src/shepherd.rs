@@ -90,6 +90,10 @@ pub struct TaskRequest {
     /// master takes its stdin (with `stdin`) and gives its output, as stdout.
     #[serde(default)]
     pub pty: Option<proto::PtySize>,
+    /// The step's own cgroups (below the run's, v2 first), which it joins instead of the
+    /// run's; none: the run's.
+    #[serde(default)]
+    pub cgroups: Option<Vec<PathBuf>>,
 }
 
 /// Encodes one frame of a step's output log.
@@ -625,6 +629,13 @@ impl Shared {
         };
         // A cgroup gone (the run is ending) fails the join, and so the task: it never runs
         // outside its run's cgroups (their limits and the fencing kill would miss it).
+        let cgroups = match &request.cgroups {
+            // Never outside the run's: a step's cgroups are below them, one in each.
+            Some(own) if own.len() == cgroups.len() && own.iter().zip(cgroups).all(|(o, run)| o.starts_with(run) && o != run) => {
+                own.as_slice()
+            }
+            _ => cgroups,
+        };
         let procs = match open_cgroup_procs(cgroups) {
             Ok(procs) => procs,
             Err((why, errno)) => {
@@ -1082,8 +1093,9 @@ fn open_cgroup_procs(cgroups: &[PathBuf]) -> Result<Vec<std::fs::File>, (String,
     cgroups
         .iter()
         .map(|c| {
-            crate::cgroup::open_procs(c)
-                .map_err(|e| (format!("join cgroup {}: {e}", c.join("cgroup.procs").display()), e.raw_os_error().unwrap_or(libc::EIO)))
+            crate::cgroup::open_procs(c).map_err(|e| {
+                (format!("join cgroup {}: {e}", crate::cgroup::procs_file(c).display()), e.raw_os_error().unwrap_or(libc::EIO))
+            })
         })
         .collect()
 }

@@ -21,7 +21,7 @@ pub use partition::{PartitionChanges, PartitionEdit, PartitionState};
 
 /// Bumped on any incompatible change to a type in this crate. The first byte of every encoded
 /// message; a peer speaking another version is refused with a clear error.
-pub const PROTOCOL_VERSION: u8 = 10;
+pub const PROTOCOL_VERSION: u8 = 11;
 
 pub type NodeId = u64;
 pub type JobId = u64;
@@ -1345,6 +1345,28 @@ pub struct StepSpec {
     /// stderr, and its session's controlling terminal); it reads `srun`'s stdin
     /// (`StepStdin::Task(0)`) and `srun` shows only its output, as Slurm does.
     pub pty: Option<PtySize>,
+    /// `-c/--cpus-per-task`: CPUs of each task (1 when not given).
+    pub cpus_per_task: u32,
+    /// `--exact`, `--exclusive` or an explicit `-c`: the step holds its tasks' CPUs on each
+    /// node, not all of the job's there (Slurm's default for a step).
+    pub exact: bool,
+    /// `--mem`, `--mem-per-cpu`, `--mem-per-gpu`: how much of the job's memory on each node
+    /// the step holds and may use.
+    pub memory: StepMemory,
+}
+
+/// How much of its job's memory on a node a step holds (and is limited to), as Slurm's
+/// `srun --mem*` inside an allocation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StepMemory {
+    /// No `--mem`: all of the job's memory there, held (a second such step waits).
+    #[default]
+    Whole,
+    /// `--mem=0`: all of the job's memory there, held by none.
+    Shared,
+    PerNodeMib(u64),
+    PerCpuMib(u64),
+    PerGpuMib(u64),
 }
 
 /// A terminal's size in characters, as `TIOCGWINSZ` gives it.
@@ -1422,6 +1444,9 @@ impl StepSpec {
         }
         if self.gpus_per_node.is_some_and(|g| g > GPUS_PER_JOB_MAX) {
             return Err(format!("gpus per node must be 0..={GPUS_PER_JOB_MAX}"));
+        }
+        if self.cpus_per_task == 0 || self.cpus_per_task > CPUS_PER_TASK_MAX {
+            return Err(format!("cpus per task must be 1..={CPUS_PER_TASK_MAX}"));
         }
         if matches!(self.stdin, StepStdin::Task(r) if r as usize >= tasks) {
             return Err(format!("stdin goes to a task of 0..{tasks}"));
@@ -1682,6 +1707,18 @@ pub enum Request {
         run: RunNo,
         step: u32,
         spec: StepSpec,
+    },
+    /// Node to node, before any [`Request::StepStart`] of a step of several nodes: hold this
+    /// node's share of the step's CPUs, memory and GPUs (or, with `release`, give a hold back),
+    /// so that the step starts on every node or, while a node's share is busy
+    /// ([`ApiError::Busy`]), on none. A hold that no start takes is dropped after
+    /// [`limits::STEP_HOLD_MS_MAX`].
+    StepHold {
+        job: JobId,
+        run: RunNo,
+        step: u32,
+        spec: StepSpec,
+        release: bool,
     },
     /// Output and ended tasks of a step on node `node`, from byte `offset` of what that node
     /// has produced; waits up to `wait_ms` for news. Reading from `offset` releases everything

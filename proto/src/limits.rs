@@ -19,6 +19,8 @@ pub const CPUS_PER_TASK_MAX: u32 = 4096;
 pub const LOG_CHUNK_BYTES_MAX: u32 = 1024 * 1024;
 pub const NODES_PER_JOB_MAX: u32 = 4096;
 pub const TASKS_PER_NODE_MAX: u32 = 1024;
+/// How long a node keeps a step's hold ([`crate::Request::StepHold`]) that no start took.
+pub const STEP_HOLD_MS_MAX: u64 = 30_000;
 pub const ARRAY_TASKS_MAX: usize = 100_000;
 /// Ranges of task ids in one array's spec (`--array=1,3,7-9` is three).
 pub const ARRAY_RUNS_MAX: usize = 4096;

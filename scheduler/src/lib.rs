@@ -8,7 +8,7 @@
 //! [`fits_gang`] and rejects the stale ones, like Nomad's plan applier.
 //!
 //! Modules: [`mig`] (profile tables and layout planner), [`topo`] (GPUs, CPUs and NIC inside a
-//! node), [`priority`] (multifactor priority), [`fairshare`] (Fair Tree on decayed usage), [`testkit`] (cluster builders for tests and the
+//! node), [`priority`] (multifactor priority), [`fairshare`] (Fair Tree on decayed usage), [`steps`] (a step's share of its job's resources on a node), [`testkit`] (cluster builders for tests and the
 //! benchmark). The pass itself is in `engine`.
 
 mod engine;
@@ -17,6 +17,7 @@ mod fit;
 mod limits;
 pub mod mig;
 pub mod priority;
+pub mod steps;
 pub mod testkit;
 pub mod topo;
 mod view;

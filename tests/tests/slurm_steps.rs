@@ -568,17 +568,20 @@ fn srun_sends_its_stdin_to_the_steps_tasks_as_slurm_does() {
     assert_eq!(c.wait_final(id, Duration::from_secs(30))["state"], "COMPLETED");
 }
 
-/// Issue 18's packing: four `srun --gres=gpu:1` steps in a 4-GPU allocation run at once, each
-/// on its own GPU; a fifth waits (in Slurm's words) until one of them ended, and takes its GPU.
+/// Issue 18's packing: four `srun --exact --gres=gpu:1` steps in a 4-GPU allocation run at
+/// once, each on its own GPU, CPU and share of memory (the job's `--mem-per-cpu`, which srun
+/// inherits as Slurm's does); a fifth waits (in Slurm's words) until one of them ended, and
+/// takes its GPU.
 const PACKED: &str = r#"#!/bin/sh
 #SBATCH -N 1
 #SBATCH -n 4
+#SBATCH --mem-per-cpu=64M
 #SBATCH --gres=gpu:h100:4
 for i in 1 2 3 4; do
-  srun -n1 --gres=gpu:1 sh -c 'echo "own $SLURM_STEP_ID $CUDA_VISIBLE_DEVICES"; touch held.$SLURM_STEP_ID; while [ ! -e go ]; do sleep 0.1; done; echo "end $(date +%s%N)"' &
+  srun -n1 --exact --gres=gpu:1 sh -c 'echo "own $SLURM_STEP_ID $CUDA_VISIBLE_DEVICES"; touch held.$SLURM_STEP_ID; while [ ! -e go ]; do sleep 0.1; done; echo "end $(date +%s%N)"' &
 done
 i=0; while [ "$(ls held.* 2>/dev/null | wc -l)" -lt 4 ]; do sleep 0.1; i=$((i+1)); [ $i -gt 600 ] && break; done
-srun -n1 --gres=gpu:1 sh -c 'echo "fifth $SLURM_STEP_ID $CUDA_VISIBLE_DEVICES $(date +%s%N)"' 2> fifth.err &
+srun -n1 --exact --gres=gpu:1 sh -c 'echo "fifth $SLURM_STEP_ID $CUDA_VISIBLE_DEVICES $(date +%s%N)"' 2> fifth.err &
 fifth=$!
 i=0; while ! grep -q "temporarily disabled" fifth.err 2>/dev/null; do sleep 0.1; i=$((i+1)); [ $i -gt 600 ] && break; done
 echo "running while the fifth waits: $(ls held.* | wc -l)"
@@ -622,6 +625,62 @@ fn single_gpu_steps_pack_into_an_allocation_and_a_fifth_waits_for_a_free_gpu() {
     let overlap = lines_with(&out, "overlap ");
     assert_eq!(overlap.len(), 1, "{out}");
     assert_eq!(overlap[0].split_whitespace().nth(1).map(|g| g.split(',').count()), Some(2), "{out}");
+}
+
+/// Steps with their own CPUs and memory inside an allocation, as Slurm 22.05 with
+/// `CR_Core_Memory` gives them (each case checked on the peer): a plain step holds all of the
+/// job's CPUs and memory on its node, so the next waits ("step creation temporarily
+/// disabled"); `--exact` steps with `--mem` run side by side, each seeing its own CPUs in
+/// `SLURM_CPUS_ON_NODE`; asking more than the job has is refused in Slurm's words; and a step's
+/// cgroup holds its own memory limit, which the kernel enforces below the job's.
+const SHARES: &str = r#"#!/bin/sh
+#SBATCH -N 1
+#SBATCH -n 2
+#SBATCH --mem=256M
+upto() { i=0; while ! eval "$1"; do sleep 0.1; i=$((i+1)); [ $i -gt 600 ] && return 1; done; }
+srun -n1 sh -c 'touch a.held; while [ ! -e a.go ]; do sleep 0.1; done' &
+upto '[ -e a.held ]'
+srun -n1 --exact true 2> plain.err &
+second=$!
+upto 'grep -q "temporarily disabled" plain.err 2>/dev/null'
+echo "plain waited: $(grep -c 'temporarily disabled' plain.err)"
+touch a.go; wait $second; echo "plain second=$?"; wait
+for s in 1 2; do
+  srun -n1 --exact --mem=100M sh -c 'echo "packed cpus=$SLURM_CPUS_ON_NODE"; touch b.$SLURM_STEP_ID; i=0; while [ $(ls b.* | wc -l) -lt 2 ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; echo "together=$(ls b.* | wc -l)"' &
+done
+wait
+srun -n3 true; echo "toomanycpus=$?"
+srun --mem=300M true; echo "toomuchmem=$?"
+srun -n1 -c2 sh -c 'echo "c2 cpus=$SLURM_CPUS_ON_NODE"'
+srun -n1 --exact --mem=64M sh -c 'p=$(grep :memory: /proc/self/cgroup | cut -d: -f3); v2=$(grep ^0:: /proc/self/cgroup | cut -d: -f3); echo "limit=$(cat /sys/fs/cgroup/memory$p/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup$v2/memory.max 2>/dev/null || echo none)"'
+srun -n1 --exact --mem=32M sh -c 'head -c 200000000 /dev/zero | tail -c 150000000 > /dev/null; echo hog=$?'
+"#;
+
+#[test]
+fn steps_hold_their_own_cpus_and_memory_inside_an_allocation() {
+    let c = TestCluster::up(&["--nodes", "1"]);
+    let id = sbatch(&c, "shares.sh", SHARES);
+    let job = c.wait_final(id, Duration::from_secs(180));
+    let out = std::fs::read_to_string(c.work.join(format!("slurm-{id}.out"))).unwrap_or_default();
+    assert!(out.contains("plain waited: 1") && out.contains("plain second=0"), "{out}\n{}", c.logs());
+    assert_eq!(lines_with(&out, "packed cpus=1").len(), 2, "{out}");
+    assert_eq!(lines_with(&out, "together=2").len(), 2, "two --exact steps of 100M ran at once: {out}");
+    assert!(
+        out.contains("srun: error: Unable to create step for job") && out.contains("More processors requested than permitted"),
+        "{out}"
+    );
+    assert!(out.contains("toomanycpus=1") && out.contains("toomuchmem=1"), "{out}");
+    assert!(out.contains("Memory required by task is not available"), "{out}");
+    assert!(out.contains("c2 cpus=2"), "{out}");
+    let log = corral_tests::node_log(&c, "n1");
+    if log.contains("missing=") && log.contains("\"memory\"") {
+        eprintln!("this host has no memory controller for jobs: step memory limits are not enforced here");
+        return;
+    }
+    assert!(out.contains(&format!("limit={}", 64u64 << 20)), "the step's cgroup has its own limit: {out}");
+    assert!(out.contains("hog=137"), "past its step's limit the kernel killed it, within the job's: {out}");
+    // A process of the job was OOM-killed: the job says so, as one past its own limit.
+    assert_eq!(job["state"], "OUT_OF_MEMORY", "{job}");
 }
 
 /// `sacct` shows a batch job's script as `ID.batch` and each step as `ID.N`, with its command's

@@ -17,7 +17,6 @@ use std::time::Duration;
 use proto::{LogStream, PtySize, Reply, Request};
 
 use super::opts::{self, opt, Arg, OptDef, Parsed};
-use super::sbatch::{Builder, Context};
 use super::{hostlist, SlurmError};
 
 pub const PROG: &str = "srun";
@@ -517,6 +516,10 @@ pub fn step_spec(
         None => None,
     };
     let gpus_per_node = step_gpus_per_node(p, env, nodes.len())?;
+    let cpus_per_task = match p.last("cpus-per-task") {
+        Some(c) => super::sbatch::parse_int(PROG, "--cpus-per-task", c)?,
+        None => 1,
+    };
     let spec = proto::StepSpec {
         argv: p.operands.clone(),
         workdir: Some(p.last("chdir").map_or_else(|| cwd.to_string(), str::to_string)),
@@ -528,9 +531,37 @@ pub fn step_spec(
         overlap: p.has("overlap"),
         unrecorded: false,
         pty: None,
+        cpus_per_task,
+        // Slurm: `-c` implies `--exact`, as does `--exclusive` for a step; `--whole` undoes it.
+        exact: (p.has("exact") || p.has("exclusive") || p.has("cpus-per-task")) && !p.has("whole"),
+        memory: step_memory(p, env)?,
     };
     spec.validate().map_err(|e| SlurmError::fatal(PROG, format!("Unable to create step: {e}")))?;
     Ok(spec)
+}
+
+/// What a step inside an allocation holds of its job's memory on each node: `--mem`
+/// (`--mem=0`: all of it, shared), `--mem-per-cpu` or `--mem-per-gpu`; without them, as
+/// Slurm's srun, the allocation's `SLURM_MEM_PER_CPU` or `SLURM_MEM_PER_GPU` (a job that asked
+/// memory per CPU packs steps by their CPUs); else all of it.
+fn step_memory(p: &Parsed, env: &BTreeMap<String, String>) -> Result<proto::StepMemory, SlurmError> {
+    let inherited = |key: &str| env.get(key).and_then(|v| super::sbatch::parse_mem_mib(v)).filter(|m| *m > 0);
+    let size = |option: &str| -> Result<Option<u64>, SlurmError> {
+        let Some(text) = p.last(option) else { return Ok(None) };
+        let mib = super::sbatch::parse_mem_mib(text).ok_or_else(|| SlurmError::fatal(PROG, format!("Invalid --{option} specification")))?;
+        Ok(Some(mib))
+    };
+    let asked = match (size("mem")?, size("mem-per-cpu")?, size("mem-per-gpu")?) {
+        (None, None, None) => (None, inherited("SLURM_MEM_PER_CPU"), inherited("SLURM_MEM_PER_GPU")),
+        asked => asked,
+    };
+    Ok(match asked {
+        (Some(0), _, _) => proto::StepMemory::Shared,
+        (Some(m), _, _) => proto::StepMemory::PerNodeMib(m),
+        (None, Some(m), _) if m > 0 => proto::StepMemory::PerCpuMib(m),
+        (None, _, Some(m)) if m > 0 => proto::StepMemory::PerGpuMib(m),
+        (None, _, _) => proto::StepMemory::Whole,
+    })
 }
 
 /// The GPUs a step inside an allocation asks for on its node: `--gres=gpu[:TYPE]:N`
@@ -564,9 +595,40 @@ fn step_gpus_per_node(p: &Parsed, env: &BTreeMap<String, String>, nodes: usize) 
     Ok(asked)
 }
 
+/// What names the output files of step `spec` of the allocation `env` describes (its number
+/// comes once it is launched).
+fn step_naming(p: &Parsed, env: &BTreeMap<String, String>, spec: &proto::StepSpec) -> super::step_output::StepNaming {
+    let number = |key: &str| env.get(key).and_then(|v| v.parse::<u64>().ok());
+    let job = number("SLURM_JOB_ID").unwrap_or(0);
+    let job_nodes = env.get("SLURM_JOB_NODELIST").and_then(|l| hostlist::expand(l).ok()).unwrap_or_default();
+    let mut nodes = vec![(String::new(), 0); spec.nodes.iter().map(|n| n.ranks.len()).sum()];
+    for (i, n) in spec.nodes.iter().enumerate() {
+        let index = job_nodes.iter().position(|j| *j == n.name).unwrap_or(i);
+        for r in &n.ranks {
+            if let Some(slot) = nodes.get_mut(*r as usize) {
+                *slot = (n.name.clone(), index);
+            }
+        }
+    }
+    super::step_output::StepNaming {
+        job,
+        array_job: number("SLURM_ARRAY_JOB_ID").unwrap_or(job),
+        array_task: number("SLURM_ARRAY_TASK_ID").and_then(|t| u32::try_from(t).ok()),
+        name: std::env::var("SLURM_JOB_NAME").unwrap_or_default(),
+        user: super::current_user(),
+        step: 0,
+        nodes,
+        workdir: std::path::PathBuf::from(spec.workdir.clone().unwrap_or_else(|| ".".into())),
+        append: p.last("open-mode") == Some("append"),
+    }
+}
+
 /// Prints output of a step as it comes; with `--label`, whole lines prefixed by the task's
 /// rank, a line cut across reads kept until its end arrives.
 struct Printer {
+    /// Where stdout and stderr go (`--output`, `--error`), and the files they went to.
+    sinks: (super::step_output::Sink, super::step_output::Sink),
+    files: super::step_output::OutputFiles,
     label: bool,
     /// `--pty`: task 0's output alone (Slurm sends the others' to `/dev/null`).
     only_rank: Option<u32>,
@@ -581,6 +643,14 @@ impl Printer {
             return;
         }
         let is_err = chunk.stream == LogStream::Stderr;
+        let sink = if is_err { &self.sinks.1 } else { &self.sinks.0 };
+        if let super::step_output::Sink::Files(pattern) = sink {
+            self.files.write(pattern, chunk.rank, &chunk.data);
+            return;
+        }
+        if !sink.shows(chunk.rank) {
+            return;
+        }
         if !self.label {
             write_to(is_err, &chunk.data);
             return;
@@ -728,7 +798,9 @@ fn run_step_through(
     let kill_on_bad_exit = p.has("kill-on-bad-exit");
     let quiet = p.has("quiet");
     let tasks: usize = spec.nodes.iter().map(|n| n.ranks.len()).sum();
-    let printer = Printer {
+    let mut printer = Printer {
+        sinks: super::step_output::Sink::pair(p.last("output"), p.last("error")),
+        files: super::step_output::OutputFiles::new(step_naming(p, env, &spec)),
         label: p.has("label"),
         only_rank: pty.map(|_| 0),
         width: tasks.saturating_sub(1).to_string().len(),
@@ -737,6 +809,7 @@ fn run_step_through(
     super::block_on(PROG, async move {
         let cluster = std::sync::Arc::new(cluster);
         let step = launch_step(&cluster, job, spec).await?;
+        printer.files.naming.step = step;
         // Raw from the step's start to its end (dropped with this block, before srun's last lines).
         let _raw = match pty {
             Some(_) => {
@@ -991,6 +1064,8 @@ async fn launch_step(cluster: &crate::client::Cluster, job: proto::JobId, spec: 
     match reply {
         Ok(Reply::StepLaunched { step, .. }) => Ok(step),
         Ok(other) => Err(fatal(format!("unexpected reply {other:?}"))),
+        // Slurm's own words for a step that asks more than its job has.
+        Err(proto::ApiError::Invalid(why)) => Err(fatal(format!("Unable to create step for job {job}: {why}"))),
         Err(e) => Err(fatal(format!("Unable to create step for job {job}: {e}"))),
     }
 }
@@ -1044,172 +1119,15 @@ fn current_umask() -> u32 {
 const STEP_READ_FAILURES_MAX: u32 = 150;
 const STEP_RETRY_MS: u64 = 200;
 
-/// Options of an `srun` outside an allocation that shape its step, not the allocation: passed on
-/// to the `srun` the allocation's script runs.
-const PASSED_TO_STEP: &[&str] = &["label", "kill-on-bad-exit", "gpus-per-task", "quiet"];
-
-/// The script of the allocation an `srun` outside one asks for: `exec corral slurm srun` with the
-/// step's options and the command, each word quoted for `sh`.
-pub fn step_script(corral: &str, p: &Parsed) -> String {
-    let quote = |w: &str| format!("'{}'", w.replace('\'', "'\\''"));
-    let mut words = vec![quote(corral), "slurm".into(), "srun".into()];
-    for (name, value) in &p.opts {
-        if PASSED_TO_STEP.contains(name) {
-            words.push(quote(&match value {
-                Some(v) => format!("--{name}={v}"),
-                None => format!("--{name}"),
-            }));
-        }
-    }
-    words.push("--".into());
-    words.extend(p.operands.iter().map(|w| quote(w)));
-    format!("#!/bin/sh\nexec {}\n", words.join(" "))
-}
-
-/// Outside an allocation with `--output` or `--error`: submit the command as a job whose script
-/// runs the step (its output in those files), stream its output, return its code.
-fn run_as_job(p: &Parsed) -> Result<i32, SlurmError> {
-    let sub = allocation_for(p)?;
-    catch_signals();
-    let quiet = p.has("quiet");
-    super::sbatch::print_warnings(&sub.warnings, quiet);
-    let cluster = super::connect(PROG)?;
-    super::block_on(PROG, async {
-        let reply = cluster
-            .call_patiently(Request::Submit { spec: sub.spec.clone() }, super::PATIENCE)
-            .await
-            .map_err(|e| SlurmError::fatal(PROG, format!("Unable to allocate resources: {}", super::describe_error(&e))))?;
-        let Reply::Submitted { job } = reply else {
-            return Err(SlurmError::fatal(PROG, format!("unexpected reply {reply:?}")));
-        };
-        if !quiet {
-            eprintln!("{PROG}: job {job} queued and waiting for resources");
-        }
-        // As Slurm's srun: what goes to a file given is not shown here too.
-        let shown = [!p.has("output"), !p.has("error") && !p.has("output")];
-        follow_allocation(&cluster, job, quiet, shown).await
-    })?
-}
-
-/// The allocation an `srun` with `--output` or `--error` outside one asks for: a batch job of
-/// srun's options whose script runs the step.
-fn allocation_for(p: &Parsed) -> Result<super::sbatch::Submission, SlurmError> {
-    let ctx = Context::current()?;
-    let mut b = Builder::new(PROG, &ctx);
-    let mut output_given = false;
-    let mut error_given = false;
-    for (name, value) in &p.opts {
-        if STEP_ONLY.contains(name) {
-            continue;
-        }
-        output_given |= *name == "output";
-        error_given |= *name == "error";
-        b.apply(name, value.as_deref())?;
-    }
-    // With --error alone, stdout is streamed back from a file of its own; with --output alone,
-    // stderr joins it there, as srun's does.
-    if !output_given && error_given {
-        b.apply("output", Some(".corral-srun-%j.out"))?;
-    }
-    let name = std::path::Path::new(&p.operands[0]).file_name().map_or_else(|| p.operands[0].clone(), |n| n.to_string_lossy().into_owned());
-    // Like Slurm: an allocation first, whose script (on its first node) runs the step.
-    let corral = std::env::current_exe().map_err(|e| SlurmError::fatal(PROG, format!("find the corral executable: {e}")))?;
-    let mut sub = b.finish(Some(step_script(&corral.display().to_string(), p)), Vec::new(), name)?;
-    sub.spec.set_batch(true);
-    sub.spec.set_srun_allocation(true);
-    Ok(sub)
-}
-
-/// Follows the submitted allocation `job` to its end: cancels it on SIGINT or SIGTERM, says
-/// when it starts (unless `quiet`), copies its output here, and gives its exit code.
-/// `shown`: whether its stdout, and its stderr, are copied here.
-async fn follow_allocation(cluster: &crate::client::Cluster, job: proto::JobId, quiet: bool, shown: [bool; 2]) -> Result<i32, SlurmError> {
-    let mut offsets = [0u64, 0u64];
-    let mut announced = false;
-    let mut cancelled = false;
-    loop {
-        if SIGNAL.swap(0, Ordering::SeqCst) != 0 && !cancelled {
-            eprintln!("{PROG}: Force Terminated JobId={job}");
-            let _ = cluster.call(Request::Cancel { job }).await;
-            cancelled = true;
-        }
-        let state = match cluster.call(Request::GetJob { job }).await {
-            Ok(Ok(Reply::Job(j))) => Some(*j),
-            _ => None,
-        };
-        if let Some(j) = &state {
-            if !announced && j.state != proto::JobState::Pending {
-                if !quiet {
-                    eprintln!("{PROG}: job {job} has been allocated resources");
-                }
-                announced = true;
-            }
-        }
-        let (progressed, finished) =
-            if announced { copy_job_output(cluster, job, &mut offsets, shown).await } else { (false, [false, false]) };
-        if let Some(j) = state {
-            if j.state.is_final() && !progressed && (finished.iter().all(|f| *f) || !announced || j.start_ms.is_none()) {
-                let code = super::exit_code_of(&j);
-                if code != 0 && !quiet {
-                    eprintln!("{PROG}: error: job {job}: {} with exit code {code}", j.state.as_str());
-                }
-                return Ok(code);
-            }
-            if j.state.is_final() && !progressed {
-                // Output said it is not finished yet; give the node a moment.
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                if let Ok(Ok(Reply::Job(j))) = cluster.call(Request::GetJob { job }).await {
-                    if j.state.is_final() {
-                        return Ok(super::exit_code_of(&j));
-                    }
-                }
-            }
-        }
-        if !progressed {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-}
-
-/// Copies what is new of `job`'s stdout and stderr (read from `offsets`, which move on) to
-/// this process's: whether there was any, and whether each stream is finished.
-async fn copy_job_output(
-    cluster: &crate::client::Cluster,
-    job: proto::JobId,
-    offsets: &mut [u64; 2],
-    shown: [bool; 2],
-) -> (bool, [bool; 2]) {
-    let mut progressed = false;
-    // A stream not shown is finished as far as srun is concerned.
-    let mut finished = shown.map(|s| !s);
-    for (k, stream) in [LogStream::Stdout, LogStream::Stderr].into_iter().enumerate().filter(|(k, _)| shown[*k]) {
-        let req = Request::Logs { job, stream, offset: offsets[k], max_bytes: proto::limits::LOG_CHUNK_BYTES_MAX };
-        if let Ok(Ok(Reply::LogChunk { data, next_offset, finished: done })) = cluster.call(req).await {
-            if !data.is_empty() {
-                progressed = true;
-                if k == 0 {
-                    let _ = std::io::stdout().write_all(&data);
-                    let _ = std::io::stdout().flush();
-                } else {
-                    let _ = std::io::stderr().write_all(&data);
-                }
-            }
-            offsets[k] = next_offset;
-            finished[k] = done;
-        }
-    }
-    (progressed, finished)
-}
-
-/// Options a step inside an allocation takes without effect yet, and what the step does instead.
-const STEP_WITHOUT_EFFECT: &[(&str, &str)] = &[
-    ("cpus-per-task", "it sets SLURM_CPUS_PER_TASK; the step holds no CPUs of its own"),
-    ("mem", "the step shares the job's memory"),
-    ("mem-per-cpu", "the step shares the job's memory"),
-    ("mem-per-gpu", "the step shares the job's memory"),
-    ("exclusive", "the step shares the job's CPUs"),
-    ("exact", "the step shares the job's CPUs"),
-    ("whole", "the step shares the job's CPUs"),
+/// Options a step of a `corral submit` job (whose `srun` starts its node's tasks itself, not
+/// through the node's agent) takes without effect, and what the step does instead.
+const LOCAL_STEP_WITHOUT_EFFECT: &[(&str, &str)] = &[
+    ("cpus-per-task", "it sets SLURM_CPUS_PER_TASK; a `corral submit` job's step holds no CPUs of its own"),
+    ("mem", "a `corral submit` job's step shares the job's memory"),
+    ("mem-per-cpu", "a `corral submit` job's step shares the job's memory"),
+    ("mem-per-gpu", "a `corral submit` job's step shares the job's memory"),
+    ("exclusive", "a `corral submit` job's step shares the job's CPUs"),
+    ("exact", "a `corral submit` job's step shares the job's CPUs"),
 ];
 
 /// Options srun takes without effect yet wherever it runs (a step, or the job it makes
@@ -1224,9 +1142,10 @@ const SRUN_WITHOUT_EFFECT: &[(&str, &str)] = &[
 ];
 
 /// One stderr line for each option of `p` that this `srun` takes without effect (never
-/// silently): `in_allocation` for a step inside an existing allocation. Pure.
-pub fn step_warnings(p: &Parsed, in_allocation: bool) -> Vec<String> {
-    let step = STEP_WITHOUT_EFFECT.iter().filter(|_| in_allocation);
+/// silently): `local_step` for a step of a `corral submit` job, which starts its node's tasks
+/// itself. Pure.
+pub fn step_warnings(p: &Parsed, local_step: bool) -> Vec<String> {
+    let step = LOCAL_STEP_WITHOUT_EFFECT.iter().filter(|_| local_step);
     step.chain(SRUN_WITHOUT_EFFECT)
         .filter(|(name, _)| p.has(name) && !(*name == "mpi" && p.last("mpi") == Some("none")))
         .map(|(name, instead)| format!("{PROG}: warning: --{name} has no effect in Corral yet: {instead}"))
@@ -1249,10 +1168,12 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     let env = super::allocation_env(&std::env::vars().collect());
     let job_id = env.get("SLURM_JOB_ID").filter(|j| !j.is_empty());
     let batch = std::env::var(slurm_compat::env::BATCH_ENV).is_ok_and(|v| v == "1");
-    super::sbatch::print_warnings(&step_warnings(&p, job_id.is_some() || p.has("jobid")), p.has("quiet"));
+    let in_salloc = job_id.is_some_and(|id| !batch && env.get(super::salloc::SALLOC_JOB_ENV) == Some(id));
+    let local_step = !p.has("jobid") && job_id.is_some() && !batch && !in_salloc;
+    super::sbatch::print_warnings(&step_warnings(&p, local_step), p.has("quiet"));
     if let Some(text) = p.last("jobid") {
         run_step_in_job(&p, text, pty)
-    } else if let Some(id) = job_id.filter(|id| !batch && env.get(super::salloc::SALLOC_JOB_ENV) == Some(*id)) {
+    } else if let Some(id) = job_id.filter(|_| in_salloc) {
         // In salloc's command, where the allocation's nodes are elsewhere.
         run_step_in_job(&p, id, pty)
     } else if job_id.is_some() {
@@ -1263,9 +1184,6 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
         } else {
             run_local_step(&p, &env)
         }
-    } else if p.has("output") || p.has("error") {
-        // The step's output goes to the job's files: its script runs the step.
-        run_as_job(&p)
     } else {
         run_in_new_allocation(&p, pty)
     }
@@ -1299,7 +1217,9 @@ fn pty_size(p: &Parsed) -> Result<Option<PtySize>, SlurmError> {
 fn run_in_new_allocation(p: &Parsed, pty: Option<PtySize>) -> Result<i32, SlurmError> {
     let token = super::salloc::new_token();
     let name = std::path::Path::new(&p.operands[0]).file_name().map_or_else(|| p.operands[0].clone(), |n| n.to_string_lossy().into_owned());
-    let sub = super::salloc::holder_allocation(PROG, p, STEP_ONLY, &token, name)?;
+    // The step's own output files are srun's to write, not the holder's.
+    let skip: Vec<&str> = STEP_ONLY.iter().copied().chain(["output", "error", "open-mode"]).collect();
+    let sub = super::salloc::holder_allocation(PROG, p, &skip, &token, name)?;
     let quiet = p.has("quiet");
     super::sbatch::print_warnings(&sub.warnings, quiet);
     // Noted where granted() looks: SIGINT or SIGTERM while pending gives the allocation up.

@@ -299,15 +299,16 @@ fn step_options_without_effect_are_named_on_stderr() {
     assert_eq!(
         srun::step_warnings(&parse(&["--mem=4G", "-c", "2", "--gres=gpu:1", "-W", "5", "hostname"]), true),
         vec![
-            "srun: warning: --cpus-per-task has no effect in Corral yet: it sets SLURM_CPUS_PER_TASK; the step holds no CPUs of its own"
+            "srun: warning: --cpus-per-task has no effect in Corral yet: it sets SLURM_CPUS_PER_TASK; a `corral submit` job's step holds no CPUs of its own"
                 .to_string(),
-            "srun: warning: --mem has no effect in Corral yet: the step shares the job's memory".to_string(),
+            "srun: warning: --mem has no effect in Corral yet: a `corral submit` job's step shares the job's memory".to_string(),
             "srun: warning: --wait has no effect in Corral yet: tasks still running after the first one exits are not killed".to_string(),
         ]
     );
     assert!(srun::step_warnings(&parse(&["--gres=gpu:1", "-n", "2", "--overlap", "--mpi=none", "hostname"]), true).is_empty());
-    // Outside an allocation -c, --mem and --exact size the job's allocation: only the binds,
-    // --mpi and srun's own are named.
+    // In a batch job or an allocation (and outside one, where they size the job's
+    // allocation) -c, --mem and --exact take effect: only the binds, --mpi and srun's own are
+    // named.
     assert_eq!(
         srun::step_warnings(&parse(&["--mem=4G", "-c", "2", "--exact", "--cpu-bind=cores", "--mpi=pmix", "-I", "hostname"]), false),
         vec![
@@ -1113,12 +1114,17 @@ fn srun_step_spec_for_the_agents_and_the_script_of_an_allocation() {
         srun::step_spec(&parse(&["--gpus-per-task=x", "true"]), &env, &caller, "/").unwrap_err().text,
         "srun: error: Invalid --gpus-per-task specification: x"
     );
-    // Outside an allocation: the allocation's script runs the step with its step options.
-    let script = srun::step_script("/opt/corral/bin/corral", &parse(&["-N2", "-l", "-K", "sh", "-c", "echo 'hi'"]));
-    assert_eq!(
-        script,
-        "#!/bin/sh\nexec '/opt/corral/bin/corral' slurm srun '--label' '--kill-on-bad-exit' -- 'sh' '-c' 'echo '\\''hi'\\'''\n"
-    );
+    // Steps hold their tasks' CPUs with -c (which implies --exact) and memory by --mem*.
+    let c2 = srun::step_spec(&parse(&["-n1", "-c2", "--mem=1G", "true"]), &env, &caller, "/").unwrap();
+    assert_eq!((c2.cpus_per_task, c2.exact, c2.memory), (2, true, proto::StepMemory::PerNodeMib(1024)));
+    let whole = srun::step_spec(&parse(&["-n1", "--exact", "--whole", "--mem=0", "true"]), &env, &caller, "/").unwrap();
+    assert_eq!((whole.exact, whole.memory), (false, proto::StepMemory::Shared));
+    let mut per_cpu = env.clone();
+    per_cpu.insert("SLURM_MEM_PER_CPU".into(), "512".into());
+    let inherited = srun::step_spec(&parse(&["-n1", "--exclusive", "true"]), &per_cpu, &caller, "/").unwrap();
+    assert_eq!((inherited.exact, inherited.memory), (true, proto::StepMemory::PerCpuMib(512)), "the job's --mem-per-cpu, as Slurm's srun");
+    let plain = srun::step_spec(&parse(&["true"]), &env, &caller, "/").unwrap();
+    assert_eq!((plain.cpus_per_task, plain.exact, plain.memory), (1, false, proto::StepMemory::Whole));
 }
 
 /// The environment a real Slurm 22.05 gave the tasks of `srun` steps (captured on this host by

@@ -153,6 +153,7 @@ impl Node {
             }
             Request::StepLaunch { job, spec } => self.launch_step(job, spec, user).await,
             Request::StepStart { job, run, step, spec } => self.agent.start_step(job, run, step, &spec, user.as_deref()).await,
+            Request::StepHold { job, run, step, spec, release } => self.agent.hold_step(job, run, step, &spec, release, user.as_deref()),
             request @ (Request::StepRead { .. }
             | Request::StepInput { .. }
             | Request::StepSignal { .. }
@@ -278,6 +279,9 @@ impl Node {
         let mut spec = spec;
         self.add_step_rendezvous(&mut spec, job, step, &targets, numbered.master_port);
         let spec = Arc::new(spec);
+        if spec.nodes.len() > 1 && !spec.overlap && !spec.unrecorded {
+            self.hold_step_everywhere(job, run, step, &spec, &targets, &user).await?;
+        }
         // A node whose part is still starting (its preflight) answers "unavailable": ask again
         // for a while.
         let deadline = std::time::Instant::now() + Duration::from_millis(STEP_START_PATIENCE_MS);
@@ -334,6 +338,59 @@ impl Node {
             }
         }
         Err(ApiError::Unavailable(format!("step {job}.{step} could not start on {}", failed.join("; "))))
+    }
+
+    /// Has every node of a step of several nodes hold its share of the step's resources
+    /// ([`Request::StepHold`]) before any starts its tasks; where one cannot, gives back the
+    /// holds the others took and answers why (busy: the caller asks again).
+    async fn hold_step_everywhere(
+        self: &Arc<Self>,
+        job: JobId,
+        run: proto::RunNo,
+        step: u32,
+        spec: &Arc<proto::StepSpec>,
+        targets: &[(String, String)],
+        user: &Option<String>,
+    ) -> Result<(), ApiError> {
+        let holds = targets.iter().map(|(name, addr)| self.hold_step_on(job, run, step, spec, name, addr, false, user));
+        let results = futures_util::future::join_all(holds).await;
+        if results.iter().all(Result::is_ok) {
+            return Ok(());
+        }
+        let held = targets.iter().zip(&results).filter(|(_, r)| r.is_ok());
+        let releases = held.map(|((name, addr), _)| self.hold_step_on(job, run, step, spec, name, addr, true, user));
+        for (r, (name, _)) in futures_util::future::join_all(releases).await.into_iter().zip(targets) {
+            if let Err(e) = r {
+                // Dropped there once no start took it in time.
+                debug!(job, step, node = %name, error = %e, "give a step's hold back");
+            }
+        }
+        debug!(job, step, results = ?results, "a step hold refused");
+        let mut errors = results.into_iter().filter_map(Result::err);
+        let first = errors.next().unwrap_or_else(|| ApiError::Internal("a hold failed without an error".into()));
+        Err(errors.find(|e| matches!(e, ApiError::Busy(_))).filter(|_| !matches!(first, ApiError::Busy(_))).unwrap_or(first))
+    }
+
+    /// Asks node `name` at `addr` (this one, directly) to hold, or give back, its share of a step.
+    #[allow(clippy::too_many_arguments)]
+    async fn hold_step_on(
+        &self,
+        job: JobId,
+        run: proto::RunNo,
+        step: u32,
+        spec: &proto::StepSpec,
+        name: &str,
+        addr: &str,
+        release: bool,
+        user: &Option<String>,
+    ) -> Result<(), ApiError> {
+        if name == self.config.name {
+            return self.agent.hold_step(job, run, step, spec, release, user.as_deref()).map(drop);
+        }
+        let request = Request::StepHold { job, run, step, spec: spec.clone(), release };
+        let env = Envelope { hops: 0, request, user: user.clone() };
+        let reply = self.client.call(addr, &env, PEER_CALL_TIMEOUT).await;
+        reply.unwrap_or_else(|e| Err(ApiError::Unavailable(format!("reach {addr}: {e}")))).map(drop)
     }
 
     /// Gives a step what torchrun's static rendezvous needs (`PET_MASTER_ADDR`,
@@ -1295,6 +1352,7 @@ fn node_only(request: &Request) -> bool {
             | Request::RecordStep { .. }
             | Request::ReportStepEnds { .. }
             | Request::StepStart { .. }
+            | Request::StepHold { .. }
     )
 }
 
