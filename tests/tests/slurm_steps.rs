@@ -354,7 +354,8 @@ fn salloc_runs_the_command_here_with_steps_on_the_allocation_and_ends_with_its_s
     // Its `srun` is its step 0; salloc's own step that hands the status over is no step.
     wait_until("the step's end in sacct", Duration::from_secs(20), || {
         let out = c.shim("sacct", &["-j", &id.to_string(), "--format=JobID,JobName,State,ExitCode", "-P", "-n"], &[]);
-        String::from_utf8_lossy(&out.stdout) == format!("{id}|interactive|FAILED|3:0\n{id}.extern|extern|COMPLETED|0:0\n{id}.0|sh|COMPLETED|0:0\n")
+        String::from_utf8_lossy(&out.stdout)
+            == format!("{id}|interactive|FAILED|3:0\n{id}.extern|extern|COMPLETED|0:0\n{id}.0|sh|COMPLETED|0:0\n")
     });
 
     // Exit 0 is COMPLETED; a busy cluster makes salloc wait, and say so.
@@ -663,7 +664,11 @@ fn sacct_shows_the_batch_script_and_each_step_with_its_own_state_and_exit_code()
     let jobs = v["jobs"].as_array().map(Vec::as_slice).unwrap_or_default();
     assert_eq!(jobs.len(), 1, "{text}");
     let job = &jobs[0];
-    assert_eq!((job["job_id"].as_u64(), job["name"].as_str(), job["nodes"].as_str()), (Some(id), Some("steps.sh"), Some("n[1-2]")), "{job}");
+    assert_eq!(
+        (job["job_id"].as_u64(), job["name"].as_str(), job["nodes"].as_str()),
+        (Some(id), Some("steps.sh"), Some("n[1-2]")),
+        "{job}"
+    );
     assert_eq!(job["state"]["current"], "COMPLETED", "{job}");
     assert_eq!(job["exit_code"], serde_json::json!({"status": "SUCCESS", "return_code": 0}), "{job}");
     let steps: Vec<(String, String, String)> = job["steps"]
