@@ -67,10 +67,17 @@ fn or_null<T: Into<Value>>(v: Option<T>) -> Value {
     v.map_or(Value::Null, Into::into)
 }
 
+/// The cluster name Corral's JSON gives (Slurm's `ClusterName`).
+pub const CLUSTER: &str = "corral";
+
 /// The wait status Slurm keeps as a job's `exit_code` (`code << 8 | signal`), from its
 /// `code:signal` text.
 pub fn raw_exit_code(job: &Job) -> u64 {
-    let text = show::exit_code_text(job);
+    wait_status(&show::exit_code_text(job))
+}
+
+/// The wait status (`code << 8 | signal`) of a `code:signal` text.
+pub fn wait_status(text: &str) -> u64 {
     let (code, signal) = text.split_once(':').unwrap_or(("0", "0"));
     (code.parse::<u64>().unwrap_or(0) & 0xff) << 8 | (signal.parse::<u64>().unwrap_or(0) & 0x7f)
 }
@@ -101,7 +108,7 @@ fn job_identity(job: &Job, out: &mut Map<String, Value>) {
         text("array_task_string", String::new()),
         ("association_id".into(), json!(0)),
         ("batch_flag".into(), json!(spec.is_batch())),
-        text("cluster", "corral".into()),
+        text("cluster", CLUSTER.into()),
         text("command", if spec.is_batch() { String::new() } else { spec.argv.join(" ") }),
         text("comment", spec.extra.get("comment").cloned().unwrap_or_default()),
         text("container", String::new()),

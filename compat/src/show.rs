@@ -184,6 +184,15 @@ pub fn gres_text(n: &NodeInfo) -> String {
     }
 }
 
+/// Seconds a job has run (so far, or in total), its suspensions not counted (Slurm's TimeUsed).
+pub fn run_seconds(job: &Job, now_ms: u64) -> u64 {
+    match job.state {
+        JobState::Running => job.run_time_ms_at(now_ms) / 1000,
+        st if st.is_final() && job.end_ms.is_some() => job.run_time_ms_at(now_ms) / 1000,
+        _ => 0,
+    }
+}
+
 /// Names of the nodes a job runs on (or last ran on), in allocation order.
 pub fn job_node_names(job: &Job, names: &BTreeMap<u64, String>) -> Vec<String> {
     job.run_nodes().iter().map(|id| names.get(id).cloned().unwrap_or_else(|| format!("node{id}"))).collect()

@@ -354,7 +354,8 @@ fn salloc_runs_the_command_here_with_steps_on_the_allocation_and_ends_with_its_s
     // Its `srun` is its step 0; salloc's own step that hands the status over is no step.
     wait_until("the step's end in sacct", Duration::from_secs(20), || {
         let out = c.shim("sacct", &["-j", &id.to_string(), "--format=JobID,JobName,State,ExitCode", "-P", "-n"], &[]);
-        String::from_utf8_lossy(&out.stdout) == format!("{id}|interactive|FAILED|3:0\n{id}.0|sh|COMPLETED|0:0\n")
+        String::from_utf8_lossy(&out.stdout)
+            == format!("{id}|interactive|FAILED|3:0\n{id}.extern|extern|COMPLETED|0:0\n{id}.0|sh|COMPLETED|0:0\n")
     });
 
     // Exit 0 is COMPLETED; a busy cluster makes salloc wait, and say so.
@@ -683,9 +684,10 @@ fn steps_hold_their_own_cpus_and_memory_inside_an_allocation() {
     assert_eq!(job["state"], "OUT_OF_MEMORY", "{job}");
 }
 
-/// `sacct` shows a batch job's script as `ID.batch` and each step as `ID.N`, with its command's
-/// name, nodes, state and exit code as the log recorded them, from any node; `-X` shows the
-/// allocation alone.
+/// `sacct` shows a batch job's script as `ID.batch`, its allocation as `ID.extern` and each
+/// step as `ID.N`, with its command's name, nodes, state and exit code as the log recorded
+/// them, from any node; `-X` shows the allocation alone. `sacct --json -j ID` prints the same
+/// job and steps as Slurm 22.05's `dbv0.0.38` objects.
 #[test]
 fn sacct_shows_the_batch_script_and_each_step_with_its_own_state_and_exit_code() {
     let c = TestCluster::up(&["--nodes", "2", "--voters-max", "1", "--gpus", "h100:1"]);
@@ -699,6 +701,7 @@ fn sacct_shows_the_batch_script_and_each_step_with_its_own_state_and_exit_code()
     let expected = format!(
         "{id}|steps.sh|2|n[1-2]|COMPLETED|0:0\n\
          {id}.batch|batch|1|{first}|COMPLETED|0:0\n\
+         {id}.extern|extern|2|n[1-2]|COMPLETED|0:0\n\
          {id}.0|hostname|2|n[1-2]|COMPLETED|0:0\n\
          {id}.1|sh|1|{first}|FAILED|3:0\n\
          {id}.2|true|1|{first}|COMPLETED|0:0\n"
@@ -712,6 +715,39 @@ fn sacct_shows_the_batch_script_and_each_step_with_its_own_state_and_exit_code()
     });
     assert_eq!(last, expected);
     assert_eq!(sacct(&["-j", &id_s, "-X", "-P", "-n", "-o", "JobID,State"]), format!("{id}|COMPLETED\n"));
+
+    // --json: the same job and steps; the format options are ignored, as in Slurm.
+    let text = sacct(&["--json", "-j", &id_s, "-o", "JobID"]);
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("sacct --json: {e}\n{text}"));
+    assert_eq!((&v["errors"], &v["meta"]["plugin"]["type"]), (&serde_json::json!([]), &serde_json::json!("openapi/v0.0.38")), "{text}");
+    let jobs = v["jobs"].as_array().map(Vec::as_slice).unwrap_or_default();
+    assert_eq!(jobs.len(), 1, "{text}");
+    let job = &jobs[0];
+    assert_eq!(
+        (job["job_id"].as_u64(), job["name"].as_str(), job["nodes"].as_str()),
+        (Some(id), Some("steps.sh"), Some("n[1-2]")),
+        "{job}"
+    );
+    assert_eq!(job["state"]["current"], "COMPLETED", "{job}");
+    assert_eq!(job["exit_code"], serde_json::json!({"status": "SUCCESS", "return_code": 0}), "{job}");
+    let steps: Vec<(String, String, String)> = job["steps"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|s| (s["step"]["id"].to_string().trim_matches('"').to_string(), s["state"].to_string(), s["exit_code"]["status"].to_string()))
+        .collect();
+    let step = |id: &str, state: &str| (id.to_string(), format!("\"{state}\""), "\"SUCCESS\"".to_string());
+    // 22.05 prints any normal exit as SUCCESS (WIFEXITED), step 1's `exit 3` too.
+    assert_eq!(
+        steps,
+        [step("batch", "COMPLETED"), step("extern", "COMPLETED"), step("0", "COMPLETED"), step("1", "FAILED"), step("2", "COMPLETED")],
+        "{job}"
+    );
+    assert_eq!(job["steps"][1]["nodes"]["list"], serde_json::json!(["n1", "n2"]), "{job}");
+    // -X: the job alone.
+    let v: serde_json::Value = serde_json::from_str(&sacct(&["--json", "-X", "-j", &id_s])).expect("sacct --json -X");
+    assert_eq!(v["jobs"][0]["steps"], serde_json::json!([]));
 }
 
 /// `sstat` (issue 18): what a running 2-node step's 4 tasks use, read from `/proc` on each node

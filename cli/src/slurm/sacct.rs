@@ -1,11 +1,14 @@
 //! `sacct`: accounting lines for jobs from the cluster's job list (finished ones included),
 //! with `--format`, `-P/--parsable2`, `-p`, `-S/-E` windows and filters: a line for each job,
-//! then (without `-X`) one for its batch script (`ID.batch`) and one for each step of its last
-//! run (`ID.N`), as the log recorded them.
+//! then (without `-X`) one for its batch script (`ID.batch`), one for its extern step
+//! (`ID.extern`, its allocation on its nodes) and one for each step of its last run (`ID.N`),
+//! as the log recorded them. `--json` prints the same jobs as Slurm 22.05's `dbv0.0.38` objects
+//! (`slurm_compat::acct`), ignoring the format options as Slurm does.
 
 use std::collections::BTreeMap;
 
-use proto::{Job, JobState, StepRecord};
+use proto::{Job, JobState};
+use slurm_compat::acct::{self, StepKind};
 
 use super::env::DEFAULT_PARTITION;
 use super::opts::{self, opt, Arg, OptDef};
@@ -30,6 +33,7 @@ const OPTIONS: &[OptDef] = &[
     opt("help", Some('h'), Arg::No),
     opt("helpformat", Some('e'), Arg::No),
     opt("jobs", Some('j'), Arg::Required),
+    opt("json", None, Arg::No),
     opt("long", Some('l'), Arg::No),
     opt("name", None, Arg::Required),
     opt("noheader", Some('n'), Arg::No),
@@ -211,70 +215,56 @@ pub fn value(job: &Job, name: &str, names: &BTreeMap<u64, String>, now_ms: u64) 
     }
 }
 
-/// One line of the table: a job (its allocation), its batch script, or one of its steps.
+/// One line of the table: a job (its allocation), or one of its step lines (its batch script,
+/// its extern step, or a step).
 #[derive(Clone, Copy, Debug)]
 pub enum Row<'a> {
     Job(&'a Job),
-    Batch(&'a Job),
-    Step(&'a Job, &'a StepRecord),
+    Step(&'a Job, StepKind<'a>),
 }
 
-/// The lines of `jobs`: each job, then with `steps` its batch script (once it started) and
-/// its steps.
+/// The lines of `jobs`: each job, then with `steps` its step lines (`ID.batch`, `ID.extern`
+/// once it started, `ID.N`; see [`acct::step_kinds`]).
 pub fn rows<'a>(jobs: &[&'a Job], steps: bool) -> Vec<Row<'a>> {
     let mut out = Vec::new();
     for j in jobs {
         out.push(Row::Job(j));
-        if !steps {
-            continue;
+        if steps {
+            out.extend(acct::step_kinds(j).into_iter().map(|k| Row::Step(j, k)));
         }
-        // `srun`'s and `salloc`'s allocations have no script of the user's (nor in Slurm).
-        if j.spec.is_batch() && !j.spec.is_srun_allocation() && j.start_ms.is_some() {
-            out.push(Row::Batch(j));
-        }
-        out.extend(j.steps.iter().map(|s| Row::Step(j, s)));
     }
     out
 }
 
-/// One field of a batch script's or a step's line: its own times, nodes, CPUs, state and exit;
-/// what belongs to the allocation (partition, user, limits) is left blank, as in Slurm.
+/// One field of a step line: its own times, nodes, CPUs, state and exit; what belongs to the
+/// allocation (partition, user, limits) is left blank, as in Slurm. The extern step's TRES are
+/// the job's.
 pub fn step_value(row: Row<'_>, name: &str, names: &BTreeMap<u64, String>, now_ms: u64) -> String {
-    let (job, step) = match row {
+    let (job, kind) = match row {
         Row::Job(j) => return value(j, name, names, now_ms),
-        Row::Batch(j) => (j, None),
-        Row::Step(j, s) => (j, Some(s)),
+        Row::Step(j, k) => (j, k),
     };
-    let suffix = step.map_or("batch".to_string(), |s| s.step.to_string());
-    let nodes: Vec<String> = match step {
-        Some(s) => s.nodes.clone(),
-        None => super::job_node_names(job, names).into_iter().take(1).collect(),
-    };
-    let start_ms = step.map_or(job.start_ms.unwrap_or(0), |s| s.start_ms);
-    // A step the job's end cut short ends with it.
-    let end_ms = step.map_or(job.end_ms, |s| s.end_ms.or(job.end_ms.filter(|_| job.state.is_final())));
-    let seconds = end_ms.unwrap_or(now_ms).saturating_sub(start_ms) / 1000;
-    let cpus = u64::from(job.spec.cpus_per_task) * step.map_or(u64::from(job.spec.ntasks_per_node), |s| u64::from(s.ntasks));
+    let v = acct::step_view(job, kind, names);
+    let seconds = v.end_ms.unwrap_or(now_ms).saturating_sub(v.start_ms) / 1000;
+    let cpus = v.cpus;
     match name {
-        "JobID" => format!("{}.{suffix}", super::display_id(job)),
-        "JobIDRaw" => format!("{}.{suffix}", job.id),
-        "JobName" => step.map_or("batch".to_string(), |s| s.name.clone()),
+        "JobID" => format!("{}.{}", super::display_id(job), v.id),
+        "JobIDRaw" => format!("{}.{}", job.id, v.id),
+        "JobName" => v.name,
         "Partition" | "User" | "Timelimit" | "QOS" | "Reason" | "Restarts" | "GPUSeconds" | "Eligible" | "ReqNodes" => String::new(),
         "AllocCPUS" | "NCPUS" | "ReqCPUS" => cpus.to_string(),
-        "AllocNodes" | "NNodes" => nodes.len().to_string(),
-        "AllocTRES" => format!("cpu={cpus},mem={},node={}", mem_text(job.spec.mem_mib.saturating_mul(nodes.len() as u64)), nodes.len()),
-        "NodeList" => hostlist::compress(&nodes),
-        "Start" | "Submit" => time::datetime(start_ms),
-        "End" => end_ms.map_or("Unknown".into(), time::datetime),
+        "AllocNodes" | "NNodes" => v.nodes.len().to_string(),
+        "AllocTRES" if matches!(kind, StepKind::Extern) => alloc_tres(job),
+        "AllocTRES" => format!("cpu={cpus},mem={},node={}", mem_text(job.spec.mem_mib.saturating_mul(v.nodes.len() as u64)), v.nodes.len()),
+        "NodeList" => hostlist::compress(&v.nodes),
+        "Start" | "Submit" => time::datetime(v.start_ms),
+        "End" => v.end_ms.map_or("Unknown".into(), time::datetime),
         "Elapsed" => time::elapsed(seconds),
         "ElapsedRaw" => seconds.to_string(),
         "CPUTime" => time::elapsed(seconds * cpus),
         "CPUTimeRAW" => (seconds * cpus).to_string(),
-        "State" => step.map_or(job.state_name(), |s| s.state_name(job)).to_string(),
-        "ExitCode" => match step {
-            Some(s) => format!("{}:{}", if s.signal.is_some() { 0 } else { s.exit_code.max(0) }, s.signal.unwrap_or(0)),
-            None => super::exit_code_text(job),
-        },
+        "State" => v.state.to_string(),
+        "ExitCode" => v.exit_code,
         _ => value(job, name, names, now_ms),
     }
 }
@@ -406,7 +396,7 @@ fn split_list(values: Vec<&str>) -> Vec<String> {
 pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     let p = opts::parse(PROG, OPTIONS, args, false)?;
     if p.has("help") || p.has("usage") {
-        println!("Usage: sacct [-a] [-b] [-E time] [-j jobs] [-l] [-n] [-o fields] [-p|-P] [-r partitions] [-S time] [-s states] [-u users] [-X]");
+        println!("Usage: sacct [-a] [-b] [-E time] [-j jobs] [--json] [-l] [-n] [-o fields] [-p|-P] [-r partitions] [-S time] [-s states] [-u users] [-X]");
         return Ok(0);
     }
     if p.has("version") {
@@ -466,7 +456,12 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
         None => None,
     };
     filter.end_ms = p.last("endtime").map(|t| point("--endtime", t)).transpose()?;
-    if filter.users.is_empty() && !p.has("allusers") && filter.jobs.is_empty() {
+    let json = p.has("json");
+    if json {
+        // Slurm 22.05's `sacct --json` hands the plugin's query every selection but the users
+        // (src/sacct/data.c: no `userid_list`), so it lists every user's jobs, `-u` or not.
+        filter.users.clear();
+    } else if filter.users.is_empty() && !p.has("allusers") && filter.jobs.is_empty() {
         let me = super::current_user();
         if me != "root" {
             filter.users.push(me);
@@ -480,7 +475,14 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     let names = super::node_names(&nodes);
     let mut shown: Vec<&Job> = jobs.iter().filter(|j| filter.matches(j, &names)).collect();
     shown.sort_by_key(|j| (j.array.as_ref().map_or(j.id, |a| a.array_job), j.array.as_ref().map_or(0, |a| a.task)));
+    let now_ms = (now_s as u64) * 1000;
+    if json {
+        let items = shown.iter().map(|j| acct::db_job(j, &names, now_ms, !p.has("allocations"))).collect();
+        let text = serde_json::to_string_pretty(&acct::db_jobs(items)).map_err(|e| SlurmError::fatal(PROG, e))?;
+        println!("{text}");
+        return Ok(0);
+    }
     let lines = rows(&shown, !p.has("allocations"));
-    print!("{}", table_rows(&lines, &columns, style, !p.has("noheader"), &names, (now_s as u64) * 1000));
+    print!("{}", table_rows(&lines, &columns, style, !p.has("noheader"), &names, now_ms));
     Ok(0)
 }

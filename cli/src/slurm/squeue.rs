@@ -245,14 +245,7 @@ pub fn mem_text(mib: u64) -> String {
     }
 }
 
-/// Seconds a job has run (so far, or in total), its suspensions not counted (Slurm's TimeUsed).
-pub fn run_seconds(job: &Job, now_ms: u64) -> u64 {
-    match job.state {
-        JobState::Running => job.run_time_ms_at(now_ms) / 1000,
-        st if st.is_final() && job.end_ms.is_some() => job.run_time_ms_at(now_ms) / 1000,
-        _ => 0,
-    }
-}
+pub use slurm_compat::show::run_seconds;
 
 pub fn field(row: &Row<'_>, code: char, names: &BTreeMap<u64, String>, now_ms: u64) -> String {
     let job = row.job;

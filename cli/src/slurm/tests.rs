@@ -804,6 +804,7 @@ fn sacct_columns_and_parsable() {
         sacct::table_rows(&sacct::rows(&[&batch], true), &cols, sacct::Style::Parsable2, false, &names_map(), 0),
         "42|train_model_long|gpu|8|1|gpu[01-02]|COMPLETED|0:0|00:01:05\n\
          42.batch|batch||8|1|gpu01|COMPLETED|0:0|00:01:05\n\
+         42.extern|extern||8|2|gpu[01-02]|COMPLETED|0:0|00:01:05\n\
          42.0|python||16|2|gpu[01-02]|COMPLETED|0:0|00:00:30\n\
          42.1|hostname||16|1|gpu02|FAILED|3:0|00:00:01\n\
          42.2|sleep||16|1|gpu01|FAILED|0:9|00:00:02\n\
@@ -820,6 +821,258 @@ fn sacct_columns_and_parsable() {
     let f = sacct::Filter { start_ms: Some(10_000_000), ..Default::default() };
     assert!(!f.matches(&failed, &names_map()));
     assert!(f.matches(&cancelled, &names_map()) || cancelled.end_ms.is_some());
+}
+
+/// `ID.extern` (Slurm's step with `PrologFlags=Contain`; in Corral the job's allocation on its
+/// nodes): after `ID.batch`, before `ID.0`, once the job started; the job's nodes, CPUs, TRES,
+/// start and end; RUNNING while the job runs, COMPLETED once it ended, CANCELLED after a
+/// NODE_FAIL; exit 0:0 whatever the job's.
+#[test]
+fn sacct_shows_the_extern_step_of_every_job_that_started() {
+    let mut job = listed(60, "ext", JobState::Running);
+    std::sync::Arc::make_mut(&mut job.spec).set_batch(true);
+    std::sync::Arc::make_mut(&mut job.spec).nodes = 2;
+    std::sync::Arc::make_mut(&mut job.spec).cpus_per_task = 4;
+    std::sync::Arc::make_mut(&mut job.spec).gres = Some(GresRequest { gpu_type: None, count: 2 });
+    job.start_ms = Some(3_000_000);
+    job.last_nodes = vec![1, 2];
+    job.steps = vec![proto::StepRecord {
+        step: 0,
+        name: "python".into(),
+        nodes: vec!["gpu02".into()],
+        ntasks: 1,
+        start_ms: 3_001_000,
+        end_ms: Some(3_002_000),
+        ended_on: vec!["gpu02".into()],
+        exit_code: 0,
+        signal: None,
+    }];
+    let cols = sacct::parse_fields("JobID,JobName,AllocCPUS,NNodes,NodeList,State,ExitCode,Start,End,AllocTRES").unwrap();
+    let table = |j: &Job| sacct::table_rows(&sacct::rows(&[j], true), &cols, sacct::Style::Parsable2, false, &names_map(), 3_010_000);
+    let start = time::datetime(3_000_000);
+    let tres = "billing=8,cpu=8,gres/gpu=4,mem=2G,node=2";
+    assert_eq!(
+        table(&job),
+        format!(
+            "60|ext|8|2|gpu[01-02]|RUNNING|0:0|{start}|Unknown|{tres}\n\
+             60.batch|batch|4|1|gpu01|RUNNING|0:0|{start}|Unknown|cpu=4,mem=1G,node=1\n\
+             60.extern|extern|8|2|gpu[01-02]|RUNNING|0:0|{start}|Unknown|{tres}\n\
+             60.0|python|4|1|gpu02|COMPLETED|0:0|{}|{}|cpu=4,mem=1G,node=1\n",
+            time::datetime(3_001_000),
+            time::datetime(3_002_000)
+        )
+    );
+    // Ended: COMPLETED with the job's end, whatever the job's own exit.
+    job.state = JobState::Failed;
+    job.exit_code = Some(3);
+    job.end_ms = Some(3_600_000);
+    let end = time::datetime(3_600_000);
+    let extern_line = |j: &Job| table(j).lines().find(|l| l.starts_with("60.extern|")).map(str::to_string);
+    assert_eq!(extern_line(&job), Some(format!("60.extern|extern|8|2|gpu[01-02]|COMPLETED|0:0|{start}|{end}|{tres}")));
+    job.state = JobState::NodeFail;
+    job.exit_code = None;
+    assert_eq!(extern_line(&job), Some(format!("60.extern|extern|8|2|gpu[01-02]|CANCELLED|0:0|{start}|{end}|{tres}")));
+    // An srun allocation has no batch script but an extern step; a job that never ran has neither.
+    let mut srun_alloc = listed(61, "x", JobState::Completed);
+    srun_alloc.end_ms = Some(1_800_000_020_000);
+    srun_alloc.last_nodes = vec![1];
+    let ids = |j: &Job| sacct::rows(&[j], true).iter().map(|r| sacct::step_value(*r, "JobID", &names_map(), 0)).collect::<Vec<_>>();
+    assert_eq!(ids(&srun_alloc), ["61", "61.extern"]);
+    let mut never = listed(62, "n", JobState::Cancelled);
+    never.start_ms = None;
+    assert_eq!(ids(&never), ["62"]);
+}
+
+/// Every key of `schema` (resolving `$ref`s in `schemas`) in `value` with the schema's JSON
+/// type, under `path`; `problems` collects what differs.
+fn check_against_schema(
+    value: &serde_json::Value,
+    schema: &serde_json::Value,
+    schemas: &serde_json::Value,
+    path: &str,
+    problems: &mut Vec<String>,
+) {
+    use serde_json::Value;
+    let schema = match schema["$ref"].as_str() {
+        Some(r) => &schemas[r.trim_start_matches("#/components/schemas/")],
+        None => schema,
+    };
+    // Where Slurm 22.05's dumper (src/plugins/openapi/dbv0.0.38/parse.c) prints another type
+    // than its own openapi.json says: `allocation_nodes` is dumped as UINT32, a numbered step's
+    // `step.id` by `_dump_step_id` as an integer, `task` as `task/distribution`.
+    let dumped_as = match path {
+        "job.allocation_nodes" => Some("integer"),
+        "step.step.id" if value.is_number() => Some("integer"),
+        "step.task" => Some("object"),
+        _ => None,
+    };
+    // Values Slurm dumps as null where the database has none (a NULL string, NO_VAL), which
+    // Corral has none of either.
+    const NULLS: &[&str] = &[
+        "job.comment.administrator",
+        "job.comment.job",
+        "job.comment.system",
+        "job.group",
+        "job.time.limit",
+        "job.array.task",
+        "job.array.task_id",
+        "job.het.job_offset",
+        "job.kill_request_user",
+        "job.association.partition",
+        "step.pid",
+        "step.kill_request_user",
+        "step.CPU.requested_frequency.min",
+        "step.CPU.requested_frequency.max",
+        "step.step.het.component",
+        "tres.name",
+    ];
+    let want = dumped_as.unwrap_or_else(|| schema["type"].as_str().unwrap_or("object"));
+    let got = match value {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_f64() => "number",
+        Value::Number(_) => "integer",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    };
+    if got == "null" && (NULLS.contains(&path) || (path.ends_with("exit_code.return_code") && want == "integer")) {
+        return;
+    }
+    if got != want {
+        problems.push(format!("{path}: {got}, the schema's is {want}: {value}"));
+        return;
+    }
+    if dumped_as.is_some() {
+        return;
+    }
+    let item_path = |p: &str| match schema["items"]["$ref"].as_str() {
+        Some(r) if r.ends_with("dbv0.0.38_job_step") => "step".to_string(),
+        _ if schema["items"]["properties"].get("count").is_some() => "tres".to_string(),
+        _ => format!("{p}[]"),
+    };
+    match value {
+        Value::Array(items) => {
+            for item in items {
+                check_against_schema(item, &schema["items"], schemas, &item_path(path), problems);
+            }
+        }
+        Value::Object(map) => {
+            let props = schema["properties"].as_object().cloned().unwrap_or_default();
+            for (key, sub) in &props {
+                match map.get(key) {
+                    Some(v) => check_against_schema(v, sub, schemas, &format!("{path}.{key}"), problems),
+                    // `signal` is there only for a signaled exit (`_dump_job_exit_code`).
+                    None if key == "signal" && map.get("status") != Some(&serde_json::json!("SIGNALED")) => {}
+                    None => problems.push(format!("{path}.{key}: missing")),
+                }
+            }
+            for key in map.keys().filter(|k| !props.contains_key(*k)) {
+                // `_foreach_step` adds each step's `nodes.list`, which the schema leaves out.
+                if format!("{path}.{key}") != "step.nodes.list" {
+                    problems.push(format!("{path}.{key}: not in the schema"));
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// `sacct --json`'s job objects have every key of Slurm 22.05's `dbv0.0.38_job` and
+/// `dbv0.0.38_job_step` schemas with their types. The reference is Slurm's source at tag
+/// `slurm-22-05-8-1` (the Slurm 22.05 here has no slurmdbd, so it cannot print them):
+/// `src/plugins/openapi/dbv0.0.38/openapi.json` (the fixture is its schemas verbatim),
+/// `src/plugins/openapi/dbv0.0.38/parse.c` (what is dumped, and how) and `src/sacct/data.c`.
+#[test]
+fn sacct_json_has_every_key_of_slurm_22_05_dbv0_0_38_jobs_with_its_type() {
+    use serde_json::json;
+    use slurm_compat::acct;
+    let fixture: serde_json::Value =
+        serde_json::from_str(include_str!("../../../tests/fixtures/slurm_json/sacct_dbv0.0.38_schema.json")).expect("fixture");
+    let schemas = &fixture["schemas"];
+    let mut job = listed(70, "train", JobState::Failed);
+    std::sync::Arc::make_mut(&mut job.spec).set_batch(true);
+    std::sync::Arc::make_mut(&mut job.spec).nodes = 2;
+    std::sync::Arc::make_mut(&mut job.spec).gres = Some(GresRequest { gpu_type: Some("h100".into()), count: 1 });
+    std::sync::Arc::make_mut(&mut job.spec).time_limit_ms = Some(600_000);
+    std::sync::Arc::make_mut(&mut job.spec).gid = Some(100);
+    job.start_ms = Some(1_800_000_010_000);
+    job.end_ms = Some(1_800_000_070_000);
+    job.exit_code = Some(3);
+    job.last_nodes = vec![1, 2];
+    job.steps = vec![proto::StepRecord {
+        step: 0,
+        name: "python".into(),
+        nodes: vec!["gpu01".into(), "gpu02".into()],
+        ntasks: 2,
+        start_ms: 1_800_000_020_000,
+        end_ms: Some(1_800_000_050_000),
+        ended_on: vec!["gpu01".into(), "gpu02".into()],
+        exit_code: 0,
+        signal: Some(9),
+    }];
+    let names = names_map();
+    let ours = acct::db_job(&job, &names, 1_800_000_100_000, true);
+    let mut problems = Vec::new();
+    check_against_schema(&ours, &schemas["dbv0.0.38_job"], schemas, "job", &mut problems);
+    assert!(problems.is_empty(), "{problems:#?}\n{ours:#}");
+    // The check sees a key missing, a type changed, a step's key missing.
+    let mut broken = ours.clone();
+    broken.as_object_mut().map(|o| o.remove("user"));
+    broken["job_id"] = json!("70");
+    broken["steps"][2]["tasks"] = json!({});
+    let mut problems = Vec::new();
+    check_against_schema(&broken, &schemas["dbv0.0.38_job"], schemas, "job", &mut problems);
+    assert_eq!(problems.len(), 3, "{problems:#?}");
+    assert!(
+        problems[0].starts_with("job.job_id: string") && problems[1] == "step.tasks.count: missing" && problems[2] == "job.user: missing",
+        "{problems:#?}"
+    );
+
+    // The values are the job's, as its text lines show them.
+    assert_eq!(
+        (&ours["job_id"], &ours["name"], &ours["user"], &ours["nodes"]),
+        (&json!(70), &json!("train"), &json!("alice"), &json!("gpu[01-02]"))
+    );
+    assert_eq!(ours["state"], json!({"current": "FAILED", "reason": "NonZeroExitCode"}));
+    // 22.05 tests WIFEXITED first: any normal exit is SUCCESS (wait status 768 here).
+    assert_eq!(ours["exit_code"], json!({"status": "SUCCESS", "return_code": 0}));
+    assert_eq!(
+        (&ours["time"]["start"], &ours["time"]["end"], &ours["time"]["elapsed"], &ours["time"]["limit"]),
+        (&json!(1_800_000_010), &json!(1_800_000_070), &json!(60), &json!(10))
+    );
+    assert_eq!((&ours["allocation_nodes"], &ours["required"]["CPUs"], &ours["group"]), (&json!(2), &json!(2), &json!("100")));
+    let tres = |v: &serde_json::Value| {
+        v.as_array()
+            .map(|a| a.iter().map(|t| format!("{}={}", t["type"].as_str().unwrap_or("?"), t["count"])).collect::<Vec<_>>().join(","))
+    };
+    assert_eq!(tres(&ours["tres"]["allocated"]).as_deref(), Some("cpu=2,mem=2048,node=2,billing=2,gres=2"));
+    let steps = ours["steps"].as_array().expect("steps");
+    let ids: Vec<&serde_json::Value> = steps.iter().map(|s| &s["step"]["id"]).collect();
+    assert_eq!(ids, [&json!("batch"), &json!("extern"), &json!(0)]);
+    let states: Vec<&str> = steps.iter().filter_map(|s| s["state"].as_str()).collect();
+    assert_eq!(states, ["FAILED", "COMPLETED", "FAILED"]);
+    assert_eq!(steps[1]["nodes"], json!({"count": 2, "range": "gpu[01-02]", "list": ["gpu01", "gpu02"]}));
+    assert_eq!(steps[1]["exit_code"], json!({"status": "SUCCESS", "return_code": 0}));
+    assert_eq!(steps[0]["nodes"]["list"], json!(["gpu01"]));
+    assert_eq!(steps[2]["exit_code"], json!({"status": "SIGNALED", "return_code": null, "signal": {"signal_id": 9, "name": "Killed"}}));
+    assert_eq!(
+        (&steps[2]["time"]["elapsed"], &steps[2]["tasks"]["count"], &steps[2]["step"]["name"]),
+        (&json!(30), &json!(2), &json!("python"))
+    );
+    // -X: no steps; the envelope is every --json output's.
+    assert_eq!(acct::db_job(&job, &names, 0, false)["steps"], json!([]));
+    let all = acct::db_jobs(vec![ours.clone()]);
+    assert_eq!((&all["errors"], &all["meta"]["plugin"]["type"]), (&json!([]), &json!("openapi/v0.0.38")));
+    // A job that never started: no allocation, no steps, its request all the same.
+    let mut pending = listed(71, "wait", JobState::Pending);
+    pending.start_ms = None;
+    let ours = acct::db_job(&pending, &names, 0, true);
+    let mut problems = Vec::new();
+    check_against_schema(&ours, &schemas["dbv0.0.38_job"], schemas, "job", &mut problems);
+    assert!(problems.is_empty(), "{problems:#?}");
+    assert_eq!((&ours["nodes"], &ours["steps"], &ours["tres"]["allocated"]), (&json!("None assigned"), &json!([]), &json!([])));
+    assert_eq!(tres(&ours["tres"]["requested"]).as_deref(), Some("cpu=1,mem=1024,node=1,billing=1"));
 }
 
 fn node(id: u64, name: &str, state: NodeState, total: u32, free: u32) -> NodeInfo {
