@@ -143,12 +143,15 @@ struct HeldStep {
     /// its end), not by time.
     started: bool,
     /// What was asked, so that a step number given back and used again is granted anew.
-    asked: (u32, proto::StepMemory, Option<u32>, bool, u32, bool),
+    asked: Asked,
 }
 
+/// What a step asks of a node: CPUs per task, memory, GPUs, exact, tasks, overlap, overcommit.
+type Asked = (u32, proto::StepMemory, Option<u32>, bool, u32, bool, bool);
+
 impl HeldStep {
-    fn asked(spec: &proto::StepSpec, tasks: u32) -> (u32, proto::StepMemory, Option<u32>, bool, u32, bool) {
-        (spec.cpus_per_task, spec.memory, spec.gpus_per_node, spec.exact, tasks, spec.overlap)
+    fn asked(spec: &proto::StepSpec, tasks: u32) -> Asked {
+        (spec.cpus_per_task, spec.memory, spec.gpus_per_node, spec.exact, tasks, spec.overlap, spec.overcommit)
     }
 }
 
@@ -625,13 +628,7 @@ impl Agent {
         // The device files of this node's GPUs the run was not given (fenced where the devices
         // controller is available).
         let given: Vec<u32> = lock(&self.running).get(&spec.job).filter(|r| r.run == spec.run).map(|r| r.gpus.clone()).unwrap_or_default();
-        let deny: Vec<(u32, u32)> = self
-            .settings
-            .gpu_device_files
-            .iter()
-            .filter(|(gpu, _)| !given.contains(gpu))
-            .filter_map(|(_, path)| crate::cgroup::char_device(path))
-            .collect();
+        let deny = self.devices_denied(&given);
         let cgroup = match self.settings.cgroups.as_ref().map(|c| c.create(spec.job, spec.run, &limits, &deny)).transpose() {
             Ok(c) => c.map(Arc::new),
             Err(e) => {
@@ -1025,6 +1022,12 @@ impl Agent {
         Ok(Reply::Ok)
     }
 
+    /// The device numbers of this node's GPUs not among `given`, which a cgroup denies.
+    fn devices_denied(&self, given: &[u32]) -> Vec<(u32, u32)> {
+        let files = self.settings.gpu_device_files.iter().filter(|(gpu, _)| !given.contains(gpu));
+        files.filter_map(|(_, path)| crate::cgroup::char_device(path)).collect()
+    }
+
     /// The cgroups of step `step` below its run's, with its CPUs, memory and GPUs as limits
     /// ([`crate::cgroup::JobCgroups::create_step`]); none where the run has no cgroup, or
     /// they could not be made (its tasks then join the run's, which still confines them).
@@ -1050,13 +1053,7 @@ impl Agent {
                 positions.iter().filter_map(|p| indices.get(*p as usize).copied()).collect()
             }
         };
-        let deny: Vec<(u32, u32)> = self
-            .settings
-            .gpu_device_files
-            .iter()
-            .filter(|(gpu, _)| !given.contains(gpu))
-            .filter_map(|(_, path)| crate::cgroup::char_device(path))
-            .collect();
+        let deny = self.devices_denied(&given);
         match cgroups.create_step(run_cgroup, step, &limits, &deny) {
             Ok(paths) => Some(paths),
             Err(e) => {

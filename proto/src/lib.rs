@@ -1350,6 +1350,8 @@ pub struct StepSpec {
     /// `--exact`, `--exclusive` or an explicit `-c`: the step holds its tasks' CPUs on each
     /// node, not all of the job's there (Slurm's default for a step).
     pub exact: bool,
+    /// `-O/--overcommit`: more tasks than the job has CPUs on a node may share them.
+    pub overcommit: bool,
     /// `--mem`, `--mem-per-cpu`, `--mem-per-gpu`: how much of the job's memory on each node
     /// the step holds and may use.
     pub memory: StepMemory,

@@ -59,10 +59,12 @@ pub enum StepRefusal {
 /// The share of `share` that a step of `spec` with `tasks` tasks on this node gets, given
 /// `held`, what the job's other live steps here hold.
 pub fn grant_step(share: NodeShare, held: &[&StepHold], spec: &StepSpec, tasks: u32) -> Result<StepGrant, StepRefusal> {
-    let task_cpus = tasks.saturating_mul(spec.cpus_per_task.max(1));
-    if task_cpus > share.cpus {
+    let mut task_cpus = tasks.saturating_mul(spec.cpus_per_task.max(1));
+    if task_cpus > share.cpus && !spec.overcommit {
         return Err(StepRefusal::Invalid("More processors requested than permitted".into()));
     }
+    // Overcommitted: its tasks share what the job has here.
+    task_cpus = task_cpus.min(share.cpus);
     let cpus = if spec.exact { task_cpus } else { share.cpus };
     let gpus_wanted = spec.gpus_per_node.unwrap_or(share.gpus);
     if gpus_wanted > share.gpus {
@@ -127,6 +129,7 @@ mod tests {
             pty: None,
             cpus_per_task: 1,
             exact: false,
+            overcommit: false,
             memory: StepMemory::Whole,
         };
         f(&mut s);
@@ -179,6 +182,11 @@ mod tests {
         };
         assert_eq!(refused(spec(|s| s.cpus_per_task = 5), 1), "More processors requested than permitted");
         assert_eq!(refused(spec(|s| s.exact = true), 5), "More processors requested than permitted");
+        let over = spec(|s| {
+            s.exact = true;
+            s.overcommit = true;
+        });
+        assert_eq!(grant_step(SHARE, &[], &over, 5).map(|g| g.cpus), Ok(4), "-O: five tasks share the four CPUs");
         assert_eq!(refused(spec(|s| s.memory = StepMemory::PerNodeMib(1001)), 1), "Memory required by task is not available");
         assert_eq!(refused(spec(|s| s.memory = StepMemory::PerCpuMib(300)), 1), "Memory required by task is not available");
         assert_eq!(refused(spec(|s| s.gpus_per_node = Some(5)), 1), "Invalid generic resource (gres) specification");

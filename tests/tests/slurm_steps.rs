@@ -176,9 +176,50 @@ fn srun_outside_an_allocation_gets_one_and_runs_the_step_in_it() {
     // As Slurm's srun, it runs the step itself: its stdin reaches every task.
     let (out, err, code) = shell(&c, "printf 'in\\n' | srun -N2 -l cat | sort");
     assert_eq!((out.as_str(), code), ("0: in\n1: in\n", Some(0)), "{err}");
-    // With --output the job's script runs the step, into that file (stderr too) and not here.
+    // With --output the step's output goes into that file (stderr too) and not here.
     let (out, err, code) = shell(&c, "srun -N2 -l --output=two.out sh -c 'echo $SLURMD_NODENAME; echo e >&2'; echo rc=$?; sort two.out");
     assert_eq!((out.as_str(), code), ("rc=0\n0: e\n0: n1\n1: e\n1: n2\n", Some(0)), "{err}");
+}
+
+/// `srun --output`/`--error` inside an allocation, in Slurm's forms (its man page's "IO
+/// Redirection"): a pattern with `%t` makes a file per task, `%N` per node, `%J` names the
+/// step; stderr follows `--output` unless `--error` is given; `none` drops output, a number
+/// keeps that task's; `--open-mode=append` appends.
+#[test]
+fn srun_output_and_error_go_to_files_per_task_node_and_step() {
+    let (c, id) = waiting_job();
+    let srun = format!("srun --jobid={id}");
+    let cmd = "sh -c 'echo out $SLURM_PROCID; echo err $SLURM_PROCID >&2'";
+    let ok = |line: &str| {
+        let (out, err, code) = shell(&c, line);
+        assert_eq!(code, Some(0), "{line}: {err}\n{}", c.logs());
+        (out, err)
+    };
+    let read = |name: &str| std::fs::read_to_string(c.work.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let sorted = |text: String| {
+        let mut lines: Vec<&str> = text.lines().collect();
+        lines.sort_unstable();
+        lines.join("\n")
+    };
+    assert_eq!(ok(&format!("{srun} -o task-%t.out {cmd}")), (String::new(), String::new()), "nothing shown");
+    for rank in 0..4 {
+        assert_eq!(sorted(read(&format!("task-{rank}.out"))), format!("err {rank}\nout {rank}"));
+    }
+    ok(&format!("{srun} -o all-%J.out -e err-%N.txt {cmd}"));
+    let all = std::fs::read_dir(&c.work).expect("work dir").filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned());
+    let step_file = all.filter(|n| n.starts_with(&format!("all-{id}."))).collect::<Vec<_>>();
+    assert_eq!(step_file.len(), 1, "one file named by job and step: {step_file:?}");
+    assert_eq!(sorted(read(&step_file[0])), "out 0\nout 1\nout 2\nout 3");
+    assert_eq!(sorted(read("err-n1.txt") + &read("err-n2.txt")), "err 0\nerr 1\nerr 2\nerr 3");
+    assert_eq!(read("err-n1.txt").lines().count(), 2, "two tasks on each node");
+    let (out, err) = ok(&format!("{srun} --output=none -l {cmd}"));
+    assert_eq!((out.as_str(), err.as_str()), ("", ""));
+    let (out, err) = ok(&format!("{srun} --output=2 -l {cmd}"));
+    assert_eq!((out.as_str(), err.as_str()), ("2: out 2\n", "2: err 2\n"));
+    ok(&format!("{srun} -n1 --open-mode=append -o task-%t.out sh -c 'echo again'"));
+    assert_eq!(sorted(read("task-0.out")), "again\nerr 0\nout 0");
+    std::fs::write(c.work.join("stop"), "").expect("write stop");
+    assert_eq!(c.wait_final(id, Duration::from_secs(30))["state"], "COMPLETED");
 }
 
 const WAITING: &str = r#"#!/bin/sh
@@ -691,8 +732,11 @@ fn steps_hold_their_own_cpus_and_memory_inside_an_allocation() {
 #[test]
 fn sacct_shows_the_batch_script_and_each_step_with_its_own_state_and_exit_code() {
     let c = TestCluster::up(&["--nodes", "2", "--voters-max", "1", "--gpus", "h100:1"]);
-    let id =
-        sbatch(&c, "steps.sh", "#!/bin/sh\n#SBATCH -N2\nsrun -N2 -n2 hostname\nsrun -N1 -n1 sh -c 'exit 3'\nsrun -N1 -n2 true\nexit 0\n");
+    let id = sbatch(
+        &c,
+        "steps.sh",
+        "#!/bin/sh\n#SBATCH -N2\nsrun -N2 -n2 hostname\nsrun -N1 -n1 sh -c 'exit 3'\nsrun -N1 -n2 -O true\nexit 0\n",
+    );
     completed_output(&c, id, 60);
     // The script's node (the job's first) runs the one-node steps.
     let first = c.job(id)["node"].as_str().unwrap_or_default().to_string();

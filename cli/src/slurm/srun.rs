@@ -534,6 +534,7 @@ pub fn step_spec(
         cpus_per_task,
         // Slurm: `-c` implies `--exact`, as does `--exclusive` for a step; `--whole` undoes it.
         exact: (p.has("exact") || p.has("exclusive") || p.has("cpus-per-task")) && !p.has("whole"),
+        overcommit: p.has("overcommit"),
         memory: step_memory(p, env)?,
     };
     spec.validate().map_err(|e| SlurmError::fatal(PROG, format!("Unable to create step: {e}")))?;
@@ -643,16 +644,8 @@ impl Printer {
             return;
         }
         let is_err = chunk.stream == LogStream::Stderr;
-        let sink = if is_err { &self.sinks.1 } else { &self.sinks.0 };
-        if let super::step_output::Sink::Files(pattern) = sink {
-            self.files.write(pattern, chunk.rank, &chunk.data);
-            return;
-        }
-        if !sink.shows(chunk.rank) {
-            return;
-        }
         if !self.label {
-            write_to(is_err, &chunk.data);
+            self.emit(chunk.rank, is_err, &chunk.data);
             return;
         }
         let buf = self.partial.entry((chunk.rank, is_err)).or_default();
@@ -663,7 +656,19 @@ impl Printer {
             out.extend_from_slice(format!("{:>w$}: ", chunk.rank, w = self.width).as_bytes());
             out.extend_from_slice(&line);
         }
-        write_to(is_err, &out);
+        self.emit(chunk.rank, is_err, &out);
+    }
+
+    /// Sends output of task `rank` where its stream goes (`--output`, `--error`).
+    fn emit(&mut self, rank: u32, is_err: bool, data: &[u8]) {
+        if data.is_empty() {
+            return;
+        }
+        match if is_err { &self.sinks.1 } else { &self.sinks.0 } {
+            super::step_output::Sink::Files(pattern) => self.files.write(pattern, rank, data),
+            sink if sink.shows(rank) => write_to(is_err, data),
+            _ => {}
+        }
     }
 
     fn finish(&mut self) {
@@ -672,7 +677,7 @@ impl Printer {
                 let mut out = format!("{rank:>w$}: ", w = self.width).into_bytes();
                 out.extend_from_slice(&rest);
                 out.push(b'\n');
-                write_to(is_err, &out);
+                self.emit(rank, is_err, &out);
             }
         }
     }

@@ -225,18 +225,39 @@ impl Node {
         }
         let numbered = self.agent.number_step(job, user.as_deref())?;
         let step = numbered.step;
-        let recorded = if spec.unrecorded { Ok(()) } else { self.record_step(job, numbered.run, step, &spec).await };
-        let result = match recorded {
-            Ok(()) => self.launch_numbered_step(job, spec, user, numbered).await,
-            Err(e) => Err(e),
-        };
-        if matches!(result, Err(ApiError::Busy(_) | ApiError::Unavailable(_) | ApiError::NoLeader)) {
-            // Not started anywhere (a one-node step waits for its GPUs; the log could not take
-            // its record): its number is given back, so a step that waits or is asked for
-            // again does not use numbers up.
+        let result = self.hold_record_and_launch(job, spec, user, numbered).await;
+        if matches!(result, Err(ApiError::Busy(_) | ApiError::Invalid(_) | ApiError::Unavailable(_) | ApiError::NoLeader)) {
+            // Not started anywhere (it waits for its share of the job, asks more than the job
+            // has, or the log could not take its record): its number is given back, so a step
+            // that waits or is asked for again does not use numbers up.
             self.agent.unnumber_step(job, step);
         }
         result
+    }
+
+    /// Holds the share of numbered step `spec` on each of its nodes (unless it holds nothing),
+    /// then has the log record it, then starts it: a step that does not fit is never recorded.
+    async fn hold_record_and_launch(
+        self: &Arc<Self>,
+        job: JobId,
+        spec: proto::StepSpec,
+        user: Option<String>,
+        numbered: crate::agent::NumberedStep,
+    ) -> Response {
+        let mut targets = Vec::new();
+        for n in &spec.nodes {
+            let Some((_, addr)) = numbered.nodes.iter().find(|(name, _)| *name == n.name) else {
+                return Err(ApiError::Invalid(format!("node {} is not in the allocation of job {job}", n.name)));
+            };
+            targets.push((n.name.clone(), addr.clone()));
+        }
+        if !spec.overlap && !spec.unrecorded {
+            self.hold_step_everywhere(job, numbered.run, numbered.step, &spec, &targets, &user).await?;
+        }
+        if !spec.unrecorded {
+            self.record_step(job, numbered.run, numbered.step, &spec).await?;
+        }
+        self.launch_numbered_step(job, spec, user, numbered, targets).await
     }
 
     /// Has the log record step `step` before its tasks start, as slurmctld records a step
@@ -267,21 +288,12 @@ impl Node {
         spec: proto::StepSpec,
         user: Option<String>,
         numbered: crate::agent::NumberedStep,
+        targets: Vec<(String, String)>,
     ) -> Response {
         let (run, step) = (numbered.run, numbered.step);
-        let mut targets = Vec::new();
-        for n in &spec.nodes {
-            let Some((_, addr)) = numbered.nodes.iter().find(|(name, _)| *name == n.name) else {
-                return Err(ApiError::Invalid(format!("node {} is not in the allocation of job {job}", n.name)));
-            };
-            targets.push((n.name.clone(), addr.clone()));
-        }
         let mut spec = spec;
         self.add_step_rendezvous(&mut spec, job, step, &targets, numbered.master_port);
         let spec = Arc::new(spec);
-        if spec.nodes.len() > 1 && !spec.overlap && !spec.unrecorded {
-            self.hold_step_everywhere(job, run, step, &spec, &targets, &user).await?;
-        }
         // A node whose part is still starting (its preflight) answers "unavailable": ask again
         // for a while.
         let deadline = std::time::Instant::now() + Duration::from_millis(STEP_START_PATIENCE_MS);
@@ -313,8 +325,9 @@ impl Node {
                 match s.await {
                     Ok((name, _, Ok(_))) => started.push(name),
                     Ok((name, addr, Err(ApiError::Unavailable(_)))) if retry => pending.push((name, addr)),
-                    // Its GPUs are held by other steps: the caller asks again (a one-node step).
-                    Ok((_, _, Err(e @ ApiError::Busy(_)))) if spec.nodes.len() == 1 => return Err(e),
+                    // Its share was held by other steps (its hold had lapsed): the caller asks
+                    // again; or it asks more than the job has (a one-node step).
+                    Ok((_, _, Err(e @ (ApiError::Busy(_) | ApiError::Invalid(_))))) if spec.nodes.len() == 1 => return Err(e),
                     Ok((name, _, Err(e))) => failed.push(format!("{name}: {e}")),
                     Err(e) => failed.push(format!("a start panicked: {e}")),
                 }
@@ -340,7 +353,7 @@ impl Node {
         Err(ApiError::Unavailable(format!("step {job}.{step} could not start on {}", failed.join("; "))))
     }
 
-    /// Has every node of a step of several nodes hold its share of the step's resources
+    /// Has every node of a step hold its share of the step's resources
     /// ([`Request::StepHold`]) before any starts its tasks; where one cannot, gives back the
     /// holds the others took and answers why (busy: the caller asks again).
     async fn hold_step_everywhere(
@@ -348,7 +361,7 @@ impl Node {
         job: JobId,
         run: proto::RunNo,
         step: u32,
-        spec: &Arc<proto::StepSpec>,
+        spec: &proto::StepSpec,
         targets: &[(String, String)],
         user: &Option<String>,
     ) -> Result<(), ApiError> {
@@ -366,9 +379,14 @@ impl Node {
             }
         }
         debug!(job, step, results = ?results, "a step hold refused");
-        let mut errors = results.into_iter().filter_map(Result::err);
-        let first = errors.next().unwrap_or_else(|| ApiError::Internal("a hold failed without an error".into()));
-        Err(errors.find(|e| matches!(e, ApiError::Busy(_))).filter(|_| !matches!(first, ApiError::Busy(_))).unwrap_or(first))
+        // One that never fits says so first; then one that waits.
+        let mut errors: Vec<ApiError> = results.into_iter().filter_map(Result::err).collect();
+        errors.sort_by_key(|e| match e {
+            ApiError::Invalid(_) => 0,
+            ApiError::Busy(_) => 1,
+            _ => 2,
+        });
+        Err(errors.into_iter().next().unwrap_or_else(|| ApiError::Internal("a hold failed without an error".into())))
     }
 
     /// Asks node `name` at `addr` (this one, directly) to hold, or give back, its share of a step.
