@@ -488,8 +488,11 @@ const DS_CONFIG: &str = r#"{"train_micro_batch_size_per_gpu": 4, "gradient_accum
 /// What `deepspeed_zero3.sbatch` needs to reach its second node with DeepSpeed's own launcher:
 /// the allocation's hostfile (`CORRAL_HOSTFILE`; DeepSpeed looks for `/job/hostfile`), its Slurm
 /// launcher (`srun`, not pdsh over ssh), no ssh check, and the rendezvous address.
+// Its launcher runs `srun -n 4 --nodes 2`: the job holds two tasks' CPUs on each node, or the
+// step asks more than the job has ("More processors requested than permitted", as in Slurm).
 const DEEPSPEED_VIA_SRUN: &str = r#"#!/bin/bash
 #SBATCH --nodes=2
+#SBATCH --ntasks-per-node=2
 #SBATCH --gres=gpu:h100:2
 
 export MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1)
