@@ -1352,6 +1352,9 @@ pub struct StepSpec {
     pub exact: bool,
     /// `-O/--overcommit`: more tasks than the job has CPUs on a node may share them.
     pub overcommit: bool,
+    /// `-J/--job-name` inside an allocation: the step's name in accounting (its program's
+    /// name when none).
+    pub name: Option<String>,
     /// `--mem`, `--mem-per-cpu`, `--mem-per-gpu`: how much of the job's memory on each node
     /// the step holds and may use.
     pub memory: StepMemory,
@@ -1446,6 +1449,9 @@ impl StepSpec {
         }
         if self.gpus_per_node.is_some_and(|g| g > GPUS_PER_JOB_MAX) {
             return Err(format!("gpus per node must be 0..={GPUS_PER_JOB_MAX}"));
+        }
+        if self.name.as_ref().is_some_and(|n| n.len() > PATH_BYTES_MAX) {
+            return Err(format!("a step's name has at most {PATH_BYTES_MAX} bytes"));
         }
         if self.cpus_per_task == 0 || self.cpus_per_task > CPUS_PER_TASK_MAX {
             return Err(format!("cpus per task must be 1..={CPUS_PER_TASK_MAX}"));

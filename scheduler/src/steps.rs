@@ -130,6 +130,7 @@ mod tests {
             cpus_per_task: 1,
             exact: false,
             overcommit: false,
+            name: None,
             memory: StepMemory::Whole,
         };
         f(&mut s);

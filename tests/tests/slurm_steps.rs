@@ -696,6 +696,7 @@ srun --mem=300M true; echo "toomuchmem=$?"
 srun -n1 -c2 sh -c 'echo "c2 cpus=$SLURM_CPUS_ON_NODE"'
 srun -n1 --exact --mem=64M sh -c 'p=$(grep :memory: /proc/self/cgroup | cut -d: -f3); v2=$(grep ^0:: /proc/self/cgroup | cut -d: -f3); echo "limit=$(cat /sys/fs/cgroup/memory$p/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup$v2/memory.max 2>/dev/null || echo none)"'
 srun -n1 --exact --mem=32M sh -c 'head -c 200000000 /dev/zero | tail -c 150000000 > /dev/null; echo hog=$?'
+srun -n1 -J named true
 "#;
 
 #[test]
@@ -714,6 +715,8 @@ fn steps_hold_their_own_cpus_and_memory_inside_an_allocation() {
     assert!(out.contains("toomanycpus=1") && out.contains("toomuchmem=1"), "{out}");
     assert!(out.contains("Memory required by task is not available"), "{out}");
     assert!(out.contains("c2 cpus=2"), "{out}");
+    let names = c.shim("sacct", &["-j", &id.to_string(), "-P", "-n", "-o", "JobName"], &[]);
+    assert!(String::from_utf8_lossy(&names.stdout).lines().any(|l| l == "named"), "-J names the step in sacct");
     let log = corral_tests::node_log(&c, "n1");
     if log.contains("missing=") && log.contains("\"memory\"") {
         eprintln!("this host has no memory controller for jobs: step memory limits are not enforced here");

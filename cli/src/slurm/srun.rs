@@ -535,6 +535,7 @@ pub fn step_spec(
         // Slurm: `-c` implies `--exact`, as does `--exclusive` for a step; `--whole` undoes it.
         exact: (p.has("exact") || p.has("exclusive") || p.has("cpus-per-task")) && !p.has("whole"),
         overcommit: p.has("overcommit"),
+        name: p.last("job-name").map(str::to_string),
         memory: step_memory(p, env)?,
     };
     spec.validate().map_err(|e| SlurmError::fatal(PROG, format!("Unable to create step: {e}")))?;
@@ -1146,12 +1147,20 @@ const SRUN_WITHOUT_EFFECT: &[(&str, &str)] = &[
     ("wait", "tasks still running after the first one exits are not killed"),
 ];
 
+/// Options a step inside an allocation takes without effect yet (Slurm applies them to steps
+/// too), and what the step does instead.
+const STEP_WITHOUT_EFFECT: &[(&str, &str)] =
+    &[("time", "the step runs until its job's time limit"), ("signal", "the job's own --signal reaches its steps")];
+
 /// One stderr line for each option of `p` that this `srun` takes without effect (never
-/// silently): `local_step` for a step of a `corral submit` job, which starts its node's tasks
-/// itself. Pure.
-pub fn step_warnings(p: &Parsed, local_step: bool) -> Vec<String> {
-    let step = LOCAL_STEP_WITHOUT_EFFECT.iter().filter(|_| local_step);
-    step.chain(SRUN_WITHOUT_EFFECT)
+/// silently): `in_allocation` for a step in an existing allocation, `local_step` for a step
+/// of a `corral submit` job, which starts its node's tasks itself. Pure.
+pub fn step_warnings(p: &Parsed, in_allocation: bool, local_step: bool) -> Vec<String> {
+    let local = LOCAL_STEP_WITHOUT_EFFECT.iter().filter(|_| local_step);
+    let step = STEP_WITHOUT_EFFECT.iter().filter(|_| in_allocation);
+    local
+        .chain(step)
+        .chain(SRUN_WITHOUT_EFFECT)
         .filter(|(name, _)| p.has(name) && !(*name == "mpi" && p.last("mpi") == Some("none")))
         .map(|(name, instead)| format!("{PROG}: warning: --{name} has no effect in Corral yet: {instead}"))
         .collect()
@@ -1175,7 +1184,7 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     let batch = std::env::var(slurm_compat::env::BATCH_ENV).is_ok_and(|v| v == "1");
     let in_salloc = job_id.is_some_and(|id| !batch && env.get(super::salloc::SALLOC_JOB_ENV) == Some(id));
     let local_step = !p.has("jobid") && job_id.is_some() && !batch && !in_salloc;
-    super::sbatch::print_warnings(&step_warnings(&p, local_step), p.has("quiet"));
+    super::sbatch::print_warnings(&step_warnings(&p, job_id.is_some() || p.has("jobid"), local_step), p.has("quiet"));
     if let Some(text) = p.last("jobid") {
         run_step_in_job(&p, text, pty)
     } else if let Some(id) = job_id.filter(|_| in_salloc) {

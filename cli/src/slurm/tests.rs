@@ -297,7 +297,7 @@ fn placement_and_policy_options() {
 fn step_options_without_effect_are_named_on_stderr() {
     let parse = |a: &[&str]| opts::parse("srun", srun::OPTIONS, &argv(a), true).unwrap();
     assert_eq!(
-        srun::step_warnings(&parse(&["--mem=4G", "-c", "2", "--gres=gpu:1", "-W", "5", "hostname"]), true),
+        srun::step_warnings(&parse(&["--mem=4G", "-c", "2", "--gres=gpu:1", "-W", "5", "hostname"]), true, true),
         vec![
             "srun: warning: --cpus-per-task has no effect in Corral yet: it sets SLURM_CPUS_PER_TASK; a `corral submit` job's step holds no CPUs of its own"
                 .to_string(),
@@ -305,12 +305,19 @@ fn step_options_without_effect_are_named_on_stderr() {
             "srun: warning: --wait has no effect in Corral yet: tasks still running after the first one exits are not killed".to_string(),
         ]
     );
-    assert!(srun::step_warnings(&parse(&["--gres=gpu:1", "-n", "2", "--overlap", "--mpi=none", "hostname"]), true).is_empty());
+    assert!(
+        srun::step_warnings(&parse(&["--gres=gpu:1", "-n", "2", "--overlap", "--mpi=none", "-J", "x", "hostname"]), true, true).is_empty()
+    );
+    assert_eq!(
+        srun::step_warnings(&parse(&["-t", "5", "--mem=1G", "hostname"]), true, false),
+        vec!["srun: warning: --time has no effect in Corral yet: the step runs until its job's time limit".to_string()],
+        "in a batch job or an allocation --mem takes effect, a step's --time not yet"
+    );
     // In a batch job or an allocation (and outside one, where they size the job's
     // allocation) -c, --mem and --exact take effect: only the binds, --mpi and srun's own are
     // named.
     assert_eq!(
-        srun::step_warnings(&parse(&["--mem=4G", "-c", "2", "--exact", "--cpu-bind=cores", "--mpi=pmix", "-I", "hostname"]), false),
+        srun::step_warnings(&parse(&["--mem=4G", "-c", "2", "--exact", "--cpu-bind=cores", "--mpi=pmix", "-I", "hostname"]), false, false),
         vec![
             "srun: warning: --cpu-bind has no effect in Corral yet: tasks are not bound to CPUs".to_string(),
             "srun: warning: --mpi has no effect in Corral yet: no PMI is set up; torchrun and NCCL need none".to_string(),

@@ -264,7 +264,7 @@ impl Node {
     /// before any task runs (`sacct`'s `ID.N` line): the step is not started without it.
     async fn record_step(&self, job: JobId, run: proto::RunNo, step: u32, spec: &proto::StepSpec) -> Result<(), ApiError> {
         let program = spec.argv.first().map_or("", String::as_str);
-        let mut name = program.rsplit('/').next().unwrap_or(program).to_string();
+        let mut name = spec.name.clone().unwrap_or_else(|| program.rsplit('/').next().unwrap_or(program).to_string());
         if name.len() > proto::limits::STEP_NAME_BYTES_MAX {
             let mut cut = proto::limits::STEP_NAME_BYTES_MAX;
             while !name.is_char_boundary(cut) {
