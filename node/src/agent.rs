@@ -985,12 +985,7 @@ impl Agent {
                 handle.stop_following();
             }
         }
-        // Kept for a daemon that takes the run over: what the step holds stays held.
-        let grant_file = dir.join("steps").join(step.to_string()).join(STEP_GRANT_FILE);
-        let recorded = serde_json::to_vec(&grant).map_err(anyhow::Error::from).and_then(|bytes| Ok(std::fs::write(&grant_file, bytes)?));
-        if let Err(e) = recorded {
-            warn!(job, step, error = format!("{e:#}"), "record the step's share");
-        }
+        record_grant(&dir, job, step, &grant);
         self.report_step_end(&handle, run_cgroup.zip(step_cgroups));
         info!(job, run, step, tasks = ranks.len(), cpus = grant.cpus, memory_mib = grant.memory_mib, "step started");
         Ok(Reply::Ok)
@@ -1704,6 +1699,16 @@ fn read_pause(dir: &std::path::Path) -> launcher::Pause {
 
 /// Where a step's share of its job here is kept, in its directory of the run's.
 const STEP_GRANT_FILE: &str = "grant.json";
+
+/// Keeps step `step`'s share in its directory of run directory `dir`, for a daemon that takes
+/// the run over: what the step holds stays held.
+fn record_grant(dir: &std::path::Path, job: JobId, step: u32, grant: &scheduler::steps::StepGrant) {
+    let file = dir.join("steps").join(step.to_string()).join(STEP_GRANT_FILE);
+    let recorded = serde_json::to_vec(grant).map_err(anyhow::Error::from).and_then(|bytes| Ok(std::fs::write(&file, bytes)?));
+    if let Err(e) = recorded {
+        warn!(job, step, error = format!("{e:#}"), "record the step's share");
+    }
+}
 
 /// What the job holds here, which its steps share: its CPUs, memory and GPUs as its
 /// environment says (`SLURM_CPUS_ON_NODE`, `SLURM_MEM_PER_NODE`, `SLURM_JOB_GPUS`).
