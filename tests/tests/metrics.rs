@@ -160,7 +160,8 @@ fn each_mig_instance_has_series_labelled_with_its_job_and_is_accounted_by_its_sh
     for job in [big, small] {
         assert_eq!(c.wait_final(job, Duration::from_secs(40))["state"], "COMPLETED");
     }
-    let out = c.shim("sacct", &["-j", &format!("{big},{small}"), "--format=JobID,ElapsedRaw,GPUSeconds", "-P", "-n"], &[]);
+    // The jobs' own lines (-X: not their `ID.extern` allocations).
+    let out = c.shim("sacct", &["-X", "-j", &format!("{big},{small}"), "--format=JobID,ElapsedRaw,GPUSeconds", "-P", "-n"], &[]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let rows: Vec<Vec<u64>> = text.lines().map(|l| l.split('|').map(|f| f.parse().unwrap_or(u64::MAX)).collect()).collect();
