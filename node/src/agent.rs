@@ -986,9 +986,38 @@ impl Agent {
             }
         }
         record_grant(&dir, job, step, &grant);
+        self.limit_step_time(&handle, spec.time_limit_ms, ranks.first().copied());
         self.report_step_end(&handle, run_cgroup.zip(step_cgroups));
         info!(job, run, step, tasks = ranks.len(), cpus = grant.cpus, memory_mib = grant.memory_mib, "step started");
         Ok(Reply::Ok)
+    }
+
+    /// Step `handle`'s `--time`: once `limit_ms` passed with its tasks here still running, says
+    /// so on the step's stderr in slurmstepd's words (as task `rank`'s, its first here), sends
+    /// them SIGTERM and, after the node's kill grace, SIGKILL. Nothing without a limit.
+    fn limit_step_time(&self, handle: &Arc<Step>, limit_ms: Option<u64>, rank: Option<u32>) {
+        let (Some(limit_ms), Some(rank)) = (limit_ms, rank) else { return };
+        let (handle, node, grace_ms) = (Arc::clone(handle), self.name.clone(), self.settings.stop.kill_grace_ms);
+        let groups = lock(&self.running).get(&handle.job).filter(|r| r.run == handle.run).map(|r| Arc::clone(&r.tasks));
+        let Some(groups) = groups else { return };
+        tokio::spawn(async move {
+            let ended = handle.exits_when_ended();
+            tokio::pin!(ended);
+            if tokio::time::timeout(Duration::from_millis(limit_ms), &mut ended).await.is_ok() {
+                return;
+            }
+            let at = local_time_text(crate::fault::wall_ms() / 1000);
+            let line = format!(
+                "slurmstepd-{node}: error: *** STEP {}.{} ON {node} CANCELLED AT {at} DUE TO TIME LIMIT ***\n",
+                handle.job, handle.id
+            );
+            handle.push(rank, LogStream::Stderr, line.into_bytes());
+            info!(job = handle.job, step = handle.id, limit_ms, "step past its time limit: SIGTERM");
+            handle.signal(libc::SIGTERM, &groups);
+            if tokio::time::timeout(Duration::from_millis(grace_ms), &mut ended).await.is_err() {
+                handle.signal(libc::SIGKILL, &groups);
+            }
+        });
     }
 
     /// Holds this node's share of step `step` of `job` run `run` before its start, or gives
@@ -1699,6 +1728,19 @@ fn read_pause(dir: &std::path::Path) -> launcher::Pause {
 
 /// Where a step's share of its job here is kept, in its directory of the run's.
 const STEP_GRANT_FILE: &str = "grant.json";
+
+/// `2026-12-05T05:32:28`: a time in this node's local time, as slurmstepd prints it.
+fn local_time_text(epoch_s: u64) -> String {
+    let t = libc::time_t::try_from(epoch_s).unwrap_or(libc::time_t::MAX);
+    // SAFETY: localtime_r writes only into the zeroed tm we own.
+    let tm = unsafe {
+        let mut tm: libc::tm = std::mem::zeroed();
+        libc::localtime_r(&t, &mut tm);
+        tm
+    };
+    let (date, clock) = ((tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday), (tm.tm_hour, tm.tm_min, tm.tm_sec));
+    format!("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}", date.0, date.1, date.2, clock.0, clock.1, clock.2)
+}
 
 /// Keeps step `step`'s share in its directory of run directory `dir`, for a daemon that takes
 /// the run over: what the step holds stays held.

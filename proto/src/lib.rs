@@ -1355,6 +1355,9 @@ pub struct StepSpec {
     /// `-J/--job-name` inside an allocation: the step's name in accounting (its program's
     /// name when none).
     pub name: Option<String>,
+    /// `-t/--time` inside an allocation: past it each node of the step says so on the step's
+    /// stderr, sends its tasks SIGTERM and, after the node's `kill_grace_ms`, SIGKILL.
+    pub time_limit_ms: Option<u64>,
     /// `--mem`, `--mem-per-cpu`, `--mem-per-gpu`: how much of the job's memory on each node
     /// the step holds and may use.
     pub memory: StepMemory,

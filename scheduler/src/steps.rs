@@ -131,6 +131,7 @@ mod tests {
             exact: false,
             overcommit: false,
             name: None,
+            time_limit_ms: None,
             memory: StepMemory::Whole,
         };
         f(&mut s);

@@ -697,6 +697,7 @@ srun -n1 -c2 sh -c 'echo "c2 cpus=$SLURM_CPUS_ON_NODE"'
 srun -n1 --exact --mem=64M sh -c 'p=$(grep :memory: /proc/self/cgroup | cut -d: -f3); v2=$(grep ^0:: /proc/self/cgroup | cut -d: -f3); echo "limit=$(cat /sys/fs/cgroup/memory$p/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup$v2/memory.max 2>/dev/null || echo none)"'
 srun -n1 --exact --mem=32M sh -c 'head -c 200000000 /dev/zero | tail -c 150000000 > /dev/null; echo hog=$?'
 srun -n1 -J named true
+srun -n1 -t 0:2 sh -c 'trap "echo got TERM; exit 3" TERM; sleep 100 & wait' 2> limit.err; echo "limited=$?"
 "#;
 
 #[test]
@@ -715,6 +716,13 @@ fn steps_hold_their_own_cpus_and_memory_inside_an_allocation() {
     assert!(out.contains("toomanycpus=1") && out.contains("toomuchmem=1"), "{out}");
     assert!(out.contains("Memory required by task is not available"), "{out}");
     assert!(out.contains("c2 cpus=2"), "{out}");
+    // `-t`: past it slurmstepd's words on the step's stderr, then SIGTERM (checked on the peer:
+    // `*** STEP 40.0 ON vm CANCELLED AT 2026-12-05T05:32:28 DUE TO TIME LIMIT ***`, then the
+    // task's trap, srun's rc the task's).
+    assert!(out.contains("got TERM") && out.contains("limited=3"), "{out}");
+    let limit_err = std::fs::read_to_string(c.work.join("limit.err")).unwrap_or_default();
+    assert!(limit_err.contains("slurmstepd-n1: error: *** STEP ") && limit_err.contains(" ON n1 CANCELLED AT "), "{limit_err}");
+    assert!(limit_err.contains(" DUE TO TIME LIMIT ***"), "{limit_err}");
     let names = c.shim("sacct", &["-j", &id.to_string(), "-P", "-n", "-o", "JobName"], &[]);
     assert!(String::from_utf8_lossy(&names.stdout).lines().any(|l| l == "named"), "-J names the step in sacct");
     let log = corral_tests::node_log(&c, "n1");

@@ -536,6 +536,12 @@ pub fn step_spec(
         exact: (p.has("exact") || p.has("exclusive") || p.has("cpus-per-task")) && !p.has("whole"),
         overcommit: p.has("overcommit"),
         name: p.last("job-name").map(str::to_string),
+        time_limit_ms: match p.last("time") {
+            Some(t) => super::time::parse_limit_s(t)
+                .map_err(|_| SlurmError::fatal(PROG, "Invalid --time specification"))?
+                .map(|s| s.saturating_mul(1000)),
+            None => None,
+        },
         memory: step_memory(p, env)?,
     };
     spec.validate().map_err(|e| SlurmError::fatal(PROG, format!("Unable to create step: {e}")))?;
@@ -1149,8 +1155,7 @@ const SRUN_WITHOUT_EFFECT: &[(&str, &str)] = &[
 
 /// Options a step inside an allocation takes without effect yet (Slurm applies them to steps
 /// too), and what the step does instead.
-const STEP_WITHOUT_EFFECT: &[(&str, &str)] =
-    &[("time", "the step runs until its job's time limit"), ("signal", "the job's own --signal reaches its steps")];
+const STEP_WITHOUT_EFFECT: &[(&str, &str)] = &[("signal", "the job's own --signal reaches its steps")];
 
 /// One stderr line for each option of `p` that this `srun` takes without effect (never
 /// silently): `in_allocation` for a step in an existing allocation, `local_step` for a step

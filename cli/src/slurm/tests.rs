@@ -309,9 +309,9 @@ fn step_options_without_effect_are_named_on_stderr() {
         srun::step_warnings(&parse(&["--gres=gpu:1", "-n", "2", "--overlap", "--mpi=none", "-J", "x", "hostname"]), true, true).is_empty()
     );
     assert_eq!(
-        srun::step_warnings(&parse(&["-t", "5", "--mem=1G", "hostname"]), true, false),
-        vec!["srun: warning: --time has no effect in Corral yet: the step runs until its job's time limit".to_string()],
-        "in a batch job or an allocation --mem takes effect, a step's --time not yet"
+        srun::step_warnings(&parse(&["-t", "5", "--signal=USR1@60", "--mem=1G", "hostname"]), true, false),
+        vec!["srun: warning: --signal has no effect in Corral yet: the job's own --signal reaches its steps".to_string()],
+        "in a batch job or an allocation --mem and --time take effect, a step's --signal not yet"
     );
     // In a batch job or an allocation (and outside one, where they size the job's
     // allocation) -c, --mem and --exact take effect: only the binds, --mpi and srun's own are
