@@ -362,7 +362,7 @@ impl Agent {
 
     /// Starts `job`'s current run unless this node already launched it. Answers with this
     /// instance so the leader can commit who runs it.
-    pub fn launch(self: &Arc<Self>, job: Job, nodes: &[(String, String)]) -> Result<Reply, ApiError> {
+    pub fn launch(self: &Arc<Self>, job: Job, nodes: &[(String, String)], checked_ack_index: u64) -> Result<Reply, ApiError> {
         let me = self.node_id();
         // The rank comes from the run as planned: parts of nodes that already ended are gone
         // from `parts` by the time a launch is re-sent.
@@ -380,6 +380,16 @@ impl Agent {
         let Some(_claim) = LaunchClaim::take(&self.launching, (job.id, job.run)) else {
             return Err(ApiError::Unavailable(format!("job {} run {} is being launched on {} already", job.id, job.run, self.name)));
         };
+        if self.ack_commit_index() > checked_ack_index {
+            // Acknowledged anew since the run was found current (found by a chaos run: a node
+            // paused between the check and here, declared down meanwhile and its run started
+            // elsewhere, was acknowledged again on waking and started the stale run too). The
+            // leader sends the launch again, checked against what the cluster decided since.
+            return Err(ApiError::Unavailable(format!(
+                "job {} run {}: the cluster moved on since the launch was checked; not starting it on this check",
+                job.id, job.run
+            )));
+        }
         let ledger = self.ledger_mark(job.id, job.run);
         match control::agent::decide_launch(self.ack_age_ms(), self.settings.fence_after_ms, ledger) {
             LaunchDecision::NotInTouch => {

@@ -452,7 +452,9 @@ impl Node {
     async fn send_launch(&self, job: proto::Job, nodes: Vec<(String, String)>, target: NodeId, addr: String, issued_index: u64) {
         let (id, run) = (job.id, job.run);
         let result = if target == self.id {
-            self.launch_here(job, nodes).await
+            // As a launch from a leader elsewhere: acknowledged anew before it starts, it is not.
+            let checked_ack_index = self.agent.ack_commit_index();
+            self.launch_here(job, nodes, checked_ack_index).await
         } else {
             let env = Envelope { hops: 0, request: Request::Launch { job: Box::new(job), nodes, issued_index }, user: None };
             match self.client.call(&addr, &env, PEER_CALL_TIMEOUT).await {

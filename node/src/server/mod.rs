@@ -921,8 +921,12 @@ impl Node {
     async fn launch_if_current(&self, job: proto::Job, nodes: Vec<(String, String)>, issued_index: u64) -> Response {
         let (me, instance) = (self.id, self.agent.instance);
         let is_current = |j: &proto::Job| control::agent::run_is_current_here(j, job.run, me, instance);
+        // What the cluster had decided when this node last heard from it, as of the check: a
+        // newer acknowledgement (this node paused or cut off meanwhile, and back) may carry a
+        // decision that makes the run stale, so the launch is checked again (`Agent::launch`).
+        let checked_ack_index = self.agent.ack_commit_index();
         let current = if self.is_member() {
-            let wanted = issued_index.max(self.agent.ack_commit_index());
+            let wanted = issued_index.max(checked_ack_index);
             if !self.state.wait_applied(wanted, Duration::from_millis(LAUNCH_APPLY_WAIT_MS)).await {
                 return Err(ApiError::Unavailable(format!(
                     "this node has applied {} of the log, the launch needs {wanted}: not starting yet",
@@ -943,15 +947,15 @@ impl Node {
             info!(job = job.id, run = job.run, "refused a stale launch: the run is no longer current here");
             return Err(ApiError::Denied(format!("job {} run {} is no longer current on this node", job.id, job.run)));
         }
-        self.launch_here(job, nodes).await
+        self.launch_here(job, nodes, checked_ack_index).await
     }
 
     /// Starts this node's part of `job` off the async workers: a launch syncs the ledger and
     /// creates the run's directory and cgroups, and a burst of them (a plan places a whole
     /// node's worth at once) must not hold up Raft's heartbeats on the same workers.
-    async fn launch_here(&self, job: Job, nodes: Vec<(String, String)>) -> Response {
+    async fn launch_here(&self, job: Job, nodes: Vec<(String, String)>, checked_ack_index: u64) -> Response {
         let agent = Arc::clone(&self.agent);
-        tokio::task::spawn_blocking(move || agent.launch(job, &nodes))
+        tokio::task::spawn_blocking(move || agent.launch(job, &nodes, checked_ack_index))
             .await
             .unwrap_or_else(|e| Err(ApiError::Internal(format!("launch task failed: {e}"))))
     }
