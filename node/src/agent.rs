@@ -910,11 +910,7 @@ impl Agent {
         let ranks = &spec.nodes[node_index].ranks;
         let (base, groups, handle, grant, job_gpus, run_cgroup) = {
             let mut running = lock(&self.running);
-            let r = running
-                .get_mut(&job)
-                .filter(|r| r.run == run)
-                .ok_or_else(|| ApiError::Denied(format!("job {job} run {run} does not run on {}", self.name)))?;
-            owner_may(user, &r.owner, job)?;
+            let r = self.owned_run(&mut running, job, run, user)?;
             if r.pgid == 0 {
                 return Err(ApiError::Unavailable(format!("job {job} has not started on {} yet", self.name)));
             }
@@ -989,14 +985,14 @@ impl Agent {
         }
         self.renew_lease();
         match shepherd::tail_step(&dir, step, 0).await {
-            Ok(conn) => handle.follow(conn, groups),
+            Ok(conn) => handle.follow(conn, Arc::clone(&groups)),
             Err(e) => {
                 warn!(job, step, error = format!("{e:#}"), "follow the step's output");
                 handle.stop_following();
             }
         }
         record_grant(&dir, job, step, &grant);
-        self.limit_step_time(&handle, spec.time_limit_ms, ranks.first().copied());
+        self.limit_step_time(&handle, groups, spec.time_limit_ms, ranks.first().copied());
         self.report_step_end(&handle, run_cgroup.zip(step_cgroups));
         info!(job, run, step, tasks = ranks.len(), cpus = grant.cpus, memory_mib = grant.memory_mib, "step started");
         Ok(Reply::Ok)
@@ -1005,11 +1001,9 @@ impl Agent {
     /// Step `handle`'s `--time`: once `limit_ms` passed with its tasks here still running, says
     /// so on the step's stderr in slurmstepd's words (as task `rank`'s, its first here), sends
     /// them SIGTERM and, after the node's kill grace, SIGKILL. Nothing without a limit.
-    fn limit_step_time(&self, handle: &Arc<Step>, limit_ms: Option<u64>, rank: Option<u32>) {
+    fn limit_step_time(&self, handle: &Arc<Step>, groups: Arc<launcher::TaskGroups>, limit_ms: Option<u64>, rank: Option<u32>) {
         let (Some(limit_ms), Some(rank)) = (limit_ms, rank) else { return };
         let (handle, node, grace_ms) = (Arc::clone(handle), self.name.clone(), self.settings.stop.kill_grace_ms);
-        let groups = lock(&self.running).get(&handle.job).filter(|r| r.run == handle.run).map(|r| Arc::clone(&r.tasks));
-        let Some(groups) = groups else { return };
         tokio::spawn(async move {
             let ended = handle.exits_when_ended();
             tokio::pin!(ended);
@@ -1030,6 +1024,22 @@ impl Agent {
         });
     }
 
+    /// Run `run` of `job` here, which `user` (none: an admin or a node) may start steps of.
+    fn owned_run<'a>(
+        &self,
+        running: &'a mut BTreeMap<JobId, Running>,
+        job: JobId,
+        run: RunNo,
+        user: Option<&str>,
+    ) -> Result<&'a mut Running, ApiError> {
+        let r = running
+            .get_mut(&job)
+            .filter(|r| r.run == run)
+            .ok_or_else(|| ApiError::Denied(format!("job {job} run {run} does not run on {}", self.name)))?;
+        owner_may(user, &r.owner, job)?;
+        Ok(r)
+    }
+
     /// Holds this node's share of step `step` of `job` run `run` before its start, or gives
     /// the hold back (`release`, only before the step started here): see [`Request::StepHold`].
     pub fn hold_step(&self, job: JobId, run: RunNo, step: u32, spec: &proto::StepSpec, release: bool, user: Option<&str>) -> Response {
@@ -1038,11 +1048,7 @@ impl Agent {
             return Err(ApiError::Invalid(format!("step {job}.{step} has no tasks on {}", self.name)));
         };
         let mut running = lock(&self.running);
-        let r = running
-            .get_mut(&job)
-            .filter(|r| r.run == run)
-            .ok_or_else(|| ApiError::Denied(format!("job {job} run {run} does not run on {}", self.name)))?;
-        owner_may(user, &r.owner, job)?;
+        let r = self.owned_run(&mut running, job, run, user)?;
         if release {
             if !r.steps.contains_key(&step) {
                 r.step_holds.remove(&step);
@@ -1075,9 +1081,9 @@ impl Agent {
         run_cgroup: Option<&crate::cgroup::JobCgroup>,
     ) -> Option<Vec<PathBuf>> {
         let (cgroups, run_cgroup) = (self.settings.cgroups.as_ref()?, run_cgroup?);
-        let share = node_share(env);
-        let limits =
-            crate::cgroup::Limits { cpus: grant.cpus, memory_mib: if share.memory_mib == 0 { u64::MAX >> 20 } else { grant.memory_mib } };
+        // A grant of no memory is a job whose memory is not counted: no limit of the step's own.
+        let memory_mib = if grant.memory_mib == 0 { u64::MAX >> 20 } else { grant.memory_mib };
+        let limits = crate::cgroup::Limits { cpus: grant.cpus, memory_mib };
         // The job's GPUs the step was not given, by their device files.
         let given: Vec<u32> = match &grant.gpus {
             None => job_gpus.to_vec(),

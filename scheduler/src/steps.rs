@@ -76,7 +76,15 @@ pub fn grant_step(share: NodeShare, held: &[&StepHold], spec: &StepSpec, tasks: 
         StepMemory::PerCpuMib(m) => m.saturating_mul(u64::from(cpus)),
         StepMemory::PerGpuMib(m) => m.saturating_mul(u64::from(gpus_wanted)),
     };
-    let memory_mib = if share.memory_mib == 0 { 0 } else { memory_mib };
+    // A size of 0 (`--mem=0`, or a per-CPU or per-GPU 0) is all of it, shared.
+    let shared = spec.memory == StepMemory::Shared || memory_mib == 0;
+    let memory_mib = if share.memory_mib == 0 {
+        0
+    } else if shared {
+        share.memory_mib
+    } else {
+        memory_mib
+    };
     if memory_mib > share.memory_mib {
         return Err(StepRefusal::Invalid("Memory required by task is not available".into()));
     }
@@ -89,7 +97,7 @@ pub fn grant_step(share: NodeShare, held: &[&StepHold], spec: &StepSpec, tasks: 
     let held_memory_mib: u64 = held.iter().map(|h| h.memory_mib).sum();
     let held_gpus: std::collections::BTreeSet<u32> = held.iter().flat_map(|h| h.gpus.iter().copied()).collect();
     let free_gpus: Vec<u32> = (0..share.gpus).filter(|g| !held_gpus.contains(g)).collect();
-    let hold_memory_mib = if spec.memory == StepMemory::Shared { 0 } else { memory_mib };
+    let hold_memory_mib = if shared { 0 } else { memory_mib };
     let mut short = Vec::new();
     if held_cpus.saturating_add(cpus) > share.cpus {
         short.push(format!("{cpus} CPUs ({held_cpus} of {} held)", share.cpus));
@@ -207,6 +215,8 @@ mod tests {
             s.gpus_per_node = Some(3);
         });
         assert_eq!(grant_step(SHARE, &[], &per_gpu, 1).map(|g| g.memory_mib), Ok(300));
+        let zero = grant_step(SHARE, &[], &spec(|s| s.memory = StepMemory::PerCpuMib(0)), 1).expect("fits");
+        assert_eq!((zero.memory_mib, zero.held.memory_mib), (1000, 0), "a size of 0 is all of it, shared");
     }
 
     #[test]
