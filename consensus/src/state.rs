@@ -1376,6 +1376,36 @@ mod tests {
     }
 
     #[test]
+    fn a_cached_view_reuses_unchanged_jobs_and_equals_a_fresh_view_after_every_change() {
+        let mut s = ClusterState::default();
+        let a = register(&mut s, "a", 100);
+        let mut cache = view::ViewCache::default();
+        let mut step = |s: &ClusterState, reused: usize, made: usize, what: &str| {
+            let cached = view::scheduler_view_cached(s, &mut cache, |_| None);
+            assert_eq!(cached, view::scheduler_view(s), "{what}: the cached view is the fresh one");
+            assert_eq!((cache.reused, cache.made), (reused, made), "{what}: requests reused and made");
+        };
+        let limited = JobSpec { time_limit_ms: Some(60_000), ..spec(1, 1) };
+        let jobs: Vec<JobId> = (0..4).map(|_| submit(&mut s, limited.clone())).collect();
+        step(&s, 0, 4, "first view");
+        step(&s, 4, 0, "nothing changed");
+        submit(&mut s, spec(1, 1));
+        step(&s, 4, 1, "a new job");
+        plan(&mut s, jobs[0], 1, vec![alloc(a, &[0])]);
+        step(&s, 4, 1, "a placement changes the job's parts");
+        confirm(&mut s, jobs[0], 1, a, 100);
+        step(&s, 4, 1, "a confirmation starts its run");
+        s.apply(&Command::UpdateJob { job: jobs[1], hold: Some(true), time_limit_ms: None, partition: None, now_ms: 40 });
+        step(&s, 4, 1, "a hold changes the spec");
+        s.apply(&Command::Suspend { job: jobs[0], suspend: true, now_ms: 50 });
+        step(&s, 4, 1, "a suspension drops the time limit");
+        s.apply(&Command::Cancel { job: jobs[2], now_ms: 60 });
+        step(&s, 4, 0, "a cancelled job leaves the view");
+        finish(&mut s, jobs[0], 1, a, RunOutcome::Exited(0));
+        step(&s, 3, 0, "a finished job leaves the view");
+    }
+
+    #[test]
     fn register_assigns_ids_and_reregister_keeps_them() {
         let mut s = ClusterState::default();
         assert_eq!(register(&mut s, "a", 1), 1);

@@ -2,9 +2,10 @@
 //! and the re-check of a committed plan against the state it is applied to.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use proto::{Allocation, Job, JobId, JobState, NodeId, NodeState};
-use scheduler::{ClusterView, NodeView};
+use proto::{Allocation, Job, JobId, JobSpec, JobState, NodeId, NodeState};
+use scheduler::{ClusterView, JobRequest, NodeView};
 
 use crate::state::ClusterState;
 
@@ -63,6 +64,30 @@ pub fn scheduler_view(state: &ClusterState) -> ClusterView {
 /// [`scheduler_view`], with the finished jobs pending jobs depend on that are no longer in the
 /// hot state read through `archived` (the accounting store), so `afterok:ID` still resolves.
 pub fn scheduler_view_with(state: &ClusterState, archived: impl Fn(JobId) -> Option<Job>) -> ClusterView {
+    scheduler_view_cached(state, &mut ViewCache::default(), archived)
+}
+
+/// The job requests of the last view built through this cache, ascending by id, each with the
+/// spec it was made from. The next view reuses every request whose job did not change, so a
+/// leader's pass over a deep queue copies only the jobs that changed since the last pass. It
+/// holds no more than the live jobs of the hot state it was last built from.
+#[derive(Default)]
+pub struct ViewCache {
+    jobs: Vec<(Arc<JobSpec>, Arc<JobRequest>)>,
+    /// Views built through this cache (picks the reused request checked in full each time).
+    views: u64,
+    /// Of the last view: requests reused, and made anew.
+    pub reused: usize,
+    pub made: usize,
+}
+
+/// [`scheduler_view_with`], reusing the requests `cache` kept of jobs that did not change.
+///
+/// A request is reused when its job still has the very spec it was made from (every change of
+/// a spec is an `Arc::make_mut`, which copies a spec the cache shares) and
+/// [`scheduler::job_request_current`] finds the job's own fields unchanged. Each view checks
+/// one reused request against a fresh one in full (every one of them in debug builds).
+pub fn scheduler_view_cached(state: &ClusterState, cache: &mut ViewCache, archived: impl Fn(JobId) -> Option<Job>) -> ClusterView {
     // Only live work (pending, running, or still holding a part) and the finished jobs that
     // pending jobs depend on: finished jobs are most of the hot state under a sweep, and the
     // scheduler needs nothing else of them (`array_started` keeps which tasks ran).
@@ -73,7 +98,38 @@ pub fn scheduler_view_with(state: &ClusterState, archived: impl Fn(JobId) -> Opt
         }
         request
     };
-    let mut jobs: Vec<scheduler::JobRequest> = state.jobs.values().filter(|j| is_live(j)).map(request).collect();
+    let probe = cache.views as usize % cache.jobs.len().max(1);
+    cache.views = cache.views.wrapping_add(1);
+    let mut old = std::mem::take(&mut cache.jobs).into_iter().enumerate().peekable();
+    let mut kept = Vec::with_capacity(old.len());
+    let mut jobs: Vec<Arc<JobRequest>> = Vec::with_capacity(old.len());
+    let (mut reused, mut made) = (0, 0);
+    for j in state.jobs.values().filter(|j| is_live(j)) {
+        while old.next_if(|(_, (_, r))| r.id < j.id).is_some() {}
+        let same = |spec: &Arc<JobSpec>, r: &JobRequest| {
+            Arc::ptr_eq(spec, &j.spec)
+                && scheduler::job_request_current(r, j)
+                && r.array_started.iter().eq(state.array_started.get(&j.id).into_iter().flatten())
+        };
+        let req = match old.next_if(|(_, (_, r))| r.id == j.id) {
+            Some((i, (spec, r))) if same(&spec, &r) => {
+                if cfg!(debug_assertions) || i == probe {
+                    assert_eq!(*r, request(j), "view cache: job {} changed without a new spec or a changed field", j.id);
+                }
+                reused += 1;
+                r
+            }
+            _ => {
+                made += 1;
+                Arc::new(request(j))
+            }
+        };
+        kept.push((Arc::clone(&j.spec), Arc::clone(&req)));
+        jobs.push(req);
+    }
+    cache.jobs = kept;
+    cache.reused = reused;
+    cache.made = made;
     let targets: std::collections::BTreeSet<JobId> = state
         .jobs
         .values()
@@ -82,10 +138,15 @@ pub fn scheduler_view_with(state: &ClusterState, archived: impl Fn(JobId) -> Opt
         .filter(|id| !state.jobs.get(id).is_some_and(is_live))
         .collect();
     if !targets.is_empty() {
-        jobs.extend(targets.into_iter().filter_map(|id| match state.jobs.get(&id) {
-            Some(j) => Some(request(j)),
-            None => archived(id).map(|j| scheduler::job_request(&j)),
-        }));
+        jobs.extend(
+            targets
+                .into_iter()
+                .filter_map(|id| match state.jobs.get(&id) {
+                    Some(j) => Some(request(j)),
+                    None => archived(id).map(|j| scheduler::job_request(&j)),
+                })
+                .map(Arc::new),
+        );
         jobs.sort_by_key(|j| j.id);
     }
     let partitions = state

@@ -566,7 +566,11 @@ impl<'v> Pass<'v> {
             return;
         };
         if !reasons.is_empty() {
-            // Not eligible: still tell what the resources would say.
+            // Not eligible: still tell what the resources would say, where reasons are wanted.
+            if !view.config.explain_ineligible {
+                self.plan.pending.insert(j.id, reasons);
+                return;
+            }
             if let Err(r) = self.attempt(j, part, tid, end_ms, true) {
                 reasons.extend(r);
             }

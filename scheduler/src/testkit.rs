@@ -168,7 +168,7 @@ impl Cluster {
                 assert!(taken.is_ok(), "testkit: job {} double-books node {}: {taken:?}", job.id, part.alloc.node);
             }
         }
-        let req = job_request(&job);
+        let req = std::sync::Arc::new(job_request(&job));
         match self.view.jobs.binary_search_by_key(&job.id, |j| j.id) {
             Ok(i) => self.view.jobs[i] = req,
             Err(i) => self.view.jobs.insert(i, req),

@@ -3,6 +3,7 @@
 //! [`job_request`].
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use proto::{Allocation, ArraySpec, ArrayTask, Dependency, Inventory, JobId, JobState, Link, NetworkLocation, Nic, NodeId, RunNo};
 
@@ -336,16 +337,10 @@ impl JobRequest {
 /// The scheduler's view of a job from the replicated state.
 pub fn job_request(job: &proto::Job) -> JobRequest {
     let spec = &job.spec;
-    let run = if job.state == JobState::Pending { job.run.saturating_add(1) } else { job.run };
-    let running: Vec<Allocation> = if job.state == JobState::Running {
-        job.parts.iter().filter(|p| p.run == job.run).map(|p| p.alloc.clone()).collect()
-    } else {
-        Vec::new()
-    };
     JobRequest {
         id: job.id,
         array_started: Vec::new(),
-        run,
+        run: run_of(job),
         state: job.state,
         name: spec.name.clone(),
         user: spec.user.clone(),
@@ -368,15 +363,54 @@ pub fn job_request(job: &proto::Job) -> JobRequest {
         begin_ms: spec.begin_ms,
         hold: spec.hold,
         switches: spec.switches,
-        // A suspended job frees nothing until someone resumes it; a resumed one ends later by
-        // the time it was suspended.
-        time_limit_ms: spec.time_limit_ms.filter(|_| !job.suspended()),
+        time_limit_ms: time_limit_of(job),
         submit_ms: job.submit_ms,
-        start_ms: job.start_ms.map(|s| s.saturating_add(job.suspension.paused_ms)),
+        start_ms: start_of(job),
         requeue: spec.requeue,
-        running,
+        running: running_of(job).cloned().collect(),
         held: job.parts.iter().map(|p| p.alloc.clone()).collect(),
     }
+}
+
+/// Whether `req`, made by [`job_request`] from a job with this very spec (the same `Arc`,
+/// which every change of a spec replaces: `Arc::make_mut` while the caller holds a clone), is
+/// still what [`job_request`] makes of `job`: it compares every field taken from the job
+/// rather than from its spec, without allocating. `array_started` is the caller's to compare.
+pub fn job_request_current(req: &JobRequest, job: &proto::Job) -> bool {
+    req.id == job.id
+        && req.run == run_of(job)
+        && req.state == job.state
+        && req.array_task == job.array
+        && req.time_limit_ms == time_limit_of(job)
+        && req.submit_ms == job.submit_ms
+        && req.start_ms == start_of(job)
+        && req.running.iter().eq(running_of(job))
+        && req.held.iter().eq(job.parts.iter().map(|p| &p.alloc))
+}
+
+/// The run a placement starts: the job's next run while pending, its current one otherwise.
+fn run_of(job: &proto::Job) -> RunNo {
+    if job.state == JobState::Pending {
+        job.run.saturating_add(1)
+    } else {
+        job.run
+    }
+}
+
+/// A suspended job frees nothing until someone resumes it: no time limit counts meanwhile.
+fn time_limit_of(job: &proto::Job) -> Option<u64> {
+    job.spec.time_limit_ms.filter(|_| !job.suspended())
+}
+
+/// A resumed job ends later by the time it was suspended.
+fn start_of(job: &proto::Job) -> Option<u64> {
+    job.start_ms.map(|s| s.saturating_add(job.suspension.paused_ms))
+}
+
+/// Allocations of the current run while it runs.
+fn running_of(job: &proto::Job) -> impl Iterator<Item = &Allocation> {
+    let running = job.state == JobState::Running;
+    job.parts.iter().filter(move |p| running && p.run == job.run).map(|p| &p.alloc)
 }
 
 /// A partition: time limits and priority tier. Its nodes are those whose inventory names it
@@ -441,6 +475,11 @@ pub struct SchedulerConfig {
     pub starts_per_pass_max: u32,
     /// Usage halves in this time (`PriorityDecayHalfLife`); 0: it never decays.
     pub decay_half_life_ms: u64,
+    /// A job that may not start whatever the resources (held, a later begin time, a dependency)
+    /// is still tried against them, so its reasons also say what the resources would (what
+    /// `squeue` shows). The leader's own pass, which keeps no reasons, leaves it off: a queue
+    /// of held jobs then costs each pass no placement search.
+    pub explain_ineligible: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -455,6 +494,7 @@ impl Default for SchedulerConfig {
             array_tasks_per_pass_max: 100_000,
             starts_per_pass_max: u32::MAX,
             decay_half_life_ms: proto::DECAY_HALF_LIFE_MIN_DEFAULT * 60_000,
+            explain_ineligible: true,
         }
     }
 }
@@ -463,8 +503,9 @@ impl Default for SchedulerConfig {
 pub struct ClusterView {
     pub nodes: BTreeMap<NodeId, NodeView>,
     /// Pending and running jobs, in id order; also the finished jobs that pending jobs depend on
-    /// (a dependency on a job not listed here can never be satisfied).
-    pub jobs: Vec<JobRequest>,
+    /// (a dependency on a job not listed here can never be satisfied). Shared: a leader keeps
+    /// the requests of jobs that did not change from one pass to the next.
+    pub jobs: Vec<Arc<JobRequest>>,
     pub partitions: BTreeMap<String, Partition>,
     /// Usage by (account, user) association, each decayed to its own time (`root` for a job
     /// without an account); see [`crate::fairshare`].
@@ -474,4 +515,43 @@ pub struct ClusterView {
     /// with `Assoc...` reasons. With no association, nothing is limited. Shared with the
     /// replicated state (a pass does not copy up to 65,536 users).
     pub accounts: std::sync::Arc<proto::accounts::Accounts>,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use proto::{Allocation, Job, JobSpec, JobState, NodeRun};
+
+    use super::{job_request, job_request_current};
+
+    #[test]
+    fn a_request_is_current_until_a_field_it_takes_from_the_job_changes() {
+        let spec = JobSpec { time_limit_ms: Some(60_000), ..JobSpec::command(vec!["true".into()], "/tmp", "alice") };
+        let pending = Job::submitted(7, Arc::new(spec), 10);
+        let alloc = Allocation { node: 1, gpus: vec![0], cpus: 1, mem_mib: 1024 };
+        let mut running = pending.clone();
+        running.state = JobState::Running;
+        running.run = 1;
+        running.start_ms = Some(20);
+        running.parts = vec![NodeRun { run: 1, alloc: alloc.clone(), launched_by: Some(1) }];
+        let req = job_request(&running);
+        assert!(job_request_current(&req, &running));
+        assert!(!job_request_current(&job_request(&pending), &running), "state, run and parts");
+        type Change = (&'static str, fn(&mut Job));
+        let changes: [Change; 6] = [
+            ("state", |j| j.state = JobState::Cancelled),
+            ("run", |j| j.run = 2),
+            ("parts", |j| j.parts[0].alloc.gpus = vec![1]),
+            ("suspended", |j| j.suspension.since_ms = Some(30)),
+            ("paused", |j| j.suspension.paused_ms = 5),
+            ("start", |j| j.start_ms = Some(21)),
+        ];
+        for (what, change) in changes {
+            let mut changed = running.clone();
+            change(&mut changed);
+            assert_ne!(job_request(&changed), req, "{what}: the request differs");
+            assert!(!job_request_current(&req, &changed), "{what}: seen as changed");
+        }
+    }
 }

@@ -434,6 +434,12 @@ fn a_pending_job_carries_all_its_reasons() {
             "cannot ever run: needs 1 node(s) with 16x gpu, 1 cpus and 1024 MiB; partition gpu has 0 (largest: 8x, 112 cpus, 2097152 MiB)",
         ]
     );
+    // The leader's own pass keeps no reasons: an ineligible job is not tried against the
+    // resources, and the pass decides the same.
+    c.view.config.explain_ineligible = false;
+    let lean = c.schedule(1000);
+    assert_eq!(lean.pending[&7], vec!["job is held", "begins at 1970-01-01 14:05:00 UTC", "dependency afterok:3"]);
+    assert_eq!((lean.placements, lean.preemptions, lean.queue), (plan.placements, plan.preemptions, plan.queue));
 }
 
 #[test]
@@ -499,7 +505,7 @@ fn fits_rejects_stale_and_wrong_allocations() {
     c.node(1, "n1", ib).node(2, "n2", dgx("a100"));
     c.running(1, spec("gpu:1", 1), vec![alloc(1, &[1], 1, 1024)], 0);
     c.submit(2, spec("gpu:h100:1", 1), 0);
-    let job = c.view.jobs.iter().find(|j| j.id == 2).unwrap().clone();
+    let job = c.view.jobs.iter().find(|j| j.id == 2).map(|j| (**j).clone()).unwrap();
     let n1 = &c.view.nodes[&1];
     assert_eq!(fits(n1, &job, &alloc(1, &[0], 1, 1024)), Ok(()));
     assert_eq!(fits(n1, &job, &alloc(1, &[1], 1, 1024)), Err(Misfit::GpuBusy(1)));

@@ -171,7 +171,8 @@ impl Node {
     }
 
     /// The scheduler's input from the committed state; dependencies on jobs that left the hot
-    /// state are read from the accounting store.
+    /// state are read from the accounting store. Requests of jobs unchanged since the last view
+    /// are reused (`view_cache`).
     pub(super) fn scheduler_view(&self) -> scheduler::ClusterView {
         let archived = |id: JobId| match self.state.archived_job(id) {
             Ok(job) => job,
@@ -180,7 +181,7 @@ impl Node {
                 None
             }
         };
-        self.state.read(|s| consensus::view::scheduler_view_with(s, archived))
+        self.state.read(|s| consensus::view::scheduler_view_cached(s, &mut lock(&self.view_cache), archived))
     }
 
     /// Moves jobs finished more than `min_job_age_s` ago to the accounting store and prunes
@@ -240,6 +241,7 @@ impl Node {
         }
         let mut view = self.scheduler_view();
         view.config.starts_per_pass_max = starts_max;
+        view.config.explain_ineligible = false;
         let now = now_ms();
         let started = Instant::now();
         let plan = scheduler::schedule(&view, now);

@@ -78,6 +78,8 @@ pub struct Node {
     /// The heartbeats this node passes on to the leader while it is not the leader.
     relay: liveness::Relay,
     memory: Mutex<LeaderMemory>,
+    /// The job requests of the last scheduler view, reused by the next (`view::ViewCache`).
+    view_cache: Mutex<consensus::view::ViewCache>,
     /// The leader a forward last failed to reach, and when (see `forward`).
     unreachable_leader: Mutex<Option<(NodeId, Instant)>>,
     membership_busy: AtomicBool,

@@ -449,6 +449,7 @@ pub async fn run(
         heartbeat_link: Arc::clone(&heartbeat_link),
         relay: liveness::Relay::default(),
         memory: Mutex::new(LeaderMemory::default()),
+        view_cache: Mutex::new(consensus::view::ViewCache::default()),
         unreachable_leader: Mutex::new(None),
         membership_busy: AtomicBool::new(false),
         kick: Notify::new(),
