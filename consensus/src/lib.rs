@@ -171,6 +171,25 @@ pub async fn leader_other_than(raft: &Raft, leader: Option<NodeId>) {
     leader_where(raft, |now| now.is_some() && now != leader).await
 }
 
+/// Returns once `raft` names a leader other than `dead` that is ready for requests: this node
+/// once it leads (it may name itself a moment before), another one at once.
+pub async fn next_leader_ready(raft: &Raft, dead: NodeId) {
+    use openraft::async_runtime::watch::WatchReceiver;
+
+    let mut metrics = raft.metrics();
+    loop {
+        {
+            let m = metrics.borrow_watched();
+            if m.current_leader.is_some_and(|l| l != dead && (l != m.id || m.state.is_leader())) {
+                return;
+            }
+        }
+        if metrics.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+    }
+}
+
 async fn leader_where(raft: &Raft, done: impl Fn(Option<NodeId>) -> bool) {
     use openraft::async_runtime::watch::WatchReceiver;
 

@@ -117,6 +117,49 @@ fn leader_sigkill_new_leader_takes_submissions_within_2s_and_other_jobs_finish()
     }
 }
 
+/// A follower whose forward to the leader dies with the leader (unacknowledged, or replaced by
+/// an election while it waited) sends the request on to the next leader: one call, with no
+/// retry of the client's own, is answered once the election ends.
+#[test]
+fn a_request_forwarded_to_a_killed_leader_is_answered_by_the_next_one() {
+    use corral_cli::client::Cluster;
+    use proto::{Reply, Request};
+    let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:8"]);
+    // Killed before all three are voters, the leader would take the quorum with it.
+    let voters = |c: &TestCluster| {
+        c.json(&["cluster"])["members"].as_array().map_or(0, |m| m.iter().filter(|m| m["role"] == "voter" || m["role"] == "leader").count())
+    };
+    wait_until("three voters", Duration::from_secs(20), || voters(&c) == 3);
+    let leader = c.leader();
+    let survivor = ["n1", "n2", "n3"].into_iter().find(|n| *n != leader).expect("survivor");
+    let addr = c.addr(survivor);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    runtime.block_on(async {
+        let client = Cluster::connect_to(c.path(), Some(vec![addr.clone()])).expect("client");
+        // The survivor has a connection to the leader (this submission went through it).
+        let warm = proto::JobSpec::command(vec!["true".into()], "/tmp", "");
+        let warm = client.call_patiently(Request::Submit { spec: warm }, Duration::from_secs(20)).await;
+        assert!(matches!(warm, Ok(Reply::Submitted { .. })), "{warm:?}");
+        // SIGKILL from here, and the call at once: `corral dev signal` waits for the exit, and
+        // an election may be over by then.
+        let pid: i32 = std::fs::read_to_string(c.path().join(&leader).join("corrald.pid"))
+            .ok()
+            .and_then(|p| p.trim().parse().ok())
+            .expect("the leader's pid");
+        // SAFETY: kill(2) on the pid of a daemon this test started.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0, "kill the leader");
+        let killed = Instant::now();
+        let spec = proto::JobSpec::command(vec!["true".into()], "/tmp", "");
+        let reply = client.call(Request::Submit { spec }).await;
+        let answered = killed.elapsed();
+        assert!(matches!(reply, Ok(Ok(Reply::Submitted { .. }))), "one call through {survivor} after the kill: {reply:?}\n{}", c.logs());
+        let after = c.json(&["--server", &addr, "cluster"]);
+        assert!(after["term"].as_u64() > Some(1), "a new leader was elected: {after}");
+        assert!(answered < Duration::from_secs(3), "answered after {answered:?}");
+    });
+    assert_ne!(c.json(&["--server", &addr, "cluster"])["leader"].as_str().unwrap_or_default(), leader);
+}
+
 #[test]
 fn whole_cluster_restart_keeps_every_acked_job_in_its_state() {
     let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:8"]);

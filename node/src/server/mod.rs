@@ -50,6 +50,12 @@ const FORWARD_CONNECT_TIMEOUT: Duration = Duration::from_millis(250);
 /// How long a leader that could not be reached is taken for dead by forwards (an election
 /// takes at most the election timeout; past this, it is tried again).
 const UNREACHABLE_LEADER_HOLD: Duration = Duration::from_millis(1_000);
+
+/// How long a request for a leader found unreachable waits for the next one to be elected
+/// (an election takes `election_timeout_max_ms` and a round trip; dev clusters 400 ms).
+const NEXT_LEADER_WAIT: Duration = Duration::from_millis(2_000);
+/// How soon such a request asks again when the new leader was not ready for it yet.
+const NEXT_LEADER_RETRY: Duration = Duration::from_millis(20);
 /// The longest pause after a leader tick (see `leader_loop`).
 const TICK_PAUSE_MAX: Duration = Duration::from_millis(100);
 /// How long a step's start waits for a node whose part of the job is still starting.
@@ -469,28 +475,32 @@ impl Node {
                 // names another (or a while has passed), say so at once instead of waiting for
                 // a handshake each time, so the client's retry finds the new leader promptly.
                 if lock(&self.unreachable_leader).is_some_and(|(dead, at)| dead == l && at.elapsed() < UNREACHABLE_LEADER_HOLD) {
-                    return Err(ApiError::NoLeader);
+                    return self.forward_to_next_leader(l, hops, request, user, || ApiError::NoLeader).await;
                 }
                 let env = Envelope { hops: hops + 1, request, user };
                 let call = self.client.call_failing_on_silence(&addr, &env, PEER_CALL_TIMEOUT, FORWARD_CONNECT_TIMEOUT);
                 // A leader that died with this request in flight never answers; QUIC notices the
                 // connection is gone only after its loss timers. An election names the next
-                // leader sooner: stop waiting then, and let the client ask again (as after any
-                // lost reply, the request may or may not have been applied).
+                // leader sooner: stop waiting then, and ask that one.
                 let outcome = tokio::select! {
-                    outcome = call => outcome,
-                    () = consensus::leader_changed_from(&self.raft, l) => {
-                        return Err(ApiError::Unavailable(format!("leader {l} was replaced while a forwarded request waited")));
-                    }
+                    outcome = call => Some(outcome),
+                    () = consensus::leader_changed_from(&self.raft, l) => None,
                 };
+                let Envelope { request, user, .. } = env;
                 match outcome {
-                    Ok(resp) => resp,
-                    Err(e) => {
+                    Some(Ok(resp)) => resp,
+                    None => {
+                        let replaced = || ApiError::Unavailable(format!("leader {l} was replaced while a forwarded request waited"));
+                        self.forward_to_next_leader(l, hops, request, user, replaced).await
+                    }
+                    Some(Err(e)) => {
+                        let failed = || ApiError::Unavailable(format!("forward to leader {addr}: {e}"));
                         // No handshake, or a request it never acknowledged: most likely dead.
-                        if matches!(e, transport::CallError::Connect(_) | transport::CallError::Silent(_)) {
-                            *lock(&self.unreachable_leader) = Some((l, Instant::now()));
+                        if !matches!(e, transport::CallError::Connect(_) | transport::CallError::Silent(_)) {
+                            return Err(failed());
                         }
-                        Err(ApiError::Unavailable(format!("forward to leader {addr}: {e}")))
+                        *lock(&self.unreachable_leader) = Some((l, Instant::now()));
+                        self.forward_to_next_leader(l, hops, request, user, failed).await
                     }
                 }
             }
@@ -500,6 +510,46 @@ impl Node {
                 Err(LinkError::Api(e)) => Err(e),
                 Err(LinkError::Unreachable(e)) => Err(ApiError::Unavailable(e)),
             },
+        }
+    }
+
+    /// A request for leader `dead`, which this node found unreachable (no handshake, or the
+    /// request went unacknowledged) or which an election replaced while the request waited,
+    /// waits for the next leader, at most [`NEXT_LEADER_WAIT`], and goes there (or is handled
+    /// here, if this node was elected). The client, which would only send it again through
+    /// another member that may not know yet, gets its answer as soon as an election ends.
+    /// Sending it again is what the client did before: as after any lost reply, the request
+    /// may or may not have been applied (a submission may then be made twice, never a job run
+    /// twice). Without a new leader in time, `otherwise`.
+    async fn forward_to_next_leader(
+        &self,
+        dead: NodeId,
+        hops: u8,
+        request: Request,
+        user: Option<String>,
+        otherwise: impl FnOnce() -> ApiError,
+    ) -> Response {
+        let deadline = Instant::now() + NEXT_LEADER_WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if tokio::time::timeout(left, consensus::next_leader_ready(&self.raft, dead)).await.is_err() {
+                return Err(otherwise());
+            }
+            let response = if !self.is_leader() {
+                Box::pin(self.forward(hops + 1, request.clone(), user.clone())).await
+            } else if request.needs_leader() {
+                Box::pin(self.handle_on_leader(request.clone(), user.clone())).await
+            } else {
+                self.read(request.clone())
+            };
+            // Just elected, a leader may not lead yet for a moment in its own eyes (its metrics
+            // lag the votes its followers saw): ask again shortly, until the deadline.
+            match response {
+                Err(ApiError::NoLeader | ApiError::Unavailable(_)) if Instant::now() + NEXT_LEADER_RETRY < deadline => {
+                    tokio::time::sleep(NEXT_LEADER_RETRY).await;
+                }
+                other => return other,
+            }
         }
     }
 
