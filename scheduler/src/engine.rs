@@ -160,7 +160,6 @@ struct Pass<'v> {
     node_parts: Vec<Vec<u16>>,
     node_keys: Vec<Vec<(u16, u16, u32)>>,
     index: BTreeMap<(u16, u16), Buckets>,
-    job_ix: BTreeMap<JobId, usize>,
     prio: Vec<u64>,
     /// Jobs started in this pass (they count as running for dependencies and singleton).
     started: BTreeSet<JobId>,
@@ -359,7 +358,7 @@ impl<'v> Pass<'v> {
         let name_ix: BTreeMap<&str, usize> = view.nodes.values().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
         let PartIndex { names: part_names, ix: part_ix, default: default_part, node_parts } = intern_partitions(view, &nodes);
         let TypeIndex { names: type_names, ix: type_ix, is_mig: type_is_mig, node_keys, index } = index_gpu_types(&nodes, &node_parts);
-        let job_ix: BTreeMap<JobId, usize> = view.jobs.iter().enumerate().map(|(i, j)| (j.id, i)).collect();
+        assert!(view.jobs.windows(2).all(|w| w[0].id < w[1].id), "the view's jobs are in id order");
         let (array_active, array_created) = array_counts(view);
         let mut pass = Pass {
             view,
@@ -376,7 +375,6 @@ impl<'v> Pass<'v> {
             node_parts,
             node_keys,
             index,
-            job_ix,
             prio: Vec::new(),
             started: BTreeSet::new(),
             preempted: BTreeSet::new(),
@@ -414,6 +412,11 @@ impl<'v> Pass<'v> {
         }
         self.pinned_layouts();
         self.mig_relayout();
+    }
+
+    /// Where job `id` is in the view's jobs (kept in id order).
+    fn job_index(&self, id: JobId) -> Option<usize> {
+        self.view.jobs.binary_search_by_key(&id, |j| j.id).ok()
     }
 
     /// Starts this pass may still make under `starts_per_pass_max`.
@@ -494,7 +497,7 @@ impl<'v> Pass<'v> {
             let throttle = if j.is_array() {
                 j.array.as_ref().and_then(|s| s.throttle)
             } else {
-                self.job_ix.get(&a).and_then(|&i| self.view.jobs[i].array.as_ref()).and_then(|s| s.throttle)
+                self.job_index(a).and_then(|i| self.view.jobs[i].array.as_ref()).and_then(|s| s.throttle)
             };
             if let Some(t) = throttle {
                 let active = self.array_active.get(&a).copied().unwrap_or(0);
@@ -526,7 +529,7 @@ impl<'v> Pass<'v> {
             return Some(format!("dependency singleton: job {} of the same name and user is {state}", other.id));
         }
         let id = on?;
-        let Some(&oi) = self.job_ix.get(&id) else {
+        let Some(oi) = self.job_index(id) else {
             return Some(format!("dependency {label}:{id} can never be satisfied (job {id} unknown)"));
         };
         let o = &self.view.jobs[oi];
@@ -630,7 +633,7 @@ impl<'v> Pass<'v> {
                     self.plan.array_tasks.push(ArrayTaskStart { array: j.id, task, placement: before });
                 }
                 Err(mut r) => {
-                    let i = self.job_ix.get(&j.id).copied().unwrap_or(0);
+                    let i = self.job_index(j.id).unwrap_or(0);
                     self.after_failure(j, i, part, tid, &mut r);
                     reasons.extend(r);
                     break;
@@ -1323,11 +1326,11 @@ impl<'v> Pass<'v> {
     fn mig_relayout(&mut self) {
         let mut demand: BTreeMap<String, u32> = BTreeMap::new();
         let mut demand_parts: BTreeSet<u16> = BTreeSet::new();
-        for (id, reasons) in &self.plan.pending {
-            let Some(&i) = self.job_ix.get(id) else { continue };
-            let j = &self.view.jobs[i];
-            let Some(t) = j.gpu_type.as_deref() else { continue };
-            if !is_mig_profile(t) || !self.eligibility(j).is_empty() || reasons.iter().any(|r| r.starts_with("held for backfill")) {
+        // Over the jobs (few ask for MIG profiles), not over every pending job's reasons.
+        for j in self.view.jobs.iter() {
+            let Some(t) = j.gpu_type.as_deref().filter(|t| is_mig_profile(t)) else { continue };
+            let Some(reasons) = self.plan.pending.get(&j.id) else { continue };
+            if !self.eligibility(j).is_empty() || reasons.iter().any(|r| r.starts_with("held for backfill")) {
                 continue;
             }
             *demand.entry(t.to_string()).or_default() += j.gpus_per_node.saturating_mul(j.nodes);

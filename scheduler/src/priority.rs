@@ -73,6 +73,8 @@ pub fn factors(view: &ClusterView, now_ms: u64) -> Vec<Option<Factors>> {
     let default_tier = view.partitions.values().find(|p| p.default).map_or(0, |p| p.priority_tier);
     let shares = fair_shares(view, now_ms);
     let age_max = view.config.age_max_ms.max(1) as f64;
+    // Each association's factor, looked up once per pass (a lookup builds its key's strings).
+    let mut fair: BTreeMap<(Option<&str>, &str), f64> = BTreeMap::new();
     let mut out = Vec::with_capacity(view.jobs.len());
     for j in &view.jobs {
         if j.state.is_final() {
@@ -89,7 +91,8 @@ pub fn factors(view: &ClusterView, now_ms: u64) -> Vec<Option<Factors>> {
         let partition = f64::from(tier) / f64::from(tier_max);
         let qos = j.qos.as_ref().and_then(|q| view.config.qos.get(q)).map_or(0, |q| q.priority);
         let qos = f64::from(qos) / f64::from(qos_max);
-        let fair_share = shares.factor(j.account.as_deref(), &j.user);
+        let fair_share =
+            *fair.entry((j.account.as_deref(), j.user.as_str())).or_insert_with(|| shares.factor(j.account.as_deref(), &j.user));
         let p = f64::from(w.age) * age
             + f64::from(w.job_size) * size
             + f64::from(w.partition) * partition

@@ -143,4 +143,32 @@ fn main() {
             bytes as f64 / (1024.0 * 1024.0)
         );
     }
+    deep_queue();
+}
+
+/// A leader's pass under a burst of submissions that cannot start (`corral bench`'s held jobs:
+/// 9 GPUs on 8-GPU nodes): 3 nodes, 30,000 and 60,000 such jobs, reasons kept or not.
+fn deep_queue() {
+    for jobs in [30_000u64, 60_000] {
+        let mut c = cluster(3);
+        for k in 0..jobs {
+            c.submit(1_000_000 + k, spec("gpu:9", 1), k);
+        }
+        let mut line = format!("deep queue: 3 nodes, {jobs} jobs needing 9 GPUs:");
+        for explain in [true, false] {
+            c.view.config.explain_ineligible = explain;
+            // The fastest of five passes (the first touches memory the others reuse).
+            let best = (0..5)
+                .map(|_| {
+                    let t = Instant::now();
+                    let plan = schedule(&c.view, 10_000_000);
+                    assert!(plan.placements.is_empty());
+                    t.elapsed()
+                })
+                .min()
+                .unwrap_or_default();
+            line += &format!(" pass {:.1} ms (explain_ineligible {explain})", ms(best));
+        }
+        println!("{line}");
+    }
 }
