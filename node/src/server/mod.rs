@@ -472,10 +472,14 @@ impl Node {
         match (leader, leader_addr) {
             (Some(l), Some(addr)) if l != self.id => {
                 // A leader this node just failed to reach is most likely dead: until an election
-                // names another (or a while has passed), say so at once instead of waiting for
-                // a handshake each time, so the client's retry finds the new leader promptly.
-                if lock(&self.unreachable_leader).is_some_and(|(dead, at)| dead == l && at.elapsed() < UNREACHABLE_LEADER_HOLD) {
-                    return self.forward_to_next_leader(l, hops, request, user, || ApiError::NoLeader).await;
+                // names another (or the hold has passed and it is tried again), the request waits
+                // for the next leader instead of a handshake with this one.
+                let held = (*lock(&self.unreachable_leader))
+                    .filter(|(dead, _)| *dead == l)
+                    .map(|(_, at)| UNREACHABLE_LEADER_HOLD.saturating_sub(at.elapsed()))
+                    .filter(|left| !left.is_zero());
+                if let Some(left) = held {
+                    return self.forward_to_next_leader(l, hops, request, user, left, || ApiError::NoLeader).await;
                 }
                 let env = Envelope { hops: hops + 1, request, user };
                 let call = self.client.call_failing_on_silence(&addr, &env, PEER_CALL_TIMEOUT, FORWARD_CONNECT_TIMEOUT);
@@ -491,7 +495,7 @@ impl Node {
                     Some(Ok(resp)) => resp,
                     None => {
                         let replaced = || ApiError::Unavailable(format!("leader {l} was replaced while a forwarded request waited"));
-                        self.forward_to_next_leader(l, hops, request, user, replaced).await
+                        self.forward_to_next_leader(l, hops, request, user, NEXT_LEADER_WAIT, replaced).await
                     }
                     Some(Err(e)) => {
                         let failed = || ApiError::Unavailable(format!("forward to leader {addr}: {e}"));
@@ -500,7 +504,7 @@ impl Node {
                             return Err(failed());
                         }
                         *lock(&self.unreachable_leader) = Some((l, Instant::now()));
-                        self.forward_to_next_leader(l, hops, request, user, failed).await
+                        self.forward_to_next_leader(l, hops, request, user, NEXT_LEADER_WAIT, failed).await
                     }
                 }
             }
@@ -515,8 +519,9 @@ impl Node {
 
     /// A request for leader `dead`, which this node found unreachable (no handshake, or the
     /// request went unacknowledged) or which an election replaced while the request waited,
-    /// waits for the next leader, at most [`NEXT_LEADER_WAIT`], and goes there (or is handled
-    /// here, if this node was elected). The client, which would only send it again through
+    /// waits for the next leader, at most `wait` ([`NEXT_LEADER_WAIT`], or what is left of the
+    /// hold on a leader found unreachable before), and goes there (or is handled here, if this
+    /// node was elected). The client, which would only send it again through
     /// another member that may not know yet, gets its answer as soon as an election ends.
     /// Sending it again is what the client did before: as after any lost reply, the request
     /// may or may not have been applied (a submission may then be made twice, never a job run
@@ -527,9 +532,10 @@ impl Node {
         hops: u8,
         request: Request,
         user: Option<String>,
+        wait: Duration,
         otherwise: impl FnOnce() -> ApiError,
     ) -> Response {
-        let deadline = Instant::now() + NEXT_LEADER_WAIT;
+        let deadline = Instant::now() + wait;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if tokio::time::timeout(left, consensus::next_leader_ready(&self.raft, dead)).await.is_err() {
