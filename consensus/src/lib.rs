@@ -163,39 +163,27 @@ pub struct RaftStatus {
 /// Returns once `raft` names a leader other than `leader` (or none), from its metrics' watch:
 /// no polling. Pending forever if Raft stopped (its metrics sender is gone) while `leader` led.
 pub async fn leader_changed_from(raft: &Raft, leader: NodeId) {
-    leader_where(raft, |now| now != Some(leader)).await
+    metrics_where(raft, |m| m.current_leader != Some(leader)).await
 }
 
 /// Returns once `raft` names a leader, and one other than `leader` if that is given.
 pub async fn leader_other_than(raft: &Raft, leader: Option<NodeId>) {
-    leader_where(raft, |now| now.is_some() && now != leader).await
+    metrics_where(raft, |m| m.current_leader.is_some() && m.current_leader != leader).await
 }
 
 /// Returns once `raft` names a leader other than `dead` that is ready for requests: this node
 /// once it leads (it may name itself a moment before), another one at once.
 pub async fn next_leader_ready(raft: &Raft, dead: NodeId) {
-    use openraft::async_runtime::watch::WatchReceiver;
-
-    let mut metrics = raft.metrics();
-    loop {
-        {
-            let m = metrics.borrow_watched();
-            if m.current_leader.is_some_and(|l| l != dead && (l != m.id || m.state.is_leader())) {
-                return;
-            }
-        }
-        if metrics.changed().await.is_err() {
-            return std::future::pending().await;
-        }
-    }
+    metrics_where(raft, |m| m.current_leader.is_some_and(|l| l != dead && (l != m.id || m.state.is_leader()))).await
 }
 
-async fn leader_where(raft: &Raft, done: impl Fn(Option<NodeId>) -> bool) {
+/// Returns once `done` holds of `raft`'s metrics, woken by their watch (no polling).
+async fn metrics_where(raft: &Raft, done: impl Fn(&openraft::RaftMetrics<TypeConfig>) -> bool) {
     use openraft::async_runtime::watch::WatchReceiver;
 
     let mut metrics = raft.metrics();
     loop {
-        if done(metrics.borrow_watched().current_leader) {
+        if done(&metrics.borrow_watched()) {
             return;
         }
         if metrics.changed().await.is_err() {
