@@ -256,9 +256,16 @@ fn read_pid(node_dir: &Path) -> Option<i32> {
     std::fs::read_to_string(node_dir.join("corrald.pid")).ok()?.trim().parse().ok()
 }
 
+/// Whether process `pid` runs: a zombie does not (it exited; its parent, often PID 1 in a
+/// container, has not reaped it yet: seen here for over a second after each corrald's exit).
 fn alive(pid: i32) -> bool {
     // SAFETY: signal 0 only checks that the process exists.
-    unsafe { libc::kill(pid, 0) == 0 }
+    if pid <= 0 || unsafe { libc::kill(pid, 0) } != 0 {
+        return false;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The state follows the command name, which may itself hold ')'.
+    stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next()) != Some("Z")
 }
 
 /// The `corrald` binary: `$CORRALD`, next to this executable, or on PATH.
@@ -519,9 +526,11 @@ fn wait_exit(pid: i32, patience: Duration) -> bool {
     false
 }
 
-/// `corral dev down`: stops every node (SIGTERM, then SIGKILL after 10 s).
+/// `corral dev down`: stops every node (SIGTERM, then SIGKILL after 10 s), the last started
+/// first: agents, then voters, so each node that declares itself stopped finds a quorum but
+/// the last voters'.
 pub fn down(dir: &Path) -> anyhow::Result<()> {
-    for node_dir in node_dirs(dir)? {
+    for node_dir in node_dirs(dir)?.into_iter().rev() {
         let Some(pid) = read_pid(&node_dir) else { continue };
         if alive(pid) {
             // SAFETY: kill(2) on a pid this tool started.

@@ -56,6 +56,8 @@ pub const USAGE_ASSOCS_MAX: usize = 2 * proto::accounts::ASSOCS_MAX;
 
 /// Replaced instances remembered per node.
 pub const RETIRED_INSTANCES_MAX: usize = 16;
+/// Why a node that stopped gracefully is down (`Command::NodeStopped`).
+pub const NODE_STOPPED_REASON: &str = "corrald stopped (graceful stop)";
 
 /// Join tokens and revoked certificates kept at most (the oldest expired tokens go first).
 pub const JOIN_TOKENS_MAX: usize = 1024;
@@ -117,6 +119,7 @@ fn command_name(c: &Command) -> &'static str {
         Command::RevokeCert { .. } => "RevokeCert",
         Command::NodeUp { .. } => "NodeUp",
         Command::NodeDown { .. } => "NodeDown",
+        Command::NodeStopped { .. } => "NodeStopped",
         Command::Drain { .. } => "Drain",
         Command::Resume { .. } => "Resume",
         Command::Submit { .. } => "Submit",
@@ -246,6 +249,7 @@ impl ClusterState {
             },
             Command::NodeUp { node, instance, now_ms } => self.node_up(*node, *instance, *now_ms),
             Command::NodeDown { node, reason, now_ms } => self.node_down(*node, reason, *now_ms),
+            Command::NodeStopped { node, instance, now_ms } => self.node_stopped(*node, *instance, *now_ms),
             Command::Drain { node, reason, now_ms } => self.drain(*node, reason, *now_ms),
             Command::Resume { node, now_ms } => self.resume(*node, *now_ms),
             Command::Submit { spec, now_ms } => self.submit(spec, *now_ms),
@@ -482,6 +486,18 @@ impl ClusterState {
         let why = format!("node {} down: {reason}", node.name);
         self.lose_node_parts(id, &why, now_ms);
         CommandResult::Ok
+    }
+
+    /// A graceful stop of the node's current instance: down at once, that instance retired.
+    fn node_stopped(&mut self, id: NodeId, instance: InstanceId, now_ms: u64) -> CommandResult {
+        let Some(node) = self.nodes.get(&id) else {
+            return rejected(format!("unknown node {id}"));
+        };
+        if node.instance != instance {
+            return rejected(format!("instance {instance} of node {} is not its current one", node.name));
+        }
+        self.retire(id, instance);
+        self.node_down(id, NODE_STOPPED_REASON, now_ms)
     }
 
     /// Marks one GPU unhealthy (its jobs are lost like on a dead node, and the scheduler stops
@@ -1035,6 +1051,11 @@ impl ClusterState {
 
     fn parts_on(&self, node: NodeId) -> impl Iterator<Item = &NodeRun> {
         self.jobs.values().flat_map(|j| j.parts.iter()).filter(move |p| p.alloc.node == node)
+    }
+
+    /// Whether a job's part is placed on `node` (one pass over the jobs).
+    pub fn holds_parts(&self, node: NodeId) -> bool {
+        self.parts_on(node).next().is_some()
     }
 
     /// What a submission names that this cluster does not define, in Slurm's words (`None`:
@@ -1798,6 +1819,33 @@ mod tests {
             CommandResult::Planned { accepted: vec![job], rejected: vec![] }
         );
         assert_eq!(s.jobs[&job].run, 2);
+    }
+
+    #[test]
+    fn a_node_stopped_gracefully_is_down_at_once_and_its_instance_cannot_come_back() {
+        let mut s = ClusterState::default();
+        let a = register(&mut s, "a", 1);
+        let mut sp = spec(2, 1);
+        sp.requeue = true;
+        let job = submit(&mut s, sp);
+        // Placed on a, its launch not yet arrived when a stopped: no report will come.
+        assert_eq!(plan(&mut s, job, 1, vec![alloc(a, &[0, 1])]), CommandResult::Planned { accepted: vec![job], rejected: vec![] });
+        assert!(s.holds_parts(a));
+        let stopped = |instance| Command::NodeStopped { node: a, instance, now_ms: 30 };
+        assert!(matches!(s.apply(&stopped(9)), CommandResult::Rejected(_)), "not a's current instance");
+        assert_eq!(s.nodes[&a].state, NodeState::Up);
+        assert_eq!(s.apply(&stopped(1)), CommandResult::Ok);
+        assert_eq!(s.nodes[&a].state, NodeState::Down);
+        assert_eq!(s.nodes[&a].state_reason.as_deref(), Some(NODE_STOPPED_REASON));
+        let j = &s.jobs[&job];
+        assert_eq!((j.state, j.restart_count), (JobState::Pending, 1), "queued again at once");
+        assert!(!s.holds_parts(a));
+        // A beat the stopped instance sent before it stopped brings nothing back; its next
+        // instance does.
+        assert!(matches!(s.apply(&Command::NodeUp { node: a, instance: 1, now_ms: 40 }), CommandResult::Rejected(_)));
+        assert_eq!(s.nodes[&a].state, NodeState::Down);
+        assert_eq!(s.apply(&Command::NodeUp { node: a, instance: 2, now_ms: 50 }), CommandResult::Ok);
+        assert_eq!((s.nodes[&a].state, s.nodes[&a].instance), (NodeState::Up, 2));
     }
 
     #[test]

@@ -46,6 +46,7 @@ impl fmt::Display for LogCommand {
                 write!(f, "node_up({node}, instance {instance})")
             }
             Command::NodeDown { node, .. } => write!(f, "node_down({node})"),
+            Command::NodeStopped { node, instance, .. } => write!(f, "node_stopped({node}, instance {instance})"),
             Command::Drain { node, .. } => write!(f, "drain({node})"),
             Command::Resume { node, .. } => write!(f, "resume({node})"),
             Command::Submit { spec, .. } => write!(f, "submit({} gpus)", spec.gpus()),

@@ -269,6 +269,9 @@ pub struct Agent {
     reports_pending: AtomicU64,
     /// Set once this daemon hands its runs over to the next one: it starts nothing more.
     handing_over: std::sync::atomic::AtomicBool,
+    /// Set once a graceful stop begins: it launches nothing more (checked under a launch's
+    /// claim, so `shut_down` sees every launch that got past it).
+    stopping: std::sync::atomic::AtomicBool,
     /// The stdin of step tasks here that read it.
     stdin_feeds: crate::step_stdin::Feeds,
 }
@@ -296,6 +299,12 @@ impl Drop for LaunchClaim<'_> {
         lock(self.claims).remove(&self.key);
     }
 }
+
+/// A run end counted in `reports_pending` before its run left `running` (or, for a run that
+/// never started, before its launch let go of its claim): a graceful stop that finds neither a
+/// run nor a pending report knows nothing is left to report. Spent by `queue_report`.
+#[must_use]
+struct Counted(());
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -339,6 +348,7 @@ impl Agent {
             lease_write: Mutex::new(()),
             reports_pending: AtomicU64::new(0),
             handing_over: std::sync::atomic::AtomicBool::new(false),
+            stopping: std::sync::atomic::AtomicBool::new(false),
             stdin_feeds: crate::step_stdin::Feeds::default(),
         }))
     }
@@ -380,6 +390,10 @@ impl Agent {
         let Some(_claim) = LaunchClaim::take(&self.launching, (job.id, job.run)) else {
             return Err(ApiError::Unavailable(format!("job {} run {} is being launched on {} already", job.id, job.run, self.name)));
         };
+        if self.stopping.load(Ordering::SeqCst) {
+            // Under the claim: a graceful stop that found no claim and no run finds none later.
+            return Err(ApiError::Unavailable(format!("node {} is stopping: it starts nothing more", self.name)));
+        }
         if self.ack_commit_index() > checked_ack_index {
             // Acknowledged anew since the run was found current (found by a chaos run: a node
             // paused between the check and here, declared down meanwhile and its run started
@@ -406,7 +420,8 @@ impl Agent {
                 let agent = Arc::clone(self);
                 let (id, run) = (job.id, job.run);
                 let why = control::agent::LOST_EARLIER_INSTANCE.to_string();
-                tokio::spawn(async move { agent.queue_report(id, run, RunOutcome::Lost(why)).await });
+                let counted = self.count_report();
+                tokio::spawn(async move { agent.queue_report(counted, id, run, RunOutcome::Lost(why)).await });
                 return Err(ApiError::Denied(format!("job {} run {} was launched by an earlier instance of this node", job.id, job.run)));
             }
             LaunchDecision::Start => {}
@@ -427,7 +442,8 @@ impl Agent {
                 lock(&self.ledger).record(entry).map_err(|e| ApiError::Internal(format!("{e:#}")))?;
                 let agent = Arc::clone(self);
                 let (id, run) = (job.id, job.run);
-                tokio::spawn(async move { agent.queue_report(id, run, RunOutcome::LaunchFailed(why)).await });
+                let counted = self.count_report();
+                tokio::spawn(async move { agent.queue_report(counted, id, run, RunOutcome::LaunchFailed(why)).await });
                 return Ok(ack);
             }
         };
@@ -545,7 +561,7 @@ impl Agent {
                 let verdict = tokio::select! {
                     verdict = crate::preflight::run(&preflight) => verdict,
                     reason = stop_rx.next() => {
-                        lock(&agent.running).remove(&spec.job);
+                        let counted = agent.end_run(spec.job);
                         let outcome = if reason == Some(StopReason::NodeStopping) {
                             RunOutcome::Lost("its node stopped (corrald shut down) in its preflight".into())
                         } else if agent.out_of_touch() {
@@ -553,7 +569,7 @@ impl Agent {
                         } else {
                             RunOutcome::Killed
                         };
-                        agent.queue_report(spec.job, spec.run, outcome).await;
+                        agent.queue_report(counted, spec.job, spec.run, outcome).await;
                         return;
                     }
                 };
@@ -569,8 +585,8 @@ impl Agent {
                     Err(why) => {
                         warn!(reason = %why, "preflight failed: the job is held");
                         let _ = launcher::append_output(&spec, &spec.stderr_path, format!("corral preflight: failed: {why}\n").as_bytes());
-                        lock(&agent.running).remove(&spec.job);
-                        agent.queue_report(spec.job, spec.run, RunOutcome::PreflightFailed(why)).await;
+                        let counted = agent.end_run(spec.job);
+                        agent.queue_report(counted, spec.job, spec.run, RunOutcome::PreflightFailed(why)).await;
                     }
                 }
             }
@@ -643,10 +659,12 @@ impl Agent {
             Ok(c) => c.map(Arc::new),
             Err(e) => {
                 span.in_scope(|| warn!(error = format!("{e:#}"), "job cgroup"));
-                lock(&self.running).remove(&spec.job);
+                let counted = self.end_run(spec.job);
                 let agent = Arc::clone(self);
                 tokio::spawn(async move {
-                    agent.queue_report(spec.job, spec.run, RunOutcome::LaunchFailed(format!("create the job's cgroup: {e:#}"))).await
+                    agent
+                        .queue_report(counted, spec.job, spec.run, RunOutcome::LaunchFailed(format!("create the job's cgroup: {e:#}")))
+                        .await
                 });
                 return;
             }
@@ -695,8 +713,8 @@ impl Agent {
                         if let Some(cgroup) = cgroup {
                             cgroup.kill_and_remove().await;
                         }
-                        lock(&agent.running).remove(&spec.job);
-                        agent.queue_report(spec.job, spec.run, RunOutcome::LaunchFailed(format!("{e:#}"))).await;
+                        let counted = agent.end_run(spec.job);
+                        agent.queue_report(counted, spec.job, spec.run, RunOutcome::LaunchFailed(format!("{e:#}"))).await;
                     }
                 }
             }
@@ -731,13 +749,26 @@ impl Agent {
         if let Err(e) = launcher::tidy_checkpoint_dir(&spec, &outcome) {
             debug!(error = %e, "remove the empty checkpoint directory of a completed job");
         }
-        lock(&self.running).remove(&spec.job);
+        let counted = self.end_run(spec.job);
         self.stdin_feeds.forget_job(spec.job);
         self.renew_lease();
-        self.queue_report(spec.job, spec.run, outcome).await;
+        self.queue_report(counted, spec.job, spec.run, outcome).await;
     }
 
-    async fn queue_report(&self, job: JobId, run: RunNo, outcome: RunOutcome) {
+    /// Counts one report as pending (see [`Counted`]).
+    fn count_report(&self) -> Counted {
+        self.reports_pending.fetch_add(1, Ordering::SeqCst);
+        Counted(())
+    }
+
+    /// Takes `job`'s run out of `running`, its report counted first.
+    fn end_run(&self, job: JobId) -> Counted {
+        let counted = self.count_report();
+        lock(&self.running).remove(&job);
+        counted
+    }
+
+    async fn queue_report(&self, counted: Counted, job: JobId, run: RunNo, outcome: RunOutcome) {
         let usage = lock(&self.accounting)
             .take(job)
             .map(|st| proto::GpuUsage {
@@ -756,12 +787,11 @@ impl Agent {
         {
             warn!(job, run, error = format!("{e:#}"), "keep run report");
         }
-        self.send_report(report).await;
+        self.send_report(counted, report).await;
     }
 
-    async fn send_report(&self, report: Report) {
+    async fn send_report(&self, _counted: Counted, report: Report) {
         let (job, run) = (report.job, report.run);
-        self.reports_pending.fetch_add(1, Ordering::SeqCst);
         if self.reports_tx.send(report).await.is_err() {
             self.reports_pending.fetch_sub(1, Ordering::SeqCst);
             warn!(job, run, "report queue closed, dropping report");
@@ -793,7 +823,8 @@ impl Agent {
         drop(ledger);
         info!(job, run, reason = why, "stopped a run that does not run here");
         let agent = Arc::clone(self);
-        tokio::spawn(async move { agent.queue_report(job, run, RunOutcome::Lost(why.into())).await });
+        let counted = self.count_report();
+        tokio::spawn(async move { agent.queue_report(counted, job, run, RunOutcome::Lost(why.into())).await });
         Ok(Reply::Ok)
     }
 
@@ -906,6 +937,9 @@ impl Agent {
         };
         if self.handing_over.load(Ordering::SeqCst) {
             return Err(ApiError::Unavailable(format!("node {} is handing its runs over to a new corrald", self.name)));
+        }
+        if self.stopping.load(Ordering::SeqCst) {
+            return Err(ApiError::Unavailable(format!("node {} is stopping: it starts nothing more", self.name)));
         }
         let ranks = &spec.nodes[node_index].ranks;
         let (base, groups, handle, grant, job_gpus, run_cgroup) = {
@@ -1347,7 +1381,7 @@ impl Agent {
         if let Some(stored) = shepherd::read_json::<StoredReport>(&dir.join("report.json"))? {
             if mine(stored.instance) {
                 info!(job = stored.report.job, run = stored.report.run, "re-sending a run report of the previous daemon");
-                self.send_report(stored.report).await;
+                self.send_report(self.count_report(), stored.report).await;
             } else {
                 std::fs::remove_dir_all(dir).with_context(|| format!("remove {}", dir.display()))?;
             }
@@ -1381,7 +1415,7 @@ impl Agent {
                 None => RunOutcome::Lost("the daemon that started it was replaced before it started".into()),
             };
             info!(job = launch.job, run = launch.run, outcome = ?outcome, "a run ended while its daemon was replaced");
-            self.queue_report(launch.job, launch.run, outcome).await;
+            self.queue_report(self.count_report(), launch.job, launch.run, outcome).await;
             return Ok(false);
         };
         let spec = record.launch;
@@ -1518,22 +1552,28 @@ impl Agent {
         }
     }
 
-    /// A graceful stop of this node: stops every job (SIGTERM, grace, SIGKILL), reports each as
-    /// lost to the node (a `--requeue` job goes back to the queue at once, without waiting for
-    /// the node to be declared down) and waits, at most `patience`, until the leader has them.
-    /// Returns the jobs still running or unreported when it gave up.
+    /// A graceful stop of this node: launches nothing more, stops every job (SIGTERM, grace,
+    /// SIGKILL), reports each as lost to the node (a `--requeue` job goes back to the queue at
+    /// once, without waiting for the node to be declared down) and waits, at most `patience`,
+    /// until the leader has them. Returns the jobs still launching, running or unreported when
+    /// it gave up: none means nothing runs here any more, nor will.
     pub async fn shut_down(&self, patience: Duration) -> usize {
-        let stopping = {
-            let running = lock(&self.running);
-            for r in running.values() {
-                r.stop_tx.request(StopReason::NodeStopping);
-            }
-            running.len()
-        };
-        info!(jobs = stopping, "node stopping: stopping its jobs");
+        self.stopping.store(true, Ordering::SeqCst);
+        info!(jobs = lock(&self.running).len(), "node stopping: stopping its jobs");
         let deadline = std::time::Instant::now() + patience;
         loop {
-            let left = lock(&self.running).len() + self.reports_pending.load(Ordering::SeqCst) as usize;
+            // Launching is read before running: a launch that got its claim before the stop
+            // holds it until its run is in `running`. Asked again each round for such a run
+            // (a request already made changes nothing).
+            let launching = lock(&self.launching).len();
+            let running = {
+                let running = lock(&self.running);
+                for r in running.values() {
+                    r.stop_tx.request(StopReason::NodeStopping);
+                }
+                running.len()
+            };
+            let left = launching + running + self.reports_pending.load(Ordering::SeqCst) as usize;
             if left == 0 || std::time::Instant::now() >= deadline {
                 return left;
             }

@@ -96,7 +96,9 @@ fn main() -> anyhow::Result<()> {
     // SIGUSR2 (a rolling upgrade) hands the runs over and exits with HANDED_OVER_EXIT at once:
     // the jobs go on, and the next daemon started before the lease runs out takes them over.
     use corral_node::server::{Ended, StopRequest};
-    let deadline = std::time::Duration::from_millis(config.kill_grace_ms + corral_node::server::STOP_REPORT_MS + 1_000);
+    let deadline = std::time::Duration::from_millis(
+        config.kill_grace_ms + corral_node::server::STOP_REPORT_MS + corral_node::server::STOP_DECLARE_MS + 1_000,
+    );
     let result = runtime.block_on(async {
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate()).context("handle SIGTERM")?;

@@ -1235,6 +1235,16 @@ pub enum Command {
     Batch {
         commands: Vec<Command>,
     },
+    /// Instance `instance` of `node` stopped gracefully (SIGTERM): it stopped and reported
+    /// every run it had and refuses launches from now on, so the node is down at once (the
+    /// runs the cluster still places there, whose launch had not arrived, are lost and
+    /// `--requeue` ones queued again) and the instance is retired (a late heartbeat of it
+    /// brings nothing back). Rejected for any other instance.
+    NodeStopped {
+        node: NodeId,
+        instance: InstanceId,
+        now_ms: u64,
+    },
 }
 
 /// Jobs named by one `ArchiveJobs` or `PruneAccounting` command at most.
@@ -1852,6 +1862,13 @@ pub enum Request {
         gpu: u32,
         profiles: Option<Vec<String>>,
     },
+    /// (node only) This instance of `node` stopped gracefully: every run it had is stopped
+    /// and reported, and it launches nothing more (`Command::NodeStopped`). `Reply::Ok` once
+    /// committed.
+    NodeStopped {
+        node: NodeId,
+        instance: InstanceId,
+    },
 }
 
 /// One node's heartbeat, as a relay passes it to the leader.
@@ -1952,6 +1969,7 @@ impl Request {
                 | Request::Heartbeats { .. }
                 | Request::ReportRun { .. }
                 | Request::ReportRuns { .. }
+                | Request::NodeStopped { .. }
                 | Request::ReportGpuHealth { .. }
                 | Request::SetGpuHealth { .. }
                 | Request::ReportInventory { .. }

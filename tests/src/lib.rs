@@ -169,10 +169,32 @@ impl TestCluster {
     }
 }
 
+impl TestCluster {
+    /// Copies every node's whole log beside the temporary directory (which is removed), so a
+    /// failure can be read past the tails `logs` prints.
+    fn keep_logs(&self) {
+        let kept = PathBuf::from(format!("{}-failed", self.dir.path().display()));
+        let Ok(entries) = std::fs::read_dir(self.path()) else { return };
+        for entry in entries.flatten() {
+            let log = entry.path().join("corrald.log");
+            if log.exists() {
+                let to = kept.join(entry.file_name());
+                let copied = std::fs::create_dir_all(&to).and_then(|()| std::fs::copy(&log, to.join("corrald.log")));
+                if let Err(e) = copied {
+                    eprintln!("cannot keep {}: {e}", log.display());
+                    return;
+                }
+            }
+        }
+        eprintln!("whole node logs kept in {}", kept.display());
+    }
+}
+
 impl Drop for TestCluster {
     fn drop(&mut self) {
         if std::thread::panicking() {
             eprintln!("node logs of the failed test:\n{}", self.logs());
+            self.keep_logs();
         }
         let _ = self.raw(&["dev", "down", "--dir", self.path_str()]);
     }

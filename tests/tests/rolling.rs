@@ -66,6 +66,53 @@ fn a_rolling_restart_of_every_node_loses_no_job() {
     println!("rolling restart: {} jobs, all completed; requeue after SIGTERM {requeue_ms:?} ms", ids.len());
 }
 
+/// A run the cluster placed on a node whose launch had not arrived when the node was told to
+/// stop (SIGTERM): the node refuses the launch and declares itself stopped, so the `--requeue`
+/// job is queued again at once, not after `node_down_after_ms` (seen in CI: a rolling restart
+/// whose first node was stopped a moment after its job was placed waited 10.8 s for it).
+#[test]
+fn a_run_placed_on_a_stopping_node_before_its_launch_arrived_is_queued_again_at_once() {
+    let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:8", "--node-down-after-ms", "10000", "--kill-grace-ms", "1000"]);
+    let body = format!("{}; trap 'rec end; exit 143' TERM; rec start; sleep 120 & wait; rec end", corral_tests::REC);
+    let fill: Vec<u64> = (0..3).map(|_| c.submit(&["--gres", "gpu:8"], &["sh", "-c", &body])).collect();
+    wait_until("every node to run a job", Duration::from_secs(30), || fill.iter().all(|id| c.job(*id)["state"] == "RUNNING"));
+    // Free a node that does not lead (pausing the leader would elect another).
+    let leader = c.leader();
+    let freed = *fill.iter().find(|id| c.job(**id)["node"] != leader.as_str()).expect("a job on a follower");
+    let target = c.job(freed)["node"].as_str().expect("the job's node").to_string();
+    assert!(c.corral(&["cancel", &freed.to_string()]).status.success(), "cancel job {freed}");
+    c.wait_final(freed, Duration::from_secs(20));
+
+    // Paused, the target cannot take the launch of the next job, which only fits there.
+    c.signal(&target, "STOP");
+    let job = c.submit(&["--requeue", "--gres", "gpu:8"], &["sh", "-c", &body]);
+    wait_until("the job to be placed on the paused node", Duration::from_secs(10), || {
+        let j = c.job(job);
+        j["state"] == "RUNNING" && j["node"] == target.as_str()
+    });
+    let pid = pid_of(&c, &target);
+    let stopped = Instant::now();
+    // SAFETY: kill(2) on the pid of a corrald this test started; it runs on SIGCONT, its
+    // SIGTERM then pending with the launch.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0, "send SIGTERM");
+    c.signal(&target, "CONT");
+    wait_until(&format!("{target} to stop"), Duration::from_secs(20), || !chaos::runner::pid_alive(pid));
+    wait_until(&format!("job {job} to leave {target}"), Duration::from_secs(20), || {
+        let j = c.job(job);
+        j["state"] == "PENDING" || j["run"].as_u64() > Some(1)
+    });
+    let requeue_ms = stopped.elapsed().as_millis() as u64;
+    assert!(requeue_ms < 6_000, "queued again {requeue_ms} ms after SIGTERM (node_down_after_ms is 10,000)\n{}", c.logs());
+    let log = corral_tests::node_log(&c, &target);
+    assert!(log.contains("node declared down: it stopped gracefully"), "{target} declared itself stopped:\n{}", c.logs());
+    let nodes = c.json(&["nodes"]);
+    let state = nodes.as_array().into_iter().flatten().find(|n| n["name"] == target.as_str()).map(|n| n["state"].clone());
+    assert_eq!(state, Some(serde_json::json!("DOWN")), "{nodes}");
+    let violations = chaos::check_never_twice(&spans(&c));
+    assert!(violations.is_empty(), "{violations:?}");
+    println!("a run placed on a stopping node: queued again {requeue_ms} ms after SIGTERM");
+}
+
 /// A batch job across two nodes: a step on both that runs through every upgrade (it prints a
 /// line when `s-mid` appears, while a node has no daemon, and ends with 3 on `s-go`), then, on
 /// `b-go`, a second step started after the upgrades.

@@ -33,7 +33,7 @@ mod start;
 
 use enrol::{constant_time_eq, renew_certificate_loop, sha256_hex, JOIN_TOKEN_TTL_MS_MAX};
 use leader::LeaderMemory;
-pub use start::{heartbeat_call_timeout, relay_linger, run, Ended, StopRequest, STOP_REPORT_MS};
+pub use start::{heartbeat_call_timeout, relay_linger, run, Ended, StopRequest, STOP_DECLARE_MS, STOP_REPORT_MS};
 
 pub fn now_ms() -> u64 {
     crate::fault::wall_ms()
@@ -1309,6 +1309,12 @@ impl Node {
                 Ok(Reply::Ok)
             }
             Request::ReportRuns { node, reports } => self.report_runs(node, reports, now).await,
+            Request::NodeStopped { node, instance } => {
+                info!(node, instance, "node stopped gracefully: down at once");
+                let result = self.propose(Command::NodeStopped { node, instance, now_ms: now }).await?;
+                self.kick.notify_one();
+                ok_or_rejected(result)
+            }
             Request::ReportGpuHealth { node, gpu, mig_uuid, healthy, reason } => {
                 warn!(node, gpu, healthy, reason = %reason, "gpu health reported");
                 let cmd = Command::GpuHealth { node, gpu, mig_uuid, healthy, reason, now_ms: now };
@@ -1422,6 +1428,7 @@ fn node_only(request: &Request) -> bool {
             | Request::Heartbeat { .. }
             | Request::ReportRun { .. }
             | Request::ReportRuns { .. }
+            | Request::NodeStopped { .. }
             | Request::Launch { .. }
             | Request::Kill { .. }
             | Request::ReportGpuHealth { .. }

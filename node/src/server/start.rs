@@ -95,6 +95,8 @@ async fn call_until(link: &LeaderLink, request: Request, what: &str, deadline: D
 /// How long a graceful stop waits for the node's jobs to stop and be reported, beyond their
 /// `kill_grace_ms`.
 pub const STOP_REPORT_MS: u64 = 5_000;
+/// How long a graceful stop waits for the leader to commit `NodeStopped` (`declare_stopped`).
+pub const STOP_DECLARE_MS: u64 = 1_000;
 
 /// What the daemon is asked to do (`main.rs` turns signals into these).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -471,19 +473,20 @@ pub async fn run(
     let heartbeat = Duration::from_millis(config.heartbeat_interval_ms);
     let budget = heartbeat_call_timeout(&config);
     let hb = tokio::spawn(liveness::heartbeat_loop(Arc::clone(&agent), heartbeat_link, heartbeat, budget, join));
-    serve_until_stopped(hb, &mut stop, &agent, &config).await
+    serve_until_stopped(hb, &mut stop, &node, &agent_link).await
 }
 
 /// Runs until the heartbeat loop ends or a stop is asked: a hand-over leaves the runs to the
-/// next daemon, a stop stops and reports them.
+/// next daemon, a stop stops and reports them, then declares the node stopped.
 async fn serve_until_stopped(
-    hb: tokio::task::JoinHandle<()>,
+    mut hb: tokio::task::JoinHandle<()>,
     stop: &mut tokio::sync::watch::Receiver<StopRequest>,
-    agent: &Agent,
-    config: &NodeConfig,
+    node: &Node,
+    link: &LeaderLink,
 ) -> anyhow::Result<Ended> {
+    let (agent, config) = (&node.agent, &node.config);
     tokio::select! {
-        ended = hb => match ended {
+        ended = &mut hb => match ended {
             Ok(()) => Ok(Ended::Stopped),
             Err(e) => {
                 error!(error = %e, "heartbeat loop ended");
@@ -502,9 +505,29 @@ async fn serve_until_stopped(
                 warn!(left, "node stopped with jobs not yet stopped or reported; the cluster ends them when it declares the node down");
             } else {
                 info!("node stopped: every job stopped and reported");
+                // No beat of this instance may bring the node back up after it is declared down.
+                hb.abort();
+                declare_stopped(node, link).await;
             }
             Ok(Ended::Stopped)
         }
+    }
+}
+
+/// Tells the leader this instance stopped gracefully (`Request::NodeStopped`), so the node is
+/// down at once: a run the cluster placed here whose launch had not arrived (refused since the
+/// stop began) is lost now, and a `--requeue` job queued again, not after `node_down_after_ms`
+/// of silence. Asked even when this node's replica places nothing here: a replica that lags
+/// (the node was paused) does not know of the run whose launch it just refused.
+async fn declare_stopped(node: &Node, link: &LeaderLink) {
+    let request = Request::NodeStopped { node: node.id, instance: node.agent.instance };
+    match tokio::time::timeout(Duration::from_millis(STOP_DECLARE_MS), link.call(request, 0)).await {
+        Ok(Ok(_)) => info!("node declared down: it stopped gracefully"),
+        Ok(Err(e)) => warn!(error = %e, "node not declared stopped: the cluster ends its runs when it declares the node down"),
+        Err(_) => warn!(
+            patience_ms = STOP_DECLARE_MS,
+            "node not declared stopped in time: the cluster ends its runs when it declares the node down"
+        ),
     }
 }
 
