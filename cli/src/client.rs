@@ -130,7 +130,7 @@ impl Cluster {
     /// Sends `request` to the first node that answers. Errors the cluster returned come back as
     /// `ApiError`; only when no node answers at all is the error a transport one.
     pub async fn call(&self, request: Request) -> anyhow::Result<Result<Reply, ApiError>> {
-        let envelope = Envelope { hops: 0, request, user: self.act_for.clone() };
+        let envelope = Envelope { hops: 0, request: with_submit_key(request), user: self.act_for.clone() };
         let client = match (&self.local, &self.client) {
             (Some(path), _) => {
                 return transport::local::call_local(path, &envelope, self.call_timeout)
@@ -267,6 +267,8 @@ impl Cluster {
     /// Like [`Cluster::call`], retrying while there is no leader (an election is under way) for
     /// up to `patience`.
     pub async fn call_patiently(&self, request: Request, patience: Duration) -> anyhow::Result<Reply> {
+        // One key for every try: a submission whose reply was lost is not made twice.
+        let request = with_submit_key(request);
         let started = std::time::Instant::now();
         loop {
             let result = self.call(request.clone()).await;
@@ -284,6 +286,15 @@ impl Cluster {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// A submission without a key gets one (`JobSpec::submit_key`), drawn once for it: the
+/// cluster answers a resend of the same request with the job the first one made.
+pub fn with_submit_key(mut request: Request) -> Request {
+    if let Request::Submit { spec } = &mut request {
+        spec.submit_key.get_or_insert_with(rand::random);
+    }
+    request
 }
 
 fn lock_suspects(m: &std::sync::Mutex<std::collections::BTreeSet<usize>>) -> std::sync::MutexGuard<'_, std::collections::BTreeSet<usize>> {

@@ -13,6 +13,7 @@ pub mod proposer;
 pub mod snapshot;
 pub mod state;
 pub mod store;
+pub mod submit_keys;
 pub mod types;
 pub mod view;
 

@@ -17,6 +17,7 @@ use proto::{
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::submit_keys::Seen;
 use crate::view;
 
 /// Everything the cluster agrees on: nodes, jobs, and the next ids to hand out.
@@ -48,6 +49,8 @@ pub struct ClusterState {
     /// Accounts, users, associations and their limits (`sacctmgr`; QoS and their limits are in
     /// `policy`). See `associations`. Shared with each scheduling pass's view, not copied.
     pub accounts: std::sync::Arc<proto::accounts::Accounts>,
+    /// Recent submissions by their keys: a resend is answered with the job the first made.
+    pub submit_keys: crate::submit_keys::SubmitKeys,
 }
 
 /// Associations whose usage is kept at most (twice the database's bound: jobs without an
@@ -79,6 +82,7 @@ impl Default for ClusterState {
             array_started: BTreeMap::new(),
             usage: BTreeMap::new(),
             accounts: Default::default(),
+            submit_keys: Default::default(),
         }
     }
 }
@@ -641,6 +645,14 @@ impl ClusterState {
         if let Err(e) = spec.validate() {
             return rejected(e);
         }
+        // A resend first: the job it made may be what fills a `MaxSubmitJobs` now.
+        if let Some(key) = spec.submit_key {
+            match self.submit_keys.seen(key, &spec.user, now_ms) {
+                Seen::Made(job) => return CommandResult::Submitted { job },
+                Seen::OtherUser => return rejected("this submission's key is another user's".to_string()),
+                Seen::New => {}
+            }
+        }
         // The node checked it before proposing; checked again here, where the state is the one
         // it enters (two submissions racing for the last of a `MaxSubmitJobs`).
         if let Some(why) = self.accounting_refusal(spec) {
@@ -649,6 +661,9 @@ impl ClusterState {
         let id = self.next_job_id;
         self.next_job_id += 1;
         self.jobs.insert(id, Job::submitted(id, std::sync::Arc::new(spec.clone()), now_ms));
+        if let Some(key) = spec.submit_key {
+            self.submit_keys.record(key, id, &spec.user, now_ms);
+        }
         CommandResult::Submitted { job: id }
     }
 
@@ -1140,6 +1155,7 @@ impl ClusterState {
             array_started: self.array_started.clone(),
             usage: self.usage.clone(),
             accounts: self.accounts.clone(),
+            submit_keys: self.submit_keys.clone(),
         }
     }
 
@@ -1819,6 +1835,37 @@ mod tests {
             CommandResult::Planned { accepted: vec![job], rejected: vec![] }
         );
         assert_eq!(s.jobs[&job].run, 2);
+    }
+
+    #[test]
+    fn a_resent_submission_gets_the_job_the_first_made_and_makes_none() {
+        let mut s = ClusterState::default();
+        register(&mut s, "a", 1);
+        let keyed = |user: &str, key| JobSpec { submit_key: Some(key), ..JobSpec::command(vec!["true".into()], "/tmp", user) };
+        let first = submit(&mut s, keyed("alice", 7));
+        let jobs = s.jobs.len();
+        // Resent after a failover: in one batch with a new submission, as the group commit may.
+        let batch = Command::Batch {
+            commands: vec![
+                Command::Submit { spec: keyed("alice", 7), now_ms: 20 },
+                Command::Submit { spec: keyed("alice", 8), now_ms: 20 },
+            ],
+        };
+        let CommandResult::Batch(results) = s.apply(&batch) else { panic!("a batch answers a batch") };
+        assert_eq!(results[0], CommandResult::Submitted { job: first });
+        assert_eq!(results[1], CommandResult::Submitted { job: first + 1 });
+        assert_eq!(s.jobs.len(), jobs + 1, "only the new submission made a job");
+        assert!(matches!(s.apply(&Command::Submit { spec: keyed("bob", 7), now_ms: 30 }), CommandResult::Rejected(_)));
+        // A job it made that then finished and left the hot state is still the answer.
+        s.apply(&Command::Cancel { job: first, now_ms: 40 });
+        s.apply(&Command::ArchiveJobs { jobs: vec![first], now_ms: 50 });
+        assert!(!s.jobs.contains_key(&first));
+        assert_eq!(s.apply(&Command::Submit { spec: keyed("alice", 7), now_ms: 60 }), CommandResult::Submitted { job: first });
+        let later = 10 + proto::SUBMIT_KEY_TTL_MS;
+        assert_eq!(s.apply(&Command::Submit { spec: keyed("alice", 7), now_ms: later }), CommandResult::Submitted { job: first + 2 });
+        // A submission without a key is always new.
+        let plain = JobSpec::command(vec!["true".into()], "/tmp", "alice");
+        assert_ne!(submit(&mut s, plain.clone()), submit(&mut s, plain));
     }
 
     #[test]

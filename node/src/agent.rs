@@ -390,20 +390,7 @@ impl Agent {
         let Some(_claim) = LaunchClaim::take(&self.launching, (job.id, job.run)) else {
             return Err(ApiError::Unavailable(format!("job {} run {} is being launched on {} already", job.id, job.run, self.name)));
         };
-        if self.stopping.load(Ordering::SeqCst) {
-            // Under the claim: a graceful stop that found no claim and no run finds none later.
-            return Err(ApiError::Unavailable(format!("node {} is stopping: it starts nothing more", self.name)));
-        }
-        if self.ack_commit_index() > checked_ack_index {
-            // Acknowledged anew since the run was found current (found by a chaos run: a node
-            // paused between the check and here, declared down meanwhile and its run started
-            // elsewhere, was acknowledged again on waking and started the stale run too). The
-            // leader sends the launch again, checked against what the cluster decided since.
-            return Err(ApiError::Unavailable(format!(
-                "job {} run {}: the cluster moved on since the launch was checked; not starting it on this check",
-                job.id, job.run
-            )));
-        }
+        self.may_launch_now(job.id, job.run, checked_ack_index)?;
         let ledger = self.ledger_mark(job.id, job.run);
         match control::agent::decide_launch(self.ack_age_ms(), self.settings.fence_after_ms, ledger) {
             LaunchDecision::NotInTouch => {
@@ -592,6 +579,24 @@ impl Agent {
             }
             .instrument(span),
         );
+    }
+
+    /// Whether a launch holding its claim may go on: not once a graceful stop began (checked
+    /// under the claim, so a stop that found no claim and no run finds none later), nor once
+    /// this node was acknowledged anew since the run was found current (found by a chaos run: a
+    /// node paused between the check and here, declared down meanwhile and its run started
+    /// elsewhere, was acknowledged again on waking and started the stale run too). The leader
+    /// sends the launch again, checked against what the cluster decided since.
+    fn may_launch_now(&self, job: JobId, run: RunNo, checked_ack_index: u64) -> Result<(), ApiError> {
+        if self.stopping.load(Ordering::SeqCst) {
+            return Err(ApiError::Unavailable(format!("node {} is stopping: it starts nothing more", self.name)));
+        }
+        if self.ack_commit_index() > checked_ack_index {
+            return Err(ApiError::Unavailable(format!(
+                "job {job} run {run}: the cluster moved on since the launch was checked; not starting it on this check"
+            )));
+        }
+        Ok(())
     }
 
     /// The UUIDs CUDA takes for a run's GPUs on this node (whole GPUs by index, MIG instances by

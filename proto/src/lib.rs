@@ -21,7 +21,7 @@ pub use partition::{PartitionChanges, PartitionEdit, PartitionState};
 
 /// Bumped on any incompatible change to a type in this crate. The first byte of every encoded
 /// message; a peer speaking another version is refused with a clear error.
-pub const PROTOCOL_VERSION: u8 = 11;
+pub const PROTOCOL_VERSION: u8 = 12;
 
 pub type NodeId = u64;
 pub type JobId = u64;
@@ -360,7 +360,18 @@ pub struct JobSpec {
     pub gid: Option<u32>,
     /// Options kept for display and compatibility (e.g. `gpu-bind`, `mail-type`).
     pub extra: BTreeMap<String, String>,
+    /// Names this submission, not the job: the client (or, for one without, the node that
+    /// first took it) picks it at random, once per submission, and every resend of the request
+    /// carries it. The log answers a resend within [`SUBMIT_KEY_TTL_MS`] with the job the first
+    /// one made, so a reply lost in a failover never makes a second job.
+    pub submit_key: Option<u128>,
 }
+
+/// How long the log remembers a submission's key (`JobSpec::submit_key`): a resend later than
+/// this (or behind [`SUBMIT_KEYS_MAX`] newer submissions) is a new submission.
+pub const SUBMIT_KEY_TTL_MS: u64 = 10 * 60 * 1000;
+/// Submission keys the log remembers at most (about 5 MB in the state and in each snapshot).
+pub const SUBMIT_KEYS_MAX: usize = 131_072;
 
 /// How a pending job's reason starts when no amount of waiting lets it run (it asks for more
 /// than the cluster has).
@@ -451,6 +462,7 @@ impl JobSpec {
             uid: None,
             gid: None,
             extra: BTreeMap::new(),
+            submit_key: None,
         }
     }
 

@@ -160,6 +160,47 @@ fn a_request_forwarded_to_a_killed_leader_is_answered_by_the_next_one() {
     assert_ne!(c.json(&["--server", &addr, "cluster"])["leader"].as_str().unwrap_or_default(), leader);
 }
 
+/// A client that resends a submission (its reply lost) gets the job the first one made,
+/// through any node, and after the log that holds the key was snapshotted and the whole cluster
+/// restarted.
+#[test]
+fn a_resent_submission_gets_its_first_job_through_any_node_and_after_a_restart() {
+    use corral_cli::client::Cluster;
+    use proto::{Reply, Request};
+    let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:8", "--snapshot-logs", "20"]);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let spec = proto::JobSpec {
+        submit_key: Some(0x5eed_0000_0000_0000_0000_0000_0000_0001),
+        ..proto::JobSpec::command(vec!["sleep".into(), "60".into()], "/tmp", "")
+    };
+    let submit_through = |node: &str| {
+        let (addr, request) = (c.addr(node), Request::Submit { spec: spec.clone() });
+        runtime.block_on(async {
+            let client = Cluster::connect_to(c.path(), Some(vec![addr])).expect("client");
+            match client.call_patiently(request, Duration::from_secs(20)).await {
+                Ok(Reply::Submitted { job }) => job,
+                other => panic!("submit through {node}: {other:?}"),
+            }
+        })
+    };
+    let first = submit_through("n1");
+    assert_eq!(submit_through("n2"), first, "resent through a follower");
+    assert_eq!(submit_through("n3"), first, "resent through the other");
+    let other = c.submit(&[], &["true"]);
+    assert_ne!(other, first, "a submission of its own");
+    // Past a snapshot (the log with the key purged), then a restart of every node.
+    for _ in 0..30 {
+        c.submit(&["--gres", "gpu:9"], &["true"]);
+    }
+    assert!(c.json(&["cluster"])["purged_index"].as_u64().is_some(), "the log was purged after a snapshot");
+    assert!(c.raw(&["dev", "down", "--dir", c.path_str()]).status.success());
+    let out = c.raw(&["dev", "up", "--dir", c.path_str(), "--nodes", "3"]);
+    assert!(out.status.success(), "restart: {}\n{}", String::from_utf8_lossy(&out.stderr), c.logs());
+    assert_eq!(submit_through("n2"), first, "resent after the restart");
+    let sleeps = c.json(&["queue", "--all"]).as_array().expect("jobs").iter().filter(|j| j["name"] == "sleep").count();
+    assert_eq!(sleeps, 1, "one job for the four sends");
+}
+
 #[test]
 fn whole_cluster_restart_keeps_every_acked_job_in_its_state() {
     let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:8"]);

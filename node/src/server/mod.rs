@@ -135,7 +135,12 @@ impl Node {
     }
 
     async fn handle(self: Arc<Self>, envelope: Envelope) -> Response {
-        let Envelope { hops, request, user } = envelope;
+        let Envelope { hops, mut request, user } = envelope;
+        if let (0, Request::Submit { spec }) = (hops, &mut request) {
+            // From a client that named none: every forward of it (to the next leader after a
+            // failover too) is then the same submission to the log.
+            spec.submit_key.get_or_insert_with(rand::random);
+        }
         match request {
             Request::Raft { kind, payload } => consensus::handle_raft_rpc(&self.raft, self.state.snapshot_inbox(), kind, &payload)
                 .await
