@@ -143,6 +143,7 @@ pub(crate) fn read_hot(r: &mut impl Read) -> io::Result<HotState> {
                     return Err(invalid(format!("snapshot says {jobs} jobs but holds {}", state.jobs.len())));
                 }
                 state.share_array_specs();
+                state.submit_keys = crate::submit_keys::SubmitKeys::of(&state.jobs);
                 return Ok(HotState { last_applied, membership, state, bytes });
             }
             Some((other, _)) => return Err(invalid(format!("unexpected frame in a snapshot's hot state: {other:?}"))),

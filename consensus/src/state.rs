@@ -17,7 +17,6 @@ use proto::{
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::submit_keys::Seen;
 use crate::view;
 
 /// Everything the cluster agrees on: nodes, jobs, and the next ids to hand out.
@@ -49,7 +48,9 @@ pub struct ClusterState {
     /// Accounts, users, associations and their limits (`sacctmgr`; QoS and their limits are in
     /// `policy`). See `associations`. Shared with each scheduling pass's view, not copied.
     pub accounts: std::sync::Arc<proto::accounts::Accounts>,
-    /// Recent submissions by their keys: a resend is answered with the job the first made.
+    /// The jobs above by their submissions' keys: a resend is answered with the job the
+    /// first made. Derived from `jobs`, so not encoded: a snapshot's reader builds it again.
+    #[serde(skip)]
     pub submit_keys: crate::submit_keys::SubmitKeys,
 }
 
@@ -380,6 +381,7 @@ impl ClusterState {
         for id in ids {
             let done = self.jobs.get(id).is_some_and(|j| j.state.is_final() && j.parts.is_empty());
             if let Some(job) = done.then(|| self.jobs.remove(id)).flatten() {
+                self.submit_keys.remove(&job);
                 // A cancelled array starts no more tasks.
                 self.array_started.remove(id);
                 archived.push(job);
@@ -646,12 +648,11 @@ impl ClusterState {
             return rejected(e);
         }
         // A resend first: the job it made may be what fills a `MaxSubmitJobs` now.
-        if let Some(key) = spec.submit_key {
-            match self.submit_keys.seen(key, &spec.user, now_ms) {
-                Seen::Made(job) => return CommandResult::Submitted { job },
-                Seen::OtherUser => return rejected("this submission's key is another user's".to_string()),
-                Seen::New => {}
-            }
+        if let Some(job) = spec.submit_key.and_then(|key| self.submit_keys.job(key)) {
+            return match self.jobs.get(&job) {
+                Some(made) if made.spec.user == spec.user => CommandResult::Submitted { job },
+                _ => rejected("this submission's key is another user's".to_string()),
+            };
         }
         // The node checked it before proposing; checked again here, where the state is the one
         // it enters (two submissions racing for the last of a `MaxSubmitJobs`).
@@ -662,7 +663,7 @@ impl ClusterState {
         self.next_job_id += 1;
         self.jobs.insert(id, Job::submitted(id, std::sync::Arc::new(spec.clone()), now_ms));
         if let Some(key) = spec.submit_key {
-            self.submit_keys.record(key, id, &spec.user, now_ms);
+            self.submit_keys.insert(key, id);
         }
         CommandResult::Submitted { job: id }
     }
@@ -1155,7 +1156,7 @@ impl ClusterState {
             array_started: self.array_started.clone(),
             usage: self.usage.clone(),
             accounts: self.accounts.clone(),
-            submit_keys: self.submit_keys.clone(),
+            submit_keys: Default::default(),
         }
     }
 
@@ -1224,6 +1225,7 @@ impl ClusterState {
 
     /// Every invariant over the whole state.
     fn check_invariants(&self) {
+        assert!(self.submit_keys == crate::submit_keys::SubmitKeys::of(&self.jobs), "the submission keys index its jobs");
         let mut held: BTreeSet<(NodeId, u32)> = BTreeSet::new();
         for job in self.jobs.values() {
             self.check_job(job);
@@ -1856,16 +1858,18 @@ mod tests {
         assert_eq!(results[1], CommandResult::Submitted { job: first + 1 });
         assert_eq!(s.jobs.len(), jobs + 1, "only the new submission made a job");
         assert!(matches!(s.apply(&Command::Submit { spec: keyed("bob", 7), now_ms: 30 }), CommandResult::Rejected(_)));
-        // A job it made that then finished and left the hot state is still the answer.
+        // Its job ended and still in the hot state: still the answer; archived: a new job.
         s.apply(&Command::Cancel { job: first, now_ms: 40 });
-        s.apply(&Command::ArchiveJobs { jobs: vec![first], now_ms: 50 });
-        assert!(!s.jobs.contains_key(&first));
-        assert_eq!(s.apply(&Command::Submit { spec: keyed("alice", 7), now_ms: 60 }), CommandResult::Submitted { job: first });
-        let later = 10 + proto::SUBMIT_KEY_TTL_MS;
-        assert_eq!(s.apply(&Command::Submit { spec: keyed("alice", 7), now_ms: later }), CommandResult::Submitted { job: first + 2 });
+        assert_eq!(s.apply(&Command::Submit { spec: keyed("alice", 7), now_ms: 50 }), CommandResult::Submitted { job: first });
+        s.apply(&Command::ArchiveJobs { jobs: vec![first], now_ms: 60 });
+        assert_eq!(s.apply(&Command::Submit { spec: keyed("alice", 7), now_ms: 70 }), CommandResult::Submitted { job: first + 2 });
         // A submission without a key is always new.
         let plain = JobSpec::command(vec!["true".into()], "/tmp", "alice");
         assert_ne!(submit(&mut s, plain.clone()), submit(&mut s, plain));
+        // The index is not encoded: a replica that reads the state builds it from the jobs.
+        let read: ClusterState = proto::decode(&proto::encode(&s), usize::MAX).expect("decode");
+        assert!(read.submit_keys.is_empty());
+        assert_eq!(crate::submit_keys::SubmitKeys::of(&read.jobs), s.submit_keys);
     }
 
     #[test]

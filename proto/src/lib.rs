@@ -362,16 +362,10 @@ pub struct JobSpec {
     pub extra: BTreeMap<String, String>,
     /// Names this submission, not the job: the client (or, for one without, the node that
     /// first took it) picks it at random, once per submission, and every resend of the request
-    /// carries it. The log answers a resend within [`SUBMIT_KEY_TTL_MS`] with the job the first
-    /// one made, so a reply lost in a failover never makes a second job.
+    /// carries it. The log answers a resend with the job the first one made, as long as that
+    /// job is in the hot state, so a reply lost in a failover never makes a second job.
     pub submit_key: Option<u128>,
 }
-
-/// How long the log remembers a submission's key (`JobSpec::submit_key`): a resend later than
-/// this (or behind [`SUBMIT_KEYS_MAX`] newer submissions) is a new submission.
-pub const SUBMIT_KEY_TTL_MS: u64 = 10 * 60 * 1000;
-/// Submission keys the log remembers at most (about 5 MB in the state and in each snapshot).
-pub const SUBMIT_KEYS_MAX: usize = 131_072;
 
 /// How a pending job's reason starts when no amount of waiting lets it run (it asks for more
 /// than the cluster has).
