@@ -1,4 +1,5 @@
-//! Scheduler benchmark: `cargo run --release -p corral-scheduler --bin sched-bench [max_nodes]`.
+//! Scheduler benchmark: `cargo run --release -p corral-scheduler --bin sched-bench [max_nodes]`
+//! (`one-job`: only the pass for one submission on 1,000 and 5,000 nodes).
 //!
 //! Simulated clusters of 100 to 5,000 nodes x 8 GPUs (half NVLink boxes, half PCIe boxes, 32
 //! nodes per leaf switch, 8 switches per block), 100,000 pending jobs of mixed sizes with
@@ -87,6 +88,9 @@ fn ms(d: std::time::Duration) -> f64 {
 }
 
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("one-job") {
+        return one_job(5000);
+    }
     let max_nodes: u64 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(5000);
     let sizes: Vec<u64> = [100, 500, 1000, 2000, 5000].into_iter().filter(|&n| n <= max_nodes).collect();
     println!("nodes  gpus   | 1-gpu place/s | pass empty (placed)  | pass 90% busy (placed) | 64-node gang | view MiB");
@@ -144,6 +148,27 @@ fn main() {
         );
     }
     deep_queue();
+    one_job(max_nodes);
+}
+
+/// A leader's pass for one submission on a large, half-busy cluster (a sweep's trickle, or a
+/// pass kicked by one job's end): what it costs per node, whatever it places.
+fn one_job(max_nodes: u64) {
+    for nodes in [1000u64, 5000].into_iter().filter(|&n| n <= max_nodes) {
+        let mut c = cluster(nodes);
+        let next = load(&mut c, nodes, 50, 1);
+        c.submit(next + 1, spec("gpu:1", 1), 0);
+        let best = (0..5)
+            .map(|_| {
+                let t = Instant::now();
+                let plan = schedule(&c.view, 10_000_000);
+                assert_eq!(plan.placements.len(), 1);
+                t.elapsed()
+            })
+            .min()
+            .unwrap_or_default();
+        println!("one job on {nodes} half-busy nodes: pass {:.2} ms", ms(best));
+    }
 }
 
 /// A leader's pass under a burst of submissions that cannot start (`corral bench`'s held jobs:
