@@ -671,7 +671,8 @@ impl ClusterState {
     fn plan(&mut self, placements: &[Placement], array_tasks: &[(u32, u32)], now_ms: u64) -> CommandResult {
         // One view for the whole plan, updated as placements are accepted, so two placements of
         // one plan can never take the same GPU.
-        let mut nodes = view::node_views(self);
+        let named: BTreeSet<NodeId> = placements.iter().flat_map(|p| p.allocs.iter().map(|a| a.node)).collect();
+        let mut nodes = view::node_views_among(self, &named);
         let tasks: BTreeMap<usize, u32> = array_tasks.iter().map(|(i, t)| (*i as usize, *t)).collect();
         let mut accepted = Vec::new();
         let mut rejected = Vec::new();
@@ -1870,6 +1871,18 @@ mod tests {
         let read: ClusterState = proto::decode(&proto::encode(&s), usize::MAX).expect("decode");
         assert!(read.submit_keys.is_empty());
         assert_eq!(crate::submit_keys::SubmitKeys::of(&read.jobs), s.submit_keys);
+    }
+
+    #[test]
+    fn a_plan_is_checked_against_views_of_the_nodes_it_names_alone() {
+        let (mut s, a, b, _) = gang();
+        let c = register(&mut s, "c", 300);
+        let named: BTreeSet<NodeId> = [b, c].into();
+        let among = view::node_views_among(&s, &named);
+        let all = view::node_views(&s);
+        assert_eq!(among.keys().copied().collect::<Vec<_>>(), vec![b, c]);
+        assert!(among.iter().all(|(id, v)| all[id] == *v), "the same views, parts taken");
+        assert!(all.contains_key(&a) && !among.contains_key(&a));
     }
 
     #[test]

@@ -13,10 +13,22 @@ use crate::state::ClusterState;
 /// lists its nodes, every node's partitions are spelled out (`partitions_of_node`), and a node
 /// in none is not schedulable.
 pub fn node_views(state: &ClusterState) -> BTreeMap<NodeId, NodeView> {
+    node_views_where(state, |_| true)
+}
+
+/// [`node_views`] of the nodes in `only` alone (what applying a plan checks its placements
+/// against: at 5,000 nodes, views of them all for a plan that names one cost every replica the
+/// build of 5,000 views).
+pub fn node_views_among(state: &ClusterState, only: &std::collections::BTreeSet<NodeId>) -> BTreeMap<NodeId, NodeView> {
+    node_views_where(state, |id| only.contains(&id))
+}
+
+fn node_views_where(state: &ClusterState, wanted: impl Fn(NodeId) -> bool) -> BTreeMap<NodeId, NodeView> {
     let lists = state.policy.lists_nodes();
     let mut views: BTreeMap<NodeId, NodeView> = state
         .nodes
         .values()
+        .filter(|n| wanted(n.id))
         .map(|n| {
             let mut view = scheduler::node_view(n.id, &n.name, &n.inventory, n.state == NodeState::Up && !n.drained);
             for g in view.gpus.iter_mut() {
