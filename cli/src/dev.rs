@@ -258,6 +258,7 @@ fn read_pid(node_dir: &Path) -> Option<i32> {
 
 /// Whether process `pid` runs: a zombie does not (it exited; its parent, often PID 1 in a
 /// container, has not reaped it yet: seen here for over a second after each corrald's exit).
+/// `chaos::runner::pid_alive` reads it the same way; the CLI does not link `chaos` (RocksDB).
 fn alive(pid: i32) -> bool {
     // SAFETY: signal 0 only checks that the process exists.
     if pid <= 0 || unsafe { libc::kill(pid, 0) } != 0 {

@@ -1070,11 +1070,6 @@ impl ClusterState {
         self.jobs.values().flat_map(|j| j.parts.iter()).filter(move |p| p.alloc.node == node)
     }
 
-    /// Whether a job's part is placed on `node` (one pass over the jobs).
-    pub fn holds_parts(&self, node: NodeId) -> bool {
-        self.parts_on(node).next().is_some()
-    }
-
     /// What a submission names that this cluster does not define, in Slurm's words (`None`:
     /// everything it names exists): a partition that neither the policy nor any node's
     /// `partitions` names (the default partition always exists), a QoS the policy lacks
@@ -1894,7 +1889,7 @@ mod tests {
         let job = submit(&mut s, sp);
         // Placed on a, its launch not yet arrived when a stopped: no report will come.
         assert_eq!(plan(&mut s, job, 1, vec![alloc(a, &[0, 1])]), CommandResult::Planned { accepted: vec![job], rejected: vec![] });
-        assert!(s.holds_parts(a));
+        assert!(s.parts_on(a).next().is_some());
         let stopped = |instance| Command::NodeStopped { node: a, instance, now_ms: 30 };
         assert!(matches!(s.apply(&stopped(9)), CommandResult::Rejected(_)), "not a's current instance");
         assert_eq!(s.nodes[&a].state, NodeState::Up);
@@ -1903,7 +1898,7 @@ mod tests {
         assert_eq!(s.nodes[&a].state_reason.as_deref(), Some(NODE_STOPPED_REASON));
         let j = &s.jobs[&job];
         assert_eq!((j.state, j.restart_count), (JobState::Pending, 1), "queued again at once");
-        assert!(!s.holds_parts(a));
+        assert!(s.parts_on(a).next().is_none());
         // A beat the stopped instance sent before it stopped brings nothing back; its next
         // instance does.
         assert!(matches!(s.apply(&Command::NodeUp { node: a, instance: 1, now_ms: 40 }), CommandResult::Rejected(_)));

@@ -44,10 +44,6 @@ impl SubmitKeys {
         }
     }
 
-    pub fn len(&self) -> usize {
-        self.by_key.len()
-    }
-
     pub fn is_empty(&self) -> bool {
         self.by_key.is_empty()
     }

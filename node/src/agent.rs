@@ -382,9 +382,6 @@ impl Agent {
         let alloc = part.alloc.clone();
         let gang_size = job.run_nodes().len();
         let ack = Reply::LaunchAck { job: job.id, run: job.run, instance: self.instance };
-        if self.handing_over.load(Ordering::SeqCst) {
-            return Err(ApiError::Unavailable(format!("node {} is handing its runs over to a new corrald", self.name)));
-        }
         // Claimed before the ledger is read: a call that finds no claim finds the ledger entry
         // of any call that held one before it.
         let Some(_claim) = LaunchClaim::take(&self.launching, (job.id, job.run)) else {
@@ -581,20 +578,30 @@ impl Agent {
         );
     }
 
-    /// Whether a launch holding its claim may go on: not once a graceful stop began (checked
-    /// under the claim, so a stop that found no claim and no run finds none later), nor once
+    /// Whether a launch holding its claim may go on: not once a hand-over or a graceful stop
+    /// began (checked under the claim, so a stop that found no claim and no run finds none
+    /// later), nor once
     /// this node was acknowledged anew since the run was found current (found by a chaos run: a
     /// node paused between the check and here, declared down meanwhile and its run started
     /// elsewhere, was acknowledged again on waking and started the stale run too). The leader
     /// sends the launch again, checked against what the cluster decided since.
     fn may_launch_now(&self, job: JobId, run: RunNo, checked_ack_index: u64) -> Result<(), ApiError> {
-        if self.stopping.load(Ordering::SeqCst) {
-            return Err(ApiError::Unavailable(format!("node {} is stopping: it starts nothing more", self.name)));
-        }
+        self.takes_new_work()?;
         if self.ack_commit_index() > checked_ack_index {
             return Err(ApiError::Unavailable(format!(
                 "job {job} run {run}: the cluster moved on since the launch was checked; not starting it on this check"
             )));
+        }
+        Ok(())
+    }
+
+    /// Refuses new work once this daemon hands its runs over or stops gracefully.
+    fn takes_new_work(&self) -> Result<(), ApiError> {
+        if self.handing_over.load(Ordering::SeqCst) {
+            return Err(ApiError::Unavailable(format!("node {} is handing its runs over to a new corrald", self.name)));
+        }
+        if self.stopping.load(Ordering::SeqCst) {
+            return Err(ApiError::Unavailable(format!("node {} is stopping: it starts nothing more", self.name)));
         }
         Ok(())
     }
@@ -940,12 +947,7 @@ impl Agent {
         let Some(node_index) = spec.nodes.iter().position(|n| n.name == self.name) else {
             return Err(ApiError::Invalid(format!("step {job}.{step} has no tasks on {}", self.name)));
         };
-        if self.handing_over.load(Ordering::SeqCst) {
-            return Err(ApiError::Unavailable(format!("node {} is handing its runs over to a new corrald", self.name)));
-        }
-        if self.stopping.load(Ordering::SeqCst) {
-            return Err(ApiError::Unavailable(format!("node {} is stopping: it starts nothing more", self.name)));
-        }
+        self.takes_new_work()?;
         let ranks = &spec.nodes[node_index].ranks;
         let (base, groups, handle, grant, job_gpus, run_cgroup) = {
             let mut running = lock(&self.running);

@@ -529,8 +529,8 @@ impl Node {
     /// node was elected). The client, which would only send it again through
     /// another member that may not know yet, gets its answer as soon as an election ends.
     /// Sending it again is what the client did before: as after any lost reply, the request
-    /// may or may not have been applied (a submission may then be made twice, never a job run
-    /// twice). Without a new leader in time, `otherwise`.
+    /// may or may not have been applied (a submission's key makes a resend answer with the job
+    /// the first made, `consensus::submit_keys`). Without a new leader in time, `otherwise`.
     async fn forward_to_next_leader(
         &self,
         dead: NodeId,
