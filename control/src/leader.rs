@@ -1,8 +1,9 @@
 //! The leader's decisions: which silent nodes to declare down ([`nodes_down`]), which nodes to
 //! send a job's launches and stops to ([`launch_targets`], [`stops`]), and when a send is due
-//! again ([`Resend`], whose memory is bounded by what one re-send period sends).
+//! again ([`Resend`], whose memory is bounded by what one re-send period sends); when it
+//! promotes an agent to voter ([`voter_change`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use proto::{InstanceId, Job, JobState, NodeId, RunNo};
 
@@ -164,6 +165,45 @@ pub fn due_suspends<'a>(
     orders
 }
 
+/// A change of the voters: `promote` joins them, and `voters` is the whole new set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VoterChange {
+    pub promote: NodeId,
+    pub voters: BTreeSet<NodeId>,
+}
+
+/// Whether the leader `me` changes the voters now, one change at a time: it promotes
+/// `candidate` (a healthy agent) while there are fewer than `voters_max`, or in place of a
+/// voter DOWN for more than `replace_after_ms`. `down_ms` is how long each DOWN voter has been
+/// down by the replicated state's clock. Two rules keep a restart from churning the voters:
+/// - A voter's down time counts only from when this leader began (`leading_for_ms`), as a new
+///   leader gives every node a fresh heartbeat grace period: after a whole-cluster stop every
+///   node is DOWN (a graceful stop declares it so) until it registers again, which takes the
+///   seconds a restart takes, not a failure.
+/// - The leader never replaces itself: whatever its record says (a stop of its previous
+///   instance can commit after it is back), it is up.
+pub fn voter_change(
+    me: NodeId,
+    voters: &BTreeSet<NodeId>,
+    voters_max: usize,
+    candidate: Option<NodeId>,
+    down_ms: &[(NodeId, u64)],
+    leading_for_ms: u64,
+    replace_after_ms: u64,
+) -> Option<VoterChange> {
+    let promote = candidate.filter(|c| !voters.contains(c))?;
+    let mut next = voters.clone();
+    if voters.len() < voters_max {
+        next.insert(promote);
+        return Some(VoterChange { promote, voters: next });
+    }
+    let (gone, _) =
+        down_ms.iter().filter(|(id, _)| *id != me && voters.contains(id)).find(|(_, ms)| (*ms).min(leading_for_ms) > replace_after_ms)?;
+    next.remove(gone);
+    next.insert(promote);
+    Some(VoterChange { promote, voters: next })
+}
+
 /// When each launch or stop was last sent, so it is re-sent only after `resend_after_ms`
 /// without an answer the log shows. Entries older than that say nothing more than no entry
 /// (the send is due either way) and [`Resend::prune`] drops them: the map holds at most what
@@ -231,6 +271,33 @@ pub(crate) mod tests {
             last_nodes: nodes.to_vec(),
             ..Job::submitted(1, std::sync::Arc::new(spec), 0)
         }
+    }
+
+    #[test]
+    fn a_voter_down_is_replaced_only_once_down_for_the_grace_under_this_leader_and_never_the_leader() {
+        let voters: BTreeSet<NodeId> = [1, 2, 3].into();
+        let change = |down: &[(NodeId, u64)], leading_for_ms| voter_change(1, &voters, 3, Some(4), down, leading_for_ms, 1_500);
+        // Down long enough, under a leader that has led long enough: 2 gives way to 4.
+        assert_eq!(change(&[(2, 1_501)], 60_000), Some(VoterChange { promote: 4, voters: [1, 3, 4].into() }));
+        // Not yet down long enough.
+        assert_eq!(change(&[(2, 1_500)], 60_000), None);
+        // Down for long by the record, but this leader began a second ago (a whole-cluster
+        // restart): the voter gets the grace period anew, and is replaced once it is over.
+        assert_eq!(change(&[(2, 90_000)], 1_000), None);
+        assert_eq!(change(&[(2, 90_000)], 1_501), Some(VoterChange { promote: 4, voters: [1, 3, 4].into() }));
+        // The leader's own record says DOWN (its previous instance stopped): it stays.
+        assert_eq!(change(&[(1, 90_000)], 60_000), None);
+        assert_eq!(change(&[(1, 90_000), (3, 90_000)], 60_000), Some(VoterChange { promote: 4, voters: [1, 2, 4].into() }));
+        // No healthy agent, or one that already votes: nothing changes.
+        assert_eq!(voter_change(1, &voters, 3, None, &[(2, 90_000)], 60_000, 1_500), None);
+        assert_eq!(voter_change(1, &voters, 3, Some(3), &[(2, 90_000)], 60_000, 1_500), None);
+    }
+
+    #[test]
+    fn fewer_voters_than_the_most_take_a_healthy_agent_at_once() {
+        let voters: BTreeSet<NodeId> = [1].into();
+        assert_eq!(voter_change(1, &voters, 3, Some(7), &[], 0, 1_500), Some(VoterChange { promote: 7, voters: [1, 7].into() }));
+        assert_eq!(voter_change(1, &voters, 1, Some(7), &[], 0, 1_500), None);
     }
 
     #[test]

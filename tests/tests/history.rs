@@ -144,13 +144,17 @@ fn finished_jobs_leave_the_hot_state_and_stay_queryable_through_replacement_rest
     assert!(digest(&c, &newcomer).is_some_and(|d| d.2 == JOBS as u64 && d.3 == digest_before));
     assert_eq!(sacct(&c, &ids, &[]), archived);
 
-    // The whole cluster stops and starts again with its data: the history is still there.
+    // The whole cluster stops and starts again with its data: the history is still there, and
+    // the voters are the same (a graceful stop declares each node down; the leader that comes
+    // back gives them the grace period anew rather than replacing them, or itself).
+    let voters_before_restart = voters(&c);
     let out = c.raw(&["dev", "down", "--dir", c.path_str()]);
     assert!(out.status.success(), "dev down: {}", String::from_utf8_lossy(&out.stderr));
     let out = c.raw(&["dev", "up", "--dir", c.path_str(), "--nodes", "4"]);
     assert!(out.status.success(), "dev up again: {}\n{}", String::from_utf8_lossy(&out.stderr), c.logs());
     assert_eq!(wait_store_converged(&c, JOBS as u64, Duration::from_secs(40)), digest_before);
     assert_eq!(sacct(&c, &ids, &[]), archived);
+    assert_eq!(voters(&c), voters_before_restart, "a whole-cluster restart keeps the voters");
 
     // With a retention of zero days every record is past it: a committed prune removes them all.
     let out = c.raw(&["dev", "down", "--dir", c.path_str()]);
@@ -163,4 +167,5 @@ fn finished_jobs_leave_the_hot_state_and_stay_queryable_through_replacement_rest
     assert!(out.status.success(), "dev up again: {}\n{}", String::from_utf8_lossy(&out.stderr), c.logs());
     wait_store_converged(&c, 0, Duration::from_secs(40));
     assert_eq!(sacct(&c, &ids, &[]), "", "pruned records are gone");
+    assert_eq!(voters(&c), voters_before_restart, "a second whole-cluster restart keeps the voters");
 }

@@ -479,7 +479,8 @@ impl Node {
     }
 
     /// Keeps `voters_max` voters: promotes a healthy agent when there are fewer, and replaces a
-    /// voter that has been DOWN for `voter_replace_after_ms`. One change at a time.
+    /// voter that has been DOWN for `voter_replace_after_ms` under this leader
+    /// (`control::leader::voter_change`). One change at a time.
     fn manage_voters(self: &Arc<Self>) {
         if self.membership_busy.load(Ordering::SeqCst) {
             return;
@@ -487,9 +488,9 @@ impl Node {
         let voters = self.voter_ids();
         let now = now_ms();
         let fresh_within = Duration::from_millis(self.config.heartbeat_interval_ms * 3);
-        let (candidate, dead) = {
+        let (candidate, down_ms, leading_for_ms) = {
             let mem = lock(&self.memory);
-            self.state.read(|s| {
+            let (candidate, down_ms) = self.state.read(|s| {
                 let candidate = s
                     .nodes
                     .values()
@@ -497,29 +498,26 @@ impl Node {
                     .filter(|n| !n.inventory.features.iter().any(|f| f == liveness::NEVER_VOTER_FEATURE))
                     .find(|n| mem.last_seen.get(&n.id).is_some_and(|t| t.elapsed() < fresh_within))
                     .map(|n| (n.id, MemberNode { name: n.name.clone(), addr: n.addr.clone() }));
-                let dead: Vec<NodeId> = voters
+                let down_ms: Vec<(NodeId, u64)> = voters
                     .iter()
-                    .copied()
-                    .filter(|v| {
-                        s.nodes.get(v).is_some_and(|n| {
-                            n.state == NodeState::Down && now.saturating_sub(n.state_changed_ms) > self.config.voter_replace_after_ms
-                        })
-                    })
+                    .filter_map(|v| s.nodes.get(v))
+                    .filter(|n| n.state == NodeState::Down)
+                    .map(|n| (n.id, now.saturating_sub(n.state_changed_ms)))
                     .collect();
-                (candidate, dead)
-            })
+                (candidate, down_ms)
+            });
+            (candidate, down_ms, mem.now_ms())
         };
         let Some((new_id, new_node)) = candidate else { return };
-        let change = if voters.len() < self.config.voters_max {
-            let mut v = voters.clone();
-            v.insert(new_id);
-            v
-        } else if let Some(gone) = dead.first() {
-            let mut v = voters.clone();
-            v.remove(gone);
-            v.insert(new_id);
-            v
-        } else {
+        let Some(control::leader::VoterChange { voters: change, .. }) = control::leader::voter_change(
+            self.id,
+            &voters,
+            self.config.voters_max,
+            Some(new_id),
+            &down_ms,
+            leading_for_ms,
+            self.config.voter_replace_after_ms,
+        ) else {
             return;
         };
         self.membership_busy.store(true, Ordering::SeqCst);
