@@ -9,6 +9,7 @@
 //! earlier run still has parts is not placed again, so a job never runs twice at once.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use proto::{
     ArrayTask, Command, CommandResult, GresRequest, InstanceId, Inventory, Job, JobId, JobSpec, JobState, NodeId, NodeRecord, NodeRun,
@@ -412,7 +413,7 @@ impl ClusterState {
                     id,
                     name: name.to_string(),
                     addr: addr.to_string(),
-                    inventory: inventory.clone(),
+                    inventory: Arc::new(inventory.clone()),
                     state: NodeState::Up,
                     drained: false,
                     instance,
@@ -435,7 +436,7 @@ impl ClusterState {
         }
         if let Some(node) = self.nodes.get_mut(&id) {
             node.addr = addr.to_string();
-            node.inventory = inventory.clone();
+            node.inventory = Arc::new(inventory.clone());
             node.instance = instance;
             node.set_up(now_ms);
         }
@@ -513,7 +514,7 @@ impl ClusterState {
         let Some(node) = self.nodes.get_mut(&id) else {
             return rejected(format!("unknown node {id}"));
         };
-        let Some(info) = node.inventory.gpus.iter_mut().find(|g| g.index == gpu) else {
+        let Some(info) = Arc::make_mut(&mut node.inventory).gpus.iter_mut().find(|g| g.index == gpu) else {
             return rejected(format!("node {} has no gpu {gpu}", node.name));
         };
         let what = match mig_uuid {
@@ -554,7 +555,7 @@ impl ClusterState {
         if let Some(gone) = held.iter().find(|g| !inventory.gpus.iter().any(|i| i.index == **g)) {
             return rejected(format!("gpu {gone} of node {} is in use and cannot disappear", node.name));
         }
-        node.inventory = inventory.clone();
+        node.inventory = Arc::new(inventory.clone());
         CommandResult::Ok
     }
 
@@ -1438,6 +1439,43 @@ mod tests {
         step(&s, 4, 0, "a cancelled job leaves the view");
         finish(&mut s, jobs[0], 1, a, RunOutcome::Exited(0));
         step(&s, 3, 0, "a finished job leaves the view");
+    }
+
+    #[test]
+    fn a_cached_view_rebuilds_only_the_nodes_that_changed() {
+        let mut s = ClusterState::default();
+        let (a, b, c) = (register(&mut s, "a", 100), register(&mut s, "b", 200), register(&mut s, "c", 300));
+        let mut cache = view::ViewCache::default();
+        let mut step = |s: &ClusterState, reused: usize, what: &str| {
+            let cached = view::scheduler_view_cached(s, &mut cache, |_| None);
+            assert_eq!(cached, view::scheduler_view(s), "{what}: the cached view is the fresh one");
+            assert_eq!(cache.nodes_reused, reused, "{what}: node views reused");
+        };
+        step(&s, 0, "first view");
+        step(&s, 3, "nothing changed");
+        let job = submit(&mut s, spec(2, 1));
+        step(&s, 3, "a pending job takes nothing");
+        assert_eq!(plan(&mut s, job, 1, vec![alloc(a, &[0, 1])]), CommandResult::Planned { accepted: vec![job], rejected: vec![] });
+        step(&s, 2, "a placement takes GPUs of a");
+        confirm(&mut s, job, 1, a, 100);
+        step(&s, 3, "a confirmation takes nothing more");
+        s.apply(&Command::GpuHealth { node: b, gpu: 3, mig_uuid: None, healthy: false, reason: "xid 79".into(), now_ms: 40 });
+        step(&s, 2, "a GPU of b unhealthy (its inventory changed in place)");
+        s.apply(&Command::Drain { node: c, reason: "maintenance".into(), now_ms: 50 });
+        step(&s, 2, "c drained");
+        s.apply(&Command::Resume { node: c, now_ms: 60 });
+        step(&s, 2, "c resumed");
+        s.apply(&Command::NodeDown { node: b, reason: "silent".into(), now_ms: 70 });
+        step(&s, 2, "b down");
+        register(&mut s, "b", 201);
+        step(&s, 2, "b back with a new instance");
+        let mut policy = s.policy.clone();
+        policy.partitions.push(proto::PartitionDef { name: "gpu".into(), nodes: Some(vec!["a".into(), "c".into()]), ..Default::default() });
+        assert_eq!(s.apply(&Command::SetPolicy { policy, now_ms: 80 }), CommandResult::Ok);
+        step(&s, 0, "a new policy (partitions list nodes)");
+        finish(&mut s, job, 1, a, RunOutcome::Exited(0));
+        step(&s, 2, "a's GPUs free again");
+        step(&s, 3, "nothing changed");
     }
 
     #[test]

@@ -195,7 +195,9 @@ pub struct NodeRecord {
     pub name: String,
     /// QUIC address other nodes and clients use, `host:port`.
     pub addr: String,
-    pub inventory: Inventory,
+    /// Shared, so a reader can tell an unchanged inventory by pointer (the leader's cache of
+    /// scheduler views): every change replaces it or goes through `Arc::make_mut`.
+    pub inventory: std::sync::Arc<Inventory>,
     pub state: NodeState,
     /// Set by `Drain`, cleared by `Resume`; survives DOWN/UP.
     pub drained: bool,

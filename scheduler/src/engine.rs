@@ -356,7 +356,7 @@ fn array_counts(view: &ClusterView) -> (BTreeMap<JobId, u32>, BTreeMap<JobId, BT
 
 impl<'v> Pass<'v> {
     fn new(view: &'v ClusterView, now_ms: u64) -> Pass<'v> {
-        let nodes: Vec<Cow<'v, NodeView>> = view.nodes.values().map(Cow::Borrowed).collect();
+        let nodes: Vec<Cow<'v, NodeView>> = view.nodes.values().map(|n| Cow::Borrowed(&**n)).collect();
         let node_ix: BTreeMap<NodeId, usize> = view.nodes.keys().enumerate().map(|(i, &id)| (id, i)).collect();
         let name_ix: BTreeMap<&str, usize> = view.nodes.values().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
         let PartIndex { names: part_names, ix: part_ix, default: default_part, node_parts } = intern_partitions(view, &nodes);

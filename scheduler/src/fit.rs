@@ -217,8 +217,12 @@ pub fn fits(node: &NodeView, job: &JobRequest, alloc: &Allocation) -> Result<(),
 }
 
 /// Whether every allocation of a gang fits: one per node, distinct nodes, the job's node count,
-/// every required node of `--nodelist` present.
-pub fn fits_gang(view_nodes: &BTreeMap<NodeId, NodeView>, job: &JobRequest, allocs: &[Allocation]) -> Result<(), Misfit> {
+/// every required node of `--nodelist` present. `view_nodes` holds views or shared views.
+pub fn fits_gang<N: std::borrow::Borrow<NodeView>>(
+    view_nodes: &BTreeMap<NodeId, N>,
+    job: &JobRequest,
+    allocs: &[Allocation],
+) -> Result<(), Misfit> {
     let got = allocs.len() as u32;
     if got != job.nodes {
         return Err(Misfit::WrongNodeCount { want: job.nodes, got });
@@ -227,11 +231,11 @@ pub fn fits_gang(view_nodes: &BTreeMap<NodeId, NodeView>, job: &JobRequest, allo
         if allocs[..i].iter().any(|b| b.node == a.node) {
             return Err(Misfit::DuplicateNode(a.node));
         }
-        let node = view_nodes.get(&a.node).ok_or(Misfit::UnknownNode(a.node))?;
+        let node = view_nodes.get(&a.node).ok_or(Misfit::UnknownNode(a.node))?.borrow();
         fits(node, job, a).map_err(|m| Misfit::OnNode { node: a.node, misfit: Box::new(m) })?;
     }
     for name in &job.nodelist {
-        if !allocs.iter().any(|a| view_nodes.get(&a.node).is_some_and(|n| &n.name == name)) {
+        if !allocs.iter().any(|a| view_nodes.get(&a.node).is_some_and(|n| &n.borrow().name == name)) {
             return Err(Misfit::MissingRequiredNode(name.clone()));
         }
     }

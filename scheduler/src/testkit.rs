@@ -152,7 +152,7 @@ impl Cluster {
     }
 
     pub fn node(&mut self, id: NodeId, name: &str, inventory: Inventory) -> &mut Cluster {
-        self.view.nodes.insert(id, node_view(id, name, &inventory, true));
+        self.view.nodes.insert(id, std::sync::Arc::new(node_view(id, name, &inventory, true)));
         self
     }
 
@@ -164,7 +164,7 @@ impl Cluster {
     fn put(&mut self, job: Job) {
         for part in &job.parts {
             if let Some(n) = self.view.nodes.get_mut(&part.alloc.node) {
-                let taken = n.take(&part.alloc);
+                let taken = std::sync::Arc::make_mut(n).take(&part.alloc);
                 assert!(taken.is_ok(), "testkit: job {} double-books node {}: {taken:?}", job.id, part.alloc.node);
             }
         }

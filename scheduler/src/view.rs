@@ -501,7 +501,10 @@ impl Default for SchedulerConfig {
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ClusterView {
-    pub nodes: BTreeMap<NodeId, NodeView>,
+    /// Shared: a leader reuses the view of every node whose record and parts did not change
+    /// since its last pass (`consensus::view::ViewCache`). A pass copies a node only to place
+    /// work on it.
+    pub nodes: BTreeMap<NodeId, Arc<NodeView>>,
     /// Pending and running jobs, in id order; also the finished jobs that pending jobs depend on
     /// (a dependency on a job not listed here can never be satisfied). Shared: a leader keeps
     /// the requests of jobs that did not change from one pass to the next.

@@ -53,7 +53,7 @@ fn cpus_follow_the_gpus_numa_node() {
     assert_eq!(plan.bindings[0].numa_cpus, vec![(1, 16)]);
     assert_eq!(plan.bindings[0].nic.as_deref(), Some("mlx5_4"));
     // Taking the allocation charges the same NUMA node.
-    let mut n = c.view.nodes[&1].clone();
+    let mut n = (*c.view.nodes[&1]).clone();
     n.take(&plan.placements[0].allocs[0]).unwrap();
     assert_eq!(n.numa[1].cpus_used, 16);
     assert_eq!(n.numa[0].cpus_used, 50);
@@ -136,7 +136,7 @@ fn a_gpu_pinned_to_another_mig_layout_takes_no_new_work_and_is_relaid_once_idle(
     // GPU 0 runs a 1g job and is pinned to two 3g; GPU 1 has a free 1g and is not pinned.
     let mut c = Cluster::new();
     c.node(1, "m1", h200_mig(&[&[("1g.18gb", 0), ("1g.18gb", 1)], &[("1g.18gb", 0)]]));
-    c.view.nodes.get_mut(&1).unwrap().gpus[0].pinned = Some(strings(&["3g.71gb", "3g.71gb"]));
+    std::sync::Arc::make_mut(c.view.nodes.get_mut(&1).unwrap()).gpus[0].pinned = Some(strings(&["3g.71gb", "3g.71gb"]));
     c.running(1, spec("gpu:1g.18gb:1", 1), vec![alloc(1, &[mig_slot(0, 0)], 1, 1024)], 0);
     c.submit(2, spec("gpu:1g.18gb:2", 1), 0).submit(3, spec("gpu:1g.18gb:1", 1), 0);
     let plan = c.schedule(1000);
@@ -153,14 +153,14 @@ fn a_gpu_pinned_to_another_mig_layout_takes_no_new_work_and_is_relaid_once_idle(
     // Idle: relaid into the pinned layout, first, even with nothing pending.
     let mut c = Cluster::new();
     c.node(1, "m1", h200_mig(&[&[("1g.18gb", 0), ("1g.18gb", 1)]]));
-    c.view.nodes.get_mut(&1).unwrap().gpus[0].pinned = Some(strings(&["3g.71gb", "3g.71gb"]));
+    std::sync::Arc::make_mut(c.view.nodes.get_mut(&1).unwrap()).gpus[0].pinned = Some(strings(&["3g.71gb", "3g.71gb"]));
     let plan = c.schedule(1000);
     assert_eq!(plan.mig_layouts, vec![(1, 0, strings(&["3g.71gb", "3g.71gb"]))]);
 
     // In its pinned layout it takes work again, and nothing is relaid for other demand.
     let mut c = Cluster::new();
     c.node(1, "m1", h200_mig(&[&[("3g.71gb", 0), ("3g.71gb", 4)]]));
-    c.view.nodes.get_mut(&1).unwrap().gpus[0].pinned = Some(strings(&["3g.71gb", "3g.71gb"]));
+    std::sync::Arc::make_mut(c.view.nodes.get_mut(&1).unwrap()).gpus[0].pinned = Some(strings(&["3g.71gb", "3g.71gb"]));
     c.submit(1, spec("gpu:3g.71gb:1", 1), 0).submit(2, spec("gpu:1g.18gb:3", 1), 0);
     let plan = c.schedule(1000);
     assert_eq!(gpus_of(&plan, 1), vec![(1, vec![mig_slot(0, 0)])]);
@@ -515,7 +515,7 @@ fn fits_rejects_stale_and_wrong_allocations() {
     assert_eq!(fits(n1, &job, &alloc(1, &[0, 2], 1, 1024)), Err(Misfit::WrongGpuCount { want: 1, got: 2 }));
     let n2 = &c.view.nodes[&2];
     assert_eq!(fits(n2, &job, &alloc(2, &[0], 1, 1024)), Err(Misfit::WrongGpuType { index: 0, want: "h100".into(), have: "a100".into() }));
-    let mut down = n1.clone();
+    let mut down = (**n1).clone();
     down.schedulable = false;
     assert_eq!(fits(&down, &job, &alloc(1, &[0], 1, 1024)), Err(Misfit::NodeUnavailable));
     let mut constrained = job.clone();
@@ -550,7 +550,7 @@ fn every_plan_passes_fits_and_is_deterministic() {
         let job = c.view.jobs.iter().find(|j| j.id == p.job).unwrap();
         fits_gang(&nodes, job, &p.allocs).unwrap();
         for a in &p.allocs {
-            nodes.get_mut(&a.node).unwrap().take(a).unwrap();
+            std::sync::Arc::make_mut(nodes.get_mut(&a.node).unwrap()).take(a).unwrap();
         }
     }
     assert_eq!(plan.placements.len() + plan.pending.len(), 50);

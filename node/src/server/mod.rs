@@ -718,7 +718,7 @@ impl Node {
 
     /// Applies a MIG layout on this node, starting from its inventory as the log has it.
     fn apply_mig_layout(&self, gpu: u32, profiles: Vec<String>) -> Response {
-        let base = self.state.read(|s| s.nodes.get(&self.id).map(|n| n.inventory.clone())).unwrap_or_else(|| self.inventory.clone());
+        let base = self.state.read(|s| s.nodes.get(&self.id).map(|n| (*n.inventory).clone())).unwrap_or_else(|| self.inventory.clone());
         self.agent.apply_mig_layout(Arc::clone(&self.probe), base, gpu, profiles, Arc::clone(&self.agent_link))
     }
 
