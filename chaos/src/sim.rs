@@ -16,9 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::panic::AssertUnwindSafe;
 
 use consensus::ClusterState;
-use proto::{
-    Command, CommandResult, GpuInfo, GresRequest, InstanceId, Inventory, Job, JobId, JobSpec, JobState, NodeId, RunNo, RunOutcome,
-};
+use proto::{Command, CommandResult, GpuInfo, GresRequest, InstanceId, Inventory, Job, JobId, JobSpec, NodeId, RunNo, RunOutcome};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -447,8 +445,9 @@ impl Sim {
             return;
         }
         self.check_liveness();
-        // Scheduling (a pure function of the state: skipped when nothing changed).
-        if self.dirty && self.state.jobs.values().any(|j| j.state == JobState::Pending) {
+        // Scheduling (a pure function of the state: skipped when nothing changed, and when the
+        // leader would skip it: `control::leader::pass_needed`).
+        if self.dirty && control::leader::pass_needed(self.state.jobs.values(), self.state.nodes.values()) {
             self.dirty = false;
             let plan = scheduler::schedule(&self.state.scheduler_view(), self.now_ms);
             if !plan.placements.is_empty() {

@@ -1,7 +1,7 @@
 //! `corral bench --nodes N[,N...]`: a real 3-voter `dev up` cluster and N simulated nodes
 //! (`corrald --sim-nodes`: each its own certificate, QUIC endpoint, inventory and the agent's
 //! own heartbeat loop, no processes), measuring what node count costs the control plane: the
-//! CPU and RSS of each voter at rest, with one job held and while jobs run, how long a silenced
+//! CPU and RSS of each voter at rest, with one job waiting and while jobs run, how long a silenced
 //! node takes to be declared down and its `--requeue` job to run again, and leader failovers
 //! (how long until every node has a heartbeat acknowledged by the new leader; nodes wrongly
 //! declared down; nodes that fenced). Two peers, each the same cluster at rest: the nodes
@@ -310,24 +310,30 @@ async fn run_jobs(cluster: &std::sync::Arc<Cluster>, workdir: &str, jobs: usize)
     Ok(t.elapsed().as_secs_f64())
 }
 
-/// The cluster at rest but for one held job: a pending job makes the leader schedule every
-/// tick, and with it build the scheduler's view of every node (a queue that waits, as a held
-/// job or one waiting for its start time does, costs that for as long as it waits).
-async fn held_queue(cluster: &Cluster, workdir: &str, procs: &[(String, i32)], rest: &Figures) -> anyhow::Result<()> {
-    let mut spec = sim_spec(workdir, 3_600_000, false);
-    spec.hold = true;
-    let job = submit(cluster, spec).await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let held = cpu_over(procs, WINDOW).await?;
-    cluster.call_patiently(Request::Cancel { job }, Duration::from_secs(20)).await?;
-    print_cpu("one job held, nothing else", &held);
-    let ratios: Vec<String> = held
-        .iter()
-        .zip(rest)
-        .filter(|((name, _, _), _)| !name.starts_with("sim"))
-        .map(|((name, cpu, _), (_, idle, _))| format!("{name} {:.2}x", cpu / idle.max(0.01)))
-        .collect();
-    println!("    CPU against at rest: {}", ratios.join(", "));
+/// The cluster at rest but for one pending job that does not start: held (the leader runs no
+/// pass for it), then waiting for its start time an hour away (the leader schedules every tick,
+/// and with it builds the scheduler's view of every node, for as long as such a job waits).
+async fn waiting_job(cluster: &Cluster, workdir: &str, procs: &[(String, i32)], rest: &Figures) -> anyhow::Result<()> {
+    for held in [true, false] {
+        let mut spec = sim_spec(workdir, 3_600_000, false);
+        if held {
+            spec.hold = true;
+        } else {
+            spec.begin_ms = Some(unix_ms() + 3_600_000);
+        }
+        let job = submit(cluster, spec).await?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let figures = cpu_over(procs, WINDOW).await?;
+        cluster.call_patiently(Request::Cancel { job }, Duration::from_secs(20)).await?;
+        print_cpu(if held { "one job held, nothing else" } else { "one job waiting for its start time, nothing else" }, &figures);
+        let ratios: Vec<String> = figures
+            .iter()
+            .zip(rest)
+            .filter(|((name, _, _), _)| !name.starts_with("sim"))
+            .map(|((name, cpu, _), (_, idle, _))| format!("{name} {:.2}x", cpu / idle.max(0.01)))
+            .collect();
+        println!("    CPU against at rest: {}", ratios.join(", "));
+    }
     Ok(())
 }
 
@@ -514,7 +520,7 @@ async fn measure(dir: &Path, opts: &NodesBench, count: usize, peers: &[(Beats, F
     let rest = cpu_over(&procs, WINDOW).await?;
     print_cpu(&format!("at rest, {} (joined in {join_ms} ms)", Beats::Relayed.says()), &rest);
     print_ratios(&rest, peers);
-    held_queue(&cluster, &workdir, &procs, &rest).await?;
+    waiting_job(&cluster, &workdir, &procs, &rest).await?;
     // At most half the simulated GPUs (8 per node), so each job starts at once.
     let jobs = opts.jobs.min(count * 4);
     let took_s = run_jobs(&cluster, &workdir, jobs).await?;

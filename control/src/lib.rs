@@ -6,7 +6,8 @@
 //! - [`agent`]: what a node's agent does with a launch or a stop, given its launch ledger and
 //!   when a leader last acknowledged it; when it fences itself; the watchdog's deadline.
 //! - [`leader`]: which silent nodes the leader declares down, which parts it sends launches and
-//!   stops to, when it re-sends them, and when it promotes an agent to voter.
+//!   stops to, when it re-sends them, when it promotes an agent to voter, and whether it has
+//!   a scheduling pass to run.
 
 pub mod agent;
 pub mod leader;

@@ -222,14 +222,8 @@ impl Node {
     }
 
     async fn schedule_pass(&self) {
-        // Nothing pending, nothing to place (MIG demand and preemption come from pending jobs
-        // too) and no MIG layout an operator set waits to be applied: the view, one record per
-        // node, is not built at all. At 1,000 nodes building it ten times a second was most of
-        // an idle leader's CPU.
-        let idle = |s: &consensus::ClusterState| {
-            !s.jobs.values().any(|j| j.state == JobState::Pending) && !s.nodes.values().any(|n| n.mig_pins_unapplied().next().is_some())
-        };
-        if self.state.read(idle) {
+        // Without a pass to run, the view (one record per node) is not built at all.
+        if !self.state.read(|s| control::leader::pass_needed(s.jobs.values(), s.nodes.values())) {
             return;
         }
         let (starts_max, paced) = crate::pacing::starts_per_pass_max(&self.leader_load());
