@@ -458,7 +458,8 @@ impl Sim {
         // Launches and stops, re-sent after `resend_after_ms` (node/src/server/leader.rs
         // `drive_launches_and_kills`).
         let now = self.now_ms;
-        let orders = control::leader::due_orders(self.state.jobs.values(), &mut self.mem.launches_sent, &mut self.mem.kills_sent, now);
+        let orders =
+            control::leader::due_orders(self.state.jobs_holding_parts(), &mut self.mem.launches_sent, &mut self.mem.kills_sent, now);
         let launches: Vec<(Job, NodeId)> =
             orders.launches.into_iter().filter_map(|(id, node)| Some((self.state.jobs.get(&id)?.clone(), node))).collect();
         let kills: Vec<(JobId, RunNo, NodeId)> = orders.stops.into_iter().map(|(id, stop)| (id, stop.run, stop.node)).collect();

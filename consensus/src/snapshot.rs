@@ -144,6 +144,7 @@ pub(crate) fn read_hot(r: &mut impl Read) -> io::Result<HotState> {
                 }
                 state.share_array_specs();
                 state.submit_keys = crate::submit_keys::SubmitKeys::of(&state.jobs);
+                state.holding_parts = ClusterState::holding_parts_of(&state.jobs);
                 return Ok(HotState { last_applied, membership, state, bytes });
             }
             Some((other, _)) => return Err(invalid(format!("unexpected frame in a snapshot's hot state: {other:?}"))),

@@ -53,6 +53,12 @@ pub struct ClusterState {
     /// first made. Derived from `jobs`, so not encoded: a snapshot's reader builds it again.
     #[serde(skip)]
     pub submit_keys: crate::submit_keys::SubmitKeys,
+    /// The jobs above that hold parts (running, or stopping and not yet confirmed gone), so
+    /// what walks the parts (the leader's launches, stops and suspensions each tick, the
+    /// scheduler's node views, a node's loss) does not walk a deep queue of pending jobs.
+    /// Derived from `jobs`, so not encoded: a snapshot's reader builds it again.
+    #[serde(skip)]
+    pub holding_parts: BTreeSet<JobId>,
 }
 
 /// Associations whose usage is kept at most (twice the database's bound: jobs without an
@@ -85,6 +91,7 @@ impl Default for ClusterState {
             usage: BTreeMap::new(),
             accounts: Default::default(),
             submit_keys: Default::default(),
+            holding_parts: BTreeSet::new(),
         }
     }
 }
@@ -600,9 +607,14 @@ impl ClusterState {
 
     /// Every part matching `lost` is gone (its process died with its node or GPU).
     fn lose_parts(&mut self, lost: impl Fn(&NodeRun) -> bool, reason: &str, now_ms: u64) {
-        for job in self.jobs.values_mut() {
+        let holding: Vec<JobId> = self.holding_parts.iter().copied().collect();
+        for id in holding {
+            let Some(job) = self.jobs.get_mut(&id) else { continue };
             let Some(pos) = job.parts.iter().position(&lost) else { continue };
             let part = job.parts.remove(pos);
+            if job.parts.is_empty() {
+                self.holding_parts.remove(&id);
+            }
             account(&mut self.usage, self.policy.decay_half_life_ms(), job, &part, now_ms);
             if part.run != job.run || job.state != JobState::Running {
                 continue;
@@ -778,6 +790,9 @@ impl ClusterState {
             job.state = JobState::Running;
             job.run = placement.run;
             job.parts = placement.allocs.iter().map(|a| NodeRun { run: placement.run, alloc: a.clone(), launched_by: None }).collect();
+            if !job.parts.is_empty() {
+                self.holding_parts.insert(id);
+            }
             job.outcomes.clear();
             job.last_nodes = placement.allocs.iter().map(|a| a.node).collect();
             job.last_gpus = placement.allocs.iter().map(|a| a.gpus.clone()).collect();
@@ -819,6 +834,9 @@ impl ClusterState {
             return rejected("stale run");
         };
         let part = job.parts.remove(pos);
+        if job.parts.is_empty() {
+            self.holding_parts.remove(&id);
+        }
         account(&mut self.usage, self.policy.decay_half_life_ms(), job, &part, now_ms);
         if run != job.run || job.state != JobState::Running {
             // A part of a cancelled, failed or requeued run is gone: only its resources return.
@@ -1060,7 +1078,7 @@ impl ClusterState {
     /// CPUs and memory (MiB) held on each node by the jobs' parts: one pass over the jobs.
     pub fn cpus_and_memory_held(&self) -> BTreeMap<NodeId, (u32, u64)> {
         let mut held: BTreeMap<NodeId, (u32, u64)> = BTreeMap::new();
-        for p in self.jobs.values().flat_map(|j| j.parts.iter()) {
+        for p in self.jobs_holding_parts().flat_map(|j| j.parts.iter()) {
             let h = held.entry(p.alloc.node).or_default();
             *h = (h.0.saturating_add(p.alloc.cpus), h.1.saturating_add(p.alloc.mem_mib));
         }
@@ -1068,7 +1086,17 @@ impl ClusterState {
     }
 
     fn parts_on(&self, node: NodeId) -> impl Iterator<Item = &NodeRun> {
-        self.jobs.values().flat_map(|j| j.parts.iter()).filter(move |p| p.alloc.node == node)
+        self.jobs_holding_parts().flat_map(|j| j.parts.iter()).filter(move |p| p.alloc.node == node)
+    }
+
+    /// The jobs that hold parts, ascending by id.
+    pub fn jobs_holding_parts(&self) -> impl Iterator<Item = &Job> + '_ {
+        self.holding_parts.iter().filter_map(|id| self.jobs.get(id))
+    }
+
+    /// [`ClusterState::holding_parts`] built from `jobs`.
+    pub fn holding_parts_of(jobs: &BTreeMap<JobId, Job>) -> BTreeSet<JobId> {
+        jobs.values().filter(|j| !j.parts.is_empty()).map(|j| j.id).collect()
     }
 
     /// What a submission names that this cluster does not define, in Slurm's words (`None`:
@@ -1113,7 +1141,7 @@ impl ClusterState {
 
     /// Jobs holding resources on `node` (running, or stopping and not yet confirmed gone).
     pub fn running_on(&self, node: NodeId) -> Vec<&Job> {
-        self.jobs.values().filter(|j| j.parts.iter().any(|p| p.alloc.node == node)).collect()
+        self.jobs_holding_parts().filter(|j| j.parts.iter().any(|p| p.alloc.node == node)).collect()
     }
 
     /// Makes the tasks of each array share one spec again where they have the same (a snapshot
@@ -1154,6 +1182,7 @@ impl ClusterState {
             usage: self.usage.clone(),
             accounts: self.accounts.clone(),
             submit_keys: Default::default(),
+            holding_parts: BTreeSet::new(),
         }
     }
 
@@ -1188,7 +1217,7 @@ impl ClusterState {
             Command::Plan { placements, .. } => {
                 let nodes: BTreeSet<NodeId> = placements.iter().flat_map(|p| p.allocs.iter().map(|a| a.node)).collect();
                 let mut held: BTreeSet<(NodeId, u32)> = BTreeSet::new();
-                for job in self.jobs.values().filter(|j| !j.parts.is_empty()) {
+                for job in self.jobs_holding_parts() {
                     if placements.iter().any(|p| p.job == job.id || job.array.as_ref().is_some_and(|a| a.array_job == p.job)) {
                         self.check_job(job);
                     }
@@ -1223,6 +1252,7 @@ impl ClusterState {
     /// Every invariant over the whole state.
     fn check_invariants(&self) {
         assert!(self.submit_keys == crate::submit_keys::SubmitKeys::of(&self.jobs), "the submission keys index its jobs");
+        assert!(self.holding_parts == Self::holding_parts_of(&self.jobs), "holding_parts names the jobs that hold parts");
         let mut held: BTreeSet<(NodeId, u32)> = BTreeSet::new();
         for job in self.jobs.values() {
             self.check_job(job);

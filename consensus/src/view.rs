@@ -27,7 +27,7 @@ fn node_views_where(state: &ClusterState, wanted: impl Fn(NodeId) -> bool) -> BT
     let lists = state.policy.lists_nodes();
     let mut views: BTreeMap<NodeId, NodeView> =
         state.nodes.values().filter(|n| wanted(n.id)).map(|n| (n.id, bare_node_view(state, n, lists))).collect();
-    for part in state.jobs.values().flat_map(|j| j.parts.iter()) {
+    for part in state.jobs_holding_parts().flat_map(|j| j.parts.iter()) {
         if let Some(view) = views.get_mut(&part.alloc.node) {
             take(view, &part.alloc);
         }
@@ -107,7 +107,7 @@ fn node_views_cached(state: &ClusterState, cache: &mut NodeCache, probe: u64) ->
     }
     let lists = state.policy.lists_nodes();
     let mut parts: Vec<(NodeId, &Allocation)> =
-        state.jobs.values().flat_map(|j| j.parts.iter()).map(|p| (p.alloc.node, &p.alloc)).collect();
+        state.jobs_holding_parts().flat_map(|j| j.parts.iter()).map(|p| (p.alloc.node, &p.alloc)).collect();
     // Stable: each node's parts stay in the order of their jobs.
     parts.sort_by_key(|(node, _)| *node);
     let probe = probe as usize % state.nodes.len().max(1);

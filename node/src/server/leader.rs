@@ -278,8 +278,7 @@ impl Node {
             m.last_quorum_acked.as_ref().map(|at| at.elapsed().as_millis() as u64)
         };
         let single_voter = self.voter_ids().iter().all(|v| *v == self.id);
-        let launches_unconfirmed =
-            self.state.read(|s| s.jobs.values().filter(|j| !j.parts.is_empty()).map(|j| j.launches_pending().count()).sum());
+        let launches_unconfirmed = self.state.read(|s| s.jobs_holding_parts().map(|j| j.launches_pending().count()).sum());
         crate::pacing::LeaderLoad {
             quorum_ack_age_ms,
             single_voter,
@@ -350,7 +349,7 @@ impl Node {
             let now_ms = mem.now_ms();
             let LeaderMemory { launches_sent, kills_sent, .. } = &mut *mem;
             self.state.read(|s| {
-                let orders = control::leader::due_orders(s.jobs.values(), launches_sent, kills_sent, now_ms);
+                let orders = control::leader::due_orders(s.jobs_holding_parts(), launches_sent, kills_sent, now_ms);
                 let addr_of = |node: NodeId| s.nodes.get(&node).map(|n| n.addr.clone()).unwrap_or_default();
                 let launches: Vec<_> = orders
                     .launches
@@ -420,7 +419,7 @@ impl Node {
             let LeaderMemory { suspends_sent, suspends_acked, .. } = &mut *mem;
             self.state.read(|s| {
                 let instance_of = |n: NodeId| s.nodes.get(&n).map(|r| r.instance);
-                let orders = control::leader::due_suspends(s.jobs.values(), suspends_acked, suspends_sent, instance_of, now_ms);
+                let orders = control::leader::due_suspends(s.jobs_holding_parts(), suspends_acked, suspends_sent, instance_of, now_ms);
                 let addr_of = |node: NodeId| s.nodes.get(&node).map(|n| n.addr.clone()).unwrap_or_default();
                 orders.into_iter().map(|(job, o)| (job, o, addr_of(o.node))).collect::<Vec<_>>()
             })
