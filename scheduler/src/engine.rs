@@ -150,7 +150,7 @@ struct Pass<'v> {
     view: &'v ClusterView,
     now_ms: u64,
     /// The view's nodes, each copied only when this pass places work on it (at 5,000 nodes a
-    /// copy of them all was a third of a pass that places one job).
+    /// copy of them all was half of a pass that places one job: `sched-bench one-job`).
     nodes: Vec<Cow<'v, NodeView>>,
     node_ix: BTreeMap<NodeId, usize>,
     name_ix: BTreeMap<&'v str, usize>,

@@ -501,16 +501,16 @@ impl Node {
             });
             (candidate, down_ms, mem.now_ms())
         };
-        let Some((new_id, new_node)) = candidate else { return };
-        let Some(control::leader::VoterChange { voters: change, .. }) = control::leader::voter_change(
+        let decided = control::leader::voter_change(
             self.id,
             &voters,
             self.config.voters_max,
-            Some(new_id),
+            candidate.as_ref().map(|(id, _)| *id),
             &down_ms,
             leading_for_ms,
             self.config.voter_replace_after_ms,
-        ) else {
+        );
+        let (Some(control::leader::VoterChange { promote: new_id, voters: change }), Some((_, new_node))) = (decided, candidate) else {
             return;
         };
         self.membership_busy.store(true, Ordering::SeqCst);
