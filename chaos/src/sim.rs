@@ -240,6 +240,8 @@ struct LeaderMemory {
     declared_down_ms: Vec<u64>,
     launches_sent: control::leader::Resend<control::leader::SendKey>,
     kills_sent: control::leader::Resend<control::leader::SendKey>,
+    /// The last pass, if it changed nothing (`control::leader::pass_due`).
+    idle_pass: Option<control::leader::IdlePass>,
 }
 
 impl LeaderMemory {
@@ -249,6 +251,7 @@ impl LeaderMemory {
             declared_down_ms: Vec::new(),
             launches_sent: control::leader::Resend::new(resend_after_ms),
             kills_sent: control::leader::Resend::new(resend_after_ms),
+            idle_pass: None,
         }
     }
 }
@@ -269,7 +272,8 @@ struct Sim {
     spans: Vec<ProcessSpan>,
     report: SimReport,
     trace: Vec<String>,
-    dirty: bool,
+    /// Commands applied so far (the simulated log's last index).
+    applied: u64,
     /// Jobs a node crash or partition could have cost a run (for the requeue checks).
     lost_runs: BTreeSet<JobId>,
 }
@@ -346,7 +350,7 @@ impl Sim {
             spans: Vec::new(),
             report: SimReport { seed, ..SimReport::default() },
             trace: Vec::new(),
-            dirty: true,
+            applied: 0,
             lost_runs: BTreeSet::new(),
         }
     }
@@ -371,7 +375,7 @@ impl Sim {
 
     fn apply(&mut self, cmd: Command) -> CommandResult {
         self.report.commands += 1;
-        self.dirty = true;
+        self.applied += 1;
         let text = if self.cfg.keep_trace { format!("{cmd:?}") } else { String::new() };
         let result = self.state.apply(&cmd);
         self.log(|| format!("apply {text} -> {result:?}"));
@@ -445,11 +449,17 @@ impl Sim {
             return;
         }
         self.check_liveness();
-        // Scheduling (a pure function of the state: skipped when nothing changed, and when the
-        // leader would skip it: `control::leader::pass_needed`).
-        if self.dirty && control::leader::pass_needed(self.state.jobs.values(), self.state.nodes.values()) {
-            self.dirty = false;
+        // Scheduling, skipped when the leader would skip it (`control::leader::pass_needed`,
+        // `pass_due`).
+        if control::leader::pass_needed(self.state.jobs.values(), self.state.nodes.values())
+            && control::leader::pass_due(self.mem.idle_pass.as_ref(), self.applied, self.now_ms)
+        {
             let plan = scheduler::schedule(&self.state.scheduler_view(), self.now_ms);
+            self.mem.idle_pass = plan.changes_nothing().then_some(control::leader::IdlePass {
+                applied_index: self.applied,
+                at_ms: self.now_ms,
+                wake_ms: plan.wake_ms,
+            });
             if !plan.placements.is_empty() {
                 let array_tasks: Vec<(u32, u32)> = plan.array_tasks.iter().map(|a| (a.placement as u32, a.task)).collect();
                 self.apply(Command::Plan { placements: plan.placements, array_tasks, now_ms: self.now_ms });

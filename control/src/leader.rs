@@ -2,7 +2,7 @@
 //! send a job's launches and stops to ([`launch_targets`], [`stops`]), and when a send is due
 //! again ([`Resend`], whose memory is bounded by what one re-send period sends); when it
 //! promotes an agent to voter ([`voter_change`]); whether it has a scheduling pass to run at all
-//! ([`pass_needed`]).
+//! ([`pass_needed`]) and whether one may decide anything new ([`pass_due`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -176,6 +176,34 @@ pub fn pass_needed<'a>(mut jobs: impl Iterator<Item = &'a Job>, mut nodes: impl 
     jobs.any(|j| j.state == JobState::Pending && !j.spec.hold) || nodes.any(|n| n.mig_pins_unapplied().next().is_some())
 }
 
+/// How often at most the leader skips a pass that would see what the last one saw: time alone
+/// changes priorities (age), fair shares (decay) and backfill windows (jobs past their
+/// limits) slowly, and a pass once a second follows them. (Slurm's main scheduler runs on
+/// events and every `sched_interval`, 60 s by default.)
+pub const PASS_REFRESH_MS: u64 = 1_000;
+
+/// A scheduling pass that changed nothing: the applied state it saw (its last log index), when
+/// it ran and when time alone next changes a pending job's chances (`scheduler::Plan::wake_ms`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IdlePass {
+    pub applied_index: u64,
+    pub at_ms: u64,
+    pub wake_ms: Option<u64>,
+}
+
+/// Whether a pass may decide what the last one did not, so that it is worth running: after a
+/// pass that changed something (`last_idle` none), a change of the state, a pending job's
+/// wake time, or [`PASS_REFRESH_MS`]. The pass is a pure function of the state and the time,
+/// so at rest with a job that cannot start, a leader of 5,000 nodes does not rebuild their
+/// view every tick to learn again that it cannot.
+pub fn pass_due(last_idle: Option<&IdlePass>, applied_index: u64, now_ms: u64) -> bool {
+    let Some(last) = last_idle else { return true };
+    last.applied_index != applied_index
+        || now_ms < last.at_ms
+        || now_ms >= last.at_ms.saturating_add(PASS_REFRESH_MS)
+        || last.wake_ms.is_some_and(|w| now_ms >= w)
+}
+
 /// A change of the voters: `promote` joins them, and `voters` is the whole new set.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VoterChange {
@@ -315,6 +343,20 @@ pub(crate) mod tests {
         std::sync::Arc::make_mut(&mut waiting.spec).hold = false;
         assert!(pass_needed([&held, &waiting].into_iter(), std::iter::empty()));
         assert!(!pass_needed(std::iter::empty(), std::iter::empty()));
+    }
+
+    #[test]
+    fn a_pass_that_changed_nothing_runs_again_on_a_change_a_wake_time_or_the_refresh() {
+        assert!(pass_due(None, 7, 1_000), "after a pass that changed something");
+        let idle = IdlePass { applied_index: 7, at_ms: 1_000, wake_ms: Some(1_300) };
+        assert!(!pass_due(Some(&idle), 7, 1_000));
+        assert!(!pass_due(Some(&idle), 7, 1_299), "nothing changed yet");
+        assert!(pass_due(Some(&idle), 7, 1_300), "a job's begin time");
+        assert!(pass_due(Some(&idle), 8, 1_001), "a new entry applied");
+        let idle = IdlePass { wake_ms: None, ..idle };
+        assert!(!pass_due(Some(&idle), 7, 1_000 + PASS_REFRESH_MS - 1));
+        assert!(pass_due(Some(&idle), 7, 1_000 + PASS_REFRESH_MS), "time's slow drifts");
+        assert!(pass_due(Some(&idle), 7, 999), "a clock stepped back");
     }
 
     #[test]

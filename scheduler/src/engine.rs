@@ -36,6 +36,18 @@ pub struct Plan {
     pub reservation: Option<Reservation>,
     /// Pending jobs in the order they were considered, with their priority.
     pub queue: Vec<(JobId, u64)>,
+    /// The first time after `now_ms` at which a pending job's chances change with time alone:
+    /// a begin time, or the end of a wait for fewer switches. (Slower drifts, such as priority
+    /// age, fair-share decay and the backfill windows of jobs past their limits, have no one
+    /// time; a caller that skips passes refreshes them on a period.)
+    pub wake_ms: Option<u64>,
+}
+
+impl Plan {
+    /// Whether carrying the plan out changes nothing: no start, preemption or MIG layout.
+    pub fn changes_nothing(&self) -> bool {
+        self.placements.is_empty() && self.preemptions.is_empty() && self.mig_layouts.is_empty()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -406,6 +418,7 @@ impl<'v> Pass<'v> {
             .collect();
         queue.sort_by_key(|&i| (Reverse(self.prio[i]), view.jobs[i].submit_ms, view.jobs[i].id));
         self.plan.queue = queue.iter().map(|&i| (view.jobs[i].id, self.prio[i])).collect();
+        self.plan.wake_ms = queue.iter().filter_map(|&i| self.wake_ms(&view.jobs[i])).min();
         for &i in &queue {
             if self.starts_left() == 0 {
                 self.plan.pending.insert(view.jobs[i].id, vec![PACED.to_string()]);
@@ -687,6 +700,13 @@ impl<'v> Pass<'v> {
         let key = (j.constraint.clone(), j.nodelist.clone(), j.exclude.clone());
         let next = self.lists_ix.len() as u32 + 1;
         *self.lists_ix.entry(key).or_insert(next)
+    }
+
+    /// When `j`'s chances change with time alone, if after now (see `Plan::wake_ms`).
+    fn wake_ms(&self, j: &JobRequest) -> Option<u64> {
+        let begin = j.begin_ms.filter(|&b| b > self.now_ms);
+        let switches = j.switches.map(|(_, wait_ms)| j.submit_ms.saturating_add(wait_ms)).filter(|&t| t > self.now_ms);
+        begin.into_iter().chain(switches).min()
     }
 
     fn switch_strict(&self, j: &JobRequest) -> Option<u32> {

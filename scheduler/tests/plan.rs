@@ -107,7 +107,12 @@ fn switches_limit_waits_then_relaxes() {
         plan.pending[&20][0],
         "needs 4 nodes on at most 1 leaf switch(es); the best free set spans 2 (waits for that until 1970-01-01 00:10:00 UTC)"
     );
+    // The wait's end changes the job's chances with time alone: a caller skipping idle passes
+    // runs one then.
+    assert_eq!(plan.wake_ms, Some(10 * MIN));
+    assert!(plan.changes_nothing());
     let plan = c.schedule(11 * MIN);
+    assert_eq!(plan.wake_ms, None);
     let got: Vec<u64> = gpus_of(&plan, 20).into_iter().map(|(n, _)| n).collect();
     assert_eq!(got, vec![3, 4, 7, 8]);
 }
@@ -439,6 +444,8 @@ fn a_pending_job_carries_all_its_reasons() {
     c.view.config.explain_ineligible = false;
     let lean = c.schedule(1000);
     assert_eq!(lean.pending[&7], vec!["job is held", "begins at 1970-01-01 14:05:00 UTC", "dependency afterok:3"]);
+    assert_eq!(plan.wake_ms, Some(14 * HOUR + 5 * MIN), "the begin time, even of a held job");
+    assert!(lean.changes_nothing());
     assert_eq!((lean.placements, lean.preemptions, lean.queue), (plan.placements, plan.preemptions, plan.queue));
 }
 

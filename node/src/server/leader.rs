@@ -38,6 +38,8 @@ pub(super) struct LeaderMemory {
     pub(super) launch_calls: HashMap<NodeId, Arc<tokio::sync::Semaphore>>,
     /// How the last pass was paced, to say when pacing starts and ends.
     pub(super) paced: Option<crate::pacing::Paced>,
+    /// The last pass, if it changed nothing (`control::leader::pass_due`).
+    pub(super) idle_pass: Option<control::leader::IdlePass>,
 }
 
 impl Default for LeaderMemory {
@@ -56,6 +58,7 @@ impl Default for LeaderMemory {
             archived_at: None,
             launch_calls: HashMap::new(),
             paced: None,
+            idle_pass: None,
         }
     }
 }
@@ -226,6 +229,11 @@ impl Node {
         if !self.state.read(|s| control::leader::pass_needed(s.jobs.values(), s.nodes.values())) {
             return;
         }
+        // Read before the view: a change applied meanwhile only makes the next pass due.
+        let applied_index = self.state.applied_index();
+        if !control::leader::pass_due(lock(&self.memory).idle_pass.as_ref(), applied_index, now_ms()) {
+            return;
+        }
         let (starts_max, paced) = crate::pacing::starts_per_pass_max(&self.leader_load());
         self.say_paced(paced, starts_max);
         if starts_max == 0 {
@@ -240,6 +248,8 @@ impl Node {
         let started = Instant::now();
         let plan = scheduler::schedule(&view, now);
         let pass_ms = started.elapsed().as_millis() as u64;
+        lock(&self.memory).idle_pass =
+            plan.changes_nothing().then_some(control::leader::IdlePass { applied_index, at_ms: now, wake_ms: plan.wake_ms });
         for (job, action) in &plan.preemptions {
             let cmd = match action {
                 scheduler::PreemptAction::Requeue => Command::Requeue { job: *job, reason: "preempted".into(), now_ms: now },
