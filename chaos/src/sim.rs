@@ -235,7 +235,11 @@ impl SimNode {
 }
 
 struct LeaderMemory {
+    /// When this leader began leading.
+    since_ms: u64,
     last_seen_ms: BTreeMap<NodeId, u64>,
+    /// When a node last returned to this leader (`control::leader::rejoin_held`).
+    returned_ms: Option<u64>,
     /// When this leader declared nodes down (for the mass-silence rule).
     declared_down_ms: Vec<u64>,
     launches_sent: control::leader::Resend<control::leader::SendKey>,
@@ -245,9 +249,11 @@ struct LeaderMemory {
 }
 
 impl LeaderMemory {
-    fn new(resend_after_ms: u64) -> LeaderMemory {
+    fn new(resend_after_ms: u64, since_ms: u64) -> LeaderMemory {
         LeaderMemory {
+            since_ms,
             last_seen_ms: BTreeMap::new(),
+            returned_ms: None,
             declared_down_ms: Vec::new(),
             launches_sent: control::leader::Resend::new(resend_after_ms),
             kills_sent: control::leader::Resend::new(resend_after_ms),
@@ -332,7 +338,7 @@ impl Sim {
                 next_heartbeat_ms: rng.gen_range(0..cfg.heartbeat_interval_ms),
             });
         }
-        let mut mem = LeaderMemory::new(cfg.resend_after_ms);
+        let mut mem = LeaderMemory::new(cfg.resend_after_ms, 0);
         for n in &nodes {
             mem.last_seen_ms.insert(n.id, 0);
         }
@@ -428,7 +434,10 @@ impl Sim {
         match msg {
             ToLeader::Heartbeat { node, instance, sent_ms } => {
                 let Some(rec) = self.state.nodes.get(&node).map(|n| (n.state, n.instance)) else { return };
-                self.mem.last_seen_ms.insert(node, self.now_ms);
+                let since = self.mem.last_seen_ms.insert(node, self.now_ms).unwrap_or(self.mem.since_ms);
+                if control::leader::is_return(self.now_ms.saturating_sub(since), self.cfg.node_down_after_ms) {
+                    self.mem.returned_ms = Some(self.now_ms);
+                }
                 if rec.0 == proto::NodeState::Down || rec.1 != instance {
                     self.apply(Command::NodeUp { node, instance, now_ms: self.now_ms });
                 }
@@ -492,6 +501,10 @@ impl Sim {
         let silent_ms: Vec<(NodeId, u64)> =
             candidates.iter().map(|id| (*id, now.saturating_sub(*self.mem.last_seen_ms.entry(*id).or_insert(now)))).collect();
         let grace_ms = self.cfg.node_down_after_ms;
+        let leading_for_ms = now.saturating_sub(self.mem.since_ms);
+        let quiet_ms = self.mem.returned_ms.map_or(leading_for_ms, |at| now.saturating_sub(at));
+        let rejoin = control::leader::Rejoin { leading_for_ms, quiet_ms };
+        let (silent_ms, _) = control::leader::rejoin_held(&silent_ms, rejoin, grace_ms);
         self.mem.declared_down_ms.retain(|at| now.saturating_sub(*at) <= grace_ms);
         let verdict = control::leader::nodes_down(&silent_ms, grace_ms, self.mem.declared_down_ms.len());
         for id in verdict.down {
@@ -780,7 +793,7 @@ impl Sim {
                 *self.report.faults.entry("failover").or_default() += 1;
                 self.leader_down_until_ms = self.now_ms + ms;
                 // The new leader starts with fresh memory: every node gets a fresh grace period.
-                self.mem = LeaderMemory::new(self.cfg.resend_after_ms);
+                self.mem = LeaderMemory::new(self.cfg.resend_after_ms, self.leader_down_until_ms);
                 for id in self.state.nodes.keys() {
                     self.mem.last_seen_ms.insert(*id, self.leader_down_until_ms);
                 }

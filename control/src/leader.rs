@@ -2,7 +2,8 @@
 //! send a job's launches and stops to ([`launch_targets`], [`stops`]), and when a send is due
 //! again ([`Resend`], whose memory is bounded by what one re-send period sends); when it
 //! promotes an agent to voter ([`voter_change`]); whether it has a scheduling pass to run at all
-//! ([`pass_needed`]) and whether one may decide anything new ([`pass_due`]).
+//! ([`pass_needed`]) and whether one may decide anything new ([`pass_due`]); which nodes a new
+//! leader still waits for ([`rejoin_held`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -42,6 +43,46 @@ pub fn nodes_down(silent_ms: &[(NodeId, u64)], down_after_ms: u64, recent_downs:
     }
     let (down, held): (Vec<_>, Vec<_>) = due.into_iter().partition(|(_, ms)| *ms > down_after_ms * MASS_DOWN_GRACES);
     DownVerdict { down: down.into_iter().map(|(id, _)| id).collect(), held: held.into_iter().map(|(id, _)| id).collect() }
+}
+
+/// How long at most, in grace periods from its start, a leader waits for the nodes still on
+/// their way back to it (see [`rejoin_held`]). Only a herd still returning that long is cut
+/// short: at 5,000 simulated nodes on a saturated 2-core host some took 19 s (4.2 grace
+/// periods of 4.5 s); a failover that ends sooner ends the wait sooner. 27 s at 4.5 s, against
+/// Kubernetes' 40 s for any silent node and Nomad's 5 minutes after a failover.
+pub const REJOIN_GRACES_MAX: u64 = 6;
+
+/// Whether hearing a node after `silent_ms` of silence is a return (see [`rejoin_held`]): more
+/// than half a grace period, counted for a new leader from its start.
+pub fn is_return(silent_ms: u64, down_after_ms: u64) -> bool {
+    silent_ms > down_after_ms / 2
+}
+
+/// Where a leader stands in its nodes' return: how long it has led, and how long since it last
+/// heard a node return ([`is_return`]; `quiet_ms` is as long as it has led if none did yet).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rejoin {
+    pub leading_for_ms: u64,
+    pub quiet_ms: u64,
+}
+
+/// Splits `silent_ms` (as for [`nodes_down`]) into the nodes to judge now and the due ones
+/// held back because nodes are still on their way back to a new leader: while a node returned
+/// within the last half grace period, and for at most [`REJOIN_GRACES_MAX`] grace periods of
+/// the term, no node is declared down. After a failover every node re-connects at once; on a
+/// loaded host the last of thousands arrive after more than one grace period, some heard once
+/// (a beat a relay passed on late) and silent again while they look for a member with room for
+/// their handshake, and declaring them down would requeue the jobs of live nodes. Once returns
+/// stop, every node is judged as usual: a node that died with the old leader is declared down
+/// half a grace period after the last return. Holding a `NodeDown` back is always safe (a node
+/// no leader acknowledged fences itself); it only delays a requeue.
+pub fn rejoin_held(silent_ms: &[(NodeId, u64)], rejoin: Rejoin, down_after_ms: u64) -> (Vec<(NodeId, u64)>, Vec<NodeId>) {
+    let returning = rejoin.leading_for_ms <= down_after_ms.saturating_mul(REJOIN_GRACES_MAX) && rejoin.quiet_ms < down_after_ms / 2;
+    if !returning {
+        return (silent_ms.to_vec(), Vec::new());
+    }
+    let (held, judged): (Vec<_>, Vec<_>) = silent_ms.iter().partition(|(_, ms)| *ms > down_after_ms);
+    (judged, held.into_iter().map(|(id, _)| id).collect())
 }
 
 /// The nodes a launch of `job`'s current run goes to now: every part not yet confirmed, except
@@ -357,6 +398,25 @@ pub(crate) mod tests {
         assert!(!pass_due(Some(&idle), 7, 1_000 + PASS_REFRESH_MS - 1));
         assert!(pass_due(Some(&idle), 7, 1_000 + PASS_REFRESH_MS), "time's slow drifts");
         assert!(pass_due(Some(&idle), 7, 999), "a clock stepped back");
+    }
+
+    #[test]
+    fn due_nodes_wait_while_others_still_return_for_six_grace_periods_at_most() {
+        assert!(!is_return(2_250, 4_500) && is_return(2_251, 4_500));
+        let silent = [(1, 5_000), (2, 100), (3, 4_000)];
+        // A node returned 1 s ago: node 1 (due) waits; the others are not due.
+        let returning = Rejoin { leading_for_ms: 5_000, quiet_ms: 1_000 };
+        let (judged, held) = rejoin_held(&silent, returning, 4_500);
+        assert_eq!((judged.clone(), held), (vec![(2, 100), (3, 4_000)], vec![1]));
+        assert_eq!(nodes_down(&judged, 4_500, 0), DownVerdict::default());
+        // Returns stopped half a grace ago: every node is judged.
+        let settled = Rejoin { leading_for_ms: 5_000, quiet_ms: 2_250 };
+        assert_eq!(rejoin_held(&silent, settled, 4_500), (silent.to_vec(), vec![]));
+        assert_eq!(nodes_down(&silent, 4_500, 0).down, vec![1]);
+        // Still returning after six grace periods: judged all the same.
+        let late = Rejoin { leading_for_ms: 6 * 4_500 + 1, quiet_ms: 0 };
+        assert_eq!(rejoin_held(&silent, Rejoin { leading_for_ms: 6 * 4_500, ..late }, 4_500).1, vec![1]);
+        assert_eq!(rejoin_held(&silent, late, 4_500), (silent.to_vec(), vec![]));
     }
 
     #[test]

@@ -28,7 +28,7 @@ impl Node {
                 match known {
                     None => refused.push((beat.node, ApiError::NotFound(format!("node {}", beat.node)))),
                     Some((state, recorded)) => {
-                        mem.last_seen.insert(beat.node, seen_at);
+                        mem.heard_from(beat.node, seen_at, self.config.node_down_after_ms);
                         if state == NodeState::Down || recorded != beat.instance {
                             back.push(*beat);
                         }

@@ -18,6 +18,8 @@ pub(super) struct LeaderMemory {
     /// The origin of the millisecond clock the pure decisions (`control::leader`) are given.
     pub(super) epoch: Instant,
     pub(super) last_seen: HashMap<NodeId, Instant>,
+    /// When a node last returned to this leader (`control::leader::rejoin_held`).
+    pub(super) returned_at: Option<Instant>,
     /// Sends of launches and stops not yet answered through the log, to re-send after
     /// `RESEND_AFTER_MS` (pruned every pass: at most what one period sent).
     pub(super) launches_sent: control::leader::Resend<control::leader::SendKey>,
@@ -29,6 +31,8 @@ pub(super) struct LeaderMemory {
     /// How many nodes a mass silence holds back from `NodeDown` (`control::leader::nodes_down`), to
     /// say so when it starts and ends.
     pub(super) held_down: usize,
+    /// How many due nodes the wait for nodes still returning holds (`rejoin_held`), likewise.
+    pub(super) rejoin_held: usize,
     /// When this leader declared nodes down, within the last grace period (at most one entry
     /// per node: a node is declared down once until it is back).
     pub(super) declared_down: std::collections::VecDeque<Instant>,
@@ -48,12 +52,14 @@ impl Default for LeaderMemory {
             term: None,
             epoch: Instant::now(),
             last_seen: HashMap::new(),
+            returned_at: None,
             launches_sent: control::leader::Resend::new(RESEND_AFTER_MS),
             kills_sent: control::leader::Resend::new(RESEND_AFTER_MS),
             suspends_sent: control::leader::Resend::new(RESEND_AFTER_MS),
             suspends_acked: control::leader::SuspendAcks::new(),
             layouts_sent: HashMap::new(),
             held_down: 0,
+            rejoin_held: 0,
             declared_down: std::collections::VecDeque::new(),
             archived_at: None,
             launch_calls: HashMap::new(),
@@ -64,6 +70,16 @@ impl Default for LeaderMemory {
 }
 
 impl LeaderMemory {
+    /// Node `id` was heard at `at` (a heartbeat or a registration); `down_after_ms` tells
+    /// whether it returned (`control::leader::is_return`).
+    pub(super) fn heard_from(&mut self, id: NodeId, at: Instant, down_after_ms: u64) {
+        // A node not heard yet in this term counts from the term's start.
+        let since = self.last_seen.insert(id, at).unwrap_or(self.epoch);
+        if control::leader::is_return(at.saturating_duration_since(since).as_millis() as u64, down_after_ms) {
+            self.returned_at = Some(at);
+        }
+    }
+
     /// Milliseconds on this memory's clock (monotonic).
     fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
@@ -117,27 +133,31 @@ impl Node {
 
     async fn check_liveness(&self) {
         let down_after_ms = self.config.node_down_after_ms;
-        let candidates: Vec<(NodeId, String)> =
-            self.state.read(|s| s.nodes.values().filter(|n| n.state != NodeState::Down).map(|n| (n.id, n.name.clone())).collect());
-        let (silent_ms, recent_downs) = {
+        let candidates: Vec<NodeId> = self.state.read(|s| s.nodes.values().filter(|n| n.state != NodeState::Down).map(|n| n.id).collect());
+        let (judged, rejoining, recent_downs) = {
             let mut mem = lock(&self.memory);
             let silent: Vec<(NodeId, u64)> = candidates
                 .iter()
-                .map(|(id, _)| (*id, mem.last_seen.entry(*id).or_insert_with(Instant::now).elapsed().as_millis() as u64))
+                .map(|id| (*id, mem.last_seen.entry(*id).or_insert_with(Instant::now).elapsed().as_millis() as u64))
                 .collect();
+            let leading_for_ms = mem.now_ms();
+            let quiet_ms = mem.returned_at.map_or(leading_for_ms, |at| at.elapsed().as_millis() as u64);
+            let rejoin = control::leader::Rejoin { leading_for_ms, quiet_ms };
+            let (judged, rejoining) = control::leader::rejoin_held(&silent, rejoin, down_after_ms);
             let grace = Duration::from_millis(down_after_ms);
             while mem.declared_down.front().is_some_and(|at| at.elapsed() > grace) {
                 mem.declared_down.pop_front();
             }
-            (silent, mem.declared_down.len())
+            (judged, rejoining, mem.declared_down.len())
         };
-        let verdict = control::leader::nodes_down(&silent_ms, down_after_ms, recent_downs);
-        self.say_held(verdict.held.len());
+        let verdict = control::leader::nodes_down(&judged, down_after_ms, recent_downs);
+        self.say_held(verdict.held.len(), rejoining.len());
         if verdict.down.is_empty() {
             return;
         }
-        let silent: HashMap<NodeId, u64> = silent_ms.into_iter().collect();
-        let names: HashMap<NodeId, String> = candidates.into_iter().collect();
+        let silent: HashMap<NodeId, u64> = judged.into_iter().collect();
+        let names: HashMap<NodeId, String> =
+            self.state.read(|s| verdict.down.iter().filter_map(|id| Some((*id, s.nodes.get(id)?.name.clone()))).collect());
         // Proposed together, the group commit packs them into a few entries.
         let now = now_ms();
         let downs = verdict.down.iter().map(|id| {
@@ -159,9 +179,18 @@ impl Node {
         }
     }
 
-    /// Says once when a mass silence starts holding nodes back from `NodeDown`, and when it ends.
-    fn say_held(&self, held: usize) {
-        let before = std::mem::replace(&mut lock(&self.memory).held_down, held);
+    /// Says once when a mass silence or a new leader's wait for its nodes (`rejoining`) starts
+    /// holding nodes back from `NodeDown`, and when it ends.
+    fn say_held(&self, held: usize, rejoining: usize) {
+        let (before, rejoining_before) = {
+            let mut mem = lock(&self.memory);
+            (std::mem::replace(&mut mem.held_down, held), std::mem::replace(&mut mem.rejoin_held, rejoining))
+        };
+        if rejoining > 0 && rejoining_before == 0 {
+            info!(nodes = rejoining, "nodes still return to this new leader: holding the silent ones back from NodeDown meanwhile");
+        } else if rejoining == 0 && rejoining_before > 0 {
+            info!(nodes = rejoining_before, "the nodes' return is over: silent nodes are judged again");
+        }
         if held > 0 && before == 0 {
             warn!(
                 nodes = held,

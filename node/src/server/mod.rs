@@ -1245,7 +1245,7 @@ impl Node {
         let cmd = Command::RegisterNode { name: name.clone(), addr, inventory, instance, cert_fingerprint, now_ms: now };
         match self.propose(cmd).await? {
             CommandResult::NodeRegistered { id } => {
-                lock(&self.memory).last_seen.insert(id, Instant::now());
+                lock(&self.memory).heard_from(id, Instant::now(), self.config.node_down_after_ms);
                 info!(node = %name, id, "node registered");
                 self.kick.notify_one();
                 Ok(Reply::Joined { id, name })
