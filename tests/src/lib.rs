@@ -138,8 +138,17 @@ impl TestCluster {
         }
         let link = dir.join(name);
         let path = format!("{}:{}", dir.display(), std::env::var("PATH").unwrap_or_default());
-        Command::new(&link)
-            .args(args)
+        let mut cmd = Command::new(&link);
+        // As at a terminal, SIGHUP at its default: a test run under `nohup` ignores it, and
+        // that disposition would pass to the command salloc hangs up at its time limit.
+        // SAFETY: signal(2) is async-signal-safe; the closure allocates nothing.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                libc::signal(libc::SIGHUP, libc::SIG_DFL);
+                Ok(())
+            });
+        }
+        cmd.args(args)
             .env("CORRAL_CLUSTER", self.path())
             .env("PATH", path)
             .envs(env.iter().copied())
