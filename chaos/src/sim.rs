@@ -504,7 +504,7 @@ impl Sim {
         let leading_for_ms = now.saturating_sub(self.mem.since_ms);
         let quiet_ms = self.mem.returned_ms.map_or(leading_for_ms, |at| now.saturating_sub(at));
         let rejoin = control::leader::Rejoin { leading_for_ms, quiet_ms };
-        let (silent_ms, _) = control::leader::rejoin_held(&silent_ms, rejoin, grace_ms);
+        let (silent_ms, _) = control::leader::rejoin_held(silent_ms, rejoin, grace_ms);
         self.mem.declared_down_ms.retain(|at| now.saturating_sub(*at) <= grace_ms);
         let verdict = control::leader::nodes_down(&silent_ms, grace_ms, self.mem.declared_down_ms.len());
         for id in verdict.down {

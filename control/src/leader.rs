@@ -76,12 +76,12 @@ pub struct Rejoin {
 /// stop, every node is judged as usual: a node that died with the old leader is declared down
 /// half a grace period after the last return. Holding a `NodeDown` back is always safe (a node
 /// no leader acknowledged fences itself); it only delays a requeue.
-pub fn rejoin_held(silent_ms: &[(NodeId, u64)], rejoin: Rejoin, down_after_ms: u64) -> (Vec<(NodeId, u64)>, Vec<NodeId>) {
+pub fn rejoin_held(silent_ms: Vec<(NodeId, u64)>, rejoin: Rejoin, down_after_ms: u64) -> (Vec<(NodeId, u64)>, Vec<NodeId>) {
     let returning = rejoin.leading_for_ms <= down_after_ms.saturating_mul(REJOIN_GRACES_MAX) && rejoin.quiet_ms < down_after_ms / 2;
     if !returning {
-        return (silent_ms.to_vec(), Vec::new());
+        return (silent_ms, Vec::new());
     }
-    let (held, judged): (Vec<_>, Vec<_>) = silent_ms.iter().partition(|(_, ms)| *ms > down_after_ms);
+    let (held, judged): (Vec<_>, Vec<_>) = silent_ms.into_iter().partition(|(_, ms)| *ms > down_after_ms);
     (judged, held.into_iter().map(|(id, _)| id).collect())
 }
 
@@ -406,17 +406,17 @@ pub(crate) mod tests {
         let silent = [(1, 5_000), (2, 100), (3, 4_000)];
         // A node returned 1 s ago: node 1 (due) waits; the others are not due.
         let returning = Rejoin { leading_for_ms: 5_000, quiet_ms: 1_000 };
-        let (judged, held) = rejoin_held(&silent, returning, 4_500);
+        let (judged, held) = rejoin_held(silent.to_vec(), returning, 4_500);
         assert_eq!((judged.clone(), held), (vec![(2, 100), (3, 4_000)], vec![1]));
         assert_eq!(nodes_down(&judged, 4_500, 0), DownVerdict::default());
         // Returns stopped half a grace ago: every node is judged.
         let settled = Rejoin { leading_for_ms: 5_000, quiet_ms: 2_250 };
-        assert_eq!(rejoin_held(&silent, settled, 4_500), (silent.to_vec(), vec![]));
+        assert_eq!(rejoin_held(silent.to_vec(), settled, 4_500), (silent.to_vec(), vec![]));
         assert_eq!(nodes_down(&silent, 4_500, 0).down, vec![1]);
         // Still returning after six grace periods: judged all the same.
         let late = Rejoin { leading_for_ms: 6 * 4_500 + 1, quiet_ms: 0 };
-        assert_eq!(rejoin_held(&silent, Rejoin { leading_for_ms: 6 * 4_500, ..late }, 4_500).1, vec![1]);
-        assert_eq!(rejoin_held(&silent, late, 4_500), (silent.to_vec(), vec![]));
+        assert_eq!(rejoin_held(silent.to_vec(), Rejoin { leading_for_ms: 6 * 4_500, ..late }, 4_500).1, vec![1]);
+        assert_eq!(rejoin_held(silent.to_vec(), late, 4_500), (silent.to_vec(), vec![]));
     }
 
     #[test]

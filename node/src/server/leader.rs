@@ -143,7 +143,7 @@ impl Node {
             let leading_for_ms = mem.now_ms();
             let quiet_ms = mem.returned_at.map_or(leading_for_ms, |at| at.elapsed().as_millis() as u64);
             let rejoin = control::leader::Rejoin { leading_for_ms, quiet_ms };
-            let (judged, rejoining) = control::leader::rejoin_held(&silent, rejoin, down_after_ms);
+            let (judged, rejoining) = control::leader::rejoin_held(silent, rejoin, down_after_ms);
             let grace = Duration::from_millis(down_after_ms);
             while mem.declared_down.front().is_some_and(|at| at.elapsed() > grace) {
                 mem.declared_down.pop_front();
