@@ -31,11 +31,12 @@ const PATIENCE: Duration = Duration::from_secs(30);
 /// Jobs submitted (then cancelled) per round of the fill.
 const FILL_BATCH: usize = 2_000;
 
-/// A job that never fits (9 GPUs on 8-GPU nodes) with a realistic environment of 2 KB.
+/// A job submitted held (`--hold`: it never starts) with a realistic environment of 2 KB.
 fn held_spec(workdir: &str) -> JobSpec {
     let mut spec = JobSpec::command(vec!["true".into()], workdir, "bench");
     spec.name = "bench-history".into();
-    spec.gres = Some(GresRequest { gpu_type: None, count: 9 });
+    spec.gres = Some(GresRequest { gpu_type: None, count: 1 });
+    spec.hold = true;
     spec.mem_mib = 256;
     spec.output = Some("/dev/null".into());
     for i in 0..40 {

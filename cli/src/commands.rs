@@ -68,6 +68,9 @@ pub struct SubmitArgs {
     partition: Option<String>,
     #[arg(long, short = 'q')]
     qos: Option<String>,
+    /// Submit the job held (as sbatch's `--hold`): it starts after `scontrol release JOBID`.
+    #[arg(long, short = 'H')]
+    hold: bool,
     /// Nodes the job spans; all start together or none.
     #[arg(long, short = 'N', default_value_t = 1)]
     nodes: u32,
@@ -197,6 +200,7 @@ pub fn build_spec(args: &SubmitArgs) -> anyhow::Result<JobSpec> {
     spec.nodes = args.nodes;
     spec.partition = args.partition.clone();
     spec.qos = args.qos.clone();
+    spec.hold = args.hold;
     spec.submit_host = hostname();
     spec.preflight = preflight;
     spec.set_batch(args.batch);
@@ -224,6 +228,11 @@ fn sbatch_overrides(args: &SubmitArgs) -> Vec<(&'static str, Option<String>)> {
     }
     if args.requeue {
         put("requeue", None);
+    }
+    args.partition.clone().into_iter().for_each(|v| put("partition", Some(v)));
+    args.qos.clone().into_iter().for_each(|v| put("qos", Some(v)));
+    if args.hold {
+        put("hold", None);
     }
     out
 }

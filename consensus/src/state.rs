@@ -1103,7 +1103,9 @@ impl ClusterState {
     /// everything it names exists): a partition that neither the policy nor any node's
     /// `partitions` names (the default partition always exists), a QoS the policy lacks
     /// (`normal`, every job's without one, always exists), MIG instances per node that no
-    /// node's MIG-mode GPUs could hold in any valid layout (`scheduler::mig::never_fits`). Slurm
+    /// node's MIG-mode GPUs could hold in any valid layout (`scheduler::mig::never_fits`), a gang
+    /// whose share per node (GPUs, CPUs, memory) too few of its partition's nodes have, in
+    /// whatever state (`scheduler::never_holds`). Slurm
     /// refuses these at submit; a job accepted with one would pend for ever. So is a job for a
     /// partition in state DRAIN or INACTIVE, as in Slurm. Accounts are checked apart
     /// ([`ClusterState::accounting_refusal`]).
@@ -1132,7 +1134,8 @@ impl ClusterState {
                 return Some(format!("Requested node configuration is not available: {why}"));
             }
         }
-        None
+        let nodes = self.nodes.values().map(|n| (n.name.as_str(), &*n.inventory));
+        scheduler::never_holds(nodes, self.policy.default_partition_name(), spec)
     }
 
     pub fn node_by_name(&self, name: &str) -> Option<&NodeRecord> {
@@ -1676,6 +1679,43 @@ mod tests {
         );
         assert_eq!(asking("gpu:3g.71gb:2"), None);
         assert_eq!(asking("gpu:1g.18gb:7"), None);
+    }
+
+    #[test]
+    fn a_gang_no_node_could_ever_hold_is_refused_at_submit_whatever_the_nodes_state() {
+        let mut s = with_node_n1(scheduler::testkit::dgx("h100"));
+        let asking = |s: &ClusterState, gres: &str, nodes: u32, edit: &dyn Fn(&mut JobSpec)| {
+            let mut spec = scheduler::testkit::spec(gres, nodes);
+            spec.mem_mib = 1024;
+            edit(&mut spec);
+            s.undefined_in_submission(&spec)
+        };
+        let same = |_: &mut JobSpec| {};
+        assert_eq!(
+            asking(&s, "gpu:9", 1, &same).as_deref(),
+            Some(
+                "Requested node configuration is not available: needs 1 node(s) with 9x gpu, 1 cpus and 1024 MiB each; \
+                 partition default has 0 (largest: 8x gpu, 112 cpus, 2097152 MiB)"
+            )
+        );
+        assert_eq!(asking(&s, "gpu:8", 1, &same), None);
+        assert!(asking(&s, "gpu:h100:9", 1, &same).is_some_and(|w| w.contains("with 9x gpu:h100")));
+        assert_eq!(asking(&s, "gpu:a100:9", 1, &same), None, "no node has the type: one may join");
+        assert_eq!(
+            asking(&s, "gpu:1", 2, &same).as_deref(),
+            Some("Node count specification invalid: needs 2 nodes; partition default has 1")
+        );
+        assert!(asking(&s, "", 1, &|x| x.cpus_per_task = 113).is_some());
+        assert!(asking(&s, "", 1, &|x| x.mem_mib = 3 * 1024 * 1024).is_some());
+        assert!(asking(&s, "", 1, &|x| x.constraint = vec!["ib".into()]).is_some(), "no node has the feature");
+        assert!(asking(&s, "", 1, &|x| x.exclude = vec!["n1".into()]).is_some());
+        s.policy.partitions.push(proto::PartitionDef { name: "gpu".into(), ..Default::default() });
+        assert_eq!(asking(&s, "", 1, &|x| x.partition = Some("gpu".into())), None, "no node of `gpu` yet: one may join");
+        // Down or drained, the node still counts: it may come back.
+        let id = s.nodes.values().map(|n| n.id).next().expect("n1");
+        s.apply(&Command::NodeDown { node: id, reason: "test".into(), now_ms: 1 });
+        assert_eq!(asking(&s, "gpu:8", 1, &same), None);
+        assert!(asking(&s, "gpu:9", 1, &same).is_some());
     }
 
     #[test]

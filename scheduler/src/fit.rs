@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use proto::{Allocation, NodeId};
+use proto::{Allocation, GpuInfo, Inventory, JobSpec, NodeId};
 
 use crate::mig;
 use crate::view::{decode_slot, JobRequest, NodeView, Slot};
@@ -120,6 +120,79 @@ impl std::error::Error for Misfit {}
 /// Whether `gres_type` names a MIG profile of some known model.
 pub fn is_mig_profile(gres_type: &str) -> bool {
     mig::Model::ALL.iter().any(|m| m.profile(gres_type).is_some())
+}
+
+/// Why no node of the cluster, whatever its state and load, could ever hold one node's share of
+/// a job of `spec`: fewer nodes than its gang of the job's partition (a node naming none is in
+/// `default_partition` only) have its constraint's features, are not excluded (and are listed,
+/// where the node list names the whole gang), and have as many GPUs of its whole-GPU type, CPUs
+/// and MiB as it asks per node. Counts the hardware, healthy or not, in MIG mode or not. Slurm
+/// refuses such a job at submit, in the words this returns; accepted, it would pend for ever
+/// (a gang larger than its partition: `Node count specification invalid`). `None` when enough nodes
+/// could, when the partition has no node yet (one may join; the job pends until then), and for
+/// a GPU type no node has whole (MIG profiles are [`mig::never_fits`]'s). Stops at the first
+/// `nodes` that could: a job that fits costs a look at a few nodes.
+pub fn never_holds<'a>(
+    nodes: impl IntoIterator<Item = (&'a str, &'a Inventory)>,
+    default_partition: &str,
+    spec: &JobSpec,
+) -> Option<String> {
+    let need = PerNode::of(spec);
+    let partition = spec.partition.as_deref().unwrap_or(default_partition);
+    let gpu_type = spec.gres.as_ref().and_then(|g| g.gpu_type.as_deref());
+    let whole = |g: &&GpuInfo| gpu_type.is_none_or(|t| g.gres_type == t);
+    let (mut members, mut capable, mut typed) = (0usize, 0usize, gpu_type.is_none());
+    let mut largest = PerNode { nodes: 0, gpus: 0, cpus: 0, mem_mib: 0 };
+    for (name, inv) in nodes {
+        let member = if inv.partitions.is_empty() { partition == default_partition } else { inv.partitions.iter().any(|p| p == partition) };
+        let listed = spec.nodelist.len() < need.nodes as usize || spec.nodelist.iter().any(|n| n == name);
+        if !member || !listed || spec.exclude.iter().any(|n| n == name) || !spec.constraint.iter().all(|c| inv.features.contains(c)) {
+            members += usize::from(member);
+            continue;
+        }
+        members += 1;
+        let gpus = inv.gpus.iter().filter(whole).count() as u32;
+        typed |= gpus > 0;
+        largest = largest.max(PerNode { nodes: 1, gpus, cpus: inv.cpus, mem_mib: inv.memory_mib });
+        if gpus >= need.gpus && inv.cpus >= need.cpus && inv.memory_mib >= need.mem_mib {
+            capable += 1;
+            if capable >= need.nodes as usize {
+                return None;
+            }
+        }
+    }
+    if members == 0 || !typed {
+        return None;
+    }
+    if members < need.nodes as usize {
+        return Some(format!("Node count specification invalid: needs {} nodes; partition {partition} has {members}", need.nodes));
+    }
+    let kind = gpu_type.map_or_else(|| "gpu".to_string(), |t| format!("gpu:{t}"));
+    Some(format!(
+        "Requested node configuration is not available: needs {} node(s) with {}x {kind}, {} cpus and {} MiB each; \
+         partition {partition} has {capable} (largest: {}x {kind}, {} cpus, {} MiB)",
+        need.nodes, need.gpus, need.cpus, need.mem_mib, largest.gpus, largest.cpus, largest.mem_mib
+    ))
+}
+
+/// What each node of a job's gang holds for it, from its spec (as [`crate::job_request`] takes it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PerNode {
+    pub nodes: u32,
+    pub gpus: u32,
+    pub cpus: u32,
+    pub mem_mib: u64,
+}
+
+impl PerNode {
+    pub fn of(spec: &JobSpec) -> PerNode {
+        PerNode {
+            nodes: spec.nodes.max(1),
+            gpus: spec.gpus(),
+            cpus: spec.cpus_per_task.saturating_mul(spec.ntasks_per_node.max(1)),
+            mem_mib: spec.mem_mib,
+        }
+    }
 }
 
 /// Static checks: everything but free resources (partition by the node's own list only).

@@ -23,7 +23,7 @@ pub mod topo;
 mod view;
 
 pub use engine::{fmt_duration_ms, fmt_time_ms, schedule, ArrayTaskStart, Binding, Plan, Reservation, NEVER, PACED};
-pub use fit::{fits, fits_gang, is_mig_profile, Misfit};
+pub use fit::{fits, fits_gang, is_mig_profile, never_holds, Misfit, PerNode};
 pub use view::{
     cpu_shares, decode_slot, job_request, job_request_current, mig_slot, node_view, ClusterView, GpuSlot, JobRequest, MigSlot, NodeView,
     NumaView, Partition, PreemptAction, PriorityWeights, Qos, SchedulerConfig, Slot, GPUS_PER_NODE_MAX, MIG_SLOT_BASE,

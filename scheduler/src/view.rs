@@ -337,6 +337,7 @@ impl JobRequest {
 /// The scheduler's view of a job from the replicated state.
 pub fn job_request(job: &proto::Job) -> JobRequest {
     let spec = &job.spec;
+    let need = crate::fit::PerNode::of(spec);
     JobRequest {
         id: job.id,
         array_started: Vec::new(),
@@ -348,11 +349,11 @@ pub fn job_request(job: &proto::Job) -> JobRequest {
         partition: spec.partition.clone(),
         qos: spec.qos.clone(),
         nice: spec.nice(),
-        nodes: spec.nodes.max(1),
-        gpus_per_node: spec.gpus(),
+        nodes: need.nodes,
+        gpus_per_node: need.gpus,
         gpu_type: spec.gres.as_ref().and_then(|g| g.gpu_type.clone()),
-        cpus_per_node: spec.cpus_per_task.saturating_mul(spec.ntasks_per_node.max(1)),
-        mem_per_node_mib: spec.mem_mib,
+        cpus_per_node: need.cpus,
+        mem_per_node_mib: need.mem_mib,
         constraint: spec.constraint.clone(),
         nodelist: spec.nodelist.clone(),
         exclude: spec.exclude.clone(),

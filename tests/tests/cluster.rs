@@ -190,7 +190,7 @@ fn a_resent_submission_gets_its_first_job_through_any_node_and_after_a_restart()
     assert_ne!(other, first, "a submission of its own");
     // Past a snapshot (the log with the key purged), then a restart of every node.
     for _ in 0..30 {
-        c.submit(&["--gres", "gpu:9"], &["true"]);
+        c.submit(&["--hold"], &["true"]);
     }
     assert!(c.json(&["cluster"])["purged_index"].as_u64().is_some(), "the log was purged after a snapshot");
     assert!(c.raw(&["dev", "down", "--dir", c.path_str()]).status.success());
@@ -205,7 +205,7 @@ fn a_resent_submission_gets_its_first_job_through_any_node_and_after_a_restart()
 fn whole_cluster_restart_keeps_every_acked_job_in_its_state() {
     let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:8"]);
     let done: Vec<u64> = (0..5).map(|_| c.submit(&["--gres", "gpu:1"], &["true"])).collect();
-    let pending: Vec<u64> = (0..5).map(|_| c.submit(&["--gres", "gpu:9"], &["true"])).collect();
+    let pending: Vec<u64> = (0..5).map(|_| c.submit(&["--hold"], &["true"])).collect();
     for id in &done {
         assert_eq!(c.wait_final(*id, Duration::from_secs(30))["state"], "COMPLETED");
     }
@@ -235,7 +235,7 @@ fn whole_cluster_restart_keeps_every_acked_job_in_its_state() {
 #[test]
 fn a_late_joiner_catches_up_from_a_snapshot() {
     let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:8", "--voters-max", "5", "--snapshot-logs", "20"]);
-    let ids: Vec<u64> = (0..60).map(|_| c.submit(&["--gres", "gpu:9"], &["true"])).collect();
+    let ids: Vec<u64> = (0..60).map(|_| c.submit(&["--hold"], &["true"])).collect();
     let leader_view = c.json(&["cluster"]);
     assert!(leader_view["purged_index"].as_u64().is_some(), "the log was purged after a snapshot: {leader_view}");
     let out = c.raw(&["dev", "up", "--dir", c.path_str(), "--nodes", "4", "--voters-max", "5", "--snapshot-logs", "20"]);

@@ -260,6 +260,20 @@ fn sbatch_test_only_says_when_and_where_without_submitting() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr)
         .starts_with("sbatch: error: Batch job submission failed: Requested node configuration is not available"));
+    // Submitted for real, as Slurm does: refused, with what the largest node has.
+    for (args, needs) in [
+        (&["--gres=gpu:h100:16"][..], "Requested node configuration is not available: needs 1 node(s) with 16x gpu:h100"),
+        (&["-N", "2", "--gres=gpu:1"][..], "Node count specification invalid: needs 2 nodes"),
+    ] {
+        let out = shim(&c, "sbatch", &[args, &["--wrap", "true"]].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.starts_with(&format!("sbatch: error: Batch job submission failed: {needs}"))
+                && stderr.contains("; partition default has "),
+            "{stderr}"
+        );
+    }
     let squeue = shim(&c, "squeue", &["-h"]);
     assert_eq!(String::from_utf8_lossy(&squeue.stdout), "", "nothing was submitted");
     // Every GPU busy for at most 5 minutes: the job would start when that ends, on n1.
