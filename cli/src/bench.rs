@@ -131,18 +131,75 @@ fn fdatasync_ms(dir: &std::path::Path, samples: usize) -> anyhow::Result<Vec<f64
     Ok(out)
 }
 
-/// A job that never fits (9 GPUs on 8-GPU nodes): it stays pending, like Slurm's held jobs.
+/// A job submitted held (`--hold`): it pends and holds nothing.
 fn held_spec(workdir: &str) -> JobSpec {
     let mut spec = JobSpec::command(vec!["true".into()], workdir, "bench");
     spec.name = "bench-held".into();
-    spec.gres = Some(GresRequest { gpu_type: None, count: 9 });
+    spec.gres = Some(GresRequest { gpu_type: None, count: 1 });
     spec.mem_mib = 256;
+    spec.output = Some("/dev/null".into());
+    spec.hold = true;
+    spec
+}
+
+/// A one-GPU job of an hour that waits while [`blocker_spec`] holds every GPU (Slurm's reason
+/// `Resources`): every scheduling pass weighs each one.
+fn queued_spec(workdir: &str) -> JobSpec {
+    JobSpec { name: "bench-queued".into(), hold: false, time_limit_ms: Some(3_600_000), ..held_spec(workdir) }
+}
+
+fn run_spec(workdir: &str) -> JobSpec {
+    JobSpec { name: "bench-run".into(), hold: false, ..held_spec(workdir) }
+}
+
+/// Every GPU of [`three_nodes`] for a day: the queue behind it waits for resources, and the
+/// first queued job gets the backfill reservation at its end.
+fn blocker_spec(workdir: &str) -> JobSpec {
+    let mut spec = JobSpec::command(vec!["sleep".into(), "86400".into()], workdir, "bench");
+    spec.name = "bench-blocker".into();
+    spec.nodes = 3;
+    spec.gres = Some(GresRequest { gpu_type: None, count: 8 });
+    spec.mem_mib = 256;
+    spec.time_limit_ms = Some(86_400_000);
     spec.output = Some("/dev/null".into());
     spec
 }
 
-fn run_spec(workdir: &str) -> JobSpec {
-    JobSpec { name: "bench-run".into(), gres: Some(GresRequest { gpu_type: None, count: 1 }), ..held_spec(workdir) }
+/// Submits the blocker and waits until it runs; returns its id.
+async fn start_blocker(cluster: &Cluster, workdir: &str) -> anyhow::Result<u64> {
+    let id = submit(cluster, blocker_spec(workdir)).await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Reply::Job(j) = cluster.call_patiently(Request::GetJob { job: id }, Duration::from_secs(10)).await? {
+            if j.state == proto::JobState::Running {
+                return Ok(id);
+            }
+            anyhow::ensure!(!j.state.is_final(), "the blocker job {id} ended {:?} before running", j.state);
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the blocker job {id} did not run within 30 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Cancels `jobs` from 64 concurrent tasks.
+async fn cancel_all(cluster: &Arc<Cluster>, jobs: Vec<u64>) -> anyhow::Result<()> {
+    let mut tasks = Vec::new();
+    for chunk in jobs.chunks(jobs.len().div_ceil(64).max(1)) {
+        let (cluster, chunk) = (Arc::clone(cluster), chunk.to_vec());
+        tasks.push(tokio::spawn(async move {
+            for job in chunk {
+                cluster
+                    .call_patiently(Request::Cancel { job }, Duration::from_secs(20))
+                    .await
+                    .with_context(|| format!("cancel job {job}"))?;
+            }
+            Ok::<_, anyhow::Error>(())
+        }));
+    }
+    for task in tasks {
+        task.await.context("join canceller")??;
+    }
+    Ok(())
 }
 
 /// SIGKILLs the leader `rounds` times; each time, the ms from the kill until a submission is
@@ -237,25 +294,27 @@ fn print_failovers(failovers: &[f64], client_view: &[f64]) {
     );
 }
 
-/// Submissions/s of `total` held jobs from `clients` concurrent tasks.
-async fn concurrent_submits(cluster: &Arc<Cluster>, workdir: &str, clients: usize, total: usize) -> anyhow::Result<f64> {
+/// Submissions/s of `total` queued jobs from `clients` concurrent tasks, and their ids.
+async fn concurrent_submits(cluster: &Arc<Cluster>, workdir: &str, clients: usize, total: usize) -> anyhow::Result<(f64, Vec<u64>)> {
     let t = Instant::now();
     let per = total.div_ceil(clients);
     let mut tasks = Vec::new();
     for _ in 0..clients {
         let cluster = Arc::clone(cluster);
-        let spec = held_spec(workdir);
+        let spec = queued_spec(workdir);
         tasks.push(tokio::spawn(async move {
+            let mut ids = Vec::with_capacity(per);
             for _ in 0..per {
-                submit(&cluster, spec.clone()).await?;
+                ids.push(submit(&cluster, spec.clone()).await?);
             }
-            Ok::<_, anyhow::Error>(())
+            Ok::<_, anyhow::Error>(ids)
         }));
     }
+    let mut ids = Vec::with_capacity(per * clients);
     for task in tasks {
-        task.await.context("join submitter")??;
+        ids.extend(task.await.context("join submitter")??);
     }
-    Ok((per * clients) as f64 / t.elapsed().as_secs_f64())
+    Ok((ids.len() as f64 / t.elapsed().as_secs_f64(), ids))
 }
 
 async fn submit(cluster: &Cluster, spec: JobSpec) -> anyhow::Result<u64> {
@@ -349,12 +408,15 @@ async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
     println!("fdatasync (4 KiB, {} samples): p50 {:.3} ms  p99 {:.3} ms", sync.len(), sync_p50, percentile(&sync, 0.99));
 
     let cluster = Arc::new(Cluster::connect(dir, None)?);
+    // Every submission below waits for a GPU behind the blocker, as in a busy cluster.
+    let blocker = start_blocker(&cluster, &workdir).await?;
+    let mut queued = Vec::new();
     // One client, sequential.
     let mut lat = Vec::with_capacity(args.submits);
     let t = Instant::now();
     for _ in 0..args.submits {
         let s = Instant::now();
-        submit(&cluster, held_spec(&workdir)).await?;
+        queued.push(submit(&cluster, queued_spec(&workdir)).await?);
         lat.push(s.elapsed().as_secs_f64() * 1000.0);
     }
     let seq_rate = args.submits as f64 / t.elapsed().as_secs_f64();
@@ -373,12 +435,24 @@ async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
     // program's threads would).
     for clients in [16usize, 256] {
         let total = args.concurrent_submits.max(clients * 8);
-        let rate = concurrent_submits(&cluster, &workdir, clients, total).await?;
-        println!("submit, {clients} concurrent clients: {total} = {rate:.0}/s");
+        let (rate, ids) = concurrent_submits(&cluster, &workdir, clients, total).await?;
+        println!("submit, {clients} concurrent clients: {total} = {rate:.0}/s ({} jobs queued before)", queued.len());
+        queued.extend(ids);
+    }
+    if let Some(&last) = queued.last() {
+        match cluster.call_patiently(Request::GetJob { job: last }, Duration::from_secs(20)).await? {
+            Reply::Job(j) => println!("the last queued job: {:?}, {}", j.state, j.reason().unwrap_or("no reason")),
+            other => bail!("unexpected reply {other:?}"),
+        }
     }
     if args.only_submits {
         return Ok(());
     }
+    let t = Instant::now();
+    let count = queued.len();
+    cancel_all(&cluster, queued).await?;
+    cancel_all(&cluster, vec![blocker]).await?;
+    println!("cancelled the {count} queued jobs and the blocker in {:.1} s", t.elapsed().as_secs_f64());
 
     // Submit to RUNNING (launch confirmed by the agent), from the leader's own timestamps.
     let mut starts = Vec::new();
