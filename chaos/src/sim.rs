@@ -280,6 +280,8 @@ struct Sim {
     trace: Vec<String>,
     /// Commands applied so far (the simulated log's last index).
     applied: u64,
+    /// The last command applied that did more than submit jobs (`StateHandle::last_change_index`).
+    last_change_applied: u64,
     /// Jobs a node crash or partition could have cost a run (for the requeue checks).
     lost_runs: BTreeSet<JobId>,
 }
@@ -357,6 +359,7 @@ impl Sim {
             report: SimReport { seed, ..SimReport::default() },
             trace: Vec::new(),
             applied: 0,
+            last_change_applied: 0,
             lost_runs: BTreeSet::new(),
         }
     }
@@ -382,6 +385,9 @@ impl Sim {
     fn apply(&mut self, cmd: Command) -> CommandResult {
         self.report.commands += 1;
         self.applied += 1;
+        if !cmd.submits_only() {
+            self.last_change_applied = self.applied;
+        }
         let text = if self.cfg.keep_trace { format!("{cmd:?}") } else { String::new() };
         let result = self.state.apply(&cmd);
         self.log(|| format!("apply {text} -> {result:?}"));
@@ -460,14 +466,21 @@ impl Sim {
         self.check_liveness();
         // Scheduling, skipped when the leader would skip it (`control::leader::pass_needed`,
         // `pass_due`).
+        let now = control::leader::Applied {
+            index: self.applied,
+            last_change_index: self.last_change_applied,
+            next_job_id: self.state.next_job_id,
+        };
         if control::leader::pass_needed(self.state.jobs.values(), self.state.nodes.values())
-            && control::leader::pass_due(self.mem.idle_pass.as_ref(), self.applied, self.now_ms)
+            && control::leader::pass_due(self.mem.idle_pass.as_mut(), now, &self.state.jobs, &self.state.policy, self.now_ms)
         {
             let plan = scheduler::schedule(&self.state.scheduler_view(), self.now_ms);
             self.mem.idle_pass = plan.changes_nothing().then_some(control::leader::IdlePass {
                 applied_index: self.applied,
+                next_job_id: self.state.next_job_id,
                 at_ms: self.now_ms,
                 wake_ms: plan.wake_ms,
+                room: plan.room,
             });
             if !plan.placements.is_empty() {
                 let array_tasks: Vec<(u32, u32)> = plan.array_tasks.iter().map(|a| (a.placement as u32, a.task)).collect();

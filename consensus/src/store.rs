@@ -375,6 +375,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 pub struct StateHandle {
     state: Arc<RwLock<ClusterState>>,
     applied: watch::Receiver<u64>,
+    last_change: Arc<AtomicU64>,
     accounting: AccountingSource,
     inbox: Arc<crate::network::SnapshotInbox>,
 }
@@ -389,6 +390,14 @@ impl StateHandle {
     /// initial membership entry, never a command).
     pub fn applied_index(&self) -> u64 {
         *self.applied.borrow()
+    }
+
+    /// Index of the last applied entry that did more than submit jobs
+    /// (`Command::submits_only`), at most [`StateHandle::applied_index`] when read after it:
+    /// a reader that saw index I applied and this at most J knows that the entries after J up
+    /// to I only added jobs. Starts at the index of the state loaded or installed.
+    pub fn last_change_index(&self) -> u64 {
+        self.last_change.load(Ordering::Acquire)
     }
 
     /// Waits until the entry at `index` is applied; false on timeout or when the state machine
@@ -502,6 +511,8 @@ pub struct StateMachine {
     membership: StoredMembership,
     applied_tx: watch::Sender<u64>,
     applied_rx: watch::Receiver<u64>,
+    /// See [`StateHandle::last_change_index`].
+    last_change: Arc<AtomicU64>,
     /// Serializes writes of the stored snapshot (a build may finish after an install).
     snapshot_write: Arc<Mutex<()>>,
     /// Snapshot files (`snap-*.bin`) and snapshots being received (`incoming/`).
@@ -535,6 +546,7 @@ impl StateMachine {
         };
         remove_stale_snapshots(&snap_dir, stored.as_ref().map(|(_, n)| n.as_str()), true);
         let (applied_tx, applied_rx) = watch::channel(last_applied.map_or(0, |l| l.index()));
+        let last_change = Arc::new(AtomicU64::new(last_applied.map_or(0, |l| l.index())));
         let accounting = AccountingSource { db: Arc::downgrade(&db), gen: Arc::new(AtomicU32::new(gen)) };
         Ok(StateMachine {
             db,
@@ -543,6 +555,7 @@ impl StateMachine {
             membership,
             applied_tx,
             applied_rx,
+            last_change,
             snapshot_write: Arc::new(Mutex::new(())),
             inbox: Arc::new(crate::network::SnapshotInbox::new(snap_dir.join(INCOMING_DIR))),
             snap_dir,
@@ -555,6 +568,7 @@ impl StateMachine {
         StateHandle {
             state: self.state.clone(),
             applied: self.applied_rx.clone(),
+            last_change: self.last_change.clone(),
             accounting: self.accounting.clone(),
             inbox: self.inbox.clone(),
         }
@@ -564,7 +578,12 @@ impl StateMachine {
         self.state.write().map_err(|_| io::Error::other("state machine poisoned by a failed apply"))
     }
 
-    fn set_applied(&mut self, log_id: Option<LogId>) {
+    /// Records `log_id` applied; `changed`: its entry did more than submit jobs (stored before
+    /// the applied index is published, see [`StateHandle::last_change_index`]).
+    fn set_applied(&mut self, log_id: Option<LogId>, changed: bool) {
+        if changed {
+            self.last_change.store(log_id.map_or(0, |l| l.index()), Ordering::Release);
+        }
         self.last_applied = log_id;
         self.applied_tx.send_replace(log_id.map_or(0, |l| l.index()));
     }
@@ -764,6 +783,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     {
         while let Some((entry, responder)) = entries.try_next().await? {
             let log_id = entry.log_id;
+            let changed = !matches!(&entry.payload, EntryPayload::Normal(LogCommand(cmd)) if cmd.submits_only());
             let result = match entry.payload {
                 EntryPayload::Blank => CommandResult::Ok,
                 EntryPayload::Normal(LogCommand(cmd)) => self.apply_command(&cmd)?,
@@ -772,7 +792,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     CommandResult::Ok
                 }
             };
-            self.set_applied(Some(log_id));
+            self.set_applied(Some(log_id), changed);
             if let Some(responder) = responder {
                 responder.send(result);
             }
@@ -804,7 +824,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             .map_err(|e| io_other("install snapshot", e))??;
         *self.write_state()? = state;
         self.membership = meta.last_membership.clone();
-        self.set_applied(meta.last_log_id);
+        self.set_applied(meta.last_log_id, true);
         Ok(())
     }
 

@@ -1284,6 +1284,16 @@ impl Command {
         )
     }
 
+    /// Whether the command only submits jobs (a `Submit`, or a `Batch` of them): it frees
+    /// nothing and changes no job or node already there.
+    pub fn submits_only(&self) -> bool {
+        match self {
+            Command::Submit { .. } => true,
+            Command::Batch { commands } => commands.iter().all(|c| matches!(c, Command::Submit { .. })),
+            _ => false,
+        }
+    }
+
     /// A bound on the command's encoded size, cheap to compute: what a submission carries
     /// (script, environment, arguments) plus a fixed allowance for the rest.
     pub fn weight_bytes(&self) -> usize {

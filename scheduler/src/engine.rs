@@ -41,6 +41,33 @@ pub struct Plan {
     /// age, fair-share decay and the backfill windows of jobs past their limits, have no one
     /// time; a caller that skips passes refreshes them on a period.)
     pub wake_ms: Option<u64>,
+    /// The most whole GPUs (of any type, MIG instances not counted), CPUs and memory free on
+    /// any schedulable node after this pass, each its own maximum: a job asking more of one on
+    /// each node than this cannot start until something is freed. `None` when a job waited
+    /// for the backfill reservation alone (it would fit otherwise): a new job of higher
+    /// priority could move the reservation and let it start.
+    pub room: Option<Room>,
+}
+
+/// See [`Plan::room`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Room {
+    pub gpus: u32,
+    pub cpus: u32,
+    pub mem_mib: u64,
+}
+
+impl Room {
+    /// Whether one node's share of `spec` is more than this room has of GPUs, CPUs or memory:
+    /// then no node holds it now. MIG instances are not counted: a MIG request is never
+    /// beyond the room.
+    pub fn excludes(&self, spec: &proto::JobSpec) -> bool {
+        if spec.gres.as_ref().and_then(|g| g.gpu_type.as_deref()).is_some_and(crate::is_mig_profile) {
+            return false;
+        }
+        let need = crate::PerNode::of(spec);
+        need.gpus > self.gpus || need.cpus > self.cpus || need.mem_mib > self.mem_mib
+    }
 }
 
 impl Plan {
@@ -183,6 +210,8 @@ struct Pass<'v> {
     array_created: BTreeMap<JobId, BTreeSet<u32>>,
     lists_ix: BTreeMap<NodeLists, u32>,
     fail_cache: BTreeMap<ShapeKey, Vec<String>>,
+    /// A job would have fit but for the backfill reservation (see [`Plan::room`]).
+    backfill_held: bool,
     resv: Option<Resv>,
     /// (node, end, allocation) of each placement of this pass.
     placed: Vec<(usize, u64, Allocation)>,
@@ -397,6 +426,7 @@ impl<'v> Pass<'v> {
             array_created,
             lists_ix: BTreeMap::new(),
             fail_cache: BTreeMap::new(),
+            backfill_held: false,
             resv: None,
             placed: Vec::new(),
             timeline: None,
@@ -428,6 +458,20 @@ impl<'v> Pass<'v> {
         }
         self.pinned_layouts();
         self.mig_relayout();
+        if !self.backfill_held {
+            self.plan.room = Some(self.room());
+        }
+    }
+
+    /// What the schedulable nodes have free now (see [`Plan::room`]).
+    fn room(&self) -> Room {
+        let mut room = Room::default();
+        for node in self.nodes.iter().filter(|n| n.schedulable) {
+            let gpus = count(node, ANY, &self.type_names, &self.type_is_mig, true);
+            room =
+                Room { gpus: room.gpus.max(gpus), cpus: room.cpus.max(node.cpus_free()), mem_mib: room.mem_mib.max(node.mem_free_mib()) };
+        }
+        room
     }
 
     /// Where job `id` is in the view's jobs (kept in id order).
@@ -749,6 +793,7 @@ impl<'v> Pass<'v> {
             Err(fail) => {
                 let mut reasons = self.explain(j, part, tid, fail);
                 if restricted && self.find(j, part, tid, false).is_ok() {
+                    self.backfill_held = true;
                     if let Some(r) = &self.resv {
                         reasons = vec![format!("held for backfill reservation of job {} until {}", r.job, fmt_time_ms(r.start_ms))];
                     }

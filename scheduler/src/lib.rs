@@ -22,7 +22,7 @@ pub mod testkit;
 pub mod topo;
 mod view;
 
-pub use engine::{fmt_duration_ms, fmt_time_ms, schedule, ArrayTaskStart, Binding, Plan, Reservation, NEVER, PACED};
+pub use engine::{fmt_duration_ms, fmt_time_ms, schedule, ArrayTaskStart, Binding, Plan, Reservation, Room, NEVER, PACED};
 pub use fit::{fits, fits_gang, is_mig_profile, never_holds, Misfit, PerNode};
 pub use view::{
     cpu_shares, decode_slot, job_request, job_request_current, mig_slot, node_view, ClusterView, GpuSlot, JobRequest, MigSlot, NodeView,

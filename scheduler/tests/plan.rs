@@ -300,6 +300,27 @@ fn backfill_never_delays_the_top_jobs_reservation() {
     );
     assert_eq!(plan.pending[&11], vec!["held for backfill reservation of job 10 until 1970-01-01 01:00:00 UTC".to_string()]);
     assert_eq!(plan.pending[&13], vec!["needs 1x gpu on one node; largest free: 0 on n1 (6 held by job 1, 2 held by job 12)".to_string()]);
+    assert_eq!(plan.room, None, "job 11 waits for the reservation alone: a new job could move it");
+}
+
+#[test]
+fn a_pass_tells_the_room_it_leaves_on_any_one_node() {
+    let mut c = Cluster::new();
+    c.node(1, "n1", dgx("h100")).node(2, "n2", dgx("h100"));
+    c.running(1, spec("gpu:6", 1), vec![alloc(1, &[0, 1, 2, 3, 4, 5], 100, 1024)], 0);
+    c.running(2, spec("gpu:8", 1), vec![alloc(2, &[0, 1, 2, 3, 4, 5, 6, 7], 8, 4096)], 0);
+    c.submit(10, spec("gpu:4", 1), 0);
+    let plan = c.schedule(0);
+    assert!(plan.changes_nothing());
+    let room = plan.room.expect("no job waits for a reservation alone");
+    assert_eq!(room, corral_scheduler::Room { gpus: 2, cpus: 104, mem_mib: 2 * 1024 * 1024 - 1024 });
+    assert!(room.excludes(&spec("gpu:3", 1)) && !room.excludes(&spec("gpu:2", 1)));
+    assert!(!room.excludes(&spec("gpu:1g.18gb:7", 1)), "MIG instances are not counted");
+    // What it starts is taken from the room.
+    c.submit(11, spec("gpu:2", 1), 0);
+    let plan = c.schedule(0);
+    assert_eq!(plan.placements.iter().map(|p| p.job).collect::<Vec<_>>(), vec![11]);
+    assert_eq!(plan.room.map(|r| r.gpus), Some(0));
 }
 
 #[test]

@@ -206,6 +206,11 @@ impl Node {
     /// state are read from the accounting store. Requests of jobs unchanged since the last view
     /// are reused (`view_cache`).
     pub(super) fn scheduler_view(&self) -> scheduler::ClusterView {
+        self.scheduler_view_seen().0
+    }
+
+    /// The scheduler's view, and the first job id it does not hold (read with it).
+    fn scheduler_view_seen(&self) -> (scheduler::ClusterView, JobId) {
         let archived = |id: JobId| match self.state.archived_job(id) {
             Ok(job) => job,
             Err(e) => {
@@ -213,7 +218,7 @@ impl Node {
                 None
             }
         };
-        self.state.read(|s| consensus::view::scheduler_view_cached(s, &mut lock(&self.view_cache), archived))
+        self.state.read(|s| (consensus::view::scheduler_view_cached(s, &mut lock(&self.view_cache), archived), s.next_job_id))
     }
 
     /// Moves jobs finished more than `min_job_age_s` ago to the accounting store and prunes
@@ -260,7 +265,15 @@ impl Node {
         }
         // Read before the view: a change applied meanwhile only makes the next pass due.
         let applied_index = self.state.applied_index();
-        if !control::leader::pass_due(lock(&self.memory).idle_pass.as_ref(), applied_index, now_ms()) {
+        let last_change_index = self.state.last_change_index();
+        let mut idle = lock(&self.memory).idle_pass;
+        let due = self.state.read(|s| {
+            let now = control::leader::Applied { index: applied_index, last_change_index, next_job_id: s.next_job_id };
+            control::leader::pass_due(idle.as_mut(), now, &s.jobs, &s.policy, now_ms())
+        });
+        if !due {
+            // Moved on over submissions that change nothing.
+            lock(&self.memory).idle_pass = idle;
             return;
         }
         let (starts_max, paced) = crate::pacing::starts_per_pass_max(&self.leader_load());
@@ -270,15 +283,20 @@ impl Node {
             // and MIG layouts, both for jobs to start, wait too).
             return;
         }
-        let mut view = self.scheduler_view();
+        let (mut view, view_next_job_id) = self.scheduler_view_seen();
         view.config.starts_per_pass_max = starts_max;
         view.config.explain_ineligible = false;
         let now = now_ms();
         let started = Instant::now();
         let plan = scheduler::schedule(&view, now);
         let pass_ms = started.elapsed().as_millis() as u64;
-        lock(&self.memory).idle_pass =
-            plan.changes_nothing().then_some(control::leader::IdlePass { applied_index, at_ms: now, wake_ms: plan.wake_ms });
+        lock(&self.memory).idle_pass = plan.changes_nothing().then_some(control::leader::IdlePass {
+            applied_index,
+            next_job_id: view_next_job_id,
+            at_ms: now,
+            wake_ms: plan.wake_ms,
+            room: plan.room,
+        });
         for (job, action) in &plan.preemptions {
             let cmd = match action {
                 scheduler::PreemptAction::Requeue => Command::Requeue { job: *job, reason: "preempted".into(), now_ms: now },
