@@ -385,6 +385,48 @@ pub(crate) fn three_nodes() -> DevOptions {
     }
 }
 
+/// Submissions behind the blocker: one client in sequence (its rate, and its latency p50
+/// against `sync_p50`), then 16 and 256 concurrent clients; returns the sequential rate, its
+/// latency p50 and every job queued.
+async fn submission_rates(cluster: &Arc<Cluster>, workdir: &str, args: &BenchArgs, sync_p50: f64) -> anyhow::Result<(f64, f64, Vec<u64>)> {
+    let mut queued = Vec::new();
+    // One client, sequential.
+    let mut lat = Vec::with_capacity(args.submits);
+    let t = Instant::now();
+    for _ in 0..args.submits {
+        let s = Instant::now();
+        queued.push(submit(cluster, queued_spec(workdir)).await?);
+        lat.push(s.elapsed().as_secs_f64() * 1000.0);
+    }
+    let seq_rate = args.submits as f64 / t.elapsed().as_secs_f64();
+    let lat = sorted(lat);
+    let p50 = percentile(&lat, 0.5);
+    println!(
+        "submit, 1 client: {} in {:.2} s = {:.0}/s; latency p50 {:.2} ms p99 {:.2} ms; p50 / fdatasync p50 = {:.2}x",
+        args.submits,
+        t.elapsed().as_secs_f64(),
+        seq_rate,
+        p50,
+        percentile(&lat, 0.99),
+        p50 / sync_p50
+    );
+    // 16 and 256 concurrent in-process clients (tasks sharing one connection, as one
+    // program's threads would).
+    for clients in [16usize, 256] {
+        let total = args.concurrent_submits.max(clients * 8);
+        let (rate, ids) = concurrent_submits(cluster, workdir, clients, total).await?;
+        println!("submit, {clients} concurrent clients: {total} = {rate:.0}/s ({} jobs queued before)", queued.len());
+        queued.extend(ids);
+    }
+    if let Some(&last) = queued.last() {
+        match cluster.call_patiently(Request::GetJob { job: last }, Duration::from_secs(20)).await? {
+            Reply::Job(j) => println!("the last queued job: {:?}, {}", j.state, j.reason().unwrap_or("no reason")),
+            other => bail!("unexpected reply {other:?}"),
+        }
+    }
+    Ok((seq_rate, p50, queued))
+}
+
 async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
     let opts = three_nodes();
     dev::up(dir, &opts).await?;
@@ -410,41 +452,7 @@ async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
     let cluster = Arc::new(Cluster::connect(dir, None)?);
     // Every submission below waits for a GPU behind the blocker, as in a busy cluster.
     let blocker = start_blocker(&cluster, &workdir).await?;
-    let mut queued = Vec::new();
-    // One client, sequential.
-    let mut lat = Vec::with_capacity(args.submits);
-    let t = Instant::now();
-    for _ in 0..args.submits {
-        let s = Instant::now();
-        queued.push(submit(&cluster, queued_spec(&workdir)).await?);
-        lat.push(s.elapsed().as_secs_f64() * 1000.0);
-    }
-    let seq_rate = args.submits as f64 / t.elapsed().as_secs_f64();
-    let lat = sorted(lat);
-    let p50 = percentile(&lat, 0.5);
-    println!(
-        "submit, 1 client: {} in {:.2} s = {:.0}/s; latency p50 {:.2} ms p99 {:.2} ms; p50 / fdatasync p50 = {:.2}x",
-        args.submits,
-        t.elapsed().as_secs_f64(),
-        seq_rate,
-        p50,
-        percentile(&lat, 0.99),
-        p50 / sync_p50
-    );
-    // 16 and 256 concurrent in-process clients (tasks sharing one connection, as one
-    // program's threads would).
-    for clients in [16usize, 256] {
-        let total = args.concurrent_submits.max(clients * 8);
-        let (rate, ids) = concurrent_submits(&cluster, &workdir, clients, total).await?;
-        println!("submit, {clients} concurrent clients: {total} = {rate:.0}/s ({} jobs queued before)", queued.len());
-        queued.extend(ids);
-    }
-    if let Some(&last) = queued.last() {
-        match cluster.call_patiently(Request::GetJob { job: last }, Duration::from_secs(20)).await? {
-            Reply::Job(j) => println!("the last queued job: {:?}, {}", j.state, j.reason().unwrap_or("no reason")),
-            other => bail!("unexpected reply {other:?}"),
-        }
-    }
+    let (seq_rate, p50, queued) = submission_rates(&cluster, &workdir, args, sync_p50).await?;
     if args.only_submits {
         return Ok(());
     }

@@ -171,15 +171,21 @@ fn one_job(max_nodes: u64) {
     }
 }
 
-/// A leader's pass under a burst of submissions that cannot start (`corral bench`'s held jobs:
-/// 9 GPUs on 8-GPU nodes): 3 nodes, 30,000 and 60,000 such jobs, reasons kept or not.
+/// A leader's pass under a burst of submissions queued behind busy GPUs (`corral bench`'s
+/// queue): 3 nodes whose every GPU a day-long gang holds, 30,000 and 60,000 one-GPU jobs of an
+/// hour waiting for them (the first holds the backfill reservation), reasons kept or not.
 fn deep_queue() {
     for jobs in [30_000u64, 60_000] {
         let mut c = cluster(3);
+        let mut blocker = spec("gpu:8", 3);
+        blocker.time_limit_ms = Some(86_400_000);
+        c.running(1, blocker, (1..=3).map(|n| alloc(n, &(0..8).collect::<Vec<u32>>(), 1, 256)).collect(), 0);
         for k in 0..jobs {
-            c.submit(1_000_000 + k, spec("gpu:9", 1), k);
+            let mut s = spec("gpu:1", 1);
+            s.time_limit_ms = Some(3_600_000);
+            c.submit(1_000_000 + k, s, k);
         }
-        let mut line = format!("deep queue: 3 nodes, {jobs} jobs needing 9 GPUs:");
+        let mut line = format!("deep queue: 3 busy nodes, {jobs} one-GPU jobs waiting:");
         for explain in [true, false] {
             c.view.config.explain_ineligible = explain;
             // The fastest of five passes (the first touches memory the others reuse).
@@ -187,7 +193,7 @@ fn deep_queue() {
                 .map(|_| {
                     let t = Instant::now();
                     let plan = schedule(&c.view, 10_000_000);
-                    assert!(plan.placements.is_empty());
+                    assert!(plan.placements.is_empty() && plan.reservation.is_some());
                     t.elapsed()
                 })
                 .min()
