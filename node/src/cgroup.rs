@@ -312,7 +312,9 @@ fn make_dir(path: &Path) -> anyhow::Result<()> {
 /// The files written in a run's cgroup of the v1 hierarchy of `controller`, in order.
 pub fn limit_files_v1(controller: &str, limits: &Limits, deny: &[(u32, u32)]) -> Vec<(&'static str, String)> {
     match controller {
-        "cpu" => vec![("cpu.cfs_period_us", "100000".into()), ("cpu.cfs_quota_us", (u64::from(limits.cpus.max(1)) * 100_000).to_string())],
+        // A new cgroup's period is the kernel's default, 100 ms: writing it again would cost a
+        // second bandwidth update per run.
+        "cpu" => vec![("cpu.cfs_quota_us", (u64::from(limits.cpus.max(1)) * 100_000).to_string())],
         "memory" => vec![("memory.limit_in_bytes", (limits.memory_mib.max(1) * 1024 * 1024).to_string())],
         "pids" => vec![("pids.max", JOB_PIDS_MAX.to_string())],
         "devices" => deny.iter().map(|(major, minor)| ("devices.deny", format!("c {major}:{minor} rwm"))).collect(),
@@ -374,6 +376,13 @@ fn child_cgroups(path: &Path) -> Vec<PathBuf> {
 /// Kills every process in cgroup `path` and below, and removes them, bottom up, retrying
 /// until `deadline` while the processes exit; says whether it is gone.
 pub async fn kill_and_remove_tree(path: &Path, deadline: std::time::Instant) -> bool {
+    // Most runs leave their cgroup empty, without steps' cgroups below: then removing it is
+    // one call, without listing it (a busy one refuses, EBUSY).
+    match std::fs::remove_dir(path) {
+        Ok(()) => return true,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return true,
+        Err(_) => {}
+    }
     for child in child_cgroups(path) {
         Box::pin(kill_and_remove_tree(&child, deadline)).await;
     }
@@ -412,9 +421,18 @@ impl JobCgroup {
     /// `memory.events` and of v1's `memory.oom_control` (kernel 4.13 and later), wherever the
     /// run has a memory controller. Read before the cgroups are removed.
     pub fn oom_kills(&self) -> u64 {
-        // v1 counts a kill only where the limit was hit: a live step's cgroup too.
-        let steps: Vec<PathBuf> = self.v1.iter().flat_map(|p| child_cgroups(p)).collect();
-        oom_kills_of(&self.paths()) + oom_kills_of(&steps) + self.step_oom_kills.load(std::sync::atomic::Ordering::Relaxed)
+        // v2's `memory.events` counts the steps' kills too; v1 counts a kill only where the
+        // limit was hit, a live step's cgroup too, and only the memory hierarchy has the file
+        // (the others are not listed: a run's end reads what it must and no more).
+        let mut kills = oom_kills_of(&[self.path.join("memory.events")]);
+        for dir in &self.v1 {
+            let file = dir.join("memory.oom_control");
+            if file.exists() {
+                let steps: Vec<PathBuf> = child_cgroups(dir).into_iter().map(|c| c.join("memory.oom_control")).collect();
+                kills += oom_kills_of(&[file]) + oom_kills_of(&steps);
+            }
+        }
+        kills + self.step_oom_kills.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The run's memory limit in MiB, as its cgroups hold it (v2 `memory.max`, else v1
@@ -440,7 +458,8 @@ impl JobCgroup {
     pub async fn remove_step(&self, paths: &[PathBuf]) {
         let deadline = std::time::Instant::now() + Duration::from_millis(REMOVE_WAIT_MS);
         // v2's (the first) counts in the run's `memory.events` already.
-        let kills = oom_kills_of(paths.get(1..).unwrap_or_default());
+        let files: Vec<PathBuf> = paths.get(1..).unwrap_or_default().iter().map(|p| p.join("memory.oom_control")).collect();
+        let kills = oom_kills_of(&files);
         self.step_oom_kills.fetch_add(kills, std::sync::atomic::Ordering::Relaxed);
         for path in paths.iter().filter(|p| self.paths().iter().any(|run| p.starts_with(run))) {
             kill_and_remove_tree(path, deadline).await;
@@ -448,13 +467,11 @@ impl JobCgroup {
     }
 }
 
-/// The OOM kills cgroups `paths` counted (v2's `memory.events`, which counts those below too,
-/// or v1's `memory.oom_control`).
-fn oom_kills_of(paths: &[PathBuf]) -> u64 {
-    paths
+/// The OOM kills `files` count (`memory.events` or `memory.oom_control`); a missing one counts 0.
+fn oom_kills_of(files: &[PathBuf]) -> u64 {
+    files
         .iter()
-        .flat_map(|p| [p.join("memory.events"), p.join("memory.oom_control")])
-        .filter_map(|file| match std::fs::read_to_string(&file) {
+        .filter_map(|file| match std::fs::read_to_string(file) {
             Ok(text) => Some(oom_kill_count(&text)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => {
