@@ -1,5 +1,6 @@
 //! `corral bench --processes N`: what a trivial job costs as users run it, against the Slurm
-//! peer in the same run. N `sbatch --wrap true` processes (16 at a time) through the shims,
+//! peer in the same run. First N `sbatch -H --wrap true` processes (16 at a time; held, so
+//! nothing runs: what submitting alone costs), then N `sbatch --wrap true` through the shims,
 //! first with a client certificate (QUIC and TLS, as from a workstation), then through the
 //! node's local socket (as on a login node that runs `corrald`); then submissions paced at 80%
 //! of the measured completion rate, for submit-to-running under load; then one `sbatch --array`.
@@ -33,9 +34,10 @@ const POLL: Duration = Duration::from_millis(100);
 #[derive(Clone)]
 struct Target {
     label: String,
-    /// `sbatch` and `squeue` to run.
+    /// `sbatch`, `squeue` and `scancel` to run.
     sbatch: PathBuf,
     squeue: PathBuf,
+    scancel: PathBuf,
     env: Vec<(String, String)>,
 }
 
@@ -50,6 +52,15 @@ impl Target {
         let out = self.command(&self.sbatch).args(args).output().with_context(|| format!("run {}", self.sbatch.display()))?;
         if !out.status.success() {
             bail!("{} {args:?}: {}", self.sbatch.display(), String::from_utf8_lossy(&out.stderr).trim());
+        }
+        Ok(())
+    }
+
+    /// Cancels every job of `name` (`scancel -n`).
+    fn cancel(&self, name: &str) -> anyhow::Result<()> {
+        let out = self.command(&self.scancel).args(["-n", name]).output().context("run scancel")?;
+        if !out.status.success() {
+            bail!("scancel -n {name}: {}", String::from_utf8_lossy(&out.stderr).trim());
         }
         Ok(())
     }
@@ -107,12 +118,19 @@ impl Phase {
 /// Runs `count` submissions through `target`, [`CONCURRENCY`] processes at a time, optionally
 /// started at most `rate_per_s`; returns the wall time of the submissions.
 fn submit_processes(target: &Target, name: &str, count: usize, rate_per_s: Option<f64>) -> anyhow::Result<Duration> {
+    submit_processes_with(target, name, count, rate_per_s, &[])
+}
+
+/// [`submit_processes`], each `sbatch` given `extra` options too.
+fn submit_processes_with(target: &Target, name: &str, count: usize, rate_per_s: Option<f64>, extra: &[&str]) -> anyhow::Result<Duration> {
+    let extra: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
     let next = Arc::new(AtomicUsize::new(0));
     let errors = Arc::new(Mutex::new(Vec::new()));
     let started = Instant::now();
     let workers: Vec<_> = (0..CONCURRENCY)
         .map(|_| {
-            let (next, errors, target, name) = (Arc::clone(&next), Arc::clone(&errors), target.clone(), name.to_string());
+            let (next, errors, target, name, extra) =
+                (Arc::clone(&next), Arc::clone(&errors), target.clone(), name.to_string(), extra.clone());
             std::thread::spawn(move || loop {
                 let i = next.fetch_add(1, Ordering::SeqCst);
                 if i >= count {
@@ -124,7 +142,10 @@ fn submit_processes(target: &Target, name: &str, count: usize, rate_per_s: Optio
                         std::thread::sleep(wait);
                     }
                 }
-                if let Err(e) = target.sbatch(&["-J", &name, "-o", "/dev/null", "--wrap", "true"]) {
+                let mut args = vec!["-J", &name, "-o", "/dev/null"];
+                args.extend(extra.iter().map(String::as_str));
+                args.extend(["--wrap", "true"]);
+                if let Err(e) = target.sbatch(&args) {
                     errors.lock().unwrap_or_else(|p| p.into_inner()).push(format!("{e:#}"));
                 }
             })
@@ -139,6 +160,17 @@ fn submit_processes(target: &Target, name: &str, count: usize, rate_per_s: Optio
         bail!("{} of {count} submissions failed, the first: {first}", errors.len());
     }
     Ok(wall)
+}
+
+/// Submissions/s of `count` held jobs (`sbatch -H`, nothing runs: what submitting alone costs),
+/// printed; then they are cancelled.
+fn held_phase(target: &Target, name: &str, count: usize) -> anyhow::Result<f64> {
+    let wall = submit_processes_with(target, name, count, None, &["-H"])?;
+    let rate = count as f64 / wall.as_secs_f64();
+    println!("{} held (`sbatch -H`, nothing runs): {count} jobs, {rate:.0} jobs submitted/s", target.label);
+    target.cancel(name)?;
+    wait_empty(target, name)?;
+    Ok(rate)
 }
 
 /// Waits until `squeue` shows no job of `name`; the time it was first seen empty.
@@ -256,6 +288,7 @@ async fn bench(dir: &Path, opts: &JobsBench) -> anyhow::Result<()> {
         label: label.into(),
         sbatch: shims.join("sbatch"),
         squeue: shims.join("squeue"),
+        scancel: shims.join("scancel"),
         env,
     };
     let remote = base("corral (QUIC+TLS)", vec![("CORRAL_CLUSTER".into(), dir.display().to_string())]);
@@ -269,6 +302,7 @@ async fn bench(dir: &Path, opts: &JobsBench) -> anyhow::Result<()> {
     remote.sbatch(&["-J", "warm", "-o", "/dev/null", "--wrap", "true"])?;
     wait_empty(&remote, "warm")?;
 
+    let held = held_phase(&remote, "b-held-remote", opts.processes)?.max(held_phase(&local, "b-held-local", opts.processes)?);
     let mut phases = Vec::new();
     phases.push(phase(&remote, Some(&cluster), "b-remote", opts.processes, None).await?);
     if let Some(p) = phases.last() {
@@ -308,6 +342,8 @@ async fn bench(dir: &Path, opts: &JobsBench) -> anyhow::Result<()> {
             ..slurm
         };
         let result = async {
+            let slurm_held = held_phase(&slurm, "b-slurm-held", opts.processes)?;
+            println!("  corral / {label}: held submissions {:.2}x", held / slurm_held);
             let p = phase(&slurm, None, "b-slurm", opts.processes, None).await?;
             p.print();
             println!(
@@ -355,6 +391,7 @@ fn slurm_up(peer: &Path, peer_dir: &Path, params: &str) -> anyhow::Result<Target
         label: "slurm".into(),
         sbatch: which("sbatch")?,
         squeue: which("squeue")?,
+        scancel: which("scancel")?,
         env: vec![("SLURM_CONF".into(), peer_dir.join("etc").join("slurm.conf").display().to_string())],
     })
 }
