@@ -532,7 +532,7 @@ mod tests {
     fn v1_files_limit_and_deny_the_devices_given() {
         let limits = Limits { cpus: 2, memory_mib: 64 };
         assert_eq!(limit_files_v1("memory", &limits, &[]), vec![("memory.limit_in_bytes", (64u64 << 20).to_string())]);
-        assert_eq!(limit_files_v1("cpu", &limits, &[])[1], ("cpu.cfs_quota_us", "200000".to_string()));
+        assert_eq!(limit_files_v1("cpu", &limits, &[]), vec![("cpu.cfs_quota_us", "200000".to_string())], "the period left at 100 ms");
         assert_eq!(
             limit_files_v1("devices", &limits, &[(195, 1), (195, 3)]),
             vec![("devices.deny", "c 195:1 rwm".to_string()), ("devices.deny", "c 195:3 rwm".to_string())]
