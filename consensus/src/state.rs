@@ -1711,6 +1711,9 @@ mod tests {
         assert!(asking(&s, "", 1, &|x| x.exclude = vec!["n1".into()]).is_some());
         s.policy.partitions.push(proto::PartitionDef { name: "gpu".into(), ..Default::default() });
         assert_eq!(asking(&s, "", 1, &|x| x.partition = Some("gpu".into())), None, "no node of `gpu` yet: one may join");
+        let cpu_only = with_node_n1(Inventory { gpus: Vec::new(), ..scheduler::testkit::dgx("h100") });
+        assert_eq!(asking(&cpu_only, "gpu:1", 1, &same), None, "no node with a GPU yet: one may join");
+        assert!(asking(&cpu_only, "", 1, &|x| x.cpus_per_task = 113).is_some());
         // Down or drained, the node still counts: it may come back.
         let id = s.nodes.values().map(|n| n.id).next().expect("n1");
         s.apply(&Command::NodeDown { node: id, reason: "test".into(), now_ms: 1 });

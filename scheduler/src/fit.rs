@@ -128,10 +128,11 @@ pub fn is_mig_profile(gres_type: &str) -> bool {
 /// where the node list names the whole gang), and have as many GPUs of its whole-GPU type, CPUs
 /// and MiB as it asks per node. Counts the hardware, healthy or not, in MIG mode or not. Slurm
 /// refuses such a job at submit, in the words this returns; accepted, it would pend for ever
-/// (a gang larger than its partition: `Node count specification invalid`). `None` when enough nodes
-/// could, when the partition has no node yet (one may join; the job pends until then), and for
-/// a GPU type no node has whole (MIG profiles are [`mig::never_fits`]'s). Stops at the first
-/// `nodes` that could: a job that fits costs a look at a few nodes.
+/// (a gang larger than its partition: `Node count specification invalid`). `None` when enough
+/// nodes could, when the partition has no node yet or none with a GPU of the kind asked (one
+/// may join; the job pends until then: GPU nodes often join after the first voters); MIG
+/// profiles are [`mig::never_fits`]'s. Stops at the first `nodes` that could: a job that fits
+/// costs a look at a few nodes.
 pub fn never_holds<'a>(
     nodes: impl IntoIterator<Item = (&'a str, &'a Inventory)>,
     default_partition: &str,
@@ -141,7 +142,8 @@ pub fn never_holds<'a>(
     let partition = spec.partition.as_deref().unwrap_or(default_partition);
     let gpu_type = spec.gres.as_ref().and_then(|g| g.gpu_type.as_deref());
     let whole = |g: &&GpuInfo| gpu_type.is_none_or(|t| g.gres_type == t);
-    let (mut members, mut capable, mut typed) = (0usize, 0usize, gpu_type.is_none());
+    // Whether an eligible node has a GPU of the kind asked at all (none asked: yes).
+    let (mut members, mut capable, mut has_kind) = (0usize, 0usize, need.gpus == 0);
     let mut largest = PerNode { nodes: 0, gpus: 0, cpus: 0, mem_mib: 0 };
     for (name, inv) in nodes {
         let member = if inv.partitions.is_empty() { partition == default_partition } else { inv.partitions.iter().any(|p| p == partition) };
@@ -152,7 +154,7 @@ pub fn never_holds<'a>(
         }
         members += 1;
         let gpus = inv.gpus.iter().filter(whole).count() as u32;
-        typed |= gpus > 0;
+        has_kind |= gpus > 0;
         largest = largest.max(PerNode { nodes: 1, gpus, cpus: inv.cpus, mem_mib: inv.memory_mib });
         if gpus >= need.gpus && inv.cpus >= need.cpus && inv.memory_mib >= need.mem_mib {
             capable += 1;
@@ -161,7 +163,7 @@ pub fn never_holds<'a>(
             }
         }
     }
-    if members == 0 || !typed {
+    if members == 0 || !has_kind {
         return None;
     }
     if members < need.nodes as usize {
