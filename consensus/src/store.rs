@@ -392,10 +392,11 @@ impl StateHandle {
         *self.applied.borrow()
     }
 
-    /// Index of the last applied entry that did more than submit jobs
-    /// (`Command::submits_only`), at most [`StateHandle::applied_index`] when read after it:
-    /// a reader that saw index I applied and this at most J knows that the entries after J up
-    /// to I only added jobs. Starts at the index of the state loaded or installed.
+    /// Index of the last entry that did more than submit jobs (`Command::submits_only`), as of
+    /// the state `read` shows: stored before such an entry changes the state, so a caller that
+    /// reads it inside [`StateHandle::read`] and finds at most J knows that the state it reads
+    /// holds no such entry after J (it may name one whose change is not there yet: a caller
+    /// errs towards a pass). Starts at the index of the state loaded or installed.
     pub fn last_change_index(&self) -> u64 {
         self.last_change.load(Ordering::Acquire)
     }
@@ -578,12 +579,13 @@ impl StateMachine {
         self.state.write().map_err(|_| io::Error::other("state machine poisoned by a failed apply"))
     }
 
-    /// Records `log_id` applied; `changed`: its entry did more than submit jobs (stored before
-    /// the applied index is published, see [`StateHandle::last_change_index`]).
-    fn set_applied(&mut self, log_id: Option<LogId>, changed: bool) {
-        if changed {
-            self.last_change.store(log_id.map_or(0, |l| l.index()), Ordering::Release);
-        }
+    /// Records that the entry `log_id` does more than submit jobs, before it changes the state
+    /// (see [`StateHandle::last_change_index`]).
+    fn mark_change(&self, log_id: Option<LogId>) {
+        self.last_change.store(log_id.map_or(0, |l| l.index()), Ordering::Release);
+    }
+
+    fn set_applied(&mut self, log_id: Option<LogId>) {
         self.last_applied = log_id;
         self.applied_tx.send_replace(log_id.map_or(0, |l| l.index()));
     }
@@ -783,7 +785,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     {
         while let Some((entry, responder)) = entries.try_next().await? {
             let log_id = entry.log_id;
-            let changed = !matches!(&entry.payload, EntryPayload::Normal(LogCommand(cmd)) if cmd.submits_only());
+            if !matches!(&entry.payload, EntryPayload::Normal(LogCommand(cmd)) if cmd.submits_only()) {
+                self.mark_change(Some(log_id));
+            }
             let result = match entry.payload {
                 EntryPayload::Blank => CommandResult::Ok,
                 EntryPayload::Normal(LogCommand(cmd)) => self.apply_command(&cmd)?,
@@ -792,7 +796,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     CommandResult::Ok
                 }
             };
-            self.set_applied(Some(log_id), changed);
+            self.set_applied(Some(log_id));
             if let Some(responder) = responder {
                 responder.send(result);
             }
@@ -822,9 +826,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let state = tokio::task::spawn_blocking(move || install_files(&db, &lock, &snap_dir, &stored_meta, &snapshot, &gen))
             .await
             .map_err(|e| io_other("install snapshot", e))??;
+        self.mark_change(meta.last_log_id);
         *self.write_state()? = state;
         self.membership = meta.last_membership.clone();
-        self.set_applied(meta.last_log_id, true);
+        self.set_applied(meta.last_log_id);
         Ok(())
     }
 

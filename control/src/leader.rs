@@ -236,9 +236,9 @@ pub struct IdlePass {
     pub room: Option<scheduler::Room>,
 }
 
-/// The applied state now, as [`pass_due`] reads it: the last applied log index, the last one
-/// that did more than submit jobs (`Command::submits_only`, read after `index`) and the next
-/// job id.
+/// The applied state now, as [`pass_due`] reads it: the last applied log index (read before
+/// the state), the last entry that did more than submit jobs (`Command::submits_only`, read
+/// with the state: none after it is in the state) and the next job id (of the state).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Applied {
     pub index: u64,

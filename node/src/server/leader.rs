@@ -265,9 +265,10 @@ impl Node {
         }
         // Read before the view: a change applied meanwhile only makes the next pass due.
         let applied_index = self.state.applied_index();
-        let last_change_index = self.state.last_change_index();
         let mut idle = lock(&self.memory).idle_pass;
         let due = self.state.read(|s| {
+            // Read with the state: an entry that freed something and is in it is counted.
+            let last_change_index = self.state.last_change_index();
             let now = control::leader::Applied { index: applied_index, last_change_index, next_job_id: s.next_job_id };
             control::leader::pass_due(idle.as_mut(), now, &s.jobs, &s.policy, now_ms())
         });
