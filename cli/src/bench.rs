@@ -181,17 +181,14 @@ async fn start_blocker(cluster: &Cluster, workdir: &str) -> anyhow::Result<u64> 
     }
 }
 
-/// Cancels `jobs` from 64 concurrent tasks.
-async fn cancel_all(cluster: &Arc<Cluster>, jobs: Vec<u64>) -> anyhow::Result<()> {
+/// Cancels `jobs` from at most `tasks_max` concurrent tasks, each call patient for `patience`.
+pub(crate) async fn cancel_all(cluster: &Arc<Cluster>, jobs: Vec<u64>, tasks_max: usize, patience: Duration) -> anyhow::Result<()> {
     let mut tasks = Vec::new();
-    for chunk in jobs.chunks(jobs.len().div_ceil(64).max(1)) {
+    for chunk in jobs.chunks(jobs.len().div_ceil(tasks_max.max(1)).max(1)) {
         let (cluster, chunk) = (Arc::clone(cluster), chunk.to_vec());
         tasks.push(tokio::spawn(async move {
             for job in chunk {
-                cluster
-                    .call_patiently(Request::Cancel { job }, Duration::from_secs(20))
-                    .await
-                    .with_context(|| format!("cancel job {job}"))?;
+                cluster.call_patiently(Request::Cancel { job }, patience).await.with_context(|| format!("cancel job {job}"))?;
             }
             Ok::<_, anyhow::Error>(())
         }));
@@ -458,8 +455,8 @@ async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
     }
     let t = Instant::now();
     let count = queued.len();
-    cancel_all(&cluster, queued).await?;
-    cancel_all(&cluster, vec![blocker]).await?;
+    cancel_all(&cluster, queued, 64, Duration::from_secs(20)).await?;
+    cancel_all(&cluster, vec![blocker], 1, Duration::from_secs(20)).await?;
     println!("cancelled the {count} queued jobs and the blocker in {:.1} s", t.elapsed().as_secs_f64());
 
     // Submit to RUNNING (launch confirmed by the agent), from the leader's own timestamps.

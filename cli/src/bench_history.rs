@@ -91,20 +91,7 @@ async fn submit_and_cancel(cluster: &Arc<Cluster>, workdir: &str, count: usize) 
         }
     }
     let rate = ids.len() as f64 / t.elapsed().as_secs_f64();
-    let chunks: Vec<Vec<u64>> = ids.chunks(ids.len().div_ceil(CLIENTS).max(1)).map(<[u64]>::to_vec).collect();
-    let mut tasks = Vec::new();
-    for chunk in chunks {
-        let cluster = Arc::clone(cluster);
-        tasks.push(tokio::spawn(async move {
-            for job in chunk {
-                cluster.call_patiently(Request::Cancel { job }, PATIENCE).await?;
-            }
-            Ok::<_, anyhow::Error>(())
-        }));
-    }
-    for task in tasks {
-        task.await.context("join canceller")??;
-    }
+    crate::bench::cancel_all(cluster, ids.clone(), CLIENTS, PATIENCE).await?;
     Ok((ids, rate, lat))
 }
 

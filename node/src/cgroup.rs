@@ -426,10 +426,9 @@ impl JobCgroup {
         // (the others are not listed: a run's end reads what it must and no more).
         let mut kills = oom_kills_of(&[self.path.join("memory.events")]);
         for dir in &self.v1 {
-            let file = dir.join("memory.oom_control");
-            if file.exists() {
+            if let Some(run) = oom_kills_in(&dir.join("memory.oom_control")) {
                 let steps: Vec<PathBuf> = child_cgroups(dir).into_iter().map(|c| c.join("memory.oom_control")).collect();
-                kills += oom_kills_of(&[file]) + oom_kills_of(&steps);
+                kills += run + oom_kills_of(&steps);
             }
         }
         kills + self.step_oom_kills.load(std::sync::atomic::Ordering::Relaxed)
@@ -469,17 +468,20 @@ impl JobCgroup {
 
 /// The OOM kills `files` count (`memory.events` or `memory.oom_control`); a missing one counts 0.
 fn oom_kills_of(files: &[PathBuf]) -> u64 {
-    files
-        .iter()
-        .filter_map(|file| match std::fs::read_to_string(file) {
-            Ok(text) => Some(oom_kill_count(&text)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => {
-                warn!(file = %file.display(), error = %e, "read an OOM kill count");
-                None
-            }
-        })
-        .sum()
+    files.iter().filter_map(|file| oom_kills_in(file)).sum()
+}
+
+/// The OOM kills `file` counts; `None` where it is missing (a cgroup without the memory
+/// controller) or unreadable (logged).
+fn oom_kills_in(file: &Path) -> Option<u64> {
+    match std::fs::read_to_string(file) {
+        Ok(text) => Some(oom_kill_count(&text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            warn!(file = %file.display(), error = %e, "read an OOM kill count");
+            None
+        }
+    }
 }
 
 /// The `oom_kill N` line of a `memory.events` or `memory.oom_control` file (0 without one).
