@@ -242,10 +242,8 @@ struct LeaderMemory {
     returned_ms: Option<u64>,
     /// When this leader declared nodes down (for the mass-silence rule).
     declared_down_ms: Vec<u64>,
-    launches_sent: control::leader::Resend<control::leader::SendKey>,
-    kills_sent: control::leader::Resend<control::leader::SendKey>,
-    /// The last pass, if it changed nothing (`control::leader::pass_due`).
-    idle_pass: Option<control::leader::IdlePass>,
+    /// The leader's sequence and its memory between passes, as corrald's.
+    engine: engine::Leader,
 }
 
 impl LeaderMemory {
@@ -255,10 +253,29 @@ impl LeaderMemory {
             last_seen_ms: BTreeMap::new(),
             returned_ms: None,
             declared_down_ms: Vec::new(),
-            launches_sent: control::leader::Resend::new(resend_after_ms),
-            kills_sent: control::leader::Resend::new(resend_after_ms),
-            idle_pass: None,
+            engine: engine::Leader::new(resend_after_ms),
         }
+    }
+}
+
+/// The simulated log's applied state as the engine reads it.
+struct SimState<'a> {
+    state: &'a ClusterState,
+    applied: u64,
+    last_change_applied: u64,
+}
+
+impl engine::StateReader for SimState<'_> {
+    fn applied_index(&self) -> u64 {
+        self.applied
+    }
+
+    fn with_state<R>(&self, f: impl FnOnce(&ClusterState, u64) -> R) -> R {
+        f(self.state, self.last_change_applied)
+    }
+
+    fn view(&self) -> (scheduler::ClusterView, JobId) {
+        (self.state.scheduler_view(), self.state.next_job_id)
     }
 }
 
@@ -464,34 +481,15 @@ impl Sim {
             return;
         }
         self.check_liveness();
-        // Scheduling, skipped when the leader would skip it (`control::leader::pass_needed`,
-        // `pass_due`).
-        let now = control::leader::Applied {
-            index: self.applied,
-            last_change_index: self.last_change_applied,
-            next_job_id: self.state.next_job_id,
-        };
-        if control::leader::pass_needed(self.state.jobs.values(), self.state.nodes.values())
-            && control::leader::pass_due(self.mem.idle_pass.as_mut(), now, &self.state.jobs, &self.state.policy, self.now_ms)
-        {
-            let plan = scheduler::schedule(&self.state.scheduler_view(), self.now_ms);
-            self.mem.idle_pass = plan.changes_nothing().then_some(control::leader::IdlePass {
-                applied_index: self.applied,
-                next_job_id: self.state.next_job_id,
-                at_ms: self.now_ms,
-                wake_ms: plan.wake_ms,
-                room: plan.room,
-            });
-            if !plan.placements.is_empty() {
-                let array_tasks: Vec<(u32, u32)> = plan.array_tasks.iter().map(|a| (a.placement as u32, a.task)).collect();
-                self.apply(Command::Plan { placements: plan.placements, array_tasks, now_ms: self.now_ms });
-            }
+        // The leader's sequence: a scheduling pass when one is due, then the launches and stops
+        // due (`engine::Leader`, as corrald runs it). Nothing paces a simulated leader.
+        let reader = SimState { state: &self.state, applied: self.applied, last_change_applied: self.last_change_applied };
+        let pass = self.mem.engine.schedule_pass(&reader, self.now_ms, || u32::MAX);
+        for cmd in pass.map(|p| p.commands).unwrap_or_default() {
+            self.apply(cmd);
         }
-        // Launches and stops, re-sent after `resend_after_ms` (node/src/server/leader.rs
-        // `drive_launches_and_kills`).
         let now = self.now_ms;
-        let orders =
-            control::leader::due_orders(self.state.jobs_holding_parts(), &mut self.mem.launches_sent, &mut self.mem.kills_sent, now);
+        let orders = self.mem.engine.orders(&self.state, now);
         let launches: Vec<(Job, NodeId)> =
             orders.launches.into_iter().filter_map(|(id, node)| Some((self.state.jobs.get(&id)?.clone(), node))).collect();
         let kills: Vec<(JobId, RunNo, NodeId)> = orders.stops.into_iter().map(|(id, stop)| (id, stop.run, stop.node)).collect();

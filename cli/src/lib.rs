@@ -13,6 +13,7 @@ pub mod commands;
 pub mod demo;
 pub mod dev;
 pub mod nccl;
+pub mod replay;
 pub mod restd;
 pub mod slurm;
 pub mod units;

@@ -2,7 +2,7 @@
 //! certificate; it never opens the Raft log or RocksDB.
 
 use corral_cli::commands::{self, MigCmd, PolicyCmd, SubmitArgs};
-use corral_cli::{bench, client, cluster_admin, demo, dev, nccl, restd, slurm};
+use corral_cli::{bench, client, cluster_admin, demo, dev, nccl, replay, restd, slurm};
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -135,6 +135,10 @@ enum Cmd {
     },
     /// Benchmark a local 3-node cluster: submit throughput, submit-to-running latency, failover.
     Bench(bench::BenchArgs),
+    /// Replay a job trace in simulated time through the leader's own engine under each policy
+    /// (Corral's scheduler, a Slurm 22.05 model) and print scheduling-quality figures.
+    #[command(subcommand)]
+    Replay(replay::ReplayCmd),
     /// Create sbatch, srun, salloc, squeue, scancel, sinfo, scontrol, sacct, sacctmgr, sshare, sprio and sstat in DIR as symlinks to
     /// this binary, which then behaves as those Slurm commands.
     InstallSlurmShims { dir: PathBuf },
@@ -271,6 +275,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Demo { dir } => demo::run(dir).await?,
         Cmd::Bench(args) => bench::run(args).await?,
+        Cmd::Replay(cmd) => replay::run(cmd, cli.json)?,
         Cmd::Restd { node_config, listen } => restd::run(&node_config, listen).await?,
         Cmd::InstallSlurmShims { dir } => {
             let exe = std::env::current_exe().context("find the corral binary")?;

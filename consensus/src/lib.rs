@@ -7,15 +7,14 @@
 //! [`handle_raft_rpc`].
 
 pub mod accounting;
-mod associations;
 pub mod network;
 pub mod proposer;
 pub mod snapshot;
-pub mod state;
 pub mod store;
-pub mod submit_keys;
 pub mod types;
-pub mod view;
+
+/// The state machine lives in its own crate, free of RocksDB; these are its old paths.
+pub use corral_state::{cluster as state, submit_keys, view};
 
 use std::path::Path;
 use std::sync::Arc;
@@ -25,9 +24,9 @@ use openraft::error::{ClientWriteError, RaftError};
 use openraft::SnapshotPolicy;
 use proto::{ApiError, Command, CommandResult, NodeId};
 
+pub use corral_state::ClusterState;
 pub use network::{handle_raft_rpc, NetworkFactory, PeerClient, RaftTransport, SnapshotInbox, TransportError, RAFT_PAYLOAD_BYTES_MAX};
 pub use proposer::Proposer;
-pub use state::ClusterState;
 pub use store::{open_store, LogStore, StateHandle, StateMachine};
 pub use types::{LogCommand, LogId, MemberNode, Raft, SnapshotData, TypeConfig};
 

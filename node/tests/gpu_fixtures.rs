@@ -1,4 +1,4 @@
-//! The `nvidia-smi` parsers on real output of an H200 machine (shared/fixtures/gpu/h200): the
+//! The `nvidia-smi` parsers on real output of an H200 machine (`fixtures/h200`, recorded on one): the
 //! inventory they give is what the NVML probe reports there.
 
 use std::path::PathBuf;
@@ -11,7 +11,7 @@ use proto::Link;
 fn fixture(name: &str) -> String {
     let dir = std::env::var_os("CORRAL_GPU_FIXTURES")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/gpu/h200"));
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/h200"));
     let path = dir.join(name);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read fixture {}: {e} (set CORRAL_GPU_FIXTURES)", path.display()))
 }

@@ -2,7 +2,7 @@
 //!
 //! A MIG-capable GPU has 8 memory slices and 7 compute slices. Each profile takes some of each
 //! and may only start at certain memory slices (`nvidia-smi mig -lgipp`). The H200 table is
-//! taken from the real fixtures in `shared/fixtures/gpu/h200/`:
+//! taken from the real fixtures in `node/tests/fixtures/h200/`:
 //!
 //! ```text
 //! GPU  0 Profile ID 19 Placements: {0,1,2,3,4,5,6}:1   1g.18gb

@@ -126,7 +126,7 @@ fn build_machine(node_name: &str, model: &Model, count: u32, form: Form) -> GpuI
 /// The machine a spec names.
 fn machine_for(spec: &str, node_name: &str) -> anyhow::Result<(GpuInventory, Option<Vec<String>>)> {
     if spec == "h200-mig" {
-        // The machine of shared/fixtures/gpu/h200: one H200 in a 16-CPU VM, MIG on.
+        // The machine of node/tests/fixtures/h200: one H200 in a 16-CPU VM, MIG on.
         let m = model("h200")?;
         let mut inv = build_machine(node_name, m, 1, Form::Sxm(18));
         inv.gpus[0].pci_bus_id = "00000000:00:06.0".into();

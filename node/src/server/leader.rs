@@ -20,10 +20,9 @@ pub(super) struct LeaderMemory {
     pub(super) last_seen: HashMap<NodeId, Instant>,
     /// When a node last returned to this leader (`control::leader::rejoin_held`).
     pub(super) returned_at: Option<Instant>,
-    /// Sends of launches and stops not yet answered through the log, to re-send after
-    /// `RESEND_AFTER_MS` (pruned every pass: at most what one period sent).
-    pub(super) launches_sent: control::leader::Resend<control::leader::SendKey>,
-    pub(super) kills_sent: control::leader::Resend<control::leader::SendKey>,
+    /// The leader's sequence and what it remembers between passes (the last idle pass, sends
+    /// awaiting an answer through the log). Taken out while a pass runs.
+    pub(super) engine: engine::Leader,
     /// Suspension orders sent, and those the nodes acknowledged (`control::leader::due_suspends`).
     pub(super) suspends_sent: control::leader::Resend<control::leader::SendKey>,
     pub(super) suspends_acked: control::leader::SuspendAcks,
@@ -42,8 +41,6 @@ pub(super) struct LeaderMemory {
     pub(super) launch_calls: HashMap<NodeId, Arc<tokio::sync::Semaphore>>,
     /// How the last pass was paced, to say when pacing starts and ends.
     pub(super) paced: Option<crate::pacing::Paced>,
-    /// The last pass, if it changed nothing (`control::leader::pass_due`).
-    pub(super) idle_pass: Option<control::leader::IdlePass>,
 }
 
 impl Default for LeaderMemory {
@@ -53,8 +50,7 @@ impl Default for LeaderMemory {
             epoch: Instant::now(),
             last_seen: HashMap::new(),
             returned_at: None,
-            launches_sent: control::leader::Resend::new(RESEND_AFTER_MS),
-            kills_sent: control::leader::Resend::new(RESEND_AFTER_MS),
+            engine: engine::Leader::new(RESEND_AFTER_MS),
             suspends_sent: control::leader::Resend::new(RESEND_AFTER_MS),
             suspends_acked: control::leader::SuspendAcks::new(),
             layouts_sent: HashMap::new(),
@@ -64,7 +60,6 @@ impl Default for LeaderMemory {
             archived_at: None,
             launch_calls: HashMap::new(),
             paced: None,
-            idle_pass: None,
         }
     }
 }
@@ -259,70 +254,40 @@ impl Node {
     }
 
     async fn schedule_pass(&self) {
-        // Without a pass to run, the view (one record per node) is not built at all.
-        if !self.state.read(|s| control::leader::pass_needed(s.jobs.values(), s.nodes.values())) {
-            return;
-        }
-        // Read before the view: a change applied meanwhile only makes the next pass due.
-        let applied_index = self.state.applied_index();
-        let mut idle = lock(&self.memory).idle_pass;
-        let due = self.state.read(|s| {
-            // Read with the state: an entry that freed something and is in it is counted.
-            let last_change_index = self.state.last_change_index();
-            let now = control::leader::Applied { index: applied_index, last_change_index, next_job_id: s.next_job_id };
-            control::leader::pass_due(idle.as_mut(), now, &s.jobs, &s.policy, now_ms())
-        });
-        if !due {
-            // Moved on over submissions that change nothing.
-            lock(&self.memory).idle_pass = idle;
-            return;
-        }
-        let (starts_max, paced) = crate::pacing::starts_per_pass_max(&self.leader_load());
-        self.say_paced(paced, starts_max);
-        if starts_max == 0 {
-            // Behind: not even the view is built (the pass would start nothing; preemptions
-            // and MIG layouts, both for jobs to start, wait too).
-            return;
-        }
-        let (mut view, view_next_job_id) = self.scheduler_view_seen();
-        view.config.starts_per_pass_max = starts_max;
-        view.config.explain_ineligible = false;
+        // The engine leaves the memory while the pass runs (the pacing below locks it); the
+        // leader loop is the only task that runs passes or starts a new term.
+        let mut engine = std::mem::replace(&mut lock(&self.memory).engine, engine::Leader::new(RESEND_AFTER_MS));
         let now = now_ms();
         let started = Instant::now();
-        let plan = scheduler::schedule(&view, now);
-        let pass_ms = started.elapsed().as_millis() as u64;
-        lock(&self.memory).idle_pass = plan.changes_nothing().then_some(control::leader::IdlePass {
-            applied_index,
-            next_job_id: view_next_job_id,
-            at_ms: now,
-            wake_ms: plan.wake_ms,
-            room: plan.room,
+        let pass = engine.schedule_pass(&EngineState(self), now, || {
+            let (starts_max, paced) = crate::pacing::starts_per_pass_max(&self.leader_load());
+            self.say_paced(paced, starts_max);
+            starts_max
         });
-        for (job, action) in &plan.preemptions {
-            let cmd = match action {
-                scheduler::PreemptAction::Requeue => Command::Requeue { job: *job, reason: "preempted".into(), now_ms: now },
-                scheduler::PreemptAction::Cancel => Command::Cancel { job: *job, now_ms: now },
-            };
-            info!(job, action = ?action, "preempting job");
-            if let Err(e) = self.propose(cmd).await {
-                warn!(job, error = %e, "preempt job");
-            }
-        }
-        self.send_mig_layouts(&plan.mig_layouts);
-        if plan.placements.is_empty() {
-            return;
-        }
-        let array_tasks: Vec<(u32, u32)> = plan.array_tasks.iter().map(|a| (a.placement as u32, a.task)).collect();
-        let placements = plan.placements.len();
-        match self.propose(Command::Plan { placements: plan.placements, array_tasks, now_ms: now }).await {
-            Ok(CommandResult::Planned { accepted, rejected }) => {
-                debug!(placements, accepted = accepted.len(), rejected = rejected.len(), pass_ms, "plan committed");
-                for (job, why) in rejected {
-                    debug!(job, why = %why, "placement rejected as stale");
+        let pass_ms = started.elapsed().as_millis() as u64;
+        lock(&self.memory).engine = engine;
+        let Some(pass) = pass else { return };
+        self.send_mig_layouts(&pass.mig_layouts);
+        for cmd in pass.commands {
+            match cmd {
+                Command::Requeue { job, .. } | Command::Cancel { job, .. } => {
+                    info!(job, command = ?cmd, "preempting job");
+                    if let Err(e) = self.propose(cmd).await {
+                        warn!(job, error = %e, "preempt job");
+                    }
                 }
+                Command::Plan { .. } => match self.propose(cmd).await {
+                    Ok(CommandResult::Planned { accepted, rejected }) => {
+                        debug!(placements = pass.starts, accepted = accepted.len(), rejected = rejected.len(), pass_ms, "plan committed");
+                        for (job, why) in rejected {
+                            debug!(job, why = %why, "placement rejected as stale");
+                        }
+                    }
+                    Ok(other) => warn!(result = ?other, "unexpected plan result"),
+                    Err(e) => warn!(error = %e, "commit plan"),
+                },
+                other => warn!(command = ?other, "a scheduling pass asked for a command it never gives"),
             }
-            Ok(other) => warn!(result = ?other, "unexpected plan result"),
-            Err(e) => warn!(error = %e, "commit plan"),
         }
     }
 
@@ -405,9 +370,8 @@ impl Node {
         let (launches, kills) = {
             let mut mem = lock(&self.memory);
             let now_ms = mem.now_ms();
-            let LeaderMemory { launches_sent, kills_sent, .. } = &mut *mem;
             self.state.read(|s| {
-                let orders = control::leader::due_orders(s.jobs_holding_parts(), launches_sent, kills_sent, now_ms);
+                let orders = mem.engine.orders(s, now_ms);
                 let addr_of = |node: NodeId| s.nodes.get(&node).map(|n| n.addr.clone()).unwrap_or_default();
                 let launches: Vec<_> = orders
                     .launches
@@ -445,7 +409,7 @@ impl Node {
                     {
                         let mut mem = lock(&node.memory);
                         let now_ms = mem.now_ms();
-                        mem.launches_sent.sent(key, now_ms);
+                        mem.engine.launch_sent(key, now_ms);
                     }
                     node.send_launch(job, nodes, target, addr, issued_index).await;
                 }
@@ -610,5 +574,23 @@ impl Node {
                 schedule.learned(self.id, check, term, Instant::now());
             }
         }
+    }
+}
+
+/// The node's applied state as the engine reads it.
+struct EngineState<'a>(&'a Node);
+
+impl engine::StateReader for EngineState<'_> {
+    fn applied_index(&self) -> u64 {
+        self.0.state.applied_index()
+    }
+
+    fn with_state<R>(&self, f: impl FnOnce(&consensus::ClusterState, u64) -> R) -> R {
+        // Read with the state: an entry that freed something and is in it is counted.
+        self.0.state.read(|s| f(s, self.0.state.last_change_index()))
+    }
+
+    fn view(&self) -> (scheduler::ClusterView, JobId) {
+        self.0.scheduler_view_seen()
     }
 }

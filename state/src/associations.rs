@@ -8,7 +8,7 @@
 use proto::accounts::{Holder, SUBMIT_LIMIT};
 use proto::{CommandResult, Job, JobId, JobSpec};
 
-use crate::state::ClusterState;
+use crate::cluster::ClusterState;
 
 /// Jobs a submission counts for `MaxSubmitJobs`: one, or each task of an array.
 fn weight(spec: &JobSpec) -> u64 {
@@ -135,7 +135,7 @@ mod tests {
     use proto::accounts::{AssocChanges, LimitChanges, QosChanges, INVALID_ACCOUNT, INVALID_QOS};
     use proto::{AccountsEdit, ArraySpec, Command, CommandResult, JobSpec};
 
-    use crate::state::ClusterState;
+    use crate::cluster::ClusterState;
 
     fn edit(s: &mut ClusterState, edits: Vec<AccountsEdit>) -> CommandResult {
         s.apply(&Command::EditAccounts { edits, now_ms: 5 })

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use proto::{Allocation, Inventory, Job, JobId, JobSpec, JobState, NodeId, NodeRecord, NodeState};
 use scheduler::{ClusterView, JobRequest, NodeView};
 
-use crate::state::ClusterState;
+use crate::cluster::ClusterState;
 
 /// Every node with the resources its parts hold marked used. When a partition of the policy
 /// lists its nodes, every node's partitions are spelled out (`partitions_of_node`), and a node

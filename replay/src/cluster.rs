@@ -1,0 +1,95 @@
+//! The inventory a replay runs on: nodes with GPUs of a model, CPUs and memory, registered in
+//! the state machine as real nodes register.
+
+use anyhow::{bail, Context};
+use corral_state::ClusterState;
+use proto::{Command, CommandResult, GpuInfo, InstanceId, Inventory, NodeId};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeSpec {
+    pub name: String,
+    pub gpus: u32,
+    /// The GRES type jobs name (`h100`, `v100m32`).
+    pub gres_type: String,
+    pub cpus: u32,
+    pub mem_mib: u64,
+}
+
+/// `count` nodes of `gpus` (`TYPE:N`, as `--gpus h100:8`), each with `cpus` and `mem_mib`.
+pub fn uniform(count: u32, gpus: &str, cpus: u32, mem_mib: u64) -> anyhow::Result<Vec<NodeSpec>> {
+    let Some((gres_type, n)) = gpus.split_once(':') else { bail!("--gpus takes TYPE:N, as h100:8, not '{gpus}'") };
+    let n: u32 = n.parse().with_context(|| format!("read the GPU count of '{gpus}'"))?;
+    if gres_type.is_empty() || n > scheduler::GPUS_PER_NODE_MAX as u32 {
+        bail!("--gpus takes TYPE:N with N at most {}, not '{gpus}'", scheduler::GPUS_PER_NODE_MAX);
+    }
+    Ok((1..=count)
+        .map(|i| NodeSpec { name: format!("n{i:04}"), gpus: n, gres_type: gres_type.to_ascii_lowercase(), cpus, mem_mib })
+        .collect())
+}
+
+/// An FGD/openb node list (`sn,cpu_milli,memory_mib,gpu,model`). CPUs are whole cores
+/// (rounded down), as Slurm and Corral count them.
+pub fn openb_nodes(text: &str) -> anyhow::Result<Vec<NodeSpec>> {
+    let mut rows = crate::trace::Csv::new(text, &["sn", "cpu_milli", "memory_mib", "gpu", "model"])?;
+    let mut nodes = Vec::new();
+    while let Some(r) = rows.next_row()? {
+        nodes.push(NodeSpec {
+            name: r.get(0).to_string(),
+            cpus: (r.num(1)? / 1000.0) as u32,
+            mem_mib: r.num(2)? as u64,
+            gpus: r.num(3)? as u32,
+            gres_type: r.get(4).to_ascii_lowercase(),
+        });
+    }
+    Ok(nodes)
+}
+
+fn inventory(spec: &NodeSpec) -> Inventory {
+    Inventory {
+        gpus: (0..spec.gpus)
+            .map(|i| GpuInfo {
+                index: i,
+                uuid: format!("GPU-{}-{i}", spec.name),
+                model: gpu_model_name(&spec.gres_type).to_string(),
+                gres_type: spec.gres_type.clone(),
+                memory_mib: if spec.gres_type == "h100" { 81_559 } else { 32_768 },
+                healthy: true,
+                ..GpuInfo::default()
+            })
+            .collect(),
+        cpus: spec.cpus,
+        memory_mib: spec.mem_mib,
+        ..Inventory::default()
+    }
+}
+
+/// The model name a GPU of this GRES type reports (what MIG support is read from).
+fn gpu_model_name(gres_type: &str) -> &str {
+    match gres_type {
+        "h100" => "NVIDIA H100 80GB HBM3",
+        "a100" => "NVIDIA A100-SXM4-80GB",
+        other => other,
+    }
+}
+
+/// Registers `nodes` through `Command::RegisterNode`, as each node's first registration does;
+/// returns each node's id and instance, in order.
+pub fn register(state: &mut ClusterState, nodes: &[NodeSpec]) -> anyhow::Result<Vec<(NodeId, InstanceId)>> {
+    let mut ids = Vec::with_capacity(nodes.len());
+    for (i, spec) in nodes.iter().enumerate() {
+        let instance = i as InstanceId + 1;
+        let cmd = Command::RegisterNode {
+            name: spec.name.clone(),
+            addr: format!("{}:7100", spec.name),
+            inventory: inventory(spec),
+            instance,
+            cert_fingerprint: String::new(),
+            now_ms: 0,
+        };
+        match state.apply(&cmd) {
+            CommandResult::NodeRegistered { id } => ids.push((id, instance)),
+            other => bail!("register node {}: {other:?}", spec.name),
+        }
+    }
+    Ok(ids)
+}

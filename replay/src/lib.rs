@@ -1,0 +1,34 @@
+//! `corral replay`: a job trace replayed in simulated time through the leader's own engine
+//! (`engine::Leader`: the pass sequence corrald runs), the state machine (`corral_state`) and a
+//! scheduling policy: Corral's scheduler, or a model of another scheduler (`slurm`) for a
+//! side-by-side on the same trace. Agents start every launch at once and end each run at its
+//! trace duration (or its time limit). `placement` replays a pod list FGD's way (no time, no
+//! departures) through the same engine.
+//!
+//! Invariant: deterministic for a trace, an inventory, a policy and a seed; no IO but reading
+//! the trace files the caller names; no wall clock inside a replay.
+
+pub mod cluster;
+pub mod metrics;
+pub mod placement;
+pub mod plot;
+pub mod slurm;
+pub mod timed;
+pub mod trace;
+
+pub use cluster::NodeSpec;
+pub use metrics::Report;
+pub use trace::TraceJob;
+
+/// The policies a replay compares, by the name `--policies` takes.
+pub const POLICIES: &[&str] = &["corral", "slurm-22.05", "slurm-22.05-tuned"];
+
+/// The policy named `name` (one of [`POLICIES`]).
+pub fn policy(name: &str) -> anyhow::Result<Box<dyn engine::Policy>> {
+    Ok(match name {
+        "corral" => Box::new(engine::CorralPolicy),
+        "slurm-22.05" => Box::new(slurm::SlurmModel::new(slurm::SlurmConfig::stock())),
+        "slurm-22.05-tuned" => Box::new(slurm::SlurmModel::new(slurm::SlurmConfig::tuned())),
+        other => anyhow::bail!("unknown policy '{other}': the policies are {}", POLICIES.join(", ")),
+    })
+}

@@ -1,0 +1,154 @@
+//! FGD's placement experiment (Weng et al., ATC'23): the pod list plus seeded random copies
+//! until the GPUs asked reach `inflate` times the cluster's, shuffled, placed one at a time
+//! through the leader's engine with no departures; a pod no node holds is dropped (cancelled)
+//! and the next one comes. Allocation counts what placed pods asked (whole GPUs, or
+//! `gpu_milli` of a share), as FGD counts it.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
+use corral_state::ClusterState;
+use engine::{Leader, Policy, StateReader};
+use proto::{Command, CommandResult, GresRequest, InstanceId, JobId, JobSpec, JobState, NodeId};
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::cluster::{self, NodeSpec};
+use crate::trace::Pod;
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct PlacementReport {
+    pub policy: String,
+    pub seed: u64,
+    pub pods: usize,
+    pub placed: usize,
+    /// GPU share asked by placed pods, in % of the cluster's GPUs, once the pods that arrived
+    /// asked 100% of them, and at the end (`inflate`).
+    pub gpu_alloc_at_100_pct: f64,
+    pub gpu_alloc_pct: f64,
+    /// Pods that asked a share of a GPU (`gpu_milli` < 1000) placed on a whole GPU: Corral and
+    /// Slurm without sharing give them one.
+    pub shares_on_whole_gpus: usize,
+    /// Pods that allow several GPU models, placed on any (a job names one GRES type or none).
+    pub model_lists_relaxed: usize,
+}
+
+/// The FGD task list for `seed`: `pods` and random copies of them until the GPUs they ask reach
+/// `inflate` x `capacity_milli`, shuffled.
+pub fn inflated(pods: &[Pod], capacity_milli: u64, inflate: f64, seed: u64) -> Vec<Pod> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut list: Vec<Pod> = pods.to_vec();
+    let target = (capacity_milli as f64 * inflate) as u64;
+    let mut asked: u64 = list.iter().map(Pod::gpu_milli_total).sum();
+    let gpu_pods: Vec<&Pod> = pods.iter().filter(|p| p.gpu_milli_total() > 0).collect();
+    let mut copy = 0;
+    while asked < target && !gpu_pods.is_empty() {
+        let p = pods[rng.gen_range(0..pods.len())].clone();
+        asked += p.gpu_milli_total();
+        copy += 1;
+        list.push(Pod { name: format!("{}-copy{copy}", p.name), ..p });
+    }
+    list.shuffle(&mut rng);
+    list
+}
+
+fn spec_of(pod: &Pod) -> (JobSpec, bool) {
+    let relaxed = pod.models.len() > 1;
+    let gpu_type = if pod.models.len() == 1 { Some(pod.models[0].clone()) } else { None };
+    let spec = JobSpec {
+        name: pod.name.clone(),
+        argv: vec!["true".into()],
+        gres: (pod.gpus > 0).then_some(GresRequest { gpu_type, count: pod.gpus }),
+        cpus_per_task: pod.cpus_milli.div_ceil(1000).max(1),
+        ntasks_per_node: 1,
+        mem_mib: pod.mem_mib,
+        workdir: "/".into(),
+        user: "pod".into(),
+        nodes: 1,
+        ..JobSpec::command(vec!["true".into()], "/", "user")
+    };
+    (spec, relaxed)
+}
+
+struct Log {
+    state: ClusterState,
+    applied: u64,
+    last_change: u64,
+    cache: RefCell<corral_state::view::ViewCache>,
+}
+
+impl Log {
+    fn apply(&mut self, cmd: &Command) -> CommandResult {
+        self.applied += 1;
+        if !cmd.submits_only() {
+            self.last_change = self.applied;
+        }
+        self.state.apply(cmd)
+    }
+}
+
+impl StateReader for Log {
+    fn applied_index(&self) -> u64 {
+        self.applied
+    }
+
+    fn with_state<R>(&self, f: impl FnOnce(&ClusterState, u64) -> R) -> R {
+        f(&self.state, self.last_change)
+    }
+
+    fn view(&self) -> (scheduler::ClusterView, JobId) {
+        (corral_state::view::scheduler_view_cached(&self.state, &mut self.cache.borrow_mut(), |_| None), self.state.next_job_id)
+    }
+}
+
+/// Places `list` (from [`inflated`]) on `nodes` one pod at a time under `policy`.
+pub fn run(list: &[Pod], nodes: &[NodeSpec], policy: Box<dyn Policy>, policy_name: &str, seed: u64) -> anyhow::Result<PlacementReport> {
+    let mut log = Log { state: ClusterState::default(), applied: 0, last_change: 0, cache: RefCell::default() };
+    let instances: BTreeMap<NodeId, InstanceId> = cluster::register(&mut log.state, nodes)?.into_iter().collect();
+    let capacity_milli: u64 = nodes.iter().map(|n| u64::from(n.gpus) * 1000).sum();
+    let mut leader = Leader::with_policy(policy, u64::MAX / 4);
+    let mut report = PlacementReport { policy: policy_name.to_string(), seed, pods: list.len(), ..PlacementReport::default() };
+    let (mut arrived, mut allocated) = (0u64, 0u64);
+    let mut at_100 = None;
+    // Each pod at its own millisecond: the engine sees time move as it would.
+    for (k, pod) in list.iter().enumerate() {
+        let now_ms = k as u64 + 1;
+        let (spec, relaxed) = spec_of(pod);
+        arrived += pod.gpu_milli_total();
+        if log.state.undefined_in_submission(&spec).is_some() {
+            continue;
+        }
+        let CommandResult::Submitted { job } = log.apply(&Command::Submit { spec, now_ms }) else {
+            continue;
+        };
+        if let Some(pass) = leader.schedule_pass(&log, now_ms, || u32::MAX) {
+            for cmd in &pass.commands {
+                log.apply(cmd);
+            }
+        }
+        let orders = leader.orders(&log.state, now_ms);
+        for (id, node) in orders.launches {
+            let Some(run) = log.state.jobs.get(&id).map(|j| j.run) else { continue };
+            let instance = instances.get(&node).copied().unwrap_or_default();
+            log.apply(&Command::LaunchConfirmed { job: id, run, node, instance, now_ms });
+        }
+        if log.state.jobs.get(&job).is_some_and(|j| j.state == JobState::Pending) {
+            log.apply(&Command::Cancel { job, now_ms });
+            let finished: Vec<JobId> = log.state.archivable(now_ms, 0, proto::ARCHIVE_BATCH_MAX);
+            log.apply(&Command::ArchiveJobs { jobs: finished, now_ms });
+        } else {
+            report.placed += 1;
+            allocated += pod.gpu_milli_total();
+            report.shares_on_whole_gpus += usize::from(pod.gpus == 1 && pod.gpu_milli < 1000);
+            report.model_lists_relaxed += usize::from(relaxed);
+        }
+        if at_100.is_none() && arrived >= capacity_milli {
+            at_100 = Some(allocated);
+        }
+    }
+    let pct = |m: u64| 100.0 * m as f64 / capacity_milli.max(1) as f64;
+    report.gpu_alloc_at_100_pct = pct(at_100.unwrap_or(allocated));
+    report.gpu_alloc_pct = pct(allocated);
+    Ok(report)
+}
