@@ -72,8 +72,9 @@ pub struct TimedArgs {
     /// Replay only the first N jobs.
     #[arg(long)]
     limit: Option<usize>,
-    /// Write each job's submission, start and end (CSV: policy,job,gpus,submit_s,start_s,end_s),
-    /// to compare with a real cluster's `sacct`.
+    /// Write each job's submission, start, end and the start its last backfill reservation
+    /// promised (CSV: policy,job,gpus,submit_s,start_s,end_s,promised_s), to compare with a
+    /// real cluster's `sacct`.
     #[arg(long)]
     starts: Option<PathBuf>,
 }
@@ -139,23 +140,18 @@ fn run_timed(file: &Path, mut jobs: Vec<TraceJob>, skipped: usize, args: TimedAr
     }
     if let Some(path) = &args.plot {
         let runs: Vec<(String, &timed::Outcome)> = outcomes.iter().map(|(n, o)| (n.clone(), o)).collect();
-        let title = format!("{} on {} nodes x {}", file.display(), args.nodes, args.gpus);
+        let name = file.file_name().map_or_else(|| file.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let title = format!("{name} on {} nodes x {}", args.nodes, args.gpus);
         std::fs::write(path, plot::svg(&title, &runs)).with_context(|| format!("write the plot {}", path.display()))?;
     }
     if let Some(path) = &args.starts {
-        let mut csv = String::from("policy,job,gpus,submit_s,start_s,end_s\n");
+        let mut csv = String::from("policy,job,gpus,submit_s,start_s,end_s,promised_s\n");
         let opt = |ms: Option<u64>| ms.map_or(String::new(), |ms| format!("{:.3}", ms as f64 / 1000.0));
         for (name, out) in &outcomes {
             for j in &out.jobs {
-                let _ = writeln!(
-                    csv,
-                    "{name},{},{},{:.3},{},{}",
-                    j.trace_id,
-                    j.gpus,
-                    j.submit_ms as f64 / 1000.0,
-                    opt(j.start_ms),
-                    opt(j.end_ms)
-                );
+                let submit_s = j.submit_ms as f64 / 1000.0;
+                let (start, end, promised) = (opt(j.start_ms), opt(j.end_ms), opt(j.promised_ms));
+                let _ = writeln!(csv, "{name},{},{},{submit_s:.3},{start},{end},{promised}", j.trace_id, j.gpus);
             }
         }
         std::fs::write(path, csv).with_context(|| format!("write {}", path.display()))?;
@@ -203,32 +199,30 @@ fn table(reports: &[metrics::Report]) -> String {
         ("passes", |r| r.passes as f64),
         ("replay_wall_s", |r| r.replay_wall_s),
     ];
+    // Each column as wide as its name; ratios are named by each policy's column number.
+    let widths: Vec<usize> = reports.iter().map(|r| r.policy.len().max(12) + 2).collect();
     let mut s = format!("{:<26}", "metric");
-    for r in reports {
-        let _ = write!(s, "{:>20}", r.policy);
+    for (k, r) in reports.iter().enumerate() {
+        let _ = write!(s, "{:>w$}", r.policy, w = widths[k]);
     }
-    for r in reports.iter().skip(1) {
-        let _ = write!(s, "{:>14}", format!("{}/{}", reports[0].policy.split('-').next().unwrap_or(""), short(&r.policy)));
+    for k in 1..reports.len() {
+        let _ = write!(s, "{:>10}", format!("[1]/[{}]", k + 1));
     }
     s.push('\n');
     for (name, get) in rows {
         let _ = write!(s, "{name:<26}");
-        for r in reports {
-            let _ = write!(s, "{:>20.2}", get(r));
+        for (k, r) in reports.iter().enumerate() {
+            let _ = write!(s, "{:>w$.2}", get(r), w = widths[k]);
         }
         let base = get(&reports[0]);
         for r in reports.iter().skip(1) {
             let v = get(r);
             let ratio = if v != 0.0 { format!("{:.3}x", base / v) } else { "-".into() };
-            let _ = write!(s, "{ratio:>14}");
+            let _ = write!(s, "{ratio:>10}");
         }
         s.push('\n');
     }
     s
-}
-
-fn short(policy: &str) -> String {
-    policy.replace("slurm-22.05", "slurm").replace("-tuned", "+t")
 }
 
 fn parse_seeds(text: &str) -> anyhow::Result<Vec<u64>> {

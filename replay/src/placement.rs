@@ -134,9 +134,9 @@ pub fn run(list: &[Pod], nodes: &[NodeSpec], policy: Box<dyn Policy>, policy_nam
             log.apply(&Command::LaunchConfirmed { job: id, run, node, instance, now_ms });
         }
         if log.state.jobs.get(&job).is_some_and(|j| j.state == JobState::Pending) {
+            // Dropped, and out of the hot state at once (it holds nothing).
             log.apply(&Command::Cancel { job, now_ms });
-            let finished: Vec<JobId> = log.state.archivable(now_ms, 0, proto::ARCHIVE_BATCH_MAX);
-            log.apply(&Command::ArchiveJobs { jobs: finished, now_ms });
+            log.apply(&Command::ArchiveJobs { jobs: vec![job], now_ms });
         } else {
             report.placed += 1;
             allocated += pod.gpu_milli_total();

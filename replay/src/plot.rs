@@ -9,6 +9,7 @@ const WIDTH: f64 = 960.0;
 const PANEL_HEIGHT: f64 = 180.0;
 const MARGIN: f64 = 60.0;
 const POINTS_MAX: usize = 1_500;
+const LEGEND_HEIGHT: f64 = 20.0;
 const COLOURS: [&str; 4] = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
 
 struct Panel {
@@ -66,7 +67,8 @@ pub fn svg(title: &str, runs: &[(String, &Outcome)]) -> String {
         },
     ];
     let t_max = panels.iter().flat_map(|p| p.series.iter().flatten()).map(|p| p.0).fold(1.0, f64::max);
-    let height = MARGIN + panels.len() as f64 * (PANEL_HEIGHT + MARGIN);
+    let top0 = MARGIN + LEGEND_HEIGHT;
+    let height = top0 + panels.len() as f64 * (PANEL_HEIGHT + MARGIN);
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -75,17 +77,17 @@ pub fn svg(title: &str, runs: &[(String, &Outcome)]) -> String {
     let _ =
         writeln!(s, r#"<rect width="100%" height="100%" fill="white"/><text x="{MARGIN}" y="24" font-size="15">{}</text>"#, escape(title));
     for (k, (name, _)) in runs.iter().enumerate() {
-        let x = MARGIN + 360.0 + 150.0 * k as f64;
+        let x = MARGIN + 240.0 * k as f64;
         let _ = writeln!(
             s,
-            r#"<rect x="{x}" y="14" width="14" height="10" fill="{}"/><text x="{}" y="24">{}</text>"#,
+            r#"<rect x="{x}" y="38" width="14" height="10" fill="{}"/><text x="{}" y="48">{}</text>"#,
             COLOURS[k % COLOURS.len()],
             x + 18.0,
             escape(name)
         );
     }
     for (p, panel) in panels.iter().enumerate() {
-        let top = MARGIN + p as f64 * (PANEL_HEIGHT + MARGIN);
+        let top = top0 + p as f64 * (PANEL_HEIGHT + MARGIN);
         let v_max = panel.series.iter().flatten().map(|p| p.1).fold(1e-9, f64::max) * 1.05;
         let plot_w = WIDTH - 2.0 * MARGIN;
         let _ = writeln!(s, r##"<rect x="{MARGIN}" y="{top}" width="{plot_w}" height="{PANEL_HEIGHT}" fill="none" stroke="#999"/>"##);
@@ -106,7 +108,16 @@ pub fn svg(title: &str, runs: &[(String, &Outcome)]) -> String {
                     let _ = writeln!(s, r#"<circle cx="{x:.1}" cy="{y:.1}" r="1.2" fill="{colour}" fill-opacity="0.5"/>"#);
                 }
             } else {
-                let pts: Vec<String> = series.iter().map(xy).map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
+                // Steps: each value holds until the next sample.
+                let mut pts: Vec<String> = Vec::with_capacity(series.len() * 2);
+                let mut last_y = None;
+                for (x, y) in series.iter().map(xy) {
+                    if let Some(ly) = last_y {
+                        pts.push(format!("{x:.1},{ly:.1}"));
+                    }
+                    pts.push(format!("{x:.1},{y:.1}"));
+                    last_y = Some(y);
+                }
                 let _ = writeln!(s, r#"<polyline fill="none" stroke="{colour}" stroke-width="1" points="{}"/>"#, pts.join(" "));
             }
         }

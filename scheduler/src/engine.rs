@@ -34,6 +34,9 @@ pub struct Plan {
     pub bindings: Vec<Binding>,
     /// The EASY backfill reservation of the first job that cannot start, if any.
     pub reservation: Option<Reservation>,
+    /// Every reservation of the pass: that one, then those of jobs that waited longer than
+    /// `SchedulerConfig::reserve_after_wait_ms` (on other nodes).
+    pub reservations: Vec<Reservation>,
     /// Pending jobs in the order they were considered, with their priority.
     pub queue: Vec<(JobId, u64)>,
     /// The first time after `now_ms` at which a pending job's chances change with time alone:
@@ -109,6 +112,8 @@ pub struct Reservation {
 pub const NEVER: &str = proto::REASON_NEVER_PREFIX;
 /// Type id of "any whole GPU".
 const ANY: u16 = 0;
+/// Reservations one pass makes at most (one bit each in `ShapeKey::restricted`).
+pub const RESERVATIONS_MAX: usize = 16;
 /// Bound on nodes one job may try when single-node candidates keep failing their checks.
 const SINGLE_NODE_TRIES_MAX: usize = 1 << 20;
 
@@ -182,7 +187,8 @@ struct ShapeKey {
     exclusive: bool,
     lists: u32,
     switch_strict: Option<u32>,
-    unrestricted: bool,
+    /// The reservations the job would run into (bit k: `Pass::resvs[k]`).
+    restricted: u32,
 }
 
 struct Pass<'v> {
@@ -212,7 +218,11 @@ struct Pass<'v> {
     fail_cache: BTreeMap<ShapeKey, Vec<String>>,
     /// A job would have fit but for the backfill reservation (see [`Plan::room`]).
     backfill_held: bool,
-    resv: Option<Resv>,
+    /// Backfill reservations: the first job that cannot start, then jobs that waited past
+    /// `SchedulerConfig::reserve_after_wait_ms`, on disjoint nodes, at most [`RESERVATIONS_MAX`].
+    resvs: Vec<Resv>,
+    /// The reservation holding each reserved node (index into `resvs`).
+    resv_of_node: BTreeMap<usize, usize>,
     /// (node, end, allocation) of each placement of this pass.
     placed: Vec<(usize, u64, Allocation)>,
     timeline: Option<Vec<Vec<(u64, Allocation)>>>,
@@ -427,7 +437,8 @@ impl<'v> Pass<'v> {
             lists_ix: BTreeMap::new(),
             fail_cache: BTreeMap::new(),
             backfill_held: false,
-            resv: None,
+            resvs: Vec::new(),
+            resv_of_node: BTreeMap::new(),
             placed: Vec::new(),
             timeline: None,
             holders: None,
@@ -722,17 +733,28 @@ impl<'v> Pass<'v> {
             reasons.push(format!("waiting for preempted jobs {} to stop", ids.join(", ")));
             return;
         }
-        if self.view.config.backfill && self.resv.is_none() && !self.type_is_mig[tid as usize] {
+        let cfg = &self.view.config;
+        let top = self.resvs.is_empty();
+        let starving = !top
+            && self.resvs.len() < RESERVATIONS_MAX
+            && self.now_ms.saturating_sub(j.submit_ms) >= cfg.reserve_after_wait_ms
+            && cfg.reserve_after_wait_ms < u64::MAX;
+        if cfg.backfill && (top || starving) && !self.type_is_mig[tid as usize] {
             if reasons.first().is_some_and(|r| r.starts_with(NEVER)) {
                 return;
             }
             match self.reserve(j, part, tid) {
                 Some(r) => {
                     let names: Vec<&str> = r.nodes.iter().filter_map(|n| self.view.nodes.get(n)).map(|n| n.name.as_str()).collect();
-                    reasons.push(format!("top of the queue: reserved to start by {} on {}", fmt_time_ms(r.start_ms), names.join(", ")));
-                    self.plan.reservation = Some(r);
+                    let why = if top { "top of the queue" } else { "waited long" };
+                    reasons.push(format!("{why}: reserved to start by {} on {}", fmt_time_ms(r.start_ms), names.join(", ")));
+                    if top {
+                        self.plan.reservation = Some(r.clone());
+                    }
+                    self.plan.reservations.push(r);
                 }
-                None => reasons.push("no reservation possible: the jobs holding the nodes it needs have no time limit".to_string()),
+                None if top => reasons.push("no reservation possible: the jobs holding the nodes it needs have no time limit".to_string()),
+                None => {}
             }
         }
     }
@@ -758,11 +780,21 @@ impl<'v> Pass<'v> {
         (self.now_ms < j.submit_ms.saturating_add(wait_ms)).then_some(limit)
     }
 
-    fn restricted(&self, j: &JobRequest, end_ms: Option<u64>) -> bool {
-        match &self.resv {
-            None => false,
-            Some(r) => r.job != j.id && end_ms.is_none_or(|e| e > r.start_ms),
+    /// The reservations `j`, ending at `end_ms`, would run into: bit k for `resvs[k]`.
+    fn restricted(&self, j: &JobRequest, end_ms: Option<u64>) -> u32 {
+        let mut mask = 0;
+        for (k, r) in self.resvs.iter().enumerate() {
+            if r.job != j.id && end_ms.is_none_or(|e| e > r.start_ms) {
+                mask |= 1 << k;
+            }
         }
+        mask
+    }
+
+    /// The reservation on node `n` that `restricted` says `j` runs into, if any.
+    fn resv_in_way(&self, n: usize, restricted: u32) -> Option<&Resv> {
+        let k = *self.resv_of_node.get(&n)?;
+        (restricted & (1 << k) != 0).then(|| &self.resvs[k])
     }
 
     /// Places `j` now (or, with `dry`, only checks); on failure, every resource reason.
@@ -778,7 +810,7 @@ impl<'v> Pass<'v> {
             exclusive: j.exclusive,
             lists: self.lists_id(j),
             switch_strict: self.switch_strict(j),
-            unrestricted: !restricted,
+            restricted,
         };
         if let Some(r) = self.fail_cache.get(&key) {
             return Err(r.clone());
@@ -792,9 +824,9 @@ impl<'v> Pass<'v> {
             }
             Err(fail) => {
                 let mut reasons = self.explain(j, part, tid, fail);
-                if restricted && self.find(j, part, tid, false).is_ok() {
+                if restricted != 0 && self.find(j, part, tid, 0).is_ok() {
                     self.backfill_held = true;
-                    if let Some(r) = &self.resv {
+                    if let Some(r) = self.resvs.iter().enumerate().find(|(k, _)| restricted & (1 << k) != 0).map(|(_, r)| r) {
                         reasons = vec![format!("held for backfill reservation of job {} until {}", r.job, fmt_time_ms(r.start_ms))];
                     }
                 }
@@ -804,7 +836,7 @@ impl<'v> Pass<'v> {
         }
     }
 
-    fn node_ok(&self, n: usize, j: &JobRequest, tid: u16, restricted: bool) -> bool {
+    fn node_ok(&self, n: usize, j: &JobRequest, tid: u16, restricted: u32) -> bool {
         let node = &self.nodes[n];
         if node_matches(node, j).is_err() {
             return false;
@@ -815,16 +847,14 @@ impl<'v> Pass<'v> {
         if node.cpus_free() < j.cpus_per_node || node.mem_free_mib() < j.mem_per_node_mib {
             return false;
         }
-        if restricted {
-            if let Some(r) = &self.resv {
-                if let Some(s) = r.spare.get(&n) {
-                    if j.exclusive {
-                        return false;
-                    }
-                    let conflict = r.tid == ANY || tid == ANY || r.tid == tid;
-                    if (conflict && j.gpus_per_node > s.gpus) || j.cpus_per_node > s.cpus || j.mem_per_node_mib > s.mem_mib {
-                        return false;
-                    }
+        if let Some(r) = self.resv_in_way(n, restricted) {
+            if let Some(s) = r.spare.get(&n) {
+                if j.exclusive {
+                    return false;
+                }
+                let conflict = r.tid == ANY || tid == ANY || r.tid == tid;
+                if (conflict && j.gpus_per_node > s.gpus) || j.cpus_per_node > s.cpus || j.mem_per_node_mib > s.mem_mib {
+                    return false;
                 }
             }
         }
@@ -857,7 +887,7 @@ impl<'v> Pass<'v> {
         Some(Pick { node: n, gpus, mig: Vec::new() })
     }
 
-    fn find(&self, j: &JobRequest, part: u16, tid: u16, restricted: bool) -> Result<Vec<Pick>, Fail> {
+    fn find(&self, j: &JobRequest, part: u16, tid: u16, restricted: u32) -> Result<Vec<Pick>, Fail> {
         let need = j.gpus_per_node;
         let Some(b) = self.index.get(&(part, tid)) else {
             return Err(Fail::Never(self.never_text(j, part)));
@@ -1132,13 +1162,11 @@ impl<'v> Pass<'v> {
             let taken = self.nodes[n].to_mut().take(&alloc);
             assert!(taken.is_ok(), "scheduler handed out a held resource on node {}: {taken:?}", alloc.node);
             self.reindex(n);
-            if restricted {
-                if let Some(r) = &mut self.resv {
-                    if let Some(s) = r.spare.get_mut(&n) {
-                        s.gpus = s.gpus.saturating_sub(alloc.gpus.len() as u32);
-                        s.cpus = s.cpus.saturating_sub(cpus);
-                        s.mem_mib = s.mem_mib.saturating_sub(mem_mib);
-                    }
+            if let Some(&k) = self.resv_of_node.get(&n).filter(|&&k| restricted & (1 << k) != 0) {
+                if let Some(s) = self.resvs[k].spare.get_mut(&n) {
+                    s.gpus = s.gpus.saturating_sub(alloc.gpus.len() as u32);
+                    s.cpus = s.cpus.saturating_sub(cpus);
+                    s.mem_mib = s.mem_mib.saturating_sub(mem_mib);
                 }
             }
             let end = end_ms.unwrap_or(u64::MAX);
@@ -1220,7 +1248,8 @@ impl<'v> Pass<'v> {
         for n in b.all() {
             let n = n as usize;
             let node = &self.nodes[n];
-            if node_matches(node, j).is_err() {
+            // An earlier reservation holds it: reservations never share a node.
+            if node_matches(node, j).is_err() || self.resv_of_node.contains_key(&n) {
                 continue;
             }
             let mut free = Spare {
@@ -1281,7 +1310,10 @@ impl<'v> Pass<'v> {
             spare.insert(*n, s);
         }
         let nodes: Vec<NodeId> = times.iter().map(|e| e.1).collect();
-        self.resv = Some(Resv { job: j.id, start_ms, tid, spare });
+        for &n in spare.keys() {
+            self.resv_of_node.insert(n, self.resvs.len());
+        }
+        self.resvs.push(Resv { job: j.id, start_ms, tid, spare });
         Some(Reservation { job: j.id, start_ms, nodes })
     }
 

@@ -457,6 +457,9 @@ pub struct PriorityWeights {
     pub fair_share: u32,
 }
 
+/// See [`SchedulerConfig::reserve_after_wait_ms`].
+pub const RESERVE_AFTER_WAIT_MS_DEFAULT: u64 = u64::MAX;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SchedulerConfig {
     pub weights: PriorityWeights,
@@ -465,6 +468,10 @@ pub struct SchedulerConfig {
     pub qos: BTreeMap<String, Qos>,
     /// EASY backfill with a reservation for the first job that cannot start.
     pub backfill: bool,
+    /// A job that cannot start and has waited this long also gets a backfill reservation (on
+    /// nodes no other reservation holds), so a gang of low priority is not starved for ever
+    /// by smaller jobs backfilled ahead of it. `u64::MAX`: the first job's alone (EASY).
+    pub reserve_after_wait_ms: u64,
     /// Used when no partition is marked default.
     pub default_partition: String,
     /// At most this many MIG re-layouts suggested per pass.
@@ -490,6 +497,7 @@ impl Default for SchedulerConfig {
             age_max_ms: 7 * 24 * 3600 * 1000,
             qos: BTreeMap::new(),
             backfill: true,
+            reserve_after_wait_ms: RESERVE_AFTER_WAIT_MS_DEFAULT,
             default_partition: "default".to_string(),
             mig_layouts_per_pass_max: 16,
             array_tasks_per_pass_max: 100_000,

@@ -303,6 +303,47 @@ fn backfill_never_delays_the_top_jobs_reservation() {
     assert_eq!(plan.room, None, "job 11 waits for the reservation alone: a new job could move it");
 }
 
+/// Two 8-GPU jobs wait behind long runs on two nodes; a 2-GPU job of 30 h and one of 1 h come
+/// three hours later.
+fn two_waiting_gangs(reserve_after_wait_ms: u64) -> corral_scheduler::Plan {
+    let mut c = Cluster::new();
+    c.node(1, "n1", dgx("h100")).node(2, "n2", dgx("h100"));
+    c.view.config.reserve_after_wait_ms = reserve_after_wait_ms;
+    let limited = |gres: &str, hours: u64| {
+        let mut s = spec(gres, 1);
+        s.time_limit_ms = Some(hours * HOUR);
+        s
+    };
+    c.running(1, limited("gpu:6", 10), vec![alloc(1, &[0, 1, 2, 3, 4, 5], 1, 1024)], 0);
+    c.running(2, limited("gpu:4", 20), vec![alloc(2, &[0, 1, 2, 3], 1, 1024)], 0);
+    c.submit(10, limited("gpu:8", 1), 0);
+    c.submit(11, limited("gpu:8", 1), 0);
+    c.submit(12, limited("gpu:2", 30), 3 * HOUR);
+    c.submit(13, limited("gpu:2", 1), 3 * HOUR);
+    c.schedule(3 * HOUR)
+}
+
+#[test]
+fn easy_backfill_reserves_for_the_top_job_alone() {
+    let plan = two_waiting_gangs(u64::MAX);
+    assert_eq!(plan.placements.iter().map(|p| p.job).collect::<Vec<_>>(), vec![12, 13]);
+    assert_eq!(plan.reservations.iter().map(|r| (r.job, r.start_ms)).collect::<Vec<_>>(), vec![(10, 10 * HOUR)]);
+    assert_eq!(gpus_of(&plan, 12), vec![(2, vec![4, 5])], "job 12 takes n2, where job 11 would start at 20 h");
+}
+
+#[test]
+fn a_job_that_waited_past_the_bound_gets_a_reservation_of_its_own() {
+    let plan = two_waiting_gangs(HOUR);
+    assert_eq!(plan.placements.iter().map(|p| p.job).collect::<Vec<_>>(), vec![13]);
+    assert_eq!(plan.reservation, Some(corral_scheduler::Reservation { job: 10, start_ms: 10 * HOUR, nodes: vec![1] }));
+    assert_eq!(
+        plan.reservations.iter().map(|r| (r.job, r.start_ms, r.nodes.clone())).collect::<Vec<_>>(),
+        vec![(10, 10 * HOUR, vec![1]), (11, 20 * HOUR, vec![2])]
+    );
+    assert_eq!(plan.pending[&11].last().map(String::as_str), Some("waited long: reserved to start by 1970-01-01 20:00:00 UTC on n2"));
+    assert_eq!(plan.pending[&12], vec!["held for backfill reservation of job 10 until 1970-01-01 10:00:00 UTC".to_string()]);
+}
+
 #[test]
 fn a_pass_tells_the_room_it_leaves_on_any_one_node() {
     let mut c = Cluster::new();

@@ -72,5 +72,10 @@ fn an_unknown_policy_is_refused_with_the_list() {
         Command::new(corral_bin()).args(["replay", "philly", "/nonexistent", "--policies", "fifo"]).output().expect("run corral replay");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("unknown policy 'fifo': the policies are corral, slurm-22.05, slurm-22.05-tuned"), "{err}");
+    assert!(
+        err.contains(
+            "unknown policy 'fifo': the policies are corral, corral-easy, corral-reserve-after=SECONDS, slurm-22.05, slurm-22.05-tuned"
+        ),
+        "{err}"
+    );
 }
