@@ -69,6 +69,9 @@ pub struct TimedArgs {
     /// set FILE` takes it (TOML), to ask "what if" of a change.
     #[arg(long)]
     policy_file: Option<PathBuf>,
+    /// Submit every job as this user (the trace's users set aside: no fair share between them).
+    #[arg(long)]
+    user: Option<String>,
     /// Replay only the first N jobs.
     #[arg(long)]
     limit: Option<usize>,
@@ -118,6 +121,11 @@ pub fn run(cmd: ReplayCmd, json_out: bool) -> anyhow::Result<()> {
 fn run_timed(file: &Path, mut jobs: Vec<TraceJob>, skipped: usize, args: TimedArgs, json_out: bool) -> anyhow::Result<()> {
     if let Some(n) = args.limit {
         jobs.truncate(n);
+    }
+    if let Some(user) = &args.user {
+        for j in &mut jobs {
+            j.user.clone_from(user);
+        }
     }
     let names = policies(&args.policies)?;
     let nodes = cluster::uniform(args.nodes, &args.gpus, args.cpus, args.mem_gib * 1024)?;

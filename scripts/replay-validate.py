@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Validates `corral replay` against a real Corral cluster: replays a Philly slice in real time
+on a local `corral dev up` cluster (real corrald processes, simulated GPUs, each job a real
+`sleep` submitted through the `sbatch` shim at its time), reads each job's submission, start
+and end from the cluster, replays the same slice with `corral replay`, and prints how far the
+simulated start times are from the real ones (mean absolute difference, and the share of jobs
+whose start order agrees).
+
+    scripts/replay-validate.py --bin /var/tmp/corral-target/debug \\
+        --slice ../shared/traces/philly/slices/philly_week_2017-10-22.csv --limit 100
+
+The slice's users are set aside (every job is the submitting user's), as the replay's --user.
+"""
+
+import argparse
+import concurrent.futures
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def run(cmd, env=None, check=True):
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if check and out.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed: {out.stderr.strip()}")
+    return out.stdout
+
+
+def limit_arg(seconds):
+    """sbatch -t as minutes:seconds."""
+    s = max(1, int(round(seconds)))
+    return f"{s // 60}:{s % 60:02d}"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True, help="directory with corral and corrald")
+    ap.add_argument("--slice", required=True)
+    ap.add_argument("--nodes", type=int, default=8)
+    ap.add_argument("--gpus", default="h100:8")
+    ap.add_argument("--limit", type=int, default=None, help="first N jobs only")
+    ap.add_argument("--keep", help="keep the cluster directory here")
+    args = ap.parse_args()
+    corral = os.path.join(args.bin, "corral")
+    jobs = list(csv.DictReader(open(args.slice)))
+    if args.limit:
+        jobs = jobs[: args.limit]
+    work = args.keep or tempfile.mkdtemp(prefix="corral-validate-")
+    cluster = os.path.join(work, "cluster")
+    run([corral, "dev", "up", "--nodes", str(args.nodes), "--gpus", args.gpus, "--min-job-age-s", "86400", "--dir", cluster])
+    env = dict(os.environ, CORRAL_CLUSTER=cluster)
+    shims = os.path.join(work, "bin")
+    run([corral, "install-slurm-shims", shims])
+    ids = {}
+    try:
+        t0 = time.monotonic() + 2.0
+        with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+            futures = {}
+            for j in jobs:
+                at = t0 + float(j["submit_s"])
+                delay = at - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                cmd = [os.path.join(shims, "sbatch"), "--parsable", "-N", j["nodes"], f"--gres=gpu:{j['gpus_per_node']}",
+                       "-t", limit_arg(float(j["limit_bucket_s"])), "-o", "/dev/null", "--wrap", f"sleep {float(j['duration_s']):.3f}"]
+                futures[pool.submit(run, cmd, env)] = j["job"]
+            for f, trace_id in futures.items():
+                ids[trace_id] = int(f.result().strip().split(";")[0])
+        # Wait until every job ended.
+        deadline = time.monotonic() + 3600
+        while time.monotonic() < deadline:
+            if not run([os.path.join(shims, "squeue"), "-h"], env).strip():
+                break
+            time.sleep(2)
+        real = {}
+        for trace_id, job in ids.items():
+            j = json.loads(run([corral, "--cluster", cluster, "--json", "show", str(job)]))
+            real[trace_id] = j
+    finally:
+        if not args.keep:
+            run([corral, "dev", "down", "--dir", cluster], check=False)
+    with open(os.path.join(work, "real.json"), "w") as f:
+        json.dump(real, f)
+    first = jobs[0]
+    origin_ms = real[first["job"]]["submit_time"] - float(first["submit_s"]) * 1000
+    starts_csv = os.path.join(work, "replay.csv")
+    cmd = [corral, "replay", "philly", args.slice, "--nodes", str(args.nodes), "--gpus", args.gpus, "--policies", "corral",
+           "--user", "root", "--starts", starts_csv]
+    if args.limit:
+        cmd += ["--limit", str(args.limit)]
+    run(cmd)
+    sim = {r["job"]: r for r in csv.DictReader(open(starts_csv))}
+    diffs, submit_lag = [], []
+    pairs = []
+    compare = open(os.path.join(work, "compare.csv"), "w")
+    compare.write("job,gpus,submit_s,real_start_s,replay_start_s,real_run_s,replay_run_s\n")
+    for j in jobs:
+        r, s = real[j["job"]], sim[j["job"]]
+        if r.get("start_time") is None or not s["start_s"]:
+            continue
+        real_start = (r["start_time"] - origin_ms) / 1000
+        diffs.append(abs(real_start - float(s["start_s"])))
+        submit_lag.append((r["submit_time"] - origin_ms) / 1000 - float(j["submit_s"]))
+        pairs.append((real_start, float(s["start_s"]), j["job"]))
+        real_run = (r["end_time"] - r["start_time"]) / 1000 if r.get("end_time") else ""
+        replay_run = float(s["end_s"]) - float(s["start_s"]) if s["end_s"] else ""
+        compare.write(f"{j['job']},{j['num_gpus']},{j['submit_s']},{real_start:.3f},{s['start_s']},{real_run},{replay_run}\n")
+    compare.close()
+    by_real = [p[2] for p in sorted(pairs, key=lambda p: (p[0], int(p[2])))]
+    by_sim = [p[2] for p in sorted(pairs, key=lambda p: (p[1], int(p[2])))]
+    same = sum(1 for a, b in zip(by_real, by_sim) if a == b)
+    diffs.sort()
+    n = len(diffs)
+    print(f"jobs {len(jobs)}, started in both {n}")
+    print(f"start time, |real - replay|: mean {sum(diffs) / n:.3f} s, p50 {diffs[n // 2]:.3f} s, p99 {diffs[min(n - 1, int(n * 0.99))]:.3f} s, max {diffs[-1]:.3f} s")
+    print(f"submission lag of the driver: mean {sum(submit_lag) / n:.3f} s, max {max(submit_lag):.3f} s")
+    print(f"jobs in the same place of the start order: {same} of {n} ({100 * same / n:.1f}%)")
+    print(f"files: {work}")
+
+
+if __name__ == "__main__":
+    main()
