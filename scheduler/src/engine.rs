@@ -735,18 +735,25 @@ impl<'v> Pass<'v> {
         }
         let cfg = &self.view.config;
         let top = self.resvs.is_empty();
-        let starving = !top
-            && self.resvs.len() < RESERVATIONS_MAX
+        // The first `reservation_depth` jobs that cannot start, then those that waited long.
+        let deep = self.resvs.len() < (cfg.reservation_depth as usize).min(RESERVATIONS_MAX);
+        let starving = self.resvs.len() < RESERVATIONS_MAX
             && self.now_ms.saturating_sub(j.submit_ms) >= cfg.reserve_after_wait_ms
             && cfg.reserve_after_wait_ms < u64::MAX;
-        if cfg.backfill && (top || starving) && !self.type_is_mig[tid as usize] {
+        if cfg.backfill && (top || deep || starving) && !self.type_is_mig[tid as usize] {
             if reasons.first().is_some_and(|r| r.starts_with(NEVER)) {
                 return;
             }
             match self.reserve(j, part, tid) {
                 Some(r) => {
                     let names: Vec<&str> = r.nodes.iter().filter_map(|n| self.view.nodes.get(n)).map(|n| n.name.as_str()).collect();
-                    let why = if top { "top of the queue" } else { "waited long" };
+                    let why = if top {
+                        "top of the queue"
+                    } else if deep {
+                        "next in the queue"
+                    } else {
+                        "waited long"
+                    };
                     reasons.push(format!("{why}: reserved to start by {} on {}", fmt_time_ms(r.start_ms), names.join(", ")));
                     if top {
                         self.plan.reservation = Some(r.clone());

@@ -472,6 +472,10 @@ pub struct SchedulerConfig {
     /// nodes no other reservation holds), so a gang of low priority is not starved for ever
     /// by smaller jobs backfilled ahead of it. `u64::MAX`: the first job's alone (EASY).
     pub reserve_after_wait_ms: u64,
+    /// How many of the jobs that cannot start, in priority order, get a backfill reservation
+    /// (each on nodes no other holds): 1 is EASY backfill; more keep a job that a larger or
+    /// more favoured newcomer pushed off the top from being overtaken by backfilled work.
+    pub reservation_depth: u32,
     /// Used when no partition is marked default.
     pub default_partition: String,
     /// At most this many MIG re-layouts suggested per pass.
@@ -498,6 +502,7 @@ impl Default for SchedulerConfig {
             qos: BTreeMap::new(),
             backfill: true,
             reserve_after_wait_ms: RESERVE_AFTER_WAIT_MS_DEFAULT,
+            reservation_depth: 1,
             default_partition: "default".to_string(),
             mig_layouts_per_pass_max: 16,
             array_tasks_per_pass_max: 100_000,

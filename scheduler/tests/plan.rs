@@ -306,9 +306,14 @@ fn backfill_never_delays_the_top_jobs_reservation() {
 /// Two 8-GPU jobs wait behind long runs on two nodes; a 2-GPU job of 30 h and one of 1 h come
 /// three hours later.
 fn two_waiting_gangs(reserve_after_wait_ms: u64) -> corral_scheduler::Plan {
+    two_waiting_gangs_with(reserve_after_wait_ms, 1)
+}
+
+fn two_waiting_gangs_with(reserve_after_wait_ms: u64, reservation_depth: u32) -> corral_scheduler::Plan {
     let mut c = Cluster::new();
     c.node(1, "n1", dgx("h100")).node(2, "n2", dgx("h100"));
     c.view.config.reserve_after_wait_ms = reserve_after_wait_ms;
+    c.view.config.reservation_depth = reservation_depth;
     let limited = |gres: &str, hours: u64| {
         let mut s = spec(gres, 1);
         s.time_limit_ms = Some(hours * HOUR);
@@ -342,6 +347,14 @@ fn a_job_that_waited_past_the_bound_gets_a_reservation_of_its_own() {
     );
     assert_eq!(plan.pending[&11].last().map(String::as_str), Some("waited long: reserved to start by 1970-01-01 20:00:00 UTC on n2"));
     assert_eq!(plan.pending[&12], vec!["held for backfill reservation of job 10 until 1970-01-01 10:00:00 UTC".to_string()]);
+}
+
+#[test]
+fn a_reservation_depth_of_two_reserves_for_the_second_job_too() {
+    let plan = two_waiting_gangs_with(u64::MAX, 2);
+    assert_eq!(plan.placements.iter().map(|p| p.job).collect::<Vec<_>>(), vec![13]);
+    assert_eq!(plan.reservations.iter().map(|r| (r.job, r.start_ms)).collect::<Vec<_>>(), vec![(10, 10 * HOUR), (11, 20 * HOUR)]);
+    assert_eq!(plan.pending[&11].last().map(String::as_str), Some("next in the queue: reserved to start by 1970-01-01 20:00:00 UTC on n2"));
 }
 
 #[test]
