@@ -9,6 +9,7 @@
 //! the trace files the caller names; no wall clock inside a replay.
 
 pub mod cluster;
+mod log;
 pub mod metrics;
 pub mod placement;
 pub mod plot;

@@ -4,17 +4,16 @@
 //! and the next one comes. Allocation counts what placed pods asked (whole GPUs, or
 //! `gpu_milli` of a share), as FGD counts it.
 
-use std::cell::RefCell;
 use std::collections::BTreeMap;
 
-use corral_state::ClusterState;
-use engine::{Leader, Policy, StateReader};
-use proto::{Command, CommandResult, GresRequest, InstanceId, JobId, JobSpec, JobState, NodeId};
+use engine::{Leader, Policy};
+use proto::{Command, CommandResult, GresRequest, InstanceId, JobSpec, JobState, NodeId};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::cluster::{self, NodeSpec};
+use crate::log::Log;
 use crate::trace::Pod;
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -71,40 +70,9 @@ fn spec_of(pod: &Pod) -> (JobSpec, bool) {
     (spec, relaxed)
 }
 
-struct Log {
-    state: ClusterState,
-    applied: u64,
-    last_change: u64,
-    cache: RefCell<corral_state::view::ViewCache>,
-}
-
-impl Log {
-    fn apply(&mut self, cmd: &Command) -> CommandResult {
-        self.applied += 1;
-        if !cmd.submits_only() {
-            self.last_change = self.applied;
-        }
-        self.state.apply(cmd)
-    }
-}
-
-impl StateReader for Log {
-    fn applied_index(&self) -> u64 {
-        self.applied
-    }
-
-    fn with_state<R>(&self, f: impl FnOnce(&ClusterState, u64) -> R) -> R {
-        f(&self.state, self.last_change)
-    }
-
-    fn view(&self) -> (scheduler::ClusterView, JobId) {
-        (corral_state::view::scheduler_view_cached(&self.state, &mut self.cache.borrow_mut(), |_| None), self.state.next_job_id)
-    }
-}
-
 /// Places `list` (from [`inflated`]) on `nodes` one pod at a time under `policy`.
 pub fn run(list: &[Pod], nodes: &[NodeSpec], policy: Box<dyn Policy>, policy_name: &str, seed: u64) -> anyhow::Result<PlacementReport> {
-    let mut log = Log { state: ClusterState::default(), applied: 0, last_change: 0, cache: RefCell::default() };
+    let mut log = Log::default();
     let instances: BTreeMap<NodeId, InstanceId> = cluster::register(&mut log.state, nodes)?.into_iter().collect();
     let capacity_milli: u64 = nodes.iter().map(|n| u64::from(n.gpus) * 1000).sum();
     let mut leader = Leader::with_policy(policy, u64::MAX / 4);

@@ -4,16 +4,15 @@
 //! Time jumps from one event to the next; the leader's once-a-second refresh pass (slow drifts
 //! of priority) is not simulated.
 
-use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::bail;
-use corral_state::view::ViewCache;
 use corral_state::ClusterState;
-use engine::{Leader, Policy, StateReader};
+use engine::{Leader, Policy};
 use proto::{Command, CommandResult, GresRequest, InstanceId, JobId, JobSpec, JobState, NodeId, RunNo, RunOutcome, SchedulerPolicy};
 
 use crate::cluster::{self, NodeSpec};
+use crate::log::Log;
 use crate::trace::TraceJob;
 
 /// How long after it ended a finished job leaves the replay's hot state (the leader's
@@ -65,41 +64,6 @@ enum Event {
     End(JobId, RunNo),
 }
 
-/// The replay's state machine and log position, as the engine reads them.
-struct Log {
-    state: ClusterState,
-    applied: u64,
-    last_change: u64,
-    cache: RefCell<ViewCache>,
-    commands: u64,
-}
-
-impl Log {
-    fn apply(&mut self, cmd: &Command) -> CommandResult {
-        self.applied += 1;
-        self.commands += 1;
-        if !cmd.submits_only() {
-            self.last_change = self.applied;
-        }
-        self.state.apply(cmd)
-    }
-}
-
-impl StateReader for Log {
-    fn applied_index(&self) -> u64 {
-        self.applied
-    }
-
-    fn with_state<R>(&self, f: impl FnOnce(&ClusterState, u64) -> R) -> R {
-        f(&self.state, self.last_change)
-    }
-
-    fn view(&self) -> (scheduler::ClusterView, JobId) {
-        let view = corral_state::view::scheduler_view_cached(&self.state, &mut self.cache.borrow_mut(), |_| None);
-        (view, self.state.next_job_id)
-    }
-}
-
 /// The spec a trace job is submitted with.
 pub fn spec_of(job: &TraceJob) -> JobSpec {
     JobSpec {
@@ -133,7 +97,7 @@ pub fn run_with(
     if nodes.is_empty() {
         bail!("a replay needs at least one node");
     }
-    let mut log = Log { state: ClusterState::default(), applied: 0, last_change: 0, cache: RefCell::default(), commands: 0 };
+    let mut log = Log::default();
     let instances: BTreeMap<NodeId, InstanceId> = cluster::register(&mut log.state, nodes)?.into_iter().collect();
     if let Some(p) = cluster_policy {
         if let CommandResult::Rejected(why) = log.apply(&Command::SetPolicy { policy: p.clone(), now_ms: 0 }) {
@@ -158,7 +122,7 @@ pub fn run_with(
         r.at(j.submit_ms, Event::Arrive(i));
     }
     r.run();
-    r.out.commands = r.log.commands;
+    r.out.commands = r.log.applied;
     Ok(r.out)
 }
 
