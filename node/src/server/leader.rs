@@ -23,6 +23,9 @@ pub(super) struct LeaderMemory {
     /// The leader's sequence and what it remembers between passes (the last idle pass, sends
     /// awaiting an answer through the log). Taken out while a pass runs.
     pub(super) engine: engine::Leader,
+    /// Launch calls that started while a pass had the engine out (`schedule_pass`): their
+    /// re-send counts from then, recorded in the engine once it is back.
+    pub(super) sent_during_pass: Option<Vec<(control::leader::SendKey, u64)>>,
     /// Suspension orders sent, and those the nodes acknowledged (`control::leader::due_suspends`).
     pub(super) suspends_sent: control::leader::Resend<control::leader::SendKey>,
     pub(super) suspends_acked: control::leader::SuspendAcks,
@@ -51,6 +54,7 @@ impl Default for LeaderMemory {
             last_seen: HashMap::new(),
             returned_at: None,
             engine: engine::Leader::new(RESEND_AFTER_MS),
+            sent_during_pass: None,
             suspends_sent: control::leader::Resend::new(RESEND_AFTER_MS),
             suspends_acked: control::leader::SuspendAcks::new(),
             layouts_sent: HashMap::new(),
@@ -256,7 +260,11 @@ impl Node {
     async fn schedule_pass(&self) {
         // The engine leaves the memory while the pass runs (the pacing below locks it); the
         // leader loop is the only task that runs passes or starts a new term.
-        let mut engine = std::mem::replace(&mut lock(&self.memory).engine, engine::Leader::new(RESEND_AFTER_MS));
+        let mut engine = {
+            let mut mem = lock(&self.memory);
+            mem.sent_during_pass = Some(Vec::new());
+            std::mem::replace(&mut mem.engine, engine::Leader::new(RESEND_AFTER_MS))
+        };
         let now = now_ms();
         let started = Instant::now();
         let pass = engine.schedule_pass(&EngineState(self), now, || {
@@ -265,7 +273,13 @@ impl Node {
             starts_max
         });
         let pass_ms = started.elapsed().as_millis() as u64;
-        lock(&self.memory).engine = engine;
+        {
+            let mut mem = lock(&self.memory);
+            for (key, at_ms) in mem.sent_during_pass.take().unwrap_or_default() {
+                engine.launch_sent(key, at_ms);
+            }
+            mem.engine = engine;
+        }
         let Some(pass) = pass else { return };
         self.send_mig_layouts(&pass.mig_layouts);
         for cmd in pass.commands {
@@ -409,7 +423,10 @@ impl Node {
                     {
                         let mut mem = lock(&node.memory);
                         let now_ms = mem.now_ms();
-                        mem.engine.launch_sent(key, now_ms);
+                        match mem.sent_during_pass.as_mut() {
+                            Some(during) => during.push((key, now_ms)),
+                            None => mem.engine.launch_sent(key, now_ms),
+                        }
                     }
                     node.send_launch(job, nodes, target, addr, issued_index).await;
                 }
