@@ -179,7 +179,7 @@ fn scontrol_creates_updates_and_deletes_partitions() {
 
     ok(&["create", "PartitionName=short", "MaxTime=10", "DefaultTime=5", "PriorityTier=3"]);
     let (_, shown, _) = scontrol(&["show", "partition", "short"]);
-    for field in ["PartitionName=short\n", "Default=NO", "DefaultTime=5:00", "MaxTime=10:00", "PriorityTier=3", "State=UP"] {
+    for field in ["PartitionName=short\n", "Default=NO", "DefaultTime=00:05:00", "MaxTime=00:10:00", "PriorityTier=3", "State=UP"] {
         assert!(shown.contains(field), "{field} in {shown}");
     }
     assert_eq!(scontrol(&["create", "PartitionName=gpu"]).2, "Error creating the partition: Invalid partition name specified");

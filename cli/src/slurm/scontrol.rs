@@ -167,9 +167,10 @@ pub fn partitions_text(nodes: &[NodeInfo], parts: &sinfo::Partitions, name: Opti
         let mut names: Vec<String> = in_it.iter().map(|n| n.name.clone()).collect();
         names.sort();
         let gpus: u32 = in_it.iter().map(|n| n.gpus_total).sum();
-        let max_time = parts.max_time_limit_ms.get(p).map_or("UNLIMITED".to_string(), |ms| time::duration(ms / 1000));
+        // As Slurm's `secs2time_str`: `08:00:00`, `2-00:00:00` (squeue's shorter form is not used here).
+        let max_time = parts.max_time_limit_ms.get(p).map_or("UNLIMITED".to_string(), |ms| time::elapsed(ms / 1000));
         let def = parts.defs.get(p);
-        let default_time = def.and_then(|d| d.default_time_limit_ms).map_or("NONE".to_string(), |ms| time::duration(ms / 1000));
+        let default_time = def.and_then(|d| d.default_time_limit_ms).map_or("NONE".to_string(), |ms| time::elapsed(ms / 1000));
         out.push_str(&format!("PartitionName={p}\n"));
         out.push_str("   AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL\n");
         out.push_str(&format!("   Default={} QoS=N/A\n", if p == parts.default_name() { "YES" } else { "NO" }));
