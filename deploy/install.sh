@@ -54,7 +54,7 @@ if [ -z "$bin_dir" ]; then
 fi
 for b in corrald corral; do
   if [ ! -x "$bin_dir/$b" ]; then
-    echo "install.sh: $bin_dir/$b not found: run 'cargo build --release -p corral-node -p corral-cli' or pass --bin-dir" >&2
+    echo "install.sh: $bin_dir/$b not found: run 'cargo build --release --workspace --bins' or pass --bin-dir" >&2
     exit 1
   fi
 done

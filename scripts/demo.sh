@@ -5,5 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/corral-target}"
-cargo build --release -p corral-node -p corral-cli
-exec "$CARGO_TARGET_DIR/release/corral" demo "$@"
+# The build `scripts/test.sh` makes (same profile, same features): RocksDB's C++ is compiled
+# once for both commands.
+cargo build --workspace --bins
+exec "$CARGO_TARGET_DIR/debug/corral" demo "$@"

@@ -2,7 +2,7 @@
 # The cargo-fuzz targets in fuzz/ (libFuzzer, nightly Rust), each for FUZZ_SECONDS (default 15):
 # envelope, command, response (the wire and log decoder), sbatch (#SBATCH scripts), hostlist.
 # Installs cargo-fuzz when missing. Without a nightly toolchain it says so and exits 0: the same
-# entry points are fuzzed on stable by `cargo test -p corral-tests --test fuzz_smoke`.
+# entry points are fuzzed on stable by `cargo test --workspace --test fuzz_smoke`.
 # A crash leaves its input in fuzz/artifacts/TARGET/; repeat it with
 #   (cd fuzz && cargo +nightly fuzz run TARGET artifacts/TARGET/crash-...)
 set -euo pipefail

@@ -2,7 +2,8 @@
 //! certificate; it never opens the Raft log or RocksDB.
 
 use corral_cli::commands::{self, MigCmd, PolicyCmd, SubmitArgs};
-use corral_cli::{bench, client, cluster_admin, demo, dev, nccl, replay, restd, slurm};
+use corral_cli::tools::{bench, demo, dev, replay};
+use corral_cli::{client, cluster_admin, nccl, restd, slurm};
 
 use std::path::PathBuf;
 use std::time::Duration;

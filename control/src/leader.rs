@@ -9,6 +9,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use proto::{InstanceId, Job, JobId, JobState, NodeId, RunNo};
 
+/// A node with this feature is never promoted to voter (the simulated nodes of `corral bench
+/// --nodes` hold no replica; an operator may keep a node out of the quorum the same way).
+pub const NEVER_VOTER_FEATURE: &str = "never-voter";
+
 /// Nodes due at once past which the leader doubts its own view before the nodes' (see
 /// [`nodes_down`]): more than this many, and more than [`MASS_DOWN_PERCENT`] of the nodes.
 pub const MASS_DOWN_MIN: usize = 8;

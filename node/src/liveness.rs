@@ -22,9 +22,7 @@ use crate::link::{LeaderLink, LinkError};
 /// relay is unavailable and tries its next member.
 pub const RELAY_PENDING_MAX: usize = 4 * HEARTBEATS_PER_REQUEST_MAX;
 
-/// A node with this feature is never promoted to voter (the simulated nodes of `corral bench
-/// --nodes` hold no replica; an operator may keep a node out of the quorum the same way).
-pub const NEVER_VOTER_FEATURE: &str = "never-voter";
+pub use control::leader::NEVER_VOTER_FEATURE;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())

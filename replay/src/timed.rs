@@ -15,12 +15,12 @@ use crate::cluster::{self, NodeSpec};
 use crate::log::Log;
 use crate::trace::TraceJob;
 
-/// How long after it ended a finished job leaves the replay's hot state (the leader's
-/// archiving, with `min_job_age_s` at 0).
-const ARCHIVE_EVERY_MS: u64 = 60_000;
-/// Passes at one instant at most while each changes something (a start frees nothing, but a
-/// preemption's stop does).
-const PASSES_PER_INSTANT_MAX: usize = 8;
+/// A finished job leaves the replay's hot state at the leader's next archive step
+/// (`min_job_age_s` at 0); no accounting store holds it, so nothing is pruned.
+const RETENTION: engine::Retention = engine::Retention { min_job_age_ms: 0, accounting_ms: u64::MAX };
+/// Ticks at one instant at most while each pass changes something (a start frees nothing, but
+/// a preemption's stop does).
+const TICKS_PER_INSTANT_MAX: usize = 8;
 
 /// What happened to one job of the trace.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -111,6 +111,7 @@ pub fn run_with(
         log,
         // Agents answer at once: nothing is ever re-sent.
         leader: Leader::with_policy(policy, u64::MAX / 4),
+        archiver: engine::Archiver::default(),
         instances,
         out,
         events: BTreeMap::new(),
@@ -130,6 +131,7 @@ struct Replay<'t> {
     jobs: &'t [TraceJob],
     log: Log,
     leader: Leader<Box<dyn Policy>>,
+    archiver: engine::Archiver,
     instances: BTreeMap<NodeId, InstanceId>,
     out: Outcome,
     events: BTreeMap<(u64, u64), Event>,
@@ -146,7 +148,6 @@ impl Replay<'_> {
     }
 
     fn run(&mut self) {
-        let mut archived_at_ms = 0u64;
         let mut now_ms = 0u64;
         loop {
             let next_event = self.events.first_key_value().map(|(k, _)| k.0);
@@ -163,38 +164,53 @@ impl Replay<'_> {
                     Event::End(job, run) => self.end(job, run, now_ms),
                 }
             }
-            for _ in 0..PASSES_PER_INSTANT_MAX {
-                let Some(pass) = self.leader.schedule_pass(&self.log, now_ms, || u32::MAX) else { break };
-                self.out.passes += 1;
-                if let Some(r) = &pass.reservation {
-                    if let Some(&i) = self.index_of.get(&r.job) {
-                        self.out.jobs[i].promised_ms = Some(r.start_ms);
-                    }
-                }
-                for cmd in &pass.commands {
-                    self.log.apply(cmd);
-                }
-                self.carry_out_orders(now_ms);
-                if pass.commands.is_empty() {
+            for _ in 0..TICKS_PER_INSTANT_MAX {
+                if !self.tick(now_ms) {
                     break;
-                }
-            }
-            if now_ms >= archived_at_ms + ARCHIVE_EVERY_MS {
-                archived_at_ms = now_ms;
-                let done = self.log.state.archivable(now_ms, 0, proto::ARCHIVE_BATCH_MAX);
-                if !done.is_empty() {
-                    self.log.apply(&Command::ArchiveJobs { jobs: done, now_ms });
                 }
             }
             self.out.samples.push(sample(&self.log.state, now_ms));
         }
     }
 
+    /// One tick of the leader's sequence (`engine::TICK`) at `now_ms`; whether its pass asked
+    /// for anything.
+    fn tick(&mut self, now_ms: u64) -> bool {
+        let mut changed = false;
+        for step in engine::TICK {
+            match step {
+                // No node goes silent, suspends a job or changes the voters in a replay.
+                engine::Step::Liveness | engine::Step::Suspensions | engine::Step::Voters => {}
+                engine::Step::Archive => {
+                    if let Some(cmd) = self.archiver.due(&self.log.state, now_ms, RETENTION).and_then(|step| step.archive) {
+                        self.log.apply(&cmd);
+                    }
+                }
+                engine::Step::Schedule => {
+                    let Some(pass) = self.leader.schedule_pass(&self.log, now_ms, || u32::MAX) else { continue };
+                    self.out.passes += 1;
+                    if let Some(r) = &pass.reservation {
+                        if let Some(&i) = self.index_of.get(&r.job) {
+                            self.out.jobs[i].promised_ms = Some(r.start_ms);
+                        }
+                    }
+                    for cmd in &pass.commands {
+                        self.log.apply(cmd);
+                    }
+                    changed = !pass.commands.is_empty();
+                }
+                engine::Step::Orders => self.carry_out_orders(now_ms),
+            }
+        }
+        changed
+    }
+
     fn arrive(&mut self, i: usize, now_ms: u64) {
         let spec = spec_of(&self.jobs[i]);
-        // What a node refuses before it proposes (Slurm refuses the same at submit).
-        if let Some(why) = self.log.state.undefined_in_submission(&spec) {
-            self.out.jobs[i].refused = Some(why);
+        // What a node refuses before it proposes (Slurm refuses the same at submit); the
+        // trace's jobs were all taken once, as an admin's.
+        if let Err(refusal) = self.log.state.admission(&spec, true) {
+            self.out.jobs[i].refused = Some(refusal.why);
             return;
         }
         match self.log.apply(&Command::Submit { spec, now_ms }) {

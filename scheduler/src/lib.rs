@@ -14,16 +14,20 @@
 mod engine;
 pub mod fairshare;
 mod fit;
+mod format;
 mod limits;
 pub mod mig;
+mod need;
 pub mod priority;
 pub mod steps;
 pub mod testkit;
 pub mod topo;
 mod view;
 
-pub use engine::{fmt_duration_ms, fmt_time_ms, schedule, ArrayTaskStart, Binding, Plan, Reservation, Room, NEVER, PACED};
-pub use fit::{fits, fits_gang, is_mig_profile, never_holds, Misfit, PerNode};
+pub use engine::{schedule, ArrayTaskStart, Binding, Plan, Reservation, Room, NEVER, PACED};
+pub use fit::{fits, fits_gang, is_mig_profile, never_holds};
+pub use format::{fmt_duration_ms, fmt_time_ms};
+pub use need::{Misfit, PerNode};
 pub use view::{
     cpu_shares, decode_slot, job_request, job_request_current, mig_slot, node_view, ClusterView, GpuSlot, JobRequest, MigSlot, NodeView,
     NumaView, Partition, PreemptAction, PriorityWeights, Qos, SchedulerConfig, Slot, GPUS_PER_NODE_MAX, MIG_SLOT_BASE,

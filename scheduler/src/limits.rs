@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use proto::JobState;
 
-use crate::engine::fmt_duration_ms;
+use crate::format::fmt_duration_ms;
 use crate::view::{ClusterView, JobRequest};
 
 /// What running jobs hold against the limits.

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use proto::{Allocation, ArraySpec, ArrayTask, Dependency, Inventory, JobId, JobState, Link, NetworkLocation, Nic, NodeId, RunNo};
 
-use crate::fit::Misfit;
 use crate::mig;
+use crate::need::Misfit;
 
 /// Nodes with more GPUs than this are cut to their first 64 (every per-node set is a `u64`).
 pub const GPUS_PER_NODE_MAX: usize = 64;
@@ -337,7 +337,7 @@ impl JobRequest {
 /// The scheduler's view of a job from the replicated state.
 pub fn job_request(job: &proto::Job) -> JobRequest {
     let spec = &job.spec;
-    let need = crate::fit::PerNode::of(spec);
+    let need = crate::need::PerNode::of(spec);
     JobRequest {
         id: job.id,
         array_started: Vec::new(),

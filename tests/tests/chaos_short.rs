@@ -1,7 +1,7 @@
 //! Issue 7 in CI: a short real-process chaos run on a fixed seed and one on a fresh seed (printed,
 //! so a failure can be repeated), and a batch of the deterministic simulation.
 //!
-//! Longer runs: `CORRAL_CHAOS_LONG=1 cargo test -p corral-tests --test chaos_short -- --nocapture`
+//! Longer runs: `CORRAL_CHAOS_LONG=1 cargo test --workspace --test chaos_short -- --nocapture`
 //! runs 10 minutes of faults; or run the binary: `corral-chaos run --duration 10m --seed S`.
 
 use std::time::Duration;

@@ -78,7 +78,7 @@ fn fuzz(name: &str, seeds: Vec<Vec<u8>>, target: fn(&[u8])) {
     let seed: u64 = std::env::var("CORRAL_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1) | 1
     });
-    println!("fuzz {name}: seed {seed}, {seconds} s (repeat: CORRAL_FUZZ_SEED={seed} cargo test -p corral-tests --test fuzz_smoke {name})");
+    println!("fuzz {name}: seed {seed}, {seconds} s (repeat: CORRAL_FUZZ_SEED={seed} cargo test --workspace --test fuzz_smoke {name})");
     let mut rng = Rng(seed);
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let mut runs = 0u64;
@@ -93,7 +93,7 @@ fn fuzz(name: &str, seeds: Vec<Vec<u8>>, target: fn(&[u8])) {
             let path = std::env::temp_dir().join(format!("corral-fuzz-{name}-{seed}.bin"));
             std::fs::write(&path, &input).expect("save the failing input");
             panic!(
-                "fuzz target {name} panicked on {} (input saved); repeat: CORRAL_FUZZ_SEED={seed} cargo test -p corral-tests --test fuzz_smoke {name}, or cargo +nightly fuzz run {name} {}",
+                "fuzz target {name} panicked on {} (input saved); repeat: CORRAL_FUZZ_SEED={seed} cargo test --workspace --test fuzz_smoke {name}, or cargo +nightly fuzz run {name} {}",
                 path.display(),
                 path.display()
             );

@@ -21,6 +21,7 @@ pub mod srun;
 pub mod sshare;
 pub mod sstat;
 pub mod stdin;
+pub mod step;
 pub mod step_output;
 pub mod terminal;
 pub mod time;

@@ -313,8 +313,8 @@ pub(super) fn release(prog: &str, cluster: &crate::client::Cluster, job: &Job, n
     let args: Vec<String> =
         ["--quiet", "-N1", "-n1", "-w", &first, "sh", "-c", &release_command(token, code)].iter().map(|s| s.to_string()).collect();
     let id = job.id;
-    let launched = opts::parse(super::srun::PROG, super::srun::OPTIONS, &args, true)
-        .and_then(|p| super::srun::launch_step_in_job(&p, &id.to_string(), true));
+    let launched = opts::parse(super::step::PROG, super::step::OPTIONS, &args, true)
+        .and_then(|p| super::step::launch_step_in_job(&p, &id.to_string(), true));
     let ended = launched.and_then(|()| {
         let wait = async { tokio::time::timeout(Duration::from_millis(RELEASE_WAIT_MS), super::wait_for(prog, cluster, id)).await };
         match super::block_on(prog, wait)? {

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use slurm_compat::env::PatternFields;
 
-use super::srun::PROG;
+use super::step::PROG;
 
 /// Where one stream of a step's tasks goes.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -28,7 +28,7 @@ impl Node {
                 match known {
                     None => refused.push((beat.node, ApiError::NotFound(format!("node {}", beat.node)))),
                     Some((state, recorded)) => {
-                        mem.heard_from(beat.node, seen_at, self.config.node_down_after_ms);
+                        mem.heard_from(beat.node, seen_at);
                         if state == NodeState::Down || recorded != beat.instance {
                             back.push(*beat);
                         }

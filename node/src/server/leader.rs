@@ -8,18 +8,17 @@ use super::*;
 /// How long the leader waits before re-sending a launch or kill that got no answer.
 const RESEND_AFTER_MS: u64 = 1_000;
 const RESEND_AFTER: Duration = Duration::from_millis(RESEND_AFTER_MS);
-/// How often the leader moves finished jobs to the accounting store and prunes old records.
-const ARCHIVE_INTERVAL: Duration = Duration::from_millis(1_000);
 
 /// What only the leader keeps, in memory, for the term it leads. Rebuilt on every election, so
 /// a new leader gives every node a fresh grace period.
 pub(super) struct LeaderMemory {
     pub(super) term: Option<u64>,
-    /// The origin of the millisecond clock the pure decisions (`control::leader`) are given.
+    /// The origin of the monotonic millisecond clock the engine's liveness is given.
     pub(super) epoch: Instant,
-    pub(super) last_seen: HashMap<NodeId, Instant>,
-    /// When a node last returned to this leader (`control::leader::rejoin_held`).
-    pub(super) returned_at: Option<Instant>,
+    /// When each node was last heard, and the nodes declared down (`engine::Liveness`). Apart
+    /// from `engine`: heartbeats are recorded while a pass has the engine out.
+    pub(super) liveness: engine::Liveness,
+    pub(super) archiver: engine::Archiver,
     /// The leader's sequence and what it remembers between passes (the last idle pass, sends
     /// awaiting an answer through the log). Taken out while a pass runs.
     pub(super) engine: engine::Leader,
@@ -30,58 +29,45 @@ pub(super) struct LeaderMemory {
     pub(super) suspends_sent: control::leader::Resend<control::leader::SendKey>,
     pub(super) suspends_acked: control::leader::SuspendAcks,
     pub(super) layouts_sent: HashMap<(NodeId, u32), Instant>,
-    /// How many nodes a mass silence holds back from `NodeDown` (`control::leader::nodes_down`), to
-    /// say so when it starts and ends.
-    pub(super) held_down: usize,
-    /// How many due nodes the wait for nodes still returning holds (`rejoin_held`), likewise.
-    pub(super) rejoin_held: usize,
-    /// When this leader declared nodes down, within the last grace period (at most one entry
-    /// per node: a node is declared down once until it is back).
-    pub(super) declared_down: std::collections::VecDeque<Instant>,
-    /// When finished jobs were last moved to the accounting store (and old records pruned).
-    pub(super) archived_at: Option<Instant>,
     /// Launch calls under way, by node (at most `pacing::LAUNCH_CALLS_PER_NODE_MAX` each).
     pub(super) launch_calls: HashMap<NodeId, Arc<tokio::sync::Semaphore>>,
     /// How the last pass was paced, to say when pacing starts and ends.
     pub(super) paced: Option<crate::pacing::Paced>,
 }
 
-impl Default for LeaderMemory {
-    fn default() -> Self {
+impl LeaderMemory {
+    /// The memory of term `term` (`None`: not leading), in which every node of `nodes` was
+    /// heard at its start.
+    pub(super) fn new(term: Option<u64>, down_after_ms: u64, nodes: impl IntoIterator<Item = NodeId>) -> LeaderMemory {
         LeaderMemory {
-            term: None,
+            term,
             epoch: Instant::now(),
-            last_seen: HashMap::new(),
-            returned_at: None,
+            liveness: engine::Liveness::new(0, down_after_ms, nodes),
+            archiver: engine::Archiver::default(),
             engine: engine::Leader::new(RESEND_AFTER_MS),
             sent_during_pass: None,
             suspends_sent: control::leader::Resend::new(RESEND_AFTER_MS),
             suspends_acked: control::leader::SuspendAcks::new(),
             layouts_sent: HashMap::new(),
-            held_down: 0,
-            rejoin_held: 0,
-            declared_down: std::collections::VecDeque::new(),
-            archived_at: None,
             launch_calls: HashMap::new(),
             paced: None,
         }
     }
-}
 
-impl LeaderMemory {
-    /// Node `id` was heard at `at` (a heartbeat or a registration); `down_after_ms` tells
-    /// whether it returned (`control::leader::is_return`).
-    pub(super) fn heard_from(&mut self, id: NodeId, at: Instant, down_after_ms: u64) {
-        // A node not heard yet in this term counts from the term's start.
-        let since = self.last_seen.insert(id, at).unwrap_or(self.epoch);
-        if control::leader::is_return(at.saturating_duration_since(since).as_millis() as u64, down_after_ms) {
-            self.returned_at = Some(at);
-        }
+    /// Node `id` was heard at `at` (a heartbeat or a registration).
+    pub(super) fn heard_from(&mut self, id: NodeId, at: Instant) {
+        let at_ms = at.saturating_duration_since(self.epoch).as_millis() as u64;
+        self.liveness.heard(id, at_ms);
     }
 
     /// Milliseconds on this memory's clock (monotonic).
-    fn now_ms(&self) -> u64 {
+    pub(super) fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// The time on this memory's clock and on the state's.
+    fn now(&self) -> engine::Now {
+        engine::Now { mono_ms: self.now_ms(), state_ms: now_ms() }
     }
 }
 
@@ -110,94 +96,54 @@ impl Node {
     }
 
     async fn leader_tick(self: Arc<Self>, term: u64) {
-        let node_ids: Vec<NodeId> = self.state.read(|s| s.nodes.keys().copied().collect());
         {
             let mut mem = lock(&self.memory);
             if mem.term != Some(term) {
                 info!("leading: every node gets a fresh heartbeat grace period");
-                *mem = LeaderMemory { term: Some(term), ..LeaderMemory::default() };
-                let now = Instant::now();
-                for id in &node_ids {
-                    mem.last_seen.insert(*id, now);
-                }
+                let nodes: Vec<NodeId> = self.state.read(|s| s.nodes.keys().copied().collect());
+                *mem = LeaderMemory::new(Some(term), self.config.node_down_after_ms, nodes);
             }
         }
-        self.check_liveness().await;
-        self.archive_pass().await;
-        self.schedule_pass().await;
-        self.drive_launches_and_kills();
-        self.drive_suspensions();
-        self.manage_voters();
+        for step in engine::TICK {
+            match step {
+                engine::Step::Liveness => self.check_liveness().await,
+                engine::Step::Archive => self.archive_pass().await,
+                engine::Step::Schedule => self.schedule_pass().await,
+                engine::Step::Orders => self.drive_launches_and_kills(),
+                engine::Step::Suspensions => self.drive_suspensions(),
+                engine::Step::Voters => self.manage_voters(),
+            }
+        }
     }
 
     async fn check_liveness(&self) {
-        let down_after_ms = self.config.node_down_after_ms;
-        let candidates: Vec<NodeId> = self.state.read(|s| s.nodes.values().filter(|n| n.state != NodeState::Down).map(|n| n.id).collect());
-        let (judged, rejoining, recent_downs) = {
+        let downs = {
             let mut mem = lock(&self.memory);
-            let silent: Vec<(NodeId, u64)> = candidates
-                .iter()
-                .map(|id| (*id, mem.last_seen.entry(*id).or_insert_with(Instant::now).elapsed().as_millis() as u64))
-                .collect();
-            let leading_for_ms = mem.now_ms();
-            let quiet_ms = mem.returned_at.map_or(leading_for_ms, |at| at.elapsed().as_millis() as u64);
-            let rejoin = control::leader::Rejoin { leading_for_ms, quiet_ms };
-            let (judged, rejoining) = control::leader::rejoin_held(silent, rejoin, down_after_ms);
-            let grace = Duration::from_millis(down_after_ms);
-            while mem.declared_down.front().is_some_and(|at| at.elapsed() > grace) {
-                mem.declared_down.pop_front();
-            }
-            (judged, rejoining, mem.declared_down.len())
+            let now = mem.now();
+            self.state.read(|s| mem.liveness.check(s, now.mono_ms, now.state_ms))
         };
-        let verdict = control::leader::nodes_down(&judged, down_after_ms, recent_downs);
-        self.say_held(verdict.held.len(), rejoining.len());
-        if verdict.down.is_empty() {
+        for held in &downs.held {
+            say_held(*held);
+        }
+        if downs.commands.is_empty() {
             return;
         }
-        let silent: HashMap<NodeId, u64> = judged.into_iter().collect();
         let names: HashMap<NodeId, String> =
-            self.state.read(|s| verdict.down.iter().filter_map(|id| Some((*id, s.nodes.get(id)?.name.clone()))).collect());
+            self.state.read(|s| downs.silent_ms.iter().filter_map(|(id, _)| Some((*id, s.nodes.get(id)?.name.clone()))).collect());
         // Proposed together, the group commit packs them into a few entries.
-        let now = now_ms();
-        let downs = verdict.down.iter().map(|id| {
-            let reason = format!("no heartbeat for {} ms", silent.get(id).copied().unwrap_or(0));
-            self.propose(Command::NodeDown { node: *id, reason, now_ms: now })
-        });
-        let results = futures_util::future::join_all(downs).await;
-        for (id, result) in verdict.down.iter().zip(results) {
+        let results = futures_util::future::join_all(downs.commands.into_iter().map(|cmd| self.propose(cmd))).await;
+        for ((id, silent_ms), result) in downs.silent_ms.iter().zip(results) {
             let name = names.get(id).map_or("?", String::as_str);
-            let silent_ms = silent.get(id).copied().unwrap_or(0);
             match result {
                 Ok(CommandResult::Rejected(why)) => warn!(node = %name, why = %why, "NodeDown refused"),
                 Ok(_) => {
-                    lock(&self.memory).declared_down.push_back(Instant::now());
+                    let mut mem = lock(&self.memory);
+                    let now_ms = mem.now_ms();
+                    mem.liveness.declared_down(now_ms);
                     warn!(node = %name, silent_ms, "node declared down: it missed its heartbeats");
                 }
                 Err(e) => warn!(node = %name, error = %e, "mark node down"),
             }
-        }
-    }
-
-    /// Says once when a mass silence or a new leader's wait for its nodes (`rejoining`) starts
-    /// holding nodes back from `NodeDown`, and when it ends.
-    fn say_held(&self, held: usize, rejoining: usize) {
-        let (before, rejoining_before) = {
-            let mut mem = lock(&self.memory);
-            (std::mem::replace(&mut mem.held_down, held), std::mem::replace(&mut mem.rejoin_held, rejoining))
-        };
-        if rejoining > 0 && rejoining_before == 0 {
-            info!(nodes = rejoining, "nodes still return to this new leader: holding the silent ones back from NodeDown meanwhile");
-        } else if rejoining == 0 && rejoining_before > 0 {
-            info!(nodes = rejoining_before, "the nodes' return is over: silent nodes are judged again");
-        }
-        if held > 0 && before == 0 {
-            warn!(
-                nodes = held,
-                "too many nodes unheard at once to believe: declaring them down only after {} grace periods",
-                control::leader::MASS_DOWN_GRACES
-            );
-        } else if held == 0 && before > 0 {
-            info!(nodes = before, "the mass silence is over");
         }
     }
 
@@ -221,36 +167,35 @@ impl Node {
     }
 
     /// Moves jobs finished more than `min_job_age_s` ago to the accounting store and prunes
-    /// records past `accounting_retention_days`, a bounded batch of each at most once a second.
+    /// records past `accounting_retention_days`, a bounded batch of each at most once a second
+    /// (`engine::Archiver`).
     async fn archive_pass(&self) {
-        {
-            let mut mem = lock(&self.memory);
-            if mem.archived_at.is_some_and(|t| t.elapsed() < ARCHIVE_INTERVAL) {
-                return;
-            }
-            mem.archived_at = Some(Instant::now());
-        }
         let now = now_ms();
-        let min_age_ms = self.config.min_job_age_s.saturating_mul(1000);
-        let jobs = self.state.read(|s| s.archivable(now, min_age_ms, proto::ARCHIVE_BATCH_MAX));
-        if !jobs.is_empty() {
-            let count = jobs.len();
-            match self.propose(Command::ArchiveJobs { jobs, now_ms: now }).await {
-                Ok(_) => debug!(jobs = count, "moved finished jobs to the accounting store"),
+        let retention = engine::Retention {
+            min_job_age_ms: self.config.min_job_age_s.saturating_mul(1000),
+            accounting_ms: self.config.accounting_retention_days.saturating_mul(86_400_000),
+        };
+        let step = {
+            let mut mem = lock(&self.memory);
+            self.state.read(|s| mem.archiver.due(s, now, retention))
+        };
+        let Some(step) = step else { return };
+        if let Some(cmd) = step.archive {
+            match self.propose(cmd).await {
+                Ok(_) => debug!("moved finished jobs to the accounting store"),
                 Err(e) => warn!(error = %e, "move finished jobs to the accounting store"),
             }
         }
-        let retention_ms = self.config.accounting_retention_days.saturating_mul(86_400_000);
-        let pruned = match self.state.accounting_ended_before(now.saturating_sub(retention_ms), proto::ARCHIVE_BATCH_MAX) {
+        let pruned = match self.state.accounting_ended_before(step.prune_ended_before_ms, proto::ARCHIVE_BATCH_MAX) {
             Ok(ids) => ids,
             Err(e) => {
                 warn!(error = %e, "read the accounting store for pruning");
                 return;
             }
         };
-        if !pruned.is_empty() {
-            let count = pruned.len();
-            match self.propose(Command::PruneAccounting { jobs: pruned, now_ms: now }).await {
+        let count = pruned.len();
+        if let Some(cmd) = engine::Archiver::prune(pruned, now) {
+            match self.propose(cmd).await {
                 Ok(_) => info!(records = count, "pruned accounting records past retention"),
                 Err(e) => warn!(error = %e, "prune accounting records"),
             }
@@ -518,38 +463,18 @@ impl Node {
             return;
         }
         let voters = self.voter_ids();
-        let now = now_ms();
-        let fresh_within = Duration::from_millis(self.config.heartbeat_interval_ms * 3);
-        let (candidate, down_ms, leading_for_ms) = {
-            let mem = lock(&self.memory);
-            let (candidate, down_ms) = self.state.read(|s| {
-                let candidate = s
-                    .nodes
-                    .values()
-                    .filter(|n| n.state == NodeState::Up && !voters.contains(&n.id))
-                    .filter(|n| !n.inventory.features.iter().any(|f| f == liveness::NEVER_VOTER_FEATURE))
-                    .find(|n| mem.last_seen.get(&n.id).is_some_and(|t| t.elapsed() < fresh_within))
-                    .map(|n| (n.id, MemberNode { name: n.name.clone(), addr: n.addr.clone() }));
-                let down_ms: Vec<(NodeId, u64)> = voters
-                    .iter()
-                    .filter_map(|v| s.nodes.get(v))
-                    .filter(|n| n.state == NodeState::Down)
-                    .map(|n| (n.id, now.saturating_sub(n.state_changed_ms)))
-                    .collect();
-                (candidate, down_ms)
-            });
-            (candidate, down_ms, mem.now_ms())
+        let limits = engine::VoterLimits {
+            voters_max: self.config.voters_max,
+            fresh_within_ms: self.config.heartbeat_interval_ms * 3,
+            replace_after_ms: self.config.voter_replace_after_ms,
         };
-        let decided = control::leader::voter_change(
-            self.id,
-            &voters,
-            self.config.voters_max,
-            candidate.as_ref().map(|(id, _)| *id),
-            &down_ms,
-            leading_for_ms,
-            self.config.voter_replace_after_ms,
-        );
-        let (Some(control::leader::VoterChange { promote: new_id, voters: change }), Some((_, new_node))) = (decided, candidate) else {
+        let decided = {
+            let mem = lock(&self.memory);
+            self.state.read(|s| mem.liveness.voter_change(s, self.id, &voters, limits, mem.now()))
+        };
+        let Some(control::leader::VoterChange { promote: new_id, voters: change }) = decided else { return };
+        let Some(new_node) = self.state.read(|s| s.nodes.get(&new_id).map(|n| MemberNode { name: n.name.clone(), addr: n.addr.clone() }))
+        else {
             return;
         };
         self.membership_busy.store(true, Ordering::SeqCst);
@@ -591,6 +516,23 @@ impl Node {
                 schedule.learned(self.id, check, term, Instant::now());
             }
         }
+    }
+}
+
+/// Says once when a mass silence or a new leader's wait for its nodes starts holding nodes
+/// back from `NodeDown`, and when it ends.
+fn say_held(held: engine::Held) {
+    match held {
+        engine::Held::RejoinStarted { nodes } => {
+            info!(nodes, "nodes still return to this new leader: holding the silent ones back from NodeDown meanwhile")
+        }
+        engine::Held::RejoinEnded { nodes } => info!(nodes, "the nodes' return is over: silent nodes are judged again"),
+        engine::Held::MassSilenceStarted { nodes } => warn!(
+            nodes,
+            "too many nodes unheard at once to believe: declaring them down only after {} grace periods",
+            control::leader::MASS_DOWN_GRACES
+        ),
+        engine::Held::MassSilenceEnded { nodes } => info!(nodes, "the mass silence is over"),
     }
 }
 

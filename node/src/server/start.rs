@@ -450,7 +450,7 @@ pub async fn run(
         forward_link,
         heartbeat_link: Arc::clone(&heartbeat_link),
         relay: liveness::Relay::default(),
-        memory: Mutex::new(LeaderMemory::default()),
+        memory: Mutex::new(LeaderMemory::new(None, config.node_down_after_ms, [])),
         view_cache: Mutex::new(consensus::view::ViewCache::default()),
         unreachable_leader: Mutex::new(None),
         membership_busy: AtomicBool::new(false),

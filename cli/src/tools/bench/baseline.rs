@@ -1,8 +1,9 @@
-//! `corral bench`: measures a local 3-node cluster against this machine's fdatasync, the floor
-//! under any durable commit. Prints figures; asserts nothing about speed.
+//! `corral bench` by default: a local 3-node cluster measured against this machine's
+//! fdatasync, the floor under any durable commit: submissions from 1, 16 and 256 clients,
+//! submit-to-running, leader failovers, `srun` step round trips, hand-overs of a running job's
+//! node, and requeues after its node is killed. Prints figures; asserts nothing about speed.
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,109 +11,25 @@ use anyhow::{bail, Context};
 use proto::{GresRequest, JobSpec, Reply, Request};
 
 use crate::client::Cluster;
-use crate::dev::{self, DevOptions};
+use crate::tools::dev;
 
-#[derive(clap::Args, Clone, Debug)]
-pub struct BenchArgs {
-    /// Sequential submissions from one client.
-    #[arg(long, default_value_t = 300)]
-    pub submits: usize,
-    /// Submissions from 16 concurrent clients (in all; 256 clients submit at least 8 each).
-    #[arg(long, default_value_t = 800)]
-    pub concurrent_submits: usize,
-    /// Submit-to-running samples.
-    #[arg(long, default_value_t = 30)]
-    pub latency_samples: usize,
-    /// Leader SIGKILLs for the failover figures.
-    #[arg(long, default_value_t = 10)]
-    pub failovers: usize,
-    /// SIGKILLs of the node of a --requeue job, timing until it runs again elsewhere.
-    #[arg(long, default_value_t = 10)]
-    pub requeue_kills: usize,
-    /// Skip everything but the requeue measurement.
-    #[arg(long)]
-    pub only_requeue: bool,
-    /// `srun` steps timed inside one 2-node batch job.
-    #[arg(long, default_value_t = 30)]
-    pub steps: usize,
-    /// Skip everything but the step measurement.
-    #[arg(long)]
-    pub only_steps: bool,
-    /// Hand-overs (SIGUSR2, then a new daemon) of the node of a running job, timing how long
-    /// the node was silent to the leader against the lease it had.
-    #[arg(long, default_value_t = 10)]
-    pub handovers: usize,
-    /// Skip everything but the hand-over measurement.
-    #[arg(long)]
-    pub only_handover: bool,
-    /// Skip everything but the failover measurement.
-    #[arg(long)]
-    pub only_failover: bool,
-    /// Stop after the submission figures (1 client, 16 and 256 concurrent ones).
-    #[arg(long)]
-    pub only_submits: bool,
-    /// Keep the cluster directory here.
-    #[arg(long)]
-    pub dir: Option<PathBuf>,
-    /// Instead of the rest: fill a cluster with this many finished jobs and measure submits,
-    /// `sacct`, `squeue`, RSS, disk and a new voter's catch-up at 0, a tenth and all of them.
-    #[arg(long)]
-    pub history: Option<usize>,
-    /// Instead of the rest: this many `sbatch --wrap true` processes, 16 at a time, over QUIC
-    /// and over the node's socket, an array and a paced run (submissions/s, jobs completed/s,
-    /// submit-to-running, host CPU per job), and the same on the Slurm peer with `--slurm-peer`.
-    #[arg(long)]
-    pub processes: Option<usize>,
-    /// Tasks of the `--processes` bench's `sbatch --array` (0 skips it).
-    #[arg(long, default_value_t = 10_000)]
-    pub array_tasks: usize,
-    /// The Slurm peer's scripts (`shared/peers/slurm`): `--processes` measures it in the same run.
-    #[arg(long)]
-    pub slurm_peer: Option<PathBuf>,
-    /// SchedulerParameters of the tuned Slurm run.
-    #[arg(long, default_value = "batch_sched_delay=0,sched_min_interval=0")]
-    pub slurm_tuned: String,
-    /// Instead of the rest: a 3-voter cluster with this many simulated nodes (comma list, one
-    /// cluster each): voter CPU and RSS at rest and with jobs running, detection and requeue
-    /// of a silenced node, leader failovers; and the leader at rest with direct heartbeats.
-    #[arg(long, value_delimiter = ',')]
-    pub nodes: Vec<usize>,
-    /// Jobs running during the `--nodes` busy figures.
-    #[arg(long, default_value_t = 1_000)]
-    pub nodes_jobs: usize,
-    /// Silenced nodes timed per `--nodes` size.
-    #[arg(long, default_value_t = 20)]
-    pub nodes_detections: usize,
-    /// Leader SIGKILLs per `--nodes` size.
-    #[arg(long, default_value_t = 10)]
-    pub nodes_failovers: usize,
-    #[arg(long, default_value_t = 500)]
-    pub nodes_heartbeat_interval_ms: u64,
-    /// With 500 ms heartbeats, 4 s leaves nodes 2.1 s of lease (`fence_after_ms`): a leader
-    /// failover (election and relays finding the new leader) fits in it.
-    #[arg(long, default_value_t = 4_000)]
-    pub nodes_down_after_ms: u64,
-    /// Skip the peer run with direct heartbeats.
-    #[arg(long)]
-    pub nodes_no_direct_peer: bool,
-    /// Also a peer run at rest with relayed heartbeats as one stream call each (as before
-    /// datagrams).
-    #[arg(long)]
-    pub nodes_stream_peer: bool,
-}
+use super::setup::{cancel_all, three_nodes};
+use super::stats::{percentile, sorted};
+use super::BenchArgs;
 
-/// The `p` quantile (0 to 1) of `sorted`; NaN when empty.
-pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
+/// Runs the benchmark on a cluster in `args.dir` (default: a temporary directory, removed at
+/// the end), and stops the cluster.
+pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    let keep = args.dir.is_some();
+    let dir = args.dir.clone().unwrap_or_else(|| std::env::temp_dir().join(format!("corral-bench-{}", std::process::id())));
+    let result = bench(&dir, args).await;
+    if let Err(e) = dev::down(&dir) {
+        eprintln!("stop the bench cluster: {e:#}");
     }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
-pub(crate) fn sorted(mut v: Vec<f64>) -> Vec<f64> {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v
+    if !keep {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    result
 }
 
 /// fdatasync latency of a 4 KiB append in `dir`, in ms.
@@ -181,25 +98,6 @@ async fn start_blocker(cluster: &Cluster, workdir: &str) -> anyhow::Result<u64> 
     }
 }
 
-/// Cancels `jobs` from at most `tasks_max` concurrent tasks, each call patient for `patience`.
-pub(crate) async fn cancel_all(cluster: &Arc<Cluster>, jobs: Vec<u64>, tasks_max: usize, patience: Duration) -> anyhow::Result<()> {
-    let mut tasks = Vec::new();
-    for chunk in jobs.chunks(jobs.len().div_ceil(tasks_max.max(1)).max(1)) {
-        let (cluster, chunk) = (Arc::clone(cluster), chunk.to_vec());
-        tasks.push(tokio::spawn(async move {
-            for job in chunk {
-                cluster.call_patiently(Request::Cancel { job }, patience).await.with_context(|| format!("cancel job {job}"))?;
-            }
-            Ok::<_, anyhow::Error>(())
-        }));
-    }
-    for task in tasks {
-        task.await.context("join canceller")??;
-    }
-    Ok(())
-}
-
-/// SIGKILLs the leader `rounds` times; each time, the ms from the kill until a submission is
 /// committed, for a client asking a surviving voter and, at the same time, for a fresh client
 /// (a new `corral` process would be one) that tries the dead node first. Both sorted.
 async fn failovers(dir: &std::path::Path, workdir: &str, rounds: usize) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
@@ -318,67 +216,6 @@ async fn submit(cluster: &Cluster, spec: JobSpec) -> anyhow::Result<u64> {
     match cluster.call_patiently(Request::Submit { spec }, Duration::from_secs(20)).await? {
         Reply::Submitted { job } => Ok(job),
         other => bail!("unexpected reply {other:?}"),
-    }
-}
-
-pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
-    if let Some(history) = args.history {
-        return crate::bench_history::run(history, args.dir.clone()).await;
-    }
-    if !args.nodes.is_empty() {
-        let opts = crate::bench_nodes::NodesBench {
-            sizes: args.nodes.clone(),
-            jobs: args.nodes_jobs,
-            detections: args.nodes_detections,
-            failovers: args.nodes_failovers,
-            heartbeat_interval_ms: args.nodes_heartbeat_interval_ms,
-            node_down_after_ms: args.nodes_down_after_ms,
-            direct_peer: !args.nodes_no_direct_peer,
-            stream_peer: args.nodes_stream_peer,
-        };
-        return crate::bench_nodes::run(opts, args.dir.clone()).await;
-    }
-    if let Some(processes) = args.processes {
-        let opts = crate::bench_jobs::JobsBench {
-            processes,
-            array_tasks: args.array_tasks,
-            slurm_peer: args.slurm_peer.clone(),
-            slurm_tuned: args.slurm_tuned.clone(),
-        };
-        return crate::bench_jobs::run(opts, args.dir.clone()).await;
-    }
-    let keep = args.dir.is_some();
-    let dir = args.dir.clone().unwrap_or_else(|| std::env::temp_dir().join(format!("corral-bench-{}", std::process::id())));
-    let result = bench(&dir, &args).await;
-    if let Err(e) = dev::down(&dir) {
-        eprintln!("stop the bench cluster: {e:#}");
-    }
-    if !keep {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-    result
-}
-
-/// The 3-node cluster `corral bench` and `corral bench --processes` measure.
-pub(crate) fn three_nodes() -> DevOptions {
-    DevOptions {
-        nodes: 3,
-        gpus: "h100:8".into(),
-        voters_max: 3,
-        cpus: 64,
-        memory_mib: 512 * 1024,
-        heartbeat_interval_ms: 200,
-        node_down_after_ms: 3_000,
-        voter_replace_after_ms: 600_000,
-        kill_grace_ms: 1_000,
-        snapshot_logs: 1_000,
-        checkpoint_root: None,
-        gpu_sample_interval_ms: 1_000,
-        min_job_age_s: 300,
-        wait_s: 60,
-        run_as_user: false,
-        gpu_device_files: Vec::new(),
-        partitions: vec!["default".into(), "gpu".into()],
     }
 }
 

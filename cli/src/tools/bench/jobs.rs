@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use proto::{JobQuery, JobState};
 
-use crate::bench::{percentile, sorted};
+use super::stats::{percentile, sorted};
 use crate::client::Cluster;
-use crate::dev;
+use crate::tools::dev;
 
 /// Processes running at once, as in the measurements (`xargs -P16`).
 const CONCURRENCY: usize = 16;
@@ -277,7 +277,7 @@ pub async fn run(opts: JobsBench, keep: Option<PathBuf>) -> anyhow::Result<()> {
 }
 
 async fn bench(dir: &Path, opts: &JobsBench) -> anyhow::Result<()> {
-    let dev_opts = crate::bench::three_nodes();
+    let dev_opts = super::setup::three_nodes();
     dev::up(dir, &dev_opts).await?;
     let shims = dir.join("shims");
     let corral = std::env::current_exe().context("find the corral executable")?;

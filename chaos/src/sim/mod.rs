@@ -1,5 +1,5 @@
 //! Deterministic simulation of Corral's decisions: the replicated state machine
-//! ([`consensus::ClusterState::apply`]), the scheduler ([`scheduler::schedule`]), the leader's
+//! ([`corral_state::ClusterState::apply`]), the scheduler ([`scheduler::schedule`]), the leader's
 //! decisions (which silent nodes go down, where launches and stops go, when they are re-sent:
 //! [`control::leader`]) and every agent's (accept or refuse a launch, what a stop does, when it
 //! fences itself, the watchdog's deadline: [`control::agent`]) are the product's own functions,
@@ -15,14 +15,18 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::AssertUnwindSafe;
 
-use consensus::ClusterState;
-use proto::{Command, CommandResult, GpuInfo, GresRequest, InstanceId, Inventory, Job, JobId, JobSpec, NodeId, RunNo, RunOutcome};
+use corral_state::ClusterState;
+use proto::{
+    Command, CommandResult, GpuInfo, GresRequest, InstanceId, Inventory, Job, JobId, JobSpec, JobState, NodeId, RunNo, RunOutcome,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use control::agent::{LaunchDecision, StopDecision};
-
 use crate::ProcessSpan;
+
+mod agent;
+mod checks;
+mod leader;
 
 /// Timings and sizes of one simulated run. All times are simulated milliseconds.
 /// After the settle bound, the run keeps going while some job became final this recently.
@@ -75,6 +79,12 @@ pub struct SimConfig {
     pub node_down_after_ms: u64,
     pub fence_kill_grace_ms: u64,
     pub resend_after_ms: u64,
+    /// A finished job stays in the hot state this long before the leader archives it.
+    pub min_job_age_ms: u64,
+    /// An archived record is pruned this long after its job ended.
+    pub accounting_retention_ms: u64,
+    pub voters_max: usize,
+    pub voter_replace_after_ms: u64,
     pub report_retry_ms: u64,
     pub kill_grace_ms: u64,
     /// Largest one-way message delay; each message draws a delay below it (so messages reorder).
@@ -102,6 +112,10 @@ impl Default for SimConfig {
             node_down_after_ms: 3_000,
             fence_kill_grace_ms: 500,
             resend_after_ms: 1_000,
+            min_job_age_ms: 2_000,
+            accounting_retention_ms: 30_000,
+            voters_max: 3,
+            voter_replace_after_ms: 10_000,
             report_retry_ms: 300,
             kill_grace_ms: 500,
             delay_max_ms: 150,
@@ -235,25 +249,20 @@ impl SimNode {
 }
 
 struct LeaderMemory {
-    /// When this leader began leading.
-    since_ms: u64,
-    last_seen_ms: BTreeMap<NodeId, u64>,
-    /// When a node last returned to this leader (`control::leader::rejoin_held`).
-    returned_ms: Option<u64>,
-    /// When this leader declared nodes down (for the mass-silence rule).
-    declared_down_ms: Vec<u64>,
+    /// When each node was last heard and the nodes declared down (`engine::Liveness`).
+    liveness: engine::Liveness,
+    archiver: engine::Archiver,
     /// The leader's sequence and its memory between passes, as corrald's.
     engine: engine::Leader,
 }
 
 impl LeaderMemory {
-    fn new(resend_after_ms: u64, since_ms: u64) -> LeaderMemory {
+    /// A new leader at `since_ms`: every node gets a fresh grace period.
+    fn new(cfg: &SimConfig, since_ms: u64, nodes: impl IntoIterator<Item = NodeId>) -> LeaderMemory {
         LeaderMemory {
-            since_ms,
-            last_seen_ms: BTreeMap::new(),
-            returned_ms: None,
-            declared_down_ms: Vec::new(),
-            engine: engine::Leader::new(resend_after_ms),
+            liveness: engine::Liveness::new(since_ms, cfg.node_down_after_ms, nodes),
+            archiver: engine::Archiver::default(),
+            engine: engine::Leader::new(cfg.resend_after_ms),
         }
     }
 }
@@ -291,6 +300,11 @@ struct Sim {
     /// No command commits before this time (an election is under way).
     leader_down_until_ms: u64,
     mem: LeaderMemory,
+    /// The accounting store: jobs the leader archived, and those pruned from it since.
+    archive: BTreeMap<JobId, Job>,
+    pruned: BTreeMap<JobId, JobState>,
+    /// The Raft voters (membership changes are instant here).
+    voters: BTreeSet<NodeId>,
     acked: BTreeSet<JobId>,
     spans: Vec<ProcessSpan>,
     report: SimReport,
@@ -357,10 +371,8 @@ impl Sim {
                 next_heartbeat_ms: rng.gen_range(0..cfg.heartbeat_interval_ms),
             });
         }
-        let mut mem = LeaderMemory::new(cfg.resend_after_ms, 0);
-        for n in &nodes {
-            mem.last_seen_ms.insert(n.id, 0);
-        }
+        let mem = LeaderMemory::new(&cfg, 0, nodes.iter().map(|n| n.id));
+        let voters = nodes.iter().take(1).map(|n| n.id).collect();
         Sim {
             cfg,
             rng,
@@ -371,6 +383,9 @@ impl Sim {
             seq: 0,
             leader_down_until_ms: 0,
             mem,
+            archive: BTreeMap::new(),
+            pruned: BTreeMap::new(),
+            voters,
             acked: BTreeSet::new(),
             spans: Vec::new(),
             report: SimReport { seed, ..SimReport::default() },
@@ -406,8 +421,19 @@ impl Sim {
             self.last_change_applied = self.applied;
         }
         let text = if self.cfg.keep_trace { format!("{cmd:?}") } else { String::new() };
-        let result = self.state.apply(&cmd);
+        let mut archived = Vec::new();
+        let result = self.state.apply_archiving(&cmd, &mut archived);
         self.log(|| format!("apply {text} -> {result:?}"));
+        for job in archived {
+            self.archived(job);
+        }
+        if let Command::PruneAccounting { jobs, .. } = &cmd {
+            for id in jobs {
+                if let Some(job) = self.archive.remove(id) {
+                    self.pruned.insert(*id, job.state);
+                }
+            }
+        }
         result
     }
 
@@ -445,295 +471,6 @@ impl Sim {
                     if self.nodes[to].reachable(self.now_ms) {
                         self.agent_receive(to, msg);
                     }
-                }
-            }
-        }
-    }
-
-    // -----------------------------------------------------------------------------------------
-    // The leader (node/src/server/leader.rs)
-
-    fn leader_receive(&mut self, from: usize, msg: ToLeader) {
-        match msg {
-            ToLeader::Heartbeat { node, instance, sent_ms } => {
-                let Some(rec) = self.state.nodes.get(&node).map(|n| (n.state, n.instance)) else { return };
-                let since = self.mem.last_seen_ms.insert(node, self.now_ms).unwrap_or(self.mem.since_ms);
-                if control::leader::is_return(self.now_ms.saturating_sub(since), self.cfg.node_down_after_ms) {
-                    self.mem.returned_ms = Some(self.now_ms);
-                }
-                if rec.0 == proto::NodeState::Down || rec.1 != instance {
-                    self.apply(Command::NodeUp { node, instance, now_ms: self.now_ms });
-                }
-                self.send(Msg::ToAgent { to: from, msg: ToAgent::HeartbeatAck { instance, sent_ms } });
-            }
-            ToLeader::Report { node, instance, job, run, outcome } => {
-                self.apply(Command::RunFinished { job, run, node, outcome, usage: Default::default(), now_ms: self.now_ms });
-                self.send(Msg::ToAgent { to: from, msg: ToAgent::ReportAck { instance, job, run } });
-            }
-            ToLeader::LaunchAck { node, job, run, instance } => {
-                self.apply(Command::LaunchConfirmed { job, run, node, instance, now_ms: self.now_ms });
-            }
-        }
-    }
-
-    fn leader_tick(&mut self) {
-        if !self.leader_up() {
-            return;
-        }
-        self.check_liveness();
-        // The leader's sequence: a scheduling pass when one is due, then the launches and stops
-        // due (`engine::Leader`, as corrald runs it). Nothing paces a simulated leader.
-        let reader = SimState { state: &self.state, applied: self.applied, last_change_applied: self.last_change_applied };
-        let pass = self.mem.engine.schedule_pass(&reader, self.now_ms, || u32::MAX);
-        for cmd in pass.map(|p| p.commands).unwrap_or_default() {
-            self.apply(cmd);
-        }
-        let now = self.now_ms;
-        let orders = self.mem.engine.orders(&self.state, now);
-        let launches: Vec<(Job, NodeId)> =
-            orders.launches.into_iter().filter_map(|(id, node)| Some((self.state.jobs.get(&id)?.clone(), node))).collect();
-        let kills: Vec<(JobId, RunNo, NodeId)> = orders.stops.into_iter().map(|(id, stop)| (id, stop.run, stop.node)).collect();
-        for (job, node) in launches {
-            if let Some(to) = self.node_index(node) {
-                self.send(Msg::ToAgent { to, msg: ToAgent::Launch { job: Box::new(job) } });
-            }
-        }
-        for (job, run, node) in kills {
-            if let Some(to) = self.node_index(node) {
-                self.send(Msg::ToAgent { to, msg: ToAgent::Kill { job, run } });
-            }
-        }
-    }
-
-    /// Declares silent nodes down as the leader does (node/src/server/leader.rs `check_liveness`).
-    fn check_liveness(&mut self) {
-        let now = self.now_ms;
-        let candidates: Vec<NodeId> = self.state.nodes.values().filter(|n| n.state != proto::NodeState::Down).map(|n| n.id).collect();
-        let silent_ms: Vec<(NodeId, u64)> =
-            candidates.iter().map(|id| (*id, now.saturating_sub(*self.mem.last_seen_ms.entry(*id).or_insert(now)))).collect();
-        let grace_ms = self.cfg.node_down_after_ms;
-        let leading_for_ms = now.saturating_sub(self.mem.since_ms);
-        let quiet_ms = self.mem.returned_ms.map_or(leading_for_ms, |at| now.saturating_sub(at));
-        let rejoin = control::leader::Rejoin { leading_for_ms, quiet_ms };
-        let (silent_ms, _) = control::leader::rejoin_held(silent_ms, rejoin, grace_ms);
-        self.mem.declared_down_ms.retain(|at| now.saturating_sub(*at) <= grace_ms);
-        let verdict = control::leader::nodes_down(&silent_ms, grace_ms, self.mem.declared_down_ms.len());
-        for id in verdict.down {
-            let silent = silent_ms.iter().find(|(n, _)| *n == id).map_or(0, |(_, ms)| *ms);
-            let reason = format!("no heartbeat for {silent} ms");
-            if !matches!(self.apply(Command::NodeDown { node: id, reason, now_ms: now }), CommandResult::Rejected(_)) {
-                self.mem.declared_down_ms.push(now);
-            }
-        }
-    }
-
-    // -----------------------------------------------------------------------------------------
-    // The agents (node/src/agent.rs)
-
-    fn agent_receive(&mut self, i: usize, msg: ToAgent) {
-        match msg {
-            ToAgent::Launch { job } => self.agent_launch(i, *job),
-            ToAgent::Kill { job, run } => self.agent_stop(i, job, run),
-            ToAgent::HeartbeatAck { instance, sent_ms } => {
-                if self.nodes[i].instance == instance {
-                    self.nodes[i].last_ack_ms = self.nodes[i].last_ack_ms.max(Some(sent_ms));
-                }
-            }
-            ToAgent::ReportAck { instance, job, run } => {
-                if self.nodes[i].instance == instance {
-                    self.nodes[i].outbox.retain(|r| !(r.job == job && r.run == run));
-                }
-            }
-        }
-    }
-
-    /// A launch reaches node `i` (node/src/server/mod.rs `launch_if_current`, node/src/agent.rs
-    /// `launch`).
-    fn agent_launch(&mut self, i: usize, job: Job) {
-        let now = self.now_ms;
-        let node = &self.nodes[i];
-        let Some(part) = job.parts.iter().find(|p| p.run == job.run && p.alloc.node == node.id) else { return };
-        // The stale-launch check (node/src/server/mod.rs `launch_if_current`) reads the node's
-        // replica, at least as new as its last ack; the model reads the newest state:
-        // every decision that makes a launch stale, a `NodeDown` above all, precedes the
-        // ack that lets the node start work again.
-        let (me, instance) = (node.id, node.instance);
-        let current = self.state.jobs.get(&job.id).is_some_and(|j| control::agent::run_is_current_here(j, job.run, me, instance));
-        if !current && !self.cfg.mutated(Mutation::StaleLaunch) {
-            let name = node.name.clone();
-            self.log(|| format!("{name} refuses a stale launch of job {} run {}", job.id, job.run));
-            return;
-        }
-        let ack_age_ms = if self.cfg.mutated(Mutation::LaunchWhenOutOfTouch) { Some(0) } else { node.ack_age_ms(now) };
-        let decision = control::agent::decide_launch(ack_age_ms, self.cfg.fence_after_ms(), node.ledger_mark(job.id, job.run));
-        let gpus = part.alloc.gpus.clone();
-        let ack = Msg::ToLeader { from: i, msg: ToLeader::LaunchAck { node: node.id, job: job.id, run: job.run, instance } };
-        match decision {
-            LaunchDecision::NotInTouch | LaunchDecision::StoppedBefore => {}
-            LaunchDecision::AckAgain => self.send(ack),
-            LaunchDecision::ReportLost => {
-                let why = control::agent::LOST_EARLIER_INSTANCE.to_string();
-                self.nodes[i].outbox.push(Report { job: job.id, run: job.run, outcome: RunOutcome::Lost(why), next_send_ms: now });
-            }
-            LaunchDecision::Start => {
-                let duration_ms = job.spec.env.get("SIM_MS").and_then(|t| t.parse().ok()).unwrap_or(1_000);
-                let exit_code = job.spec.env.get("SIM_EXIT").and_then(|t| t.parse().ok()).unwrap_or(0);
-                let span = self.spans.len();
-                let name = self.nodes[i].name.clone();
-                self.spans.push(ProcessSpan {
-                    job: job.id,
-                    run: job.run,
-                    node: name.clone(),
-                    gpus: gpus.iter().map(|g| format!("g{g}")).collect(),
-                    start_ms: now,
-                    end_ms: None,
-                    pid: None,
-                });
-                self.log(|| format!("{name} starts job {} run {} on gpus {gpus:?}", job.id, job.run));
-                let n = &mut self.nodes[i];
-                n.ledger.insert((job.id, job.run), (instance, false));
-                if let Some(old) = n.procs.insert(
-                    job.id,
-                    Proc { run: job.run, gpus, ends_at_ms: now + duration_ms, exit_code, stop_at_ms: None, watchdog_killed: false, span },
-                ) {
-                    // The real agent keys its running jobs by job id as well.
-                    let what = format!("{name} started job {} run {} while run {} of it still ran there", job.id, job.run, old.run);
-                    self.violation(what);
-                }
-                self.send(ack);
-            }
-        }
-    }
-
-    /// A stop reaches node `i` (node/src/agent.rs `kill`).
-    fn agent_stop(&mut self, i: usize, job: JobId, run: RunNo) {
-        let now = self.now_ms;
-        let running = self.nodes[i].procs.get(&job).is_some_and(|p| p.run == run);
-        let decision = match control::agent::decide_stop(running, self.nodes[i].ledger_mark(job, run)) {
-            StopDecision::RefuseAndReportLost(why)
-                if why == control::agent::LOST_STOPPED_BEFORE_START && self.cfg.mutated(Mutation::StopUnstarted) =>
-            {
-                StopDecision::Nothing
-            }
-            StopDecision::RefuseAndReportLost(why)
-                if why == control::agent::LOST_EARLIER_INSTANCE && self.cfg.mutated(Mutation::StopDeadInstance) =>
-            {
-                StopDecision::Nothing
-            }
-            decision => decision,
-        };
-        match decision {
-            StopDecision::Stop => {
-                let grace = self.rng.gen_range(0..=self.cfg.kill_grace_ms);
-                if let Some(p) = self.nodes[i].procs.get_mut(&job).filter(|p| p.stop_at_ms.is_none()) {
-                    p.stop_at_ms = Some(now + grace);
-                }
-            }
-            StopDecision::Nothing => {}
-            StopDecision::RefuseAndReportLost(why) => {
-                let n = &mut self.nodes[i];
-                let instance = n.instance;
-                n.ledger.insert((job, run), (instance, true));
-                n.outbox.push(Report { job, run, outcome: RunOutcome::Lost(why.into()), next_send_ms: now });
-            }
-        }
-    }
-
-    fn end_proc(&mut self, i: usize, job: JobId, outcome: RunOutcome) {
-        let now = self.now_ms;
-        if let Some(p) = self.nodes[i].procs.remove(&job) {
-            // It may have died earlier, while its corrald was paused.
-            if self.spans[p.span].end_ms.is_none() {
-                self.spans[p.span].end_ms = Some(now);
-            }
-            let name = self.nodes[i].name.clone();
-            self.log(|| format!("{name} job {job} run {} ended: {outcome:?}", p.run));
-            self.nodes[i].outbox.push(Report { job, run: p.run, outcome, next_send_ms: now });
-        }
-    }
-
-    fn agents_tick(&mut self) {
-        let now = self.now_ms;
-        for i in 0..self.nodes.len() {
-            // Job processes run on while corrald is paused (they are in their own process
-            // groups), until the watchdog, which is not paused, finds the lease run out.
-            // (`node/src/watchdog.rs`, beside every `corrald`: once a paused daemon's lease, last
-            // ack + `fence_after_ms` + `fence_kill_grace_ms`, has run out, it kills the node's jobs.)
-            if self.nodes[i].alive && !self.nodes[i].running(now) && self.nodes[i].paused_until_ms.is_some() {
-                // It notices within its poll interval that the lease's deadline passed.
-                let age_at_poll_ms = self.nodes[i].ack_age_ms(now.saturating_sub(control::agent::WATCHDOG_POLL_MS));
-                let lets_run_ms =
-                    control::agent::watchdog_deadline_in_ms(age_at_poll_ms, self.cfg.fence_after_ms(), self.cfg.fence_kill_grace_ms);
-                if lets_run_ms == 0 && !self.cfg.mutated(Mutation::WatchdogNeverKills) {
-                    for p in self.nodes[i].procs.values_mut() {
-                        if p.stop_at_ms.is_none_or(|t| t > now) && p.ends_at_ms > now {
-                            p.stop_at_ms = Some(now);
-                            p.watchdog_killed = true;
-                        }
-                    }
-                }
-            }
-            if self.nodes[i].alive {
-                let done: Vec<(JobId, RunOutcome)> = self.nodes[i]
-                    .procs
-                    .iter()
-                    .filter_map(|(id, p)| match p.stop_at_ms {
-                        Some(t) if t <= now && p.watchdog_killed => Some((*id, RunOutcome::Lost("killed by the watchdog".into()))),
-                        Some(t) if t <= now => Some((*id, RunOutcome::Killed)),
-                        _ if p.ends_at_ms <= now => Some((*id, RunOutcome::Exited(p.exit_code))),
-                        _ => None,
-                    })
-                    .collect();
-                for (job, outcome) in done {
-                    // A paused corrald notices the exit only once it runs again.
-                    if self.nodes[i].running(now) {
-                        self.end_proc(i, job, outcome);
-                    } else if let Some(p) = self.nodes[i].procs.get(&job) {
-                        let span = p.span;
-                        if self.spans[span].end_ms.is_none() {
-                            self.spans[span].end_ms = Some(now);
-                        }
-                    }
-                }
-            }
-            if !self.nodes[i].running(now) {
-                continue;
-            }
-            // Heartbeats and fencing.
-            if now >= self.nodes[i].next_heartbeat_ms {
-                self.nodes[i].next_heartbeat_ms = now + self.cfg.heartbeat_interval_ms;
-                let ack_age_ms = self.nodes[i].ack_age_ms(now);
-                if control::agent::out_of_touch(ack_age_ms, self.cfg.fence_after_ms()) {
-                    let silent_ms = ack_age_ms.unwrap_or(now);
-                    let grace = self.cfg.fence_kill_grace_ms;
-                    let name = self.nodes[i].name.clone();
-                    let mut fenced = 0;
-                    for p in self.nodes[i].procs.values_mut() {
-                        if p.stop_at_ms.is_none() {
-                            p.stop_at_ms = Some(now + grace);
-                            fenced += 1;
-                        }
-                    }
-                    if fenced > 0 {
-                        self.log(|| format!("{name} fences {fenced} jobs after {silent_ms} ms without a heartbeat ack"));
-                    }
-                }
-                let (id, instance) = (self.nodes[i].id, self.nodes[i].instance);
-                if self.nodes[i].partitioned_until_ms.is_none_or(|t| t <= now) {
-                    self.send(Msg::ToLeader { from: i, msg: ToLeader::Heartbeat { node: id, instance, sent_ms: now } });
-                }
-            }
-            // Reports, retried until acknowledged.
-            let (id, instance) = (self.nodes[i].id, self.nodes[i].instance);
-            let cut = self.nodes[i].partitioned_until_ms.is_some_and(|t| t > now);
-            let mut due = Vec::new();
-            for r in self.nodes[i].outbox.iter_mut().filter(|r| r.next_send_ms <= now) {
-                r.next_send_ms = now + self.cfg.report_retry_ms;
-                due.push(ToLeader::Report { node: id, instance, job: r.job, run: r.run, outcome: r.outcome.clone() });
-            }
-            if !cut {
-                for msg in due {
-                    self.send(Msg::ToLeader { from: i, msg });
                 }
             }
         }
@@ -804,10 +541,7 @@ impl Sim {
                 *self.report.faults.entry("failover").or_default() += 1;
                 self.leader_down_until_ms = self.now_ms + ms;
                 // The new leader starts with fresh memory: every node gets a fresh grace period.
-                self.mem = LeaderMemory::new(self.cfg.resend_after_ms, self.leader_down_until_ms);
-                for id in self.state.nodes.keys() {
-                    self.mem.last_seen_ms.insert(*id, self.leader_down_until_ms);
-                }
+                self.mem = LeaderMemory::new(&self.cfg, self.leader_down_until_ms, self.state.nodes.keys().copied());
             }
             3 => {
                 let ms = self.rng.gen_range(500..3_000);
@@ -866,82 +600,6 @@ impl Sim {
     }
 
     // -----------------------------------------------------------------------------------------
-    // Invariants
-
-    fn check_step(&mut self) {
-        // No GPU used by two live processes; no job live in two runs at once.
-        let mut gpu_user: BTreeMap<(usize, u32), JobId> = BTreeMap::new();
-        let mut job_run: BTreeMap<JobId, (RunNo, usize)> = BTreeMap::new();
-        let mut found = Vec::new();
-        for (i, n) in self.nodes.iter().enumerate() {
-            if !n.alive {
-                continue;
-            }
-            // A process that died (its end is past) but its paused agent has not noticed is not live.
-            for (job, p) in n.procs.iter().filter(|(_, p)| self.spans[p.span].end_ms.is_none()) {
-                for g in &p.gpus {
-                    if let Some(other) = gpu_user.insert((i, *g), *job) {
-                        if other != *job {
-                            found.push(format!("gpu {g} of {} used by live processes of jobs {other} and {job}", n.name));
-                        }
-                    }
-                }
-                if let Some((run, at)) = job_run.insert(*job, (p.run, i)) {
-                    if run != p.run {
-                        found.push(format!("job {job} live in run {run} on {} and run {} on {}", self.nodes[at].name, p.run, n.name));
-                    }
-                }
-            }
-        }
-        // The state: a RUNNING job's parts all belong to its current run... no: parts of an
-        // earlier run may still be stopping, but then the job cannot have been placed again.
-        for j in self.state.jobs.values() {
-            let runs: BTreeSet<RunNo> = j.parts.iter().map(|p| p.run).collect();
-            if runs.len() > 1 {
-                found.push(format!("job {} holds parts of runs {runs:?} at once", j.id));
-            }
-            if !j.spec.requeue && j.restart_count > 0 {
-                found.push(format!("job {} did not ask for requeue but was restarted {} times", j.id, j.restart_count));
-            }
-        }
-        for f in found {
-            self.violation(f);
-        }
-    }
-
-    fn check_end(&mut self) {
-        let mut found = Vec::new();
-        for id in &self.acked {
-            match self.state.jobs.get(id) {
-                None => found.push(format!("acknowledged job {id} is missing")),
-                Some(j) if !j.state.is_final() => {
-                    found.push(format!("job {id} is still {} (run {}, parts {:?}) after everything healed", j.state, j.run, j.parts))
-                }
-                Some(j) if !j.parts.is_empty() => found.push(format!("final job {id} still holds parts {:?}", j.parts)),
-                Some(_) => {}
-            }
-        }
-        for n in &self.nodes {
-            for (job, p) in &n.procs {
-                found.push(format!("{} still runs job {job} run {} after everything settled", n.name, p.run));
-            }
-        }
-        let mut spans = self.spans.clone();
-        for s in spans.iter_mut() {
-            s.end_ms.get_or_insert(self.now_ms);
-        }
-        for v in crate::check_exclusive_gpus(&spans).into_iter().chain(crate::check_never_twice(&spans)) {
-            found.push(v.to_string());
-        }
-        for j in self.state.jobs.values() {
-            *self.report.final_states.entry(j.state.to_string()).or_default() += 1;
-            self.report.requeued_runs += u64::from(j.restart_count);
-        }
-        for f in found {
-            self.violation(f);
-        }
-    }
-
     fn step(&mut self, faults: bool) {
         self.now_ms += self.cfg.step_ms;
         self.report.steps += 1;
@@ -990,13 +648,12 @@ impl Sim {
         let mut progress_ms = self.now_ms;
         loop {
             self.step(false);
-            let now_final = self.acked.iter().filter(|id| self.state.jobs.get(id).is_some_and(|j| j.state.is_final())).count();
+            let now_final = self.acked.iter().filter(|id| self.is_final(**id, false)).count();
             if now_final != finals {
                 finals = now_final;
                 progress_ms = self.now_ms;
             }
-            let settled = self.acked.iter().all(|id| self.state.jobs.get(id).is_some_and(|j| j.state.is_final() && j.parts.is_empty()))
-                && self.nodes.iter().all(|n| n.alive && n.procs.is_empty());
+            let settled = self.acked.iter().all(|id| self.is_final(*id, true)) && self.nodes.iter().all(|n| n.alive && n.procs.is_empty());
             let stalled = self.now_ms >= bound_ms && self.now_ms.saturating_sub(progress_ms) > SETTLE_PROGRESS_MS;
             if settled || stalled || self.now_ms + step_ms > cap_ms {
                 break;
@@ -1005,6 +662,14 @@ impl Sim {
         self.check_end();
         self.report.trace = std::mem::take(&mut self.trace);
         self.report
+    }
+
+    /// Whether job `id` is final (and, with `released`, holds nothing), wherever it is now.
+    fn is_final(&self, id: JobId, released: bool) -> bool {
+        if self.pruned.contains_key(&id) {
+            return true;
+        }
+        self.state.jobs.get(&id).or_else(|| self.archive.get(&id)).is_some_and(|j| j.state.is_final() && (!released || j.parts.is_empty()))
     }
 
     fn submitted_total(&mut self) {

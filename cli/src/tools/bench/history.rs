@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use proto::{GresRequest, JobQuery, JobSpec, NodeRole, Reply, Request};
 
-use crate::bench::{percentile, sorted};
+use super::stats::{percentile, sorted};
 use crate::client::Cluster;
-use crate::dev::{self, DevOptions};
+use crate::tools::dev::{self, DevOptions};
 
 /// Concurrent in-process clients.
 const CLIENTS: usize = 16;
@@ -91,7 +91,7 @@ async fn submit_and_cancel(cluster: &Arc<Cluster>, workdir: &str, count: usize) 
         }
     }
     let rate = ids.len() as f64 / t.elapsed().as_secs_f64();
-    crate::bench::cancel_all(cluster, ids.clone(), CLIENTS, PATIENCE).await?;
+    super::setup::cancel_all(cluster, ids.clone(), CLIENTS, PATIENCE).await?;
     Ok((ids, rate, lat))
 }
 

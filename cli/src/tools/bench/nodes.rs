@@ -17,9 +17,9 @@ use anyhow::{bail, Context};
 use proto::{GresRequest, JobQuery, JobSpec, JobState, NodeState, Reply, Request};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
-use crate::bench::{percentile, sorted};
+use super::stats::{percentile, sorted};
 use crate::client::Cluster;
-use crate::dev::{self, DevOptions};
+use crate::tools::dev::{self, DevOptions};
 
 pub struct NodesBench {
     pub sizes: Vec<usize>,
@@ -454,7 +454,7 @@ async fn one_size(base: &Path, opts: &NodesBench, count: usize) -> anyhow::Resul
     let dev_opts = DevOptions {
         heartbeat_interval_ms: opts.heartbeat_interval_ms,
         node_down_after_ms: opts.node_down_after_ms,
-        ..crate::bench::three_nodes()
+        ..super::setup::three_nodes()
     };
     let mut peers = Vec::new();
     for (beats, wanted) in [(Beats::Direct, opts.direct_peer), (Beats::RelayedStreams, opts.stream_peer)] {

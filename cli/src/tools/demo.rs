@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 use proto::{GresRequest, JobSpec, JobState, Reply, Request};
 
 use crate::client::Cluster;
-use crate::dev::{self, DevOptions};
+use crate::tools::dev::{self, DevOptions};
 
 fn job_spec(name: &str, gpus: u32, seconds: u32, workdir: &str) -> JobSpec {
     let script = format!(

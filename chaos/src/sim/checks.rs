@@ -1,0 +1,88 @@
+//! The invariants a simulated run checks: after every step (no GPU shared, no job live in two
+//! runs) and at the end (every acknowledged job final, nothing left running).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use proto::{JobId, RunNo};
+
+use super::Sim;
+
+impl Sim {
+    pub(super) fn check_step(&mut self) {
+        // No GPU used by two live processes; no job live in two runs at once.
+        let mut gpu_user: BTreeMap<(usize, u32), JobId> = BTreeMap::new();
+        let mut job_run: BTreeMap<JobId, (RunNo, usize)> = BTreeMap::new();
+        let mut found = Vec::new();
+        for (i, n) in self.nodes.iter().enumerate() {
+            if !n.alive {
+                continue;
+            }
+            // A process that died (its end is past) but its paused agent has not noticed is not live.
+            for (job, p) in n.procs.iter().filter(|(_, p)| self.spans[p.span].end_ms.is_none()) {
+                for g in &p.gpus {
+                    if let Some(other) = gpu_user.insert((i, *g), *job) {
+                        if other != *job {
+                            found.push(format!("gpu {g} of {} used by live processes of jobs {other} and {job}", n.name));
+                        }
+                    }
+                }
+                if let Some((run, at)) = job_run.insert(*job, (p.run, i)) {
+                    if run != p.run {
+                        found.push(format!("job {job} live in run {run} on {} and run {} on {}", self.nodes[at].name, p.run, n.name));
+                    }
+                }
+            }
+        }
+        // The state: a RUNNING job's parts all belong to its current run... no: parts of an
+        // earlier run may still be stopping, but then the job cannot have been placed again.
+        for j in self.state.jobs.values() {
+            let runs: BTreeSet<RunNo> = j.parts.iter().map(|p| p.run).collect();
+            if runs.len() > 1 {
+                found.push(format!("job {} holds parts of runs {runs:?} at once", j.id));
+            }
+            if !j.spec.requeue && j.restart_count > 0 {
+                found.push(format!("job {} did not ask for requeue but was restarted {} times", j.id, j.restart_count));
+            }
+        }
+        for f in found {
+            self.violation(f);
+        }
+    }
+
+    pub(super) fn check_end(&mut self) {
+        let mut found = Vec::new();
+        for id in &self.acked {
+            match self.state.jobs.get(id).or_else(|| self.archive.get(id)) {
+                None if self.pruned.contains_key(id) => {}
+                None => found.push(format!("acknowledged job {id} is missing")),
+                Some(j) if !j.state.is_final() => {
+                    found.push(format!("job {id} is still {} (run {}, parts {:?}) after everything healed", j.state, j.run, j.parts))
+                }
+                Some(j) if !j.parts.is_empty() => found.push(format!("final job {id} still holds parts {:?}", j.parts)),
+                Some(_) => {}
+            }
+        }
+        for n in &self.nodes {
+            for (job, p) in &n.procs {
+                found.push(format!("{} still runs job {job} run {} after everything settled", n.name, p.run));
+            }
+        }
+        let mut spans = self.spans.clone();
+        for s in spans.iter_mut() {
+            s.end_ms.get_or_insert(self.now_ms);
+        }
+        for v in crate::check_exclusive_gpus(&spans).into_iter().chain(crate::check_never_twice(&spans)) {
+            found.push(v.to_string());
+        }
+        for j in self.state.jobs.values().chain(self.archive.values()) {
+            *self.report.final_states.entry(j.state.to_string()).or_default() += 1;
+            self.report.requeued_runs += u64::from(j.restart_count);
+        }
+        for state in self.pruned.values() {
+            *self.report.final_states.entry(state.to_string()).or_default() += 1;
+        }
+        for f in found {
+            self.violation(f);
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! How long this node may run jobs without a leader: heartbeat acknowledgements, the
+//! watchdog's lease, fencing, and a graceful stop of every job.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use proto::{Reply, Request};
+use tracing::{info, warn};
+
+use super::{lock, Agent};
+use crate::launcher::StopReason;
+
+impl Agent {
+    /// The leader's commit index in the last heartbeat acknowledgement.
+    pub fn ack_term(&self) -> u64 {
+        self.ack_term.load(Ordering::SeqCst)
+    }
+
+    pub fn ack_commit_index(&self) -> u64 {
+        self.ack_commit_index.load(Ordering::SeqCst)
+    }
+
+    /// Whether no leader acknowledged this node for `fence_after_ms`.
+    pub(super) fn out_of_touch(&self) -> bool {
+        control::agent::out_of_touch(self.ack_age_ms(), self.settings.fence_after_ms)
+    }
+
+    /// How long ago this node sent the last heartbeat a leader acknowledged (None: no leader
+    /// acknowledged this instance yet).
+    pub(super) fn ack_age_ms(&self) -> Option<u64> {
+        lock(&self.last_ack).map(|t| t.elapsed().as_millis() as u64)
+    }
+
+    /// Rewrites the watchdog's lease: the running process groups, and the moment after which
+    /// they must be dead unless a leader acknowledges this node again.
+    pub fn renew_lease(&self) {
+        let now_ms = crate::watchdog::boot_ms();
+        let ack_age_ms = self.ack_age_ms();
+        let in_ms =
+            control::agent::watchdog_deadline_in_ms(ack_age_ms, self.settings.fence_after_ms, self.settings.stop.fence_kill_grace_ms);
+        // No leader acknowledged this instance: what it runs (adopted) must not outlive it.
+        let deadline_boot_ms = if ack_age_ms.is_some() { now_ms + in_ms } else { 0 };
+        let groups = lock(&self.running)
+            .values()
+            .flat_map(|r| {
+                let own = (r.pgid > 0).then_some((r.pgid, r.start_ticks));
+                own.into_iter().chain(r.tasks.snapshot())
+            })
+            .map(|(pgid, start_ticks)| crate::watchdog::Group { pgid, start_ticks })
+            .collect();
+        let cgroups = lock(&self.running).values().filter_map(|r| r.cgroup.as_ref()).flat_map(|c| c.paths()).collect();
+        let lease = crate::watchdog::Lease { deadline_boot_ms, groups, cgroups };
+        // One writer at a time: the file is replaced by rename.
+        let _guard = lock(&self.lease_write);
+        if let Err(e) = crate::watchdog::write_lease(&self.settings.lease_path, &lease) {
+            warn!(error = format!("{e:#}"), "renew watchdog lease");
+        }
+    }
+
+    /// A graceful stop of this node: launches nothing more, stops every job (SIGTERM, grace,
+    /// SIGKILL), reports each as lost to the node (a `--requeue` job goes back to the queue at
+    /// once, without waiting for the node to be declared down) and waits, at most `patience`,
+    /// until the leader has them. Returns the jobs still launching, running or unreported when
+    /// it gave up: none means nothing runs here any more, nor will.
+    pub async fn shut_down(&self, patience: Duration) -> usize {
+        self.stopping.store(true, Ordering::SeqCst);
+        info!(jobs = lock(&self.running).len(), "node stopping: stopping its jobs");
+        let deadline = std::time::Instant::now() + patience;
+        loop {
+            // Launching is read before running: a launch that got its claim before the stop
+            // holds it until its run is in `running`. Asked again each round for such a run
+            // (a request already made changes nothing).
+            let launching = lock(&self.launching).len();
+            let running = {
+                let running = lock(&self.running);
+                for r in running.values() {
+                    r.stop_tx.request(StopReason::NodeStopping);
+                }
+                running.len()
+            };
+            let left = launching + running + self.reports_pending.load(Ordering::SeqCst) as usize;
+            if left == 0 || std::time::Instant::now() >= deadline {
+                return left;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Stops every job: this node lost the leader and may already be replaced.
+    fn fence(&self) -> usize {
+        let running = lock(&self.running);
+        for r in running.values() {
+            r.stop_tx.request(StopReason::Fenced);
+        }
+        running.len()
+    }
+}
+
+impl crate::liveness::Heartbeating for Agent {
+    fn heartbeat(&self) -> Request {
+        Request::Heartbeat { node: self.node_id(), instance: self.instance, running: self.running() }
+    }
+
+    fn holds_work(&self) -> bool {
+        !self.running().is_empty()
+    }
+
+    fn fence(&self) -> usize {
+        Agent::fence(self)
+    }
+
+    fn acknowledged(&self, lease: crate::liveness::Lease, ack: &Reply) {
+        if let Reply::HeartbeatAck { commit_index, term, .. } = ack {
+            self.ack_commit_index.fetch_max(*commit_index, Ordering::SeqCst);
+            self.ack_term.store(*term, Ordering::SeqCst);
+        }
+        *lock(&self.last_ack) = Some(lease.since());
+    }
+
+    fn tick_done(&self) {
+        self.renew_lease();
+    }
+
+    fn inherited_ack(&self) -> Option<std::time::Instant> {
+        *lock(&self.last_ack)
+    }
+
+    fn fence_after(&self) -> Duration {
+        Duration::from_millis(self.settings.fence_after_ms)
+    }
+}

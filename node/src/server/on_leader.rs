@@ -1,0 +1,250 @@
+//! What only the leader answers: each request checked (`authorize`) and turned into commands
+//! proposed to the log (`handle_on_leader`, `change_job_on_leader`).
+
+use proto::{ApiError, Command, CommandResult, Envelope, JobId, JobState, NodeId, Reply, Request, Response};
+use tracing::{debug, info, warn};
+
+use super::{now_ms, ok_or_rejected, rejected, Node, PEER_CALL_TIMEOUT};
+
+impl Node {
+    /// An operator's requeue of `job` (then held when `hold`), refused in Slurm's words for the
+    /// jobs Slurm refuses; the state machine refuses pending jobs.
+    async fn requeue(&self, job: JobId, hold: bool, now: u64) -> Response {
+        // A job's spec never changes its requeue flags; its state may (the log decides).
+        let read = self.state.read(|s| s.jobs.get(&job).map(|j| (j.spec.requeue_refusal(), j.state == proto::JobState::Pending)));
+        match read {
+            None => return Err(ApiError::NotFound(format!("job {job}"))),
+            Some((Some(why), _)) => return Err(ApiError::Invalid(why.into())),
+            Some((None, true)) if hold => return Err(ApiError::Invalid("Job is pending execution".into())),
+            Some((None, _)) => {}
+        }
+        let requeue = Command::Requeue { job, reason: proto::REQUEUED_ON_REQUEST.into(), now_ms: now };
+        let result = if hold {
+            let held = Command::UpdateJob { job, hold: Some(true), time_limit_ms: None, partition: None, now_ms: now };
+            // One entry, so a finished job cannot start between the two. A job that was pending
+            // is refused above; one that became pending since (requeued by another request or
+            // the cluster) fails the requeue here and is held, as asked.
+            match self.propose(Command::Batch { commands: vec![requeue, held] }).await? {
+                CommandResult::Batch(results) => {
+                    results.into_iter().find(|r| *r != CommandResult::Ok).map_or(Ok(Reply::Ok), |r| Err(rejected(r)))
+                }
+                other => Err(rejected(other)),
+            }
+        } else {
+            self.propose(requeue).await.and_then(ok_or_rejected)
+        };
+        self.kick.notify_one();
+        result
+    }
+
+    /// A node's batch of run reports, proposed at once (the proposer packs them into as few
+    /// entries as fit).
+    async fn report_runs(&self, node: NodeId, reports: Vec<proto::RunReport>, now: u64) -> Response {
+        if reports.len() > proto::REPORTS_PER_REQUEST_MAX {
+            return Err(ApiError::Invalid(format!(
+                "{} reports in one request, more than {}",
+                reports.len(),
+                proto::REPORTS_PER_REQUEST_MAX
+            )));
+        }
+        // All proposed at once: the proposer puts them in as few entries as fit.
+        let proposals = reports.into_iter().map(|r| {
+            let (job, run) = (r.job, r.run);
+            let cmd = Command::RunFinished { job, run, node, outcome: r.outcome, usage: r.usage, now_ms: now };
+            async move { (job, run, self.propose(cmd).await) }
+        });
+        for (job, run, result) in futures_util::future::join_all(proposals).await {
+            if let CommandResult::Rejected(why) = result? {
+                debug!(job, run, why = %why, "run report ignored");
+            }
+        }
+        self.kick.notify_one();
+        Ok(Reply::Ok)
+    }
+
+    /// A node's step ends, proposed at once (the proposer packs them into as few entries as
+    /// fit); one the log refuses (a second report after a handover) is ignored.
+    async fn report_step_ends(&self, node: String, ends: Vec<proto::StepEnd>, now: u64) -> Response {
+        if ends.len() > proto::STEP_ENDS_PER_REQUEST_MAX {
+            return Err(ApiError::Invalid(format!(
+                "{} step ends in one request, more than {}",
+                ends.len(),
+                proto::STEP_ENDS_PER_REQUEST_MAX
+            )));
+        }
+        let proposals = ends.into_iter().map(|e| {
+            let (job, step) = (e.job, e.step);
+            let cmd =
+                Command::StepEnded { job, run: e.run, step, node: node.clone(), exit_code: e.exit_code, signal: e.signal, now_ms: now };
+            async move { (job, step, self.propose(cmd).await) }
+        });
+        for (job, step, result) in futures_util::future::join_all(proposals).await {
+            if let CommandResult::Rejected(why) = result? {
+                debug!(job, step, why = %why, "step end ignored");
+            }
+        }
+        Ok(Reply::Ok)
+    }
+
+    /// Signals every part of a running job's current run, on whichever nodes they are.
+    async fn signal_job(&self, job: JobId, signal: i32, batch_only: bool) -> Response {
+        let parts = self.state.read(|s| {
+            s.jobs.get(&job).filter(|j| j.state == JobState::Running).map(|j| {
+                j.parts
+                    .iter()
+                    .filter(|p| p.run == j.run)
+                    .map(|p| (p.run, p.alloc.node, s.nodes.get(&p.alloc.node).map(|n| n.addr.clone()).unwrap_or_default()))
+                    .collect::<Vec<_>>()
+            })
+        });
+        let parts = parts.ok_or_else(|| ApiError::Invalid(format!("job {job} is not running")))?;
+        for (run, target, addr) in parts {
+            let result = if target == self.id {
+                self.agent.signal(job, run, signal, batch_only)
+            } else {
+                let env = Envelope { hops: 0, request: Request::SignalPart { job, run, signal, batch_only }, user: None };
+                self.client.call(&addr, &env, PEER_CALL_TIMEOUT).await.unwrap_or_else(|e| Err(ApiError::Unavailable(e.to_string())))
+            };
+            result?;
+        }
+        Ok(Reply::Ok)
+    }
+
+    /// A relay's batch of heartbeats.
+    async fn heartbeats(&self, beats: &[proto::Beat]) -> Response {
+        if beats.len() > proto::HEARTBEATS_PER_REQUEST_MAX {
+            return Err(ApiError::Invalid(format!(
+                "{} heartbeats in one request, more than {}",
+                beats.len(),
+                proto::HEARTBEATS_PER_REQUEST_MAX
+            )));
+        }
+        let (leader, term, commit_index, refused) = self.accept_heartbeats(beats).await?;
+        Ok(Reply::HeartbeatAcks { leader, term, commit_index, refused })
+    }
+
+    pub(super) async fn handle_on_leader(&self, request: Request, user: Option<String>) -> Response {
+        let now = now_ms();
+        let who = user.as_deref();
+        self.authorize(request.access(), who)?;
+        match request {
+            Request::Submit { spec } => self.submit(spec, user.as_deref(), now).await,
+            Request::Cancel { job } => match self.propose(Command::Cancel { job, now_ms: now }).await? {
+                CommandResult::Ok => {
+                    self.kick.notify_one();
+                    Ok(Reply::Ok)
+                }
+                other => Err(rejected(other)),
+            },
+            Request::Drain { node, reason } => {
+                let id = self.node_id_by_name(&node)?;
+                self.propose(Command::Drain { node: id, reason, now_ms: now }).await.and_then(ok_or_rejected)
+            }
+            Request::Resume { node } => {
+                let id = self.node_id_by_name(&node)?;
+                self.propose(Command::Resume { node: id, now_ms: now }).await.and_then(ok_or_rejected)
+            }
+            Request::CreateJoinToken { ttl_ms } => self.create_join_token(ttl_ms, who, now).await,
+            Request::RevokeJoinToken { id } => {
+                ok_or_rejected(self.propose(Command::RevokeJoinToken { id, now_ms: now }).await?)?;
+                info!(id, by = %who.unwrap_or("root"), "join token revoked");
+                Ok(Reply::Ok)
+            }
+            Request::RevokeCert { node, fingerprint } => self.revoke_cert(node, fingerprint, who, now).await,
+            Request::Join { token, name, addr, inventory, instance, cert_fingerprint } => {
+                self.join(token, name, addr, inventory, instance, cert_fingerprint, now).await
+            }
+            Request::Heartbeat { node, instance, running: _ } => {
+                let (leader, term, commit_index, refused) = self.accept_heartbeats(&[proto::Beat { node, instance }]).await?;
+                match refused.into_iter().next() {
+                    Some((_, e)) => Err(e),
+                    None => Ok(Reply::HeartbeatAck { leader, term, commit_index }),
+                }
+            }
+            Request::Heartbeats { relay: _, beats } => self.heartbeats(&beats).await,
+            Request::ReportRun { job, run, node, outcome, usage } => {
+                match self.propose(Command::RunFinished { job, run, node, outcome, usage, now_ms: now }).await? {
+                    CommandResult::Rejected(why) => debug!(job, run, why = %why, "run report ignored"),
+                    _ => self.kick.notify_one(),
+                }
+                Ok(Reply::Ok)
+            }
+            Request::ReportRuns { node, reports } => self.report_runs(node, reports, now).await,
+            Request::NodeStopped { node, instance } => {
+                info!(node, instance, "node stopped gracefully: down at once");
+                let result = self.propose(Command::NodeStopped { node, instance, now_ms: now }).await?;
+                self.kick.notify_one();
+                ok_or_rejected(result)
+            }
+            Request::ReportGpuHealth { node, gpu, mig_uuid, healthy, reason } => {
+                warn!(node, gpu, healthy, reason = %reason, "gpu health reported");
+                let cmd = Command::GpuHealth { node, gpu, mig_uuid, healthy, reason, now_ms: now };
+                self.propose(cmd).await.and_then(ok_or_rejected)
+            }
+            Request::SetGpuHealth { node, gpu, healthy, reason } => {
+                let id = self.node_id_by_name(&node)?;
+                info!(node = %node, gpu, healthy, "operator sets gpu health");
+                let cmd = Command::GpuHealth { node: id, gpu, mig_uuid: None, healthy, reason, now_ms: now };
+                self.propose(cmd).await.and_then(ok_or_rejected)
+            }
+            Request::SetMigLayout { node, gpu, profiles } => {
+                let id = self.node_id_by_name(&node)?;
+                info!(node = %node, gpu, ?profiles, "operator sets a mig layout");
+                let result = self.propose(Command::PinMigLayout { node: id, gpu, profiles, now_ms: now }).await.and_then(ok_or_rejected);
+                self.kick.notify_one();
+                result
+            }
+            Request::ReportInventory { node, inventory, reason } => {
+                self.propose(Command::UpdateInventory { node, inventory, reason, now_ms: now }).await.and_then(ok_or_rejected)
+            }
+            Request::SetPolicy { policy } => {
+                policy.validate().map_err(ApiError::Invalid)?;
+                let result = self.propose(Command::SetPolicy { policy, now_ms: now }).await.and_then(ok_or_rejected);
+                self.kick.notify_one();
+                result
+            }
+            Request::EditPartition { edit } => {
+                info!(partition = %edit.name(), ?edit, "operator edits a partition");
+                let result = self.propose(Command::EditPartition { edit, now_ms: now }).await.and_then(ok_or_rejected);
+                self.kick.notify_one();
+                result
+            }
+            Request::EditAccounts { edits } => {
+                info!(?edits, by = who.unwrap_or("root"), "operator edits accounts");
+                let result = self.propose(Command::EditAccounts { edits, now_ms: now }).await.and_then(ok_or_rejected);
+                self.kick.notify_one();
+                result
+            }
+            request => self.change_job_on_leader(request, who, now).await,
+        }
+    }
+
+    /// The leader's part of what changes a job's run: requeues, updates, signals, suspensions
+    /// and its steps' records.
+    async fn change_job_on_leader(&self, request: Request, who: Option<&str>, now: u64) -> Response {
+        match request {
+            Request::Requeue { job } => self.requeue(job, false, now).await,
+            Request::RequeueHold { job } => self.requeue(job, true, now).await,
+            Request::UpdateJob { job, hold, time_limit_ms, partition } => {
+                let cmd = Command::UpdateJob { job, hold, time_limit_ms, partition, now_ms: now };
+                let result = self.propose(cmd).await.and_then(ok_or_rejected);
+                self.kick.notify_one();
+                result
+            }
+            Request::Signal { job, signal, batch_only } => self.signal_job(job, signal, batch_only).await,
+            Request::RecordStep { job, run, step, name, nodes, ntasks } => {
+                let cmd = Command::StepStarted { job, run, step, name, nodes, ntasks, now_ms: now };
+                self.propose(cmd).await.and_then(ok_or_rejected)
+            }
+            Request::ReportStepEnds { node, ends } => self.report_step_ends(node, ends, now).await,
+            Request::Suspend { job, suspend } => {
+                info!(job, suspend, by = %who.unwrap_or("root"), "operator suspends or resumes a job");
+                let result = self.propose(Command::Suspend { job, suspend, now_ms: now }).await.and_then(ok_or_rejected);
+                // Its nodes are told on the next pass.
+                self.kick.notify_one();
+                result
+            }
+            other => Err(ApiError::Invalid(format!("not a leader request: {other:?}"))),
+        }
+    }
+}
