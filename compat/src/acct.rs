@@ -123,6 +123,25 @@ pub fn step_view(job: &Job, kind: StepKind<'_>, names: &BTreeMap<u64, String>) -
     }
 }
 
+/// A wait status (`code << 8 | signal`) as `code:signal`, as sacct and scontrol print one:
+/// `0:SIGNAL` when a signal ended it (`WIFSIGNALED` is tested first), else `CODE:0`.
+pub fn status_text(status: u64) -> String {
+    let signal = status & 0x7f;
+    if signal != 0 && signal != 0x7f {
+        format!("0:{signal}")
+    } else {
+        format!("{}:0", (status >> 8) & 0xff)
+    }
+}
+
+/// The job's derived exit code as a wait status: the highest of its steps' (the `srun`s in it,
+/// not its batch script or its extern step), as slurmctld keeps it (`step_mgr.c`:
+/// "Derived exit code is the highest exit code of srun steps"); 0 without steps.
+pub fn derived_status(job: &Job) -> u64 {
+    let none = BTreeMap::new();
+    job.steps.iter().map(|s| openapi::wait_status(&step_view(job, StepKind::Step(s), &none).exit_code)).max().unwrap_or(0)
+}
+
 /// `sacct --json`'s reply: the `meta`/`errors` envelope of every `--json` output around `jobs`.
 pub fn db_jobs(jobs: Vec<Value>) -> Value {
     openapi::envelope(openapi::Version::V0038, "jobs", jobs)
@@ -202,6 +221,14 @@ fn job_tres(job: &Job) -> Value {
     tres_list(cpus, s.mem_mib.saturating_mul(nodes), nodes, Some(cpus), u64::from(s.gpus()) * nodes)
 }
 
+/// The GPUs a step line counts on its `nodes` nodes: the job's there, as slurmctld gives a
+/// batch script the GRES of its node and a step that asks none all of the job's on its nodes
+/// (Corral keeps no step's own GPU count, as it keeps none of its memory: its memory is the
+/// job's there too).
+pub fn step_gpus(job: &Job, nodes: u64) -> u64 {
+    u64::from(job.spec.gpus()).saturating_mul(nodes)
+}
+
 /// `{"seconds": 0, "microseconds": 0}`: CPU time Corral does not record (Slurm's database
 /// columns default to 0).
 fn cpu_time_unknown() -> Value {
@@ -220,7 +247,7 @@ fn secs(ms: u64) -> u64 {
 /// own (`null`), `flags` (`[]`: Corral does not record Slurm's STARTED_ON_* ways of starting),
 /// `het` (`job_id` 0, `job_offset` NO_VAL so `null`), `kill_request_user` (`null`), `mcs`
 /// (`""`), `priority` (0), `reservation` (0: Slurm dumps the name's pointer as a number, 0 when
-/// there is none), `wckey` (`""`), `derived_exit_code` (0, so `SUCCESS`), the CPU times
+/// there is none), `wckey` (`""`), the CPU times
 /// `time.system`, `time.user` and `time.total` (0) and `state.reason` of a job that ended
 /// normally (`None`).
 pub fn db_job(job: &Job, names: &BTreeMap<u64, String>, now_ms: u64, with_steps: bool) -> Value {
@@ -249,7 +276,7 @@ pub fn db_job(job: &Job, names: &BTreeMap<u64, String>, now_ms: u64, with_steps:
         "time",
         json!({
             "elapsed": show::run_seconds(job, now_ms),
-            "eligible": secs(spec.begin_ms.unwrap_or(job.submit_ms).max(job.submit_ms)),
+            "eligible": show::eligible_ms(job, now_ms).map_or(0, secs),
             "end": end,
             "start": job.start_ms.map_or(0, secs),
             "submission": secs(job.submit_ms),
@@ -267,7 +294,7 @@ pub fn db_job(job: &Job, names: &BTreeMap<u64, String>, now_ms: u64, with_steps:
     put("cluster", json!(openapi::CLUSTER));
     put("constraints", json!(spec.constraint.join("&")));
     put("container", json!(""));
-    put("derived_exit_code", exit_code_json(0));
+    put("derived_exit_code", exit_code_json(derived_status(job)));
     put("exit_code", exit_code_json(openapi::raw_exit_code(job)));
     put("flags", json!([]));
     put("group", json!(spec.gid.map(|g| g.to_string())));
@@ -310,7 +337,7 @@ pub fn db_step(job: &Job, kind: StepKind<'_>, names: &BTreeMap<u64, String>, now
     let nnodes = v.nodes.len() as u64;
     let tres = match kind {
         StepKind::Extern => job_tres(job),
-        _ => tres_list(v.cpus, job.spec.mem_mib.saturating_mul(nnodes), nnodes, None, 0),
+        _ => tres_list(v.cpus, job.spec.mem_mib.saturating_mul(nnodes), nnodes, None, step_gpus(job, nnodes)),
     };
     let usage = json!({"average": [], "max": [], "min": [], "total": []});
     let step_id = match kind {

@@ -52,6 +52,10 @@ const SLURM_REASONS: &[&str] = &[
     "QOSMaxNodePerJobLimit",
     "QOSMaxWallDurationPerJobLimit",
     "QOSMaxGRESPerJob",
+    "QOSMaxGRESPerUser",
+    "QOSMaxCpuPerUserLimit",
+    "QOSMaxMemoryPerUser",
+    "QOSMaxNodePerUserLimit",
     "NonZeroExitCode",
     "TimeLimit",
 ];
@@ -190,6 +194,74 @@ pub fn run_seconds(job: &Job, now_ms: u64) -> u64 {
         JobState::Running => job.run_time_ms_at(now_ms) / 1000,
         st if st.is_final() && job.end_ms.is_some() => job.run_time_ms_at(now_ms) / 1000,
         _ => 0,
+    }
+}
+
+/// When the job became eligible to run (Slurm's `EligibleTime`, sacct's `Eligible`): its
+/// `--begin` or its submission, whichever is later. `None` (Slurm's 0, printed `Unknown`) while
+/// it cannot run yet: held, before its begin time, or waiting on a dependency; and for a job
+/// that ended before that time came.
+pub fn eligible_ms(job: &Job, now_ms: u64) -> Option<u64> {
+    let at = job.spec.begin_ms.unwrap_or(job.submit_ms).max(job.submit_ms);
+    if let Some(start) = job.start_ms {
+        return Some(at.min(start));
+    }
+    match job.state {
+        JobState::Pending => {
+            let waits = matches!(
+                reason_code(job).as_str(),
+                "Dependency" | "DependencyNeverSatisfied" | "BeginTime" | "JobHeldUser" | "JobHeldAdmin"
+            );
+            (at <= now_ms && !waits).then_some(at)
+        }
+        _ => job.end_ms.filter(|end| at <= *end).map(|_| at),
+    }
+}
+
+/// When the job ends or ended (Slurm's `EndTime`): a running job's end by its time limit, its
+/// suspensions added (`None` without a limit), a finished job's end, `None` before it started.
+pub fn end_ms(job: &Job, now_ms: u64) -> Option<u64> {
+    match job.state {
+        JobState::Running => {
+            let start = job.start_ms?;
+            let limit = job.spec.time_limit_ms?;
+            Some(start.saturating_add(limit).saturating_add(job.suspension.paused_ms_at(now_ms)))
+        }
+        st if st.is_final() => job.end_ms,
+        _ => None,
+    }
+}
+
+/// Slurm's `convert_num_unit` (divisor 1024) of `num` kept in unit `orig` (0 none, 1 K, 2 M, 3 G,
+/// 4 T, 5 P): to unit `spec` when given, else, with `exact`, up while the value stays exact
+/// (`CONVERT_NUM_UNIT_EXACT`: half units count, so 1536M is `1.50G`), else not at all
+/// (`CONVERT_NUM_UNIT_NO`). Two decimals unless whole; a unit past P is `?`.
+pub fn convert_num_unit(num: u64, orig: u32, spec: Option<u32>, exact: bool) -> String {
+    const UNITS: [&str; 6] = ["", "K", "M", "G", "T", "P"];
+    if num == 0 {
+        return "0".into();
+    }
+    let (mut v, mut unit) = (num as f64, i64::from(orig));
+    if let Some(spec) = spec {
+        while i64::from(spec) < unit {
+            v *= 1024.0;
+            unit -= 1;
+        }
+        while i64::from(spec) > unit {
+            v /= 1024.0;
+            unit += 1;
+        }
+    } else if exact {
+        while v >= 1024.0 && (v as u64).is_multiple_of(512) {
+            v /= 1024.0;
+            unit += 1;
+        }
+    }
+    let suffix = usize::try_from(unit).ok().and_then(|u| UNITS.get(u)).copied().unwrap_or("?");
+    if (v as u64) as f64 == v {
+        format!("{}{suffix}", v as u64)
+    } else {
+        format!("{v:.2}{suffix}")
     }
 }
 

@@ -74,6 +74,20 @@ pub struct Limits {
     /// `GrpSubmitJobs`: pending and running jobs under it together (an array counts its tasks).
     #[serde(default)]
     pub grp_submit_jobs_max: Option<u32>,
+    /// `MaxTRESPerUser=gres/gpu=N,cpu=N,mem=M,node=K` (a QoS's): what one user's running jobs
+    /// of it hold together.
+    #[serde(default)]
+    pub gpus_per_user_max: Option<u32>,
+    #[serde(default)]
+    pub cpus_per_user_max: Option<u32>,
+    #[serde(default)]
+    pub mem_mib_per_user_max: Option<u64>,
+    #[serde(default)]
+    pub nodes_per_user_max: Option<u32>,
+    /// `GrpWall`: kept and shown as Slurm shows it, not enforced (Corral keeps no decayed
+    /// wall-clock usage); `sacctmgr` says so when it is set.
+    #[serde(default)]
+    pub grp_wall_min: Option<u64>,
 }
 
 /// A change to [`Limits`]: `None` leaves a limit, `Some(None)` clears it (Slurm's `-1`).
@@ -92,6 +106,11 @@ pub struct LimitChanges {
     pub cpus_per_job_max: Option<Option<u32>>,
     pub mem_mib_per_job_max: Option<Option<u64>>,
     pub nodes_per_job_max: Option<Option<u32>>,
+    pub gpus_per_user_max: Option<Option<u32>>,
+    pub cpus_per_user_max: Option<Option<u32>>,
+    pub mem_mib_per_user_max: Option<Option<u64>>,
+    pub nodes_per_user_max: Option<Option<u32>>,
+    pub grp_wall_min: Option<Option<u64>>,
 }
 
 impl LimitChanges {
@@ -134,6 +153,21 @@ impl LimitChanges {
         }
         if let Some(v) = self.nodes_per_job_max {
             limits.nodes_per_job_max = v;
+        }
+        if let Some(v) = self.gpus_per_user_max {
+            limits.gpus_per_user_max = v;
+        }
+        if let Some(v) = self.cpus_per_user_max {
+            limits.cpus_per_user_max = v;
+        }
+        if let Some(v) = self.mem_mib_per_user_max {
+            limits.mem_mib_per_user_max = v;
+        }
+        if let Some(v) = self.nodes_per_user_max {
+            limits.nodes_per_user_max = v;
+        }
+        if let Some(v) = self.grp_wall_min {
+            limits.grp_wall_min = v;
         }
     }
 
@@ -272,6 +306,8 @@ pub struct AssocChanges {
 pub struct QosChanges {
     pub limits: LimitChanges,
     pub priority: Option<u32>,
+    /// `Description=`.
+    pub description: Option<String>,
 }
 
 /// One change `sacctmgr` asks for.
@@ -431,6 +467,17 @@ impl Accounts {
     pub fn default_qos(&self, user: &str, account: &str) -> Option<String> {
         let own = self.assoc(user, account).and_then(|a| a.default_qos.clone());
         own.or_else(|| self.lineage(account).into_iter().find_map(|a| a.default_qos.clone()))
+    }
+
+    /// The QoS a job of `user` in `account` without `--qos` runs under, as Slurm's
+    /// `assoc_mgr_get_default_qos_info` picks it: the association's `DefaultQOS` (its own, else
+    /// an account's up the tree), else the one QoS it allows when it allows one, else `normal`
+    /// (`None`).
+    pub fn job_qos(&self, user: &str, account: &str) -> Option<String> {
+        self.default_qos(user, account).or_else(|| match self.allowed_qos(user, account).as_slice() {
+            [only] if only != crate::DEFAULT_QOS => Some(only.clone()),
+            _ => None,
+        })
     }
 
     /// The account a job of `user` that names none is charged to.
@@ -779,6 +826,7 @@ fn add_qos(policy: &mut SchedulerPolicy, name: &str, priority: Option<u32>) -> R
         preempt: Vec::new(),
         preempt_mode: "requeue".into(),
         limits: Limits::default(),
+        description: None,
     });
     Ok(())
 }
@@ -797,6 +845,10 @@ fn modify_qos(policy: &mut SchedulerPolicy, name: &str, changes: &QosChanges) ->
     changes.limits.apply_to(&mut q.limits);
     if let Some(p) = changes.priority {
         q.priority = p;
+    }
+    if let Some(d) = &changes.description {
+        check_text("Description", d)?;
+        q.description = Some(d.clone());
     }
     Ok(())
 }

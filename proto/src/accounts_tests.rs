@@ -133,7 +133,7 @@ fn limits_are_set_cleared_and_inherited_limit_by_limit() {
     assert_eq!(db.edit(&mut policy, &[edit], no_jobs), Ok(()));
     assert_eq!(db.effective_limits("alice", "hep").and_then(|l| l.max_jobs), Some(4), "phys's again");
     // QoS limits live in the policy; `normal` is defined by its first change.
-    let qos = QosChanges { limits: LimitChanges { max_jobs: Some(Some(2)), ..Default::default() }, priority: None };
+    let qos = QosChanges { limits: LimitChanges { max_jobs: Some(Some(2)), ..Default::default() }, priority: None, description: None };
     assert_eq!(db.edit(&mut policy, &[AccountsEdit::ModifyQos { name: "normal".into(), changes: qos.clone() }], no_jobs), Ok(()));
     assert_eq!(policy.qos[0].limits.max_jobs, Some(2));
     let missing = AccountsEdit::ModifyQos { name: "gold".into(), changes: qos };
@@ -180,4 +180,34 @@ fn bad_names_and_unknown_parents_are_refused_whole() {
     let long = AccountsEdit::AddAccount { name: "d".into(), description: Some("x".repeat(300)), organization: None, parent: None };
     assert!(db.edit(&mut policy, &[long], no_jobs).is_err());
     assert_eq!(db, before);
+}
+
+#[test]
+fn a_job_without_qos_gets_the_default_else_the_only_qos_allowed() {
+    let (mut db, mut policy) = sample();
+    let edits = [
+        AccountsEdit::AddQos { name: "a".into(), priority: None },
+        AccountsEdit::AddQos { name: "b".into(), priority: None },
+        AccountsEdit::ModifyQos {
+            name: "a".into(),
+            changes: QosChanges {
+                limits: LimitChanges { gpus_per_user_max: Some(Some(2)), grp_wall_min: Some(Some(90)), ..Default::default() },
+                priority: None,
+                description: Some("short jobs".into()),
+            },
+        },
+    ];
+    assert_eq!(db.edit(&mut policy, &edits, no_jobs), Ok(()));
+    assert_eq!((policy.qos[0].limits.gpus_per_user_max, policy.qos[0].limits.grp_wall_min), (Some(2), Some(90)));
+    assert_eq!(policy.qos[0].description.as_deref(), Some("short jobs"));
+    assert_eq!(db.job_qos("alice", "phys"), None, "normal, the one QoS root allows");
+    let only_b = AssocChanges { qos: Some(vec!["b".into()]), ..Default::default() };
+    let edit = AccountsEdit::ModifyUser { name: "alice".into(), account: Some("phys".into()), changes: only_b, default_account: None };
+    assert_eq!(db.edit(&mut policy, &[edit], no_jobs), Ok(()));
+    assert_eq!(db.job_qos("alice", "phys").as_deref(), Some("b"), "the one QoS allowed");
+    let both = AssocChanges { qos: Some(vec!["a".into(), "b".into()]), default_qos: Some(Some("a".into())), ..Default::default() };
+    let edit = AccountsEdit::ModifyUser { name: "alice".into(), account: Some("phys".into()), changes: both, default_account: None };
+    assert_eq!(db.edit(&mut policy, &[edit], no_jobs), Ok(()));
+    assert_eq!(db.job_qos("alice", "phys").as_deref(), Some("a"), "its DefaultQOS");
+    assert_eq!(db.submit_refusal("alice", Some("phys"), Some("normal")), Some(INVALID_QOS), "normal is not in its list");
 }

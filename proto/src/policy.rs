@@ -44,6 +44,9 @@ pub struct QosDef {
     /// MaxTRESPerJob=`: `max_jobs` and `max_submit_jobs` count one user's jobs of this QoS.
     #[serde(default)]
     pub limits: Limits,
+    /// `sacctmgr add|modify qos ... Description=`; `None`: its name, as Slurm's default.
+    #[serde(default)]
+    pub description: Option<String>,
 }
 
 fn default_preempt_mode() -> String {

@@ -1,5 +1,6 @@
 //! The accounting limits of associations, accounts and QoS (`sacctmgr ... set MaxJobs=
-//! GrpJobs= GrpTRES=cpu=N,mem=M,node=K,gres/gpu=G MaxWall= MaxTRESPerJob=...`): what the running jobs hold against
+//! GrpJobs= GrpTRES=cpu=N,mem=M,node=K,gres/gpu=G MaxWall= MaxTRESPerJob=...`, a QoS's
+//! `MaxTRESPerUser=`): what the running jobs hold against
 //! them, counted once per pass and kept up to date as the pass starts jobs, and the reasons,
 //! with Slurm's codes first, a pending job waits for them.
 
@@ -24,6 +25,8 @@ pub(crate) struct LimitUsage {
     qos_tres: BTreeMap<String, Tres>,
     qos_jobs: BTreeMap<String, u32>,
     qos_user_jobs: BTreeMap<(String, String), u32>,
+    /// What each (QoS, user)'s running jobs hold (`MaxTRESPerUser`).
+    qos_user_tres: BTreeMap<(String, String), Tres>,
 }
 
 /// The trackable resources of a job or a group of running jobs (Slurm's TRES that Corral
@@ -56,11 +59,14 @@ struct Kind {
     grp_code: &'static str,
     max_code: &'static str,
     max_code_qos: &'static str,
+    /// `QOS…` reason of a QoS's `MaxTRESPerUser`.
+    per_user_code: &'static str,
     tres: &'static str,
     unit: &'static str,
     amount: fn(&Tres) -> u64,
     grp: fn(&proto::Limits) -> Option<u64>,
     per_job: fn(&proto::Limits) -> Option<u64>,
+    per_user: fn(&proto::Limits) -> Option<u64>,
 }
 
 const KINDS: [Kind; 4] = [
@@ -68,41 +74,49 @@ const KINDS: [Kind; 4] = [
         grp_code: "GrpGRES",
         max_code: "MaxGRESPerJob",
         max_code_qos: "MaxGRESPerJob",
+        per_user_code: "MaxGRESPerUser",
         tres: "gres/gpu",
         unit: "GPUs",
         amount: |t| t.gpus,
         grp: |l| l.grp_gpus_max.map(u64::from),
         per_job: |l| l.gpus_per_job_max.map(u64::from),
+        per_user: |l| l.gpus_per_user_max.map(u64::from),
     },
     Kind {
         grp_code: "GrpCpuLimit",
         max_code: "MaxCpuPerJobLimit",
         max_code_qos: "MaxCpuPerJobLimit",
+        per_user_code: "MaxCpuPerUserLimit",
         tres: "cpu",
         unit: "CPUs",
         amount: |t| t.cpus,
         grp: |l| l.grp_cpus_max.map(u64::from),
         per_job: |l| l.cpus_per_job_max.map(u64::from),
+        per_user: |l| l.cpus_per_user_max.map(u64::from),
     },
     Kind {
         grp_code: "GrpMemLimit",
         max_code: "MaxMemPerJob",
         max_code_qos: "MaxMemoryPerJob",
+        per_user_code: "MaxMemoryPerUser",
         tres: "mem",
         unit: "MiB",
         amount: |t| t.mem_mib,
         grp: |l| l.grp_mem_mib_max,
         per_job: |l| l.mem_mib_per_job_max,
+        per_user: |l| l.mem_mib_per_user_max,
     },
     Kind {
         grp_code: "GrpNodeLimit",
         max_code: "MaxNodePerJobLimit",
         max_code_qos: "MaxNodePerJobLimit",
+        per_user_code: "MaxNodePerUserLimit",
         tres: "node",
         unit: "nodes",
         amount: |t| t.nodes,
         grp: |l| l.grp_nodes_max.map(u64::from),
         per_job: |l| l.nodes_per_job_max.map(u64::from),
+        per_user: |l| l.nodes_per_user_max.map(u64::from),
     },
 ];
 
@@ -139,6 +153,22 @@ fn per_job_reasons(out: &mut Vec<String>, prefix: &str, whose: &str, job: Tres, 
         if let Some(max) = (k.per_job)(limits).filter(|&m| amount > m) {
             let code = if prefix == "QOS" { k.max_code_qos } else { k.max_code };
             out.push(format!("{prefix}{code}: {amount} {} are over MaxTRESPerJob={}={} of {whose}", k.unit, k.tres, tres_value(k, max)));
+        }
+    }
+}
+
+/// A QoS's `MaxTRESPerUser` reasons: what `user`'s running jobs of it hold plus `job`.
+fn per_user_reasons(out: &mut Vec<String>, qos: &str, user: &str, held: Tres, job: Tres, limits: &proto::Limits) {
+    for k in &KINDS {
+        let (have, more) = ((k.amount)(&held), (k.amount)(&job));
+        if let Some(max) = (k.per_user)(limits).filter(|&m| more > 0 && have + more > m) {
+            out.push(format!(
+                "QOS{}: the running jobs of user {user} in QOS {qos} hold {have} {}, {more} more would pass MaxTRESPerUser={}={}",
+                k.per_user_code,
+                k.unit,
+                k.tres,
+                tres_value(k, max)
+            ));
         }
     }
 }
@@ -186,6 +216,7 @@ impl LimitUsage {
         let qos = qos_of(j).to_string();
         self.qos_tres.entry(qos.clone()).or_default().add(tres);
         *self.qos_jobs.entry(qos.clone()).or_default() += 1;
+        self.qos_user_tres.entry((qos.clone(), j.user.clone())).or_default().add(tres);
         *self.qos_user_jobs.entry((qos, j.user.clone())).or_default() += 1;
     }
 
@@ -209,6 +240,8 @@ impl LimitUsage {
             }
             let held = self.qos_tres.get(qos).copied().unwrap_or_default();
             grp_reasons(&mut out, "QOS", &format!("QOS {qos}"), held, job, l);
+            let user_held = self.qos_user_tres.get(&(qos.to_string(), j.user.clone())).copied().unwrap_or_default();
+            per_user_reasons(&mut out, qos, &j.user, user_held, job, l);
             if let Some(max) = l.max_wall_min.filter(|&m| over_wall(m)) {
                 out.push(format!("QOSMaxWallDurationPerJobLimit: time limit {time} is over MaxWall={} of QOS {qos}", wall_text(max)));
             }

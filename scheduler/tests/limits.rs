@@ -254,3 +254,27 @@ fn without_associations_or_qos_limits_nothing_is_limited() {
     assert_eq!(started(&plan), vec![1, 2, 3, 4]);
     assert!(plan.pending.is_empty());
 }
+
+#[test]
+fn a_qos_max_tres_per_user_counts_each_users_running_jobs_of_it() {
+    let mut c = cluster();
+    let limits = Limits { gpus_per_user_max: Some(2), cpus_per_user_max: Some(64), ..Default::default() };
+    c.view.config.qos.insert("gpucap".into(), Qos { priority: 0, preempt: vec![], preempt_mode: PreemptAction::Requeue, limits });
+    let capped = |user: &str, gres: &str| {
+        let mut s = job(user, None, gres);
+        s.qos = Some("gpucap".into());
+        s
+    };
+    c.running(1, capped("alice", "gpu:1"), vec![alloc(1, &[0], 1, 1024)], 0);
+    c.submit(2, capped("alice", "gpu:2"), 1).submit(3, capped("alice", "gpu:1"), 2).submit(4, capped("bob", "gpu:2"), 3);
+    c.submit(5, job("alice", None, "gpu:2"), 4);
+    let plan = c.schedule(1000);
+    // alice holds 1 GPU of gpucap: 2 more pass MaxTRESPerUser=gres/gpu=2, 1 more does not; bob
+    // is another user, and alice's job in `normal` is not of the QoS.
+    assert_eq!(started(&plan), vec![3, 4, 5]);
+    assert_eq!(codes(&plan), vec![(2, "QOSMaxGRESPerUser".to_string())]);
+    assert_eq!(
+        plan.pending[&2][0],
+        "QOSMaxGRESPerUser: the running jobs of user alice in QOS gpucap hold 1 GPUs, 2 more would pass MaxTRESPerUser=gres/gpu=2"
+    );
+}

@@ -48,7 +48,8 @@ impl ClusterState {
     }
 
     /// What a submission gets from the database before it is checked: the user's default
-    /// account when it names none, the association's default QoS when it names none, and, with
+    /// account when it names none, the association's default QoS (or the one QoS it allows)
+    /// when it names none, and, with
     /// no time limit of its own or its partition's, the lowest `MaxWall` that holds for it (as
     /// Slurm sets it). Nothing while no association exists.
     pub fn bind_accounting(&self, spec: &mut JobSpec) {
@@ -61,7 +62,7 @@ impl ClusterState {
         }
         let Some(account) = spec.account.clone() else { return };
         if spec.qos.is_none() {
-            spec.qos = db.default_qos(&spec.user, &account);
+            spec.qos = db.job_qos(&spec.user, &account);
         }
         let partition = spec.partition.as_deref().unwrap_or(self.policy.default_partition_name());
         let partition_default = self.policy.partitions.iter().find(|p| p.name == partition).and_then(|p| p.default_time_limit_ms);
@@ -178,7 +179,7 @@ mod tests {
         let edits = vec![
             AccountsEdit::ModifyAccount { name: "phys".into(), changes: AssocChanges { limits: limits.clone(), ..Default::default() } },
             modify_user("alice", AssocChanges { qos: Some(vec!["normal".into(), "high".into()]), ..Default::default() }),
-            AccountsEdit::ModifyQos { name: "high".into(), changes: QosChanges { limits, priority: Some(50) } },
+            AccountsEdit::ModifyQos { name: "high".into(), changes: QosChanges { limits, priority: Some(50), description: None } },
         ];
         assert_eq!(edit(&mut s, edits), CommandResult::Ok);
         assert_eq!(s.accounts.accounts["phys"].description, "phys dept");
@@ -261,7 +262,7 @@ mod tests {
         let limits = LimitChanges { grp_submit_jobs_max: Some(Some(1)), ..Default::default() };
         let edits = vec![
             AccountsEdit::AddQos { name: "debug".into(), priority: None },
-            AccountsEdit::ModifyQos { name: "debug".into(), changes: QosChanges { limits, priority: None } },
+            AccountsEdit::ModifyQos { name: "debug".into(), changes: QosChanges { limits, priority: None, description: None } },
             AccountsEdit::ModifyAccount {
                 name: "phys".into(),
                 changes: AssocChanges { qos_add: vec!["debug".into()], ..Default::default() },

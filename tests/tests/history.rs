@@ -169,3 +169,85 @@ fn finished_jobs_leave_the_hot_state_and_stay_queryable_through_replacement_rest
     assert_eq!(sacct(&c, &ids, &[]), "", "pruned records are gone");
     assert_eq!(voters(&c), voters_before_restart, "a second whole-cluster restart keeps the voters");
 }
+
+/// `sacct`'s fields over real jobs, as Slurm 22.05 prints them (issue 45): a batch job that exits
+/// 3, and one whose first step exits 2 while the script succeeds (its DerivedExitCode is the
+/// step's), with their TRES, elapsed times and limits, the same before and after the jobs move
+/// to the accounting store. Elapsed is checked for its form (`HH:MM:SS`), its value depends on
+/// the machine.
+#[test]
+fn sacct_shows_exit_codes_tres_and_limits_as_slurm_does_before_and_after_archiving() {
+    let c = TestCluster::up(&["--nodes", "1", "--gpus", "h100:2", "--min-job-age-s", "2"]);
+    let sbatch = |args: &[&str]| -> u64 {
+        let out = c.shim("sbatch", &[&["--parsable"], args].concat(), &[]);
+        assert!(out.status.success(), "sbatch {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().parse().expect("job id from sbatch --parsable")
+    };
+    let three = sbatch(&["-J", "three", "-c", "2", "--mem=2G", "-t", "30", "--wrap", "exit 3"]);
+    let script = "#!/bin/sh\n#SBATCH --gres=gpu:1\n#SBATCH -t 1:00:00\n#SBATCH --mem=4G\nsrun sh -c 'exit 2'\nsrun true\nexit 0\n";
+    std::fs::write(c.work.join("steps.sh"), script).expect("write script");
+    let steps = sbatch(&["steps.sh"]);
+    for id in [three, steps] {
+        c.wait_final(id, Duration::from_secs(60));
+    }
+    let jobs = format!("{three},{steps}");
+    let fields = "JobID,State,ExitCode,DerivedExitCode,ReqTRES,AllocTRES,Elapsed,Timelimit";
+    // The table with each Elapsed checked and replaced by `E`.
+    let table = || {
+        let out = c.shim("sacct", &["-P", "-j", &jobs, "-o", fields], &[]);
+        assert!(out.status.success(), "sacct: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mut lines = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let mut cells: Vec<&str> = line.split('|').collect();
+            if i > 0 {
+                let elapsed = cells[6].as_bytes();
+                let form =
+                    elapsed.len() == 8 && elapsed.iter().enumerate().all(|(k, b)| if k % 3 == 2 { *b == b':' } else { b.is_ascii_digit() });
+                assert!(form && cells[6] < "00:01:00", "Elapsed {:?} in {line}", cells[6]);
+                cells[6] = "E";
+            }
+            lines.push(cells.join("|"));
+        }
+        lines
+    };
+    let job_tres = |cpus: u32, gpus: u32, mem: &str| {
+        let gres = if gpus > 0 { format!("gres/gpu={gpus},") } else { String::new() };
+        format!("billing={cpus},cpu={cpus},{gres}mem={mem},node=1")
+    };
+    let expected = vec![
+        format!("{}", fields.replace(',', "|")),
+        format!("{three}|FAILED|3:0|0:0|{t}|{t}|E|00:30:00", t = job_tres(2, 0, "2G")),
+        format!("{three}.batch|FAILED|3:0|||cpu=2,mem=2G,node=1|E|"),
+        format!("{three}.extern|COMPLETED|0:0|||{}|E|", job_tres(2, 0, "2G")),
+        format!("{steps}|COMPLETED|0:0|2:0|{t}|{t}|E|01:00:00", t = job_tres(1, 1, "4G")),
+        format!("{steps}.batch|COMPLETED|0:0|||cpu=1,gres/gpu=1,mem=4G,node=1|E|"),
+        format!("{steps}.extern|COMPLETED|0:0|||{}|E|", job_tres(1, 1, "4G")),
+        format!("{steps}.0|FAILED|2:0|||cpu=1,gres/gpu=1,mem=4G,node=1|E|"),
+        format!("{steps}.1|COMPLETED|0:0|||cpu=1,gres/gpu=1,mem=4G,node=1|E|"),
+    ];
+    assert_eq!(table(), expected);
+    // The issue's command, in columns: the widths of Slurm's table (ExitCode 8, DerivedExitCode 15).
+    let columns = || {
+        let out = c.shim("sacct", &["-X", "-j", &jobs, "-o", "JobID,ExitCode,DerivedExitCode"], &[]);
+        assert!(out.status.success(), "sacct: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let expected_columns = format!(
+        "JobID        ExitCode DerivedExitCode \n------------ -------- --------------- \n{three:<12}      3:0             0:0 \n{steps:<12}      0:0             2:0 \n"
+    );
+    assert_eq!(columns(), expected_columns);
+    let bad = c.shim("sacct", &["-j", &jobs, "-o", "JobID,Bogus"], &[]);
+    assert_eq!(
+        (bad.status.code(), String::from_utf8_lossy(&bad.stderr).into_owned()),
+        (Some(1), "sacct: error: Invalid field requested: \"Bogus\"\n".to_string())
+    );
+
+    // Once they left the hot state (squeue no longer lists them), the store answers the same.
+    wait_until("the jobs to move to the accounting store", Duration::from_secs(30), || {
+        let squeue = c.shim("squeue", &["-h", "-t", "all", "-o", "%i"], &[]);
+        squeue.status.success() && String::from_utf8_lossy(&squeue.stdout).trim().is_empty()
+    });
+    assert_eq!(table(), expected);
+    assert_eq!(columns(), expected_columns);
+}

@@ -92,14 +92,17 @@ fn hold_release_update_and_signal_a_job() {
     let shown = String::from_utf8_lossy(&shim(&c, "scontrol", &["show", "partition"]).stdout).into_owned();
     assert!(shown.contains("PartitionName=default\n") && shown.contains("PartitionName=gpu\n"), "{shown}");
 
-    // ExitCode is code:signal: a job killed by SIGKILL is 0:9, one that exited 137 is 137:0.
+    // ExitCode is code:signal: a job killed by SIGKILL is 0:9, one that exited 137 is 137:0 in
+    // scontrol and 9:0 in sacct (its print.c takes 128 off an exit code of 128 or more).
     let killed = c.submit(&[], &["sh", "-c", "kill -9 $$"]);
     let exited = c.submit(&[], &["sh", "-c", "exit 137"]);
     for id in [killed, exited] {
         assert_eq!(c.wait_final(id, Duration::from_secs(20))["state"], "FAILED");
     }
     let sacct = shim(&c, "sacct", &["-X", "-P", "-n", "-j", &format!("{killed},{exited}"), "-o", "JobID,State,ExitCode"]);
-    assert_eq!(String::from_utf8_lossy(&sacct.stdout), format!("{killed}|FAILED|0:9\n{exited}|FAILED|137:0\n"));
+    assert_eq!(String::from_utf8_lossy(&sacct.stdout), format!("{killed}|FAILED|0:9\n{exited}|FAILED|9:0\n"));
+    let shown = String::from_utf8_lossy(&shim(&c, "scontrol", &["show", "job", &exited.to_string()]).stdout).into_owned();
+    assert!(shown.contains("ExitCode=137:0"), "{shown}");
     let shown = String::from_utf8_lossy(&shim(&c, "scontrol", &["show", "job", &killed.to_string()]).stdout).into_owned();
     assert!(shown.contains("ExitCode=0:9"), "{shown}");
 }
@@ -682,4 +685,101 @@ fn squeue_and_sinfo_print_slurms_json() {
         "{nodes}"
     );
     c.corral(&["cancel", &running.to_string()]);
+}
+
+/// A site's provisioning script of the usual shape (issue 45) runs unchanged through the shims:
+/// QoS with `MaxWall` and `MaxTRESPerUser`, accounts with descriptions and `GrpTRES`, the user
+/// in two accounts with QoS lists and a `DefaultQOS`, every limit given to `add` (keys in any
+/// case); run again, it adds nothing and still succeeds. Then a job with no `--qos` gets its
+/// association's default QoS, the second such job waits with Slurm's `QOSMaxGRESPerUser` and
+/// starts when the first ends, a QoS outside the user's list is refused in Slurm's words, and in
+/// the account allowing one QoS a job gets it, and its `MaxWall` as time limit.
+#[test]
+fn a_provisioning_script_runs_unchanged_and_its_qos_limits_hold_jobs() {
+    let c = TestCluster::up(&["--nodes", "1", "--voters-max", "1", "--gpus", "h100:2"]);
+    let probe = c.submit(&[], &["true"]);
+    let user = c.wait_final(probe, Duration::from_secs(30))["user"].as_str().expect("a job has a user").to_string();
+    let script = c.work.join("provision.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\nset -e\n\
+         sacctmgr -i add qos name=short maxwall=1\n\
+         sacctmgr -i add qos name=gpucap MaxTRESPerUser=gres/gpu=1 MaxWall=8:00:00 Priority=10\n\
+         sacctmgr -i add account name=physics description=\"Physics Department\" organization=sciences grptres=cpu=16\n\
+         sacctmgr -i add account name=chem Description=Chemistry Organization=sciences Fairshare=2\n\
+         sacctmgr -i add user name=$SITE_USER account=physics qos=normal,gpucap defaultqos=gpucap MaxJobs=4\n\
+         sacctmgr -i add user name=$SITE_USER account=chem QOS=short\n",
+    )
+    .expect("write the script");
+    let provision = || {
+        let shims = c.path().join("shims");
+        // (Running a shim once installs them.)
+        shim(&c, "sacctmgr", &["-V"]);
+        Command::new("sh")
+            .arg(&script)
+            .env("PATH", format!("{}:{}", shims.display(), std::env::var("PATH").unwrap_or_default()))
+            .env("CORRAL_CLUSTER", c.path())
+            .env("SITE_USER", &user)
+            .current_dir(&c.work)
+            .output()
+            .expect("run the script")
+    };
+    let out = provision();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        stdout.starts_with(" Adding QOS(s)\n  short\n Settings\n  Description    = short\n  MaxWall                  = 00:01:00\n"),
+        "{stdout}"
+    );
+    assert!(stdout.contains(" Settings\n  GrpTRES       = cpu=16\n  Parent        = root\n"), "{stdout}");
+    assert!(
+        stdout.contains(" Non Default Settings\n  MaxJobs       = 4\n  QOS           = normal,gpucap\n  DefQOS        = gpucap\n"),
+        "{stdout}"
+    );
+    let again = provision();
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+    assert_eq!(String::from_utf8_lossy(&again.stdout), " Nothing new added.\n".repeat(6));
+
+    let sacctmgr = |args: &[&str]| String::from_utf8_lossy(&shim(&c, "sacctmgr", args).stdout).into_owned();
+    assert_eq!(
+        sacctmgr(&["-nP", "show", "qos", "format=Name,Priority,MaxWall,MaxTRESPU"]),
+        "normal|0||\nshort|0|00:01:00|\ngpucap|10|08:00:00|gres/gpu=1\n"
+    );
+    assert_eq!(
+        sacctmgr(&["-nP", "show", "assoc", "where", &format!("user={user}"), "format=Account,MaxJobs,QOS,DefaultQOS"]),
+        "chem||short|\nphysics|4|gpucap,normal|gpucap\n"
+    );
+    assert_eq!(sacctmgr(&["-nP", "show", "account", "where", "name=physics"]), "physics|physics department|sciences\n");
+
+    let stderr = |out: &Output| String::from_utf8_lossy(&out.stderr).trim().to_string();
+    let sbatch = |args: &[&str]| -> u64 {
+        let mut all = vec!["--parsable"];
+        all.extend_from_slice(args);
+        let out = shim(&c, "sbatch", &all);
+        assert!(out.status.success(), "sbatch {args:?}: {}", stderr(&out));
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or_else(|e| panic!("sbatch --parsable printed no id ({e})"))
+    };
+    let state = |id: u64| {
+        let out = shim(&c, "squeue", &["-h", "-j", &id.to_string(), "-o", "%T %r %a %q %l"]);
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    // No --qos: the default QoS of the user's default account; one GPU each at most.
+    let first = sbatch(&["--gres=gpu:1", "--wrap", "sleep 120"]);
+    let second = sbatch(&["--gres=gpu:1", "--wrap", "sleep 120"]);
+    wait_until("the first job to run", Duration::from_secs(30), || state(first).starts_with("RUNNING"));
+    wait_until("the second to wait for MaxTRESPerUser", Duration::from_secs(30), || {
+        state(second) == "PENDING QOSMaxGRESPerUser physics gpucap 8:00:00"
+    });
+    assert!(shim(&c, "scancel", &[&first.to_string()]).status.success());
+    wait_until("the second job to run once the first ended", Duration::from_secs(30), || state(second).starts_with("RUNNING"));
+    // A QoS outside the user's list of physics.
+    let out = shim(&c, "sbatch", &["--qos=short", "--wrap", "true"]);
+    assert_eq!(
+        (out.status.code(), stderr(&out)),
+        (Some(1), "sbatch: error: Batch job submission failed: Invalid qos specification".to_string())
+    );
+    // chem allows one QoS: a job naming none gets it, and its MaxWall of one minute.
+    let chem = sbatch(&["-A", "chem", "--wrap", "sleep 30"]);
+    wait_until("the chem job to run", Duration::from_secs(30), || state(chem) == "RUNNING None chem short 1:00");
+    assert!(shim(&c, "scancel", &[&second.to_string(), &chem.to_string()]).status.success());
 }

@@ -9,6 +9,7 @@
 pub mod fuzzing;
 pub mod opts;
 pub mod sacct;
+pub mod sacct_fields;
 pub mod sacctmgr;
 pub mod salloc;
 pub mod sbatch;
@@ -26,6 +27,8 @@ pub mod step_output;
 pub mod terminal;
 pub mod time;
 
+#[cfg(test)]
+mod sacct_tests;
 #[cfg(test)]
 mod sacctmgr_tests;
 #[cfg(test)]
@@ -255,6 +258,22 @@ pub async fn wait_for(prog: &str, cluster: &Cluster, id: JobId) -> Result<i32, S
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// The name of group `gid` (Slurm's `getgrgid`), `None` when the system has none.
+pub fn group_name(gid: u32) -> Option<String> {
+    // SAFETY: a zeroed `group` (null pointers, zero gid) is a valid value for getgrgid_r to fill.
+    let mut group: libc::group = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    let mut result: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: getgrgid_r fills `group` with pointers into `buf`, which outlives their use here;
+    // `result` is null or points at `group`.
+    let rc = unsafe { libc::getgrgid_r(gid, &mut group, buf.as_mut_ptr(), buf.len(), &mut result) };
+    if rc != 0 || result.is_null() || group.gr_name.is_null() {
+        return None;
+    }
+    // SAFETY: gr_name is a NUL-terminated string in `buf`.
+    Some(unsafe { std::ffi::CStr::from_ptr(group.gr_name) }.to_string_lossy().into_owned())
 }
 
 /// The user running this command.

@@ -2,8 +2,11 @@
 //! with `--format`, `-P/--parsable2`, `-p`, `-S/-E` windows and filters: a line for each job,
 //! then (without `-X`) one for its batch script (`ID.batch`), one for its extern step
 //! (`ID.extern`, its allocation on its nodes) and one for each step of its last run (`ID.N`),
-//! as the log recorded them. `--json` prints the same jobs as Slurm 22.05's `dbv0.0.38` objects
-//! (`slurm_compat::acct`), ignoring the format options as Slurm does.
+//! as the log recorded them. Every field of Slurm 22.05 is accepted (`sacct_fields`); each
+//! prints what Corral knows as `src/sacct/print.c` prints it, and what Corral does not record
+//! (CPU and energy usage, TRES usage, reservations, wckeys, ...) as Slurm prints a field whose
+//! value the database lacks. `--json` prints the same jobs as Slurm 22.05's `dbv0.0.38`
+//! objects (`slurm_compat::acct`), ignoring the format options as Slurm does.
 
 use std::collections::BTreeMap;
 
@@ -12,14 +15,18 @@ use slurm_compat::acct::{self, StepKind};
 
 use super::env::DEFAULT_PARTITION;
 use super::opts::{self, opt, Arg, OptDef};
-use super::squeue::{mem_text, parse_state, run_seconds};
+use super::squeue::{parse_state, run_seconds};
 use super::{hostlist, time, SlurmError};
+
+use super::sacct_fields::{cell, header, Print};
+pub use super::sacct_fields::{parse_fields, Column};
 
 pub const PROG: &str = "sacct";
 
-pub const DEFAULT_FIELDS: &str = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode";
-pub const BRIEF_FIELDS: &str = "JobID,State,ExitCode";
-pub const LONG_FIELDS: &str = "JobID,JobIDRaw,JobName,Partition,User,Account,AllocCPUS,AllocTRES,ReqMem,NNodes,NodeList,State,ExitCode,Submit,Start,End,Elapsed,Timelimit,WorkDir";
+/// Slurm 22.05's `DEFAULT_FIELDS`, `BRIEF_FIELDS` and `LONG_FIELDS` (`src/sacct/sacct.h`).
+pub const DEFAULT_FIELDS: &str = "jobid,jobname,partition,account,alloccpus,state,exitcode";
+pub const BRIEF_FIELDS: &str = "jobid,state,exitcode";
+pub const LONG_FIELDS: &str = "jobid,jobidraw,jobname,partition,maxvmsize,maxvmsizenode,maxvmsizetask,avevmsize,maxrss,maxrssnode,maxrsstask,averss,maxpages,maxpagesnode,maxpagestask,avepages,mincpu,mincpunode,mincputask,avecpu,ntasks,alloccpus,elapsed,state,exitcode,avecpufreq,reqcpufreqmin,reqcpufreqmax,reqcpufreqgov,reqmem,consumedenergy,maxdiskread,maxdiskreadnode,maxdiskreadtask,avediskread,maxdiskwrite,maxdiskwritenode,maxdiskwritetask,avediskwrite,reqtres,alloctres,tresusageinave,tresusageinmax,tresusageinmaxn,tresusageinmaxt,tresusageinmin,tresusageinminn,tresusageinmint,tresusageintot,tresusageoutmax,tresusageoutmaxn,tresusageoutmaxt,tresusageoutave,tresusageouttot";
 
 const OPTIONS: &[OptDef] = &[
     opt("allocations", Some('X'), Arg::No),
@@ -36,6 +43,7 @@ const OPTIONS: &[OptDef] = &[
     opt("json", None, Arg::No),
     opt("long", Some('l'), Arg::No),
     opt("name", None, Arg::Required),
+    opt("noconvert", None, Arg::No),
     opt("noheader", Some('n'), Arg::No),
     opt("nodelist", Some('N'), Arg::Required),
     opt("parsable", Some('p'), Arg::No),
@@ -51,168 +59,205 @@ const OPTIONS: &[OptDef] = &[
     opt("version", Some('V'), Arg::No),
 ];
 
-/// Field names, default widths (negative: left-justified) as sacct has them.
-const FIELDS: &[(&str, i32)] = &[
-    ("Account", 10),
-    ("AllocCPUS", 10),
-    ("AllocNodes", 10),
-    ("AllocTRES", 10),
-    ("ArrayJobID", 15),
-    ("ArrayTaskID", 11),
-    ("CPUTime", 10),
-    ("CPUTimeRAW", 10),
-    ("Elapsed", 10),
-    ("ElapsedRaw", 10),
-    ("Eligible", 19),
-    ("End", 19),
-    ("ExitCode", 8),
-    ("GPUSeconds", 10),
-    ("Group", 9),
-    ("JobID", -12),
-    ("JobIDRaw", -12),
-    ("JobName", 10),
-    ("NCPUS", 10),
-    ("NNodes", 8),
-    ("NodeList", -15),
-    ("Partition", 10),
-    ("QOS", 10),
-    ("Reason", 20),
-    ("ReqCPUS", 8),
-    ("ReqMem", 10),
-    ("ReqNodes", 8),
-    ("ReqTRES", 10),
-    ("Restarts", 8),
-    ("Start", 19),
-    ("State", 10),
-    ("Submit", 19),
-    ("Timelimit", 10),
-    ("UID", 6),
-    ("User", 9),
-    ("WorkDir", 10),
-];
-
-/// A requested column: its canonical name and width (negative: left-justified).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Column {
-    pub name: &'static str,
-    pub width: i32,
+/// How amounts are converted (`--units`, `--noconvert`): Slurm's `params.units` and
+/// `params.convert_flags`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Units {
+    /// `--units=K|M|G|T|P`: every amount in that unit (1 for K up to 5 for P, as Slurm numbers them).
+    pub unit: Option<u32>,
+    /// `--noconvert`: amounts in the unit they are kept in.
+    pub no_convert: bool,
 }
 
-/// Parses `--format=JobID,JobName%30,...` (names in any case).
-pub fn parse_fields(text: &str) -> Result<Vec<Column>, SlurmError> {
-    let mut out = Vec::new();
-    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let (name, width) = match item.split_once('%') {
-            Some((n, w)) => (n, Some(w.parse::<i32>().map_err(|_| SlurmError::fatal(PROG, format!("Invalid field width: {item}")))?)),
-            None => (item, None),
-        };
-        let (canon, default) = FIELDS
-            .iter()
-            .find(|(f, _)| f.eq_ignore_ascii_case(name))
-            .copied()
-            .ok_or_else(|| SlurmError::fatal(PROG, format!("Invalid field requested: \"{name}\"")))?;
-        let width = match width {
-            Some(w) if default < 0 => -w.abs(),
-            Some(w) => w.abs(),
-            None => default,
-        };
-        out.push(Column { name: canon, width });
+impl Units {
+    /// `--units=X` as `get_unit_type` reads it (one of `KMGTP`, any case).
+    pub fn parse_unit(text: &str) -> Result<u32, SlurmError> {
+        let c = text.chars().next().unwrap_or('\0');
+        match "KMGTP".find(c.to_ascii_uppercase()).filter(|_| c != '\0') {
+            Some(i) => Ok(i as u32 + 1),
+            None => Err(SlurmError {
+                text: format!("{PROG}: error: Invalid unit type '{c}'. Possible options are 'KMGTP'\n{PROG}: fatal: Invalid unit type"),
+                code: 1,
+            }),
+        }
     }
-    Ok(out)
+
+    /// An amount kept in unit `orig` (0 none, 1 K, 2 M, ...) converted to `spec` (`--units`)
+    /// as sacct converts it: `convert_num_unit` with `CONVERT_NUM_UNIT_EXACT`, or `_NO` with
+    /// `--noconvert`.
+    pub fn convert(self, num: u64, orig: u32, spec: Option<u32>) -> String {
+        slurm_compat::show::convert_num_unit(num, orig, spec, !self.no_convert)
+    }
+
+    /// Memory kept in MiB (Slurm's `UNIT_MEGA`), in `--units` when given.
+    fn mem(self, mib: u64) -> String {
+        self.convert(mib, 2, self.unit)
+    }
 }
 
-fn alloc_tres(job: &Job) -> String {
-    if job.start_ms.is_none() {
-        return String::new();
+/// What every value needs besides its job: node names by id, the time running jobs are counted
+/// to, and the units.
+#[derive(Clone, Copy, Debug)]
+pub struct Ctx<'a> {
+    pub names: &'a BTreeMap<u64, String>,
+    pub now_ms: u64,
+    pub units: Units,
+}
+
+/// A TRES string as sacct prints one (`slurmdb_make_tres_string_from_simple`): `key=value`
+/// items, memory converted, zero counts left out, sorted as strings (`billing=8,cpu=8,
+/// gres/gpu=2,mem=16G,node=1`).
+fn tres_text(units: Units, billing: Option<u64>, cpus: u64, gpus: u64, mem_mib: u64, nodes: u64) -> String {
+    let mut items: Vec<String> = Vec::new();
+    let mut count = |key: &str, n: u64| {
+        if n > 0 {
+            items.push(format!("{key}={n}"));
+        }
+    };
+    count("billing", billing.unwrap_or(0));
+    count("cpu", cpus);
+    count("gres/gpu", gpus);
+    count("node", nodes);
+    if mem_mib > 0 {
+        items.push(format!("mem={}", units.mem(mem_mib)));
     }
+    items.sort();
+    items.join(",")
+}
+
+/// The job's TRES (what it asks, which is what it holds once it started): billing as its CPUs,
+/// as Slurm without `TRESBillingWeights`.
+fn job_tres(job: &Job, units: Units) -> String {
     let s = &job.spec;
     let nodes = u64::from(s.nodes);
-    let cpus = u64::from(s.cpus_per_task) * u64::from(s.ntasks_per_node) * nodes;
-    let mut parts = vec![format!("billing={cpus}"), format!("cpu={cpus}")];
-    if s.gpus() > 0 {
-        parts.push(format!("gres/gpu={}", u64::from(s.gpus()) * nodes));
-    }
-    parts.push(format!("mem={}", mem_text(s.mem_mib.saturating_mul(nodes))));
-    parts.push(format!("node={nodes}"));
-    parts.join(",")
+    let cpus = acct::job_cpus(job);
+    tres_text(units, Some(cpus), cpus, u64::from(s.gpus()) * nodes, s.mem_mib.saturating_mul(nodes), nodes)
 }
 
-/// One field of one job.
-pub fn value(job: &Job, name: &str, names: &BTreeMap<u64, String>, now_ms: u64) -> String {
+/// ExitCode as sacct prints it: `code:signal`, an exit code of 128 or more less 128 (print.c
+/// does so, so an exit of 130 prints `2:0`).
+fn sacct_exit_code(text: &str) -> String {
+    match text.split_once(':').map(|(c, s)| (c.parse::<u32>(), s)) {
+        Some((Ok(code), signal)) if code >= 128 => format!("{}:{signal}", code - 128),
+        _ => text.to_string(),
+    }
+}
+
+/// Seconds between two times; Slurm's `time_t` difference, negative when `to` is earlier.
+fn secs_between(from_ms: u64, to_ms: u64) -> i64 {
+    (to_ms / 1000) as i64 - (from_ms / 1000) as i64
+}
+
+/// What a job's own line shows of the job itself: who, where, how it ended. `None`: not one of
+/// these fields.
+fn job_identity(job: &Job, name: &str) -> Option<String> {
     let s = &job.spec;
-    let ran = job.start_ms.is_some();
-    let nodes = super::job_node_names(job, names);
-    let cpus = u64::from(s.cpus_per_task) * u64::from(s.ntasks_per_node) * u64::from(s.nodes);
-    match name {
+    Some(match name {
         "Account" => s.account.clone().unwrap_or_default(),
-        "AllocCPUS" | "NCPUS" => {
-            if ran {
-                cpus.to_string()
-            } else {
-                "0".into()
-            }
-        }
-        "AllocNodes" => {
-            if ran {
-                s.nodes.to_string()
-            } else {
-                "0".into()
-            }
-        }
-        "AllocTRES" => alloc_tres(job),
         "ArrayJobID" => job.array.as_ref().map_or(String::new(), |a| a.array_job.to_string()),
         "ArrayTaskID" => job.array.as_ref().map_or(String::new(), |a| a.task.to_string()),
-        "CPUTime" => time::elapsed(run_seconds(job, now_ms) * cpus),
-        "CPUTimeRAW" => (run_seconds(job, now_ms) * cpus).to_string(),
-        "Elapsed" => time::elapsed(run_seconds(job, now_ms)),
-        "ElapsedRaw" => run_seconds(job, now_ms).to_string(),
-        "Eligible" => time::datetime(s.begin_ms.unwrap_or(job.submit_ms)),
-        "End" => job.end_ms.map_or("Unknown".into(), time::datetime),
-        "ExitCode" => super::exit_code_text(job),
-        // Corral's: GPU-seconds used, a MIG instance by its share of the GPU (Slurm has no such field).
+        "Cluster" => super::openapi::CLUSTER.into(),
+        // The job's --comment, as Slurm with `AccountingStoreFlags=job_comment` keeps it.
+        "Comment" => s.extra.get("comment").cloned().unwrap_or_default(),
+        "Constraints" => s.constraint.join("&"),
+        "DerivedExitCode" => acct::status_text(acct::derived_status(job)),
+        "ExitCode" => sacct_exit_code(&super::exit_code_text(job)),
+        "GID" => s.gid.map_or(String::new(), |g| g.to_string()),
         "GPUSeconds" => job.gpu_seconds.to_string(),
-        "Group" => s.gid.map_or(String::new(), |g| g.to_string()),
+        "Group" => s.gid.and_then(super::group_name).unwrap_or_default(),
         "JobID" => super::display_id(job),
         "JobIDRaw" => job.id.to_string(),
         "JobName" => s.name.clone(),
-        "NNodes" => s.nodes.to_string(),
-        "NodeList" => {
-            if nodes.is_empty() {
-                "None assigned".into()
-            } else {
-                hostlist::compress(&nodes)
-            }
-        }
         "Partition" => s.partition.clone().unwrap_or_else(|| DEFAULT_PARTITION.into()),
+        // Corral keeps no priority with a job (as `sacct --json`'s `priority`).
+        "Priority" => "0".into(),
         "QOS" => s.qos.clone().unwrap_or_else(|| "normal".into()),
-        "Reason" => {
-            if job.state == JobState::Pending {
-                super::squeue::reason_code(job)
-            } else {
-                "None".into()
-            }
-        }
-        "ReqCPUS" => cpus.to_string(),
-        "ReqMem" => mem_text(s.mem_mib),
-        "ReqNodes" => s.nodes.to_string(),
-        "ReqTRES" => {
-            let mut t = format!("billing={cpus},cpu={cpus}");
-            if s.gpus() > 0 {
-                t.push_str(&format!(",gres/gpu={}", s.gpus() * s.nodes));
-            }
-            t.push_str(&format!(",mem={},node={}", mem_text(s.mem_mib.saturating_mul(u64::from(s.nodes))), s.nodes));
-            t
-        }
+        "Reason" if job.state == JobState::Pending => super::squeue::reason_code(job),
+        "Reason" => "None".into(),
         "Restarts" => job.restart_count.to_string(),
-        "Start" => job.start_ms.map_or("Unknown".into(), time::datetime),
         "State" => job.state_name().into(),
-        "Submit" => time::datetime(job.submit_ms),
-        "Timelimit" => s.time_limit_ms.map_or("UNLIMITED".into(), |ms| time::elapsed(ms / 1000)),
         "UID" => s.uid.map_or(String::new(), |u| u.to_string()),
         "User" => s.user.clone(),
+        "WCKeyID" => "0".into(),
         "WorkDir" => s.workdir.clone(),
+        _ => return None,
+    })
+}
+
+/// What a job's own line shows of its times.
+fn job_times(job: &Job, name: &str, ctx: &Ctx<'_>) -> Option<String> {
+    let s = &job.spec;
+    let elapsed = run_seconds(job, ctx.now_ms);
+    let cpus = acct::job_cpus(job);
+    let eligible = slurm_compat::show::eligible_ms(job, ctx.now_ms);
+    // `Reserved`: how long it waited once eligible (0 when it never was), in seconds.
+    let reserved = eligible.map_or(0, |e| secs_between(e, job.start_ms.unwrap_or(ctx.now_ms)));
+    Some(match name {
+        "CPUTime" => time::elapsed(elapsed * cpus),
+        "CPUTimeRAW" => (elapsed * cpus).to_string(),
+        "Elapsed" => time::elapsed(elapsed),
+        "ElapsedRaw" => elapsed.to_string(),
+        "Eligible" => eligible.map_or("Unknown".into(), time::datetime),
+        "End" => job.end_ms.filter(|_| job.state.is_final()).map_or("Unknown".into(), time::datetime),
+        "Reserved" => time::elapsed_signed(reserved),
+        "ResvCPU" => time::elapsed_signed(reserved * cpus as i64),
+        // An `int` through print_fields_uint: a negative one wraps.
+        "ResvCPURAW" => ((reserved * cpus as i64) as i32 as u32).to_string(),
+        "Start" => job.start_ms.map_or("Unknown".into(), time::datetime),
+        "Submit" => time::datetime(job.submit_ms),
+        "Suspended" => time::elapsed(job.suspension.paused_ms_at(job.end_ms.unwrap_or(ctx.now_ms)) / 1000),
+        "Timelimit" => s.time_limit_ms.map_or("UNLIMITED".into(), |ms| time::elapsed(ms / 1000)),
+        // Minutes, as Slurm keeps limits (a limit of seconds rounds up, as `time_str2mins`).
+        "TimelimitRaw" => s.time_limit_ms.map_or("UNLIMITED".into(), |ms| ms.div_ceil(60_000).to_string()),
+        _ => return None,
+    })
+}
+
+/// What a job's own line shows of its resources: what it asked (`Req*`) and, once it started,
+/// holds (`Alloc*`); a job that never started shows its request where Slurm reads the CPUs and
+/// nodes from the requested TRES.
+fn job_resources(job: &Job, name: &str, ctx: &Ctx<'_>) -> Option<String> {
+    let s = &job.spec;
+    let started = job.start_ms.is_some();
+    let nodes: Vec<String> = super::job_node_names(job, ctx.names);
+    Some(match name {
+        "AllocCPUS" | "NCPUS" | "ReqCPUS" => acct::job_cpus(job).to_string(),
+        "AllocNodes" => ctx.units.convert(if started { u64::from(s.nodes) } else { 0 }, 0, None),
+        "AllocTRES" if started => job_tres(job, ctx.units),
+        "AllocTRES" => String::new(),
+        "NNodes" => s.nodes.to_string(),
+        "NodeList" if nodes.is_empty() => "None assigned".into(),
+        "NodeList" => hostlist::compress(&nodes),
+        "ReqMem" => ctx.units.mem(s.mem_mib.saturating_mul(u64::from(s.nodes))),
+        "ReqNodes" => ctx.units.convert(u64::from(s.nodes), 0, ctx.units.unit),
+        "ReqTRES" => job_tres(job, ctx.units),
+        _ => return None,
+    })
+}
+
+/// What Slurm prints for a field whose value the database does not have, on a job's line or a
+/// step's (`step`): the CPU frequencies asked `Unknown` (NO_VAL has the range flag's bit),
+/// energy `0`, CPU times `00:00:00`, a step's CPU frequency `0`; anything else empty.
+fn absent(name: &str, step: bool) -> String {
+    match name {
+        "ReqCPUFreq" | "ReqCPUFreqGov" | "ReqCPUFreqMax" | "ReqCPUFreqMin" => "Unknown".into(),
+        "ConsumedEnergy" | "ConsumedEnergyRaw" => "0".into(),
+        "SystemCPU" | "UserCPU" | "TotalCPU" => "00:00:00".into(),
+        "AveCPUFreq" if step => "0".into(),
         _ => String::new(),
     }
+}
+
+/// One field of a job's own line, as sacct prints it.
+pub fn value(job: &Job, name: &str, names: &BTreeMap<u64, String>, now_ms: u64) -> String {
+    job_value(job, name, &Ctx { names, now_ms, units: Units::default() })
+}
+
+fn job_value(job: &Job, name: &str, ctx: &Ctx<'_>) -> String {
+    job_identity(job, name)
+        .or_else(|| job_times(job, name, ctx))
+        .or_else(|| job_resources(job, name, ctx))
+        .unwrap_or_else(|| absent(name, false))
 }
 
 /// One line of the table: a job (its allocation), or one of its step lines (its batch script,
@@ -236,36 +281,48 @@ pub fn rows<'a>(jobs: &[&'a Job], steps: bool) -> Vec<Row<'a>> {
     out
 }
 
-/// One field of a step line: its own times, nodes, CPUs, state and exit; what belongs to the
-/// allocation (partition, user, limits) is left blank, as in Slurm. The extern step's TRES are
-/// the job's.
+/// One field of a line (see [`cell_value`]), with sacct's default units.
 pub fn step_value(row: Row<'_>, name: &str, names: &BTreeMap<u64, String>, now_ms: u64) -> String {
+    cell_value(row, name, &Ctx { names, now_ms, units: Units::default() })
+}
+
+/// One field of a line. A step's line has its own times, nodes, CPUs, TRES, tasks, state and
+/// exit, and its job's account and cluster; what belongs to the job alone (partition, user,
+/// limits, what it asked, its derived exit code) is empty, as `print.c` leaves it for a step.
+pub fn cell_value(row: Row<'_>, name: &str, ctx: &Ctx<'_>) -> String {
     let (job, kind) = match row {
-        Row::Job(j) => return value(j, name, names, now_ms),
+        Row::Job(j) => return job_value(j, name, ctx),
         Row::Step(j, k) => (j, k),
     };
-    let v = acct::step_view(job, kind, names);
-    let seconds = v.end_ms.unwrap_or(now_ms).saturating_sub(v.start_ms) / 1000;
+    let v = acct::step_view(job, kind, ctx.names);
+    let seconds = v.end_ms.unwrap_or(ctx.now_ms).saturating_sub(v.start_ms) / 1000;
     let cpus = v.cpus;
+    let nnodes = v.nodes.len() as u64;
     match name {
+        "Account" | "Cluster" => job_value(job, name, ctx),
         "JobID" => format!("{}.{}", super::display_id(job), v.id),
         "JobIDRaw" => format!("{}.{}", job.id, v.id),
         "JobName" => v.name,
-        "Partition" | "User" | "Timelimit" | "QOS" | "Reason" | "Restarts" | "GPUSeconds" | "Eligible" | "ReqNodes" => String::new(),
         "AllocCPUS" | "NCPUS" | "ReqCPUS" => cpus.to_string(),
-        "AllocNodes" | "NNodes" => v.nodes.len().to_string(),
-        "AllocTRES" if matches!(kind, StepKind::Extern) => alloc_tres(job),
-        "AllocTRES" => format!("cpu={cpus},mem={},node={}", mem_text(job.spec.mem_mib.saturating_mul(v.nodes.len() as u64)), v.nodes.len()),
+        "NNodes" => nnodes.to_string(),
+        "AllocNodes" => ctx.units.convert(nnodes, 0, None),
+        "ReqNodes" => ctx.units.convert(nnodes, 0, ctx.units.unit),
+        "NTasks" => v.tasks.to_string(),
+        "AllocTRES" if matches!(kind, StepKind::Extern) => job_tres(job, ctx.units),
+        "AllocTRES" => tres_text(ctx.units, None, cpus, acct::step_gpus(job, nnodes), job.spec.mem_mib.saturating_mul(nnodes), nnodes),
+        "Layout" if matches!(kind, StepKind::Step(_)) => "Block".into(),
+        "Layout" => "Unknown".into(),
         "NodeList" => hostlist::compress(&v.nodes),
-        "Start" | "Submit" => time::datetime(v.start_ms),
+        "Start" | "Submit" | "Eligible" => time::datetime(v.start_ms),
         "End" => v.end_ms.map_or("Unknown".into(), time::datetime),
         "Elapsed" => time::elapsed(seconds),
         "ElapsedRaw" => seconds.to_string(),
         "CPUTime" => time::elapsed(seconds * cpus),
         "CPUTimeRAW" => (seconds * cpus).to_string(),
+        "Suspended" => time::elapsed(0),
         "State" => v.state.to_string(),
-        "ExitCode" => v.exit_code,
-        _ => value(job, name, names, now_ms),
+        "ExitCode" => sacct_exit_code(&v.exit_code),
+        _ => absent(name, true),
     }
 }
 
@@ -280,24 +337,15 @@ pub enum Style {
     Parsable2,
 }
 
-/// `value` in a column of `width` characters as Slurm's print functions put it: cut to the
+/// `value` in a column of `width` characters as Slurm's `print_fields_str` puts it: cut to the
 /// width with its last character `+`, right-aligned (negative width: left-aligned).
 pub(crate) fn fit(value: &str, width: i32) -> String {
-    let w = width.unsigned_abs() as usize;
-    let mut v: String = value.to_string();
-    if v.chars().count() > w {
-        v = v.chars().take(w.saturating_sub(1)).collect::<String>() + "+";
-    }
-    if width < 0 {
-        format!("{v:<w$}")
-    } else {
-        format!("{v:>w$}")
-    }
+    cell(value, width, Print::Str)
 }
 
-fn line(values: &[String], columns: &[Column], style: Style) -> String {
+fn line(values: &[String], style: Style) -> String {
     match style {
-        Style::Columns => values.iter().zip(columns).map(|(v, c)| fit(v, c.width) + " ").collect(),
+        Style::Columns => values.iter().map(|v| format!("{v} ")).collect(),
         Style::Parsable => values.iter().map(|v| format!("{v}|")).collect(),
         Style::Parsable2 => values.join("|"),
     }
@@ -308,22 +356,39 @@ pub fn table(jobs: &[&Job], columns: &[Column], style: Style, header: bool, name
     table_rows(&rows(jobs, false), columns, style, header, names, now_ms)
 }
 
-/// The whole table of `rows`.
+/// The whole table of `rows`, with sacct's default units.
 pub fn table_rows(rows: &[Row<'_>], columns: &[Column], style: Style, header: bool, names: &BTreeMap<u64, String>, now_ms: u64) -> String {
+    table_in(rows, columns, style, header, &Ctx { names, now_ms, units: Units::default() })
+}
+
+/// The whole table of `rows`: the header (names cut to their widths, then dashes, in columns;
+/// the names alone when parsable), then a line per row.
+pub fn table_in(rows: &[Row<'_>], columns: &[Column], style: Style, with_header: bool, ctx: &Ctx<'_>) -> String {
+    let columns_style = style == Style::Columns;
     let mut out = String::new();
-    if header {
-        let heads: Vec<String> = columns.iter().map(|c| c.name.to_string()).collect();
-        out.push_str(&line(&heads, columns, style));
+    if with_header {
+        let heads: Vec<String> = columns.iter().map(|c| if columns_style { header(c) } else { c.name.to_string() }).collect();
+        out.push_str(&line(&heads, style));
         out.push('\n');
-        if style == Style::Columns {
+        if columns_style {
             let dashes: Vec<String> = columns.iter().map(|c| "-".repeat(c.width.unsigned_abs() as usize)).collect();
-            out.push_str(&line(&dashes, columns, style));
+            out.push_str(&line(&dashes, style));
             out.push('\n');
         }
     }
     for r in rows {
-        let values: Vec<String> = columns.iter().map(|c| step_value(*r, c.name, names, now_ms)).collect();
-        out.push_str(&line(&values, columns, style));
+        let values: Vec<String> = columns
+            .iter()
+            .map(|c| {
+                let v = cell_value(*r, c.name, ctx);
+                if columns_style {
+                    cell(&v, c.width, c.print())
+                } else {
+                    v
+                }
+            })
+            .collect();
+        out.push_str(&line(&values, style));
         out.push('\n');
     }
     out
@@ -389,6 +454,22 @@ impl Filter {
     }
 }
 
+/// The fields asked, as sacct 22.05 gathers them: every `-o` in order, then `-b`'s and `-l`'s
+/// fields; without any, `SACCT_FORMAT` or the default.
+pub fn field_list(formats: &[&str], brief: bool, long: bool, env_format: Option<String>) -> String {
+    let mut list: Vec<&str> = formats.to_vec();
+    if brief {
+        list.push(BRIEF_FIELDS);
+    }
+    if long {
+        list.push(LONG_FIELDS);
+    }
+    if list.is_empty() {
+        return env_format.filter(|f| !f.is_empty()).unwrap_or_else(|| DEFAULT_FIELDS.to_string());
+    }
+    list.join(",")
+}
+
 fn split_list(values: Vec<&str>) -> Vec<String> {
     values.iter().flat_map(|v| v.split(',')).map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect()
 }
@@ -403,22 +484,11 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
         return Ok(super::print_version());
     }
     if p.has("helpformat") {
-        let names: Vec<&str> = FIELDS.iter().map(|(n, _)| *n).collect();
-        for chunk in names.chunks(4) {
-            println!("{}", chunk.iter().map(|n| format!("{n:<20}")).collect::<String>().trim_end());
-        }
+        print!("{}", super::sacct_fields::helpformat());
         return Ok(0);
     }
-    let fields = if let Some(f) = p.last("format") {
-        f.to_string()
-    } else if p.has("brief") {
-        BRIEF_FIELDS.to_string()
-    } else if p.has("long") {
-        LONG_FIELDS.to_string()
-    } else {
-        std::env::var("SACCT_FORMAT").ok().filter(|s| !s.is_empty()).unwrap_or_else(|| DEFAULT_FIELDS.to_string())
-    };
-    let columns = parse_fields(&fields)?;
+    let columns = parse_fields(&field_list(&p.all("format"), p.has("brief"), p.has("long"), std::env::var("SACCT_FORMAT").ok()))?;
+    let units = Units { unit: p.last("units").map(Units::parse_unit).transpose()?, no_convert: p.has("noconvert") };
     let style = if p.has("parsable2") {
         Style::Parsable2
     } else if p.has("parsable") {
@@ -483,6 +553,6 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
         return Ok(0);
     }
     let lines = rows(&shown, !p.has("allocations"));
-    print!("{}", table_rows(&lines, &columns, style, !p.has("noheader"), &names, now_ms));
+    print!("{}", table_in(&lines, &columns, style, !p.has("noheader"), &Ctx { names: &names, now_ms, units }));
     Ok(0)
 }

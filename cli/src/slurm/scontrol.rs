@@ -52,6 +52,8 @@ pub fn job_text(job: &Job, names: &BTreeMap<u64, String>, now_ms: u64) -> String
     let uid = s.uid.map_or(String::new(), |u| format!("({u})"));
     let gid = s.gid.map_or(String::new(), |g| format!("({g})"));
     let reason = if job.state == JobState::Pending { reason_code(job) } else { final_reason(job).into() };
+    let eligible = slurm_compat::show::eligible_ms(job, now_ms);
+    let group = s.gid.map_or_else(|| s.user.clone(), |g| super::group_name(g).unwrap_or_else(|| "nobody".into()));
     let pattern = |p: Option<&String>| {
         p.map(|p| {
             let expanded = super::env::output_path(p, job, &nodes, 0);
@@ -64,13 +66,14 @@ pub fn job_text(job: &Job, names: &BTreeMap<u64, String>, now_ms: u64) -> String
     };
     let stdout = pattern(s.output.as_ref()).unwrap_or_else(|| "(null)".into());
     let stderr = pattern(s.error.as_ref()).unwrap_or_else(|| stdout.clone());
-    let mut tres = format!("cpu={cpus},mem={},node={}", mem_text(s.mem_mib.saturating_mul(u64::from(s.nodes))), s.nodes);
+    // In the TRES' own order (cpu, mem, node, billing, then GRES), as slurmctld formats them.
+    let mut tres = format!("cpu={cpus},mem={},node={},billing={cpus}", mem_text(s.mem_mib.saturating_mul(u64::from(s.nodes))), s.nodes);
     if s.gpus() > 0 {
         tres.push_str(&format!(",gres/gpu={}", s.gpus() * s.nodes));
     }
     let lines = [
         head,
-        format!("UserId={}{uid} GroupId={}{gid} MCS_label=N/A", s.user, s.user),
+        format!("UserId={}{uid} GroupId={group}{gid} MCS_label=N/A", s.user),
         format!("Priority=1 Nice=0 Account={} QOS={}", or_null(s.account.as_ref()), s.qos.clone().unwrap_or_else(|| "normal".into())),
         format!("JobState={} Reason={reason} Dependency={}", job.state_name(), dependency_text(job)),
         format!(
@@ -85,8 +88,13 @@ pub fn job_text(job: &Job, names: &BTreeMap<u64, String>, now_ms: u64) -> String
             time::elapsed(run_seconds(job, now_ms)),
             s.time_limit_ms.map_or("UNLIMITED".into(), |ms| time::elapsed(ms / 1000))
         ),
-        format!("SubmitTime={} EligibleTime={}", time::datetime(job.submit_ms), time_or_unknown(s.begin_ms.or(Some(job.submit_ms)))),
-        format!("StartTime={} EndTime={} Deadline=N/A", time_or_unknown(job.start_ms), time_or_unknown(job.end_ms)),
+        format!("SubmitTime={} EligibleTime={}", time::datetime(job.submit_ms), time_or_unknown(eligible)),
+        format!("AccrueTime={}", time_or_unknown(eligible)),
+        format!(
+            "StartTime={} EndTime={} Deadline=N/A",
+            time_or_unknown(job.start_ms),
+            time_or_unknown(slurm_compat::show::end_ms(job, now_ms))
+        ),
         format!(
             "SuspendTime={} SecsPreSuspend={}",
             job.suspension.since_ms.filter(|_| job.suspended()).map_or("None".into(), time::datetime),
@@ -120,6 +128,22 @@ pub fn job_text(job: &Job, names: &BTreeMap<u64, String>, now_ms: u64) -> String
         out.push_str(&format!("   TresPerNode=gres:{g}\n"));
     }
     out.push('\n');
+    out
+}
+
+/// `scontrol -d show job`'s text: [`job_text`] with the line Slurm adds under `ExitCode`,
+/// `DerivedExitCode=CODE:SIGNAL`, the highest exit of the job's steps.
+pub fn with_derived_exit_code(text: &str, job: &Job) -> String {
+    let line = format!("   DerivedExitCode={}", slurm_compat::acct::status_text(slurm_compat::acct::derived_status(job)));
+    let mut out = String::new();
+    for l in text.lines() {
+        out.push_str(l);
+        out.push('\n');
+        if l.starts_with("   Requeue=") {
+            out.push_str(&line);
+            out.push('\n');
+        }
+    }
     out
 }
 
@@ -557,7 +581,41 @@ fn token(lifespan_s: Option<u64>, user: Option<String>) -> Result<i32, SlurmErro
     Ok(0)
 }
 
+/// `scontrol [-d] show job [ID]`: each job (or array task) the cluster holds, or job ID's.
+fn show_jobs(id: Option<String>, details: bool) -> Result<i32, SlurmError> {
+    let id = id.map(|i| job_ids(&[i]).map(|v| v[0])).transpose()?;
+    let cluster = super::connect(PROG)?;
+    let (jobs, nodes) = super::block_on(PROG, async {
+        // slurmctld's view: live jobs and those finished within MinJobAge.
+        let ids = id.map(|i| vec![i]).unwrap_or_default();
+        let jobs = super::query_jobs(PROG, &cluster, proto::JobQuery { ids, live: true, finished: true, ..Default::default() }).await?;
+        Ok::<_, SlurmError>((jobs, super::list_nodes(PROG, &cluster).await?))
+    })??;
+    let names = super::node_names(&nodes);
+    let now_ms = now_ms();
+    let shown: Vec<&Job> = match id {
+        Some(id) => super::members_of(&jobs, id),
+        None => jobs.iter().collect(),
+    };
+    if shown.is_empty() {
+        return Err(if id.is_some() {
+            SlurmError::fatal(PROG, "Invalid job id specified")
+        } else {
+            SlurmError { text: "No jobs in the system".into(), code: 0 }
+        });
+    }
+    for j in shown {
+        let mut text = job_text(j, &names, now_ms);
+        if details {
+            text = with_derived_exit_code(&text, j);
+        }
+        print!("{text}");
+    }
+    Ok(0)
+}
+
 pub fn run(args: &[String]) -> Result<i32, SlurmError> {
+    let details = args.iter().any(|a| a == "-d" || a == "--details");
     let cmd = parse(args)?;
     match cmd {
         Command::Version => Ok(super::print_version()),
@@ -574,34 +632,7 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
             print!("{}", hostlist_of(&list, sorted)?);
             Ok(0)
         }
-        Command::ShowJob(id) => {
-            let id = id.map(|i| job_ids(&[i]).map(|v| v[0])).transpose()?;
-            let cluster = super::connect(PROG)?;
-            let (jobs, nodes) = super::block_on(PROG, async {
-                // slurmctld's view: live jobs and those finished within MinJobAge.
-                let ids = id.map(|i| vec![i]).unwrap_or_default();
-                let jobs =
-                    super::query_jobs(PROG, &cluster, proto::JobQuery { ids, live: true, finished: true, ..Default::default() }).await?;
-                Ok::<_, SlurmError>((jobs, super::list_nodes(PROG, &cluster).await?))
-            })??;
-            let names = super::node_names(&nodes);
-            let now_ms = now_ms();
-            let shown: Vec<&Job> = match id {
-                Some(id) => super::members_of(&jobs, id),
-                None => jobs.iter().collect(),
-            };
-            if shown.is_empty() {
-                return Err(if id.is_some() {
-                    SlurmError::fatal(PROG, "Invalid job id specified")
-                } else {
-                    SlurmError { text: "No jobs in the system".into(), code: 0 }
-                });
-            }
-            for j in shown {
-                print!("{}", job_text(j, &names, now_ms));
-            }
-            Ok(0)
-        }
+        Command::ShowJob(id) => show_jobs(id, details),
         Command::ShowNode(name) => {
             let cluster = super::connect(PROG)?;
             let nodes = super::block_on(PROG, super::list_nodes(PROG, &cluster))??;

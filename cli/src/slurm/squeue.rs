@@ -102,8 +102,17 @@ pub fn parse_format(format: &str) -> Vec<Piece> {
 
 /// Pads (or cuts) `value` to `width` as squeue and sinfo do; width 0 prints it as it is.
 pub fn pad(value: &str, width: usize, right: bool) -> String {
+    pad_as(value, width, right, true)
+}
+
+/// [`pad`] as `_print_str` with `cut_output`: a right-justified value is cut to the width only
+/// when `cut` (a left-justified one always is: its format is `%.Ns`).
+pub fn pad_as(value: &str, width: usize, right: bool, cut: bool) -> String {
     if width == 0 {
         return value.to_string();
+    }
+    if right && !cut {
+        return format!("{value:>width$}");
     }
     let cut: String = value.chars().take(width).collect();
     if right {
@@ -115,13 +124,28 @@ pub fn pad(value: &str, width: usize, right: bool) -> String {
 
 /// Renders rows with `format`, the header first when asked; `value(code)` gives a field.
 pub fn render<T>(pieces: &[Piece], rows: &[T], header: bool, head: impl Fn(char) -> String, value: impl Fn(&T, char) -> String) -> String {
+    render_as(pieces, rows, header, head, value, |_, _| true)
+}
+
+/// [`render`] where `cut(code, value)` says whether a right-justified value is cut to its width.
+pub fn render_as<T>(
+    pieces: &[Piece],
+    rows: &[T],
+    header: bool,
+    head: impl Fn(char) -> String,
+    value: impl Fn(&T, char) -> String,
+    cut: impl Fn(char, &str) -> bool,
+) -> String {
     let mut out = String::new();
     let line = |f: &dyn Fn(char) -> String| -> String {
         let mut s = String::new();
         for p in pieces {
             match p {
                 Piece::Text(t) => s.push_str(t),
-                Piece::Field { code, width, right } => s.push_str(&pad(&f(*code), *width, *right)),
+                Piece::Field { code, width, right } => {
+                    let v = f(*code);
+                    s.push_str(&pad_as(&v, *width, *right, cut(*code, &v)));
+                }
             }
         }
         s
@@ -135,6 +159,18 @@ pub fn render<T>(pieces: &[Piece], rows: &[T], header: bool, head: impl Fn(char)
         out.push('\n');
     }
     out
+}
+
+/// Whether squeue 22.05 cuts field `code`'s `value` to its width when right-justified
+/// (`_print_str`'s `cut_output`): not the durations its `_print_secs` prints (TIME, TIME_LIMIT,
+/// TIME_LEFT, but their `UNLIMITED`), node lists, nor the `NODELIST(REASON)` header.
+pub fn cut_output(code: char, value: &str) -> bool {
+    match code {
+        'M' | 'l' | 'L' => value == "UNLIMITED" || value == "NOT_SET" || value == "TIME_LIMIT" || value == "TIME_LEFT" || value == "TIME",
+        'N' => false,
+        'R' => value.starts_with('(') && value != "NODELIST(REASON)",
+        _ => true,
+    }
 }
 
 /// Slurm's compact state code.
@@ -235,14 +271,7 @@ pub fn header(code: char) -> String {
 
 /// Memory as Slurm prints it: `1G`, `512M`.
 pub fn mem_text(mib: u64) -> String {
-    let divides = |unit: u64| mib > 0 && (mib / unit) * unit == mib;
-    if divides(1024 * 1024) {
-        format!("{}T", mib / (1024 * 1024))
-    } else if divides(1024) {
-        format!("{}G", mib / 1024)
-    } else {
-        format!("{mib}M")
-    }
+    slurm_compat::show::convert_num_unit(mib, 2, None, true)
 }
 
 pub use slurm_compat::show::run_seconds;
@@ -262,9 +291,12 @@ pub fn field(row: &Row<'_>, code: char, names: &BTreeMap<u64, String>, now_ms: u
         'u' => spec.user.clone(),
         't' => if job.suspended() { "S" } else { state_short(job.state) }.into(),
         'T' => job.state_name().into(),
-        'M' => time::duration(run_seconds(job, now_ms)),
-        'l' => spec.time_limit_ms.map_or("UNLIMITED".into(), |ms| time::duration(ms / 1000)),
-        'L' => spec.time_limit_ms.map_or("UNLIMITED".into(), |ms| time::duration((ms / 1000).saturating_sub(run_seconds(job, now_ms)))),
+        'M' => time::squeue_duration(run_seconds(job, now_ms) as i64),
+        'l' => spec.time_limit_ms.map_or("UNLIMITED".into(), |ms| time::squeue_duration((ms / 1000) as i64)),
+        // Past its limit (its kill on the way) a job has a negative time left: `INVALID`.
+        'L' => {
+            spec.time_limit_ms.map_or("UNLIMITED".into(), |ms| time::squeue_duration((ms / 1000) as i64 - run_seconds(job, now_ms) as i64))
+        }
         'D' => {
             if job.state == JobState::Pending || nodes.is_empty() {
                 spec.nodes.to_string()
@@ -282,7 +314,9 @@ pub fn field(row: &Row<'_>, code: char, names: &BTreeMap<u64, String>, now_ms: u
         'C' => (u64::from(spec.cpus_per_task) * u64::from(spec.ntasks_per_node) * u64::from(spec.nodes)).to_string(),
         'b' => spec.gres.as_ref().map_or("N/A".into(), |g| format!("gres:{g}")),
         'S' => job.start_ms.map_or("N/A".into(), time::datetime),
-        'e' => job.end_ms.map_or("N/A".into(), time::datetime),
+        // A running job ends by its limit; without one, `NONE` (slurmctld's end a year on).
+        'e' if job.state == JobState::Running && spec.time_limit_ms.is_none() => "NONE".into(),
+        'e' => slurm_compat::show::end_ms(job, now_ms).map_or("N/A".into(), time::datetime),
         'V' => time::datetime(job.submit_ms),
         'q' => spec.qos.clone().unwrap_or_else(|| "normal".into()),
         'a' => spec.account.clone().unwrap_or_else(|| "(null)".into()),
@@ -435,7 +469,7 @@ fn split_list(values: Vec<&str>) -> Vec<String> {
 pub fn table(jobs: &[Job], names: &BTreeMap<u64, String>, format: &str, header: bool, expand_arrays: bool, now_ms: u64) -> String {
     let pieces = parse_format(format);
     let rows = rows(jobs, expand_arrays);
-    render(&pieces, &rows, header, header_for, |r, c| field(r, c, names, now_ms))
+    render_as(&pieces, &rows, header, header_for, |r, c| field(r, c, names, now_ms), cut_output)
 }
 
 fn header_for(code: char) -> String {

@@ -773,7 +773,7 @@ fn sacct_columns_and_parsable() {
          ------------ ---------- ---------- ---------- ---------- ---------- -------- \n\
          42           train_mod+        gpu                     8  COMPLETED      0:0 \n\
          43                    f    default                     1     FAILED      3:0 \n\
-         44                    c    default                     0  CANCELLED     0:15 \n"
+         44                    c    default                     1  CANCELLED     0:15 \n"
     );
     let cols = sacct::parse_fields("JobID,JobName,State,Elapsed,AllocTRES,ExitCode,NodeList").unwrap();
     assert_eq!(
@@ -818,7 +818,8 @@ fn sacct_columns_and_parsable() {
          42.3|stuck||16|1|gpu01|CANCELLED|0:0|00:01:04\n"
     );
     let cols = sacct::parse_fields("JobName%20,JobID%5").unwrap();
-    assert_eq!(cols, vec![sacct::Column { name: "JobName", width: 20 }, sacct::Column { name: "JobID", width: -5 }]);
+    // A width replaces the default's sign too, as sacct's `fields[i].len = newlen`: JobID%5 is right-justified.
+    assert_eq!(cols, vec![sacct::Column { name: "JobName", width: 20 }, sacct::Column { name: "JobID", width: 5 }]);
     assert_eq!(sacct::parse_fields("Bogus").unwrap_err().text, "sacct: error: Invalid field requested: \"Bogus\"");
     let mut arr = listed(50, "a", JobState::Completed);
     arr.array = Some(ArrayTask { array_job: 49, task: 3 });
@@ -862,9 +863,9 @@ fn sacct_shows_the_extern_step_of_every_job_that_started() {
         table(&job),
         format!(
             "60|ext|8|2|gpu[01-02]|RUNNING|0:0|{start}|Unknown|{tres}\n\
-             60.batch|batch|4|1|gpu01|RUNNING|0:0|{start}|Unknown|cpu=4,mem=1G,node=1\n\
+             60.batch|batch|4|1|gpu01|RUNNING|0:0|{start}|Unknown|cpu=4,gres/gpu=2,mem=1G,node=1\n\
              60.extern|extern|8|2|gpu[01-02]|RUNNING|0:0|{start}|Unknown|{tres}\n\
-             60.0|python|4|1|gpu02|COMPLETED|0:0|{}|{}|cpu=4,mem=1G,node=1\n",
+             60.0|python|4|1|gpu02|COMPLETED|0:0|{}|{}|cpu=4,gres/gpu=2,mem=1G,node=1\n",
             time::datetime(3_001_000),
             time::datetime(3_002_000)
         )
@@ -1276,6 +1277,105 @@ fn scontrol_show_job_layout() {
     killed.reasons.clear();
     killed.outcomes = vec![(1, proto::RunOutcome::Exited(137))];
     assert_eq!(super::exit_code_text(&killed), "137:0");
+}
+
+/// Durations as each Slurm command prints them, from its source: `secs2time_str` (sacct's
+/// Elapsed and Timelimit, scontrol's RunTime, TimeLimit, MaxTime), squeue's `_print_secs` (TIME,
+/// TIME_LIMIT, TIME_LEFT: `INVALID` below 0 or past a year), sinfo's (TIMELIMIT, no such check).
+#[test]
+fn durations_as_each_command_prints_them() {
+    for (secs, full, short) in [
+        (0, "00:00:00", "0:00"),
+        (5, "00:00:05", "0:05"),
+        (1_800, "00:30:00", "30:00"),
+        (3_723, "01:02:03", "1:02:03"),
+        (8 * 3_600, "08:00:00", "8:00:00"),
+        (2 * 86_400, "2-00:00:00", "2-00:00:00"),
+        (86_400 + 3_723, "1-01:02:03", "1-01:02:03"),
+    ] {
+        assert_eq!(time::elapsed(secs), full);
+        assert_eq!(time::elapsed_signed(secs as i64), full);
+        assert_eq!(time::squeue_duration(secs as i64), short);
+        assert_eq!(time::duration(secs), short);
+    }
+    assert_eq!(time::elapsed_signed(-1), "INVALID");
+    assert_eq!(time::squeue_duration(-5), "INVALID");
+    assert_eq!(time::squeue_duration(365 * 86_400), "365-00:00:00");
+    assert_eq!(time::squeue_duration(365 * 86_400 + 1), "INVALID");
+    assert_eq!(time::duration(400 * 86_400), "400-00:00:00");
+}
+
+/// Dates as `slurm_make_time_str` prints them: `%FT%T` by default, or as `SLURM_TIME_FORMAT`
+/// asks (`relative`, a strftime format; one without `%` or of 32 bytes or more is refused).
+#[test]
+fn dates_follow_slurm_time_format() {
+    use time::DateFormat;
+    for standard in [None, Some(""), Some("standard")] {
+        assert_eq!(DateFormat::from_value(standard), Ok(DateFormat::Standard));
+    }
+    assert_eq!(DateFormat::from_value(Some("relative")), Ok(DateFormat::Relative));
+    assert_eq!(DateFormat::from_value(Some("%s")), Ok(DateFormat::Custom("%s".into())));
+    assert_eq!(DateFormat::from_value(Some("iso")), Err("iso".to_string()));
+    assert!(DateFormat::from_value(Some(&format!("%F{}", "x".repeat(30)))).is_err());
+    let at_ms = 1_800_000_000_000;
+    let standard = time::datetime_as(at_ms, &DateFormat::Standard, 0);
+    assert_eq!(standard.len(), 19);
+    assert_eq!(&standard[10..11], "T");
+    assert_eq!(time::datetime_as(at_ms, &DateFormat::Custom("%s".into()), 0), "1800000000");
+    let relative = |now_s: i64| time::datetime_as(at_ms, &DateFormat::Relative, now_s);
+    let day_s = 86_400;
+    assert_eq!(relative(1_800_000_000), &standard[11..]);
+    assert_eq!(relative(1_800_000_000 + day_s), format!("Ystday {}", &standard[11..16]));
+    assert_eq!(relative(1_800_000_000 - day_s), format!("Tomorr {}", &standard[11..16]));
+    assert!(relative(1_800_000_000 - 3 * day_s).ends_with(&standard[11..16]), "a weekday and the time");
+    assert!(relative(1_800_000_000 + 400 * day_s).ends_with(&standard[..4]), "far away: day, month, year");
+}
+
+/// squeue's TIME_LEFT of a job past its limit is `INVALID`; its durations are not cut to a
+/// right-justified width (`squeue -l`'s `%.9l` prints `2-00:00:00` whole), a left-justified one
+/// is; END_TIME of a running job is its start plus its limit, `NONE` without one.
+#[test]
+fn squeue_times_as_slurm_prints_them() {
+    let mut j = listed(31, "t", JobState::Running);
+    j.last_nodes = vec![1];
+    let start_ms = 1_800_000_010_000;
+    std::sync::Arc::make_mut(&mut j.spec).time_limit_ms = Some(2 * 86_400_000);
+    let table = |j: &Job, format: &str, now_ms| squeue::table(std::slice::from_ref(j), &names_map(), format, false, false, now_ms);
+    assert_eq!(table(&j, "%.9l|%9l|%.4M|%.5L", start_ms + 65_000), "2-00:00:00|2-00:00:0|1:05|1-23:58:55\n");
+    assert_eq!(table(&j, "%e", start_ms), format!("{}\n", time::datetime(start_ms + 2 * 86_400_000)));
+    std::sync::Arc::make_mut(&mut j.spec).time_limit_ms = Some(60_000);
+    assert_eq!(table(&j, "%L|%l", start_ms + 90_000), "INVALID|1:00\n");
+    std::sync::Arc::make_mut(&mut j.spec).time_limit_ms = None;
+    assert_eq!(table(&j, "%e|%.5l|%L", start_ms), "NONE|UNLIM|UNLIMITED\n");
+    // A node list is not cut either.
+    assert_eq!(table(&j, "%.3N|%.3R|%3N", start_ms), "gpu01|gpu01|gpu\n");
+}
+
+/// scontrol show job's times: `EligibleTime` and `AccrueTime` `Unknown` while the job cannot
+/// run (held here), `TimeLimit` as `secs2time_str`, `EndTime` of a running job its start plus
+/// its limit; TRES in Slurm's order with billing.
+#[test]
+fn scontrol_show_job_times() {
+    let mut held = listed(32, "h", JobState::Pending);
+    std::sync::Arc::make_mut(&mut held.spec).hold = true;
+    held.start_ms = None;
+    let text = scontrol::job_text(&held, &names_map(), 1_800_000_070_000);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[5], "   RunTime=00:00:00 TimeLimit=UNLIMITED TimeMin=N/A");
+    assert_eq!(lines[6], format!("   SubmitTime={} EligibleTime=Unknown", time::datetime(1_800_000_000_000)));
+    assert_eq!(lines[7], "   AccrueTime=Unknown");
+    assert_eq!(lines[8], "   StartTime=Unknown EndTime=Unknown Deadline=N/A");
+    let mut running = listed(33, "r", JobState::Running);
+    std::sync::Arc::make_mut(&mut running.spec).time_limit_ms = Some(8 * 3_600_000);
+    running.last_nodes = vec![1];
+    let text = scontrol::job_text(&running, &names_map(), 1_800_000_070_000);
+    let lines: Vec<&str> = text.lines().collect();
+    let (submit, start) = (time::datetime(1_800_000_000_000), time::datetime(1_800_000_010_000));
+    assert_eq!(lines[5], "   RunTime=00:01:00 TimeLimit=08:00:00 TimeMin=N/A");
+    assert_eq!(lines[6], format!("   SubmitTime={submit} EligibleTime={submit}"));
+    assert_eq!(lines[7], format!("   AccrueTime={submit}"));
+    assert_eq!(lines[8], format!("   StartTime={start} EndTime={} Deadline=N/A", time::datetime(1_800_000_010_000 + 8 * 3_600_000)));
+    assert!(lines.contains(&"   TRES=cpu=1,mem=1G,node=1,billing=1"), "{text}");
 }
 
 #[test]

@@ -1,5 +1,6 @@
-//! Slurm's time formats: time limits (`D-H:M:S`), durations as squeue and sacct print them,
-//! and the points in time `--begin`, `sacct -S/-E` accept.
+//! Slurm's time formats: time limits (`D-H:M:S`), durations as squeue, sinfo, sacct and scontrol
+//! print them, dates (`2024-05-01T14:05:00`, or as `SLURM_TIME_FORMAT` asks), and the points in
+//! time `--begin`, `sacct -S/-E` accept.
 
 /// Text that is not a Slurm time limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,7 +36,8 @@ pub fn parse_limit_s(text: &str) -> Result<Option<u64>, NotATime> {
     Ok(if seconds == 0 { None } else { Some(seconds) })
 }
 
-/// A duration as squeue prints TIME and TIME_LIMIT: `0:05`, `12:34`, `1:02:03`, `2-03:04:05`.
+/// A duration as sinfo prints TIMELIMIT (its `_print_secs`): `0:05`, `12:34`, `1:02:03`,
+/// `2-03:04:05`.
 pub fn duration(secs: u64) -> String {
     let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
     if d > 0 {
@@ -47,7 +49,20 @@ pub fn duration(secs: u64) -> String {
     }
 }
 
-/// A duration as sacct prints Elapsed and Timelimit: `00:00:05`, `2-03:04:05`.
+/// Slurm's `YEAR_SECONDS`.
+const YEAR_S: i64 = 365 * 24 * 3600;
+
+/// A duration as squeue prints TIME, TIME_LIMIT and TIME_LEFT (its `_print_secs`): sinfo's
+/// form, and `INVALID` below 0 or beyond a year.
+pub fn squeue_duration(secs: i64) -> String {
+    match u64::try_from(secs) {
+        Ok(s) if secs <= YEAR_S => duration(s),
+        _ => "INVALID".into(),
+    }
+}
+
+/// A duration as Slurm's `secs2time_str` prints it (sacct's Elapsed and Timelimit, scontrol's
+/// RunTime, TimeLimit, MaxTime): `00:00:05`, `08:00:00`, `2-03:04:05`.
 pub fn elapsed(secs: u64) -> String {
     let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
     if d > 0 {
@@ -55,6 +70,11 @@ pub fn elapsed(secs: u64) -> String {
     } else {
         format!("{h:02}:{m:02}:{s:02}")
     }
+}
+
+/// [`elapsed`] of a difference that may be negative: `secs2time_str` prints `INVALID` then.
+pub fn elapsed_signed(secs: i64) -> String {
+    u64::try_from(secs).map_or_else(|_| "INVALID".into(), elapsed)
 }
 
 /// Broken-down local time.
@@ -103,10 +123,105 @@ pub fn from_local(l: Local) -> i64 {
     }
 }
 
-/// `2026-11-30T00:20:06` in local time, as Slurm prints times.
+/// How dates print, as Slurm's `slurm_make_time_str` reads `SLURM_TIME_FORMAT`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DateFormat {
+    /// Unset, empty or `standard`: `2026-11-30T00:20:06`.
+    Standard,
+    /// `relative`: by its distance from today (`12:26:38`, `Ystday 20:13`, `Tomorr 03:22`,
+    /// `Sat 02:17`, `18 Jun 13:14`, `19 Jan 2003`).
+    Relative,
+    /// A strftime(3) format.
+    Custom(String),
+}
+
+impl DateFormat {
+    /// `SLURM_TIME_FORMAT`'s value read as Slurm reads it; `Err` is the value Slurm refuses (no
+    /// `%`, or 32 bytes or more: it says so and prints the standard form).
+    pub fn from_value(value: Option<&str>) -> Result<DateFormat, String> {
+        match value {
+            None | Some("") | Some("standard") => Ok(DateFormat::Standard),
+            Some("relative") => Ok(DateFormat::Relative),
+            Some(f) if !f.contains('%') || f.len() >= 32 => Err(f.to_string()),
+            Some(f) => Ok(DateFormat::Custom(f.to_string())),
+        }
+    }
+}
+
+/// The process's `SLURM_TIME_FORMAT`, read once (a refused one said once on stderr, in
+/// Slurm's words).
+fn date_format() -> &'static DateFormat {
+    static FORMAT: std::sync::OnceLock<DateFormat> = std::sync::OnceLock::new();
+    FORMAT.get_or_init(|| {
+        DateFormat::from_value(std::env::var("SLURM_TIME_FORMAT").ok().as_deref()).unwrap_or_else(|bad| {
+            let prog = std::env::args().next().map(|a| a.rsplit('/').next().unwrap_or("").to_string()).unwrap_or_default();
+            eprintln!("{prog}: error: invalid SLURM_TIME_FORMAT = '{bad}'");
+            DateFormat::Standard
+        })
+    })
+}
+
+fn local_tm(epoch_s: i64) -> libc::tm {
+    // SAFETY: localtime_r writes only into the tm we pass.
+    unsafe {
+        let mut tm: libc::tm = std::mem::zeroed();
+        let t: libc::time_t = epoch_s as libc::time_t;
+        libc::localtime_r(&t, &mut tm);
+        tm
+    }
+}
+
+/// `strftime` into Slurm's 32-byte buffer: at most 31 bytes; `#`s when it makes nothing, as
+/// `slurm_strftime` does.
+fn strftime(format: &str, tm: &libc::tm) -> String {
+    const SIZE: usize = 32;
+    let Ok(c_format) = std::ffi::CString::new(format) else { return "#".repeat(SIZE - 1) };
+    let mut buf = [0u8; 256];
+    // SAFETY: strftime writes at most buf.len() bytes into buf and reads the NUL-terminated
+    // format and the tm we own.
+    let n = unsafe { libc::strftime(buf.as_mut_ptr().cast(), buf.len(), c_format.as_ptr(), tm) };
+    if n == 0 {
+        return "#".repeat(SIZE - 1);
+    }
+    let text = String::from_utf8_lossy(&buf[..n.min(SIZE - 1)]);
+    text.into_owned()
+}
+
+/// `_relative_date_fmt`: the strftime format of a date `when` by its distance in days from
+/// `today` (both local).
+fn relative_format(when: &libc::tm, today: &libc::tm) -> &'static str {
+    let day = |tm: &libc::tm| 1000 * (i64::from(tm.tm_year) + 1900) + i64::from(tm.tm_yday);
+    match day(when) - day(today) {
+        -1 => "Ystday %H:%M",
+        0 => "%H:%M:%S",
+        1 => "Tomorr %H:%M",
+        d if !(-365..=365).contains(&d) => "%-d %b %Y",
+        d if !(-1..=6).contains(&d) => "%-d %b %H:%M",
+        _ => "%a %H:%M",
+    }
+}
+
+/// A date as Slurm prints it (`slurm_make_time_str`), in local time and `SLURM_TIME_FORMAT`'s
+/// form: `2026-11-30T00:20:06` by default.
 pub fn datetime(epoch_ms: u64) -> String {
-    let l = to_local((epoch_ms / 1000) as i64);
-    format!("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}", l.year, l.month, l.day, l.hour, l.minute, l.second)
+    let now_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+    datetime_as(epoch_ms, date_format(), now_s)
+}
+
+/// [`datetime`] in `format`, `now_s` being today for the relative form.
+pub fn datetime_as(epoch_ms: u64, format: &DateFormat, now_s: i64) -> String {
+    let epoch_s = (epoch_ms / 1000) as i64;
+    match format {
+        DateFormat::Standard => {
+            let l = to_local(epoch_s);
+            format!("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}", l.year, l.month, l.day, l.hour, l.minute, l.second)
+        }
+        DateFormat::Relative => {
+            let when = local_tm(epoch_s);
+            strftime(relative_format(&when, &local_tm(now_s)), &when)
+        }
+        DateFormat::Custom(f) => strftime(f, &local_tm(epoch_s)),
+    }
 }
 
 /// Parses a point in time the way Slurm's `parse_time` does, relative to `now_s`:

@@ -104,6 +104,7 @@ mod tests {
             preempt: vec![],
             preempt_mode: "requeue".into(),
             limits: Default::default(),
+            description: None,
         });
         assert_eq!(with(&s, Some("long"), Some("high")), None, "the policy defines both");
         assert_eq!(
