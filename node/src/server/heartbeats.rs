@@ -152,7 +152,7 @@ impl Node {
     /// Otherwise (just elected, or a busy follower answered late) a quorum must acknowledge an
     /// append sent after the call (openraft's ReadIndex): any new leader's election came after
     /// that, so after the beat. A leader cut off from its quorum gets neither and refuses.
-    async fn confirm_leadership(&self) -> Result<(), ApiError> {
+    pub(super) async fn confirm_leadership(&self) -> Result<(), ApiError> {
         use openraft::async_runtime::watch::WatchReceiver;
         use openraft::Instant as _;
         if self.voter_ids().iter().all(|v| *v == self.id) {

@@ -1,6 +1,8 @@
 //! What only the leader answers: each request checked (`authorize`) and turned into commands
 //! proposed to the log (`handle_on_leader`, `change_job_on_leader`).
 
+use std::time::Duration;
+
 use proto::{ApiError, Command, CommandResult, Envelope, JobId, JobState, NodeId, Reply, Request, Response};
 use tracing::{debug, info, warn};
 
@@ -123,10 +125,38 @@ impl Node {
         Ok(Reply::HeartbeatAcks { leader, term, commit_index, refused })
     }
 
+    /// A request for the leader, while this node leads. A leader a quorum no longer hears (cut
+    /// off, or its packets lost one way while it still hears the others) would hold a write
+    /// until its caller, which still hears it, gives up: openraft keeps it leader in its own eyes
+    /// and the entry uncommitted. So a request is refused when the quorum does not confirm this
+    /// leader (`confirm_leadership`: cheap while the lease holds) before it and while it waits,
+    /// and the caller asks the next member, which knows the new leader. A write refused while it
+    /// waited may still commit later: as after a lost reply (a submission's key makes a resend
+    /// answer with the job the first made). Heartbeats confirm on their own.
     pub(super) async fn handle_on_leader(&self, request: Request, user: Option<String>) -> Response {
+        self.authorize(request.access(), user.as_deref())?;
+        if matches!(request, Request::Heartbeat { .. } | Request::Heartbeats { .. }) {
+            return self.lead(request, user).await;
+        }
+        self.confirm_leadership().await?;
+        let lost = async {
+            let every = Duration::from_millis((self.config.raft.election_timeout_min_ms / 2).max(50));
+            loop {
+                tokio::time::sleep(every).await;
+                if let Err(e) = self.confirm_leadership().await {
+                    return e;
+                }
+            }
+        };
+        tokio::select! {
+            response = self.lead(request, user) => response,
+            e = lost => Err(e),
+        }
+    }
+
+    async fn lead(&self, request: Request, user: Option<String>) -> Response {
         let now = now_ms();
         let who = user.as_deref();
-        self.authorize(request.access(), who)?;
         match request {
             Request::Submit { spec } => self.submit(spec, user.as_deref(), now).await,
             Request::Cancel { job } => match self.propose(Command::Cancel { job, now_ms: now }).await? {

@@ -1,0 +1,328 @@
+#!/usr/bin/env bash
+# The host rig: N booted Debian hosts (systemd-nspawn containers, each with its own systemd,
+# journald, hostname, machine-id and address on a bridge), Corral installed on each by
+# deploy/install.sh, the cluster formed with join tokens and corrald run by systemd; faults
+# injected from outside the daemons (nftables on the bridge, the cgroup freezer, SIGKILL of a
+# host's PID 1).
+#
+#   scripts/hosts.sh up N DIR            boot N hosts h1..hN, install, form the cluster, write DIR/client.toml
+#   scripts/hosts.sh exec DIR HOST -- CMD...   run CMD inside HOST (as root, in all its namespaces)
+#   scripts/hosts.sh fault DIR KIND ARGS...    isolate H | partition A[,B..] C[,D..] | oneway A B
+#                                        | loss PCT A B | freeze H | thaw H | crash H | reboot H
+#                                        | poweroff-all
+#   scripts/hosts.sh boot DIR HOST...     start hosts that are down (after crash or poweroff-all)
+#   scripts/hosts.sh heal DIR             clear every network fault, thaw and boot every host
+#   scripts/hosts.sh status DIR           each host: running or down, frozen, corrald's state
+#   scripts/hosts.sh down DIR             stop every host, remove rules, mounts and the bridge
+#
+# The root file system is built once per machine outside the clone (CORRAL_RIG, default
+# /var/tmp/corral-rig); the build installed is the one scripts/test.sh makes
+# ($CARGO_TARGET_DIR/debug, or CORRAL_BIN_DIR). Needs root. Simulated GPUs: h100:8 a host
+# (CORRAL_RIG_GPUS). Not yet: latency between hosts (no netem in this kernel), clock skew, slow
+# disks.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(dirname "$here")"
+rig="${CORRAL_RIG:-/var/tmp/corral-rig}"
+bin_dir="${CORRAL_BIN_DIR:-${CARGO_TARGET_DIR:-/var/tmp/corral-target}/debug}"
+gpus="${CORRAL_RIG_GPUS:-h100:8}"
+bridge=crl0
+subnet=10.77.0
+table=corral_rig
+port=7100
+
+die() { echo "hosts.sh: $*" >&2; exit 1; }
+say() { echo "hosts.sh: $*" >&2; }
+
+need_root() { [ "$(id -u)" = 0 ] || die "needs root"; }
+
+# Installs what the rig needs and builds the root file system once.
+setup() {
+  local missing=()
+  command -v systemd-nspawn >/dev/null || missing+=(systemd-container)
+  command -v debootstrap >/dev/null || missing+=(debootstrap)
+  command -v nft >/dev/null || missing+=(nftables)
+  if [ ${#missing[@]} -gt 0 ]; then
+    say "installing ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+  if [ ! -x "$rig/rootfs/lib/systemd/systemd" ]; then
+    say "building the hosts' root file system in $rig/rootfs (once per machine)"
+    mkdir -p "$rig"
+    rm -rf "$rig/rootfs.tmp"
+    debootstrap --variant=minbase \
+      --include=systemd,systemd-sysv,dbus,iproute2,procps,ca-certificates,util-linux,passwd,libstdc++6 \
+      bookworm "$rig/rootfs.tmp" http://deb.debian.org/debian >"$rig/debootstrap.log" 2>&1 \
+      || die "debootstrap failed: see $rig/debootstrap.log"
+    mv "$rig/rootfs.tmp" "$rig/rootfs"
+  fi
+}
+
+addr_of() { echo "$subnet.$((10 + ${1#h}))"; }
+hosts_of() { cat "$1/hosts.list"; }
+leader_pid() {
+  # The host's PID 1 (systemd), the child of its nspawn.
+  local pidfile="$1/hosts/$2/nspawn.pid"
+  [ -s "$pidfile" ] || return 1
+  local nspawn
+  nspawn="$(cat "$pidfile")"
+  [ -d "/proc/$nspawn" ] || return 1
+  pgrep -P "$nspawn" | head -1
+}
+
+bridge_up() {
+  if ! ip link show "$bridge" >/dev/null 2>&1; then
+    ip link add "$bridge" type bridge
+    ip addr add "$subnet.1/24" dev "$bridge"
+  fi
+  ip link set "$bridge" up
+  nft list table bridge "$table" >/dev/null 2>&1 || nft -f - <<EOF
+table bridge $table {
+  chain forward { type filter hook forward priority 0; policy accept; }
+  chain input { type filter hook input priority 0; policy accept; }
+  chain output { type filter hook output priority 0; policy accept; }
+}
+EOF
+}
+
+# Prepares HOST's overlay: its own upper layer over the shared root, hostname, machine-id,
+# address, names of the other hosts.
+prepare() {
+  local dir="$1" h="$2" all="$3"
+  local hd="$dir/hosts/$h" m="$dir/hosts/$h/merged"
+  mkdir -p "$hd/upper" "$hd/work" "$m"
+  mountpoint -q "$m" || mount -t overlay overlay -o "lowerdir=$rig/rootfs,upperdir=$hd/upper,workdir=$hd/work" "$m"
+  echo "$h" >"$m/etc/hostname"
+  [ -s "$m/etc/machine-id" ] || tr -d '-' </proc/sys/kernel/random/uuid >"$m/etc/machine-id"
+  mkdir -p "$m/etc/systemd/network" "$m/etc/systemd/system/multi-user.target.wants"
+  printf '[Match]\nName=host0\n[Network]\nAddress=%s/24\n' "$(addr_of "$h")" >"$m/etc/systemd/network/10-host0.network"
+  ln -sf /lib/systemd/system/systemd-networkd.service "$m/etc/systemd/system/multi-user.target.wants/systemd-networkd.service"
+  { echo "127.0.0.1 localhost"; for o in $all; do echo "$(addr_of "$o") $o"; done; } >"$m/etc/hosts"
+}
+
+# Starts HOST: nspawn in a wrapper that starts it again after a reboot from inside (exit 133),
+# in cgroups of its own (freezer: `freeze`), and waits until its systemd runs.
+boot() {
+  local dir="$1" h="$2"
+  local hd="$dir/hosts/$h"
+  if leader_pid "$dir" "$h" >/dev/null; then return 0; fi
+  for c in systemd freezer; do
+    mkdir -p "/sys/fs/cgroup/$c/corral-rig/$h"
+  done
+  rm -f "$hd/nspawn.pid"
+  setsid bash -c '
+    h="$1"; hd="$2"; m="$2/merged"; bridge="$3"; repo="$4"; bin="$5"
+    for c in systemd freezer; do echo $$ >"/sys/fs/cgroup/$c/corral-rig/$h/cgroup.procs"; done
+    while :; do
+      systemd-nspawn -D "$m" --boot --register=no --keep-unit --network-bridge="$bridge" -M "$h" \
+        --bind-ro="$repo/deploy:/opt/corral-src/deploy" --bind-ro="$bin:/opt/corral-bin" \
+        >>"$hd/console.log" 2>&1 </dev/null &
+      echo $! >"$hd/nspawn.pid"
+      wait $! && rc=0 || rc=$?
+      echo "nspawn exited $rc" >>"$hd/console.log"
+      [ "$rc" = 133 ] || break
+    done
+    rm -f "$hd/nspawn.pid"
+  ' boot "$h" "$hd" "$bridge" "$repo" "$bin_dir" >/dev/null 2>&1 </dev/null &
+  local i
+  for i in $(seq 1 200); do
+    local pid
+    if pid="$(leader_pid "$dir" "$h")" && [ -n "$pid" ]; then
+      local st
+      st="$(nsenter -t "$pid" -a systemctl is-system-running 2>/dev/null || true)"
+      case "$st" in running|degraded) return 0 ;; esac
+    fi
+    sleep 0.1
+  done
+  die "$h did not boot within 20 s: see $hd/console.log"
+}
+
+# Waits until HOST's container is gone (its nspawn reaped), at most 10 s.
+gone() {
+  local i
+  for i in $(seq 1 100); do
+    [ -e "$1/hosts/$2/nspawn.pid" ] || return 0
+    sleep 0.1
+  done
+  die "$2 still runs 10 s after its PID 1 was killed"
+}
+
+in_host() {
+  local dir="$1" h="$2"
+  shift 2
+  local pid
+  pid="$(leader_pid "$dir" "$h")" || die "$h is down"
+  nsenter -t "$pid" -a "$@"
+}
+
+# Installs the build on HOST with deploy/install.sh, as an operator would.
+install_on() {
+  in_host "$1" "$2" env PATH=/usr/sbin:/usr/bin:/sbin:/bin bash /opt/corral-src/deploy/install.sh --bin-dir /opt/corral-bin >/dev/null
+}
+
+wait_ready() {
+  local dir="$1" h="$2" i
+  for i in $(seq 1 600); do
+    if [ "$(in_host "$dir" "$h" systemctl is-active corrald 2>/dev/null || true)" = active ]; then return 0; fi
+    sleep 0.1
+  done
+  in_host "$dir" "$h" journalctl -u corrald --no-pager -n 30 >&2 || true
+  die "corrald on $h is not active after 60 s"
+}
+
+up() {
+  local n="$1" dir="$2"
+  [[ "$n" =~ ^[1-9][0-9]?$ ]] || die "up: N must be 1..99"
+  need_root
+  setup
+  [ -x "$bin_dir/corrald" ] && [ -x "$bin_dir/corral" ] || die "no corrald/corral in $bin_dir: run 'cargo build --workspace --bins'"
+  mkdir -p "$dir"
+  dir="$(cd "$dir" && pwd)"
+  local all=""
+  for i in $(seq 1 "$n"); do all="$all h$i"; done
+  echo "$all" | tr ' ' '\n' | sed '/^$/d' >"$dir/hosts.list"
+  bridge_up
+  local started=$SECONDS
+  for h in $all; do
+    prepare "$dir" "$h" "$all"
+    boot "$dir" "$h"
+  done
+  say "booted $n hosts in $((SECONDS - started)) s"
+  for h in $all; do install_on "$dir" "$h"; done
+  local common=(--dir /etc/corral --gpus "$gpus" --socket /run/corral/corral.sock --runtime-dir /run/corral/jobs)
+  in_host "$dir" h1 /usr/local/bin/corral cluster init "${common[@]}" --name h1 --listen "$(addr_of h1):$port" --json >"$dir/init.json"
+  in_host "$dir" h1 systemctl enable --now corrald >/dev/null 2>&1
+  wait_ready "$dir" h1
+  for h in $all; do
+    [ "$h" = h1 ] && continue
+    local token
+    token="$(in_host "$dir" h1 /usr/local/bin/corral cluster token create --ttl 10m)"
+    in_host "$dir" "$h" /usr/local/bin/corral cluster join "${common[@]}" --token "$token" \
+      --server "$(addr_of h1):$port" --name "$h" --listen "$(addr_of "$h"):$port" >/dev/null
+    in_host "$dir" "$h" systemctl enable --now corrald >/dev/null 2>&1
+    wait_ready "$dir" "$h"
+  done
+  # A client directory for this machine: root's certificate, every host as a server.
+  in_host "$dir" h1 /usr/local/bin/corral cluster issue-client --dir /etc/corral --user root --out /root/rig-client >/dev/null
+  rm -rf "$dir/client.tmp"
+  cp -r "$dir/hosts/h1/merged/root/rig-client" "$dir/client.tmp"
+  local servers
+  servers="$(for h in $all; do printf '"%s:%s", ' "$(addr_of "$h")" "$port"; done | sed 's/, $//')"
+  sed -i "s#^servers = .*#servers = [$servers]#" "$dir/client.tmp/client.toml"
+  for f in "$dir"/client.tmp/*; do mv -f "$f" "$dir/"; done
+  rmdir "$dir/client.tmp"
+  say "cluster of $n hosts up: corral --cluster $dir nodes"
+}
+
+nft_rule() { nft add rule bridge "$table" "$1" "${@:2}"; }
+
+fault() {
+  local dir="$1" kind="$2"
+  shift 2
+  case "$kind" in
+    isolate)
+      for h in "$@"; do
+        local a
+        a="$(addr_of "$h")"
+        for c in forward input output; do
+          nft_rule "$c" ip saddr "$a" drop
+          nft_rule "$c" ip daddr "$a" drop
+        done
+      done ;;
+    partition)
+      [ $# = 2 ] || die "partition A[,B..] C[,D..]"
+      for a in ${1//,/ }; do for b in ${2//,/ }; do
+        nft_rule forward ip saddr "$(addr_of "$a")" ip daddr "$(addr_of "$b")" drop
+        nft_rule forward ip saddr "$(addr_of "$b")" ip daddr "$(addr_of "$a")" drop
+      done; done ;;
+    oneway)
+      [ $# = 2 ] || die "oneway A B (A's packets to B are dropped)"
+      nft_rule forward ip saddr "$(addr_of "$1")" ip daddr "$(addr_of "$2")" drop ;;
+    loss)
+      [ $# = 3 ] || die "loss PCT A B"
+      nft_rule forward ip saddr "$(addr_of "$2")" ip daddr "$(addr_of "$3")" numgen random mod 100 "<" "$1" drop
+      nft_rule forward ip saddr "$(addr_of "$3")" ip daddr "$(addr_of "$2")" numgen random mod 100 "<" "$1" drop ;;
+    freeze|thaw)
+      local state=FROZEN
+      [ "$kind" = thaw ] && state=THAWED
+      for h in "$@"; do echo "$state" >"/sys/fs/cgroup/freezer/corral-rig/$h/freezer.state"; done ;;
+    crash)
+      # Power cut of one host: its PID 1 and everything under it die at once; it stays down
+      # until `boot`.
+      for h in "$@"; do
+        local pid
+        pid="$(leader_pid "$dir" "$h")" || continue
+        kill -KILL "$pid"
+      done
+      for h in "$@"; do gone "$dir" "$h"; done ;;
+    reboot)
+      for h in "$@"; do in_host "$dir" "$h" systemctl reboot >/dev/null 2>&1 || true; done ;;
+    poweroff-all)
+      for h in $(hosts_of "$dir"); do
+        local pid
+        pid="$(leader_pid "$dir" "$h")" && kill -KILL "$pid"
+      done
+      for h in $(hosts_of "$dir"); do gone "$dir" "$h"; done ;;
+    *) die "unknown fault '$kind'" ;;
+  esac
+}
+
+heal() {
+  local dir="$1"
+  nft flush chain bridge "$table" forward 2>/dev/null || true
+  nft flush chain bridge "$table" input 2>/dev/null || true
+  nft flush chain bridge "$table" output 2>/dev/null || true
+  for h in $(hosts_of "$dir"); do
+    [ -e "/sys/fs/cgroup/freezer/corral-rig/$h/freezer.state" ] && echo THAWED >"/sys/fs/cgroup/freezer/corral-rig/$h/freezer.state"
+    leader_pid "$dir" "$h" >/dev/null || boot "$dir" "$h"
+  done
+}
+
+status() {
+  local dir="$1"
+  for h in $(hosts_of "$dir"); do
+    local st="down" frozen="" svc="-"
+    if pid="$(leader_pid "$dir" "$h")"; then
+      st="up"
+      [ "$(cat "/sys/fs/cgroup/freezer/corral-rig/$h/freezer.state" 2>/dev/null)" = FROZEN ] && frozen=" frozen"
+      [ -z "$frozen" ] && svc="$(nsenter -t "$pid" -a systemctl is-active corrald 2>/dev/null || true)"
+    fi
+    printf '%-4s %-15s %s%s corrald=%s\n' "$h" "$(addr_of "$h")" "$st" "$frozen" "$svc"
+  done
+}
+
+down() {
+  local dir="$1"
+  [ -f "$dir/hosts.list" ] || die "$dir holds no rig"
+  nft delete table bridge "$table" 2>/dev/null || true
+  for h in $(hosts_of "$dir"); do
+    echo THAWED >"/sys/fs/cgroup/freezer/corral-rig/$h/freezer.state" 2>/dev/null || true
+    local pid
+    if pid="$(leader_pid "$dir" "$h")"; then kill -KILL "$pid" 2>/dev/null || true; fi
+  done
+  for h in $(hosts_of "$dir"); do
+    local i
+    for i in $(seq 1 100); do [ -e "$dir/hosts/$h/nspawn.pid" ] || break; sleep 0.1; done
+    umount "$dir/hosts/$h/merged" 2>/dev/null || umount -l "$dir/hosts/$h/merged" 2>/dev/null || true
+    for c in systemd freezer; do rmdir "/sys/fs/cgroup/$c/corral-rig/$h" 2>/dev/null || true; done
+  done
+  for c in systemd freezer; do rmdir "/sys/fs/cgroup/$c/corral-rig" 2>/dev/null || true; done
+  ip link del "$bridge" 2>/dev/null || true
+  say "rig in $dir stopped (its files stay; rm -rf $dir removes them)"
+}
+
+cmd="${1:-}"
+[ $# -ge 1 ] && shift
+case "$cmd" in
+  up) [ $# = 2 ] || die "up N DIR"; up "$1" "$2" ;;
+  exec)
+    [ $# -ge 4 ] && [ "$3" = -- ] || die "exec DIR HOST -- CMD..."
+    dir="$1" h="$2"; shift 3; in_host "$dir" "$h" "$@" ;;
+  fault) [ $# -ge 2 ] || die "fault DIR KIND ARGS..."; need_root; fault "$@" ;;
+  boot) [ $# -ge 2 ] || die "boot DIR HOST..."; d="$1"; shift; for h in "$@"; do boot "$d" "$h"; done ;;
+  heal) [ $# = 1 ] || die "heal DIR"; need_root; heal "$1" ;;
+  status) [ $# = 1 ] || die "status DIR"; status "$1" ;;
+  down) [ $# = 1 ] || die "down DIR"; need_root; down "$1" ;;
+  *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; [ -z "$cmd" ] || exit 2 ;;
+esac
