@@ -131,7 +131,13 @@ boot() {
     if pid="$(leader_pid "$dir" "$h")" && [ -n "$pid" ]; then
       local st
       st="$(nsenter -t "$pid" -a systemctl is-system-running 2>/dev/null || true)"
-      case "$st" in running|degraded) return 0 ;; esac
+      case "$st" in
+        running|degraded) return 0 ;;
+        # Still starting, but its network is up: corrald (Type=notify) may be waiting for a
+        # quorum that the next hosts to boot make (after poweroff-all).
+        starting)
+          [ "$(nsenter -t "$pid" -a systemctl is-active systemd-networkd 2>/dev/null || true)" = active ] && return 0 ;;
+      esac
     fi
     sleep 0.1
   done
