@@ -35,6 +35,9 @@ impl Node {
                     .map(|(_, at)| UNREACHABLE_LEADER_HOLD.saturating_sub(at.elapsed()))
                     .filter(|left| !left.is_zero());
                 if let Some(left) = held {
+                    if self.cut_from(l) {
+                        return Err(ApiError::Unavailable(format!("leader {addr} is alive but cut off from this node")));
+                    }
                     return self.forward_to_next_leader(l, hops, request, user, left, || ApiError::NoLeader).await;
                 }
                 let env = Envelope { hops: hops + 1, request, user };
@@ -59,8 +62,19 @@ impl Node {
                         if !matches!(e, transport::CallError::Connect(_) | transport::CallError::Silent(_)) {
                             return Err(failed());
                         }
+                        // Cut off from this leader before, in this term: no election is coming
+                        // (the others hear it), so the caller is told at once to ask another
+                        // member instead of after the whole wait.
+                        if self.cut_from(l) {
+                            return Err(failed());
+                        }
                         *lock(&self.unreachable_leader) = Some((l, Instant::now()));
-                        self.forward_to_next_leader(l, hops, request, user, NEXT_LEADER_WAIT, failed).await
+                        let term = self.status().term;
+                        let response = self.forward_to_next_leader(l, hops, request, user, NEXT_LEADER_WAIT, failed).await;
+                        if matches!(response, Err(ApiError::Unavailable(_))) && self.leader().0 == Some(l) && self.status().term == term {
+                            *lock(&self.cut_from_leader) = Some((l, term));
+                        }
+                        response
                     }
                 }
             }
@@ -71,6 +85,12 @@ impl Node {
                 Err(LinkError::Unreachable(e)) => Err(ApiError::Unavailable(e)),
             },
         }
+    }
+
+    /// Whether this node found leader `l` alive but unreachable (a whole wait for the next
+    /// leader passed with no election) in the current term.
+    fn cut_from(&self, l: NodeId) -> bool {
+        *lock(&self.cut_from_leader) == Some((l, self.status().term))
     }
 
     /// A request for leader `dead`, which this node found unreachable (no handshake, or the

@@ -87,6 +87,9 @@ pub struct Node {
     view_cache: Mutex<consensus::view::ViewCache>,
     /// The leader a forward last failed to reach, and when (see `forward`).
     unreachable_leader: Mutex<Option<(NodeId, Instant)>>,
+    /// A leader (and its term) this node could not reach through a whole wait for the next
+    /// leader while no election replaced it: alive, but cut off from here (`forward`).
+    cut_from_leader: Mutex<Option<(NodeId, u64)>>,
     membership_busy: AtomicBool,
     kick: Notify,
     pub inventory: Inventory,

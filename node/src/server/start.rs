@@ -453,6 +453,7 @@ pub async fn run(
         memory: Mutex::new(LeaderMemory::new(None, config.node_down_after_ms, [])),
         view_cache: Mutex::new(consensus::view::ViewCache::default()),
         unreachable_leader: Mutex::new(None),
+        cut_from_leader: Mutex::new(None),
         membership_busy: AtomicBool::new(false),
         kick: Notify::new(),
         inventory,
