@@ -54,25 +54,8 @@ pub async fn run(dir: Option<PathBuf>) -> anyhow::Result<()> {
 
 async fn demo(dir: &std::path::Path) -> anyhow::Result<()> {
     println!("== starting a 3-node cluster (8 simulated H100 each) in {}", dir.display());
-    let opts = DevOptions {
-        nodes: 3,
-        gpus: "h100:8".into(),
-        voters_max: 3,
-        cpus: 64,
-        memory_mib: 512 * 1024,
-        heartbeat_interval_ms: 200,
-        node_down_after_ms: 3_000,
-        voter_replace_after_ms: 10_000,
-        kill_grace_ms: 2_000,
-        snapshot_logs: 1_000,
-        checkpoint_root: None,
-        gpu_sample_interval_ms: 1_000,
-        min_job_age_s: 300,
-        wait_s: 60,
-        run_as_user: false,
-        gpu_device_files: Vec::new(),
-        partitions: vec!["default".into(), "gpu".into()],
-    };
+    // Voters replaced within the demo's run; a slower stop than the benchmarks' for its jobs.
+    let opts = DevOptions { voter_replace_after_ms: 10_000, kill_grace_ms: 2_000, ..DevOptions::three_nodes() };
     let t0 = Instant::now();
     dev::up(dir, &opts).await?;
     println!("   up in {:.1} s", t0.elapsed().as_secs_f64());

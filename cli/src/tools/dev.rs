@@ -69,6 +69,31 @@ pub struct DevOptions {
     pub partitions: Vec<String>,
 }
 
+impl DevOptions {
+    /// The 3-node cluster of `corral demo`, `corral bench` and `corral bench --processes`.
+    pub(crate) fn three_nodes() -> DevOptions {
+        DevOptions {
+            nodes: 3,
+            gpus: "h100:8".into(),
+            voters_max: 3,
+            cpus: 64,
+            memory_mib: 512 * 1024,
+            heartbeat_interval_ms: 200,
+            node_down_after_ms: 3_000,
+            voter_replace_after_ms: 600_000,
+            kill_grace_ms: 1_000,
+            snapshot_logs: 1_000,
+            checkpoint_root: None,
+            gpu_sample_interval_ms: 1_000,
+            min_job_age_s: 300,
+            wait_s: 60,
+            run_as_user: false,
+            gpu_device_files: Vec::new(),
+            partitions: vec!["default".into(), "gpu".into()],
+        }
+    }
+}
+
 #[derive(Serialize)]
 struct RaftSection {
     heartbeat_interval_ms: u64,

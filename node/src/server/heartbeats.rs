@@ -155,9 +155,8 @@ impl Node {
     pub(super) async fn confirm_leadership(&self) -> Result<(), ApiError> {
         use openraft::async_runtime::watch::WatchReceiver;
         use openraft::Instant as _;
-        if self.voter_ids().iter().all(|v| *v == self.id) {
-            return Ok(()); // a single voter is its own quorum
-        }
+        // The lease first: it is read from the metrics alone, while the membership below is
+        // copied out (every request to the leader asks this).
         let lease_ms = self.config.raft.election_timeout_min_ms;
         let since_ms = {
             let metrics = self.raft.metrics();
@@ -166,6 +165,9 @@ impl Node {
         };
         if since_ms.is_some_and(|ms| ms < lease_ms) {
             return Ok(());
+        }
+        if self.voter_ids().iter().all(|v| *v == self.id) {
+            return Ok(()); // a single voter is its own quorum
         }
         let wait = heartbeat_call_timeout(&self.config);
         match tokio::time::timeout(wait, self.raft.ensure_linearizable(openraft::raft::ReadPolicy::ReadIndex)).await {

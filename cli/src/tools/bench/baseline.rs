@@ -13,9 +13,10 @@ use proto::{GresRequest, JobSpec, Reply, Request};
 use crate::client::Cluster;
 use crate::tools::dev;
 
-use super::setup::{cancel_all, three_nodes};
+use super::setup::cancel_all;
 use super::stats::{percentile, sorted};
 use super::BenchArgs;
+use crate::tools::dev::DevOptions;
 
 /// Runs the benchmark on a cluster in `args.dir` (default: a temporary directory, removed at
 /// the end), and stops the cluster.
@@ -69,7 +70,7 @@ fn run_spec(workdir: &str) -> JobSpec {
     JobSpec { name: "bench-run".into(), hold: false, ..held_spec(workdir) }
 }
 
-/// Every GPU of [`three_nodes`] for a day: the queue behind it waits for resources, and the
+/// Every GPU of [`DevOptions::three_nodes`] for a day: the queue behind it waits for resources, and the
 /// first queued job gets the backfill reservation at its end.
 fn blocker_spec(workdir: &str) -> JobSpec {
     let mut spec = JobSpec::command(vec!["sleep".into(), "86400".into()], workdir, "bench");
@@ -262,7 +263,7 @@ async fn submission_rates(cluster: &Arc<Cluster>, workdir: &str, args: &BenchArg
 }
 
 async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
-    let opts = three_nodes();
+    let opts = DevOptions::three_nodes();
     dev::up(dir, &opts).await?;
     let workdir = dir.display().to_string();
     if args.only_requeue {

@@ -277,7 +277,7 @@ pub async fn run(opts: JobsBench, keep: Option<PathBuf>) -> anyhow::Result<()> {
 }
 
 async fn bench(dir: &Path, opts: &JobsBench) -> anyhow::Result<()> {
-    let dev_opts = super::setup::three_nodes();
+    let dev_opts = crate::tools::dev::DevOptions::three_nodes();
     dev::up(dir, &dev_opts).await?;
     let shims = dir.join("shims");
     let corral = std::env::current_exe().context("find the corral executable")?;

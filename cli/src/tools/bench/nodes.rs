@@ -454,7 +454,7 @@ async fn one_size(base: &Path, opts: &NodesBench, count: usize) -> anyhow::Resul
     let dev_opts = DevOptions {
         heartbeat_interval_ms: opts.heartbeat_interval_ms,
         node_down_after_ms: opts.node_down_after_ms,
-        ..super::setup::three_nodes()
+        ..crate::tools::dev::DevOptions::three_nodes()
     };
     let mut peers = Vec::new();
     for (beats, wanted) in [(Beats::Direct, opts.direct_peer), (Beats::RelayedStreams, opts.stream_peer)] {
