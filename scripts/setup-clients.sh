@@ -3,15 +3,30 @@
 # the clone (CORRAL_PYENV, default /var/tmp/corral-pyenv, so a machine downloads torch once, like
 # the target directory) with torch, PyTorch Lightning, submitit, dask-jobqueue and DeepSpeed, and
 # the Prometheus text parser of prometheus-client (tests/tests/metrics.rs), and slurm-rest, the
-# Python client generated from slurmrestd's OpenAPI description (tests/tests/rest.rs).
+# Python client generated from slurmrestd's OpenAPI description (tests/tests/rest.rs), and
+# Selenium, which drives Debian's chromium through its chromedriver (tests/tests/web_ui.rs).
+# From apt: chromium, chromium-driver and prometheus (tests/tests/prometheus.rs).
 # Idempotent: does nothing when the venv already holds these versions.
 set -euo pipefail
 PYENV="${CORRAL_PYENV:-/var/tmp/corral-pyenv}"
-PACKAGES=(torch==2.15.0 pytorch-lightning==2.6.6 submitit==1.5.4 dask-jobqueue==0.9.0 prometheus-client==0.26.0 slurm-rest==0.0.37.1)
+PACKAGES=(torch==2.15.0 pytorch-lightning==2.6.6 submitit==1.5.4 dask-jobqueue==0.9.0 prometheus-client==0.26.0 slurm-rest==0.0.37.1 selenium==4.50.0)
 # DeepSpeed is a source package whose build imports torch: built against the torch above, not
 # in an isolated build environment (which would download torch a second time).
 LATE_PACKAGES=(deepspeed==0.19.8)
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+apt_need=()
+command -v chromium >/dev/null || apt_need+=(chromium)
+command -v chromedriver >/dev/null || apt_need+=(chromium-driver)
+command -v prometheus >/dev/null || apt_need+=(prometheus)
+if [ ${#apt_need[@]} -gt 0 ]; then
+  echo "setup-clients: installing ${apt_need[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${apt_need[@]}"
+  # Debian starts prometheus as a service on install; the tests start their own.
+  if command -v systemctl >/dev/null && systemctl is-active -q prometheus 2>/dev/null; then
+    $SUDO systemctl disable --now prometheus prometheus-node-exporter 2>/dev/null || true
+  fi
+fi
 stamp="$PYENV/.corral-packages"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "${PACKAGES[*]} ${LATE_PACKAGES[*]}" ]; then
   exit 0

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The client tests too heavy for the default suite: train_fsdp.sbatch exactly as written (4 nodes,
-# 8 torch workers each: 36 torch processes on one host). Needs what scripts/test.sh builds.
+# 8 torch workers each: 36 torch processes on one host) and deepspeed_zero3.sbatch exactly as
+# written (2 nodes of 8 ranks). Needs what scripts/test.sh builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh

@@ -296,7 +296,7 @@ fn main() {
     // Called as sbatch, srun, ... (a symlink made by `install-slurm-shims`): behave as Slurm.
     let argv0 = std::env::args_os().next().unwrap_or_default();
     let name = std::path::Path::new(&argv0).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    if slurm::COMMANDS.contains(&name.as_str()) {
+    if slurm::COMMANDS.contains(&name.as_str()) || slurm::JOB_COMMANDS.contains(&name.as_str()) {
         let args = std::env::args_os().skip(1).map(|a| a.to_string_lossy().into_owned()).collect();
         std::process::exit(slurm::main(&name, args));
     }

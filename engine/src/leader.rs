@@ -33,6 +33,9 @@ pub struct Pass {
     pub starts: usize,
     /// The backfill reservation the pass made, if any.
     pub reservation: Option<Reservation>,
+    /// When the pass expects jobs that cannot start now to start: (job, ms), from every
+    /// backfill reservation it made, earliest first.
+    pub expected_starts: Vec<(JobId, u64)>,
     /// Pending jobs the pass considered.
     pub queued: usize,
 }
@@ -113,7 +116,16 @@ impl<P: Policy> Leader<P> {
             let array_tasks: Vec<(u32, u32)> = plan.array_tasks.iter().map(|a| (a.placement as u32, a.task)).collect();
             commands.push(Command::Plan { placements: plan.placements, array_tasks, now_ms });
         }
-        Some(Pass { commands, mig_layouts: plan.mig_layouts, starts, reservation: plan.reservation, queued: plan.queue.len() })
+        let mut expected_starts: Vec<(JobId, u64)> = plan.reservations.iter().map(|r| (r.job, r.start_ms)).collect();
+        expected_starts.sort_by_key(|(job, start_ms)| (*start_ms, *job));
+        Some(Pass {
+            commands,
+            mig_layouts: plan.mig_layouts,
+            starts,
+            reservation: plan.reservation,
+            expected_starts,
+            queued: plan.queue.len(),
+        })
     }
 
     /// The launches and stops due to the nodes now over the applied state: each part's launch

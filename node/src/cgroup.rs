@@ -437,9 +437,25 @@ impl JobCgroup {
     /// The run's memory limit in MiB, as its cgroups hold it (v2 `memory.max`, else v1
     /// `memory.limit_in_bytes`); none where no memory controller limits it.
     pub fn memory_limit_mib(&self) -> Option<u64> {
-        let v2 = std::iter::once(self.path.join("memory.max"));
-        let v1 = self.v1.iter().map(|p| p.join("memory.limit_in_bytes"));
-        v2.chain(v1).find_map(|f| std::fs::read_to_string(f).ok()?.trim().parse::<u64>().ok()).map(|bytes| bytes >> 20)
+        self.memory_limit_bytes().map(|bytes| bytes >> 20)
+    }
+
+    /// The run's memory limit in bytes (as [`JobCgroup::memory_limit_mib`]).
+    pub fn memory_limit_bytes(&self) -> Option<u64> {
+        self.first_number("memory.max", "memory.limit_in_bytes")
+    }
+
+    /// Memory the run's processes use now, in bytes (v2 `memory.current`, else v1
+    /// `memory.usage_in_bytes`); none where no memory controller accounts for it.
+    pub fn memory_used_bytes(&self) -> Option<u64> {
+        self.first_number("memory.current", "memory.usage_in_bytes")
+    }
+
+    /// The number in the run's v2 file `v2`, else in the first of its v1 hierarchies that has
+    /// `v1` (a missing file, or `max`, is none).
+    fn first_number(&self, v2: &str, v1: &str) -> Option<u64> {
+        let mut files = std::iter::once(self.path.join(v2)).chain(self.v1.iter().map(|p| p.join(v1)));
+        files.find_map(|f| std::fs::read_to_string(f).ok()?.trim().parse::<u64>().ok())
     }
 
     /// Kills every process in the cgroups and removes them, waiting briefly for them to exit.

@@ -40,15 +40,32 @@ pub struct LaunchSpec {
     pub hold: bool,
     /// A batch job (`sbatch`): signals without `B:` go to its steps, not its script (Slurm).
     pub batch: bool,
-    /// A hosts file the run's processes see as `/etc/hosts` (`job_hosts_file`).
-    #[serde(default)]
-    pub hosts_file: Option<PathBuf>,
+    /// What its processes see in a mount namespace of their own (`hosts_file`, `job_dir`).
+    #[serde(flatten)]
+    pub mounts: JobMounts,
     /// The job's checkpoint directory, where the run may remove it once it completed and left
     /// nothing there ([`tidy_checkpoint_dir`]): only for a job on one node, whose completion
     /// ends it (a gang's peer may still write into a shared directory).
     #[serde(default)]
     pub checkpoint_dir_tidy: Option<PathBuf>,
 }
+
+/// What a run's processes (and its steps' tasks) see in a mount namespace of their own (needs
+/// root); nothing set, no namespace. Flattened into the records that carry it, whose
+/// `hosts_file` key it had before `job_dir`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct JobMounts {
+    /// Seen as `/etc/hosts` (`job_hosts_file`).
+    #[serde(default)]
+    pub hosts_file: Option<PathBuf>,
+    /// Seen as `/job`: the job's directory, with DeepSpeed's `/job/hostfile` and `/job/bin`
+    /// (`pdsh` and `ssh` that reach the job's nodes through its steps).
+    #[serde(default)]
+    pub job_dir: Option<PathBuf>,
+}
+
+/// Where a run's job directory is seen (DeepSpeed's launcher reads `/job/hostfile`).
+pub const JOB_MOUNT: &str = "/job";
 
 /// Removes the checkpoint directory of a single-node run that completed (exit 0) if the job
 /// left nothing in it: a sweep of trivial jobs otherwise leaves one empty directory per job
@@ -115,6 +132,9 @@ pub struct LaunchContext<'a> {
     pub local_socket: Option<&'a Path>,
     /// The hosts file the job sees as `/etc/hosts` (`job_hosts_file`), if any.
     pub job_hosts: Option<&'a Path>,
+    /// The `corral` binary the run's `/job/bin/pdsh` and `ssh` link to; set where runs get
+    /// their job directory as [`JOB_MOUNT`] (corrald as root).
+    pub job_commands: Option<&'a Path>,
 }
 
 /// The host part of `host:port` (`[v6]:port` too).
@@ -149,6 +169,10 @@ pub fn prepare(job: &Job, ctx: &LaunchContext<'_>) -> anyhow::Result<LaunchSpec>
     let node_names: Vec<String> = ctx.nodes.iter().map(|(name, _)| name.clone()).collect();
     env.extend(slurm_compat::env::slurm_env(job, &node_names, ctx.node_rank, ctx.cluster_name, ctx.gpu_indices));
     insert_corral_env(&mut env, job, ctx, &hostfile, &checkpoint_dir);
+    let job_dir = match ctx.job_commands {
+        Some(corral) => Some(link_job_commands(&dir, corral, &mut env)?),
+        None => None,
+    };
     let (stdout_path, stderr_path) = output_paths(job, &node_names, ctx.node_rank);
     Ok(LaunchSpec {
         job: job.id,
@@ -166,7 +190,7 @@ pub fn prepare(job: &Job, ctx: &LaunchContext<'_>) -> anyhow::Result<LaunchSpec>
         run_as: ctx.run_as.cloned(),
         hold,
         batch: job.spec.is_batch(),
-        hosts_file: ctx.job_hosts.map(Path::to_path_buf),
+        mounts: JobMounts { hosts_file: ctx.job_hosts.map(Path::to_path_buf), job_dir },
         checkpoint_dir_tidy: (ctx.nodes.len() <= 1).then_some(checkpoint_dir),
     })
 }
@@ -206,6 +230,23 @@ fn program_and_args(job: &Job, ctx: &LaunchContext<'_>, dir: &Path, hold: bool) 
             (PathBuf::from(first), rest.to_vec())
         }
     })
+}
+
+/// Links `pdsh` and `ssh` in `dir/bin` to `corral` (`cli/src/slurm/remote.rs`) and puts
+/// `/job/bin` first on the run's `PATH`; returns `dir`, to be seen as [`JOB_MOUNT`].
+fn link_job_commands(dir: &Path, corral: &Path, env: &mut BTreeMap<String, String>) -> anyhow::Result<PathBuf> {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).with_context(|| format!("create {}", bin.display()))?;
+    for name in ["pdsh", "ssh"] {
+        let link = bin.join(name);
+        if std::fs::read_link(&link).ok().as_deref() != Some(corral) {
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(corral, &link).with_context(|| format!("link {} to {}", link.display(), corral.display()))?;
+        }
+    }
+    let path = env.get("PATH").cloned().unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    env.insert("PATH".into(), format!("{JOB_MOUNT}/bin:{path}"));
+    Ok(dir.to_path_buf())
 }
 
 /// Writes the run's hostfile to `dir` (each node with `nproc_per_node` slots) and returns its path.
@@ -385,14 +426,7 @@ pub fn start_run_process(spec: &LaunchSpec, cgroups: &[PathBuf]) -> anyhow::Resu
     };
     let procs = open_procs(cgroups)?;
     let procs_fds: Vec<i32> = procs.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
-    let proc = Process {
-        program: &spec.program,
-        args: &spec.args,
-        env: &spec.env,
-        workdir: &spec.workdir,
-        run_as,
-        hosts_file: spec.hosts_file.as_deref(),
-    };
+    let proc = Process { program: &spec.program, args: &spec.args, env: &spec.env, workdir: &spec.workdir, run_as, mounts: &spec.mounts };
     let mut cmd = command(&proc, procs_fds, stdout, stderr, false);
     cmd.spawn().with_context(|| format!("start {} in {}", proc.program.display(), proc.workdir.display()))
 }
@@ -412,8 +446,8 @@ pub struct Process<'a> {
     pub env: &'a BTreeMap<String, String>,
     pub workdir: &'a Path,
     pub run_as: Option<&'a crate::identity::Account>,
-    /// Seen as `/etc/hosts` by the process, in a mount namespace of its own (needs root).
-    pub hosts_file: Option<&'a Path>,
+    /// What it sees in a mount namespace of its own (needs root).
+    pub mounts: &'a JobMounts,
 }
 
 /// The command that starts a step's task (in its run's shepherd): like a run's process (own
@@ -439,9 +473,11 @@ fn command(proc: &Process<'_>, procs_fds: Vec<i32>, stdout: Stdio, stderr: Stdio
     let mut cmd = std::process::Command::new(proc.program);
     cmd.args(proc.args).env_clear().envs(proc.env).current_dir(proc.workdir).stdin(Stdio::null()).stdout(stdout).stderr(stderr);
     let ids = proc.run_as.map(|a| (a.uid, a.gid, a.groups.clone()));
-    // Made before the fork: the child may not allocate. A path with a NUL byte cannot be a
-    // hosts file; the child then fails to start with EINVAL.
-    let hosts = proc.hosts_file.map(|p| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).ok());
+    // Made before the fork: the child may not allocate. A path with a NUL byte cannot be
+    // mounted; the child then fails to start with EINVAL.
+    let c_path = |p: &PathBuf| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).ok();
+    let mounts = (proc.mounts != &JobMounts::default())
+        .then(|| (proc.mounts.hosts_file.as_ref().map(c_path), proc.mounts.job_dir.as_ref().map(c_path)));
     // SAFETY: only async-signal-safe calls (signal, sigprocmask, setsid, ioctl, write, unshare, mount,
     // setgroups, setgid, setuid, prctl) between fork and exec; nothing allocates.
     unsafe {
@@ -467,9 +503,11 @@ fn command(proc: &Process<'_>, procs_fds: Vec<i32>, stdout: Stdio, stderr: Stdio
             for fd in &procs_fds {
                 crate::cgroup::join_in_child(*fd)?;
             }
-            if let Some(hosts) = &hosts {
-                let hosts = hosts.as_ref().ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-                see_as_etc_hosts(hosts)?;
+            if let Some((hosts, job_dir)) = &mounts {
+                let invalid = || std::io::Error::from_raw_os_error(libc::EINVAL);
+                let hosts = hosts.as_ref().map(|h| h.as_deref().ok_or_else(invalid)).transpose()?;
+                let job_dir = job_dir.as_ref().map(|d| d.as_deref().ok_or_else(invalid)).transpose()?;
+                mount_private(hosts, job_dir)?;
             }
             if let Some((uid, gid, groups)) = &ids {
                 if libc::setgroups(groups.len(), groups.as_ptr()) < 0 || libc::setgid(*gid) < 0 || libc::setuid(*uid) < 0 {
@@ -488,11 +526,12 @@ fn command(proc: &Process<'_>, procs_fds: Vec<i32>, stdout: Stdio, stderr: Stdio
 
 /// In a child before exec: a mount namespace of its own in which `hosts` is bind-mounted on
 /// `/etc/hosts`, so the system's resolver (glibc's `files`, for every address family and flag)
-/// knows the names in it. Nothing it mounts is seen outside. Needs `CAP_SYS_ADMIN`.
+/// knows the names in it, and `job_dir` on [`JOB_MOUNT`]. Nothing it mounts is seen outside.
+/// Needs `CAP_SYS_ADMIN`.
 ///
 /// # Safety
 /// Only async-signal-safe calls; for use between fork and exec.
-unsafe fn see_as_etc_hosts(hosts: &std::ffi::CStr) -> std::io::Result<()> {
+unsafe fn mount_private(hosts: Option<&std::ffi::CStr>, job_dir: Option<&std::ffi::CStr>) -> std::io::Result<()> {
     if libc::unshare(libc::CLONE_NEWNS) < 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -500,8 +539,12 @@ unsafe fn see_as_etc_hosts(hosts: &std::ffi::CStr) -> std::io::Result<()> {
     if libc::mount(c"none".as_ptr(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) < 0 {
         return Err(std::io::Error::last_os_error());
     }
-    if libc::mount(hosts.as_ptr(), c"/etc/hosts".as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) < 0 {
-        return Err(std::io::Error::last_os_error());
+    for (from, to) in [(hosts, c"/etc/hosts"), (job_dir, c"/job")] {
+        if let Some(from) = from {
+            if libc::mount(from.as_ptr(), to.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
     }
     Ok(())
 }
@@ -966,6 +1009,10 @@ mod tests {
     /// Job 7's run on two nodes (rendezvous port 29_501), as node `rank` prepares it.
     fn prepared(batch: bool, rank: usize, hosts: Option<&Path>, env: &[(&str, &str)]) -> LaunchSpec {
         let dir = tempfile::tempdir().expect("temp dir");
+        prepared_in(dir.path(), batch, rank, hosts, env, None)
+    }
+
+    fn prepared_in(dir: &Path, batch: bool, rank: usize, hosts: Option<&Path>, env: &[(&str, &str)], corral: Option<&Path>) -> LaunchSpec {
         let mut spec = proto::JobSpec::command(vec!["/bin/true".into()], "/tmp", "alice");
         spec.nodes = 2;
         spec.set_batch(batch);
@@ -984,14 +1031,15 @@ mod tests {
             nodes: &nodes,
             gpu_indices: &[],
             gpu_uuids: &[],
-            jobs_dir: dir.path(),
-            checkpoint_root: dir.path(),
+            jobs_dir: dir,
+            checkpoint_root: dir,
             nccl: &nccl,
             cluster_name: "c",
             run_as: None,
             holder: Path::new("/bin/false"),
             local_socket: None,
             job_hosts: hosts,
+            job_commands: corral,
         };
         prepare(&job, &ctx).expect("prepare")
     }
@@ -1039,8 +1087,8 @@ mod tests {
     #[test]
     fn a_run_resolves_names_with_the_nodes_hosts_file() {
         let spec = prepared(false, 0, Some(Path::new("/c/hosts")), &[]);
-        assert_eq!(spec.hosts_file.as_deref(), Some(Path::new("/c/hosts")));
-        assert_eq!(prepared(false, 0, None, &[]).hosts_file, None);
+        assert_eq!(spec.mounts.hosts_file.as_deref(), Some(Path::new("/c/hosts")));
+        assert_eq!(prepared(false, 0, None, &[]).mounts, JobMounts::default(), "nothing to mount, no namespace");
         // As root, the process reads the file as /etc/hosts, and nothing changes outside.
         // SAFETY: geteuid cannot fail.
         if unsafe { libc::geteuid() } != 0 {
@@ -1052,12 +1100,40 @@ mod tests {
         std::fs::write(&hosts, "127.0.0.1 localhost\n127.0.0.9 corral-test-node\n").expect("write hosts");
         let env = BTreeMap::from([("PATH".to_string(), "/usr/bin:/bin".to_string())]);
         let args = ["hosts".to_string(), "corral-test-node".to_string()];
-        let proc =
-            Process { program: Path::new("getent"), args: &args, env: &env, workdir: dir.path(), run_as: None, hosts_file: Some(&hosts) };
+        let mounts = JobMounts { hosts_file: Some(hosts.clone()), job_dir: None };
+        let proc = Process { program: Path::new("getent"), args: &args, env: &env, workdir: dir.path(), run_as: None, mounts: &mounts };
         let out = command(&proc, Vec::new(), Stdio::piped(), Stdio::piped(), false).output().expect("run getent");
         assert_eq!(String::from_utf8_lossy(&out.stdout).split_whitespace().collect::<Vec<_>>(), ["127.0.0.9", "corral-test-node"]);
         let outside = std::process::Command::new("getent").args(&args).output().expect("run getent");
         assert!(!outside.status.success(), "the host's /etc/hosts is unchanged");
+    }
+
+    #[test]
+    fn a_run_sees_its_job_directory_as_job_with_pdsh_and_ssh_first_on_its_path() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let corral = Path::new("/opt/corral/bin/corral");
+        let spec = prepared_in(dir.path(), true, 0, None, &[("PATH", "/usr/bin:/bin")], Some(corral));
+        let job_dir = job_files_dir(dir.path(), 7);
+        assert_eq!(spec.mounts.job_dir.as_deref(), Some(job_dir.as_path()));
+        assert_eq!(spec.env["PATH"], "/job/bin:/usr/bin:/bin");
+        for name in ["pdsh", "ssh"] {
+            assert_eq!(std::fs::read_link(job_dir.join("bin").join(name)).ok().as_deref(), Some(corral), "{name}");
+        }
+        assert_eq!(prepared(true, 0, None, &[]).mounts.job_dir, None, "without the commands, no /job");
+        // As root, the process reads the job's hostfile as /job/hostfile; the host's /job is
+        // untouched.
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("SKIPPED: the mount namespace needs root");
+            return;
+        }
+        std::fs::create_dir_all(JOB_MOUNT).expect("create /job");
+        let env = BTreeMap::from([("PATH".to_string(), "/usr/bin:/bin".to_string())]);
+        let args = ["/job/hostfile".to_string()];
+        let proc = Process { program: Path::new("cat"), args: &args, env: &env, workdir: dir.path(), run_as: None, mounts: &spec.mounts };
+        let out = command(&proc, Vec::new(), Stdio::piped(), Stdio::piped(), false).output().expect("run cat");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "n1 slots=1\nn2 slots=1\n", "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(!Path::new("/job/hostfile").exists(), "the host's /job is unchanged");
     }
 
     #[test]

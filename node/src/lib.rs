@@ -9,6 +9,7 @@ pub mod config;
 pub mod fault;
 pub mod gpu;
 pub mod identity;
+pub mod json_file;
 pub mod launcher;
 pub mod link;
 pub mod liveness;

@@ -44,8 +44,7 @@ pub const SHEPHERD_FLAG: &str = "--shepherd";
 pub const POLL_MS: u64 = 100;
 /// Version of the files of a run directory; a shepherd refuses a record of another format.
 pub const RECORD_FORMAT: u32 = 1;
-/// The most any file of a run directory or the daemon record may hold.
-pub const RECORD_BYTES_MAX: u64 = 4 << 20;
+pub use crate::json_file::{read_json, read_json_max, write_json, RECORD_BYTES_MAX};
 /// How long a supervisor waits for a shepherd to say it started the job.
 const START_WAIT_MS: u64 = 30_000;
 /// Connections a shepherd serves at once (each has a thread); more are refused.
@@ -80,9 +79,9 @@ pub struct TaskRequest {
     pub run_as: Option<crate::identity::Account>,
     /// This node's name, for Slurm's error line when the task cannot start.
     pub node: String,
-    /// Seen as `/etc/hosts` by the task (its run's).
-    #[serde(default)]
-    pub hosts_file: Option<PathBuf>,
+    /// What the task sees in a mount namespace of its own (its run's).
+    #[serde(flatten)]
+    pub mounts: crate::launcher::JobMounts,
     /// Its stdin is a pipe the agent feeds (`input STEP RANK`), not `/dev/null`.
     #[serde(default)]
     pub stdin: bool,
@@ -144,6 +143,9 @@ pub struct RunRecord {
     pub nodes: Vec<(String, String)>,
     /// GPU indices the run holds here.
     pub gpus: Vec<u32>,
+    /// Its `Allocation::gpus` (MIG instances by slot); empty in older records: read as `gpus`.
+    #[serde(default)]
+    pub slots: Vec<u32>,
     /// When the shepherd was started, on the boot clock: the time limit counts from here.
     pub started_boot_ms: u64,
 }
@@ -196,33 +198,6 @@ impl DaemonRecord {
     pub fn open_handover(&self, now_boot_ms: u64) -> Option<Handover> {
         self.handover.filter(|h| now_boot_ms < h.deadline_boot_ms)
     }
-}
-
-/// Writes `value` as JSON to `path` atomically (write, then rename). No fsync: these files
-/// matter only while this host stays up.
-pub fn write_json<T: Serialize>(path: &Path, value: &T) -> anyhow::Result<()> {
-    let tmp = path.with_extension("tmp");
-    let bytes = serde_json::to_vec(value).with_context(|| format!("encode {}", path.display()))?;
-    std::fs::write(&tmp, bytes).with_context(|| format!("write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("rename {} to {}", tmp.display(), path.display()))
-}
-
-/// Reads JSON from `path`, at most [`RECORD_BYTES_MAX`]; none when there is no file.
-pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<Option<T>> {
-    read_json_max(path, RECORD_BYTES_MAX)
-}
-
-/// Reads JSON from `path`, refusing a file over `bytes_max`; none when there is no file.
-pub fn read_json_max<T: serde::de::DeserializeOwned>(path: &Path, bytes_max: u64) -> anyhow::Result<Option<T>> {
-    let file = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e).with_context(|| format!("open {}", path.display())),
-    };
-    let mut bytes = Vec::new();
-    file.take(bytes_max + 1).read_to_end(&mut bytes).with_context(|| format!("read {}", path.display()))?;
-    anyhow::ensure!(bytes.len() as u64 <= bytes_max, "{} exceeds {bytes_max} bytes", path.display());
-    Ok(Some(serde_json::from_slice(&bytes).with_context(|| format!("decode {}", path.display()))?))
 }
 
 /// What a shepherd (or the watchdog) does once the daemon it trusted is gone.
@@ -653,7 +628,7 @@ impl Shared {
             env: &request.env,
             workdir: &request.workdir,
             run_as: request.run_as.as_ref(),
-            hosts_file: request.hosts_file.as_deref(),
+            mounts: &request.mounts,
         };
         let rank = request.rank;
         // As an exec failure: the error on the task's stderr, errno as its exit code.

@@ -66,6 +66,9 @@ pub struct SimStats {
     pub reports_failed: AtomicU64,
 }
 
+/// A simulated node's runs: (job, run) → its task and the GPU slots it holds.
+type SimRuns = BTreeMap<(JobId, RunNo), (tokio::task::AbortHandle, Vec<u32>)>;
+
 struct SimNode {
     name: String,
     id: OnceLock<NodeId>,
@@ -73,7 +76,10 @@ struct SimNode {
     endpoint: transport::quinn::Endpoint,
     /// Towards the leader through the cluster's members (launch checks, reports).
     forward: Arc<LeaderLink>,
-    runs: Mutex<BTreeMap<(JobId, RunNo), tokio::task::AbortHandle>>,
+    /// Each run here: its task, and the GPUs (slots) it holds.
+    runs: Mutex<SimRuns>,
+    /// The simulated probe's sampler: load on the GPUs runs hold (`Request::GpuSamples`).
+    sampler: Arc<dyn crate::gpu::GpuSampler>,
     silenced: AtomicBool,
     fence_after: Duration,
     /// The term of the last heartbeat acknowledgement.
@@ -123,13 +129,27 @@ impl SimNode {
                 tokio::time::sleep(Duration::from_millis(after_ms)).await;
                 node.end(id, run, outcome).await;
             });
-            runs.insert((job.id, run), task.abort_handle());
+            let gpus = job.parts.iter().filter(|p| p.run == run && p.alloc.node == me).flat_map(|p| p.alloc.gpus.iter().copied()).collect();
+            runs.insert((job.id, run), (task.abort_handle(), gpus));
         }
         Ok(Reply::LaunchAck { job: job.id, run, instance })
     }
 
+    /// The simulated probe's samples of the GPUs runs hold here, as a node's agent answers.
+    async fn gpu_samples(&self) -> Response {
+        let holders: BTreeMap<u32, JobId> =
+            lock(&self.runs).iter().flat_map(|((job, _), (_, gpus))| gpus.iter().map(move |g| (*g, *job))).collect();
+        let held = holders.keys().copied().collect();
+        let sampler = Arc::clone(&self.sampler);
+        let samples = tokio::task::spawn_blocking(move || sampler.sample(&held))
+            .await
+            .map_err(|e| ApiError::Internal(format!("sample gpus: {e}")))?
+            .map_err(|e| ApiError::Internal(format!("sample gpus: {e:#}")))?;
+        Ok(Reply::GpuSamples(crate::gpu::series::latest(&samples, &holders, crate::server::now_ms())))
+    }
+
     fn kill(self: &Arc<Self>, job: JobId, run: RunNo) -> Response {
-        if let Some(task) = lock(&self.runs).remove(&(job, run)) {
+        if let Some((task, _)) = lock(&self.runs).remove(&(job, run)) {
             task.abort();
             let node = Arc::clone(self);
             tokio::spawn(async move { node.report(job, run, RunOutcome::Killed).await });
@@ -166,7 +186,7 @@ impl SimNode {
     fn silence(&self) {
         self.silenced.store(true, Ordering::SeqCst);
         self.endpoint.close(transport::quinn::VarInt::from_u32(0), b"silenced");
-        for (_, task) in std::mem::take(&mut *lock(&self.runs)) {
+        for (_, (task, _)) in std::mem::take(&mut *lock(&self.runs)) {
             task.abort();
         }
     }
@@ -187,7 +207,7 @@ impl Heartbeating for SimNode {
         // reports), and end the runs as a real node's would end.
         self.stats.fences.fetch_add(1, Ordering::Relaxed);
         let runs = std::mem::take(&mut *lock(&self.runs));
-        for task in runs.values() {
+        for (task, _) in runs.values() {
             task.abort();
         }
         runs.len()
@@ -231,6 +251,7 @@ impl Handler for SimHandler {
                 Request::Kill { job, run, .. } => node.kill(job, run),
                 // A simulated run has no process to signal or stop.
                 Request::SignalPart { .. } | Request::SuspendPart { .. } => Ok(Reply::Ok),
+                Request::GpuSamples { .. } => node.gpu_samples().await,
                 other => Err(ApiError::Invalid(format!("a simulated node answers launches and kills only, not {other:?}"))),
             }
         })
@@ -273,7 +294,8 @@ async fn run_async(opts: SimOptions) -> anyhow::Result<()> {
     for i in 1..=opts.count {
         let name = format!("{}{i}", opts.prefix);
         let datagrams = !(opts.direct_to_leader || opts.stream_heartbeats);
-        let (node, heartbeat_link, join) = start_node(&config, &ca, &name, inventory.clone(), datagrams, Arc::clone(&stats))?;
+        let (node, heartbeat_link, join) =
+            start_node(&config, &ca, &name, inventory.clone(), datagrams, Arc::clone(&stats), probe.sampler())?;
         nodes.insert(name.clone(), Arc::clone(&node));
         let joins = Arc::clone(&joins);
         let interval = Duration::from_millis(config.heartbeat_interval_ms);
@@ -302,6 +324,7 @@ fn start_node(
     inventory: Inventory,
     datagrams: bool,
     stats: Arc<SimStats>,
+    sampler: Arc<dyn crate::gpu::GpuSampler>,
 ) -> anyhow::Result<(Arc<SimNode>, Arc<LeaderLink>, Request)> {
     let host = config.listen.ip().to_string();
     let cert = transport::pki::issue_node_cert(ca, name, std::slice::from_ref(&host))?;
@@ -324,6 +347,7 @@ fn start_node(
         endpoint: endpoint.clone(),
         forward,
         runs: Mutex::new(BTreeMap::new()),
+        sampler,
         silenced: AtomicBool::new(false),
         fence_after: Duration::from_millis(config.fence_after_ms()),
         ack_term: AtomicU64::new(0),

@@ -1,10 +1,10 @@
 //! A scrape's text parsed back: DCGM names and labels for every GPU with the job holding it,
-//! per-job series, cluster series.
+//! per-job series (ours and slurm-job-exporter's), cluster series.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use corral_node::gpu::probe_from_config;
-use corral_node::metrics::{render_snapshot, ClusterSnapshot, MetricsSnapshot, NodeSnapshot};
+use corral_node::metrics::{render_snapshot, ClusterSnapshot, JobOnNode, MetricsSnapshot, NodeSnapshot};
 
 /// (name, labels) → value for every sample line.
 fn parse(text: &str) -> BTreeMap<(String, BTreeMap<String, String>), f64> {
@@ -53,9 +53,18 @@ fn scrape_parses_with_dcgm_names_and_job_labels() {
             jobs_by_state: [("PENDING", 2), ("RUNNING", 1)].into_iter().collect(),
             queue_depth: [(("default".to_string(), "pending"), 2), (("default".to_string(), "running"), 1)].into_iter().collect(),
             queue_wait_ms_max: [("default".to_string(), 90_500)].into_iter().collect(),
-            nodes: vec![NodeSnapshot { name: "gpu-node-1".into(), gpus_total: 8, gpus_free: 6, up: true, heartbeat_age_ms: Some(1500) }],
+            requeues: 3,
+            nodes: vec![NodeSnapshot {
+                name: "gpu-node-1".into(),
+                gpus_total: 8,
+                gpus_free: 6,
+                up: true,
+                state: "mixed",
+                heartbeat_age_ms: Some(1500),
+            }],
         }),
         gpus: gpus.collect(),
+        jobs: [(42, alice_in_physics())].into_iter().collect(),
     };
     let text = render_snapshot(&snap);
     let m = parse(&text);
@@ -77,6 +86,11 @@ fn scrape_parses_with_dcgm_names_and_job_labels() {
     assert_eq!(get("corral_transport_dials_failed_total", &[]), 2.0);
     assert_eq!(get("corral_transport_connections_refused_busy_total", &[]), 5.0);
     assert_eq!(get("corral_transport_connections_dropped_total", &[]), 3.0);
+    assert_eq!(get("corral_job_requeues_total", &[]), 3.0);
+    for state in corral_node::metrics::NODE_STATES {
+        let want = if state == "mixed" { 1.0 } else { 0.0 };
+        assert_eq!(get("corral_node_state", &[("node", "gpu-node-1"), ("state", state)]), want, "{state}");
+    }
 
     let inv = probe.discover().expect("discover");
     let mut util_sum = 0.0;
@@ -104,6 +118,19 @@ fn scrape_parses_with_dcgm_names_and_job_labels() {
             assert!(util >= 60.0 && used > 0.0, "a held gpu is busy");
             util_sum += util;
             used_bytes += used * 1024.0 * 1024.0;
+            // slurm-job-exporter's series of the same GPU, with its labels only.
+            let slurm = [
+                ("user", "alice"),
+                ("account", "physics"),
+                ("slurmjobid", "42"),
+                ("gpu", idx.as_str()),
+                ("gpu_type", "NVIDIA H100 80GB HBM3"),
+            ];
+            assert_eq!(get("slurm_job_utilization_gpu", &slurm), util);
+            assert_eq!(get("slurm_job_gpu_utilization", &slurm), util, "the guide's name for the same value");
+            assert_eq!(get("slurm_job_memory_usage_gpu", &slurm), used * 1024.0 * 1024.0);
+            assert_eq!(get("slurm_job_power_gpu", &slurm), power * 1000.0, "milliwatts");
+            assert!((20.0..70.0).contains(&get("slurm_job_utilization_gpu_memory", &slurm)), "{text}");
         } else {
             assert_eq!((util, used), (0.0, 0.0), "an idle gpu is idle");
         }
@@ -111,6 +138,11 @@ fn scrape_parses_with_dcgm_names_and_job_labels() {
     let job = [("job", "42"), ("node", "gpu-node-1")];
     assert_eq!(get("corral_job_gpu_utilization", &job), util_sum / 2.0);
     assert_eq!(get("corral_job_gpu_memory_used_bytes", &job), used_bytes);
+    let owner = [("user", "alice"), ("account", "physics"), ("slurmjobid", "42")];
+    assert_eq!(get("slurm_job_memory_usage", &owner), (3u64 << 30) as f64);
+    assert_eq!(get("slurm_job_memory_limit", &owner), (8u64 << 30) as f64);
+    let slurm_rows = m.keys().filter(|(n, _)| n.starts_with("slurm_job_")).count();
+    assert_eq!(slurm_rows, 5 * 2 + 2, "five series per held GPU, two for the job's memory: {text}");
     assert!(text.contains("# TYPE DCGM_FI_DEV_GPU_UTIL gauge"), "{text}");
     assert!(text.contains("# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).\n"), "DCGM exporter's help text: {text}");
 
@@ -130,13 +162,18 @@ fn scrape_parses_with_dcgm_names_and_job_labels() {
     let mut queried = BTreeSet::new();
     for expr in &exprs {
         for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
-            if word.starts_with("corral_") || word.starts_with("DCGM_") {
+            if word.starts_with("corral_") || word.starts_with("DCGM_") || word.starts_with("slurm_") {
                 assert!(names.contains(word), "the dashboard queries {word}, which no scrape has ({expr})");
                 queried.insert(word);
             }
         }
     }
     assert!(queried.len() >= 10, "{queried:?}");
+}
+
+/// Job 42's owner, as the node's agent knows it, in a cgroup using 3 GiB of its 8 GiB.
+fn alice_in_physics() -> JobOnNode {
+    JobOnNode { user: "alice".into(), account: "physics".into(), memory_used_bytes: Some(3 << 30), memory_limit_bytes: Some(8 << 30) }
 }
 
 /// The scrape of an `h200-mig` node (3g.71gb@0, 2g.35gb@4, 1g.18gb@6) whose 1g instance job 7
@@ -178,11 +215,17 @@ fn a_mig_gpu_has_series_per_instance_labelled_as_dcgm_does() {
     let temp = rows("DCGM_FI_DEV_GPU_TEMP");
     assert!(temp.len() == 1 && !temp[0].0.contains_key("GPU_I_ID"), "{text}");
     assert_eq!(rows("corral_job_gpu_utilization").len(), 1, "{text}");
+    // slurm-job-exporter has no MIG label: the instance's series is its job's on GPU 0.
+    let slurm = rows("slurm_job_utilization_gpu");
+    assert_eq!(slurm.len(), 1, "{text}");
+    assert_eq!((slurm[0].0["slurmjobid"].as_str(), slurm[0].0["gpu"].as_str()), ("7", "0"), "{text}");
+    assert!(!slurm[0].0.contains_key("GPU_I_ID") && !slurm[0].0.contains_key("job"), "{text}");
+    assert!(rows("slurm_job_memory_usage").is_empty(), "no cgroup, no job memory: {text}");
 }
 
 #[test]
 fn a_node_without_gpus_has_no_dcgm_series() {
     let text = render_snapshot(&MetricsSnapshot { hostname: "cpu-node".into(), ..MetricsSnapshot::default() });
-    assert!(!text.contains("DCGM_"), "{text}");
+    assert!(!text.contains("DCGM_") && !text.contains("slurm_job_"), "{text}");
     assert!(text.contains("corral_raft_term 0"), "{text}");
 }

@@ -46,7 +46,12 @@ impl Request {
             | Request::StepInput { .. }
             | Request::StepUsage { .. }
             | Request::StepSignal { .. }
-            | Request::StepResize { .. } => Access::User,
+            | Request::StepResize { .. }
+            | Request::Whoami
+            | Request::GpuSeries { .. }
+            | Request::GpuSamples { .. }
+            | Request::NodeEvents
+            | Request::ExpectedStarts => Access::User,
             // A node renews its own certificate; `Api::handle` refuses a user's before this.
             Request::RenewCert { .. } => Access::User,
             Request::Cancel { job } => Access::Owner { job: *job, verb: "cancel" },

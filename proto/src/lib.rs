@@ -52,17 +52,17 @@ pub use job::{
     REASON_NEVER_PREFIX, REQUEUED_ON_REQUEST,
 };
 pub use node::{
-    same_mig_layout, GpuInfo, Inventory, JoinTokenRecord, Link, MigGpuInfo, MigInstance, NetworkLocation, Nic, NodeInfo, NodeRecord,
-    NodeRole, NodeState, Topology,
+    same_mig_layout, GpuInfo, Inventory, JoinTokenRecord, Link, MigGpuInfo, MigInstance, NetworkLocation, Nic, NodeEvent, NodeInfo,
+    NodeRecord, NodeRole, NodeState, Topology, NODE_EVENTS_MAX,
 };
 pub use partition::{PartitionChanges, PartitionEdit, PartitionState};
 pub use policy::{
     PartitionDef, QosDef, SchedulerPolicy, DECAY_HALF_LIFE_MIN_DEFAULT, DECAY_HALF_LIFE_MIN_MAX, DEFAULT_PARTITION, DEFAULT_QOS,
 };
-pub use reply::{ClusterInfo, ClusterMember, Reply, Response};
+pub use reply::{ClusterInfo, ClusterMember, GpuNow, GpuPoint, Reply, Response, EXPECTED_STARTS_MAX, GPU_POINTS_MAX, GPU_SAMPLES_MAX};
 pub use request::{
     Beat, Envelope, JobQuery, RaftRpcKind, Request, RunReport, FORWARD_HOPS_MAX, HEARTBEATS_PER_REQUEST_MAX, JOB_PAGE_MAX,
-    JOB_PAGE_SCAN_MAX, REPORTS_PER_REQUEST_MAX,
+    JOB_PAGE_SCAN_MAX, LOG_OFFSET_TAIL, REPORTS_PER_REQUEST_MAX,
 };
 pub use spec::{
     Dependency, DependencyKind, GresRequest, JobSpec, PreflightSpec, SignalSpec, DEF_MEM_PER_CPU_MIB, DEF_MEM_PER_GPU_MIB,
@@ -73,9 +73,10 @@ pub use step::{
     STEP_ENDS_PER_REQUEST_MAX, STEP_PORT_COUNT, STEP_PORT_FIRST, TASK_USAGES_MAX,
 };
 
-/// Bumped on any incompatible change to a type in this crate. The first byte of every encoded
-/// message; a peer speaking another version is refused with a clear error.
-pub const PROTOCOL_VERSION: u8 = 13;
+/// Bumped on any incompatible change to a type in this crate or to the replicated state
+/// (`state::ClusterState`, in snapshots). The first byte of every encoded message; a peer
+/// speaking another version is refused with a clear error.
+pub const PROTOCOL_VERSION: u8 = 15;
 
 pub type NodeId = u64;
 pub type JobId = u64;

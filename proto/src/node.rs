@@ -121,6 +121,14 @@ pub fn same_mig_layout<A: AsRef<str>, B: AsRef<str>>(a: &[A], b: &[B]) -> bool {
 impl Inventory {
     /// GPU `gpu`'s MIG layout as it is: its instances' profiles by start slice; `None` for a
     /// GPU this node lacks or one not in MIG mode.
+    /// The start slices of `mig_layout(gpu)`'s instances.
+    pub fn mig_start_slices(&self, gpu: u32) -> Option<Vec<u32>> {
+        let g = self.gpus.iter().find(|g| g.index == gpu && g.mig_enabled)?;
+        let mut starts: Vec<u32> = g.mig.iter().map(|m| m.start_slice).collect();
+        starts.sort_unstable();
+        Some(starts)
+    }
+
     pub fn mig_layout(&self, gpu: u32) -> Option<Vec<String>> {
         let g = self.gpus.iter().find(|g| g.index == gpu && g.mig_enabled)?;
         let mut instances: Vec<&MigInstance> = g.mig.iter().collect();
@@ -162,6 +170,20 @@ impl NodeRole {
         }
     }
 }
+
+/// A change of a node's state, as the replicated state remembers the last
+/// [`NODE_EVENTS_MAX`] of them (the web UI's cluster view).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeEvent {
+    pub at_ms: u64,
+    pub node: String,
+    /// `joined`, `up`, `down`, `stopped`, `drained`, `resumed`, `gpu unhealthy`, `gpu healthy`.
+    pub what: String,
+    pub reason: String,
+}
+
+/// Node events the replicated state keeps (oldest dropped first).
+pub const NODE_EVENTS_MAX: usize = 256;
 
 /// A node as the replicated state knows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -244,6 +266,8 @@ pub struct MigGpuInfo {
     pub gpu: u32,
     /// Its instances' profiles by start slice, as the node last reported them.
     pub layout: Vec<String>,
+    /// The start slice of each instance of `layout`.
+    pub start_slices: Vec<u32>,
     /// The layout `corral mig set` pinned it to; `None`: the demand-driven relayout decides.
     pub pinned: Option<Vec<String>>,
 }

@@ -146,6 +146,51 @@ pub enum Reply {
         commit_index: u64,
         refused: Vec<(NodeId, ApiError)>,
     },
+    /// Answer to [`Request::Whoami`].
+    Caller {
+        user: String,
+        admin: bool,
+    },
+    /// Answer to [`Request::GpuSeries`]: oldest first, at most [`GPU_POINTS_MAX`].
+    GpuSeries(Vec<GpuPoint>),
+    /// Answer to [`Request::GpuSamples`]: at most [`GPU_SAMPLES_MAX`].
+    GpuSamples(Vec<GpuNow>),
+    /// Answer to [`Request::NodeEvents`]: at most [`crate::NODE_EVENTS_MAX`].
+    NodeEvents(Vec<crate::NodeEvent>),
+    /// Answer to [`Request::ExpectedStarts`]: (job, epoch ms), at most
+    /// [`EXPECTED_STARTS_MAX`].
+    ExpectedStarts(Vec<(JobId, u64)>),
 }
+
+/// One point of a job's GPU series on a node: the mean utilization of its GPUs there and the
+/// most memory one of them used, over the samples from `start_ms` to `end_ms` (epoch ms).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuPoint {
+    pub start_ms: u64,
+    pub end_ms: u64,
+    pub utilization_pct: u32,
+    pub memory_used_mib: u64,
+}
+
+/// A GPU's (or MIG instance's) latest sample on its node, with when it was taken (epoch ms).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuNow {
+    pub gpu: u32,
+    /// Set for a MIG instance: its start slice on `gpu`.
+    pub mig_start_slice: Option<u32>,
+    /// `None` where the device gives none (NVML has none for a MIG instance).
+    pub utilization_pct: Option<u32>,
+    pub memory_used_mib: u64,
+    pub memory_total_mib: u64,
+    pub at_ms: u64,
+}
+
+/// Samples in one [`Reply::GpuSamples`] at most (a node's GPUs and their MIG instances).
+pub const GPU_SAMPLES_MAX: usize = 1_024;
+
+/// Points in one [`Reply::GpuSeries`] at most: a longer run's points are merged in pairs.
+pub const GPU_POINTS_MAX: usize = 240;
+/// Jobs in one [`Reply::ExpectedStarts`] at most.
+pub const EXPECTED_STARTS_MAX: usize = 1_024;
 
 pub type Response = Result<Reply, ApiError>;

@@ -37,6 +37,7 @@ pub enum Request {
     Resume {
         node: String,
     },
+    /// A job's output from byte `offset` ([`LOG_OFFSET_TAIL`]: its last `max_bytes` bytes).
     Logs {
         job: JobId,
         stream: LogStream,
@@ -353,6 +354,26 @@ pub enum Request {
         node: NodeId,
         instance: InstanceId,
     },
+    /// Who the caller is to the node asked: its user, and whether that user is one of the
+    /// node's admins ([`Reply::Caller`]). Answered by the node asked.
+    Whoami,
+    /// The GPU utilization and memory of `job`'s GPUs on node `node` over its current or
+    /// recent run ([`Reply::GpuSeries`]); like `sstat`, any user's (Slurm without PrivateData).
+    GpuSeries {
+        job: JobId,
+        node: String,
+    },
+    /// The latest sample of each GPU (and MIG instance) a job holds on node `node`
+    /// ([`Reply::GpuSamples`]), for the web UI's map; any user's, like DCGM's series.
+    GpuSamples {
+        node: String,
+    },
+    /// The last node events the replicated state keeps, newest last ([`Reply::NodeEvents`]).
+    /// Answered by any member from its state.
+    NodeEvents,
+    /// When the last scheduling pass expects pending jobs to start: their backfill
+    /// reservations ([`Reply::ExpectedStarts`]). Answered by the leader.
+    ExpectedStarts,
 }
 
 /// One node's heartbeat, as a relay passes it to the leader.
@@ -361,6 +382,9 @@ pub struct Beat {
     pub node: NodeId,
     pub instance: InstanceId,
 }
+
+/// The `offset` of a [`Request::Logs`] that asks for the end of the output.
+pub const LOG_OFFSET_TAIL: u64 = u64::MAX;
 
 /// Heartbeats in one `Heartbeats` at most.
 pub const HEARTBEATS_PER_REQUEST_MAX: usize = 8_192;
@@ -471,6 +495,7 @@ impl Request {
                 | Request::CreateJoinToken { .. }
                 | Request::RevokeJoinToken { .. }
                 | Request::RevokeCert { .. }
+                | Request::ExpectedStarts
         )
     }
 }

@@ -282,3 +282,34 @@ pub fn pyenv() -> Option<PathBuf> {
     );
     Some(dir)
 }
+
+/// `corral restd` on node n1, killed when dropped.
+pub struct Restd {
+    child: std::process::Child,
+    /// `https://127.0.0.1:PORT`
+    pub base: String,
+}
+
+impl Restd {
+    pub fn start(c: &TestCluster) -> Restd {
+        let config = c.path().join("n1").join("node.toml");
+        let mut child = Command::new(corral_bin())
+            .args(["restd", "--node-config", &config.display().to_string(), "--listen", "127.0.0.1:0"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start corral restd");
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("restd's stdout");
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).expect("read restd's first line");
+        // "corral restd: https://127.0.0.1:PORT/slurm/v0.0.38/ ..."
+        let base = line.split_whitespace().nth(2).and_then(|u| u.split("/slurm/").next()).unwrap_or_else(|| panic!("{line}")).to_string();
+        Restd { child, base }
+    }
+}
+
+impl Drop for Restd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

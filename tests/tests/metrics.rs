@@ -104,9 +104,32 @@ fn every_dev_node_serves_metrics_that_prometheus_parses_with_each_gpu_labelled_b
         assert_eq!(state("OUT_OF_MEMORY"), Some(0.0), "{name}: {jobs:?}");
         let up = named(&samples, "corral_node_up");
         assert_eq!(up.iter().filter(|s| s["value"] == 1.0).count(), 2, "{name}: {up:?}");
+        // One Slurm state per node: the job's node is mixed (one of two GPUs), the other idle.
+        let states: Vec<(String, String)> = named(&samples, "corral_node_state")
+            .iter()
+            .filter(|s| s["value"] == 1.0)
+            .map(|s| (s["labels"]["node"].as_str().unwrap_or_default().into(), s["labels"]["state"].as_str().unwrap_or_default().into()))
+            .collect();
+        let idle = if job_node == "n1" { "n2" } else { "n1" };
+        let want: std::collections::BTreeSet<(String, String)> =
+            [(job_node.clone(), "mixed".into()), (idle.into(), "idle".into())].into_iter().collect();
+        assert_eq!(states.into_iter().collect::<std::collections::BTreeSet<_>>(), want, "{name}");
+        let requeues = named(&samples, "corral_job_requeues_total");
+        assert_eq!(requeues.iter().map(|s| s["value"].as_f64()).collect::<Vec<_>>(), [Some(0.0)], "{name}: {requeues:?}");
+        let slurm = named(&samples, "slurm_job_utilization_gpu");
         if *name == job_node {
             let mine = named(&samples, "corral_job_gpu_utilization");
             assert_eq!(mine.iter().map(|s| s["labels"]["job"].clone()).collect::<Vec<_>>(), [Value::from(job_label.clone())], "{name}");
+            // slurm-job-exporter's series: its labels, the job's user, no account given.
+            assert_eq!(slurm.len(), 1, "{name}: {slurm:?}");
+            let labels = &slurm[0]["labels"];
+            assert_eq!((&labels["slurmjobid"], &labels["user"]), (&Value::from(job_label.clone()), &c.job(job)["user"]), "{labels}");
+            let keys: std::collections::BTreeSet<&str> =
+                labels.as_object().map(|o| o.keys().map(String::as_str).collect()).unwrap_or_default();
+            let keys: Vec<&str> = keys.into_iter().collect();
+            assert_eq!(keys, ["account", "gpu", "gpu_type", "slurmjobid", "user"], "no labels of ours: {labels}");
+        } else {
+            assert!(slurm.is_empty(), "{name}: {slurm:?}");
         }
     }
     assert_eq!(leaders, 1, "one node says it leads");

@@ -4,44 +4,13 @@
 //! the cluster. Replies are compared with a real slurmrestd 22.05 in restd's unit tests and
 //! slurm_compat's JSON tests.
 
-use std::io::BufRead;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use corral_tests::{corral_bin, pyenv, wait_until, TestCluster};
+use corral_tests::{pyenv, wait_until, Restd, TestCluster};
 use serde_json::Value;
 
 const CLIENT_PY: &str = include_str!("../fixtures/rest/slurm_rest_client.py");
-
-/// `corral restd` on node n1, killed when dropped.
-struct Restd {
-    child: Child,
-    base: String,
-}
-
-impl Restd {
-    fn start(c: &TestCluster) -> Restd {
-        let config = c.path().join("n1").join("node.toml");
-        let mut child = Command::new(corral_bin())
-            .args(["restd", "--node-config", &config.display().to_string(), "--listen", "127.0.0.1:0"])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start corral restd");
-        let mut line = String::new();
-        let stdout = child.stdout.take().expect("restd's stdout");
-        std::io::BufReader::new(stdout).read_line(&mut line).expect("read restd's first line");
-        // "corral restd: https://127.0.0.1:PORT/slurm/v0.0.38/ ..."
-        let base = line.split_whitespace().nth(2).and_then(|u| u.split("/slurm/").next()).unwrap_or_else(|| panic!("{line}")).to_string();
-        Restd { child, base }
-    }
-}
-
-impl Drop for Restd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// `curl` with `args`: the status code it printed last and the body before it.
 fn curl(args: &[&str]) -> (String, String, Option<i32>) {

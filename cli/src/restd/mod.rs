@@ -9,10 +9,11 @@
 //!
 //! This module is the daemon: the node's files, TLS and connections, who each request is from
 //! (a certificate, or a `scontrol token`), the routes of each API version, and slurmrestd's
-//! reply shapes; the endpoints are in `jobs` and `nodes` (with `/ping`).
+//! reply shapes; the endpoints are in `jobs` and `nodes` (with `/ping`), the web UI in `ui`.
 
 mod jobs;
 mod nodes;
+mod ui;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -93,6 +94,7 @@ struct Api {
     host: String,
     /// Checks `X-SLURM-USER-TOKEN`s (`scontrol token`).
     token_key: ring::hmac::Key,
+    ui: ui::UiState,
 }
 
 impl Api {
@@ -114,11 +116,16 @@ pub async fn run(node_config: &Path, listen: SocketAddr) -> anyhow::Result<()> {
     let identity = files.tls.load().context("load the node's certificate")?;
     let acceptor = tokio_rustls::TlsAcceptor::from(transport::https_server_config(&identity)?);
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listen on {listen}"))?;
-    let api = Arc::new(Api { socket: files.socket, host: crate::slurm::host_name(), token_key: transport::token::key(&files.secret) });
+    let api = Arc::new(Api {
+        socket: files.socket,
+        host: crate::slurm::host_name(),
+        token_key: transport::token::key(&files.secret),
+        ui: Default::default(),
+    });
     let app = router(Arc::clone(&api));
     let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
     println!(
-        "corral restd: https://{}/slurm/v0.0.38/ (and v0.0.37) for certificates of the cluster CA",
+        "corral restd: https://{}/slurm/v0.0.38/ (and v0.0.37, and the web UI at /ui/) for certificates of the cluster CA and tokens",
         listener.local_addr().context("read the bound address")?
     );
     loop {
@@ -130,6 +137,10 @@ pub async fn run(node_config: &Path, listen: SocketAddr) -> anyhow::Result<()> {
                 continue;
             }
         };
+        // Small answers go out at once, not after the peer's delayed ACK (Nagle's algorithm).
+        if let Err(e) = tcp.set_nodelay(true) {
+            debug!(error = %e, "set TCP_NODELAY");
+        }
         let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
             debug!(%peer, "closed a connection past {CONNECTIONS_MAX}");
             continue;
@@ -224,7 +235,8 @@ fn router(api: Arc<Api>) -> Router {
             .with_state(Arc::new(Served { api: Arc::clone(&api), version }));
         app = app.nest(&format!("/slurm/{}", version.name()), routes);
     }
-    app.fallback(|| async { (StatusCode::NOT_FOUND, "Unable find requested URL. Please view /openapi/v3 for API reference.") })
+    app.merge(ui::routes(Arc::clone(&api)))
+        .fallback(|| async { (StatusCode::NOT_FOUND, "Unable find requested URL. Please view /openapi/v3 for API reference.") })
         .layer(axum::middleware::from_fn_with_state(api, authenticate))
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
 }

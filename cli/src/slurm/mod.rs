@@ -8,6 +8,7 @@
 
 pub mod fuzzing;
 pub mod opts;
+pub mod remote;
 pub mod sacct;
 pub mod sacct_fields;
 pub mod sacctmgr;
@@ -47,6 +48,10 @@ use crate::client::Cluster;
 /// The names the `corral` binary answers to as Slurm.
 pub const COMMANDS: [&str; 12] =
     ["sbatch", "srun", "salloc", "squeue", "scancel", "sinfo", "scontrol", "sacct", "sacctmgr", "sshare", "sprio", "sstat"];
+
+/// The names it answers to inside a job only, linked into the job's `/job/bin` and never
+/// installed system-wide (see [`remote`]).
+pub const JOB_COMMANDS: [&str; 2] = ["pdsh", "ssh"];
 
 pub use slurm_compat::openapi;
 pub use slurm_compat::show::{exit_code_text, job_node_names, SLURM_VERSION};
@@ -100,6 +105,8 @@ pub fn main(name: &str, args: Vec<String>) -> i32 {
         "sshare" => sshare::run(&args),
         "sprio" => sprio::run(&args),
         "sstat" => sstat::run(&args),
+        "pdsh" => remote::pdsh(&args),
+        "ssh" => remote::ssh(&args),
         other => Err(SlurmError { text: format!("corral: '{other}' is not a Slurm command Corral provides"), code: 1 }),
     };
     match result {

@@ -137,6 +137,7 @@ impl Agent {
             spec.job,
             Running {
                 run: spec.run,
+                slots: if record.slots.is_empty() { record.gpus.clone() } else { record.slots },
                 gpus: record.gpus,
                 pgid: child.pgid,
                 start_ticks: child.start_ticks,

@@ -96,6 +96,7 @@ impl Agent {
             holder: &self.settings.exe,
             local_socket: self.settings.local_socket.as_deref(),
             job_hosts: self.settings.job_hosts.as_deref(),
+            job_commands: self.settings.job_commands.as_deref(),
         };
         let spec = launcher::prepare(&job, &ctx).map_err(|e| ApiError::Internal(format!("{e:#}")))?;
         self.record_start(&job, &spec)?;
@@ -161,6 +162,7 @@ impl Agent {
         let running = Running {
             run: job.run,
             gpus,
+            slots: alloc.gpus.clone(),
             pgid: 0,
             start_ticks: 0,
             stop_tx,
@@ -322,9 +324,10 @@ impl Agent {
             }
         };
         let (owner, nodes, gpus) = match lock(&self.running).get(&spec.job).filter(|r| r.run == spec.run) {
-            Some(r) => (r.owner.clone(), r.nodes.clone(), r.gpus.clone()),
-            None => (String::new(), Vec::new(), Vec::new()),
+            Some(r) => (r.owner.clone(), r.nodes.clone(), (r.gpus.clone(), r.slots.clone())),
+            None => (String::new(), Vec::new(), (Vec::new(), Vec::new())),
         };
+        let (gpus, slots) = gpus;
         let record = RunRecord {
             format: shepherd::RECORD_FORMAT,
             instance: self.instance,
@@ -335,6 +338,7 @@ impl Agent {
             owner,
             nodes,
             gpus,
+            slots,
             started_boot_ms: crate::watchdog::boot_ms(),
         };
         let agent = Arc::clone(self);

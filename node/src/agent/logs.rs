@@ -21,15 +21,23 @@ impl Agent {
         let finished = !lock(&self.running).contains_key(&job);
         let max_bytes = max_bytes.min(proto::limits::LOG_CHUNK_BYTES_MAX) as usize;
         let mut data = Vec::new();
+        let mut start = offset;
         match std::fs::File::open(&path) {
             Ok(mut f) => {
-                f.seek(SeekFrom::Start(offset)).map_err(|e| ApiError::Internal(format!("seek {}: {e}", path.display())))?;
+                start = if offset == proto::LOG_OFFSET_TAIL {
+                    let len = f.metadata().map_err(|e| ApiError::Internal(format!("stat {}: {e}", path.display())))?.len();
+                    len.saturating_sub(max_bytes as u64)
+                } else {
+                    offset
+                };
+                f.seek(SeekFrom::Start(start)).map_err(|e| ApiError::Internal(format!("seek {}: {e}", path.display())))?;
                 f.take(max_bytes as u64).read_to_end(&mut data).map_err(|e| ApiError::Internal(format!("read {}: {e}", path.display())))?;
             }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && offset == proto::LOG_OFFSET_TAIL => start = 0,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(ApiError::Internal(format!("open {}: {e}", path.display()))),
         }
-        let next_offset = offset + data.len() as u64;
+        let next_offset = start.saturating_add(data.len() as u64);
         Ok(Reply::LogChunk { data, next_offset, finished })
     }
 }

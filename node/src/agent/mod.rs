@@ -42,6 +42,8 @@ struct Running {
     run: RunNo,
     /// GPU indices (MIG instances by their GPU) this run holds.
     gpus: Vec<u32>,
+    /// Its allocation's entries: whole GPUs by index, MIG instances by slot (`GpuSample::slot`).
+    slots: Vec<u32>,
     /// Process group (and pid of the batch shell).
     pgid: i32,
     /// The batch shell's start time, so the watchdog never kills a recycled pid.
@@ -93,6 +95,18 @@ impl HeldStep {
     }
 }
 
+/// A run this node supervises, as the metrics show it ([`Agent::running_jobs`]).
+pub struct RunningJob {
+    pub job: JobId,
+    pub user: String,
+    /// Its account, empty where it has none.
+    pub account: String,
+    /// Its allocation's entries here: whole GPUs by index, MIG instances by slot.
+    pub slots: Vec<u32>,
+    /// Its cgroup once its process started, where the node confines jobs.
+    pub cgroup: Option<Arc<crate::cgroup::JobCgroup>>,
+}
+
 /// Name and address of every node of a run, in rank order.
 pub type RunNodes = Vec<(String, String)>;
 
@@ -111,7 +125,7 @@ struct TaskBase {
     env: BTreeMap<String, String>,
     workdir: PathBuf,
     run_as: Option<crate::identity::Account>,
-    hosts_file: Option<PathBuf>,
+    mounts: launcher::JobMounts,
 }
 
 impl TaskBase {
@@ -121,7 +135,7 @@ impl TaskBase {
             env: spec.env.clone(),
             workdir: spec.workdir.clone(),
             run_as: spec.run_as.clone(),
-            hosts_file: spec.hosts_file.clone(),
+            mounts: spec.mounts.clone(),
         })
     }
 }
@@ -160,6 +174,8 @@ pub struct AgentSettings {
     pub local_socket: Option<PathBuf>,
     /// The hosts file jobs see as `/etc/hosts` (`job_hosts_file`; only as root).
     pub job_hosts: Option<PathBuf>,
+    /// The `corral` binary runs link as `/job/bin/pdsh` and `ssh` (only as root, with `/job`).
+    pub job_commands: Option<PathBuf>,
 }
 
 pub struct Agent {
@@ -185,6 +201,10 @@ pub struct Agent {
     ack_term: AtomicU64,
     /// GPU utilization and memory of running jobs, sampled.
     accounting: Mutex<crate::gpu::JobGpuAccounting>,
+    /// Each job's GPU series here, for its page (`Request::GpuSeries`).
+    gpu_series: Mutex<crate::gpu::JobGpuSeries>,
+    /// The latest sampling of the GPUs jobs hold here, for the web UI's map (`Request::GpuSamples`).
+    gpu_latest: Mutex<Vec<proto::GpuNow>>,
     /// Serializes lease writes.
     lease_write: Mutex<()>,
     /// Reports queued and not yet committed by a leader.
@@ -232,6 +252,8 @@ impl Agent {
             ack_commit_index: AtomicU64::new(0),
             ack_term: AtomicU64::new(0),
             accounting: Mutex::new(crate::gpu::JobGpuAccounting::default()),
+            gpu_series: Mutex::new(crate::gpu::JobGpuSeries::default()),
+            gpu_latest: Mutex::new(Vec::new()),
             lease_write: Mutex::new(()),
             reports_pending: AtomicU64::new(0),
             handing_over: std::sync::atomic::AtomicBool::new(false),
@@ -255,6 +277,20 @@ impl Agent {
 
     pub fn running(&self) -> Vec<(JobId, RunNo)> {
         lock(&self.running).iter().map(|(j, r)| (*j, r.run)).collect()
+    }
+
+    /// The runs this node supervises, as its metrics show them.
+    pub fn running_jobs(&self) -> Vec<RunningJob> {
+        let running = lock(&self.running);
+        let job = |(id, r): (&JobId, &Running)| RunningJob {
+            job: *id,
+            user: r.owner.clone(),
+            // As slurm-job-exporter reads it: the run's environment (none without an account).
+            account: r.base.env.get("SLURM_JOB_ACCOUNT").cloned().unwrap_or_default(),
+            slots: r.slots.clone(),
+            cgroup: r.cgroup.clone(),
+        };
+        running.iter().map(job).collect()
     }
 
     /// Refuses new work once this daemon hands its runs over or stops gracefully.

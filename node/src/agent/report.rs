@@ -51,6 +51,7 @@ impl Agent {
     }
 
     pub(super) async fn queue_report(&self, counted: Counted, job: JobId, run: RunNo, outcome: RunOutcome) {
+        lock(&self.gpu_series).end(job);
         let usage = lock(&self.accounting)
             .take(job)
             .map(|st| proto::GpuUsage {

@@ -114,7 +114,7 @@ impl Agent {
                 workdir: workdir.clone(),
                 run_as: base.run_as.clone(),
                 node: self.name.clone(),
-                hosts_file: base.hosts_file.clone(),
+                mounts: base.mounts.clone(),
                 stdin: fed && spec.stdin.reaches(*rank),
                 pty: spec.pty.filter(|_| *rank == 0),
                 cgroups: step_cgroups.clone(),

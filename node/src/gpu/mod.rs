@@ -9,6 +9,7 @@ pub mod nics;
 pub mod nvml;
 pub mod profiles;
 pub mod sampler;
+pub mod series;
 pub mod smi_xml;
 pub mod topo;
 
@@ -21,6 +22,7 @@ pub use health::{run_health_loop, GpuFault, HealthEvent, HealthMonitor, HEALTH_C
 pub use mig::MigProfile;
 pub use profiles::SimulatedProbe;
 pub use sampler::{GpuSample, GpuSampler, JobGpuAccounting, JobGpuStats, MigOf};
+pub use series::JobGpuSeries;
 
 /// The GPU part of a node's inventory: what a probe discovers.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

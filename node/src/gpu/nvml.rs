@@ -295,12 +295,14 @@ impl GpuSampler for NvmlSampler {
             let Ok(dev) = self.nvml.device_by_index(i) else { continue };
             let (Ok(uuid), Ok(mem)) = (dev.uuid(), dev.memory_info()) else { continue };
             let mig_mode = dev.mig_mode().map(|m| m.current == 1).unwrap_or(false);
+            // In MIG mode NVML has none (NOT_SUPPORTED), for the GPU as for its instances.
+            let rates = if mig_mode { None } else { dev.utilization_rates().ok() };
             let gpu = GpuSample {
                 gpu: i,
                 uuid,
                 model: dev.name().unwrap_or_default(),
-                // In MIG mode NVML has none (NOT_SUPPORTED), for the GPU as for its instances.
-                utilization_pct: if mig_mode { None } else { dev.utilization_rates().ok().map(|u| u.gpu) },
+                utilization_pct: rates.as_ref().map(|u| u.gpu),
+                memory_utilization_pct: rates.as_ref().map(|u| u.memory),
                 memory_used_mib: mem.used / MIB,
                 memory_free_mib: mem.free / MIB,
                 temperature_c: dev.temperature(TemperatureSensor::Gpu).unwrap_or(0),

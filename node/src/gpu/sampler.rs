@@ -26,6 +26,9 @@ pub struct GpuSample {
     /// `None` where the device gives none: NVML has no utilization for a MIG instance or for a
     /// GPU in MIG mode.
     pub utilization_pct: Option<u32>,
+    /// Percent of the sample period during which device memory was read or written (NVML's
+    /// `utilization.memory`); `None` where the device gives none, as for `utilization_pct`.
+    pub memory_utilization_pct: Option<u32>,
     pub memory_used_mib: u64,
     pub memory_free_mib: u64,
     /// The GPU's (a MIG instance has no sensor of its own).
@@ -82,12 +85,12 @@ pub fn simulated_samples(node_name: &str, gpus: &[GpuInfo], held: &BTreeSet<u32>
         let instances: Vec<GpuSample> =
             if g.mig_enabled { g.mig.iter().map(|m| simulated_instance(node_name, g, m, held)).collect() } else { Vec::new() };
         let busy = held.contains(&g.index) || instances.iter().any(|s| held.contains(&s.slot()));
-        let (utilization_pct, memory_used_mib) = if g.mig_enabled {
-            (None, instances.iter().map(|s| s.memory_used_mib).sum())
+        let (utilization_pct, memory_utilization_pct, memory_used_mib) = if g.mig_enabled {
+            (None, None, instances.iter().map(|s| s.memory_used_mib).sum())
         } else if busy {
-            (Some(60 + j("util", 40) as u32), g.memory_mib * (40 + j("mem", 50)) / 100)
+            (Some(60 + j("util", 40) as u32), Some(20 + j("memutil", 50) as u32), g.memory_mib * (40 + j("mem", 50)) / 100)
         } else {
-            (Some(0), 0)
+            (Some(0), Some(0), 0)
         };
         let (temperature_c, power_mw) = if busy {
             (55 + j("temp", 20) as u32, 300_000 + j("power", 350) * 1_000)
@@ -99,6 +102,7 @@ pub fn simulated_samples(node_name: &str, gpus: &[GpuInfo], held: &BTreeSet<u32>
             uuid: g.uuid.clone(),
             model: g.model.clone(),
             utilization_pct,
+            memory_utilization_pct,
             memory_used_mib,
             memory_free_mib: g.memory_mib.saturating_sub(memory_used_mib),
             temperature_c,
@@ -112,18 +116,20 @@ pub fn simulated_samples(node_name: &str, gpus: &[GpuInfo], held: &BTreeSet<u32>
 }
 
 /// One simulated MIG instance; busy when a job holds its slot. Simulated GPUs report the GR
-/// engine activity DCGM would (real NVML gives none per instance).
+/// engine and memory activity DCGM would (real NVML gives none per instance).
 fn simulated_instance(node_name: &str, g: &GpuInfo, m: &proto::MigInstance, held: &BTreeSet<u32>) -> GpuSample {
     let device = format!("{}/{}", g.index, m.uuid);
     let j = |what: &str, modulo: u64| jitter(node_name, &device, what, modulo);
     let mig = MigOf { gpu_instance_id: m.gpu_instance_id, profile: m.profile.clone(), start_slice: m.start_slice };
     let busy = held.contains(&scheduler::mig_slot(g.index, m.start_slice));
-    let (util, used) = if busy { (60 + j("util", 40) as u32, m.memory_mib * (40 + j("mem", 50)) / 100) } else { (0, 0) };
+    let (util, mem_util, used) =
+        if busy { (60 + j("util", 40) as u32, 20 + j("memutil", 50) as u32, m.memory_mib * (40 + j("mem", 50)) / 100) } else { (0, 0, 0) };
     GpuSample {
         gpu: g.index,
         uuid: g.uuid.clone(),
         model: g.model.clone(),
         utilization_pct: Some(util),
+        memory_utilization_pct: Some(mem_util),
         memory_used_mib: used,
         memory_free_mib: m.memory_mib.saturating_sub(used),
         temperature_c: 0,
@@ -217,6 +223,7 @@ mod tests {
             uuid: format!("GPU-{gpu}"),
             model: "m".into(),
             utilization_pct: Some(util),
+            memory_utilization_pct: None,
             memory_used_mib: used,
             memory_free_mib: 0,
             temperature_c: 0,

@@ -33,6 +33,9 @@ pub(super) struct LeaderMemory {
     pub(super) launch_calls: HashMap<NodeId, Arc<tokio::sync::Semaphore>>,
     /// How the last pass was paced, to say when pacing starts and ends.
     pub(super) paced: Option<crate::pacing::Paced>,
+    /// When the last pass that ran expects jobs that cannot start now to start (its backfill
+    /// reservations, `engine::Pass::expected_starts`): `Request::ExpectedStarts`.
+    pub(super) expected_starts: Vec<(JobId, u64)>,
 }
 
 impl LeaderMemory {
@@ -51,6 +54,7 @@ impl LeaderMemory {
             layouts_sent: HashMap::new(),
             launch_calls: HashMap::new(),
             paced: None,
+            expected_starts: Vec::new(),
         }
     }
 
@@ -226,6 +230,7 @@ impl Node {
             mem.engine = engine;
         }
         let Some(pass) = pass else { return };
+        lock(&self.memory).expected_starts = pass.expected_starts.iter().take(proto::EXPECTED_STARTS_MAX).copied().collect();
         self.send_mig_layouts(&pass.mig_layouts);
         for cmd in pass.commands {
             match cmd {

@@ -175,7 +175,13 @@ impl Node {
             | Request::StepInput { .. }
             | Request::StepSignal { .. }
             | Request::StepResize { .. }
-            | Request::StepUsage { .. }) => self.step_request(hops, request, user).await,
+            | Request::StepUsage { .. }
+            | Request::GpuSeries { .. }) => self.step_request(hops, request, user).await,
+            Request::GpuSamples { node } => self.gpu_samples(hops, node, user).await,
+            Request::Whoami => {
+                let admin = self.is_admin(user.as_deref());
+                Ok(Reply::Caller { user: user.unwrap_or_else(|| "root".into()), admin })
+            }
             Request::IssueToken { user: wanted, lifespan_s } => self.issue_token(user.as_deref(), wanted, lifespan_s),
             Request::CheckCert { fingerprint, common_name } => {
                 self.authorize(access, user.as_deref())?;
@@ -213,6 +219,7 @@ impl Node {
                             | Request::GetPolicy
                             | Request::GetAccounts
                             | Request::GetShares
+                            | Request::NodeEvents
                             | Request::GetPriorities { .. }
                             | Request::ShowConfig
                             | Request::AccountingDigest

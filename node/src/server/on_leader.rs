@@ -6,7 +6,7 @@ use std::time::Duration;
 use proto::{ApiError, Command, CommandResult, Envelope, JobId, JobState, NodeId, Reply, Request, Response};
 use tracing::{debug, info, warn};
 
-use super::{now_ms, ok_or_rejected, rejected, Node, PEER_CALL_TIMEOUT};
+use super::{lock, now_ms, ok_or_rejected, rejected, Node, PEER_CALL_TIMEOUT};
 
 impl Node {
     /// An operator's requeue of `job` (then held when `hold`), refused in Slurm's words for the
@@ -239,6 +239,7 @@ impl Node {
                 self.kick.notify_one();
                 result
             }
+            Request::ExpectedStarts => Ok(Reply::ExpectedStarts(lock(&self.memory).expected_starts.clone())),
             Request::EditAccounts { edits } => {
                 info!(?edits, by = who.unwrap_or("root"), "operator edits accounts");
                 let result = self.propose(Command::EditAccounts { edits, now_ms: now }).await.and_then(ok_or_rejected);

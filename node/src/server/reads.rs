@@ -49,6 +49,7 @@ impl Node {
             Request::ShowConfig => Ok(Reply::Config(self.show_config())),
             Request::TestSubmit { spec } => self.test_submit(spec),
             Request::GetShares => Ok(Reply::Shares(self.shares())),
+            Request::NodeEvents => Ok(Reply::NodeEvents(self.state.read(|s| s.node_events.iter().cloned().collect()))),
             Request::GetPriorities { jobs, users } => Ok(self.priorities(&jobs, &users)),
             other => Err(ApiError::Invalid(format!("not a read request: {other:?}"))),
         }
@@ -255,7 +256,8 @@ fn mig_gpus(node: &proto::NodeRecord) -> Vec<proto::MigGpuInfo> {
         .iter()
         .filter_map(|g| {
             let layout = node.inventory.mig_layout(g.index)?;
-            Some(proto::MigGpuInfo { gpu: g.index, layout, pinned: node.mig_pinned.get(&g.index).cloned() })
+            let start_slices = node.inventory.mig_start_slices(g.index)?;
+            Some(proto::MigGpuInfo { gpu: g.index, layout, start_slices, pinned: node.mig_pinned.get(&g.index).cloned() })
         })
         .collect()
 }

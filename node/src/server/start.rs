@@ -204,6 +204,7 @@ fn agent_settings(
             }
             (file, _) => file.clone(),
         },
+        job_commands: job_commands(),
     };
     // SAFETY: geteuid cannot fail.
     if config.run_as_user && unsafe { libc::geteuid() } != 0 {
@@ -602,4 +603,25 @@ fn host_memory_mib() -> u64 {
         .ok()
         .and_then(|t| t.lines().find(|l| l.starts_with("MemTotal:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
         .map_or(1024, |kib| kib / 1024)
+}
+
+/// The `corral` binary beside this `corrald`, which runs link as `/job/bin/pdsh` and `ssh`,
+/// where runs can see their job directory as `/job`: corrald runs as root (a mount namespace
+/// per run) and `/job` exists or can be made. Otherwise runs get neither (said once).
+fn job_commands() -> Option<std::path::PathBuf> {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        info!("not root: runs get no /job (DeepSpeed's hostfile, pdsh and ssh through steps)");
+        return None;
+    }
+    let corral = std::env::current_exe().ok()?.with_file_name("corral");
+    if !corral.is_file() {
+        warn!(missing = %corral.display(), "no corral beside corrald: runs get no /job/bin/pdsh or ssh");
+        return None;
+    }
+    if let Err(e) = std::fs::create_dir_all(crate::launcher::JOB_MOUNT) {
+        warn!(error = %e, "create /job (where runs see their job directory): runs get no /job");
+        return None;
+    }
+    Some(corral)
 }

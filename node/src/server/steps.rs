@@ -263,8 +263,29 @@ impl Node {
         self.client.call(&addr, &env, timeout).await.unwrap_or_else(|e| Err(ApiError::Unavailable(format!("reach {name} at {addr}: {e}"))))
     }
 
-    /// A request about a running step's tasks on one node: answered by the agent when it is
-    /// this node, else passed to that node through the job's run.
+    /// `Request::GpuSamples` of node `node`: this node's agent's, else asked of that node (by
+    /// its address in the replicated state, or through the leader from a node without it).
+    pub(super) async fn gpu_samples(&self, hops: u8, node: String, user: Option<String>) -> Response {
+        if node == self.config.name {
+            return Ok(self.agent.gpu_samples());
+        }
+        if !self.is_member() {
+            return self.forward(hops, Request::GpuSamples { node }, user).await;
+        }
+        if hops >= FORWARD_HOPS_MAX {
+            return Err(ApiError::Unavailable(format!("gave up after {hops} forwards")));
+        }
+        let addr =
+            self.state.read(|s| s.node_by_name(&node).map(|n| n.addr.clone())).ok_or_else(|| ApiError::NotFound(format!("node {node}")))?;
+        let env = Envelope { hops: hops + 1, request: Request::GpuSamples { node: node.clone() }, user };
+        self.client
+            .call(&addr, &env, PEER_CALL_TIMEOUT)
+            .await
+            .unwrap_or_else(|e| Err(ApiError::Unavailable(format!("reach {node} at {addr}: {e}"))))
+    }
+
+    /// A request about a running step's tasks, or a job's GPUs, on one node: answered by the
+    /// agent when it is this node, else passed to that node through the job's run.
     pub(super) async fn step_request(&self, hops: u8, request: Request, user: Option<String>) -> Response {
         match request {
             Request::StepRead { job, step, node, offset, exits_seen, wait_ms } => {
@@ -301,6 +322,13 @@ impl Node {
                     return self.agent.step_usage(job, user.as_deref()).await;
                 }
                 let request = Request::StepUsage { job, node: node.clone() };
+                self.to_run_node(hops, job, &node, request, user, PEER_CALL_TIMEOUT).await
+            }
+            Request::GpuSeries { job, node } => {
+                if node == self.config.name {
+                    return Ok(self.agent.gpu_series(job));
+                }
+                let request = Request::GpuSeries { job, node: node.clone() };
                 self.to_run_node(hops, job, &node, request, user, PEER_CALL_TIMEOUT).await
             }
             other => Err(ApiError::Invalid(format!("not a step request: {other:?}"))),

@@ -63,7 +63,7 @@ impl ClusterState {
             }
             _ => {}
         }
-        requeue_job(job, reason);
+        requeue_job(&mut self.requeues, job, reason);
         CommandResult::Ok
     }
 
@@ -123,8 +123,10 @@ impl ClusterState {
     }
 }
 
-/// Puts a running job back in the queue. Its parts stay until each is confirmed stopped.
-pub(super) fn requeue_job(job: &mut Job, reason: &str) {
+/// Puts a running job back in the queue, counting it in `requeues`. Its parts stay until each
+/// is confirmed stopped.
+pub(super) fn requeue_job(requeues: &mut u64, job: &mut Job, reason: &str) {
+    *requeues = requeues.saturating_add(1);
     if job.suspended() {
         // Slurm: a suspended job that is requeued is held (JobHeldAdmin).
         std::sync::Arc::make_mut(&mut job.spec).hold = true;
@@ -234,6 +236,7 @@ mod tests {
         let j = &s.jobs[&job];
         assert_eq!((j.state, j.restart_count, j.run), (JobState::Pending, 1, 1));
         assert_eq!(j.reasons, vec!["requeued: node b down: no heartbeat".to_string()]);
+        assert_eq!(s.requeues, 1, "the cluster's requeue counter counts it");
         assert!(!view::placeable(&s.jobs[&job]), "not placeable while run 1 still runs on a");
         assert!(scheduler::schedule(&s.scheduler_view(), 50).placements.is_empty());
         let c = register(&mut s, "c", 3);
@@ -260,6 +263,8 @@ mod tests {
         assert_eq!(s.apply(&Command::Requeue { job, reason: proto::REQUEUED_ON_REQUEST.into(), now_ms: 6_000 }), CommandResult::Ok);
         let j = &s.jobs[&job];
         assert_eq!((j.state, j.restart_count, j.exit_code, j.end_ms), (JobState::Pending, 1, None, None));
+        assert_eq!(s.requeues, 1);
+        assert_eq!(s.clone_without_jobs().requeues, 1, "a snapshot's header keeps the counter");
         assert!(s.archivable(u64::MAX, 0, 10).is_empty(), "a requeued job is live again, not history");
         // A placement of the old run is stale; the next run starts.
         assert!(

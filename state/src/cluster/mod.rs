@@ -18,6 +18,7 @@ mod admission;
 mod archive;
 mod arrays;
 mod credentials;
+mod events;
 mod invariants;
 mod jobs;
 mod nodes;
@@ -67,6 +68,12 @@ pub struct ClusterState {
     /// Accounts, users, associations and their limits (`sacctmgr`; QoS and their limits are in
     /// `policy`). See `associations`. Shared with each scheduling pass's view, not copied.
     pub accounts: std::sync::Arc<proto::accounts::Accounts>,
+    /// Requeues since the cluster began (every run put back in the queue: `scontrol requeue`,
+    /// a `--requeue` job's lost node or GPU), never reset: the metric `corral_job_requeues_total`,
+    /// the same on every replica.
+    pub requeues: u64,
+    /// The last [`proto::NODE_EVENTS_MAX`] changes of nodes' states, oldest first (`events`).
+    pub node_events: std::collections::VecDeque<proto::NodeEvent>,
     /// The jobs above by their submissions' keys: a resend is answered with the job the
     /// first made. Derived from `jobs`, so not encoded: a snapshot's reader builds it again.
     #[serde(skip)]
@@ -108,6 +115,8 @@ impl Default for ClusterState {
             array_started: BTreeMap::new(),
             usage: BTreeMap::new(),
             accounts: Default::default(),
+            requeues: 0,
+            node_events: Default::default(),
             submit_keys: Default::default(),
             holding_parts: BTreeSet::new(),
         }
@@ -162,6 +171,7 @@ impl ClusterState {
     /// [`ClusterState::apply`], handing the jobs an `ArchiveJobs` moved out of the hot state to
     /// `archived` (the store writes them to the accounting store in the same step).
     pub fn apply_archiving(&mut self, cmd: &Command, archived: &mut Vec<Job>) -> CommandResult {
+        let node_before = self.node_before(cmd);
         let result = match cmd {
             // Each command of a batch is applied, and checked, as if it were its own entry.
             Command::Batch { commands } => return self.apply_batch(commands, archived),
@@ -224,6 +234,9 @@ impl ClusterState {
             Command::UpdateInventory { node, inventory, reason: _, now_ms: _ } => self.update_inventory(*node, inventory),
             Command::PinMigLayout { node, gpu, profiles, now_ms: _ } => self.pin_mig_layout(*node, *gpu, profiles.as_deref()),
         };
+        if !matches!(result, CommandResult::Rejected(_)) {
+            self.note_node_event(cmd, node_before);
+        }
         self.check_after(cmd);
         result
     }

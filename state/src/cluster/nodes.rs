@@ -237,7 +237,7 @@ impl ClusterState {
                 continue;
             }
             if job.spec.requeue {
-                requeue_job(job, reason);
+                requeue_job(&mut self.requeues, job, reason);
             } else {
                 job.state = JobState::NodeFail;
                 job.exit_code = None;

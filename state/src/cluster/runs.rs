@@ -120,7 +120,7 @@ impl ClusterState {
         if let (true, RunOutcome::Lost(why)) = (matters, outcome) {
             let reason = format!("node {node}: {why}");
             if job.spec.requeue {
-                requeue_job(job, &reason);
+                requeue_job(&mut self.requeues, job, &reason);
             } else {
                 job.state = JobState::NodeFail;
                 job.exit_code = None;

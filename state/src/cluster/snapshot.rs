@@ -51,6 +51,8 @@ impl ClusterState {
             array_started: self.array_started.clone(),
             usage: self.usage.clone(),
             accounts: self.accounts.clone(),
+            requeues: self.requeues,
+            node_events: self.node_events.clone(),
             submit_keys: Default::default(),
             holding_parts: BTreeSet::new(),
         }

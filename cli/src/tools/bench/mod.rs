@@ -1,6 +1,7 @@
 //! `corral bench`: its arguments, and which benchmark they pick: by default [`baseline`] (a
 //! local 3-node cluster against this machine's fdatasync); `--history` ([`history`]),
-//! `--nodes` ([`nodes`], simulated nodes) or `--processes` ([`jobs`], against the Slurm peer)
+//! `--nodes` ([`nodes`], simulated nodes), `--ui` ([`ui`], the web UI's server times) or
+//! `--processes` ([`jobs`], against the Slurm peer)
 //! instead. Each prints figures and asserts nothing about speed; [`stats`] and [`setup`] hold
 //! what they share.
 
@@ -10,6 +11,7 @@ pub mod jobs;
 pub mod nodes;
 pub mod setup;
 pub mod stats;
+pub mod ui;
 
 use std::path::PathBuf;
 
@@ -93,6 +95,10 @@ pub struct BenchArgs {
     /// failover (election and relays finding the new leader) fits in it.
     #[arg(long, default_value_t = 4_000)]
     pub nodes_down_after_ms: u64,
+    /// Instead of the rest: the web UI's server times with NODES simulated nodes and JOBS jobs
+    /// (`--ui 1000,10000`), against the REST API's jobs and nodes in the same run.
+    #[arg(long, value_delimiter = ',', num_args = 1)]
+    pub ui: Vec<usize>,
     /// Skip the peer run with direct heartbeats.
     #[arg(long)]
     pub nodes_no_direct_peer: bool,
@@ -118,6 +124,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             stream_peer: args.nodes_stream_peer,
         };
         return nodes::run(opts, args.dir.clone()).await;
+    }
+    if !args.ui.is_empty() {
+        let [nodes, jobs] = args.ui[..] else { anyhow::bail!("--ui takes NODES,JOBS, e.g. --ui 1000,10000") };
+        return ui::run(ui::UiBench { nodes, jobs }, args.dir.clone()).await;
     }
     if let Some(processes) = args.processes {
         let opts = jobs::JobsBench {

@@ -39,7 +39,7 @@ type Figures = Vec<(String, f64, f64)>;
 
 /// How the simulated nodes heartbeat.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Beats {
+pub(super) enum Beats {
     /// To their relays, as datagrams: what a node does.
     Relayed,
     /// To their relays, one stream call each (before datagrams).
@@ -67,14 +67,14 @@ impl Beats {
 }
 
 /// The simulated nodes' process and its control lines.
-struct Sim {
+pub(super) struct Sim {
     child: tokio::process::Child,
     stdin: tokio::process::ChildStdin,
     stdout: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
 }
 
 impl Sim {
-    async fn start(dir: &Path, count: usize, beats: Beats, patience: Duration) -> anyhow::Result<(Sim, u64)> {
+    pub(super) async fn start(dir: &Path, count: usize, beats: Beats, patience: Duration) -> anyhow::Result<(Sim, u64)> {
         let log = std::fs::File::create(dir.join(format!("{}.log", beats.name()))).context("create the sim log")?;
         let mut cmd = tokio::process::Command::new(dev::corrald_binary());
         cmd.arg("--sim-nodes")
@@ -251,7 +251,7 @@ fn print_cpu(label: &str, figures: &[(String, f64, f64)]) {
     println!("  {label}: {}", parts.join(", "));
 }
 
-fn sim_spec(workdir: &str, run_ms: u64, requeue: bool) -> JobSpec {
+pub(super) fn sim_spec(workdir: &str, run_ms: u64, requeue: bool) -> JobSpec {
     let mut spec = JobSpec::command(vec!["sleep".into(), "3600".into()], workdir, "bench");
     spec.name = "bench-nodes".into();
     spec.gres = Some(GresRequest { gpu_type: None, count: 1 });
@@ -264,7 +264,7 @@ fn sim_spec(workdir: &str, run_ms: u64, requeue: bool) -> JobSpec {
     spec
 }
 
-async fn submit(cluster: &Cluster, spec: JobSpec) -> anyhow::Result<u64> {
+pub(super) async fn submit(cluster: &Cluster, spec: JobSpec) -> anyhow::Result<u64> {
     match cluster.call_patiently(Request::Submit { spec }, Duration::from_secs(20)).await? {
         Reply::Submitted { job } => Ok(job),
         other => bail!("unexpected reply {other:?}"),
@@ -284,7 +284,7 @@ async fn node_names(cluster: &Cluster) -> anyhow::Result<BTreeMap<u64, (String, 
 }
 
 /// Submits `jobs` long simulated jobs, 16 at a time, and waits until all run.
-async fn run_jobs(cluster: &std::sync::Arc<Cluster>, workdir: &str, jobs: usize) -> anyhow::Result<f64> {
+pub(super) async fn run_jobs(cluster: &std::sync::Arc<Cluster>, workdir: &str, jobs: usize) -> anyhow::Result<f64> {
     let t = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..16 {
@@ -479,7 +479,7 @@ async fn one_size(base: &Path, opts: &NodesBench, count: usize) -> anyhow::Resul
 }
 
 /// Past the connections of the join (closed once idle for `CONNECTION_IDLE_CLOSE`).
-const SETTLE: Duration = Duration::from_secs(15);
+pub(super) const SETTLE: Duration = Duration::from_secs(15);
 const WINDOW: Duration = Duration::from_secs(10);
 
 /// A peer: the same cluster at rest with the nodes heartbeating as `beats` says: % of a core
