@@ -28,6 +28,8 @@ pub enum Violation {
     TwiceAtOnce { job: u64, node_a: String, run_a: u32, node_b: String, run_b: u32 },
     #[error("term {term} had two leaders: {a} and {b}")]
     TwoLeaders { term: u64, a: String, b: String },
+    #[error("job {job} ran {parts} parts of run {run} at once with {ranks} ranks: a rank ran twice")]
+    RankTwice { job: u64, run: u32, parts: usize, ranks: usize },
 }
 
 fn overlap_ms(a: &ProcessSpan, b: &ProcessSpan) -> u64 {
@@ -76,6 +78,32 @@ pub fn check_never_twice(spans: &[ProcessSpan]) -> Vec<Violation> {
                     out.push(Violation::TwiceAtOnce { job, node_a: a.node.clone(), run_a: a.run, node_b: b.node.clone(), run_b: b.run });
                 }
             }
+        }
+    }
+    out
+}
+
+/// No run of a gang had more parts alive at once than the gang has ranks (`ranks(job)`; none:
+/// not checked): the part a repair started on a spare never overlapped the one it replaced.
+pub fn check_ranks_at_once(spans: &[ProcessSpan], ranks: impl Fn(u64) -> Option<usize>) -> Vec<Violation> {
+    let mut by_run: BTreeMap<(u64, u32), Vec<(u64, i32)>> = BTreeMap::new();
+    for s in spans {
+        let events = by_run.entry((s.job, s.run)).or_default();
+        events.push((s.start_ms, 1));
+        events.push((s.end_ms.unwrap_or(u64::MAX), -1));
+    }
+    let mut out = Vec::new();
+    for ((job, run), mut events) in by_run {
+        let Some(ranks) = ranks(job) else { continue };
+        // An end and a start at the same instant do not overlap.
+        events.sort();
+        let (mut alive, mut most) = (0i32, 0i32);
+        for (_, change) in events {
+            alive += change;
+            most = most.max(alive);
+        }
+        if most as usize > ranks {
+            out.push(Violation::RankTwice { job, run, parts: most as usize, ranks });
         }
     }
     out
@@ -132,6 +160,17 @@ mod tests {
 
     fn span(job: u64, run: u32, node: &str, gpus: &[&str], start_ms: u64, end_ms: Option<u64>) -> ProcessSpan {
         ProcessSpan { job, run, node: node.into(), gpus: gpus.iter().map(|g| g.to_string()).collect(), start_ms, end_ms, pid: None }
+    }
+
+    #[test]
+    fn a_repaired_rank_may_follow_the_part_it_replaces_but_never_overlap_it() {
+        let two = |_| Some(2);
+        // Rank 1 lost on b at 100, started on the spare c at 100: never three at once.
+        let repaired = [span(1, 1, "a", &[], 0, None), span(1, 1, "b", &[], 0, Some(100)), span(1, 1, "c", &[], 100, None)];
+        assert!(check_ranks_at_once(&repaired, two).is_empty());
+        let early = [span(1, 1, "a", &[], 0, None), span(1, 1, "b", &[], 0, Some(100)), span(1, 1, "c", &[], 99, None)];
+        assert_eq!(check_ranks_at_once(&early, two), vec![Violation::RankTwice { job: 1, run: 1, parts: 3, ranks: 2 }]);
+        assert!(check_ranks_at_once(&early, |_| None).is_empty(), "a job it cannot size is not checked");
     }
 
     #[test]

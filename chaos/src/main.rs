@@ -115,6 +115,7 @@ fn main() -> ExitCode {
                 println!("  commands applied    {}", sum.commands);
                 println!("  jobs acknowledged   {}", sum.jobs);
                 println!("  requeued runs       {}", sum.requeued_runs);
+                println!("  repairs             {}", sum.repairs);
                 println!("  final states        {:?}", sum.final_states);
                 println!("  faults              {:?}", sum.faults);
                 println!("  failed runs         {}", sum.failed_runs);

@@ -64,6 +64,10 @@ pub struct SubmitArgs {
     /// Put the job back in the queue (same id, restart count + 1) when one of its nodes dies.
     #[arg(long)]
     requeue: bool,
+    /// Hold this many spare nodes: one takes the place of a node the gang loses (its part
+    /// starts there with the same rank) while the others keep running.
+    #[arg(long, default_value_t = 0)]
+    spare_nodes: u32,
     #[arg(long, short = 'p')]
     partition: Option<String>,
     #[arg(long, short = 'q')]
@@ -93,7 +97,15 @@ pub struct SubmitArgs {
 
 /// The job as `--json` prints it.
 fn job_json(job: &Job, nodes: &BTreeMap<u64, String>) -> serde_json::Value {
-    let names: Vec<String> = job.last_nodes.iter().map(|n| nodes.get(n).cloned().unwrap_or_else(|| format!("node{n}"))).collect();
+    let name = |n: &u64| nodes.get(n).cloned().unwrap_or_else(|| format!("node{n}"));
+    let names: Vec<String> = job.last_nodes.iter().map(name).collect();
+    let repairs: Vec<serde_json::Value> = job
+        .repairs
+        .iter()
+        .map(
+            |r| json!({"run": r.run, "rank": r.rank, "lost": name(&r.lost), "spare": name(&r.spare), "at_ms": r.at_ms, "reason": r.reason}),
+        )
+        .collect();
     json!({
         "id": job.id,
         "name": job.spec.name,
@@ -107,6 +119,8 @@ fn job_json(job: &Job, nodes: &BTreeMap<u64, String>) -> serde_json::Value {
         "start_time": job.start_ms,
         "end_time": job.end_ms,
         "restart_count": job.restart_count,
+        "spares": job.spares.iter().map(name).collect::<Vec<_>>(),
+        "repairs": repairs,
         "run": job.run,
         "user": job.spec.user,
         "gres": job.spec.gres.as_ref().map(|g| g.to_string()),
@@ -204,6 +218,7 @@ pub fn build_spec(args: &SubmitArgs) -> anyhow::Result<JobSpec> {
     spec.submit_host = hostname();
     spec.preflight = preflight;
     spec.set_batch(args.batch);
+    spec.set_spare_nodes(args.spare_nodes);
     spec.validate().map_err(anyhow::Error::msg)?;
     Ok(spec)
 }
@@ -233,6 +248,9 @@ fn sbatch_overrides(args: &SubmitArgs) -> Vec<(&'static str, Option<String>)> {
     args.qos.clone().into_iter().for_each(|v| put("qos", Some(v)));
     if args.hold {
         put("hold", None);
+    }
+    if args.spare_nodes > 0 {
+        put("spare-nodes", Some(args.spare_nodes.to_string()));
     }
     out
 }

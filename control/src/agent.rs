@@ -111,6 +111,8 @@ pub fn run_is_current_here(job: &proto::Job, run: RunNo, me: NodeId, instance: p
     job.run == run
         && job.state == JobState::Running
         && job.parts.iter().any(|p| p.run == run && p.alloc.node == me && p.launched_by.is_none_or(|by| by == instance))
+        // A spare starts nothing until a lost rank moves there (`Job::spares`).
+        && !job.spares.contains(&me)
 }
 
 /// `fence_after_ms` by default: the leader declares a node dead no sooner than

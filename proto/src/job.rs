@@ -151,7 +151,27 @@ pub struct Job {
     /// The current run's steps (`srun` in its allocation), oldest first, at most
     /// [`limits::STEP_RECORDS_PER_JOB_MAX`] (reset when a run starts).
     pub steps: Vec<StepRecord>,
+    /// Nodes of the current run held as spares (`--spare-nodes`): their parts hold their
+    /// resources and start nothing until one takes the place of a lost node (a [`Repair`]).
+    pub spares: Vec<NodeId>,
+    /// Its repairs over all its runs, oldest first, at most [`REPAIRS_KEPT`].
+    pub repairs: Vec<Repair>,
 }
+
+/// A lost node of a running gang replaced by one of its spares: the part of rank `rank` started
+/// there, the other parts kept running.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Repair {
+    pub run: RunNo,
+    pub rank: u32,
+    pub lost: NodeId,
+    pub spare: NodeId,
+    pub at_ms: u64,
+    pub reason: String,
+}
+
+/// Repairs a job keeps at most (the oldest go first).
+pub const REPAIRS_KEPT: usize = 32;
 
 /// One step of a job's run as accounting shows it (`sacct`'s `ID.N` line).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -235,6 +255,8 @@ impl Job {
             master_port: None,
             suspension: Suspension::default(),
             steps: Vec::new(),
+            spares: Vec::new(),
+            repairs: Vec::new(),
         }
     }
 
@@ -260,11 +282,12 @@ impl Job {
         (end - start).saturating_sub(self.suspension.paused_ms_at(end))
     }
 
-    /// Parts of the current run that were committed but not confirmed started yet.
+    /// Parts of the current run that were committed but not confirmed started yet (a spare's
+    /// part starts nothing).
     pub fn launches_pending(&self) -> impl Iterator<Item = &NodeRun> {
         let run = self.run;
         let live = self.state == JobState::Running;
-        self.parts.iter().filter(move |p| live && p.run == run && p.launched_by.is_none())
+        self.parts.iter().filter(move |p| live && p.run == run && p.launched_by.is_none() && !self.spares.contains(&p.alloc.node))
     }
 
     /// Parts that must be stopped: any part of an earlier run, and every part once the job

@@ -48,8 +48,8 @@ pub use codec::{decode, encode, CodecError};
 pub use command::{Command, CommandResult, Placement, ARCHIVE_BATCH_MAX, BATCH_BYTES_MAX, BATCH_COMMANDS_MAX};
 pub use error::ApiError;
 pub use job::{
-    Allocation, ArrayTask, GpuUsage, Job, JobState, NodeRun, RunOutcome, StepRecord, Suspension, MASTER_PORT_COUNT, MASTER_PORT_FIRST,
-    REASON_NEVER_PREFIX, REQUEUED_ON_REQUEST,
+    Allocation, ArrayTask, GpuUsage, Job, JobState, NodeRun, Repair, RunOutcome, StepRecord, Suspension, MASTER_PORT_COUNT,
+    MASTER_PORT_FIRST, REASON_NEVER_PREFIX, REPAIRS_KEPT, REQUEUED_ON_REQUEST,
 };
 pub use node::{
     same_mig_layout, GpuInfo, Inventory, JoinTokenRecord, Link, MigGpuInfo, MigInstance, NetworkLocation, Nic, NodeEvent, NodeInfo,
@@ -65,8 +65,8 @@ pub use request::{
     JOB_PAGE_SCAN_MAX, LOG_OFFSET_TAIL, REPORTS_PER_REQUEST_MAX,
 };
 pub use spec::{
-    Dependency, DependencyKind, GresRequest, JobSpec, PreflightSpec, SignalSpec, DEF_MEM_PER_CPU_MIB, DEF_MEM_PER_GPU_MIB,
-    SPEC_EXTRA_BATCH, SPEC_EXTRA_NO_REQUEUE, SPEC_EXTRA_SRUN,
+    Dependency, DependencyKind, GresRequest, JobSpec, PreflightSpec, SignalSpec, DEF_MEM_PER_CPU_MIB, DEF_MEM_PER_GPU_MIB, SPARE_NODES_MAX,
+    SPEC_EXTRA_BATCH, SPEC_EXTRA_NO_REQUEUE, SPEC_EXTRA_SPARE_NODES, SPEC_EXTRA_SRUN,
 };
 pub use step::{
     LogStream, PtySize, StepChunk, StepEnd, StepMemory, StepNode, StepSpec, StepStdin, TaskExit, TaskUsage, STEPS_DISABLED_SUSPENDED,

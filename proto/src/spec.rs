@@ -110,6 +110,10 @@ pub const SPEC_EXTRA_SRUN: &str = "corral-srun";
 /// The key of [`JobSpec::extra`] that marks a job submitted with `--no-requeue` (as opposed to
 /// one that did not ask for `--requeue`).
 pub const SPEC_EXTRA_NO_REQUEUE: &str = "corral-no-requeue";
+/// The key of [`JobSpec::extra`] that holds `--spare-nodes=N` (see [`JobSpec::spare_nodes`]).
+pub const SPEC_EXTRA_SPARE_NODES: &str = "spare-nodes";
+/// Spare nodes one job may hold at most.
+pub const SPARE_NODES_MAX: u32 = 64;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PreflightSpec {
@@ -252,6 +256,20 @@ impl JobSpec {
         self.set_extra_flag(SPEC_EXTRA_NO_REQUEUE, no_requeue);
     }
 
+    /// `--spare-nodes=N`: nodes the job holds beside its `nodes`, idle, to take the place of one
+    /// it loses (its part started there with the same rank) instead of requeueing the gang.
+    pub fn spare_nodes(&self) -> u32 {
+        self.extra.get(SPEC_EXTRA_SPARE_NODES).and_then(|v| v.parse().ok()).unwrap_or(0)
+    }
+
+    pub fn set_spare_nodes(&mut self, spares: u32) {
+        if spares == 0 {
+            self.extra.remove(SPEC_EXTRA_SPARE_NODES);
+        } else {
+            self.extra.insert(SPEC_EXTRA_SPARE_NODES.into(), spares.to_string());
+        }
+    }
+
     /// Why an operator's requeue (`scontrol requeue`) of this job is refused, in Slurm's words:
     /// an `srun` allocation is not a batch job, and `--no-requeue` disables it.
     pub fn requeue_refusal(&self) -> Option<&'static str> {
@@ -326,6 +344,13 @@ impl JobSpec {
         }
         if self.ntasks_per_node == 0 || self.ntasks_per_node > TASKS_PER_NODE_MAX {
             return Err(format!("tasks per node must be 1..={TASKS_PER_NODE_MAX}"));
+        }
+        let spares = self.extra.get(SPEC_EXTRA_SPARE_NODES);
+        if spares.is_some_and(|s| s.parse::<u32>().map_or(true, |n| n == 0 || n > SPARE_NODES_MAX)) {
+            return Err(format!("spare nodes must be 1..={SPARE_NODES_MAX}"));
+        }
+        if self.spare_nodes() > 0 && (self.nodes < 2 || self.array.is_some()) {
+            return Err("spare nodes are for jobs of two or more nodes, not arrays".into());
         }
         if let Some(p) = &self.preflight {
             if p.bytes == 0 || p.bytes > PreflightSpec::BYTES_MAX {

@@ -125,7 +125,8 @@ pub struct PerNode {
 impl PerNode {
     pub fn of(spec: &JobSpec) -> PerNode {
         PerNode {
-            nodes: spec.nodes.max(1),
+            // Spares are held as the gang's own nodes (`JobSpec::spare_nodes`).
+            nodes: spec.nodes.max(1).saturating_add(spec.spare_nodes()),
             gpus: spec.gpus(),
             cpus: spec.cpus_per_task.saturating_mul(spec.ntasks_per_node.max(1)),
             mem_mib: spec.mem_mib,

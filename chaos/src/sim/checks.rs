@@ -71,12 +71,15 @@ impl Sim {
         for s in spans.iter_mut() {
             s.end_ms.get_or_insert(self.now_ms);
         }
-        for v in crate::check_exclusive_gpus(&spans).into_iter().chain(crate::check_never_twice(&spans)) {
+        let ranks = |job: u64| self.state.jobs.get(&job).or_else(|| self.archive.get(&job)).map(|j| j.spec.nodes.max(1) as usize);
+        let ranks_twice = crate::check_ranks_at_once(&spans, ranks);
+        for v in crate::check_exclusive_gpus(&spans).into_iter().chain(crate::check_never_twice(&spans)).chain(ranks_twice) {
             found.push(v.to_string());
         }
         for j in self.state.jobs.values().chain(self.archive.values()) {
             *self.report.final_states.entry(j.state.to_string()).or_default() += 1;
             self.report.requeued_runs += u64::from(j.restart_count);
+            self.report.repairs += j.repairs.len() as u64;
         }
         for state in self.pruned.values() {
             *self.report.final_states.entry(state.to_string()).or_default() += 1;

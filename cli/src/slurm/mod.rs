@@ -6,6 +6,7 @@
 //! `env.rs` and `hostlist.rs` are self-contained (std + proto only) so the node crate can
 //! include them by `#[path]`.
 
+pub mod directives;
 pub mod fuzzing;
 pub mod opts;
 pub mod remote;

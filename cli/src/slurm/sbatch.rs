@@ -97,6 +97,7 @@ pub const OPTIONS: &[OptDef] = &[
     opt("reservation", None, Arg::Required),
     opt("signal", None, Arg::Required),
     opt("sockets-per-node", None, Arg::Required),
+    opt("spare-nodes", None, Arg::Required),
     opt("spread-job", None, Arg::No),
     opt("switches", None, Arg::Required),
     opt("test-only", None, Arg::No),
@@ -264,65 +265,7 @@ pub enum Action {
     Print(String),
 }
 
-/// The `#SBATCH` directives of `script` (or of another prefix, e.g. `#SRUN`): arguments from
-/// every line that starts with the prefix and whitespace, up to the first line that is neither
-/// blank nor a comment. Quotes group, a backslash escapes, and an unquoted `#` starts a comment.
-pub fn directives(script: &str, prefix: &str) -> Vec<String> {
-    let mut args = Vec::new();
-    for line in script.lines() {
-        if let Some(rest) = line.strip_prefix(prefix) {
-            if rest.is_empty() || !rest.starts_with(|c: char| c.is_whitespace()) {
-                continue;
-            }
-            args.extend(split_directive(rest));
-            continue;
-        }
-        let t = line.trim_start();
-        if !t.is_empty() && !t.starts_with('#') {
-            break;
-        }
-    }
-    args
-}
-
-fn split_directive(line: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut have = false;
-    let mut quote: Option<char> = None;
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        match (quote, c) {
-            (_, '\\') => {
-                if let Some(n) = chars.next() {
-                    cur.push(n);
-                    have = true;
-                }
-            }
-            (Some(q), c) if c == q => quote = None,
-            (Some(_), c) => cur.push(c),
-            (None, '"' | '\'') => {
-                quote = Some(c);
-                have = true;
-            }
-            (None, '#') => break,
-            (None, c) if c.is_whitespace() => {
-                if have {
-                    out.push(std::mem::take(&mut cur));
-                    have = false;
-                }
-            }
-            (None, c) => {
-                cur.push(c);
-                have = true;
-            }
-        }
-    }
-    if have {
-        out.push(cur);
-    }
-    out
-}
+pub use super::directives::directives;
 
 /// Options that `SBATCH_*` variables of `env` set, in [`INPUT_ENV`] order.
 pub fn env_options(env: &BTreeMap<String, String>) -> Vec<(&'static str, Option<String>)> {
@@ -918,6 +861,11 @@ impl<'a> Builder<'a> {
             }
             "begin" => self.begin_s = Some(time::parse_point(v, self.ctx.now_s).ok_or_else(|| fatal("Invalid --begin specification"))?),
             "hold" => self.hold = true,
+            // Corral's own: nodes held to replace a lost one (`JobSpec::spare_nodes`).
+            "spare-nodes" => {
+                let n = parse_int(prog, "--spare-nodes", v)?;
+                self.extra.insert(proto::SPEC_EXTRA_SPARE_NODES.into(), n.to_string());
+            }
             _ => return Ok(false),
         }
         Ok(true)

@@ -127,8 +127,23 @@ pub fn job_text(job: &Job, names: &BTreeMap<u64, String>, now_ms: u64) -> String
     if let Some(g) = &s.gres {
         out.push_str(&format!("   TresPerNode=gres:{g}\n"));
     }
+    out.push_str(&spares_text(job, names));
     out.push('\n');
     out
+}
+
+/// Corral's own line for a job with spare nodes: `SpareNodes=... Repairs=RANK:LOST>SPARE@TIME,...`
+/// (nothing for a job without).
+fn spares_text(job: &Job, names: &BTreeMap<u64, String>) -> String {
+    if job.spec.spare_nodes() == 0 && job.repairs.is_empty() {
+        return String::new();
+    }
+    let name = |n: &u64| names.get(n).cloned().unwrap_or_else(|| n.to_string());
+    let spares: Vec<String> = job.spares.iter().map(name).collect();
+    let repairs: Vec<String> =
+        job.repairs.iter().map(|r| format!("{}:{}>{}@{}", r.rank, name(&r.lost), name(&r.spare), time::datetime(r.at_ms))).collect();
+    let or_none = |v: Vec<String>, f: fn(&[String]) -> String| if v.is_empty() { "(null)".to_string() } else { f(&v) };
+    format!("   SpareNodes={} Repairs={}\n", or_none(spares, hostlist::compress), or_none(repairs, |r| r.join(",")))
 }
 
 /// `scontrol -d show job`'s text: [`job_text`] with the line Slurm adds under `ExitCode`,

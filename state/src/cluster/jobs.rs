@@ -138,6 +138,7 @@ pub(super) fn requeue_job(requeues: &mut u64, job: &mut Job, reason: &str) {
     job.start_ms = None;
     job.end_ms = None;
     job.outcomes.clear();
+    job.spares.clear();
     job.reasons = vec![format!("requeued: {reason}")];
 }
 

@@ -25,6 +25,7 @@ mod nodes;
 mod plans;
 mod policy;
 mod queries;
+mod repairs;
 mod runs;
 mod snapshot;
 mod steps;

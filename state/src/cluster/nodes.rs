@@ -7,6 +7,7 @@ use std::sync::Arc;
 use proto::{CommandResult, InstanceId, Inventory, JobId, JobState, NodeId, NodeRecord, NodeRun, NodeState};
 
 use super::jobs::requeue_job;
+use super::repairs::{self, Loss};
 use super::runs::account;
 use super::{rejected, ClusterState, NODE_STOPPED_REASON, RETIRED_INSTANCES_MAX};
 
@@ -94,7 +95,7 @@ impl ClusterState {
     /// death signal). Unconfirmed parts stay: the new instance either confirms them or, if an
     /// earlier one had started them, reports them lost.
     fn lose_parts_of_other_instances(&mut self, node: NodeId, instance: InstanceId, now_ms: u64) {
-        self.lose_parts(|p| p.alloc.node == node && p.launched_by.is_some_and(|i| i != instance), "node restarted", now_ms);
+        self.lose_parts(|p| p.alloc.node == node && p.launched_by.is_some_and(|i| i != instance), "node restarted", Loss::NodeGone, now_ms);
     }
 
     pub(super) fn node_down(&mut self, id: NodeId, reason: &str, now_ms: u64) -> CommandResult {
@@ -166,7 +167,7 @@ impl ClusterState {
         }
         if !healthy {
             let why = format!("{what} on {} unhealthy: {reason}", node.name);
-            self.lose_parts(|p| p.alloc.node == id && p.alloc.gpus.contains(&gpu), &why, now_ms);
+            self.lose_parts(|p| p.alloc.node == id && p.alloc.gpus.contains(&gpu), &why, Loss::GpuFault, now_ms);
         }
         CommandResult::Ok
     }
@@ -217,14 +218,16 @@ impl ClusterState {
     }
 
     /// Every part on `node` is gone. A running job that lost a part of its current run is
-    /// requeued (if it asked for that) or ends NODE_FAIL; its other parts are then stopped.
+    /// repaired with a spare (`repairs`), else requeued (if it asked for that) or ends
+    /// NODE_FAIL; its other parts are then stopped.
     fn lose_node_parts(&mut self, node: NodeId, reason: &str, now_ms: u64) {
-        self.lose_parts(|p| p.alloc.node == node, reason, now_ms);
+        self.lose_parts(|p| p.alloc.node == node, reason, Loss::NodeGone, now_ms);
     }
 
     /// Every part matching `lost` is gone (its process died with its node or GPU).
-    fn lose_parts(&mut self, lost: impl Fn(&NodeRun) -> bool, reason: &str, now_ms: u64) {
+    fn lose_parts(&mut self, lost: impl Fn(&NodeRun) -> bool, reason: &str, loss: Loss, now_ms: u64) {
         let holding: Vec<JobId> = self.holding_parts.iter().copied().collect();
+        let up: BTreeSet<NodeId> = self.nodes.values().filter(|n| n.state == NodeState::Up).map(|n| n.id).collect();
         for id in holding {
             let Some(job) = self.jobs.get_mut(&id) else { continue };
             let Some(pos) = job.parts.iter().position(&lost) else { continue };
@@ -234,6 +237,9 @@ impl ClusterState {
             }
             account(&mut self.usage, self.policy.decay_half_life_ms(), job, &part, now_ms);
             if part.run != job.run || job.state != JobState::Running {
+                continue;
+            }
+            if repairs::drop_spare(job, &part) || repairs::repair(job, &part, loss, &up, reason, now_ms) {
                 continue;
             }
             if job.spec.requeue {

@@ -121,8 +121,12 @@ impl ClusterState {
                 self.holding_parts.insert(id);
             }
             job.outcomes.clear();
-            job.last_nodes = placement.allocs.iter().map(|a| a.node).collect();
-            job.last_gpus = placement.allocs.iter().map(|a| a.gpus.clone()).collect();
+            // The gang's ranks first, then its spares (`JobSpec::spare_nodes`).
+            let ranks = (job.spec.nodes.max(1) as usize).min(placement.allocs.len());
+            let (gang, spares) = placement.allocs.split_at(ranks);
+            job.last_nodes = gang.iter().map(|a| a.node).collect();
+            job.last_gpus = gang.iter().map(|a| a.gpus.clone()).collect();
+            job.spares = spares.iter().map(|a| a.node).collect();
             job.start_ms = Some(now_ms);
             job.end_ms = None;
             job.exit_code = None;

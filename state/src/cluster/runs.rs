@@ -97,8 +97,9 @@ impl ClusterState {
             self.holding_parts.remove(&id);
         }
         account(&mut self.usage, self.policy.decay_half_life_ms(), job, &part, now_ms);
-        if run != job.run || job.state != JobState::Running {
-            // A part of a cancelled, failed or requeued run is gone: only its resources return.
+        if run != job.run || job.state != JobState::Running || super::repairs::drop_spare(job, &part) {
+            // A part of a cancelled, failed or requeued run, or a spare, is gone: only its
+            // resources return.
             return CommandResult::Ok;
         }
         if let RunOutcome::PreflightFailed(why) = outcome {
@@ -119,6 +120,12 @@ impl ClusterState {
         let matters = !(holder && job.batch_ended());
         if let (true, RunOutcome::Lost(why)) = (matters, outcome) {
             let reason = format!("node {node}: {why}");
+            // The node says the part does not run there (and refuses it from now on).
+            let up: std::collections::BTreeSet<NodeId> =
+                self.nodes.values().filter(|n| n.state == proto::NodeState::Up).map(|n| n.id).collect();
+            if super::repairs::repair(job, &part, super::repairs::Loss::NodeGone, &up, &reason, now_ms) {
+                return CommandResult::Ok;
+            }
             if job.spec.requeue {
                 requeue_job(&mut self.requeues, job, &reason);
             } else {
@@ -134,7 +141,7 @@ impl ClusterState {
         if matters && (!holder || *outcome != RunOutcome::Killed) {
             job.outcomes.push((node, outcome.clone()));
         }
-        if job.parts.iter().any(|p| p.run == run) {
+        if job.parts.iter().any(|p| p.run == run && !job.spares.contains(&p.alloc.node)) {
             // Other nodes of the gang still run; a failure here makes the leader stop them.
             return CommandResult::Ok;
         }

@@ -250,10 +250,11 @@ pub(super) async fn job(State(api): State<Arc<Api>>, Extension(caller): Extensio
         Ok(Reply::LogChunk { data, .. }) => String::from_utf8_lossy(&data).into_owned(),
         Ok(_) | Err(_) => String::new(),
     };
-    Ok(Json(job_page(&job, &nodes, series, output)))
+    Ok(Json(job_page(&job, &names, &nodes, series, output)))
 }
 
-fn job_page(job: &Job, nodes: &[String], series: Vec<Value>, output: String) -> Value {
+fn job_page(job: &Job, names: &BTreeMap<NodeId, String>, nodes: &[String], series: Vec<Value>, output: String) -> Value {
+    let node_name = |id: NodeId| names.get(&id).cloned().unwrap_or_else(|| id.to_string());
     let gpus: Vec<Value> = nodes
         .iter()
         .zip(&job.last_gpus)
@@ -288,6 +289,8 @@ fn job_page(job: &Job, nodes: &[String], series: Vec<Value>, output: String) -> 
         "time_limit_ms": job.spec.time_limit_ms,
         "run": job.run,
         "requeues": job.restart_count,
+        "repairs": job.repairs.iter().map(|r| json!({ "run": r.run, "rank": r.rank, "lost": node_name(r.lost), "spare": node_name(r.spare), "at_ms": r.at_ms, "reason": r.reason })).collect::<Vec<_>>(),
+        "spares": job.spares.iter().map(|n| node_name(*n)).collect::<Vec<_>>(),
         "nodes": nodes,
         "gpus": gpus,
         "gpu_seconds": job.gpu_seconds,

@@ -99,6 +99,9 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     let batch = std::env::var(slurm_compat::env::BATCH_ENV).is_ok_and(|v| v == "1");
     let in_salloc = job_id.is_some_and(|id| !batch && env.get(super::salloc::SALLOC_JOB_ENV) == Some(id));
     let local_step = !p.has("jobid") && job_id.is_some() && !batch && !in_salloc;
+    if p.has("spare-nodes") && (job_id.is_some() || p.has("jobid")) {
+        return Err(SlurmError::fatal(PROG, "--spare-nodes is for a new allocation; a step runs on its job's nodes"));
+    }
     super::sbatch::print_warnings(&step_warnings(&p, job_id.is_some() || p.has("jobid"), local_step), p.has("quiet"));
     if let Some(text) = p.last("jobid") {
         run_step_in_job(&p, text, pty)

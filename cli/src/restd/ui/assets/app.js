@@ -213,6 +213,8 @@ async function jobView(id) {
     field("Submitted", when(j.submit_ms)), field("Started", when(j.start_ms)), field("Ended", when(j.end_ms)),
     field("Time limit", j.time_limit_ms ? duration(j.time_limit_ms) : "none"),
     field("Run", j.run), field("Requeues", j.requeues),
+    field("Repairs", j.repairs.map((r) => "run " + r.run + " rank " + r.rank + ": " + r.lost + " → " + r.spare + " at " + when(r.at_ms) + " (" + r.reason + ")").join("; ")),
+    field("Spare nodes", j.spares.join(", ")),
     field("Nodes", j.nodes.join(", ")), field("GPUs", j.gpus.map((g) => g.node + ": " + g.gpus.join(",")).join("; ")),
     field("GPU-seconds", j.gpu_seconds), field("Mean GPU utilization", j.gpu_utilization_mean_pct + "% (ended runs)"), field("Peak GPU memory", j.gpu_memory_peak_mib + " MiB"));
   const steps = j.steps.map((s) => h("tr", {}, h("td", {}, j.id + "." + s.step), h("td", {}, s.name), h("td", {}, stateCell(s.state)), h("td", {}, s.nodes.join(",")),

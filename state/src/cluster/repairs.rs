@@ -1,0 +1,141 @@
+//! Gang repair: a running gang that holds spare nodes (`--spare-nodes`) and loses one of its
+//! nodes is not requeued. The lost rank moves to a spare, whose part (committed with the run,
+//! holding its resources, launched by nobody) is launched there with that rank; every other
+//! part keeps running.
+//!
+//! Only a loss that proves the part dead is repaired: the node declared down (it fenced itself
+//! before the leader could commit that: the fencing argument, per node) or restarted (its
+//! earlier instance's processes died with it). A GPU fault on a live node, a part that failed,
+//! and the loss of rank 0 (the batch script, or a command gang's rendezvous host) still end or
+//! requeue the gang.
+
+use std::collections::BTreeSet;
+
+use proto::{Job, JobState, NodeId, NodeRun, Repair};
+
+/// Whether a loss may be repaired: it proves the lost part's processes dead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Loss {
+    /// The node was declared down, or restarted.
+    NodeGone,
+    /// Its GPU failed: the node (and maybe the part's processes) live on.
+    GpuFault,
+}
+
+/// Moves the rank `job` lost with `part` to one of its spares on a node in `up`; false when it
+/// cannot (no spare, rank 0, not running, a loss that proves nothing), and nothing changed.
+pub(super) fn repair(job: &mut Job, part: &NodeRun, loss: Loss, up: &BTreeSet<NodeId>, reason: &str, now_ms: u64) -> bool {
+    if loss != Loss::NodeGone || job.state != JobState::Running || part.run != job.run || job.suspended() {
+        return false;
+    }
+    let Some(rank) = job.rank_of(part.alloc.node).filter(|r| *r > 0) else { return false };
+    let spare = job.spares.iter().copied().find(|s| up.contains(s) && job.parts.iter().any(|p| p.run == job.run && p.alloc.node == *s));
+    let Some(spare) = spare else { return false };
+    let gpus = job.parts.iter().find(|p| p.run == job.run && p.alloc.node == spare).map(|p| p.alloc.gpus.clone()).unwrap_or_default();
+    job.last_nodes[rank] = spare;
+    if let Some(g) = job.last_gpus.get_mut(rank) {
+        *g = gpus;
+    }
+    job.spares.retain(|s| *s != spare);
+    if job.repairs.len() >= proto::REPAIRS_KEPT {
+        job.repairs.remove(0);
+    }
+    let rank = rank as u32;
+    job.repairs.push(Repair { run: job.run, rank, lost: part.alloc.node, spare, at_ms: now_ms, reason: reason.to_string() });
+    true
+}
+
+/// A spare of `job`'s current run lost with `part`: the gang goes on without it (true).
+pub(super) fn drop_spare(job: &mut Job, part: &NodeRun) -> bool {
+    if part.run != job.run || !job.spares.contains(&part.alloc.node) {
+        return false;
+    }
+    job.spares.retain(|s| *s != part.alloc.node);
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use proto::{Command, CommandResult, JobId, JobState, NodeId, RunOutcome};
+
+    use crate::cluster::test_support::{alloc, confirm, finish, plan, register, spec, submit};
+    use crate::cluster::ClusterState;
+
+    /// Four nodes and a 3-node job with one spare, running on a, b and c with d spare.
+    fn spared(batch: bool) -> (ClusterState, [NodeId; 4], JobId) {
+        let mut s = ClusterState::default();
+        let nodes = [register(&mut s, "a", 100), register(&mut s, "b", 200), register(&mut s, "c", 300), register(&mut s, "d", 400)];
+        let mut sp = spec(2, 3);
+        sp.set_spare_nodes(1);
+        sp.set_batch(batch);
+        sp.requeue = true;
+        let job = submit(&mut s, sp);
+        let allocs = nodes.iter().map(|n| alloc(*n, &[0, 1])).collect();
+        assert_eq!(plan(&mut s, job, 1, allocs), CommandResult::Planned { accepted: vec![job], rejected: vec![] });
+        for (n, instance) in nodes.iter().zip([100, 200, 300]) {
+            assert_eq!(confirm(&mut s, job, 1, *n, instance), CommandResult::Ok);
+        }
+        (s, nodes, job)
+    }
+
+    fn launches(s: &ClusterState, job: JobId) -> Vec<NodeId> {
+        s.jobs[&job].launches_pending().map(|p| p.alloc.node).collect()
+    }
+
+    #[test]
+    fn a_spare_holds_its_node_and_starts_nothing_until_a_lost_rank_moves_there() {
+        let (mut s, [a, b, c, d], job) = spared(false);
+        let j = &s.jobs[&job];
+        assert_eq!((j.run_nodes(), j.spares.as_slice(), j.parts.len()), (&[a, b, c][..], &[d][..], 4), "the spare's part holds its GPUs");
+        assert!(launches(&s, job).is_empty(), "nothing launches on a spare");
+        s.apply(&Command::NodeDown { node: b, reason: "no heartbeat".into(), now_ms: 1_000 });
+        let j = &s.jobs[&job];
+        assert_eq!(j.state, JobState::Running, "repaired, not requeued: {:?}", j.reasons);
+        assert_eq!((j.run_nodes(), j.spares.as_slice(), j.restart_count), (&[a, d, c][..], &[][..], 0));
+        assert_eq!((j.repairs.len(), j.repairs[0].rank, j.repairs[0].lost, j.repairs[0].spare), (1, 1, b, d));
+        assert_eq!(launches(&s, job), vec![d], "rank 1 starts on the spare; a and c keep running");
+        assert!(j.parts_to_stop().next().is_none(), "no survivor is stopped");
+        // A second loss without a spare left requeues the gang, as before.
+        s.apply(&Command::NodeDown { node: c, reason: "no heartbeat".into(), now_ms: 2_000 });
+        let j = &s.jobs[&job];
+        assert_eq!((j.state, j.restart_count), (JobState::Pending, 1));
+        assert_eq!(j.parts_to_stop().count(), 2, "a and d are stopped");
+    }
+
+    #[test]
+    fn the_gang_completes_without_its_spare_which_is_then_released() {
+        let (mut s, [a, b, c, d], job) = spared(false);
+        for n in [a, b, c] {
+            finish(&mut s, job, 1, n, RunOutcome::Exited(0));
+        }
+        let j = &s.jobs[&job];
+        assert_eq!(j.state, JobState::Completed, "the spare's part reports nothing: {:?}", j.reasons);
+        assert_eq!(j.parts_to_stop().map(|p| p.alloc.node).collect::<Vec<_>>(), vec![d], "the spare is stopped, then released");
+        finish(&mut s, job, 1, d, RunOutcome::Lost("stopped before it started".into()));
+        assert!(s.jobs[&job].parts.is_empty() && !s.holding_parts.contains(&job));
+    }
+
+    #[test]
+    fn losing_the_spare_leaves_the_gang_running_and_losing_rank_0_requeues_it() {
+        let (mut s, [a, _b, _c, d], job) = spared(true);
+        s.apply(&Command::NodeDown { node: d, reason: "no heartbeat".into(), now_ms: 1_000 });
+        let j = &s.jobs[&job];
+        assert_eq!((j.state, j.spares.len(), j.parts.len()), (JobState::Running, 0, 3));
+        let (mut s, [a2, ..], job) = spared(true);
+        assert_eq!(a, a2);
+        s.apply(&Command::NodeDown { node: a, reason: "no heartbeat".into(), now_ms: 1_000 });
+        assert_eq!(s.jobs[&job].state, JobState::Pending, "the batch script's node: the gang is requeued");
+    }
+
+    #[test]
+    fn a_gpu_fault_is_not_repaired_but_a_part_the_node_reports_lost_is() {
+        let (mut s, [_a, b, _c, d], job) = spared(false);
+        s.apply(&Command::GpuHealth { node: b, gpu: 0, mig_uuid: None, healthy: false, reason: "Xid 79".into(), now_ms: 1_000 });
+        assert_eq!(s.jobs[&job].state, JobState::Pending, "the part may still run on a live node: requeued");
+        let (mut s, [_a, b, _c, d2], job) = spared(false);
+        assert_eq!(d, d2);
+        finish(&mut s, job, 1, b, RunOutcome::Lost("node restarted".into()));
+        let j = &s.jobs[&job];
+        assert_eq!((j.state, j.run_nodes()[1]), (JobState::Running, d));
+    }
+}

@@ -1,0 +1,98 @@
+//! Issue 43, gang repair: a 2-node `corral submit` gang holding one spare node loses a worker
+//! node (its `corrald` SIGKILLed: the node's watchdog fences its processes, the leader declares
+//! it down). The lost rank starts on the spare with the same rank, and the other part is never
+//! restarted. A second loss, with no spare left, requeues the gang as before, which then runs
+//! again with a spare once its nodes are back.
+
+use std::time::Duration;
+
+use corral_tests::{now_ms, wait_until, TestCluster};
+
+/// Each part appends "NODE RANK PID RESTARTS START_MS" to `parts.txt` in the job's directory,
+/// then sleeps.
+const JOB: &str = "#!/bin/sh
+#SBATCH -N 2
+#SBATCH --spare-nodes=1
+#SBATCH --gres=gpu:1
+#SBATCH --requeue
+#SBATCH -x LEADER
+echo \"$CORRAL_NODE $CORRAL_NODE_RANK $$ $CORRAL_RESTART_COUNT $(date +%s%3N)\" >> parts.txt
+exec sleep 600
+";
+
+/// The lines of `parts.txt`: (node, rank, pid, restarts, start ms).
+fn parts(c: &TestCluster) -> Vec<(String, u32, u32, u32, u64)> {
+    let text = std::fs::read_to_string(c.work.join("parts.txt")).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some((
+                f.first()?.to_string(),
+                f.get(1)?.parse().ok()?,
+                f.get(2)?.parse().ok()?,
+                f.get(3)?.parse().ok()?,
+                f.get(4)?.parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+fn alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+#[test]
+fn a_gang_with_a_spare_loses_a_worker_node_and_goes_on_without_restarting_its_other_part() {
+    let c = TestCluster::up(&["--nodes", "4", "--gpus", "h100:1"]);
+    let leader = c.leader();
+    std::fs::write(c.work.join("job.sh"), JOB.replace("LEADER", &leader)).expect("write the job");
+    let out = c.corral(&["submit", "job.sh"]);
+    assert!(out.status.success(), "submit: {}", String::from_utf8_lossy(&out.stderr));
+    let id: u64 = String::from_utf8_lossy(&out.stdout).split_whitespace().last().and_then(|w| w.parse().ok()).expect("a job id");
+    wait_until("both parts to start", Duration::from_secs(30), || parts(&c).len() == 2);
+    let job = c.job(id);
+    let nodes: Vec<String> =
+        job["nodes"].as_array().map(|a| a.iter().filter_map(|n| n.as_str().map(str::to_string)).collect()).unwrap_or_default();
+    let spares = job["spares"].as_array().cloned().unwrap_or_default();
+    assert_eq!((nodes.len(), spares.len(), job["state"].as_str()), (2, 1, Some("RUNNING")), "{job}");
+    let spare = spares[0].as_str().unwrap_or_default().to_string();
+    assert!(!nodes.contains(&spare) && !nodes.contains(&leader) && spare != leader, "{job}");
+    let (survivor, worker) = (nodes[0].clone(), nodes[1].clone());
+    let before = parts(&c);
+    let survivor_pid = before.iter().find(|p| p.0 == survivor).map(|p| p.2).expect("the survivor's part");
+    let worker_pid = before.iter().find(|p| p.0 == worker).map(|p| p.2).expect("the worker's part");
+    assert!(before.iter().all(|p| p.0 != spare), "nothing ran on the spare: {before:?}");
+
+    // The worker's daemon dies: its watchdog fences its part, the leader declares it down,
+    // and rank 1 starts on the spare.
+    let killed_ms = now_ms();
+    c.signal(&worker, "KILL");
+    wait_until("rank 1 to start on the spare", Duration::from_secs(60), || parts(&c).iter().any(|p| p.0 == spare));
+    let after = parts(&c);
+    let started_ms = after.iter().find(|p| p.0 == spare).map_or(0, |p| p.4);
+    eprintln!("rank 1 started on the spare {} ms after its node's corrald was SIGKILLed", started_ms.saturating_sub(killed_ms));
+    assert_eq!(after.iter().find(|p| p.0 == spare).map(|p| (p.1, p.3)), Some((1, 0)), "the same rank, no restart: {after:?}");
+    assert_eq!(after.iter().filter(|p| p.0 == survivor).count(), 1, "the survivor never started again: {after:?}");
+    assert!(alive(survivor_pid), "the survivor's process still runs");
+    assert!(!alive(worker_pid), "the lost node's part was fenced");
+    let job = c.job(id);
+    assert_eq!((job["state"].as_str(), job["restart_count"].as_u64()), (Some("RUNNING"), Some(0)), "{job}");
+    assert_eq!(job["nodes"], serde_json::json!([survivor, spare]), "{job}");
+    let repair = &job["repairs"][0];
+    assert_eq!(
+        (repair["rank"].as_u64(), repair["lost"].as_str(), repair["spare"].as_str()),
+        (Some(1), Some(worker.as_str()), Some(spare.as_str())),
+        "{job}"
+    );
+
+    // No spare left: losing the spare's node now requeues the gang, as without spares.
+    c.signal(&spare, "KILL");
+    wait_until("the gang to be requeued", Duration::from_secs(60), || c.job(id)["restart_count"].as_u64() == Some(1));
+    wait_until("the survivor to be stopped", Duration::from_secs(30), || !alive(survivor_pid));
+    // Its nodes back, it runs again from the start: both ranks, a spare again.
+    c.start(&worker);
+    c.start(&spare);
+    wait_until("the requeued gang to run again", Duration::from_secs(90), || parts(&c).iter().filter(|p| p.3 == 1).count() == 2);
+    let job = c.job(id);
+    assert_eq!((job["state"].as_str(), job["spares"].as_array().map(Vec::len)), (Some("RUNNING"), Some(1)), "{job}");
+}
