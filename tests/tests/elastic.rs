@@ -73,7 +73,13 @@ impl Elastic {
             if std::time::Instant::now() > deadline {
                 let out = std::fs::read_to_string(self.c.work.join(format!("slurm-{job}.out"))).unwrap_or_default();
                 let tail: Vec<&str> = out.lines().rev().take(60).collect::<Vec<_>>().into_iter().rev().collect();
-                panic!("timed out after {patience:?} waiting for {what}\n{}\nparts: {:?}\nsteps: {:?}\n{}", tail.join("\n"), self.parts(0), self.steps(job).iter().rev().take(6).collect::<Vec<_>>(), self.c.job(job));
+                panic!(
+                    "timed out after {patience:?} waiting for {what}\n{}\nparts: {:?}\nsteps: {:?}\n{}",
+                    tail.join("\n"),
+                    self.parts(0),
+                    self.steps(job).iter().rev().take(6).collect::<Vec<_>>(),
+                    self.c.job(job)
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -175,8 +181,16 @@ fn elastic_torchrun_survives_a_worker_node_loss_on_a_spare_and_ends_as_an_uninte
     let spared = e.submit("spare.sh", "#SBATCH --spare-nodes=1");
     let with_spare = e.lose_a_worker(spared, t0);
     let survivor = with_spare.job["nodes"][0].as_str().unwrap_or_default().to_string();
-    assert_eq!((with_spare.job["restart_count"].as_u64(), with_spare.job["repairs"].as_array().map(Vec::len)), (Some(0), Some(1)), "{with_spare:?}");
-    assert_eq!(with_spare.parts.iter().filter(|p| p.0 == survivor).count(), 1, "Corral never restarted the survivor's torchrun: {with_spare:?}");
+    assert_eq!(
+        (with_spare.job["restart_count"].as_u64(), with_spare.job["repairs"].as_array().map(Vec::len)),
+        (Some(0), Some(1)),
+        "{with_spare:?}"
+    );
+    assert_eq!(
+        with_spare.parts.iter().filter(|p| p.0 == survivor).count(),
+        1,
+        "Corral never restarted the survivor's torchrun: {with_spare:?}"
+    );
     assert!(with_spare.steps_lost <= 1, "{with_spare:?}");
     assert_eq!(with_spare.final_weights, expected, "the repaired run ends as an uninterrupted one");
 

@@ -1249,6 +1249,15 @@ fn scontrol_show_job_layout() {
     assert!(lines.contains(&"   NodeList=gpu01"));
     assert!(lines.contains(&"   StdOut=/w/slurm-9.out"));
     assert!(lines.contains(&"   TresPerNode=gres:gpu:h100:8"));
+    assert!(!text.contains("SpareNodes="), "only a job with spares has the line");
+    // A job with spares: those left, and its repairs.
+    let mut spared = j.clone();
+    std::sync::Arc::make_mut(&mut spared.spec).set_spare_nodes(2);
+    spared.spares = vec![2];
+    spared.repairs = vec![proto::Repair { run: 1, rank: 1, lost: 3, spare: 1, at_ms: 1_800_000_000_000, reason: "node down".into() }];
+    let text = scontrol::job_text(&spared, &names_map(), 1_800_000_070_000);
+    let line = text.lines().find(|l| l.contains("SpareNodes=")).unwrap_or_default();
+    assert!(line.starts_with("   SpareNodes=gpu02 Repairs=1:3>gpu01@"), "{line}");
     // A job that left the queue shows why, as Slurm does.
     for (state, exit_code, reason, code) in [
         (JobState::Timeout, None, "TimeLimit", "0:15"),
