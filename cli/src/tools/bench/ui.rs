@@ -1,6 +1,6 @@
 //! `corral bench --ui NODES,JOBS`: the web UI's server times with a big cluster: a 3-voter
 //! `dev up` cluster, NODES simulated nodes (`corrald --sim-nodes`) and JOBS jobs in the queue
-//! (half the simulated GPUs' worth running, the rest pending), `corral restd` on the first node,
+//! (one running on each node, the rest pending), `corral restd` on the first node,
 //! and every `/ui/api/` call timed with `curl` as a browser makes it (HTTPS, a token) against
 //! the REST API's `/slurm/v0.0.38/jobs` and `/nodes` (`squeue --json`, `sinfo --json`) over the
 //! same jobs and nodes in the same run. Prints figures; asserts nothing about speed.
@@ -121,16 +121,19 @@ async fn measure(dir: &Path, opts: &UiBench) -> anyhow::Result<()> {
     let (_sim, join_ms): (Sim, u64) = Sim::start(dir, opts.nodes, Beats::Relayed, Duration::from_secs(900)).await?;
     println!("  {} simulated nodes joined in {join_ms} ms", opts.nodes);
     tokio::time::sleep(SETTLE).await;
-    fill(&cluster, &workdir, opts.jobs.min(opts.nodes * 4), opts.jobs).await?;
+    fill(&cluster, &workdir, opts.jobs.min(opts.nodes), opts.jobs).await?;
     let Reply::Token(token) =
         cluster.call_patiently(Request::IssueToken { user: Some("root".into()), lifespan_s: Some(3_600) }, Duration::from_secs(20)).await?
     else {
         bail!("unexpected reply to IssueToken")
     };
     let restd = start_restd(dir)?;
-    let job =
-        cluster.query_jobs(proto::JobQuery { live: true, brief: true, limit: 1, ..Default::default() }, Duration::from_secs(20)).await?;
-    let job = job.first().map(|j| j.id).context("no job")?;
+    // One page of one job (query_jobs would page through all of them).
+    let query = proto::JobQuery { live: true, brief: true, limit: 1, states: vec![proto::JobState::Running], ..Default::default() };
+    let Reply::JobPage { jobs, .. } = cluster.call_patiently(Request::QueryJobs { query }, Duration::from_secs(20)).await? else {
+        bail!("unexpected reply to QueryJobs")
+    };
+    let job = jobs.first().map(|j| j.id).context("no running job")?;
     let rows: Vec<(String, &str)> = vec![
         ("/ui/".into(), "the page (HTML)"),
         ("/ui/app.js".into(), "its script"),
