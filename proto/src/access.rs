@@ -51,6 +51,7 @@ impl Request {
             | Request::GpuSeries { .. }
             | Request::GpuSamples { .. }
             | Request::NodeEvents
+            | Request::QueueSummary { .. }
             | Request::ExpectedStarts => Access::User,
             // A node renews its own certificate; `Api::handle` refuses a user's before this.
             Request::RenewCert { .. } => Access::User,

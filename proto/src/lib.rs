@@ -59,7 +59,9 @@ pub use partition::{PartitionChanges, PartitionEdit, PartitionState};
 pub use policy::{
     PartitionDef, QosDef, SchedulerPolicy, DECAY_HALF_LIFE_MIN_DEFAULT, DECAY_HALF_LIFE_MIN_MAX, DEFAULT_PARTITION, DEFAULT_QOS,
 };
-pub use reply::{ClusterInfo, ClusterMember, GpuNow, GpuPoint, Reply, Response, EXPECTED_STARTS_MAX, GPU_POINTS_MAX, GPU_SAMPLES_MAX};
+pub use reply::{
+    ClusterInfo, ClusterMember, GpuNow, GpuPoint, Reply, Response, EXPECTED_STARTS_MAX, GPU_POINTS_MAX, GPU_SAMPLES_MAX, QUEUE_ROWS_MAX,
+};
 pub use request::{
     Beat, Envelope, JobQuery, RaftRpcKind, Request, RunReport, FORWARD_HOPS_MAX, HEARTBEATS_PER_REQUEST_MAX, JOB_PAGE_MAX,
     JOB_PAGE_SCAN_MAX, LOG_OFFSET_TAIL, REPORTS_PER_REQUEST_MAX,

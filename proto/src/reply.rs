@@ -155,6 +155,13 @@ pub enum Reply {
     GpuSeries(Vec<GpuPoint>),
     /// Answer to [`Request::GpuSamples`]: at most [`GPU_SAMPLES_MAX`].
     GpuSamples(Vec<GpuNow>),
+    /// Answer to [`Request::QueueSummary`]: `counts` by state name over all `total` live jobs;
+    /// `jobs` at most [`QUEUE_ROWS_MAX`].
+    QueueSummary {
+        counts: Vec<(String, u64)>,
+        total: u64,
+        jobs: Vec<Job>,
+    },
     /// Answer to [`Request::NodeEvents`]: at most [`crate::NODE_EVENTS_MAX`].
     NodeEvents(Vec<crate::NodeEvent>),
     /// Answer to [`Request::ExpectedStarts`]: (job, epoch ms), at most
@@ -190,6 +197,8 @@ pub const GPU_SAMPLES_MAX: usize = 1_024;
 
 /// Points in one [`Reply::GpuSeries`] at most: a longer run's points are merged in pairs.
 pub const GPU_POINTS_MAX: usize = 240;
+/// Rows in one [`Reply::QueueSummary`] at most.
+pub const QUEUE_ROWS_MAX: u32 = 1_000;
 /// Jobs in one [`Reply::ExpectedStarts`] at most.
 pub const EXPECTED_STARTS_MAX: usize = 1_024;
 

@@ -368,6 +368,15 @@ pub enum Request {
     GpuSamples {
         node: String,
     },
+    /// The web UI's queue, in one read: the live jobs' counts by state, and at most `rows_max`
+    /// of them (running ones by id, then the pending ones of `first` in that order, then the
+    /// other pending ones by id), brief, pending ones with their reasons ([`Reply::QueueSummary`]).
+    /// `user`: only that user's. Answered by any member from its state.
+    QueueSummary {
+        user: Option<String>,
+        first: Vec<JobId>,
+        rows_max: u32,
+    },
     /// The last node events the replicated state keeps, newest last ([`Reply::NodeEvents`]).
     /// Answered by any member from its state.
     NodeEvents,

@@ -220,6 +220,7 @@ impl Node {
                             | Request::GetAccounts
                             | Request::GetShares
                             | Request::NodeEvents
+                            | Request::QueueSummary { .. }
                             | Request::GetPriorities { .. }
                             | Request::ShowConfig
                             | Request::AccountingDigest

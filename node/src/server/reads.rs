@@ -1,7 +1,7 @@
 //! The read-only answers any member gives from its replica: jobs (with why pending ones wait),
 //! nodes, members, policy, accounts, shares, priorities and configuration.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use proto::{ApiError, ClusterInfo, ClusterMember, Job, JobId, JobState, NodeId, NodeInfo, NodeRole, Reply, Request, Response};
 
@@ -49,6 +49,7 @@ impl Node {
             Request::ShowConfig => Ok(Reply::Config(self.show_config())),
             Request::TestSubmit { spec } => self.test_submit(spec),
             Request::GetShares => Ok(Reply::Shares(self.shares())),
+            Request::QueueSummary { user, first, rows_max } => Ok(self.queue_summary(user.as_deref(), &first, rows_max)),
             Request::NodeEvents => Ok(Reply::NodeEvents(self.state.read(|s| s.node_events.iter().cloned().collect()))),
             Request::GetPriorities { jobs, users } => Ok(self.priorities(&jobs, &users)),
             other => Err(ApiError::Invalid(format!("not a read request: {other:?}"))),
@@ -131,6 +132,32 @@ impl Node {
 
     /// Fills in why each pending job does not start now: the pure scheduler run on this node's
     /// committed state gives the same answer the leader's pass would.
+    /// `Request::QueueSummary`: one pass over the live jobs, and one scheduling pass to explain
+    /// only the pending rows it returns.
+    fn queue_summary(&self, user: Option<&str>, first: &[JobId], rows_max: u32) -> Reply {
+        let rows_max = rows_max.min(proto::QUEUE_ROWS_MAX) as usize;
+        let (counts, total, mut jobs) = self.state.read(|s| {
+            let live: Vec<&Job> = s.jobs.values().filter(|j| !j.state.is_final() && user.is_none_or(|u| j.spec.user == u)).collect();
+            let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+            for j in &live {
+                *counts.entry(j.state_name().to_string()).or_default() += 1;
+            }
+            let rank: BTreeMap<JobId, usize> = first.iter().enumerate().map(|(i, id)| (*id, i)).collect();
+            let mut order: Vec<&Job> = live;
+            order.sort_by_key(|j| (j.state != JobState::Running, rank.get(&j.id).copied().unwrap_or(usize::MAX), j.id));
+            let total = order.len() as u64;
+            let rows: Vec<Job> = order.into_iter().take(rows_max).cloned().collect();
+            (counts.into_iter().collect::<Vec<_>>(), total, rows)
+        });
+        for j in &mut jobs {
+            let spec = std::sync::Arc::make_mut(&mut j.spec);
+            spec.env.clear();
+            spec.script = None;
+        }
+        self.explain_pending(&mut jobs);
+        Reply::QueueSummary { counts, total, jobs }
+    }
+
     fn explain_pending(&self, jobs: &mut [Job]) {
         if !jobs.iter().any(|j| j.state == JobState::Pending) {
             return;

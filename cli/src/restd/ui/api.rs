@@ -60,25 +60,25 @@ pub(super) struct QueueQuery {
 pub(super) async fn queue(State(api): State<Arc<Api>>, Extension(caller): Extension<Caller>, Query(q): Query<QueueQuery>) -> Answer {
     let user = caller.user_or_401()?;
     let cluster = api.cluster_for(user);
-    let mut query = proto::JobQuery { live: true, brief: true, ..Default::default() };
-    if q.mine {
-        query.users = vec![user.to_string()];
-    }
-    let jobs = cluster.query_jobs(query, PATIENCE).await.map_err(failed)?;
     let names = node_names(&cluster).await?;
     // A cluster without a leader still shows its queue, without expected starts.
     let expected: BTreeMap<u64, u64> = match cluster.call_patiently(Request::ExpectedStarts, PATIENCE).await {
         Ok(Reply::ExpectedStarts(list)) => list.into_iter().collect(),
         _ => BTreeMap::new(),
     };
-    let mut counts: BTreeMap<&str, u64> = BTreeMap::new();
-    for j in &jobs {
-        *counts.entry(j.state_name()).or_default() += 1;
-    }
-    let mut order: Vec<&Job> = jobs.iter().filter(|j| !j.state.is_final()).collect();
-    order.sort_by_key(|j| (j.state != JobState::Running, expected.get(&j.id).copied().unwrap_or(u64::MAX), j.id));
-    let rows: Vec<Value> = order.iter().take(QUEUE_ROWS_MAX).map(|j| queue_row(j, &names, expected.get(&j.id).copied())).collect();
-    Ok(Json(json!({ "now_ms": now_ms(), "counts": counts, "total": order.len(), "jobs": rows })))
+    let mut first: Vec<(u64, u64)> = expected.iter().map(|(job, at)| (*at, *job)).collect();
+    first.sort_unstable();
+    let summary = Request::QueueSummary {
+        user: q.mine.then(|| user.to_string()),
+        first: first.into_iter().map(|(_, job)| job).collect(),
+        rows_max: QUEUE_ROWS_MAX as u32,
+    };
+    let Reply::QueueSummary { counts, total, jobs } = call(&cluster, summary).await? else {
+        return Err(error(StatusCode::BAD_GATEWAY, "unexpected reply to QueueSummary"));
+    };
+    let counts: BTreeMap<String, u64> = counts.into_iter().collect();
+    let rows: Vec<Value> = jobs.iter().map(|j| queue_row(j, &names, expected.get(&j.id).copied())).collect();
+    Ok(Json(json!({ "now_ms": now_ms(), "counts": counts, "total": total, "jobs": rows })))
 }
 
 fn queue_row(j: &Job, names: &BTreeMap<NodeId, String>, expected_start_ms: Option<u64>) -> Value {
