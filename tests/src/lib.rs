@@ -210,10 +210,17 @@ impl Drop for TestCluster {
 }
 
 /// Polls `done` every 50 ms until it holds; panics after `patience`.
-pub fn wait_until(what: &str, patience: Duration, mut done: impl FnMut() -> bool) {
+pub fn wait_until(what: &str, patience: Duration, done: impl FnMut() -> bool) {
+    wait_until_or_show(what, patience, done, String::new);
+}
+
+/// [`wait_until`], with what `context` says (the state that was waited on) in the panic.
+pub fn wait_until_or_show(what: &str, patience: Duration, mut done: impl FnMut() -> bool, context: impl FnOnce() -> String) {
     let deadline = Instant::now() + patience;
     while !done() {
-        assert!(Instant::now() < deadline, "timed out after {:.1} s waiting for {what}", patience.as_secs_f64());
+        if Instant::now() >= deadline {
+            panic!("timed out after {:.1} s waiting for {what}\n{}", patience.as_secs_f64(), context());
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
 }

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use corral_tests::{corral_bin, now_ms, pyenv, TestCluster};
+use corral_tests::{corral_bin, now_ms, pyenv, wait_until_or_show, TestCluster};
 use serde_json::Value;
 
 const TRAIN: &str = include_str!("../fixtures/torch/elastic_train.py");
@@ -67,22 +67,13 @@ impl Elastic {
     }
 
     /// Waits for `done`; on a timeout, fails with the job's output and the parts started.
-    fn wait(&self, job: u64, what: &str, patience: Duration, mut done: impl FnMut() -> bool) {
-        let deadline = std::time::Instant::now() + patience;
-        while !done() {
-            if std::time::Instant::now() > deadline {
-                let out = std::fs::read_to_string(self.c.work.join(format!("slurm-{job}.out"))).unwrap_or_default();
-                let tail: Vec<&str> = out.lines().rev().take(60).collect::<Vec<_>>().into_iter().rev().collect();
-                panic!(
-                    "timed out after {patience:?} waiting for {what}\n{}\nparts: {:?}\nsteps: {:?}\n{}",
-                    tail.join("\n"),
-                    self.parts(0),
-                    self.steps(job).iter().rev().take(6).collect::<Vec<_>>(),
-                    self.c.job(job)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+    fn wait(&self, job: u64, what: &str, patience: Duration, done: impl FnMut() -> bool) {
+        wait_until_or_show(what, patience, done, || {
+            let out = std::fs::read_to_string(self.c.work.join(format!("slurm-{job}.out"))).unwrap_or_default();
+            let tail: Vec<&str> = out.lines().rev().take(60).collect::<Vec<_>>().into_iter().rev().collect();
+            let steps: Vec<_> = self.steps(job).into_iter().rev().take(6).collect();
+            format!("{}\nparts: {:?}\nsteps: {steps:?}\n{}", tail.join("\n"), self.parts(0), self.c.job(job))
+        });
     }
 
     fn checkpoints(&self, job: u64) -> PathBuf {

@@ -213,24 +213,28 @@ impl JobGpuAccounting {
     }
 }
 
+/// A whole GPU's sample for tests: `util` % busy, `used` MiB used.
+#[cfg(test)]
+pub(crate) fn test_sample(gpu: u32, util: u32, used: u64) -> GpuSample {
+    GpuSample {
+        gpu,
+        uuid: format!("GPU-{gpu}"),
+        model: "m".into(),
+        utilization_pct: Some(util),
+        memory_utilization_pct: None,
+        memory_used_mib: used,
+        memory_free_mib: 0,
+        temperature_c: 0,
+        power_mw: 0,
+        mig: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn sample(gpu: u32, util: u32, used: u64) -> GpuSample {
-        GpuSample {
-            gpu,
-            uuid: format!("GPU-{gpu}"),
-            model: "m".into(),
-            utilization_pct: Some(util),
-            memory_utilization_pct: None,
-            memory_used_mib: used,
-            memory_free_mib: 0,
-            temperature_c: 0,
-            power_mw: 0,
-            mig: None,
-        }
-    }
+    use super::test_sample as sample;
 
     #[test]
     fn accounting_means_and_peaks() {

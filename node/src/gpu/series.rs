@@ -138,20 +138,7 @@ pub fn latest(samples: &[GpuSample], holders: &BTreeMap<u32, JobId>, at_ms: u64)
 mod tests {
     use super::*;
 
-    fn sample(gpu: u32, util: u32, used: u64) -> GpuSample {
-        GpuSample {
-            gpu,
-            uuid: format!("GPU-{gpu}"),
-            model: "m".into(),
-            utilization_pct: Some(util),
-            memory_utilization_pct: None,
-            memory_used_mib: used,
-            memory_free_mib: 0,
-            temperature_c: 0,
-            power_mw: 0,
-            mig: None,
-        }
-    }
+    use crate::gpu::sampler::test_sample as sample;
 
     #[test]
     fn a_point_is_the_mean_utilization_and_the_most_memory_of_a_jobs_gpus() {

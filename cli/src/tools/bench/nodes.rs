@@ -192,7 +192,7 @@ fn handshakes(before: &transport::Counters, after: &transport::Counters, (accept
     )
 }
 
-fn unix_ms() -> u64 {
+pub(super) fn unix_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 

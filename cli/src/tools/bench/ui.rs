@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use proto::{Reply, Request};
 
-use super::nodes::{run_jobs, sim_spec, submit, Beats, Sim, SETTLE};
+use super::nodes::{run_jobs, sim_spec, submit, unix_ms, Beats, Sim, SETTLE};
 use super::stats::{percentile, sorted};
 use crate::client::Cluster;
 use crate::tools::dev::{self, DevOptions};
@@ -164,10 +164,6 @@ async fn measure(dir: &Path, opts: &UiBench) -> anyhow::Result<()> {
         p50("/ui/api/nodes") / p50("/slurm/v0.0.38/nodes")
     );
     Ok(())
-}
-
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 pub async fn run(opts: UiBench, dir: Option<PathBuf>) -> anyhow::Result<()> {
