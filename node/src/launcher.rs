@@ -287,6 +287,9 @@ fn nccl_env(nccl: &NcclEnv) -> BTreeMap<String, String> {
     env
 }
 
+/// Set for a gang with spare nodes: torchrun's workers get a store of their own each round.
+pub const TORCH_UNSHARED_STORE_ENV: &str = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE";
+
 /// Adds where the run's ranks meet (`MASTER_ADDR`, `MASTER_PORT`, torchrun's) and its shape
 /// (`NNODES`, `NODE_RANK`, `NPROC_PER_NODE`, `WORLD_SIZE`) to `env`.
 fn insert_rendezvous_env(env: &mut BTreeMap<String, String>, job: &Job, ctx: &LaunchContext<'_>, nproc_per_node: u32) {
@@ -301,6 +304,14 @@ fn insert_rendezvous_env(env: &mut BTreeMap<String, String>, job: &Job, ctx: &La
         }
     }
     env.insert("MASTER_ADDR".into(), master);
+    if job.spec.spare_nodes() > 0 {
+        // A repaired rank's torchrun joins the survivors' rendezvous in a later round. Since 2.4
+        // torchrun shares its rendezvous store with the workers, and an agent that was rank 0
+        // before keeps that store without publishing its address in the new round, where the
+        // joiner waits for it until the store times out (60 s) and the job fails. Without the
+        // sharing, rank 0 publishes a fresh address every round, as torch did before 2.4.
+        env.insert(TORCH_UNSHARED_STORE_ENV.into(), "1".into());
+    }
     env.insert("NNODES".into(), nnodes.to_string());
     env.insert("NODE_RANK".into(), ctx.node_rank.to_string());
     env.insert("NPROC_PER_NODE".into(), nproc_per_node.to_string());
@@ -1020,6 +1031,10 @@ mod tests {
             spec.script = Some("#!/bin/sh\ntrue\n".into());
         }
         spec.env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        prepared_spec(dir, spec, rank, hosts, corral)
+    }
+
+    fn prepared_spec(dir: &Path, spec: proto::JobSpec, rank: usize, hosts: Option<&Path>, corral: Option<&Path>) -> LaunchSpec {
         let mut job = scheduler::testkit::Cluster::new().submit(7, spec, 1).jobs[&7].clone();
         job.run = 1;
         job.master_port = Some(29_501);
@@ -1082,6 +1097,21 @@ mod tests {
         // A batch script gets none: its steps get their own (`srun torchrun`).
         let env = prepared(true, 0, None, &[]).env;
         assert!(!env.keys().any(|k| k.starts_with("PET_")), "{env:?}");
+    }
+
+    #[test]
+    fn a_gang_with_spares_gives_torchruns_workers_a_store_per_round_unless_it_chose() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let gang = |spares: u32, env: &[(&str, &str)]| {
+            let mut spec = proto::JobSpec::command(vec!["/bin/true".into()], "/tmp", "alice");
+            spec.nodes = 2;
+            spec.set_spare_nodes(spares);
+            spec.env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            prepared_spec(dir.path(), spec, 1, None, None).env.get(TORCH_UNSHARED_STORE_ENV).cloned()
+        };
+        assert_eq!(gang(0, &[]), None, "nothing rejoins a gang without spares: torch's default");
+        assert_eq!(gang(1, &[]).as_deref(), Some("1"));
+        assert_eq!(gang(1, &[(TORCH_UNSHARED_STORE_ENV, "0")]).as_deref(), Some("0"), "the job's own choice wins");
     }
 
     #[test]

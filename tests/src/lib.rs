@@ -195,7 +195,19 @@ impl TestCluster {
                 }
             }
         }
-        eprintln!("whole node logs kept in {}", kept.display());
+        // The jobs' own output (`slurm-N.out` and what job bodies log) says what the job saw.
+        let outputs = std::fs::read_dir(&self.work).into_iter().flatten().flatten().filter(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            (name.ends_with(".out") || name.ends_with(".err") || name.ends_with(".txt") || name.ends_with(".log"))
+                && e.metadata().is_ok_and(|m| m.is_file() && m.len() <= 16 << 20)
+        });
+        for entry in outputs {
+            let to = kept.join("work");
+            if let Err(e) = std::fs::create_dir_all(&to).and_then(|()| std::fs::copy(entry.path(), to.join(entry.file_name()))) {
+                eprintln!("cannot keep {}: {e}", entry.path().display());
+            }
+        }
+        eprintln!("whole node logs and job outputs kept in {}", kept.display());
     }
 }
 

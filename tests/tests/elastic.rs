@@ -20,15 +20,19 @@ const STEPS: u64 = 60;
 /// becomes the node's torchrun agent; `OPTIONS` are more `#SBATCH` lines. The dev nodes share one
 /// host, where every node would take `MASTER_ADDR` for its own and the first to bind would host
 /// the rendezvous store: rank 0's node is told it is the host (`is_host`), as on real machines.
+/// torch ranks agents by (address, pid); on one host the pid decides, so rank 1 starts its agent
+/// a second later, as a child: the survivor is always torch's rank 0, the case where a joiner
+/// waited for a store address torch never published (`launcher::TORCH_UNSHARED_STORE_ENV`).
 const JOB: &str = "#!/bin/sh
 #SBATCH -N 2
 #SBATCH --gres=gpu:1
 #SBATCH -x LEADER
 OPTIONS
 echo \"$CORRAL_NODE $CORRAL_NODE_RANK $$ $(date +%s%3N)\" >> parts.txt
-if [ \"$CORRAL_NODE_RANK\" = 0 ]; then host=1; else host=0; fi
-exec torchrun --nnodes=2:2 --nproc_per_node=1 --rdzv_backend=c10d --rdzv_endpoint=$MASTER_ADDR:$MASTER_PORT \\
-  --rdzv_conf=is_host=$host --rdzv_id=$CORRAL_JOB_ID --max_restarts=5 elastic_train.py
+if [ \"$CORRAL_NODE_RANK\" = 0 ]; then host=1; else host=0; sleep 1; fi
+torchrun --nnodes=2:2 --nproc_per_node=1 --rdzv_backend=c10d --rdzv_endpoint=$MASTER_ADDR:$MASTER_PORT \\
+  --rdzv_conf=is_host=$host --rdzv_id=$CORRAL_JOB_ID --max_restarts=5 elastic_train.py &
+wait $!
 ";
 
 struct Elastic {
