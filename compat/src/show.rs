@@ -104,6 +104,24 @@ pub fn reason_code(job: &Job) -> String {
     code.to_string()
 }
 
+/// The reason codes whose Corral reason carries, after `CODE: `, the text Slurm keeps as the
+/// job's `state_desc` (partition access: `part_policy_valid_acct`/`_qos`).
+const DESCRIBED_REASONS: [&str; 2] = ["InvalidAccount", "InvalidQOS"];
+
+/// A pending job's reason as `squeue`'s `%r`/`%R` and `scontrol show job` print it: Slurm's
+/// description where it keeps one (`Job's account not permitted to use this partition (...)`),
+/// else the code ([`reason_code`]).
+pub fn reason_shown(job: &Job) -> String {
+    let described = job.reason().and_then(|r| {
+        let (code, text) = r.split_once(": ")?;
+        DESCRIBED_REASONS.contains(&code).then(|| text.to_string())
+    });
+    match described {
+        Some(text) if job.state == JobState::Pending && !job.spec.hold => text,
+        _ => reason_code(job),
+    }
+}
+
 /// `afterok:12,singleton` or `(null)`.
 pub fn dependency_text(job: &Job) -> String {
     use proto::DependencyKind::*;

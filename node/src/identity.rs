@@ -44,6 +44,24 @@ fn groups_of(name: &str, gid: u32) -> Vec<u32> {
     }
 }
 
+/// The names of groups `gids` (those without a name here left out).
+pub fn group_names(gids: &[u32]) -> Vec<String> {
+    let mut names = Vec::with_capacity(gids.len());
+    for &gid in gids {
+        let mut buf = vec![0 as libc::c_char; 64 * 1024];
+        // SAFETY: zeroed group is a valid out-parameter; getgrgid_r fills it from `buf`.
+        let mut gr: libc::group = unsafe { std::mem::zeroed() };
+        let mut result: *mut libc::group = std::ptr::null_mut();
+        // SAFETY: every pointer is valid for the sizes given.
+        let rc = unsafe { libc::getgrgid_r(gid, &mut gr, buf.as_mut_ptr(), buf.len(), &mut result) };
+        if rc == 0 && !result.is_null() && !gr.gr_name.is_null() {
+            // SAFETY: getgrgid_r filled `gr_name` with a NUL-terminated string in `buf`.
+            names.push(unsafe { CStr::from_ptr(gr.gr_name) }.to_string_lossy().into_owned());
+        }
+    }
+    names
+}
+
 /// Looks up an account by name; none when the name is unknown here.
 pub fn by_name(name: &str) -> Option<Account> {
     let cname = CString::new(name).ok()?;

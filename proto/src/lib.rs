@@ -55,7 +55,7 @@ pub use node::{
     same_mig_layout, GpuInfo, Inventory, JoinTokenRecord, Link, MigGpuInfo, MigInstance, NetworkLocation, Nic, NodeEvent, NodeInfo,
     NodeRecord, NodeRole, NodeState, Topology, NODE_EVENTS_MAX,
 };
-pub use partition::{PartitionChanges, PartitionEdit, PartitionState};
+pub use partition::{PartitionAccess, PartitionChanges, PartitionEdit, PartitionState, ACCESS_LIST_MAX};
 pub use policy::{
     PartitionDef, QosDef, SchedulerPolicy, DECAY_HALF_LIFE_MIN_DEFAULT, DECAY_HALF_LIFE_MIN_MAX, DEFAULT_PARTITION, DEFAULT_QOS,
 };
@@ -78,7 +78,7 @@ pub use step::{
 /// Bumped on any incompatible change to a type in this crate or to the replicated state
 /// (`state::ClusterState`, in snapshots). The first byte of every encoded message; a peer
 /// speaking another version is refused with a clear error.
-pub const PROTOCOL_VERSION: u8 = 15;
+pub const PROTOCOL_VERSION: u8 = 16;
 
 pub type NodeId = u64;
 pub type JobId = u64;

@@ -57,6 +57,96 @@ impl PartitionState {
     }
 }
 
+/// The most names one access list holds.
+pub const ACCESS_LIST_MAX: usize = 256;
+
+/// Who may use a partition, as Slurm's `AllowAccounts=`, `DenyAccounts=`, `AllowQos=`,
+/// `DenyQos=` and `AllowGroups=`. An empty allow list is Slurm's ALL; a deny list counts only
+/// while the allow list beside it is empty, as in Slurm.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartitionAccess {
+    #[serde(default)]
+    pub allow_accounts: Vec<String>,
+    #[serde(default)]
+    pub deny_accounts: Vec<String>,
+    #[serde(default)]
+    pub allow_qos: Vec<String>,
+    #[serde(default)]
+    pub deny_qos: Vec<String>,
+    /// Unix groups whose members may submit to it (admins always may). Checked at submit, on
+    /// the node that takes the submission, against the user's groups there.
+    #[serde(default)]
+    pub allow_groups: Vec<String>,
+}
+
+impl PartitionAccess {
+    pub fn validate(&self) -> Result<(), String> {
+        let lists = [&self.allow_accounts, &self.deny_accounts, &self.allow_qos, &self.deny_qos, &self.allow_groups];
+        if lists.iter().any(|l| l.len() > ACCESS_LIST_MAX || l.iter().any(|n| n.is_empty() || n.len() > 64 || n.contains(','))) {
+            return Err(format!("an access list holds at most {ACCESS_LIST_MAX} names, each 1-64 bytes without commas"));
+        }
+        Ok(())
+    }
+
+    /// Why partition `name` does not take a job of `account` (none: the job has no account), in
+    /// Slurm's reason code and words; `None`: it does.
+    pub fn account_refusal(&self, name: &str, account: Option<&str>) -> Option<String> {
+        if !self.allow_accounts.is_empty() {
+            let allows = self.allow_accounts.join(",");
+            return match account {
+                None => Some(format!("InvalidAccount: Job's account not known, so it can't use this partition ({name} allows {allows})")),
+                Some(a) if !self.allow_accounts.iter().any(|x| x == a) => {
+                    Some(format!("InvalidAccount: Job's account not permitted to use this partition ({name} allows {allows} not {a})"))
+                }
+                Some(_) => None,
+            };
+        }
+        let a = account?;
+        self.deny_accounts.iter().any(|x| x == a).then(|| {
+            let denies = self.deny_accounts.join(",");
+            format!("InvalidAccount: Job's account not permitted to use this partition ({name} denies {denies} including {a})")
+        })
+    }
+
+    /// Why partition `name` does not take a job of QoS `qos`, as [`Self::account_refusal`].
+    pub fn qos_refusal(&self, name: &str, qos: &str) -> Option<String> {
+        if !self.allow_qos.is_empty() {
+            let allows = self.allow_qos.join(",");
+            return (!self.allow_qos.iter().any(|x| x == qos))
+                .then(|| format!("InvalidQOS: Job's QOS not permitted to use this partition ({name} allows {allows} not {qos})"));
+        }
+        self.deny_qos.iter().any(|x| x == qos).then(|| {
+            let denies = self.deny_qos.join(",");
+            format!("InvalidQOS: Job's QOS not permitted to use this partition ({name} denies {denies} including {qos})")
+        })
+    }
+
+    /// Whether a member of `groups` may submit to it.
+    pub fn allows_groups(&self, groups: &[String]) -> bool {
+        self.allow_groups.is_empty() || self.allow_groups.iter().any(|g| groups.contains(g))
+    }
+
+    /// `scontrol show partition`'s second line: `AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL`,
+    /// a deny list shown in place of an empty allow list, as Slurm does.
+    pub fn show(&self) -> String {
+        let list = |l: &[String]| if l.is_empty() { "ALL".to_string() } else { l.join(",") };
+        let pair = |what: &str, allow: &[String], deny: &[String]| {
+            if allow.is_empty() && !deny.is_empty() {
+                format!("Deny{what}={}", deny.join(","))
+            } else {
+                format!("Allow{what}={}", list(allow))
+            }
+        };
+        format!(
+            "AllowGroups={} {} {}",
+            list(&self.allow_groups),
+            pair("Accounts", &self.allow_accounts, &self.deny_accounts),
+            pair("Qos", &self.allow_qos, &self.deny_qos)
+        )
+    }
+}
+
 /// What `scontrol update PartitionName=...` changes; `None` leaves a field as it is.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PartitionChanges {
@@ -70,6 +160,12 @@ pub struct PartitionChanges {
     pub default: Option<bool>,
     /// `Nodes=LIST`: exactly these nodes, each one the cluster has.
     pub nodes: Option<Vec<String>>,
+    /// `AllowAccounts=` and the other access lists: `Some(empty)` is ALL (or, denying, none).
+    pub allow_accounts: Option<Vec<String>>,
+    pub deny_accounts: Option<Vec<String>>,
+    pub allow_qos: Option<Vec<String>>,
+    pub deny_qos: Option<Vec<String>>,
+    pub allow_groups: Option<Vec<String>>,
 }
 
 /// One change to the partitions.
@@ -107,6 +203,18 @@ impl PartitionChanges {
         }
         if let Some(n) = &self.nodes {
             def.nodes = Some(n.clone());
+        }
+        let access = &mut def.access;
+        for (change, list) in [
+            (&self.allow_accounts, &mut access.allow_accounts),
+            (&self.deny_accounts, &mut access.deny_accounts),
+            (&self.allow_qos, &mut access.allow_qos),
+            (&self.deny_qos, &mut access.deny_qos),
+            (&self.allow_groups, &mut access.allow_groups),
+        ] {
+            if let Some(names) = change {
+                list.clone_from(names);
+            }
         }
     }
 }
@@ -285,6 +393,59 @@ mod tests {
         assert!(policy.partitions_of_node("n1", &gpu).is_empty());
         assert_eq!(policy.partitions_of_node("n2", &gpu), vec!["big".to_string(), "gpu".to_string()]);
         assert!(policy.lists_nodes());
+    }
+
+    #[test]
+    fn access_lists_refuse_in_slurms_words_and_an_allow_list_overrides_a_deny_list() {
+        let names = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let mut access = PartitionAccess::default();
+        assert_eq!((access.account_refusal("p", None), access.qos_refusal("p", "normal")), (None, None), "ALL");
+        assert_eq!(access.show(), "AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL");
+        access.deny_accounts = names(&["bio"]);
+        access.deny_qos = names(&["low"]);
+        assert_eq!(access.account_refusal("p", None), None, "an unknown account is not denied");
+        assert_eq!(
+            access.account_refusal("p", Some("bio")).as_deref(),
+            Some("InvalidAccount: Job's account not permitted to use this partition (p denies bio including bio)")
+        );
+        assert_eq!(
+            access.qos_refusal("p", "low").as_deref(),
+            Some("InvalidQOS: Job's QOS not permitted to use this partition (p denies low including low)")
+        );
+        assert_eq!(access.show(), "AllowGroups=ALL DenyAccounts=bio DenyQos=low");
+        access.allow_accounts = names(&["phys", "chem"]);
+        access.allow_qos = names(&["high"]);
+        assert_eq!(access.account_refusal("p", Some("phys")), None);
+        assert_eq!(
+            access.account_refusal("p", Some("bio")).as_deref(),
+            Some("InvalidAccount: Job's account not permitted to use this partition (p allows phys,chem not bio)")
+        );
+        assert_eq!(
+            access.account_refusal("p", None).as_deref(),
+            Some("InvalidAccount: Job's account not known, so it can't use this partition (p allows phys,chem)")
+        );
+        assert_eq!(
+            access.qos_refusal("p", "normal").as_deref(),
+            Some("InvalidQOS: Job's QOS not permitted to use this partition (p allows high not normal)")
+        );
+        assert_eq!(access.show(), "AllowGroups=ALL AllowAccounts=phys,chem AllowQos=high");
+        access.allow_groups = names(&["gpu"]);
+        assert!(access.allows_groups(&names(&["users", "gpu"])));
+        assert!(!access.allows_groups(&names(&["users"])));
+        access.allow_groups = names(&["a,b"]);
+        assert!(access.validate().is_err());
+    }
+
+    #[test]
+    fn an_edit_sets_or_clears_an_access_list() {
+        let mut policy = SchedulerPolicy::default();
+        let edit = |policy: &mut SchedulerPolicy, e: PartitionEdit| policy.edit_partition(&e, |_| false, |_| false, |_| true);
+        let allow = PartitionChanges { allow_accounts: Some(vec!["phys".into()]), deny_qos: Some(vec!["low".into()]), ..changes() };
+        assert_eq!(edit(&mut policy, PartitionEdit::Create { name: "p".into(), changes: allow }), Ok(()));
+        assert_eq!(policy.partitions[0].access.allow_accounts, vec!["phys".to_string()]);
+        let all = PartitionChanges { allow_accounts: Some(Vec::new()), ..changes() };
+        assert_eq!(edit(&mut policy, PartitionEdit::Update { name: "p".into(), changes: all }), Ok(()));
+        assert_eq!(policy.partitions[0].access, PartitionAccess { deny_qos: vec!["low".into()], ..Default::default() });
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{limits, Limits, PartitionState};
+use crate::{limits, Limits, PartitionAccess, PartitionState};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -26,6 +26,9 @@ pub struct PartitionDef {
     /// that name none).
     #[serde(default)]
     pub nodes: Option<Vec<String>>,
+    /// Which accounts, QoS and groups may use it (`AllowAccounts=`, ...).
+    #[serde(default)]
+    pub access: PartitionAccess,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -64,6 +67,10 @@ pub struct SchedulerPolicy {
     /// Slurm's default, 7 days; `Some(0)`: usage never decays.
     #[serde(default)]
     pub priority_decay_half_life_min: Option<u64>,
+    /// Slurm's `EnforcePartLimits=ALL` (true) or `NO`: a submission its partition's limits or
+    /// access lists refuse is refused at once, instead of pending with the reason.
+    #[serde(default)]
+    pub enforce_part_limits: bool,
 }
 
 /// Slurm's default `PriorityDecayHalfLife`, 7 days.
@@ -88,6 +95,7 @@ impl SchedulerPolicy {
                     return Err(format!("partition {}: at most {} nodes, each name 1-64 bytes", p.name, limits::PARTITION_NODES_MAX));
                 }
             }
+            p.access.validate().map_err(|e| format!("partition {}: {e}", p.name))?;
             if let (Some(d), Some(m)) = (p.default_time_limit_ms, p.max_time_limit_ms) {
                 if d > m {
                     return Err(format!("partition {}: default time limit above its maximum", p.name));
@@ -143,7 +151,12 @@ mod tests {
         let mut high = qos("high");
         high.preempt = vec![DEFAULT_QOS.into()];
         high.preempt_mode = "cancel".into();
-        SchedulerPolicy { partitions: vec![gpu, debug], qos: vec![qos(DEFAULT_QOS), high], priority_decay_half_life_min: Some(0) }
+        SchedulerPolicy {
+            partitions: vec![gpu, debug],
+            qos: vec![qos(DEFAULT_QOS), high],
+            priority_decay_half_life_min: Some(0),
+            enforce_part_limits: false,
+        }
     }
 
     /// Asserts that `policy` is refused with a message holding `expected`.
@@ -207,6 +220,7 @@ mod tests {
             partitions: (0..600).map(|i| partition(&format!("p{i}"))).collect(),
             qos: (0..424).map(|i| qos(&format!("q{i}"))).collect(),
             priority_decay_half_life_min: None,
+            enforce_part_limits: false,
         };
         assert_eq!(p.validate(), Ok(()), "1024 definitions in all pass");
         p.qos.push(qos("one-more"));

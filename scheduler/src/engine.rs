@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use proto::{Allocation, DependencyKind, JobId, JobState, NodeId, Placement};
 
 use crate::fit::{is_mig_profile, node_matches};
-use crate::format::{fmt_duration_ms, fmt_time_ms};
+use crate::format::fmt_time_ms;
 use crate::limits::LimitUsage;
 use crate::mig;
 use crate::topo;
@@ -532,13 +532,8 @@ impl<'v> Pass<'v> {
             _ => {}
         }
         let pname = j.partition.as_deref().unwrap_or(&self.part_names[self.default_part as usize]);
-        if let Some((state, code)) = self.view.partitions.get(pname).and_then(|p| Some((p.state, p.state.holds_jobs()?))) {
-            reasons.push(format!("{code}: partition {pname} is {}", state.as_str()));
-        }
-        if let (Some(limit), Some(max)) = (j.time_limit_ms, self.view.partitions.get(pname).and_then(|p| p.max_time_limit_ms)) {
-            if limit > max {
-                reasons.push(format!("time limit {} exceeds the {} of partition {pname}", fmt_duration_ms(limit), fmt_duration_ms(max)));
-            }
+        if let Some(part) = self.view.partitions.get(pname) {
+            reasons.extend(part.holds(j));
         }
         reasons.extend(self.limit_reasons(j));
         let array_id = j.array_task.as_ref().map(|t| t.array_job).or(if j.is_array() { Some(j.id) } else { None });

@@ -426,6 +426,29 @@ pub struct Partition {
     pub default: bool,
     /// DOWN and INACTIVE start nothing (`PartitionState::holds_jobs`).
     pub state: proto::PartitionState,
+    /// Accounts and QoS not allowed wait with `InvalidAccount`/`InvalidQOS`.
+    pub access: proto::PartitionAccess,
+}
+
+impl Partition {
+    /// Why this partition starts none of `j` whatever the resources, Slurm's code first: its
+    /// state, its `MaxTime`, its access lists.
+    pub fn holds(&self, j: &JobRequest) -> Vec<String> {
+        let name = &self.name;
+        let mut reasons = Vec::new();
+        if let Some(code) = self.state.holds_jobs() {
+            reasons.push(format!("{code}: partition {name} is {}", self.state.as_str()));
+        }
+        if let (Some(limit), Some(max)) = (j.time_limit_ms, self.max_time_limit_ms) {
+            if limit > max {
+                let (limit, max) = (crate::format::fmt_duration_ms(limit), crate::format::fmt_duration_ms(max));
+                reasons.push(format!("PartitionTimeLimit: time limit {limit} exceeds the {max} of partition {name}"));
+            }
+        }
+        reasons.extend(self.access.account_refusal(name, j.account.as_deref()));
+        reasons.extend(self.access.qos_refusal(name, j.qos.as_deref().unwrap_or(proto::DEFAULT_QOS)));
+        reasons
+    }
 }
 
 /// What happens to a job preempted by a QoS allowed to.

@@ -510,7 +510,7 @@ fn a_pending_job_carries_all_its_reasons() {
     assert_eq!(
         plan.pending[&8],
         vec![
-            "time limit 10:00:00 exceeds the 4:00:00 of partition gpu",
+            "PartitionTimeLimit: time limit 10:00:00 exceeds the 4:00:00 of partition gpu",
             "cannot ever run: needs 1 node(s) with 16x gpu, 1 cpus and 1024 MiB; partition gpu has 0 (largest: 8x, 112 cpus, 2097152 MiB)",
         ]
     );
@@ -545,6 +545,26 @@ fn a_down_or_inactive_partition_starts_nothing_and_a_draining_one_still_does() {
             None => assert_eq!(plan.placements.iter().map(|p| p.job).collect::<Vec<_>>(), vec![7], "{state:?}"),
         }
     }
+}
+
+#[test]
+fn a_partition_starts_only_the_accounts_and_qos_it_allows() {
+    let mut c = Cluster::new();
+    c.node(1, "n1", dgx("h100"));
+    let access = proto::PartitionAccess { allow_accounts: vec!["phys".into()], deny_qos: vec!["low".into()], ..Default::default() };
+    c.partition(Partition { name: "gpu".into(), default: true, access, ..Partition::default() });
+    for (id, account, qos) in [(7, Some("phys"), None), (8, Some("bio"), None), (9, None, None), (10, Some("phys"), Some("low"))] {
+        let mut s = spec("gpu:1", 1);
+        s.account = account.map(str::to_string);
+        s.qos = qos.map(str::to_string);
+        c.submit(id, s, 0);
+    }
+    let plan = c.schedule(1000);
+    assert_eq!(plan.placements.iter().map(|p| p.job).collect::<Vec<_>>(), vec![7]);
+    let first = |id: u64| plan.pending[&id].first().cloned().unwrap_or_default();
+    assert_eq!(first(8), "InvalidAccount: Job's account not permitted to use this partition (gpu allows phys not bio)");
+    assert_eq!(first(9), "InvalidAccount: Job's account not known, so it can't use this partition (gpu allows phys)");
+    assert_eq!(first(10), "InvalidQOS: Job's QOS not permitted to use this partition (gpu denies low including low)");
 }
 
 #[test]

@@ -275,6 +275,7 @@ pub fn scheduler_view_cached(state: &ClusterState, cache: &mut ViewCache, archiv
                 priority_tier: p.priority_tier,
                 default: p.default,
                 state: p.state,
+                access: p.access.clone(),
             };
             (p.name.clone(), def)
         })

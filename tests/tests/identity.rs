@@ -56,6 +56,20 @@ impl TestUser {
             .expect("run corral as a test user")
     }
 
+    /// The Slurm command `name` (the cluster's shim) as this user, against the node's socket.
+    fn shim(&self, c: &TestCluster, socket: &Path, name: &str, args: &[&str]) -> Output {
+        Command::new(c.path().join("shims").join(name))
+            .args(args)
+            .current_dir(&self.home)
+            .env("CORRAL_SOCKET", socket)
+            .env("USER", &self.name)
+            .env("HOME", &self.home)
+            .uid(self.uid)
+            .gid(self.gid)
+            .output()
+            .expect("run a Slurm command as a test user")
+    }
+
     fn json(&self, socket: &Path, args: &[&str]) -> Value {
         let mut all = vec!["--json"];
         all.extend_from_slice(args);
@@ -160,4 +174,99 @@ fn jobs_run_as_their_user_in_a_cgroup_and_only_owners_may_touch_them() {
     let out = bob.corral(&socket, &["drain", "n2"]);
     assert!(!out.status.success(), "bob drained a node");
     assert!(String::from_utf8_lossy(&out.stderr).contains("only admins may"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A local group made for the test and removed when dropped.
+struct TestGroup(String);
+
+impl Drop for TestGroup {
+    fn drop(&mut self) {
+        let _ = Command::new("groupdel").arg(&self.0).output();
+    }
+}
+
+/// Issue 45: partition access as an operator sets it with `scontrol`, and as users meet it
+/// through `sbatch`: a user outside `AllowGroups` is refused at submit, an account outside
+/// `AllowAccounts` pends with `InvalidAccount` (Slurm's `EnforcePartLimits=NO`) or, with
+/// `EnforcePartLimits=ALL`, is refused at submit; opening the partition starts the pending job.
+#[test]
+fn partition_access_lists_refuse_or_hold_jobs_in_slurms_words() {
+    if !is_root() {
+        eprintln!("SKIPPED: needs root to create users and groups; nothing was checked");
+        return;
+    }
+    let c = TestCluster::up(&["--nodes", "1", "--gpus", "h100:8", "--run-as-user"]);
+    let admin = |args: &[&str]| {
+        let out = c.shim("scontrol", args, &[]);
+        assert!(out.status.success(), "scontrol {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let shims = c.path().join("shims");
+    admin(&["show", "config"]);
+    for dir in [c.path().to_path_buf(), c.path().join("n1"), c.path().join("n1").join("data"), shims] {
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("open the path to the socket");
+    }
+    let socket = c.path().join("n1").join("data").join("corral.sock");
+    let pid = std::process::id();
+    let group = TestGroup(format!("cgpu{pid}"));
+    let _ = Command::new("groupdel").arg(&group.0).output();
+    assert!(Command::new("groupadd").arg(&group.0).status().expect("run groupadd").success());
+    let alice = TestUser::create(&format!("palice{pid}"), c.path().join("home-alice"));
+    let bob = TestUser::create(&format!("pbob{pid}"), c.path().join("home-bob"));
+    assert!(Command::new("usermod").args(["-a", "-G", &group.0, &alice.name]).status().expect("run usermod").success());
+
+    admin(&["create", "PartitionName=phys", "Nodes=n1", &format!("AllowGroups={}", group.0), "AllowAccounts=phys", "DenyQos=low"]);
+    let shown = admin(&["show", "partition", "phys"]);
+    assert!(shown.contains(&format!("\n   AllowGroups={} AllowAccounts=phys DenyQos=low\n", group.0)), "{shown}");
+
+    let sbatch = |user: &TestUser, account: &str| user.shim(&c, &socket, "sbatch", &["-p", "phys", "-A", account, "--wrap", "true"]);
+    let refused = sbatch(&bob, "phys");
+    assert!(!refused.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&refused.stderr).trim(),
+        "sbatch: error: Batch job submission failed: User's group not permitted to use this partition"
+    );
+    let job_id = |out: &Output| -> u64 {
+        assert!(out.status.success(), "sbatch: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).split_whitespace().last().and_then(|w| w.parse().ok()).expect("a job id")
+    };
+    let allowed = job_id(&sbatch(&alice, "phys"));
+    let job = c.wait_final(allowed, Duration::from_secs(30));
+    assert_eq!(job["state"], "COMPLETED", "{job}");
+    let held = job_id(&sbatch(&alice, "bio"));
+    let reason = || {
+        let out = c.shim("squeue", &["-h", "-o", "%T %r", "-j", &held.to_string()], &[]);
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    // As Slurm 22.05 shows it: the description in squeue and scontrol, the code in sacct.
+    let described = "Job's account not permitted to use this partition (phys allows phys not bio)";
+    corral_tests::wait_until_or_show(
+        "the job to pend for its account",
+        Duration::from_secs(20),
+        || reason() == format!("PENDING {described}"),
+        || format!("squeue: {}\njob: {}", reason(), c.job(held)),
+    );
+    let shown = admin(&["show", "job", &held.to_string()]);
+    assert!(shown.contains(&format!(" Reason={} ", described.replace(' ', "_"))), "{shown}");
+    let sacct = c.shim("sacct", &["-n", "-X", "-P", "-o", "State,Reason", "-j", &held.to_string()], &[]);
+    assert_eq!(String::from_utf8_lossy(&sacct.stdout).trim(), "PENDING|InvalidAccount");
+
+    // EnforcePartLimits=ALL: the same submission is refused at once.
+    let policy = c.corral(&["policy", "show"]);
+    let text = String::from_utf8_lossy(&policy.stdout).replace("enforce_part_limits = false", "enforce_part_limits = true");
+    assert!(text.contains("enforce_part_limits = true"), "{text}");
+    let file = c.path().join("policy.toml");
+    std::fs::write(&file, text).expect("write the policy");
+    let set = c.corral(&["policy", "set", file.to_str().expect("utf-8")]);
+    assert!(set.status.success(), "policy set: {}", String::from_utf8_lossy(&set.stderr));
+    assert!(admin(&["show", "config"]).lines().any(|l| l.starts_with("EnforcePartLimits") && l.ends_with("= ALL")));
+    let refused = sbatch(&alice, "bio");
+    assert_eq!(
+        String::from_utf8_lossy(&refused.stderr).trim(),
+        "sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified"
+    );
+
+    // Opening the partition to every account starts the job that waited.
+    admin(&["update", "PartitionName=phys", "AllowAccounts=ALL"]);
+    assert_eq!(c.wait_final(held, Duration::from_secs(30))["state"], "COMPLETED");
 }

@@ -236,6 +236,10 @@ fn scontrol_creates_updates_and_deletes_partitions() {
     let out = shim(&c, "sbatch", &["--parsable", "--hold", "--wrap", "true"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let held = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    // Its time limit is the partition's DefaultTime at submit, kept when that changes (as the
+    // peer showed: TimeLimit=00:05:00 both times).
+    ok(&["update", "PartitionName=short", "DefaultTime=7"]);
+    assert!(scontrol(&["show", "job", &held]).1.contains(" TimeLimit=00:05:00 "), "{}", scontrol(&["show", "job", &held]).1);
     assert_eq!(scontrol(&["delete", "PartitionName=short"]).2, "delete_partition PartitionName=short: Partition is in use");
     // As in Slurm, a job that named no partition has the default of its submission: it stays in
     // short when the default moves back.

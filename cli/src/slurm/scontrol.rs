@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use proto::{ApiError, Job, JobState, NodeInfo, Request};
 
 use super::env::DEFAULT_PARTITION;
-use super::squeue::{dependency_text, mem_text, reason_code, run_seconds};
+use super::squeue::{dependency_text, mem_text, reason_shown, run_seconds};
 use super::{hostlist, sinfo, time, SlurmError};
 
 pub use slurm_compat::show::final_reason;
@@ -51,7 +51,8 @@ pub fn job_text(job: &Job, names: &BTreeMap<u64, String>, now_ms: u64) -> String
     head.push_str(&format!(" JobName={}", s.name));
     let uid = s.uid.map_or(String::new(), |u| format!("({u})"));
     let gid = s.gid.map_or(String::new(), |g| format!("({g})"));
-    let reason = if job.state == JobState::Pending { reason_code(job) } else { final_reason(job).into() };
+    // A description is shown as one word, as Slurm does (`Reason=Job's_account_not_...`).
+    let reason = if job.state == JobState::Pending { reason_shown(job).replace(' ', "_") } else { final_reason(job).into() };
     let eligible = slurm_compat::show::eligible_ms(job, now_ms);
     let group = s.gid.map_or_else(|| s.user.clone(), |g| super::group_name(g).unwrap_or_else(|| "nobody".into()));
     let pattern = |p: Option<&String>| {
@@ -211,7 +212,7 @@ pub fn partitions_text(nodes: &[NodeInfo], parts: &sinfo::Partitions, name: Opti
         let def = parts.defs.get(p);
         let default_time = def.and_then(|d| d.default_time_limit_ms).map_or("NONE".to_string(), |ms| time::elapsed(ms / 1000));
         out.push_str(&format!("PartitionName={p}\n"));
-        out.push_str("   AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL\n");
+        out.push_str(&format!("   {}\n", def.map(|d| d.access.clone()).unwrap_or_default().show()));
         out.push_str(&format!("   Default={} QoS=N/A\n", if p == parts.default_name() { "YES" } else { "NO" }));
         out.push_str(&format!("   DefaultTime={default_time}\n"));
         out.push_str(&format!("   MaxNodes=UNLIMITED MaxTime={max_time} MinNodes=0\n"));
@@ -300,8 +301,8 @@ fn names_partition(args: &[String]) -> bool {
 }
 
 /// `create|update PartitionName=NAME [Nodes=LIST] [State=] [MaxTime=] [DefaultTime=]
-/// [PriorityTier=] [Default=YES|NO]` and `delete PartitionName=NAME`, refusing what Corral
-/// cannot do.
+/// [PriorityTier=] [Default=YES|NO] [AllowAccounts=] [DenyAccounts=] [AllowQos=] [DenyQos=]
+/// [AllowGroups=]` and `delete PartitionName=NAME`, refusing what Corral cannot do.
 fn parse_partition_edit(verb: &str, args: &[String]) -> Result<Command, SlurmError> {
     let mut name = None;
     let mut changes = proto::PartitionChanges::default();
@@ -340,6 +341,11 @@ fn parse_partition_edit(verb: &str, args: &[String]) -> Result<Command, SlurmErr
                 };
                 changes.default = Some(yes);
             }
+            "allowaccounts" => changes.allow_accounts = Some(access_list(v, true)),
+            "denyaccounts" => changes.deny_accounts = Some(access_list(v, false)),
+            "allowqos" => changes.allow_qos = Some(access_list(v, true)),
+            "denyqos" => changes.deny_qos = Some(access_list(v, false)),
+            "allowgroups" => changes.allow_groups = Some(access_list(v, true)),
             "nodes" => {
                 if v.eq_ignore_ascii_case("all") {
                     return Err(SlurmError::fatal(PROG, format!("{kv} is not supported: list the nodes (Nodes=gpu[01-16])")));
@@ -355,6 +361,15 @@ fn parse_partition_edit(verb: &str, args: &[String]) -> Result<Command, SlurmErr
         "update" => proto::PartitionEdit::Update { name, changes },
         _ => proto::PartitionEdit::Delete { name },
     }))
+}
+
+/// An access list as `scontrol` takes it: comma-separated names; empty (and, for an allow list,
+/// `ALL`) is no list.
+fn access_list(value: &str, allow: bool) -> Vec<String> {
+    if allow && value.eq_ignore_ascii_case("all") {
+        return Vec::new();
+    }
+    value.split(',').filter(|n| !n.is_empty()).map(str::to_string).collect()
 }
 
 /// Sends one partition edit; Slurm's message on refusal.

@@ -8,7 +8,7 @@ use super::env::DEFAULT_PARTITION;
 use super::opts::{self, opt, Arg, OptDef};
 use super::{hostlist, time, SlurmError};
 
-pub use slurm_compat::show::{dependency_text, reason_code, task_ranges};
+pub use slurm_compat::show::{dependency_text, reason_code, reason_shown, task_ranges};
 
 pub const PROG: &str = "squeue";
 
@@ -305,12 +305,12 @@ pub fn field(row: &Row<'_>, code: char, names: &BTreeMap<u64, String>, now_ms: u
             }
         }
         'R' => match job.state {
-            JobState::Pending => format!("({})", reason_code(job)),
+            JobState::Pending => format!("({})", reason_shown(job)),
             _ if !nodelist.is_empty() => nodelist,
             _ => format!("({})", reason_code(job)),
         },
         'N' => nodelist,
-        'r' => reason_code(job),
+        'r' => reason_shown(job),
         'C' => (u64::from(spec.cpus_per_task) * u64::from(spec.ntasks_per_node) * u64::from(spec.nodes)).to_string(),
         'b' => spec.gres.as_ref().map_or("N/A".into(), |g| format!("gres:{g}")),
         'S' => job.start_ms.map_or("N/A".into(), time::datetime),

@@ -731,6 +731,19 @@ fn squeue_arrays_formats_and_reasons() {
         j.reasons = vec![reason.into()];
         assert_eq!(squeue::reason_code(&j), code, "{reason}");
     }
+    // Partition access: the code in sacct and the REST API, Slurm's description in squeue and
+    // scontrol (as the peer printed them).
+    j.reasons = vec!["InvalidAccount: Job's account not permitted to use this partition (phys allows phys not bio)".into()];
+    assert_eq!(squeue::reason_code(&j), "InvalidAccount");
+    let out = squeue::table(std::slice::from_ref(&j), &names_map(), "%r|%R", false, false, 0);
+    assert_eq!(
+        out,
+        "Job's account not permitted to use this partition (phys allows phys not bio)|(Job's account not permitted to use this partition (phys allows phys not bio))\n"
+    );
+    let text = scontrol::job_text(&j, &names_map(), 1_800_000_070_000);
+    assert!(text.contains(" Reason=Job's_account_not_permitted_to_use_this_partition_(phys_allows_phys_not_bio) "), "{text}");
+    j.reasons = vec!["PartitionTimeLimit: time limit 10:00:00 exceeds the 04:00:00 of partition gpu".into()];
+    assert_eq!(squeue::table(std::slice::from_ref(&j), &names_map(), "%r", false, false, 0), "PartitionTimeLimit\n");
     assert_eq!(squeue::long_format_to_format("JobID:10,Name,State:.8").unwrap(), "%10i%20j%.8T");
 }
 
@@ -1161,8 +1174,7 @@ fn sinfo_partitions_and_nodes() {
             proto::PartitionDef { name: "long".into(), ..Default::default() },
             proto::PartitionDef { name: "debug".into(), max_time_limit_ms: Some(1_800_000), ..Default::default() },
         ],
-        qos: vec![],
-        priority_decay_half_life_min: None,
+        ..Default::default()
     };
     for n in &mut nodes[..2] {
         // Naming none, they are in the policy's default, as the cluster lists them.
@@ -1229,6 +1241,15 @@ fn scontrol_commands() {
     let down = p(&["update", "NodeName=gpu01", "State=DOWN", "Reason=x"]).unwrap_err().text;
     assert!(down.contains("State=DOWN is not supported") && down.contains("State=DRAIN"), "{down}");
     assert!(p(&["update", "NodeName=gpu01", "Weight=5"]).unwrap_err().text.contains("Update of node Weight is not supported"));
+    // Partition access lists: names, `ALL` or empty for none, keys in any case.
+    let access = p(&["update", "PartitionName=gpu", "AllowAccounts=phys,chem", "denyqos=low", "AllowGroups=ALL", "DenyAccounts="]);
+    let C::EditPartition(proto::PartitionEdit::Update { name, changes }) = access.expect("parse") else { panic!("an update") };
+    assert_eq!(name, "gpu");
+    let names = |l: &[&str]| Some(l.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+    assert_eq!(
+        (changes.allow_accounts, changes.deny_qos, changes.allow_groups, changes.deny_accounts, changes.allow_qos),
+        (names(&["phys", "chem"]), names(&["low"]), names(&[]), names(&[]), None)
+    );
     // Hold is a real request now: with no cluster configured it fails to reach one.
     let err = scontrol::run(&argv(&["hold", "5"])).unwrap_err().text;
     assert!(err.starts_with("scontrol: error: Unable to contact slurm controller"), "{err}");
@@ -1663,6 +1684,16 @@ fn scontrol_show_partition_lists_what_nodes_and_the_policy_define() {
     // Two-digit hours, as Slurm 22.05 prints them.
     assert!(empty.contains("Nodes=(null)") && empty.contains("MaxTime=00:30:00 ") && empty.contains("DefaultTime=NONE\n"), "{empty}");
     assert_eq!(scontrol::partitions_text(&nodes, &parts, Some("nope")).unwrap_err().text, "Partition nope not found");
+    assert!(batch.contains("\n   AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL\n"), "{batch}");
+    let mut guarded = policy.clone();
+    guarded.partitions[1].access = proto::PartitionAccess {
+        allow_groups: vec!["gpu".into()],
+        deny_accounts: vec!["bio".into()],
+        allow_qos: vec!["high".into(), "normal".into()],
+        ..Default::default()
+    };
+    let text = scontrol::partitions_text(&nodes, &sinfo::Partitions::from_policy(&guarded), Some("empty")).expect("empty");
+    assert!(text.contains("\n   AllowGroups=gpu DenyAccounts=bio AllowQos=high,normal\n"), "{text}");
     assert!(scontrol::node_text(&nodes[0]).contains("   Partitions=batch,gpu\n"));
 }
 

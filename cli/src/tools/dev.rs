@@ -162,7 +162,9 @@ fn dev_runtime_root() -> Option<PathBuf> {
     let suffix: u64 = rand::random();
     let root = parent.join(format!("{DEV_RUNTIME_PREFIX}{suffix:016x}"));
     std::fs::create_dir(&root).ok()?;
-    std::fs::set_permissions(&root, std::os::unix::fs::PermissionsExt::from_mode(0o700)).ok()?;
+    // Traversable, not listable: with `--run-as-user` a job's user reaches its own run's
+    // directory (0700, theirs) below, as under the units' /run/corral (0755).
+    std::fs::set_permissions(&root, std::os::unix::fs::PermissionsExt::from_mode(0o711)).ok()?;
     Some(root)
 }
 

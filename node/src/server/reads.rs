@@ -60,12 +60,14 @@ impl Node {
     /// policy and the scheduler's weights.
     fn show_config(&self) -> Vec<(String, String)> {
         let mut out = self.config.slurm_config(self.agent.confines_jobs());
-        let half_life_min = self.state.read(|s| s.policy.decay_half_life_ms() / 60_000);
+        let (half_life_min, enforce_part_limits) =
+            self.state.read(|s| (s.policy.decay_half_life_ms() / 60_000, s.policy.enforce_part_limits));
         let (days, rest) = (half_life_min / 1440, half_life_min % 1440);
         let half_life =
             if days > 0 { format!("{days}-{:02}:{:02}:00", rest / 60, rest % 60) } else { format!("{:02}:{:02}:00", rest / 60, rest % 60) };
         let w = scheduler::SchedulerConfig::default().weights;
         out.extend([
+            ("EnforcePartLimits".to_string(), if enforce_part_limits { "ALL" } else { "NO" }.to_string()),
             ("PriorityDecayHalfLife".to_string(), half_life),
             ("PriorityWeightAge".to_string(), w.age.to_string()),
             ("PriorityWeightFairShare".to_string(), w.fair_share.to_string()),

@@ -39,16 +39,35 @@ impl Node {
     }
 
     /// A job that names no partition is the default partition's as of its submission, as in
-    /// Slurm: it stays there when an admin makes another partition the default. Once accounts
-    /// are enforced, one that names no account, QoS or time limit gets its user's defaults
+    /// Slurm: it stays there when an admin makes another partition the default; one without a
+    /// time limit gets its partition's `DefaultTime`, kept when that changes. Once accounts are
+    /// enforced, one that names no account, QoS or time limit gets its user's defaults
     /// (`ClusterState::bind_accounting`).
     fn bind_defaults(&self, spec: &mut proto::JobSpec) {
         self.state.read(|s| {
-            if spec.partition.is_none() {
-                spec.partition = Some(s.policy.default_partition_name().to_string());
+            let partition = spec.partition.get_or_insert_with(|| s.policy.default_partition_name().to_string());
+            if spec.time_limit_ms.is_none() {
+                spec.time_limit_ms = s.policy.partitions.iter().find(|p| &p.name == partition).and_then(|p| p.default_time_limit_ms);
             }
             s.bind_accounting(spec);
         });
+    }
+
+    /// `AllowGroups=`: whether the user is in a group the job's partition allows, by this node's
+    /// user database (as slurmctld reads its host's); admins may use any partition. Slurm's
+    /// words when not.
+    fn groups_refusal(&self, spec: &proto::JobSpec, by_admin: bool) -> Option<String> {
+        let allowed = self.state.read(|s| {
+            let partition = spec.partition.as_deref().unwrap_or(s.policy.default_partition_name());
+            s.policy.partitions.iter().find(|p| p.name == partition).map(|p| p.access.allow_groups.clone())
+        });
+        let allowed = allowed.filter(|groups| !groups.is_empty())?;
+        if by_admin {
+            return None;
+        }
+        let groups = crate::identity::by_name(&spec.user).map(|a| crate::identity::group_names(&a.groups)).unwrap_or_default();
+        let access = proto::PartitionAccess { allow_groups: allowed, ..Default::default() };
+        (!access.allows_groups(&groups)).then(|| "User's group not permitted to use this partition".to_string())
     }
 
     /// Submits a job: its user is the one the certificate names, not the client's environment.
@@ -62,6 +81,9 @@ impl Node {
         // Every check, in one order (`ClusterState::admission`); `apply` checks the spec and the
         // accounts again against the state the job enters.
         self.state.read(|s| s.admission(&spec, by_admin)).map_err(|refusal| ApiError::Invalid(refusal.why))?;
+        if let Some(why) = self.groups_refusal(&spec, by_admin) {
+            return Err(ApiError::Invalid(why));
+        }
         match self.propose(Command::Submit { spec, now_ms: now }).await? {
             CommandResult::Submitted { job } => {
                 self.kick.notify_one();

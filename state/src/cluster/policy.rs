@@ -41,7 +41,8 @@ impl ClusterState {
     /// whose share per node (GPUs, CPUs, memory) too few of its partition's nodes have, in
     /// whatever state (`scheduler::never_holds`). Slurm
     /// refuses these at submit; a job accepted with one would pend for ever. So is a job for a
-    /// partition in state DRAIN or INACTIVE, as in Slurm. Accounts are checked apart
+    /// partition in state DRAIN or INACTIVE, as in Slurm, and, with `EnforcePartLimits`, one its
+    /// partition's time limit or access lists refuse. Accounts are checked apart
     /// ([`ClusterState::accounting_refusal`]).
     pub fn undefined_in_submission(&self, spec: &JobSpec) -> Option<String> {
         if let Some(p) = spec.partition.as_deref() {
@@ -62,6 +63,11 @@ impl ClusterState {
                 return Some("Invalid qos specification".into());
             }
         }
+        if self.policy.enforce_part_limits {
+            if let Some(why) = self.partition_limit_refusal(spec, partition) {
+                return Some(why.into());
+            }
+        }
         if let Some(GresRequest { gpu_type: Some(profile), count }) = &spec.gres {
             let nodes = self.nodes.values().map(|n| (n.name.as_str(), n.inventory.gpus.as_slice()));
             if let Some(why) = scheduler::mig::never_fits(nodes, profile, *count) {
@@ -70,6 +76,23 @@ impl ClusterState {
         }
         let nodes = self.nodes.values().map(|n| (n.name.as_str(), &*n.inventory));
         scheduler::never_holds(nodes, self.policy.default_partition_name(), spec)
+    }
+
+    /// With `EnforcePartLimits=ALL`: what of partition `partition`'s limits and access lists
+    /// `spec` breaks, in the words Slurm refuses the submission with (without it the job pends
+    /// with the reason instead).
+    fn partition_limit_refusal(&self, spec: &JobSpec, partition: &str) -> Option<&'static str> {
+        let def = self.policy.partitions.iter().find(|p| p.name == partition)?;
+        if spec.time_limit_ms.zip(def.max_time_limit_ms).is_some_and(|(limit, max)| limit > max) {
+            return Some("Requested time limit is invalid (missing or exceeds some limit)");
+        }
+        if def.access.account_refusal(partition, spec.account.as_deref()).is_some() {
+            return Some("Invalid account or account/partition combination specified");
+        }
+        if def.access.qos_refusal(partition, spec.qos.as_deref().unwrap_or(proto::DEFAULT_QOS)).is_some() {
+            return Some("Invalid qos specification");
+        }
+        None
     }
 }
 
@@ -112,6 +135,30 @@ mod tests {
             Some("Invalid partition name specified"),
             "`long` is the default now"
         );
+    }
+
+    #[test]
+    fn with_enforce_part_limits_a_submission_the_partition_refuses_is_refused_in_slurms_words() {
+        let mut s = with_node_n1(scheduler::testkit::dgx("gpu:h100:8"));
+        let access = proto::PartitionAccess { allow_accounts: vec!["phys".into()], deny_qos: vec!["normal".into()], ..Default::default() };
+        let gpu =
+            proto::PartitionDef { name: "gpu".into(), default: true, max_time_limit_ms: Some(3_600_000), access, ..Default::default() };
+        s.policy.partitions.push(gpu);
+        let with = |s: &ClusterState, account: &str, qos: Option<&str>, limit_ms: u64| {
+            let mut spec = scheduler::testkit::spec("gpu:1", 1);
+            (spec.account, spec.qos, spec.time_limit_ms) = (Some(account.into()), qos.map(str::to_string), Some(limit_ms));
+            s.undefined_in_submission(&spec)
+        };
+        assert_eq!(with(&s, "bio", None, 7_200_000), None, "EnforcePartLimits=NO: the job pends with the reason");
+        s.policy.enforce_part_limits = true;
+        s.policy.qos.push(proto::QosDef { name: "high".into(), preempt_mode: "requeue".into(), ..Default::default() });
+        assert_eq!(with(&s, "phys", Some("high"), 3_600_000), None);
+        assert_eq!(
+            with(&s, "phys", Some("high"), 7_200_000).as_deref(),
+            Some("Requested time limit is invalid (missing or exceeds some limit)")
+        );
+        assert_eq!(with(&s, "bio", Some("high"), 60_000).as_deref(), Some("Invalid account or account/partition combination specified"));
+        assert_eq!(with(&s, "phys", None, 60_000).as_deref(), Some("Invalid qos specification"), "no QoS is normal, denied here");
     }
 
     #[test]
