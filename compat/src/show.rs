@@ -28,6 +28,7 @@ const SLURM_REASONS: &[&str] = &[
     "BadConstraints",
     "NodeDown",
     "Reservation",
+    "ReservationDeleted",
     "InvalidAccount",
     "InvalidQOS",
     "AssocMaxJobsLimit",
@@ -105,8 +106,9 @@ pub fn reason_code(job: &Job) -> String {
 }
 
 /// The reason codes whose Corral reason carries, after `CODE: `, the text Slurm keeps as the
-/// job's `state_desc` (partition access: `part_policy_valid_acct`/`_qos`).
-const DESCRIBED_REASONS: [&str; 2] = ["InvalidAccount", "InvalidQOS"];
+/// job's `state_desc` (partition access: `part_policy_valid_acct`/`_qos`; a maintenance
+/// reservation in the way: `ReqNodeNotAvail, Reserved for maintenance`).
+const DESCRIBED_REASONS: [&str; 3] = ["InvalidAccount", "InvalidQOS", "ReqNodeNotAvail"];
 
 /// A pending job's reason as `squeue`'s `%r`/`%R` and `scontrol show job` print it: Slurm's
 /// description where it keeps one (`Job's account not permitted to use this partition (...)`),
@@ -176,7 +178,7 @@ pub fn final_reason(job: &Job) -> &'static str {
 }
 
 /// A node's state the way sinfo abbreviates it (`idle`, `mix`, `alloc`, `drain`, `drng`,
-/// `down*`) and spells it out (`%T`), from what its jobs hold: `alloc` when all its CPUs, all its
+/// `down*`, `resv`, `maint`) and spells it out (`%T`), from what its jobs hold: `alloc` when all its CPUs, all its
 /// memory or all its GPUs are held (Slurm counts CPUs only; a GPU node whose GPUs are all
 /// held takes no more GPU work, so Corral says `alloc` there too), `mix` when some of any.
 pub fn node_state(n: &NodeInfo) -> (&'static str, &'static str) {
@@ -186,6 +188,10 @@ pub fn node_state(n: &NodeInfo) -> (&'static str, &'static str) {
         || (n.cpus_total > 0 && n.cpus_alloc >= n.cpus_total)
         || (n.memory_mib > 0 && n.memory_alloc_mib >= n.memory_mib);
     match n.state {
+        // As Slurm's `node_state_string`: a maintenance reservation shows over all but a drain;
+        // another shows only on an idle node.
+        NodeState::Up | NodeState::Down if n.maint => ("maint", "maint"),
+        NodeState::Up if n.reserved && !busy => ("resv", "reserved"),
         NodeState::Down if n.reason.as_deref().is_some_and(|r| r.contains("drain")) => ("drain*", "drained*"),
         NodeState::Down => ("down*", "down*"),
         NodeState::Drained if busy => ("drng", "draining"),

@@ -61,6 +61,7 @@ impl fmt::Display for LogCommand {
             Command::StepEnded { job, step, node, .. } => write!(f, "step_ended({job}.{step} on {node})"),
             Command::SetPolicy { .. } => write!(f, "set_policy"),
             Command::EditPartition { edit, .. } => write!(f, "edit_partition({})", edit.name()),
+            Command::EditReservation { edit, .. } => write!(f, "edit_reservation({edit:?})"),
             Command::EditAccounts { edits, .. } => write!(f, "edit_accounts({} changes)", edits.len()),
             Command::GpuHealth { node, gpu, healthy, .. } => write!(f, "gpu_health({node}/{gpu}, healthy {healthy})"),
             Command::UpdateInventory { node, .. } => write!(f, "update_inventory({node})"),

@@ -35,6 +35,7 @@ impl Request {
             | Request::Members
             | Request::Logs { .. }
             | Request::GetPolicy
+            | Request::GetReservations
             | Request::ShowConfig
             | Request::GetAccounts
             | Request::GetShares
@@ -65,6 +66,7 @@ impl Request {
             Request::Resume { .. } => Access::Admin { what: "resume nodes" },
             Request::SetPolicy { .. } | Request::EditPartition { .. } => Access::Admin { what: "change the scheduling policy" },
             Request::EditAccounts { .. } => Access::Admin { what: "change accounts, users and QOS" },
+            Request::EditReservation { .. } => Access::Admin { what: "change reservations" },
             Request::SetGpuHealth { .. } => Access::Admin { what: "change GPU health" },
             Request::SetMigLayout { .. } => Access::Admin { what: "set MIG layouts" },
             Request::CreateJoinToken { .. } => Access::Admin { what: "create join tokens" },

@@ -6,7 +6,8 @@ use serde::{Deserialize, Serialize};
 #[cfg(doc)]
 use crate::accounts;
 use crate::{
-    AccountsEdit, Allocation, GpuUsage, InstanceId, Inventory, JobId, JobSpec, NodeId, PartitionEdit, RunNo, RunOutcome, SchedulerPolicy,
+    AccountsEdit, Allocation, GpuUsage, InstanceId, Inventory, JobId, JobSpec, NodeId, PartitionEdit, ReservationEdit, RunNo, RunOutcome,
+    SchedulerPolicy,
 };
 
 /// One placement of a plan: job `job`, run `run`, on one allocation per node (a gang).
@@ -118,6 +119,12 @@ pub enum Command {
     /// PartitionName=`), checked against the state it is applied to.
     EditPartition {
         edit: PartitionEdit,
+        now_ms: u64,
+    },
+    /// Create, change or delete one reservation (`scontrol create|update|delete reservation`),
+    /// checked against the state it is applied to.
+    EditReservation {
+        edit: ReservationEdit,
         now_ms: u64,
     },
     /// Change a pending job: hold or release it, its time limit, its partition.
@@ -293,6 +300,10 @@ pub enum CommandResult {
     /// The command was valid on the wire but not in the current state (e.g. cancel of an
     /// unknown job). Nothing changed.
     Rejected(String),
+    /// A reservation was made under this name.
+    ReservationMade {
+        name: String,
+    },
     /// One result per command of a `Command::Batch`, in order.
     Batch(Vec<CommandResult>),
 }

@@ -38,6 +38,7 @@ mod partition;
 mod policy;
 mod reply;
 mod request;
+mod reservation;
 mod spec;
 mod step;
 
@@ -66,9 +67,10 @@ pub use request::{
     Beat, Envelope, JobQuery, RaftRpcKind, Request, RunReport, FORWARD_HOPS_MAX, HEARTBEATS_PER_REQUEST_MAX, JOB_PAGE_MAX,
     JOB_PAGE_SCAN_MAX, LOG_OFFSET_TAIL, REPORTS_PER_REQUEST_MAX,
 };
+pub use reservation::{AdminReservation, ReservationChanges, ReservationEdit, ADMIN_RESERVATIONS_MAX, RESERVATION_NAMES_MAX};
 pub use spec::{
     Dependency, DependencyKind, GresRequest, JobSpec, PreflightSpec, SignalSpec, DEF_MEM_PER_CPU_MIB, DEF_MEM_PER_GPU_MIB, SPARE_NODES_MAX,
-    SPEC_EXTRA_BATCH, SPEC_EXTRA_NO_REQUEUE, SPEC_EXTRA_SPARE_NODES, SPEC_EXTRA_SRUN,
+    SPEC_EXTRA_BATCH, SPEC_EXTRA_NO_REQUEUE, SPEC_EXTRA_RESERVATION, SPEC_EXTRA_SPARE_NODES, SPEC_EXTRA_SRUN,
 };
 pub use step::{
     LogStream, PtySize, StepChunk, StepEnd, StepMemory, StepNode, StepSpec, StepStdin, TaskExit, TaskUsage, STEPS_DISABLED_SUSPENDED,
@@ -78,7 +80,7 @@ pub use step::{
 /// Bumped on any incompatible change to a type in this crate or to the replicated state
 /// (`state::ClusterState`, in snapshots). The first byte of every encoded message; a peer
 /// speaking another version is refused with a clear error.
-pub const PROTOCOL_VERSION: u8 = 16;
+pub const PROTOCOL_VERSION: u8 = 17;
 
 pub type NodeId = u64;
 pub type JobId = u64;

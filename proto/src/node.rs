@@ -258,6 +258,9 @@ pub struct NodeInfo {
     pub partitions: Vec<String>,
     /// Its MIG-mode GPUs: the layout each has and the one an operator pinned, if any.
     pub mig: Vec<MigGpuInfo>,
+    /// In an admin's reservation now (`resv` in sinfo); `maint`: one with `Flags=MAINT`.
+    pub reserved: bool,
+    pub maint: bool,
 }
 
 /// A MIG-mode GPU as `corral mig show` lists it.

@@ -69,6 +69,11 @@ pub enum Reply {
         payload: Vec<u8>,
     },
     Policy(SchedulerPolicy),
+    Reservations(Vec<crate::AdminReservation>),
+    /// `scontrol create reservation`: the name it was made under.
+    ReservationMade {
+        name: String,
+    },
     /// `sshare`'s lines, depth-first from root.
     Shares(Vec<accounts::ShareLine>),
     /// `sprio`: the weights (age, fair share, job size, partition, QoS) and each pending job's

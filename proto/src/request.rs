@@ -6,8 +6,8 @@ use serde::{Deserialize, Serialize};
 #[cfg(doc)]
 use crate::{limits, ApiError, Command, Reply};
 use crate::{
-    AccountsEdit, GpuUsage, InstanceId, Inventory, Job, JobId, JobSpec, JobState, LogStream, NodeId, PartitionEdit, PtySize, RunNo,
-    RunOutcome, SchedulerPolicy, StepEnd, StepSpec,
+    AccountsEdit, GpuUsage, InstanceId, Inventory, Job, JobId, JobSpec, JobState, LogStream, NodeId, PartitionEdit, PtySize,
+    ReservationEdit, RunNo, RunOutcome, SchedulerPolicy, StepEnd, StepSpec,
 };
 
 /// Everything a node answers on its QUIC port. One request per bidirectional stream.
@@ -317,6 +317,12 @@ pub enum Request {
         relay: NodeId,
         beats: Vec<Beat>,
     },
+    /// Create, change or delete one reservation (admin only).
+    EditReservation {
+        edit: ReservationEdit,
+    },
+    /// The reservations that have not ended (`scontrol show reservation`, `sinfo`).
+    GetReservations,
     /// Create, change or delete one partition (admin only).
     EditPartition {
         edit: PartitionEdit,
@@ -494,6 +500,7 @@ impl Request {
                 | Request::RequeueHold { .. }
                 | Request::SetMigLayout { .. }
                 | Request::EditPartition { .. }
+                | Request::EditReservation { .. }
                 | Request::EditAccounts { .. }
                 | Request::UpdateJob { .. }
                 | Request::Signal { .. }

@@ -114,6 +114,8 @@ pub const SPEC_EXTRA_NO_REQUEUE: &str = "corral-no-requeue";
 pub const SPEC_EXTRA_SPARE_NODES: &str = "spare-nodes";
 /// Spare nodes one job may hold at most.
 pub const SPARE_NODES_MAX: u32 = 64;
+/// `--reservation=NAME`: the reservation the job runs in.
+pub const SPEC_EXTRA_RESERVATION: &str = "reservation";
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PreflightSpec {
@@ -268,6 +270,18 @@ impl JobSpec {
         } else {
             self.extra.insert(SPEC_EXTRA_SPARE_NODES.into(), spares.to_string());
         }
+    }
+
+    /// `--reservation=NAME`: the job runs only in that reservation, on its nodes in its window.
+    pub fn reservation(&self) -> Option<&str> {
+        self.extra.get(SPEC_EXTRA_RESERVATION).map(String::as_str)
+    }
+
+    pub fn set_reservation(&mut self, name: Option<&str>) {
+        match name {
+            Some(n) => self.extra.insert(SPEC_EXTRA_RESERVATION.into(), n.to_string()),
+            None => self.extra.remove(SPEC_EXTRA_RESERVATION),
+        };
     }
 
     /// Why an operator's requeue (`scontrol requeue`) of this job is refused, in Slurm's words:

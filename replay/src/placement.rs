@@ -84,7 +84,7 @@ pub fn run(list: &[Pod], nodes: &[NodeSpec], policy: Box<dyn Policy>, policy_nam
         let now_ms = k as u64 + 1;
         let (spec, relaxed) = spec_of(pod);
         arrived += pod.gpu_milli_total();
-        if log.state.admission(&spec, true).is_err() {
+        if log.state.admission(&spec, true, now_ms).is_err() {
             continue;
         }
         let CommandResult::Submitted { job } = log.apply(&Command::Submit { spec, now_ms }) else {

@@ -209,7 +209,7 @@ impl Replay<'_> {
         let spec = spec_of(&self.jobs[i]);
         // What a node refuses before it proposes (Slurm refuses the same at submit); the
         // trace's jobs were all taken once, as an admin's.
-        if let Err(refusal) = self.log.state.admission(&spec, true) {
+        if let Err(refusal) = self.log.state.admission(&spec, true, now_ms) {
             self.out.jobs[i].refused = Some(refusal.why);
             return;
         }

@@ -13,6 +13,7 @@ use crate::limits::LimitUsage;
 use crate::mig;
 use crate::topo;
 use crate::view::{cpu_shares, decode_slot, mig_slot, ClusterView, JobRequest, NodeView, PreemptAction, Slot};
+use crate::windows::{Fence, Windows};
 
 /// What one pass decided. The caller commits `placements` (re-checked with `fits_gang`), creates
 /// array tasks for `array_tasks`, sends `preemptions`, reconfigures GPUs per `mig_layouts`, and
@@ -188,8 +189,8 @@ struct ShapeKey {
     exclusive: bool,
     lists: u32,
     switch_strict: Option<u32>,
-    /// The reservations the job would run into (bit k: `Pass::resvs[k]`).
-    restricted: u32,
+    /// The reservations (the pass's backfill ones and admins' windows) it would run into.
+    fence: Fence,
 }
 
 struct Pass<'v> {
@@ -224,6 +225,8 @@ struct Pass<'v> {
     resvs: Vec<Resv>,
     /// The reservation holding each reserved node (index into `resvs`).
     resv_of_node: BTreeMap<usize, usize>,
+    /// Admins' reservations (`scontrol create reservation`).
+    windows: Windows,
     /// (node, end, allocation) of each placement of this pass.
     placed: Vec<(usize, u64, Allocation)>,
     timeline: Option<Vec<Vec<(u64, Allocation)>>>,
@@ -392,6 +395,7 @@ impl<'v> Pass<'v> {
         let TypeIndex { names: type_names, ix: type_ix, is_mig: type_is_mig, node_keys, index } = index_gpu_types(&nodes, &node_parts);
         assert!(view.jobs.windows(2).all(|w| w[0].id < w[1].id), "the view's jobs are in id order");
         let (array_active, array_created) = array_counts(view);
+        let windows = Windows::new(view, now_ms, &name_ix, nodes.len());
         let mut pass = Pass {
             view,
             now_ms,
@@ -417,6 +421,7 @@ impl<'v> Pass<'v> {
             backfill_held: false,
             resvs: Vec::new(),
             resv_of_node: BTreeMap::new(),
+            windows,
             placed: Vec::new(),
             timeline: None,
             holders: None,
@@ -437,7 +442,8 @@ impl<'v> Pass<'v> {
             .collect();
         queue.sort_by_key(|&i| (Reverse(self.prio[i]), view.jobs[i].submit_ms, view.jobs[i].id));
         self.plan.queue = queue.iter().map(|&i| (view.jobs[i].id, self.prio[i])).collect();
-        self.plan.wake_ms = queue.iter().filter_map(|&i| self.wake_ms(&view.jobs[i])).min();
+        let windows_change = self.windows.next_change_ms(self.now_ms).filter(|_| !queue.is_empty());
+        self.plan.wake_ms = queue.iter().filter_map(|&i| self.wake_ms(&view.jobs[i])).chain(windows_change).min();
         for &i in &queue {
             if self.starts_left() == 0 {
                 self.plan.pending.insert(view.jobs[i].id, vec![PACED.to_string()]);
@@ -535,6 +541,7 @@ impl<'v> Pass<'v> {
         if let Some(part) = self.view.partitions.get(pname) {
             reasons.extend(part.holds(j));
         }
+        reasons.extend(self.windows.eligibility(j, self.now_ms));
         reasons.extend(self.limit_reasons(j));
         let array_id = j.array_task.as_ref().map(|t| t.array_job).or(if j.is_array() { Some(j.id) } else { None });
         if let Some(a) = array_id {
@@ -760,15 +767,16 @@ impl<'v> Pass<'v> {
         (self.now_ms < j.submit_ms.saturating_add(wait_ms)).then_some(limit)
     }
 
-    /// The reservations `j`, ending at `end_ms`, would run into: bit k for `resvs[k]`.
-    fn restricted(&self, j: &JobRequest, end_ms: Option<u64>) -> u32 {
+    /// The reservations `j`, ending at `end_ms`, would run into: bit k for `resvs[k]`, and the
+    /// admins' windows.
+    fn fence(&self, j: &JobRequest, end_ms: Option<u64>) -> Fence {
         let mut mask = 0;
         for (k, r) in self.resvs.iter().enumerate() {
             if r.job != j.id && end_ms.is_none_or(|e| e > r.start_ms) {
                 mask |= 1 << k;
             }
         }
-        mask
+        Fence { backfill: mask, windows: self.windows.in_way(j, self.now_ms, end_ms), own: self.windows.own(j) }
     }
 
     /// The reservation on node `n` that `restricted` says `j` runs into, if any.
@@ -779,7 +787,7 @@ impl<'v> Pass<'v> {
 
     /// Places `j` now (or, with `dry`, only checks); on failure, every resource reason.
     fn attempt(&mut self, j: &JobRequest, part: u16, tid: u16, end_ms: Option<u64>, dry: bool) -> Result<(), Vec<String>> {
-        let restricted = self.restricted(j, end_ms);
+        let fence = self.fence(j, end_ms);
         let key = ShapeKey {
             part,
             tid,
@@ -790,12 +798,12 @@ impl<'v> Pass<'v> {
             exclusive: j.exclusive,
             lists: self.lists_id(j),
             switch_strict: self.switch_strict(j),
-            restricted,
+            fence,
         };
         if let Some(r) = self.fail_cache.get(&key) {
             return Err(r.clone());
         }
-        match self.find(j, part, tid, restricted) {
+        match self.find(j, part, tid, fence) {
             Ok(picks) => {
                 if !dry {
                     self.commit(j, picks, end_ms);
@@ -804,11 +812,13 @@ impl<'v> Pass<'v> {
             }
             Err(fail) => {
                 let mut reasons = self.explain(j, part, tid, fail);
-                if restricted != 0 && self.find(j, part, tid, 0).is_ok() {
+                if fence.backfill != 0 && self.find(j, part, tid, Fence { backfill: 0, ..fence }).is_ok() {
                     self.backfill_held = true;
-                    if let Some(r) = self.resvs.iter().enumerate().find(|(k, _)| restricted & (1 << k) != 0).map(|(_, r)| r) {
+                    if let Some(r) = self.resvs.iter().enumerate().find(|(k, _)| fence.backfill & (1 << k) != 0).map(|(_, r)| r) {
                         reasons = vec![format!("held for backfill reservation of job {} until {}", r.job, fmt_time_ms(r.start_ms))];
                     }
+                } else if fence.windows != 0 && self.find(j, part, tid, Fence { backfill: 0, windows: 0, ..fence }).is_ok() {
+                    reasons = vec![self.windows.reason(fence.windows)];
                 }
                 self.fail_cache.insert(key, reasons.clone());
                 Err(reasons)
@@ -816,9 +826,9 @@ impl<'v> Pass<'v> {
         }
     }
 
-    fn node_ok(&self, n: usize, j: &JobRequest, tid: u16, restricted: u32) -> bool {
+    fn node_ok(&self, n: usize, j: &JobRequest, tid: u16, fence: Fence) -> bool {
         let node = &self.nodes[n];
-        if node_matches(node, j).is_err() {
+        if node_matches(node, j).is_err() || !self.windows.node_ok(n, fence) {
             return false;
         }
         if j.exclusive && !node.idle() {
@@ -827,7 +837,7 @@ impl<'v> Pass<'v> {
         if node.cpus_free() < j.cpus_per_node || node.mem_free_mib() < j.mem_per_node_mib {
             return false;
         }
-        if let Some(r) = self.resv_in_way(n, restricted) {
+        if let Some(r) = self.resv_in_way(n, fence.backfill) {
             if let Some(s) = r.spare.get(&n) {
                 if j.exclusive {
                     return false;
@@ -867,7 +877,7 @@ impl<'v> Pass<'v> {
         Some(Pick { node: n, gpus, mig: Vec::new() })
     }
 
-    fn find(&self, j: &JobRequest, part: u16, tid: u16, restricted: u32) -> Result<Vec<Pick>, Fail> {
+    fn find(&self, j: &JobRequest, part: u16, tid: u16, fence: Fence) -> Result<Vec<Pick>, Fail> {
         let need = j.gpus_per_node;
         let Some(b) = self.index.get(&(part, tid)) else {
             return Err(Fail::Never(self.never_text(j, part)));
@@ -879,7 +889,7 @@ impl<'v> Pass<'v> {
                     if !self.node_parts[n].contains(&part) || !self.nodes[n].schedulable {
                         continue;
                     }
-                    if self.node_ok(n, j, tid, restricted) {
+                    if self.node_ok(n, j, tid, fence) {
                         if let Some(p) = self.pick(n, j, tid) {
                             return Ok(vec![p]);
                         }
@@ -895,7 +905,7 @@ impl<'v> Pass<'v> {
                         return Err(Fail::NoNode);
                     }
                     let n = n as usize;
-                    if self.node_ok(n, j, tid, restricted) {
+                    if self.node_ok(n, j, tid, fence) {
                         if let Some(p) = self.pick(n, j, tid) {
                             return Ok(vec![p]);
                         }
@@ -913,7 +923,7 @@ impl<'v> Pass<'v> {
             .iter()
             .skip(need as usize)
             .flat_map(|s| s.iter().map(|&n| n as usize))
-            .filter(|&n| self.node_ok(n, j, tid, restricted))
+            .filter(|&n| self.node_ok(n, j, tid, fence))
             .collect();
         let mut required = Vec::new();
         if j.nodelist.len() < j.nodes as usize {
@@ -927,7 +937,7 @@ impl<'v> Pass<'v> {
         if cands.len() < j.nodes as usize {
             return Err(Fail::Gang { have: cands.len() });
         }
-        let chosen = choose_gang(&self.nodes, &cands, j.nodes as usize, &required);
+        let chosen = topo::choose_gang(&self.nodes, &cands, j.nodes as usize, &required);
         if let Some(limit) = self.switch_strict(j) {
             let mut sw: Vec<Option<&str>> = chosen.iter().map(|&n| self.nodes[n].location.switch.as_deref()).collect();
             sw.sort_unstable();
@@ -1125,7 +1135,7 @@ impl<'v> Pass<'v> {
     fn commit(&mut self, j: &JobRequest, picks: Vec<Pick>, end_ms: Option<u64>) {
         let placement = self.plan.placements.len();
         let mut allocs = Vec::with_capacity(picks.len());
-        let restricted = self.restricted(j, end_ms);
+        let restricted = self.fence(j, end_ms).backfill;
         for pick in picks {
             let n = pick.node;
             let node = &self.nodes[n];
@@ -1224,6 +1234,7 @@ impl<'v> Pass<'v> {
         self.ensure_timeline();
         let timeline = self.timeline.as_ref()?;
         let b = self.index.get(&(part, tid))?;
+        let (fence, limit_ms) = (self.windows.fence_all(j), self.effective_limit_ms(j));
         let mut times: Vec<(u64, NodeId, usize, Spare)> = Vec::new();
         for n in b.all() {
             let n = n as usize;
@@ -1254,7 +1265,8 @@ impl<'v> Pass<'v> {
                     at = Some(*end);
                 }
             }
-            if let Some(t) = at {
+            // Past the admins' windows in its way (or into its own).
+            if let Some(t) = at.and_then(|t| self.windows.earliest_ms(n, fence, t, limit_ms)) {
                 times.push((t, node.id, n, free));
             }
         }
@@ -1508,65 +1520,4 @@ fn freed_count(node: &NodeView, alloc: &Allocation, tid: u16, names: &[String], 
             }
         })
         .count() as u32
-}
-
-/// Picks `n` of `cands` (ordered by free capacity, then id) for a gang: the tightest NVLink
-/// domain, then leaf switch, then block that holds them all (keeping larger ones free), else
-/// the fewest switches across blocks. `required` nodes are always in.
-fn choose_gang(nodes: &[Cow<'_, NodeView>], cands: &[usize], n: usize, required: &[usize]) -> Vec<usize> {
-    type KeyFn = fn(&NodeView) -> Option<&str>;
-    let levels: [KeyFn; 3] = [|v| v.location.nvlink_domain.as_deref(), |v| v.location.switch.as_deref(), |v| v.location.block.as_deref()];
-    let switch_sizes = group_sizes(nodes, cands, |v| v.location.switch.as_deref());
-    let rank: BTreeMap<usize, usize> = cands.iter().enumerate().map(|(i, &c)| (c, i)).collect();
-    let order_in = |group: &[usize]| -> Vec<usize> {
-        let mut g = group.to_vec();
-        // Fullest switches first (fewest switches), then the candidate order.
-        g.sort_by_key(|&c| {
-            let sw = nodes[c].location.switch.as_deref();
-            (!required.contains(&c), Reverse(switch_sizes.get(&sw).copied().unwrap_or(0)), sw, rank.get(&c).copied())
-        });
-        g.truncate(n);
-        g
-    };
-    for key in levels {
-        let mut groups: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-        for &c in cands {
-            if let Some(k) = key(&nodes[c]) {
-                groups.entry(k).or_default().push(c);
-            }
-        }
-        let best =
-            groups.iter().filter(|(_, g)| g.len() >= n && required.iter().all(|r| g.contains(r))).min_by_key(|(k, g)| (g.len(), **k));
-        if let Some((_, g)) = best {
-            return order_in(g);
-        }
-    }
-    let block_sizes = group_sizes(nodes, cands, |v| v.location.block.as_deref());
-    let mut all = cands.to_vec();
-    all.sort_by_key(|&c| {
-        let v = &nodes[c];
-        let (b, sw) = (v.location.block.as_deref(), v.location.switch.as_deref());
-        (
-            !required.contains(&c),
-            Reverse(block_sizes.get(&b).copied().unwrap_or(0)),
-            b,
-            Reverse(switch_sizes.get(&sw).copied().unwrap_or(0)),
-            sw,
-            rank.get(&c).copied(),
-        )
-    });
-    all.truncate(n);
-    all
-}
-
-fn group_sizes<'a>(
-    nodes: &'a [Cow<'_, NodeView>],
-    cands: &[usize],
-    key: fn(&NodeView) -> Option<&str>,
-) -> BTreeMap<Option<&'a str>, usize> {
-    let mut m: BTreeMap<Option<&str>, usize> = BTreeMap::new();
-    for &c in cands {
-        *m.entry(key(&nodes[c])).or_default() += 1;
-    }
-    m
 }

@@ -23,6 +23,7 @@ pub mod steps;
 pub mod testkit;
 pub mod topo;
 mod view;
+mod windows;
 
 pub use engine::{schedule, ArrayTaskStart, Binding, Plan, Reservation, Room, NEVER, PACED};
 pub use fit::{fits, fits_gang, is_mig_profile, never_holds};

@@ -1,6 +1,8 @@
 //! Inside a node: which free GPUs (or MIG instances) a job gets, so they talk best to each other
 //! and to the job's CPUs, and so partly used domains fill first.
 
+use std::borrow::Cow;
+use std::cmp::Reverse;
 use std::collections::BTreeMap;
 
 use proto::Link;
@@ -150,4 +152,65 @@ pub fn nearest_nic(node: &NodeView, gpu_positions: &[usize]) -> Option<String> {
         .filter(|n| numa.is_none() || n.numa_node == numa)
         .min_by(|a, b| b.infiniband.cmp(&a.infiniband).then(a.name.cmp(&b.name)))
         .map(|n| n.name.clone())
+}
+
+/// Picks `n` of `cands` (ordered by free capacity, then id) for a gang: the tightest NVLink
+/// domain, then leaf switch, then block that holds them all (keeping larger ones free), else
+/// the fewest switches across blocks. `required` nodes are always in.
+pub(crate) fn choose_gang(nodes: &[Cow<'_, NodeView>], cands: &[usize], n: usize, required: &[usize]) -> Vec<usize> {
+    type KeyFn = fn(&NodeView) -> Option<&str>;
+    let levels: [KeyFn; 3] = [|v| v.location.nvlink_domain.as_deref(), |v| v.location.switch.as_deref(), |v| v.location.block.as_deref()];
+    let switch_sizes = group_sizes(nodes, cands, |v| v.location.switch.as_deref());
+    let rank: BTreeMap<usize, usize> = cands.iter().enumerate().map(|(i, &c)| (c, i)).collect();
+    let order_in = |group: &[usize]| -> Vec<usize> {
+        let mut g = group.to_vec();
+        // Fullest switches first (fewest switches), then the candidate order.
+        g.sort_by_key(|&c| {
+            let sw = nodes[c].location.switch.as_deref();
+            (!required.contains(&c), Reverse(switch_sizes.get(&sw).copied().unwrap_or(0)), sw, rank.get(&c).copied())
+        });
+        g.truncate(n);
+        g
+    };
+    for key in levels {
+        let mut groups: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for &c in cands {
+            if let Some(k) = key(&nodes[c]) {
+                groups.entry(k).or_default().push(c);
+            }
+        }
+        let best =
+            groups.iter().filter(|(_, g)| g.len() >= n && required.iter().all(|r| g.contains(r))).min_by_key(|(k, g)| (g.len(), **k));
+        if let Some((_, g)) = best {
+            return order_in(g);
+        }
+    }
+    let block_sizes = group_sizes(nodes, cands, |v| v.location.block.as_deref());
+    let mut all = cands.to_vec();
+    all.sort_by_key(|&c| {
+        let v = &nodes[c];
+        let (b, sw) = (v.location.block.as_deref(), v.location.switch.as_deref());
+        (
+            !required.contains(&c),
+            Reverse(block_sizes.get(&b).copied().unwrap_or(0)),
+            b,
+            Reverse(switch_sizes.get(&sw).copied().unwrap_or(0)),
+            sw,
+            rank.get(&c).copied(),
+        )
+    });
+    all.truncate(n);
+    all
+}
+
+fn group_sizes<'a>(
+    nodes: &'a [Cow<'_, NodeView>],
+    cands: &[usize],
+    key: fn(&NodeView) -> Option<&str>,
+) -> BTreeMap<Option<&'a str>, usize> {
+    let mut m: BTreeMap<Option<&str>, usize> = BTreeMap::new();
+    for &c in cands {
+        *m.entry(key(&nodes[c])).or_default() += 1;
+    }
+    m
 }

@@ -290,6 +290,8 @@ pub struct JobRequest {
     pub account: Option<String>,
     pub partition: Option<String>,
     pub qos: Option<String>,
+    /// `--reservation`: it runs only on that reservation's nodes, in its window.
+    pub reservation: Option<String>,
     /// `--nice`: subtracted from the job's priority (`JobSpec::nice`).
     pub nice: i64,
     /// Nodes of the gang (at least 1).
@@ -348,6 +350,7 @@ pub fn job_request(job: &proto::Job) -> JobRequest {
         account: spec.account.clone(),
         partition: spec.partition.clone(),
         qos: spec.qos.clone(),
+        reservation: spec.reservation().map(str::to_string),
         nice: spec.nice(),
         nodes: need.nodes,
         gpus_per_node: need.gpus,
@@ -555,6 +558,9 @@ pub struct ClusterView {
     /// with `Assoc...` reasons. With no association, nothing is limited. Shared with the
     /// replicated state (a pass does not copy up to 65,536 users).
     pub accounts: std::sync::Arc<proto::accounts::Accounts>,
+    /// Admins' reservations (`scontrol create reservation`); those ended by the pass's time
+    /// count for nothing.
+    pub reservations: Vec<proto::AdminReservation>,
 }
 
 #[cfg(test)]

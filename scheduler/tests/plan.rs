@@ -567,6 +567,53 @@ fn a_partition_starts_only_the_accounts_and_qos_it_allows() {
     assert_eq!(first(10), "InvalidQOS: Job's QOS not permitted to use this partition (gpu denies low including low)");
 }
 
+/// Issue 45: a maintenance window on n1 from 2 h to 3 h. A job that would still run then
+/// waits with Slurm's words and is planned after the window; one that ends before it starts;
+/// a job of the window waits for it to begin and then runs only on its node.
+#[test]
+fn no_job_runs_into_an_admins_window_and_its_own_jobs_run_only_inside() {
+    let mut c = Cluster::new();
+    c.node(1, "n1", dgx("h100")).node(2, "n2", dgx("h100"));
+    c.view.reservations.push(proto::AdminReservation {
+        name: "maint".into(),
+        start_ms: 2 * HOUR,
+        end_ms: 3 * HOUR,
+        nodes: vec!["n1".into()],
+        users: vec!["root".into()],
+        maint: true,
+        ..Default::default()
+    });
+    c.running(1, spec("gpu:8", 1), vec![alloc(2, &[0, 1, 2, 3, 4, 5, 6, 7], 8, 1024)], 0);
+    let limited = |gres: &str, hours: u64| {
+        let mut s = spec(gres, 1);
+        s.time_limit_ms = Some(hours * HOUR);
+        s
+    };
+    c.submit(10, limited("gpu:8", 3), 0);
+    c.submit(11, limited("gpu:1", 1), 0);
+    let mut own = limited("gpu:1", 1);
+    own.set_reservation(Some("maint"));
+    c.submit(12, own, 0);
+    let plan = c.schedule(HOUR);
+    assert_eq!(plan.placements.iter().map(|p| p.job).collect::<Vec<_>>(), vec![11], "ends at 2 h, as the window begins");
+    assert_eq!(
+        plan.pending[&10],
+        vec![
+            "ReqNodeNotAvail: ReqNodeNotAvail, Reserved for maintenance",
+            "top of the queue: reserved to start by 1970-01-01 03:00:00 UTC on n1"
+        ]
+    );
+    assert_eq!(plan.reservation.as_ref().map(|r| (r.job, r.start_ms)), Some((10, 3 * HOUR)), "planned past the window");
+    assert!(plan.pending[&12][0].starts_with("Reservation: reservation maint begins at "), "{:?}", plan.pending[&12]);
+    assert_eq!(plan.wake_ms, Some(2 * HOUR), "a pass when the window begins");
+    // In the window: its job runs on n1 alone; after it, job 10 may have n1.
+    let inside = c.schedule(2 * HOUR);
+    let placed: Vec<(u64, u64)> = inside.placements.iter().map(|p| (p.job, p.allocs[0].node)).collect();
+    assert!(placed.contains(&(12, 1)), "{placed:?}");
+    assert!(!placed.iter().any(|p| p.0 == 10), "{placed:?}");
+    assert!(c.schedule(3 * HOUR).placements.iter().any(|p| p.job == 10 && p.allocs[0].node == 1));
+}
+
 #[test]
 fn constraints_lists_and_exclusive() {
     let mut c = Cluster::new();

@@ -290,7 +290,8 @@ pub fn scheduler_view_cached(state: &ClusterState, cache: &mut ViewCache, archiv
     }
     let (nodes, nodes_reused) = node_views_cached(state, &mut cache.nodes, cache.views);
     cache.nodes_reused = nodes_reused;
-    ClusterView { nodes, jobs, partitions, usage: state.usage.clone(), config, accounts: state.accounts.clone() }
+    let reservations = state.reservations.values().cloned().collect();
+    ClusterView { nodes, jobs, partitions, usage: state.usage.clone(), config, accounts: state.accounts.clone(), reservations }
 }
 
 /// A job the scheduler must see whatever depends on it: not final, or holding a part.

@@ -787,3 +787,102 @@ fn a_provisioning_script_runs_unchanged_and_its_qos_limits_hold_jobs() {
     wait_until("the chem job to run", Duration::from_secs(30), || state(chem) == "RUNNING None chem short 1:00");
     assert!(shim(&c, "scancel", &[&second.to_string(), &chem.to_string()]).status.success());
 }
+
+/// Issue 45: an operator declares a maintenance window and a team's reservation with
+/// `scontrol create reservation`, as on Slurm (each answer checked on the peer first): a job
+/// that would still run when the window begins waits with Slurm's words while one that ends
+/// before it runs; a reservation's nodes show as `resv` (`maint` for a maintenance one) in
+/// sinfo, take only its jobs, and free up when it is deleted.
+#[test]
+fn reservations_hold_their_nodes_for_their_jobs_and_windows() {
+    let c = TestCluster::up(&["--nodes", "2", "--voters-max", "1", "--gpus", "h100:1"]);
+    let run = |name: &str, args: &[&str]| {
+        let out = shim(&c, name, args);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).trim().to_string(),
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        )
+    };
+    let ok = |name: &str, args: &[&str]| {
+        let (code, out, err) = run(name, args);
+        assert_eq!(code, Some(0), "{name} {args:?}: {err}");
+        out
+    };
+    let sbatch = |args: &[&str]| -> u64 {
+        let mut all = vec!["--parsable", "-o", "/dev/null"];
+        all.extend_from_slice(args);
+        ok("sbatch", &all).parse().expect("a job id")
+    };
+    let reason = |id: u64| ok("squeue", &["-h", "-j", &id.to_string(), "-o", "%T|%r"]);
+    // One row per partition the node is in, each with its state.
+    let sinfo_state = |node: &str| {
+        let mut states: Vec<String> = ok("sinfo", &["-h", "-N", "-n", node, "-o", "%t"]).lines().map(str::to_string).collect();
+        states.dedup();
+        states.join(",")
+    };
+
+    // A maintenance window on n1 in two minutes.
+    let created = ok(
+        "scontrol",
+        &[
+            "create",
+            "reservation",
+            "ReservationName=maint",
+            "StartTime=now+2minutes",
+            "Duration=60",
+            "Nodes=n1",
+            "Users=root",
+            "Flags=MAINT",
+        ],
+    );
+    assert_eq!(created, "Reservation created: maint");
+    let shown = ok("scontrol", &["show", "reservation", "maint"]);
+    for field in [
+        "Duration=01:00:00\n",
+        "   Nodes=n1 NodeCnt=1 ",
+        "Flags=MAINT,SPEC_NODES\n",
+        "   Users=root Groups=(null) Accounts=(null) ",
+        "State=INACTIVE",
+    ] {
+        assert!(shown.contains(field), "{field} in {shown}");
+    }
+    assert_eq!(sinfo_state("n1"), "idle", "not begun");
+    let long = sbatch(&["-w", "n1", "-t", "10", "--wrap", "true"]);
+    let short = sbatch(&["-w", "n1", "-t", "1", "--wrap", "true"]);
+    assert_eq!(c.wait_final(short, Duration::from_secs(30))["state"], "COMPLETED", "ends before the window");
+    wait_until("the long job to wait for the window", Duration::from_secs(20), || {
+        reason(long) == "PENDING|ReqNodeNotAvail, Reserved for maintenance"
+    });
+
+    // A team's reservation on n2 from now: only its jobs run there.
+    ok("scontrol", &["create", "reservation", "ReservationName=team", "StartTime=now", "Duration=30", "Nodes=n2", "Users=root"]);
+    assert_eq!(sinfo_state("n2"), "resv");
+    let (code, _, err) = run("scontrol", &["create", "reservation", "StartTime=now", "Duration=30", "Nodes=n2", "Users=root"]);
+    assert_eq!((code, err.as_str()), (Some(1), "Error creating the reservation: Requested reservation overlaps with another reservation"));
+    let (code, _, err) = run("scontrol", &["create", "reservation", "StartTime=now", "Duration=30", "Nodes=n2"]);
+    assert_eq!(
+        (code, err.as_str()),
+        (Some(1), "scontrol: error: Either Users/Groups and/or Accounts must be specified.  No reservation created.")
+    );
+    let outside = sbatch(&["-w", "n2", "-t", "1", "--wrap", "true"]);
+    let inside = sbatch(&["--reservation=team", "-t", "1", "--wrap", "true"]);
+    let job = c.wait_final(inside, Duration::from_secs(30));
+    assert_eq!((job["state"].as_str(), job["nodes"][0].as_str()), (Some("COMPLETED"), Some("n2")), "{job}");
+    wait_until("the job outside it to wait", Duration::from_secs(20), || reason(outside) == "PENDING|Resources");
+    let (code, _, err) = run("sbatch", &["--reservation=nope", "--wrap", "true"]);
+    assert_eq!((code, err.as_str()), (Some(1), "sbatch: error: Batch job submission failed: Requested reservation is invalid"));
+    assert_eq!(ok("scontrol", &["delete", "ReservationName=team"]), "");
+    assert_eq!(c.wait_final(outside, Duration::from_secs(30))["state"], "COMPLETED", "n2 is free again");
+    let (code, _, err) = run("scontrol", &["delete", "ReservationName=team"]);
+    assert_eq!((code, err.as_str()), (Some(1), "delete_reservation ReservationName=team: Requested reservation is invalid"));
+
+    // The window begins now: n1 shows maint; once it is deleted the long job runs.
+    assert_eq!(ok("scontrol", &["update", "ReservationName=maint", "StartTime=now"]), "Reservation updated.");
+    assert!(ok("scontrol", &["show", "reservation"]).contains("State=ACTIVE"));
+    assert_eq!(sinfo_state("n1"), "maint");
+    assert_eq!(reason(long), "PENDING|ReqNodeNotAvail, Reserved for maintenance");
+    ok("scontrol", &["delete", "ReservationName=maint"]);
+    assert_eq!(c.wait_final(long, Duration::from_secs(30))["state"], "COMPLETED");
+    assert_eq!(run("scontrol", &["show", "reservation"]).2, "No reservations in the system");
+}

@@ -10,6 +10,7 @@ pub mod directives;
 pub mod fuzzing;
 pub mod opts;
 pub mod remote;
+pub mod reservation;
 pub mod sacct;
 pub mod sacct_fields;
 pub mod sacctmgr;

@@ -57,6 +57,7 @@ const OPTIONS: &[OptDef] = &[
     opt("partition", Some('p'), Arg::Required),
     opt("qos", Some('q'), Arg::Required),
     opt("quiet", Some('Q'), Arg::No),
+    opt("reservation", None, Arg::Required),
     opt("spare-nodes", None, Arg::Required),
     opt("time", Some('t'), Arg::Required),
     opt("usage", None, Arg::No),

@@ -700,12 +700,12 @@ impl<'a> Builder<'a> {
             "test-only" => self.test_only = true,
             "verbose" | "wrap" | "help" | "usage" | "version" => {}
             "uid" | "gid" => return Err(fatal(&format!("--{name} is only for root and not supported by Corral"))),
-            // Read by the scheduler (`JobSpec::nice`): lowers the job's priority.
-            "nice" => {
-                self.extra.insert("nice".into(), v.to_string());
+            // Read by the scheduler: `JobSpec::nice` lowers the job's priority, `JobSpec::reservation`
+            // (`proto::SPEC_EXTRA_RESERVATION`) is where it may run.
+            "nice" | "reservation" => {
+                self.extra.insert(name.into(), v.to_string());
             }
             // Slurm refuses these where nothing is configured for them, as Corral has nothing.
-            "reservation" => return Err(fatal(&format!("Requested reservation is invalid: {v} (Corral has no reservations)"))),
             "licenses" => return Err(fatal(&format!("Invalid license specification: {v} (Corral has no licenses)"))),
             "priority" => {
                 return Err(fatal(

@@ -232,6 +232,7 @@ pub enum Command {
     ShowJob(Option<String>),
     ShowNode(Option<String>),
     ShowPartition(Option<String>),
+    ShowReservation(Option<String>),
     ShowConfig,
     Requeue(Vec<u64>, bool),
     Hold(Vec<u64>),
@@ -250,6 +251,7 @@ pub enum Command {
     },
     /// `create|update|delete PartitionName=...`.
     EditPartition(proto::PartitionEdit),
+    EditReservation(proto::ReservationEdit),
     /// `token [lifespan=SECONDS] [username=NAME]`: a REST API token.
     Token {
         lifespan_s: Option<u64>,
@@ -482,6 +484,7 @@ pub fn parse(args: &[String]) -> Result<Command, SlurmError> {
             _ if is(&w, "jobs", 3) => Ok(Command::ShowJob(arg)),
             _ if is(&w, "nodes", 4) => Ok(Command::ShowNode(arg)),
             _ if is(&w, "partitions", 4) => Ok(Command::ShowPartition(arg)),
+            _ if is(&w, "reservations", 3) => Ok(Command::ShowReservation(arg)),
             _ if is(&w, "config", 1) => Ok(Command::ShowConfig),
             _ => Err(SlurmError::fatal(PROG, format!("invalid entity:{what} for keyword:show"))),
         };
@@ -504,12 +507,17 @@ pub fn parse(args: &[String]) -> Result<Command, SlurmError> {
     if is(verb, "resume", 3) {
         return Ok(Command::Suspend(job_ids(rest)?, false));
     }
+    for edit in ["create", "update", "delete"] {
+        if is(verb, edit, if edit == "update" { 1 } else { 2 }) && super::reservation::is_reservation(rest) {
+            return Ok(Command::EditReservation(super::reservation::parse(edit, rest, now_ms() as i64 / 1000)?));
+        }
+    }
     if is(verb, "create", 2) {
         return parse_partition_edit("create", rest);
     }
     if is(verb, "delete", 3) {
         if !names_partition(rest) {
-            return Err(SlurmError::fatal(PROG, "Corral's scontrol deletes partitions only: delete PartitionName=NAME"));
+            return Err(SlurmError::fatal(PROG, "Corral's scontrol deletes partitions and reservations only: delete PartitionName=NAME"));
         }
         return parse_partition_edit("delete", rest);
     }
@@ -714,6 +722,8 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
         Command::Update { job, time_limit_ms, partition } => update_jobs(vec![job], None, time_limit_ms, partition.map(Some)),
         Command::UpdateNodes { nodes, drain } => update_nodes(nodes, drain),
         Command::EditPartition(edit) => edit_partition(edit),
+        Command::EditReservation(edit) => super::reservation::send(edit),
+        Command::ShowReservation(name) => super::reservation::show(name.as_deref()),
     }
 }
 

@@ -70,6 +70,7 @@ pub const OPTIONS: &[OptDef] = &[
     opt("requeue", None, Arg::No),
     opt("no-requeue", None, Arg::No),
     opt("signal", None, Arg::Required),
+    opt("reservation", None, Arg::Required),
     opt("spare-nodes", None, Arg::Required),
     opt("time", Some('t'), Arg::Required),
     opt("unbuffered", Some('u'), Arg::No),

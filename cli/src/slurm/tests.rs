@@ -327,7 +327,7 @@ fn step_options_without_effect_are_named_on_stderr() {
 }
 
 #[test]
-fn options_without_effect_are_named_on_stderr_and_unknown_reservations_are_refused() {
+fn options_without_effect_are_named_on_stderr_and_unknown_licenses_are_refused() {
     let sub = submit_with(&ctx(), &["--mail-type=END", "--comment=hello", "--hint=nomultithread"], SCRIPT).expect("parses");
     // --comment does what Slurm does with it (squeue %k shows it); the others are named.
     assert_eq!(
@@ -338,7 +338,9 @@ fn options_without_effect_are_named_on_stderr_and_unknown_reservations_are_refus
         ]
     );
     assert!(submit_with(&ctx(), &["-N", "2", "--comment=x"], SCRIPT).expect("parses").warnings.is_empty());
-    assert_eq!(err(&["--reservation=maint"]), "sbatch: error: Requested reservation is invalid: maint (Corral has no reservations)");
+    // A reservation goes with the job; the cluster checks it exists and admits the job.
+    let sub = submit_with(&ctx(), &["--reservation=maint"], SCRIPT).expect("parses");
+    assert_eq!(sub.spec.reservation(), Some("maint"));
     assert_eq!(err(&["-L", "matlab:1"]), "sbatch: error: Invalid license specification: matlab:1 (Corral has no licenses)");
     assert!(err(&["--priority=100"]).contains("--nice=N lowers a job's priority"), "{}", err(&["--priority=100"]));
 }
@@ -1116,6 +1118,8 @@ fn node(id: u64, name: &str, state: NodeState, total: u32, free: u32) -> NodeInf
         // As the cluster sends it: a node that names no partition is in the default one.
         partitions: vec![proto::DEFAULT_PARTITION.into()],
         mig: vec![],
+        reserved: false,
+        maint: false,
     }
 }
 

@@ -239,6 +239,7 @@ impl Node {
                 self.kick.notify_one();
                 result
             }
+            Request::EditReservation { edit } => self.edit_reservation(edit, who, now).await,
             Request::ExpectedStarts => Ok(Reply::ExpectedStarts(lock(&self.memory).expected_starts.clone())),
             Request::EditAccounts { edits } => {
                 info!(?edits, by = who.unwrap_or("root"), "operator edits accounts");
@@ -277,5 +278,19 @@ impl Node {
             }
             other => Err(ApiError::Invalid(format!("not a leader request: {other:?}"))),
         }
+    }
+}
+
+impl Node {
+    /// `scontrol create|update|delete reservation`: one log entry; a pass follows at once (a
+    /// reservation may free or fence nodes).
+    async fn edit_reservation(&self, edit: proto::ReservationEdit, who: Option<&str>, now: u64) -> Response {
+        info!(?edit, by = who.unwrap_or("root"), "operator edits a reservation");
+        let result = match self.propose(Command::EditReservation { edit, now_ms: now }).await? {
+            CommandResult::ReservationMade { name } => Ok(Reply::ReservationMade { name }),
+            other => ok_or_rejected(other),
+        };
+        self.kick.notify_one();
+        result
     }
 }

@@ -42,6 +42,10 @@ impl Node {
             Request::ClusterInfo => Ok(Reply::Cluster(self.cluster_info(true))),
             Request::Members => Ok(Reply::Cluster(self.cluster_info(false))),
             Request::GetPolicy => Ok(Reply::Policy(self.state.read(|s| s.policy.clone()))),
+            Request::GetReservations => {
+                let now = now_ms();
+                Ok(Reply::Reservations(self.state.read(|s| s.reservations.values().filter(|r| r.end_ms > now).cloned().collect())))
+            }
             Request::GetAccounts => {
                 let (accounts, policy) = self.state.read(|s| (Box::new((*s.accounts).clone()), s.policy.clone()));
                 Ok(Reply::Accounts { accounts, policy })
@@ -190,8 +194,17 @@ impl Node {
     pub fn node_infos(&self) -> Vec<NodeInfo> {
         let (leader, _) = self.leader();
         let voters = self.voter_ids();
+        let now = now_ms();
         self.state.read(|s| {
             let held = s.cpus_and_memory_held();
+            // (in a reservation now, in a MAINT one) by node name.
+            let mut reserved: BTreeMap<&str, (bool, bool)> = BTreeMap::new();
+            for r in s.reservations.values().filter(|r| r.active(now)) {
+                for n in &r.nodes {
+                    let e = reserved.entry(n.as_str()).or_default();
+                    *e = (true, e.1 || r.maint);
+                }
+            }
             s.nodes
                 .values()
                 .map(|n| {
@@ -222,6 +235,8 @@ impl Node {
                         cert_fingerprint: n.cert_fingerprint.clone(),
                         partitions: s.policy.partitions_of_node(&n.name, &n.inventory.partitions),
                         mig: mig_gpus(n),
+                        reserved: reserved.get(n.name.as_str()).is_some_and(|r| r.0),
+                        maint: reserved.get(n.name.as_str()).is_some_and(|r| r.1),
                     }
                 })
                 .collect()

@@ -80,7 +80,7 @@ impl Node {
         let by_admin = self.is_admin(user);
         // Every check, in one order (`ClusterState::admission`); `apply` checks the spec and the
         // accounts again against the state the job enters.
-        self.state.read(|s| s.admission(&spec, by_admin)).map_err(|refusal| ApiError::Invalid(refusal.why))?;
+        self.state.read(|s| s.admission(&spec, by_admin, now)).map_err(|refusal| ApiError::Invalid(refusal.why))?;
         if let Some(why) = self.groups_refusal(&spec, by_admin) {
             return Err(ApiError::Invalid(why));
         }

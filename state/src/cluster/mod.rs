@@ -26,6 +26,7 @@ mod plans;
 mod policy;
 mod queries;
 mod repairs;
+mod reservations;
 mod runs;
 mod snapshot;
 mod steps;
@@ -75,6 +76,9 @@ pub struct ClusterState {
     pub requeues: u64,
     /// The last [`proto::NODE_EVENTS_MAX`] changes of nodes' states, oldest first (`events`).
     pub node_events: std::collections::VecDeque<proto::NodeEvent>,
+    /// Reservations by name (`scontrol create reservation`), at most
+    /// [`proto::ADMIN_RESERVATIONS_MAX`]; see `reservations`.
+    pub reservations: BTreeMap<String, proto::AdminReservation>,
     /// The jobs above by their submissions' keys: a resend is answered with the job the
     /// first made. Derived from `jobs`, so not encoded: a snapshot's reader builds it again.
     #[serde(skip)]
@@ -118,6 +122,7 @@ impl Default for ClusterState {
             accounts: Default::default(),
             requeues: 0,
             node_events: Default::default(),
+            reservations: BTreeMap::new(),
             submit_keys: Default::default(),
             holding_parts: BTreeSet::new(),
         }
@@ -144,6 +149,7 @@ fn command_name(c: &Command) -> &'static str {
         Command::Requeue { .. } => "Requeue",
         Command::SetPolicy { .. } => "SetPolicy",
         Command::EditPartition { .. } => "EditPartition",
+        Command::EditReservation { .. } => "EditReservation",
         Command::EditAccounts { .. } => "EditAccounts",
         Command::UpdateJob { .. } => "UpdateJob",
         Command::Suspend { .. } => "Suspend",
@@ -218,6 +224,7 @@ impl ClusterState {
             Command::Requeue { job, reason, now_ms } => self.requeue(*job, reason, *now_ms),
             Command::SetPolicy { policy, now_ms: _ } => self.set_policy(policy),
             Command::EditPartition { edit, now_ms: _ } => self.edit_partition(edit),
+            Command::EditReservation { edit, now_ms } => self.edit_reservation(edit, *now_ms),
             Command::EditAccounts { edits, now_ms: _ } => self.edit_accounts(edits),
             Command::UpdateJob { job, hold, time_limit_ms, partition, now_ms: _ } => {
                 self.update_job(*job, *hold, *time_limit_ms, partition.clone())

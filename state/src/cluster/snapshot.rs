@@ -53,6 +53,7 @@ impl ClusterState {
             accounts: self.accounts.clone(),
             requeues: self.requeues,
             node_events: self.node_events.clone(),
+            reservations: self.reservations.clone(),
             submit_keys: Default::default(),
             holding_parts: BTreeSet::new(),
         }
