@@ -468,6 +468,9 @@ struct Submitted {
     exit_code: i32,
     cancelled: bool,
     time_limited: bool,
+    /// A command gang's ranks: no run may have more parts alive at once (a part repaired onto
+    /// a spare never overlaps the one it replaced). `None`: not checked (a batch job's steps).
+    ranks: Option<usize>,
 }
 
 /// A scheduled fault: when (ms after the start), what, on which role, for how long.
@@ -623,6 +626,8 @@ fn drive_and_check(h: &mut Harness, opts: &RunOptions) -> anyhow::Result<RunOutc
     let spans = collect_spans(h, watch, &workload.submitted, &mut violations);
     violations.extend(crate::check_exclusive_gpus(&spans).iter().map(|v| v.to_string()));
     violations.extend(crate::check_never_twice(&spans).iter().map(|v| v.to_string()));
+    let ranks = |job: u64| workload.submitted.get(&job).and_then(|s| s.ranks);
+    violations.extend(crate::check_ranks_at_once(&spans, ranks).iter().map(|v| v.to_string()));
     violations.extend(crate::check_one_leader_per_term(&workload.leader_claims).iter().map(|v| v.to_string()));
     violations.extend(check_job_outcomes(&workload.submitted, &jobs, &spans));
 
@@ -761,7 +766,7 @@ fn probe_recovery_ms(h: &mut Harness, submitted: &mut BTreeMap<u64, Submitted>) 
         if let CallResult::Ok(v) = h.call("probe", None, &args, 5_000) {
             if let Some(id) = v["job_id"].as_u64() {
                 let recovery_ms = healed.elapsed().as_millis() as u64;
-                submitted.insert(id, Submitted { requeue: false, exit_code: 0, cancelled: false, time_limited: false });
+                submitted.insert(id, Submitted { requeue: false, exit_code: 0, cancelled: false, time_limited: false, ranks: Some(1) });
                 return Some(recovery_ms);
             }
         }
@@ -866,6 +871,8 @@ fn summarize(h: &Harness, opts: &RunOptions, w: &Workload, injected: &BTreeMap<S
         summary.push_str(&format!("  {:<28}{n}\n", format!("  {s}")));
     }
     summary.push_str(&format!("  {:<28}{}\n", "requeued runs", f.jobs.values().filter_map(|j| j["restart_count"].as_u64()).sum::<u64>()));
+    let repairs: usize = f.jobs.values().filter_map(|j| j["repairs"].as_array().map(Vec::len)).sum();
+    summary.push_str(&format!("  {:<28}{repairs}\n", "ranks repaired onto spares"));
     for (op, (ok, err, unk)) in &h.calls {
         summary.push_str(&format!("  {:<28}ok {ok}, error {err}, unknown {unk}\n", format!("calls {op}")));
     }
@@ -889,9 +896,14 @@ fn submit_one(h: &mut Harness, rng: &mut StdRng, submitted: &mut BTreeMap<u64, S
     let gpus = if gang { rng.gen_range(1..=GPUS_PER_NODE) } else { rng.gen_range(1..=4) };
     let time_limited = long && rng.gen_range(0..4) == 0;
     let batch = gang && rng.gen_bool(0.5);
+    // Half the command gangs hold a spare: a lost rank 1 is repaired onto it, not requeued.
+    let spare = gang && !batch && rng.gen_bool(0.5);
     let mut args: Vec<String> = vec!["submit".into(), "--gres".into(), format!("gpu:{gpus}")];
     if gang {
         args.extend(["-N".into(), "2".into()]);
+    }
+    if spare {
+        args.extend(["--spare-nodes".into(), "1".into()]);
     }
     if batch {
         args.push("--batch".into());
@@ -917,7 +929,12 @@ fn submit_one(h: &mut Harness, rng: &mut StdRng, submitted: &mut BTreeMap<u64, S
     }
     if let CallResult::Ok(v) = h.call("submit", None, &args, CALL_TIMEOUT_MS) {
         if let Some(id) = v["job_id"].as_u64() {
-            submitted.insert(id, Submitted { requeue, exit_code, cancelled: false, time_limited });
+            let ranks = match (batch, gang) {
+                (true, _) => None,
+                (false, true) => Some(2),
+                (false, false) => Some(1),
+            };
+            submitted.insert(id, Submitted { requeue, exit_code, cancelled: false, time_limited, ranks });
         }
     }
 }

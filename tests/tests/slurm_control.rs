@@ -697,7 +697,9 @@ fn squeue_and_sinfo_print_slurms_json() {
 /// case); run again, it adds nothing and still succeeds. Then a job with no `--qos` gets its
 /// association's default QoS, the second such job waits with Slurm's `QOSMaxGRESPerUser` and
 /// starts when the first ends, a QoS outside the user's list is refused in Slurm's words, and in
-/// the account allowing one QoS a job gets it, and its `MaxWall` as time limit.
+/// the account allowing one QoS a job gets it, and its `MaxWall` as time limit. The script's
+/// partition for one account and its maintenance window in ten days hold a job of another
+/// account, and one that would still run then, each with Slurm's words.
 #[test]
 fn a_provisioning_script_runs_unchanged_and_its_qos_limits_hold_jobs() {
     let c = TestCluster::up(&["--nodes", "1", "--voters-max", "1", "--gpus", "h100:2"]);
@@ -712,7 +714,10 @@ fn a_provisioning_script_runs_unchanged_and_its_qos_limits_hold_jobs() {
          sacctmgr -i add account name=physics description=\"Physics Department\" organization=sciences grptres=cpu=16\n\
          sacctmgr -i add account name=chem Description=Chemistry Organization=sciences Fairshare=2\n\
          sacctmgr -i add user name=$SITE_USER account=physics qos=normal,gpucap defaultqos=gpucap MaxJobs=4\n\
-         sacctmgr -i add user name=$SITE_USER account=chem QOS=short\n",
+         sacctmgr -i add user name=$SITE_USER account=chem QOS=short\n\
+         scontrol show partition physonly >/dev/null 2>&1 || scontrol create PartitionName=physonly Nodes=n1 AllowAccounts=physics\n\
+         scontrol show reservation maint >/dev/null 2>&1 ||\n\
+           scontrol create reservation ReservationName=maint StartTime=now+10days Duration=4:00:00 Nodes=n1 Users=root Flags=MAINT\n",
     )
     .expect("write the script");
     let provision = || {
@@ -786,6 +791,23 @@ fn a_provisioning_script_runs_unchanged_and_its_qos_limits_hold_jobs() {
     let chem = sbatch(&["-A", "chem", "--wrap", "sleep 30"]);
     wait_until("the chem job to run", Duration::from_secs(30), || state(chem) == "RUNNING None chem short 1:00");
     assert!(shim(&c, "scancel", &[&second.to_string(), &chem.to_string()]).status.success());
+
+    // The script's partition takes physics alone; its maintenance window holds what would
+    // still run in ten days. Each waits with what Slurm prints there.
+    assert!(stdout.ends_with("Reservation created: maint\n"), "{stdout}");
+    let reason =
+        |id: u64| String::from_utf8_lossy(&shim(&c, "squeue", &["-h", "-j", &id.to_string(), "-o", "%T|%r"]).stdout).trim().to_string();
+    let physics = sbatch(&["-p", "physonly", "-A", "physics", "-o", "/dev/null", "--wrap", "true"]);
+    assert_eq!(c.wait_final(physics, Duration::from_secs(30))["state"], "COMPLETED");
+    let other = sbatch(&["-p", "physonly", "-A", "chem", "--wrap", "true"]);
+    wait_until("the chem job to wait for its partition", Duration::from_secs(30), || {
+        reason(other) == "PENDING|Job's account not permitted to use this partition (physonly allows physics not chem)"
+    });
+    let long = sbatch(&["--qos=normal", "-t", "11-00:00:00", "--wrap", "true"]);
+    wait_until("the long job to wait for the window", Duration::from_secs(30), || {
+        reason(long) == "PENDING|ReqNodeNotAvail, Reserved for maintenance"
+    });
+    assert!(shim(&c, "scancel", &[&other.to_string(), &long.to_string()]).status.success());
 }
 
 /// Issue 45: an operator declares a maintenance window and a team's reservation with
