@@ -16,6 +16,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
+use crate::outcomes::{check_job_outcomes, Submitted};
 use crate::ProcessSpan;
 
 /// Settings the cluster is started with (the recovery bounds below depend on them).
@@ -459,18 +460,6 @@ impl DeathWatch {
         let d = self.deaths.lock().unwrap_or_else(|p| p.into_inner());
         d.clone()
     }
-}
-
-/// What the workload expects of a job it submitted.
-#[derive(Clone, Debug)]
-struct Submitted {
-    requeue: bool,
-    exit_code: i32,
-    cancelled: bool,
-    time_limited: bool,
-    /// A command gang's ranks: no run may have more parts alive at once (a part repaired onto
-    /// a spare never overlaps the one it replaced). `None`: not checked (a batch job's steps).
-    ranks: Option<usize>,
 }
 
 /// A scheduled fault: when (ms after the start), what, on which role, for how long.
@@ -1054,45 +1043,6 @@ fn check_voters(h: &mut Harness, violations: &mut Vec<String>) -> bool {
     }
     violations.push(format!("voters did not converge within {CONVERGE_BOUND_MS} ms: {last}"));
     false
-}
-
-/// Requeue semantics and expected end states, from what each job was asked to do.
-fn check_job_outcomes(submitted: &BTreeMap<u64, Submitted>, jobs: &BTreeMap<u64, Value>, spans: &[ProcessSpan]) -> Vec<String> {
-    let mut out = Vec::new();
-    for (id, s) in submitted {
-        let Some(j) = jobs.get(id) else { continue };
-        let state = j["state"].as_str().unwrap_or("");
-        let restarts = j["restart_count"].as_u64().unwrap_or(0);
-        if state == "NODE_FAIL" && s.requeue {
-            out.push(format!("job {id} asked for --requeue but ended NODE_FAIL"));
-        }
-        if restarts > 0 && !s.requeue {
-            out.push(format!("job {id} did not ask for --requeue but was restarted {restarts} times"));
-        }
-        // A run whose process did not record its own end died with (or was fenced off) its node.
-        // Spans of more than one run: the job was started again.
-        let runs: BTreeSet<u32> = spans.iter().filter(|sp| sp.job == *id).map(|sp| sp.run).collect();
-        let ran_again = runs.len() > 1;
-        if s.cancelled || s.time_limited {
-            continue;
-        }
-        match state {
-            "COMPLETED" if s.exit_code != 0 => out.push(format!("job {id} should exit {} but ended COMPLETED", s.exit_code)),
-            "FAILED" if s.exit_code == 0 => out.push(format!("job {id} exits 0 but ended FAILED: {}", j["reason"])),
-            "CANCELLED" => {
-                out.push(format!("job {id} ended CANCELLED but was never cancelled (a fenced run reported as killed?): {}", j["reason"]))
-            }
-            "TIMEOUT" => out.push(format!("job {id} ended TIMEOUT without a time limit")),
-            _ => {}
-        }
-        if ran_again && restarts == 0 {
-            out.push(format!("job {id} ran more than once but its restart_count is 0"));
-        }
-        if s.requeue && restarts > 0 && s.exit_code == 0 && state != "COMPLETED" {
-            out.push(format!("requeued job {id} ended {state}, not COMPLETED"));
-        }
-    }
-    out
 }
 
 #[cfg(test)]

@@ -448,8 +448,9 @@ impl Partition {
                 reasons.push(format!("PartitionTimeLimit: time limit {limit} exceeds the {max} of partition {name}"));
             }
         }
-        reasons.extend(self.access.account_refusal(name, j.account.as_deref()));
+        // QoS before account, as Slurm's `select_nodes` checks them.
         reasons.extend(self.access.qos_refusal(name, j.qos.as_deref().unwrap_or(proto::DEFAULT_QOS)));
+        reasons.extend(self.access.account_refusal(name, j.account.as_deref()));
         reasons
     }
 }

@@ -268,9 +268,10 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
         return Ok(0);
     }
     let (edits, summary) = match plan(&Db { accounts: &accounts, policy: &policy, cluster: &name }, &action)? {
+        // ` Nothing new added.`: exit 1, as Slurm's sacctmgr does.
         Plan::Nothing(text) => {
             print!("{text}");
-            return Ok(0);
+            return Ok(1);
         }
         Plan::Edits { edits, summary } => (edits, summary),
     };

@@ -283,7 +283,12 @@ fn assoc_limits(s: &Settings, parent: Option<&str>) -> String {
         max_tres(l).map(|t| format!("  MaxTRES       = {t}")),
         l.max_wall_min.map(|v| format!("  MaxWall       = {}", wall(v))),
         parent.map(|p| format!("  Parent        = {p}")),
-        s.qos_text.as_ref().map(|q| format!("  QOS           = {}", q.join(","))),
+        // Sorted by name, as Slurm's `slurm_char_list_to_xstr` prints a list.
+        s.qos_text.as_ref().map(|q| {
+            let mut names = q.clone();
+            names.sort();
+            format!("  QOS           = {}", names.join(","))
+        }),
         // A cleared default is Slurm's id -1, which it prints as no name.
         s.assoc.default_qos.as_ref().map(|d| format!("  DefQOS        = {}", d.as_deref().unwrap_or("(null)"))),
     ];
