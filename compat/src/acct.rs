@@ -309,7 +309,7 @@ pub fn db_job(job: &Job, names: &BTreeMap<u64, String>, now_ms: u64, with_steps:
     put("required", json!({"CPUs": job_cpus(job), "memory": spec.mem_mib}));
     put("kill_request_user", Value::Null);
     put("reservation", json!({"id": 0, "name": 0}));
-    let reason = if job.state == JobState::Pending { show::reason_code(job) } else { show::final_reason(job).to_string() };
+    let reason = if job.state == JobState::Pending { show::accounting_reason(job) } else { show::final_reason(job).to_string() };
     put("state", json!({"current": job.state_name(), "reason": reason}));
     let steps: Vec<Value> =
         if with_steps { step_kinds(job).into_iter().map(|k| db_step(job, k, names, now_ms)).collect() } else { Vec::new() };

@@ -126,7 +126,7 @@ fn job_identity(job: &Job, out: &mut Map<String, Value>) {
         ("requeue".into(), json!(spec.requeue)),
         ("restart_cnt".into(), json!(job.restart_count)),
         ("show_flags".into(), json!(["SHOW_ALL", "SHOW_DETAIL", "SHOW_LOCAL"])),
-        text("state_description", String::new()),
+        text("state_description", show::state_description(job).unwrap_or_default()),
         text("state_reason", if job.state == JobState::Pending { show::reason_code(job) } else { show::final_reason(job).into() }),
         text("standard_error", spec.error.clone().unwrap_or_default()),
         text("standard_input", "/dev/null".into()),

@@ -31,6 +31,8 @@ const SLURM_REASONS: &[&str] = &[
     "ReservationDeleted",
     "InvalidAccount",
     "InvalidQOS",
+    "AccountNotAllowed",
+    "QOSNotAllowed",
     "AssocMaxJobsLimit",
     "AssocGrpJobsLimit",
     "AssocGrpGRES",
@@ -108,19 +110,29 @@ pub fn reason_code(job: &Job) -> String {
 /// The reason codes whose Corral reason carries, after `CODE: `, the text Slurm keeps as the
 /// job's `state_desc` (partition access: `part_policy_valid_acct`/`_qos`; a maintenance
 /// reservation in the way: `ReqNodeNotAvail, Reserved for maintenance`).
-const DESCRIBED_REASONS: [&str; 3] = ["InvalidAccount", "InvalidQOS", "ReqNodeNotAvail"];
+const DESCRIBED_REASONS: [&str; 3] = ["AccountNotAllowed", "QOSNotAllowed", "ReqNodeNotAvail"];
 
 /// A pending job's reason as `squeue`'s `%r`/`%R` and `scontrol show job` print it: Slurm's
 /// description where it keeps one (`Job's account not permitted to use this partition (...)`),
 /// else the code ([`reason_code`]).
 pub fn reason_shown(job: &Job) -> String {
-    let described = job.reason().and_then(|r| {
-        let (code, text) = r.split_once(": ")?;
-        DESCRIBED_REASONS.contains(&code).then(|| text.to_string())
-    });
-    match described {
-        Some(text) if job.state == JobState::Pending && !job.spec.hold => text,
-        _ => reason_code(job),
+    state_description(job).unwrap_or_else(|| reason_code(job))
+}
+
+/// The description Slurm keeps with a pending job's reason (`state_desc`; the REST API's
+/// `state_description`), where it keeps one.
+pub fn state_description(job: &Job) -> Option<String> {
+    let (code, text) = job.reason()?.split_once(": ")?;
+    (DESCRIBED_REASONS.contains(&code) && job.state == JobState::Pending && !job.spec.hold).then(|| text.to_string())
+}
+
+/// A pending job's reason as the accounting store shows it (sacct's `Reason`, `sacct --json`):
+/// [`reason_code`], except a partition's access lists, which Slurm 22.05.8's slurmdbd recorded
+/// as `PartitionConfig` (while squeue showed `AccountNotAllowed`'s description).
+pub fn accounting_reason(job: &Job) -> String {
+    match reason_code(job).as_str() {
+        "AccountNotAllowed" | "QOSNotAllowed" => "PartitionConfig".into(),
+        code => code.to_string(),
     }
 }
 

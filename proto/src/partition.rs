@@ -95,9 +95,11 @@ impl PartitionAccess {
         if !self.allow_accounts.is_empty() {
             let allows = self.allow_accounts.join(",");
             return match account {
-                None => Some(format!("InvalidAccount: Job's account not known, so it can't use this partition ({name} allows {allows})")),
+                None => {
+                    Some(format!("AccountNotAllowed: Job's account not known, so it can't use this partition ({name} allows {allows})"))
+                }
                 Some(a) if !self.allow_accounts.iter().any(|x| x == a) => {
-                    Some(format!("InvalidAccount: Job's account not permitted to use this partition ({name} allows {allows} not {a})"))
+                    Some(format!("AccountNotAllowed: Job's account not permitted to use this partition ({name} allows {allows} not {a})"))
                 }
                 Some(_) => None,
             };
@@ -105,7 +107,7 @@ impl PartitionAccess {
         let a = account?;
         self.deny_accounts.iter().any(|x| x == a).then(|| {
             let denies = self.deny_accounts.join(",");
-            format!("InvalidAccount: Job's account not permitted to use this partition ({name} denies {denies} including {a})")
+            format!("AccountNotAllowed: Job's account not permitted to use this partition ({name} denies {denies} including {a})")
         })
     }
 
@@ -114,11 +116,11 @@ impl PartitionAccess {
         if !self.allow_qos.is_empty() {
             let allows = self.allow_qos.join(",");
             return (!self.allow_qos.iter().any(|x| x == qos))
-                .then(|| format!("InvalidQOS: Job's QOS not permitted to use this partition ({name} allows {allows} not {qos})"));
+                .then(|| format!("QOSNotAllowed: Job's QOS not permitted to use this partition ({name} allows {allows} not {qos})"));
         }
         self.deny_qos.iter().any(|x| x == qos).then(|| {
             let denies = self.deny_qos.join(",");
-            format!("InvalidQOS: Job's QOS not permitted to use this partition ({name} denies {denies} including {qos})")
+            format!("QOSNotAllowed: Job's QOS not permitted to use this partition ({name} denies {denies} including {qos})")
         })
     }
 
@@ -406,11 +408,11 @@ mod tests {
         assert_eq!(access.account_refusal("p", None), None, "an unknown account is not denied");
         assert_eq!(
             access.account_refusal("p", Some("bio")).as_deref(),
-            Some("InvalidAccount: Job's account not permitted to use this partition (p denies bio including bio)")
+            Some("AccountNotAllowed: Job's account not permitted to use this partition (p denies bio including bio)")
         );
         assert_eq!(
             access.qos_refusal("p", "low").as_deref(),
-            Some("InvalidQOS: Job's QOS not permitted to use this partition (p denies low including low)")
+            Some("QOSNotAllowed: Job's QOS not permitted to use this partition (p denies low including low)")
         );
         assert_eq!(access.show(), "AllowGroups=ALL DenyAccounts=bio DenyQos=low");
         access.allow_accounts = names(&["phys", "chem"]);
@@ -418,15 +420,15 @@ mod tests {
         assert_eq!(access.account_refusal("p", Some("phys")), None);
         assert_eq!(
             access.account_refusal("p", Some("bio")).as_deref(),
-            Some("InvalidAccount: Job's account not permitted to use this partition (p allows phys,chem not bio)")
+            Some("AccountNotAllowed: Job's account not permitted to use this partition (p allows phys,chem not bio)")
         );
         assert_eq!(
             access.account_refusal("p", None).as_deref(),
-            Some("InvalidAccount: Job's account not known, so it can't use this partition (p allows phys,chem)")
+            Some("AccountNotAllowed: Job's account not known, so it can't use this partition (p allows phys,chem)")
         );
         assert_eq!(
             access.qos_refusal("p", "normal").as_deref(),
-            Some("InvalidQOS: Job's QOS not permitted to use this partition (p allows high not normal)")
+            Some("QOSNotAllowed: Job's QOS not permitted to use this partition (p allows high not normal)")
         );
         assert_eq!(access.show(), "AllowGroups=ALL AllowAccounts=phys,chem AllowQos=high");
         access.allow_groups = names(&["gpu"]);

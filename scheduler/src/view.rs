@@ -429,7 +429,7 @@ pub struct Partition {
     pub default: bool,
     /// DOWN and INACTIVE start nothing (`PartitionState::holds_jobs`).
     pub state: proto::PartitionState,
-    /// Accounts and QoS not allowed wait with `InvalidAccount`/`InvalidQOS`.
+    /// Accounts and QoS not allowed wait with `AccountNotAllowed`/`QOSNotAllowed`.
     pub access: proto::PartitionAccess,
 }
 

@@ -562,9 +562,9 @@ fn a_partition_starts_only_the_accounts_and_qos_it_allows() {
     let plan = c.schedule(1000);
     assert_eq!(plan.placements.iter().map(|p| p.job).collect::<Vec<_>>(), vec![7]);
     let first = |id: u64| plan.pending[&id].first().cloned().unwrap_or_default();
-    assert_eq!(first(8), "InvalidAccount: Job's account not permitted to use this partition (gpu allows phys not bio)");
-    assert_eq!(first(9), "InvalidAccount: Job's account not known, so it can't use this partition (gpu allows phys)");
-    assert_eq!(first(10), "InvalidQOS: Job's QOS not permitted to use this partition (gpu denies low including low)");
+    assert_eq!(first(8), "AccountNotAllowed: Job's account not permitted to use this partition (gpu allows phys not bio)");
+    assert_eq!(first(9), "AccountNotAllowed: Job's account not known, so it can't use this partition (gpu allows phys)");
+    assert_eq!(first(10), "QOSNotAllowed: Job's QOS not permitted to use this partition (gpu denies low including low)");
 }
 
 /// Issue 45: a maintenance window on n1 from 2 h to 3 h. A job that would still run then

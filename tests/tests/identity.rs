@@ -187,7 +187,7 @@ impl Drop for TestGroup {
 
 /// Issue 45: partition access as an operator sets it with `scontrol`, and as users meet it
 /// through `sbatch`: a user outside `AllowGroups` is refused at submit, an account outside
-/// `AllowAccounts` pends with `InvalidAccount` (Slurm's `EnforcePartLimits=NO`) or, with
+/// `AllowAccounts` pends with `AccountNotAllowed` (Slurm's `EnforcePartLimits=NO`) or, with
 /// `EnforcePartLimits=ALL`, is refused at submit; opening the partition starts the pending job.
 #[test]
 fn partition_access_lists_refuse_or_hold_jobs_in_slurms_words() {
@@ -238,7 +238,8 @@ fn partition_access_lists_refuse_or_hold_jobs_in_slurms_words() {
         let out = c.shim("squeue", &["-h", "-o", "%T %r", "-j", &held.to_string()], &[]);
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     };
-    // As Slurm 22.05 shows it: the description in squeue and scontrol, the code in sacct.
+    // As Slurm 22.05.8 with slurmdbd showed it: the description in squeue and scontrol,
+    // `PartitionConfig` in sacct.
     let described = "Job's account not permitted to use this partition (phys allows phys not bio)";
     corral_tests::wait_until_or_show(
         "the job to pend for its account",
@@ -249,7 +250,7 @@ fn partition_access_lists_refuse_or_hold_jobs_in_slurms_words() {
     let shown = admin(&["show", "job", &held.to_string()]);
     assert!(shown.contains(&format!(" Reason={} ", described.replace(' ', "_"))), "{shown}");
     let sacct = c.shim("sacct", &["-n", "-X", "-P", "-o", "State,Reason", "-j", &held.to_string()], &[]);
-    assert_eq!(String::from_utf8_lossy(&sacct.stdout).trim(), "PENDING|InvalidAccount");
+    assert_eq!(String::from_utf8_lossy(&sacct.stdout).trim(), "PENDING|PartitionConfig");
 
     // EnforcePartLimits=ALL: the same submission is refused at once.
     let policy = c.corral(&["policy", "show"]);

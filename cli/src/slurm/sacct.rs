@@ -172,7 +172,7 @@ fn job_identity(job: &Job, name: &str) -> Option<String> {
         // Corral keeps no priority with a job (as `sacct --json`'s `priority`).
         "Priority" => "0".into(),
         "QOS" => s.qos.clone().unwrap_or_else(|| "normal".into()),
-        "Reason" if job.state == JobState::Pending => super::squeue::reason_code(job),
+        "Reason" if job.state == JobState::Pending => slurm_compat::show::accounting_reason(job),
         "Reason" => "None".into(),
         "Restarts" => job.restart_count.to_string(),
         "State" => job.state_name().into(),

@@ -733,10 +733,13 @@ fn squeue_arrays_formats_and_reasons() {
         j.reasons = vec![reason.into()];
         assert_eq!(squeue::reason_code(&j), code, "{reason}");
     }
-    // Partition access: the code in sacct and the REST API, Slurm's description in squeue and
-    // scontrol (as the peer printed them).
-    j.reasons = vec!["InvalidAccount: Job's account not permitted to use this partition (phys allows phys not bio)".into()];
-    assert_eq!(squeue::reason_code(&j), "InvalidAccount");
+    // Partition access, as the peer with slurmdbd printed it: the code in the REST API,
+    // `PartitionConfig` in sacct, Slurm's description in squeue and scontrol.
+    j.reasons = vec!["AccountNotAllowed: Job's account not permitted to use this partition (phys allows phys not bio)".into()];
+    assert_eq!(squeue::reason_code(&j), "AccountNotAllowed");
+    assert_eq!(slurm_compat::show::accounting_reason(&j), "PartitionConfig");
+    let expected = "Job's account not permitted to use this partition (phys allows phys not bio)";
+    assert_eq!(slurm_compat::show::state_description(&j).as_deref(), Some(expected), "squeue --json's state_description");
     let out = squeue::table(std::slice::from_ref(&j), &names_map(), "%r|%R", false, false, 0);
     assert_eq!(
         out,
