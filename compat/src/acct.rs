@@ -367,7 +367,17 @@ pub fn db_step(job: &Job, kind: StepKind<'_>, names: &BTreeMap<u64, String>, now
         "state": v.state,
         "statistics": {"CPU": {"actual_frequency": 0}, "energy": {"consumed": 0}},
         "step": {"job_id": job.id, "het": {"component": null}, "id": step_id, "name": v.name},
-        "task": {"distribution": if matches!(kind, StepKind::Step(_)) { "Block" } else { "Unknown" }},
+        "task": {"distribution": step_distribution(kind, v.tasks, v.nodes.len() as u64)},
         "tres": {"requested": usage.clone(), "consumed": usage, "allocated": tres},
     })
+}
+
+/// A step's task distribution as sacct shows it: srun's default, cyclic while there are no
+/// more tasks than nodes, else block; `Unknown` for the batch and extern steps.
+pub fn step_distribution(kind: StepKind<'_>, tasks: u64, nodes: u64) -> &'static str {
+    match kind {
+        StepKind::Step(_) if tasks > nodes => "Block",
+        StepKind::Step(_) => "Cyclic",
+        _ => "Unknown",
+    }
 }

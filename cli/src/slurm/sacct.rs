@@ -236,12 +236,13 @@ fn job_resources(job: &Job, name: &str, ctx: &Ctx<'_>) -> Option<String> {
 }
 
 /// What Slurm prints for a field whose value the database does not have, on a job's line or a
-/// step's (`step`): the CPU frequencies asked `Unknown` (NO_VAL has the range flag's bit),
-/// energy `0`, CPU times `00:00:00`, a step's CPU frequency `0`; anything else empty.
+/// step's (`step`): the CPU frequencies asked `Unknown` (NO_VAL has the range flag's bit), a
+/// step's energy `0` (a job's is empty), CPU times `00:00:00`, a step's CPU frequency `0`;
+/// anything else empty (as Slurm 22.05.8 with slurmdbd printed them).
 fn absent(name: &str, step: bool) -> String {
     match name {
         "ReqCPUFreq" | "ReqCPUFreqGov" | "ReqCPUFreqMax" | "ReqCPUFreqMin" => "Unknown".into(),
-        "ConsumedEnergy" | "ConsumedEnergyRaw" => "0".into(),
+        "ConsumedEnergy" | "ConsumedEnergyRaw" if step => "0".into(),
         "SystemCPU" | "UserCPU" | "TotalCPU" => "00:00:00".into(),
         "AveCPUFreq" if step => "0".into(),
         _ => String::new(),
@@ -310,7 +311,10 @@ pub fn cell_value(row: Row<'_>, name: &str, ctx: &Ctx<'_>) -> String {
         "NTasks" => v.tasks.to_string(),
         "AllocTRES" if matches!(kind, StepKind::Extern) => job_tres(job, ctx.units),
         "AllocTRES" => tres_text(ctx.units, None, cpus, acct::step_gpus(job, nnodes), job.spec.mem_mib.saturating_mul(nnodes), nnodes),
-        "Layout" if matches!(kind, StepKind::Step(_)) => "Block".into(),
+        // srun's default distribution: cyclic while there are no more tasks than nodes.
+        "Layout" if matches!(kind, StepKind::Step(_)) => acct::step_distribution(kind, v.tasks, nnodes).into(),
+        // The batch step asks no CPU frequency: 0, where srun steps say Unknown.
+        "ReqCPUFreq" | "ReqCPUFreqGov" | "ReqCPUFreqMax" | "ReqCPUFreqMin" if matches!(kind, StepKind::Batch) => "0".into(),
         "Layout" => "Unknown".into(),
         "NodeList" => hostlist::compress(&v.nodes),
         "Start" | "Submit" | "Eligible" => time::datetime(v.start_ms),

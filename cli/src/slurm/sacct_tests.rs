@@ -161,7 +161,8 @@ fn job_and_step_lines_of_the_fields_scripts_use() {
             "70|None|nightly run|h100|normal|phys|default|0||corral|/w||alice|1000|root|0".to_string(),
             "70.batch|||||phys||||corral||Unknown||||".to_string(),
             "70.extern|||||phys||||corral||Unknown||||".to_string(),
-            "70.0|||||phys||||corral||Block||||".to_string(),
+            // One task on one node: srun's cyclic default, as the peer's sacct showed it.
+            "70.0|||||phys||||corral||Cyclic||||".to_string(),
         ]
     );
     // What Corral does not record prints as Slurm prints a field the database lacks.
@@ -169,8 +170,10 @@ fn job_and_step_lines_of_the_fields_scripts_use() {
     assert_eq!(
         lines(&job, fields)[..2],
         [
-            "70|||||Unknown|Unknown|0|0|00:00:00|00:00:00|||0||".to_string(),
-            "70.batch||||0|Unknown|Unknown|0|0|00:00:00|00:00:00|||||".to_string()
+            // As Slurm 22.05.8 with slurmdbd printed them: a job's energy empty, a step's 0;
+            // the batch step's requested CPU frequency 0.
+            "70|||||Unknown|Unknown|||00:00:00|00:00:00|||0||".to_string(),
+            "70.batch||||0|0|0|0|0|00:00:00|00:00:00|||||".to_string()
         ]
     );
     // Times: a step's own, its submit and eligible time its start; the job's window.
