@@ -899,6 +899,10 @@ fn reservations_hold_their_nodes_for_their_jobs_and_windows() {
     let inside = sbatch(&["--reservation=team", "-t", "1", "--wrap", "true"]);
     let job = c.wait_final(inside, Duration::from_secs(30));
     assert_eq!((job["state"].as_str(), job["nodes"][0].as_str()), (Some("COMPLETED"), Some("n2")), "{job}");
+    // As the peer shows a job of a reservation and a reserved node.
+    assert!(ok("scontrol", &["show", "job", &inside.to_string()]).contains("\n   Reservation=team\n"));
+    assert_eq!(ok("squeue", &["-h", "-t", "all", "-j", &inside.to_string(), "-o", "%v"]), "team");
+    assert!(ok("scontrol", &["show", "node", "n2"]).contains("\n   State=IDLE+RESERVED\n"));
     wait_until("the job outside it to wait", Duration::from_secs(20), || reason(outside) == "PENDING|Resources");
     let (code, _, err) = run("sbatch", &["--reservation=nope", "--wrap", "true"]);
     assert_eq!((code, err.as_str()), (Some(1), "sbatch: error: Batch job submission failed: Requested reservation is invalid"));
@@ -911,6 +915,7 @@ fn reservations_hold_their_nodes_for_their_jobs_and_windows() {
     assert_eq!(ok("scontrol", &["update", "ReservationName=maint", "StartTime=now"]), "Reservation updated.");
     assert!(ok("scontrol", &["show", "reservation"]).contains("State=ACTIVE"));
     assert_eq!(sinfo_state("n1"), "maint");
+    assert!(ok("scontrol", &["show", "node", "n1"]).contains("\n   State=IDLE+MAINTENANCE+RESERVED\n"));
     assert_eq!(reason(long), "PENDING|ReqNodeNotAvail, Reserved for maintenance");
     ok("scontrol", &["delete", "ReservationName=maint"]);
     assert_eq!(c.wait_final(long, Duration::from_secs(30))["state"], "COMPLETED");

@@ -112,6 +112,8 @@ pub fn job_text(job: &Job, names: &BTreeMap<u64, String>, now_ms: u64) -> String
         format!("TRES={tres}"),
         format!("MinCPUsNode={} MinMemoryNode={} MinTmpDiskNode=0", s.cpus_per_task, mem_text(s.mem_mib)),
         format!("Features={} DelayBoot=00:00:00", if s.constraint.is_empty() { "(null)".into() } else { s.constraint.join("&") }),
+        // Slurm's optional line, before OverSubscribe (`Reservation=NAME`); empty lines are dropped.
+        s.reservation().map_or(String::new(), |r| format!("Reservation={r}")),
         format!("OverSubscribe={} Contiguous=0 Licenses=(null) Network=(null)", if s.exclusive { "NO" } else { "OK" }),
         format!("Command={}", if s.script.is_some() { s.name.clone() } else { s.argv.join(" ") }),
         format!("WorkDir={}", s.workdir),
@@ -120,7 +122,7 @@ pub fn job_text(job: &Job, names: &BTreeMap<u64, String>, now_ms: u64) -> String
         format!("StdOut={stdout}"),
     ];
     let mut out = String::new();
-    for (i, l) in lines.iter().enumerate() {
+    for (i, l) in lines.iter().enumerate().filter(|(_, l)| !l.is_empty()) {
         out.push_str(if i == 0 { "" } else { "   " });
         out.push_str(l);
         out.push('\n');
@@ -165,8 +167,14 @@ pub fn with_derived_exit_code(text: &str, job: &Job) -> String {
 
 /// `scontrol show node` for one node.
 pub fn node_text(n: &NodeInfo) -> String {
-    let (_, long) = sinfo::node_state(n);
-    let state = long.to_ascii_uppercase();
+    // Its state without the reservation, then Slurm's flags (`IDLE+MAINTENANCE+RESERVED`).
+    let (_, long) = sinfo::node_state(&NodeInfo { reserved: false, maint: false, ..n.clone() });
+    let flags = match (n.maint, n.reserved) {
+        (true, _) => "+MAINTENANCE+RESERVED",
+        (false, true) => "+RESERVED",
+        (false, false) => "",
+    };
+    let state = format!("{}{flags}", long.to_ascii_uppercase());
     let used = n.gpus_total.saturating_sub(n.gpus_free);
     let mut out = format!("NodeName={} CoresPerSocket=N/A\n", n.name);
     out.push_str("   AvailableFeatures=(null)\n");
