@@ -114,4 +114,25 @@ fn slurmrestd_clients_work_against_corral_restd_with_a_user_certificate() {
     assert_eq!(status, "500", "{body}");
     assert!(body.contains("Access/permission denied"), "{body}");
     assert_eq!(c.job(theirs)["state"], "RUNNING", "{}", c.job(theirs));
+
+    // An admin's maintenance window, as slurmrestd's `/reservations` lists it.
+    let made = c.shim(
+        "scontrol",
+        &["create", "reservation", "ReservationName=maint", "StartTime=now+1hour", "Duration=60", "Nodes=n2", "Users=root", "Flags=MAINT"],
+        &[],
+    );
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let (body, status, _) = curl(&[&user[..], &[&format!("{}/slurm/v0.0.38/reservations", restd.base)]].concat());
+    assert_eq!(status, "200", "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    let r = &v["reservations"][0];
+    assert_eq!(
+        (&r["name"], &r["node_list"], &r["users"], &r["flags"]),
+        (&"maint".into(), &"n2".into(), &"root".into(), &serde_json::json!(["MAINT", "SPEC_NODES"])),
+        "{v}"
+    );
+    assert_eq!(r["end_time"].as_u64().zip(r["start_time"].as_u64()).map(|(e, s)| e - s), Some(3600), "{v}");
+    let (body, status, _) = curl(&[&user[..], &[&format!("{}/slurm/v0.0.38/reservation/nope", restd.base)]].concat());
+    assert_eq!(status, "500", "{body}");
+    assert!(body.contains("\"Requested reservation is invalid\"") && body.contains("2053"), "{body}");
 }

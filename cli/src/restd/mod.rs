@@ -13,6 +13,7 @@
 
 mod jobs;
 mod nodes;
+mod reservations;
 mod ui;
 
 use std::net::SocketAddr;
@@ -232,6 +233,9 @@ fn router(api: Arc<Api>) -> Router {
             .route("/job/{id}", get(jobs::job).delete(jobs::cancel))
             .route("/nodes", get(nodes::nodes))
             .route("/node/{name}", get(nodes::node))
+            .route("/reservations", get(reservations::reservations))
+            .route("/reservations/", get(reservations::reservations))
+            .route("/reservation/{name}", get(reservations::reservation))
             .with_state(Arc::new(Served { api: Arc::clone(&api), version }));
         app = app.nest(&format!("/slurm/{}", version.name()), routes);
     }
