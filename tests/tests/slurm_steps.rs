@@ -549,6 +549,9 @@ fn srun_pty_runs_an_interactive_shell_on_a_node() {
     t.keys(&["clear; echo now=$(stty size)", "Enter"]);
     t.wait_for("the new size", &|s| s.contains("now=30 120"));
     t.keys(&["cat", "Enter"]);
+    // Keys typed before cat runs reach no echo: readline has the terminal raw (its own echo
+    // off) until it hands the line to bash, and cat would print the line only once.
+    wait_until("the remote shell to run cat", Duration::from_secs(20), || process_with_argv(&["cat"]));
     t.keys(&["typed line", "Enter"]);
     t.wait_for("cat to echo the line", &|s| s.matches("typed line").count() == 2);
     t.keys(&["C-d"]);
