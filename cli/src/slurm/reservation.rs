@@ -119,7 +119,7 @@ pub fn show(name: Option<&str>) -> Result<i32, SlurmError> {
         };
         Ok((list, super::list_nodes(PROG, &cluster).await?))
     })??;
-    print!("{}", text(&list, &nodes, name, now_ms())?);
+    print!("{}", text(&list, &nodes, name, time::now_ms())?);
     Ok(0)
 }
 
@@ -162,10 +162,6 @@ pub fn text(list: &[AdminReservation], nodes: &[NodeInfo], name: Option<&str>, n
         out.push_str("   MaxStartDelay=(null)\n\n");
     }
     Ok(out)
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]

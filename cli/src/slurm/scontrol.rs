@@ -517,7 +517,7 @@ pub fn parse(args: &[String]) -> Result<Command, SlurmError> {
     }
     for edit in ["create", "update", "delete"] {
         if is(verb, edit, if edit == "update" { 1 } else { 2 }) && super::reservation::is_reservation(rest) {
-            return Ok(Command::EditReservation(super::reservation::parse(edit, rest, now_ms() as i64 / 1000)?));
+            return Ok(Command::EditReservation(super::reservation::parse(edit, rest, time::now_ms() as i64 / 1000)?));
         }
     }
     if is(verb, "create", 2) {
@@ -638,7 +638,7 @@ fn show_jobs(id: Option<String>, details: bool) -> Result<i32, SlurmError> {
         Ok::<_, SlurmError>((jobs, super::list_nodes(PROG, &cluster).await?))
     })??;
     let names = super::node_names(&nodes);
-    let now_ms = now_ms();
+    let now_ms = time::now_ms();
     let shown: Vec<&Job> = match id {
         Some(id) => super::members_of(&jobs, id),
         None => jobs.iter().collect(),
@@ -746,7 +746,7 @@ fn show_config() -> Result<i32, SlurmError> {
         };
         Ok((entries, super::list_nodes(PROG, &cluster).await?))
     })??;
-    print!("{}", config_text(entries, &nodes, now_ms()));
+    print!("{}", config_text(entries, &nodes, time::now_ms()));
     Ok(0)
 }
 
@@ -780,8 +780,4 @@ fn host_of(addr: &str) -> &str {
         Some(rest) => rest.split(']').next().unwrap_or(rest),
         None => addr.rsplit_once(':').map_or(addr, |(h, _)| h),
     }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }

@@ -201,6 +201,11 @@ fn relative_format(when: &libc::tm, today: &libc::tm) -> &'static str {
     }
 }
 
+/// Milliseconds since the Unix epoch now (0 before it).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
 /// A date as Slurm prints it (`slurm_make_time_str`), in local time and `SLURM_TIME_FORMAT`'s
 /// form: `2026-11-30T00:20:06` by default.
 pub fn datetime(epoch_ms: u64) -> String {
