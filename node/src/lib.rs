@@ -3,6 +3,7 @@
 //! through `consensus` (a committed `Command`); this crate never mutates `ClusterState` itself.
 
 pub mod agent;
+pub mod capabilities;
 pub mod cgroup;
 pub mod cgroup_devices;
 pub mod config;

@@ -64,7 +64,7 @@ fn install_sh_stages_binaries_shims_unit_and_directories() {
         "KillMode=process",
         "RestartForceExitStatus=75",
         "User=root",
-        "CapabilityBoundingSet=CAP_SETUID CAP_SETGID CAP_KILL CAP_DAC_READ_SEARCH CAP_CHOWN",
+        "CapabilityBoundingSet=CAP_SETUID CAP_SETGID CAP_KILL CAP_DAC_READ_SEARCH CAP_CHOWN CAP_SYS_ADMIN",
         "RuntimeDirectory=corral",
         "Documentation=file:///opt/corral/share/doc/corral/README.md",
     ] {

@@ -172,9 +172,11 @@ pub struct AgentSettings {
     pub daemon_file: PathBuf,
     /// This node's local socket, named in jobs' `CORRAL_SOCKET`.
     pub local_socket: Option<PathBuf>,
-    /// The hosts file jobs see as `/etc/hosts` (`job_hosts_file`; only as root).
+    /// The hosts file jobs see as `/etc/hosts` (`job_hosts_file`; only with a mount namespace per
+    /// run: root with CAP_SYS_ADMIN).
     pub job_hosts: Option<PathBuf>,
-    /// The `corral` binary runs link as `/job/bin/pdsh` and `ssh` (only as root, with `/job`).
+    /// The `corral` binary runs link as `/job/bin/pdsh` and `ssh` (only with a mount namespace
+    /// per run, as `job_hosts`).
     pub job_commands: Option<PathBuf>,
 }
 

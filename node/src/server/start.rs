@@ -179,6 +179,7 @@ fn agent_settings(
     spawner: Option<Arc<crate::spawner::Spawner>>,
     daemon_file: &Path,
 ) -> anyhow::Result<crate::agent::AgentSettings> {
+    let namespaces = run_namespaces();
     let settings = crate::agent::AgentSettings {
         jobs_dir: config.jobs_dir(),
         job_files_dir: config.job_files_dir(),
@@ -196,15 +197,14 @@ fn agent_settings(
         runs_dir: config.runs_dir(),
         daemon_file: daemon_file.to_path_buf(),
         local_socket: Some(config.socket_path()),
-        // SAFETY: geteuid cannot fail.
-        job_hosts: match (&config.job_hosts_file, unsafe { libc::geteuid() } == 0) {
+        job_hosts: match (&config.job_hosts_file, namespaces) {
             (Some(file), false) => {
-                warn!(file = %file.display(), "job_hosts_file needs corrald to run as root (a mount namespace per run): jobs resolve names with the system's /etc/hosts");
+                warn!(file = %file.display(), "job_hosts_file needs a mount namespace per run (root with CAP_SYS_ADMIN): jobs resolve names with the system's /etc/hosts");
                 None
             }
             (file, _) => file.clone(),
         },
-        job_commands: job_commands(),
+        job_commands: job_commands(namespaces),
     };
     // SAFETY: geteuid cannot fail.
     if config.run_as_user && unsafe { libc::geteuid() } != 0 {
@@ -605,13 +605,38 @@ fn host_memory_mib() -> u64 {
         .map_or(1024, |kib| kib / 1024)
 }
 
-/// The `corral` binary beside this `corrald`, which runs link as `/job/bin/pdsh` and `ssh`,
-/// where runs can see their job directory as `/job`: corrald runs as root (a mount namespace
-/// per run) and `/job` exists or can be made. Otherwise runs get neither (said once).
-fn job_commands() -> Option<std::path::PathBuf> {
+/// Whether each run can get a mount namespace of its own (its job directory as `/job`,
+/// `job_hosts_file` as `/etc/hosts`): corrald runs as root with `CAP_SYS_ADMIN` in effect,
+/// which a unit's `CapabilityBoundingSet` may take away. Says once at start why not: without
+/// it, runs start with neither instead of every job failing "Operation not permitted".
+fn run_namespaces() -> bool {
+    use crate::capabilities::{Capabilities, CAP_SYS_ADMIN};
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } != 0 {
-        info!("not root: runs get no /job (DeepSpeed's hostfile, pdsh and ssh through steps)");
+        info!("not root: runs get no mount namespace, so no /job (DeepSpeed's hostfile, pdsh and ssh through steps)");
+        return false;
+    }
+    match Capabilities::of_this_process() {
+        Ok(caps) if caps.has(CAP_SYS_ADMIN) => true,
+        Ok(_) => {
+            warn!(
+                "CAP_SYS_ADMIN is not in corrald's effective capabilities (a unit's CapabilityBoundingSet?): runs get no mount \
+                 namespace, so no /job (DeepSpeed's hostfile, pdsh and ssh through steps) and no job_hosts_file; jobs still run"
+            );
+            false
+        }
+        Err(e) => {
+            warn!(error = format!("{e:#}"), "read corrald's capabilities: runs get no mount namespace (no /job, no job_hosts_file)");
+            false
+        }
+    }
+}
+
+/// The `corral` binary beside this `corrald`, which runs link as `/job/bin/pdsh` and `ssh`,
+/// where runs can see their job directory as `/job`: runs get a mount namespace
+/// ([`run_namespaces`]) and `/job` exists or can be made. Otherwise runs get neither (said once).
+fn job_commands(namespaces: bool) -> Option<std::path::PathBuf> {
+    if !namespaces {
         return None;
     }
     let corral = std::env::current_exe().ok()?.with_file_name("corral");
