@@ -8,18 +8,22 @@
 #   scripts/hosts.sh up N DIR            boot N hosts h1..hN, install, form the cluster, write DIR/client.toml
 #   scripts/hosts.sh exec DIR HOST -- CMD...   run CMD inside HOST (as root, in all its namespaces)
 #   scripts/hosts.sh fault DIR KIND ARGS...    isolate H | partition A[,B..] C[,D..] | oneway A B
-#                                        | loss PCT A B | freeze H | thaw H | crash H | reboot H
+#                                        | loss PCT A B | latency MS A[,B..] C[,D..] | slow-disk IOPS H
+#                                        | skew SECS H | freeze H | thaw H | crash H | reboot H
 #                                        | poweroff-all
+#   scripts/hosts.sh install DIR HOST...  install the build on HOST again with deploy/install.sh
 #   scripts/hosts.sh boot DIR HOST...     start hosts that are down (after crash or poweroff-all)
-#   scripts/hosts.sh heal DIR             clear every network fault, thaw and boot every host
+#   scripts/hosts.sh heal DIR             clear every network and disk fault, thaw and boot every host
 #   scripts/hosts.sh status DIR           each host: running or down, frozen, corrald's state
 #   scripts/hosts.sh down DIR             stop every host, remove rules, mounts and the bridge
+#   scripts/hosts.sh setup                install what the rig needs, build the root file system
 #
 # The root file system is built once per machine outside the clone (CORRAL_RIG, default
 # /var/tmp/corral-rig); the build installed is the one scripts/test.sh makes
 # ($CARGO_TARGET_DIR/debug, or CORRAL_BIN_DIR). Needs root. Simulated GPUs: h100:8 a host
-# (CORRAL_RIG_GPUS). Not yet: latency between hosts (no netem in this kernel), clock skew, slow
-# disks.
+# (CORRAL_RIG_GPUS). Latency without netem: an NFQUEUE delayer (scripts/rig-delay.py) in each
+# sender's network namespace. A slow disk: the host's blkio cgroup throttles its I/O. Clock
+# skew: a time namespace per host (its clocks since boot; Linux has no per-namespace wall clock).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -31,6 +35,25 @@ bridge=crl0
 subnet=10.77.0
 table=corral_rig
 port=7100
+# Names the directory of the rig that is up: one at a time (one bridge, one address range).
+active=/run/corral-rig.dir
+# The cgroup hierarchies each host gets a group of its own in: v1's systemd, freezer (`freeze`)
+# and blkio (`slow-disk`), and v2, which nspawn gives each host as /sys/fs/cgroup/unified: in a
+# shared v2 group, every host's systemd would use the same system.slice/corrald.service, and one
+# host's restart of corrald would remove the others' job cgroups. Where this machine has no v2
+# mounted, hosts.sh mounts it here.
+cgroup2_mount=/run/corral-rig-cgroup2
+hierarchies() {
+  local v2
+  v2="$(awk '$3 == "cgroup2" { print $2; exit }' /proc/mounts)"
+  if [ -z "$v2" ]; then
+    mkdir -p "$cgroup2_mount"
+    mount -t cgroup2 none "$cgroup2_mount"
+    v2="$cgroup2_mount"
+  fi
+  echo /sys/fs/cgroup/systemd /sys/fs/cgroup/freezer /sys/fs/cgroup/blkio "$v2"
+}
+python=/usr/bin/python3; [ -x "$python" ] || python="$(command -v python3 || echo python3)"
 
 die() { echo "hosts.sh: $*" >&2; exit 1; }
 say() { echo "hosts.sh: $*" >&2; }
@@ -43,13 +66,17 @@ setup() {
   command -v systemd-nspawn >/dev/null || missing+=(systemd-container)
   command -v debootstrap >/dev/null || missing+=(debootstrap)
   command -v nft >/dev/null || missing+=(nftables)
+  command -v iptables >/dev/null || missing+=(iptables)   # NFQUEUE for latency
   if [ ${#missing[@]} -gt 0 ]; then
     say "installing ${missing[*]}"
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null
   fi
+  mkdir -p "$rig"
+  # One build at a time (two test runs at once).
+  exec 9>"$rig/setup.lock"
+  flock 9
   if [ ! -x "$rig/rootfs/lib/systemd/systemd" ]; then
     say "building the hosts' root file system in $rig/rootfs (once per machine)"
-    mkdir -p "$rig"
     rm -rf "$rig/rootfs.tmp"
     debootstrap --variant=minbase \
       --include=systemd,systemd-sysv,dbus,iproute2,procps,ca-certificates,util-linux,passwd,libstdc++6 \
@@ -57,6 +84,7 @@ setup() {
       || die "debootstrap failed: see $rig/debootstrap.log"
     mv "$rig/rootfs.tmp" "$rig/rootfs"
   fi
+  exec 9>&-
 }
 
 addr_of() { echo "$subnet.$((10 + ${1#h}))"; }
@@ -107,15 +135,17 @@ boot() {
   local dir="$1" h="$2"
   local hd="$dir/hosts/$h"
   if leader_pid "$dir" "$h" >/dev/null; then return 0; fi
-  for c in systemd freezer; do
-    mkdir -p "/sys/fs/cgroup/$c/corral-rig/$h"
-  done
+  local roots c
+  roots="$(hierarchies)"
+  for c in $roots; do mkdir -p "$c/corral-rig/$h"; done
   rm -f "$hd/nspawn.pid"
   setsid bash -c '
     h="$1"; hd="$2"; m="$2/merged"; bridge="$3"; repo="$4"; bin="$5"
-    for c in systemd freezer; do echo $$ >"/sys/fs/cgroup/$c/corral-rig/$h/cgroup.procs"; done
+    for c in $6; do echo $$ >"$c/corral-rig/$h/cgroup.procs"; done
     while :; do
-      systemd-nspawn -D "$m" --boot --register=no --keep-unit --network-bridge="$bridge" -M "$h" \
+      # The host'"'"'s clocks since boot (CLOCK_MONOTONIC, CLOCK_BOOTTIME) run `skew` seconds ahead.
+      skew="$(cat "$hd/skew" 2>/dev/null || echo 0)"
+      unshare --time --monotonic="$skew" --boottime="$skew" systemd-nspawn -D "$m" --boot --register=no --keep-unit --network-bridge="$bridge" -M "$h" \
         --bind-ro="$repo/deploy:/opt/corral-src/deploy" --bind-ro="$bin:/opt/corral-bin" \
         >>"$hd/console.log" 2>&1 </dev/null &
       echo $! >"$hd/nspawn.pid"
@@ -124,24 +154,26 @@ boot() {
       [ "$rc" = 133 ] || break
     done
     rm -f "$hd/nspawn.pid"
-  ' boot "$h" "$hd" "$bridge" "$repo" "$bin_dir" >/dev/null 2>&1 </dev/null &
+  ' boot "$h" "$hd" "$bridge" "$repo" "$bin_dir" "$roots" >/dev/null 2>&1 </dev/null &
   local i
   for i in $(seq 1 200); do
-    local pid
-    if pid="$(leader_pid "$dir" "$h")" && [ -n "$pid" ]; then
-      local st
-      st="$(nsenter -t "$pid" -a systemctl is-system-running 2>/dev/null || true)"
-      case "$st" in
-        running|degraded) return 0 ;;
-        # Still starting, but its network is up: corrald (Type=notify) may be waiting for a
-        # quorum that the next hosts to boot make (after poweroff-all).
-        starting)
-          [ "$(nsenter -t "$pid" -a systemctl is-active systemd-networkd 2>/dev/null || true)" = active ] && return 0 ;;
-      esac
-    fi
+    booted "$dir" "$h" && return 0
     sleep 0.1
   done
   die "$h did not boot within 20 s: see $hd/console.log"
+}
+
+# Whether HOST's systemd runs (or starts with its network up: corrald, Type=notify, may be
+# waiting for a quorum that the next hosts to boot make, after poweroff-all).
+booted() {
+  local pid st
+  pid="$(leader_pid "$1" "$2")" && [ -n "$pid" ] || return 1
+  st="$(nsenter -t "$pid" -a systemctl is-system-running 2>/dev/null || true)"
+  case "$st" in
+    running|degraded) return 0 ;;
+    starting) [ "$(nsenter -t "$pid" -a systemctl is-active systemd-networkd 2>/dev/null || true)" = active ] ;;
+    *) return 1 ;;
+  esac
 }
 
 # Waits until HOST's container is gone (its nspawn reaped), at most 10 s.
@@ -159,7 +191,11 @@ in_host() {
   shift 2
   local pid
   pid="$(leader_pid "$dir" "$h")" || die "$h is down"
-  nsenter -t "$pid" -a "$@"
+  # In the host's cgroups too, as its own processes are (its freezer, its disk's throttle).
+  (
+    for c in $(hierarchies); do echo "$BASHPID" >"$c/corral-rig/$h/cgroup.procs" 2>/dev/null || true; done
+    exec nsenter -t "$pid" -a "$@"
+  )
 }
 
 # Installs the build on HOST with deploy/install.sh, as an operator would.
@@ -183,8 +219,15 @@ up() {
   need_root
   setup
   [ -x "$bin_dir/corrald" ] && [ -x "$bin_dir/corral" ] || die "no corrald/corral in $bin_dir: run 'cargo build --workspace --bins'"
+  for c in systemd freezer blkio; do
+    [ -e "/sys/fs/cgroup/$c/cgroup.procs" ] || die "no cgroup v1 $c hierarchy at /sys/fs/cgroup/$c: the rig needs it"
+  done
   mkdir -p "$dir"
   dir="$(cd "$dir" && pwd)"
+  if [ -s "$active" ] || ip link show "$bridge" >/dev/null 2>&1; then
+    die "a rig is up already ($(cat "$active" 2>/dev/null || echo "bridge $bridge")): scripts/hosts.sh down its DIR first"
+  fi
+  echo "$dir" >"$active"
   local all=""
   for i in $(seq 1 "$n"); do all="$all h$i"; done
   echo "$all" | tr ' ' '\n' | sed '/^$/d' >"$dir/hosts.list"
@@ -270,8 +313,94 @@ fault() {
         pid="$(leader_pid "$dir" "$h")" && kill -KILL "$pid"
       done
       for h in $(hosts_of "$dir"); do gone "$dir" "$h"; done ;;
+    latency)
+      [ $# = 3 ] && [[ "$1" =~ ^[0-9]+$ ]] || die "latency MS A[,B..] C[,D..] (MS milliseconds each way)"
+      delay "$dir" "$1" "$2" "$3"
+      delay "$dir" "$1" "$3" "$2" ;;
+    skew)
+      # Linux namespaces no wall clock (CLOCK_REALTIME): a time namespace moves the clocks
+      # since boot, which each real machine has of its own and the rig's hosts would share.
+      [ $# -ge 2 ] && [[ "$1" =~ ^[0-9]+$ ]] || die "skew SECS H... (its clocks since boot SECS ahead, from a reboot)"
+      local secs="$1" before=()
+      shift
+      for h in "$@"; do
+        echo "$secs" >"$dir/hosts/$h/skew"
+        before+=("$(cat "$dir/hosts/$h/nspawn.pid" 2>/dev/null || true)")
+        in_host "$dir" "$h" systemctl reboot >/dev/null 2>&1 || true
+      done
+      local k=0
+      for h in "$@"; do rebooted "$dir" "$h" "${before[$k]}"; k=$((k + 1)); done ;;
+    slow-disk)
+      [ $# -ge 2 ] && [[ "$1" =~ ^[1-9][0-9]*$ ]] || die "slow-disk IOPS H... (reads and writes a second)"
+      local iops="$1" disk
+      shift
+      disk="$(disk_of "$dir")"
+      for h in "$@"; do
+        for f in read_iops_device write_iops_device; do
+          echo "$disk $iops" >"/sys/fs/cgroup/blkio/corral-rig/$h/blkio.throttle.$f"
+        done
+      done ;;
     *) die "unknown fault '$kind'" ;;
   esac
+}
+
+# Waits until HOST runs again after a reboot from inside (its nspawn no longer OLD), at most 20 s.
+rebooted() {
+  local dir="$1" h="$2" old="$3" i
+  for i in $(seq 1 200); do
+    [ "$(cat "$dir/hosts/$h/nspawn.pid" 2>/dev/null || true)" != "$old" ] && booted "$dir" "$h" && return 0
+    sleep 0.1
+  done
+  die "$h did not boot again within 20 s: see $dir/hosts/$h/console.log"
+}
+
+# The whole disk (MAJ:MIN) DIR's files are on: blkio throttles whole disks, not partitions.
+disk_of() {
+  local dev
+  dev="$(stat -c '%Hd:%Ld' "$1")"
+  [ -e "/sys/dev/block/$dev/partition" ] && dev="$(cat "/sys/dev/block/$dev/../dev")"
+  [ -e "/sys/dev/block/$dev" ] || die "no block device under $1 ($dev): slow-disk needs one"
+  echo "$dev"
+}
+
+# Each packet from the hosts of group FROM to those of group TO held MS milliseconds: an NFQUEUE
+# rule in each sender's own network namespace (iptables: this kernel's nftables has no queue)
+# and a delayer (rig-delay.py) in that namespace.
+delay() {
+  local dir="$1" ms="$2" from="$3" to="$4" h t
+  mkdir -p "$dir/faults"
+  for h in ${from//,/ }; do
+    local pid q
+    pid="$(leader_pid "$dir" "$h")" || die "$h is down"
+    q=$(( $(cat "$dir/faults/queue.next" 2>/dev/null || echo 1) ))
+    echo $((q + 1)) >"$dir/faults/queue.next"
+    setsid nsenter -t "$pid" -n "$python" "$here/rig-delay.py" "$q" "$ms" >"$dir/faults/delay-$h-$q.log" 2>&1 </dev/null &
+    echo $! >"$dir/faults/delay-$h-$q.pid"
+    local i
+    for i in $(seq 1 100); do grep -q '^bound' "$dir/faults/delay-$h-$q.log" && break; sleep 0.05; done
+    grep -q '^bound' "$dir/faults/delay-$h-$q.log" || die "the delayer in $h did not start: $(cat "$dir/faults/delay-$h-$q.log")"
+    for t in ${to//,/ }; do
+      nsenter -t "$pid" -n iptables -t mangle -A OUTPUT -d "$(addr_of "$t")" -j NFQUEUE --queue-num "$q" --queue-bypass
+    done
+  done
+}
+
+# Clears latency and slow disks: the queue rules in each host, the delayers, the throttles.
+undelay() {
+  local dir="$1" h f
+  for h in $(hosts_of "$dir"); do
+    local pid
+    if pid="$(leader_pid "$dir" "$h")"; then nsenter -t "$pid" -n iptables -t mangle -F OUTPUT 2>/dev/null || true; fi
+    for f in /sys/fs/cgroup/blkio/corral-rig/$h/blkio.throttle.{read,write}_iops_device; do
+      [ -e "$f" ] || continue
+      awk '{print $1, 0}' "$f" | while read -r line; do echo "$line" >"$f"; done
+    done
+  done
+  for f in "$dir"/faults/delay-*.pid; do
+    [ -e "$f" ] || continue
+    kill "$(cat "$f")" 2>/dev/null || true
+    rm -f "$f"
+  done
 }
 
 heal() {
@@ -279,6 +408,7 @@ heal() {
   nft flush chain bridge "$table" forward 2>/dev/null || true
   nft flush chain bridge "$table" input 2>/dev/null || true
   nft flush chain bridge "$table" output 2>/dev/null || true
+  undelay "$dir"
   for h in $(hosts_of "$dir"); do
     [ -e "/sys/fs/cgroup/freezer/corral-rig/$h/freezer.state" ] && echo THAWED >"/sys/fs/cgroup/freezer/corral-rig/$h/freezer.state"
     leader_pid "$dir" "$h" >/dev/null || boot "$dir" "$h"
@@ -302,6 +432,7 @@ down() {
   local dir="$1"
   [ -f "$dir/hosts.list" ] || die "$dir holds no rig"
   nft delete table bridge "$table" 2>/dev/null || true
+  undelay "$dir"
   for h in $(hosts_of "$dir"); do
     echo THAWED >"/sys/fs/cgroup/freezer/corral-rig/$h/freezer.state" 2>/dev/null || true
     local pid
@@ -310,12 +441,41 @@ down() {
   for h in $(hosts_of "$dir"); do
     local i
     for i in $(seq 1 100); do [ -e "$dir/hosts/$h/nspawn.pid" ] || break; sleep 0.1; done
-    umount "$dir/hosts/$h/merged" 2>/dev/null || umount -l "$dir/hosts/$h/merged" 2>/dev/null || true
-    for c in systemd freezer; do rmdir "/sys/fs/cgroup/$c/corral-rig/$h" 2>/dev/null || true; done
+    # What a host's own layers hold mounted (the fault disk), then the host's root.
+    { grep -o " $dir/hosts/$h/[^ ]*" /proc/mounts || true; } | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
   done
-  for c in systemd freezer; do rmdir "/sys/fs/cgroup/$c/corral-rig" 2>/dev/null || true; done
+  # The hosts' cgroups, deepest first (each host's systemd made its own below).
+  local c
+  for c in $(hierarchies); do
+    [ ! -d "$c/corral-rig" ] || find "$c/corral-rig" -depth -type d -exec rmdir {} + 2>/dev/null || true
+  done
+  ! mountpoint -q "$cgroup2_mount" || umount "$cgroup2_mount" || true
+  rmdir "$cgroup2_mount" 2>/dev/null || true
   ip link del "$bridge" 2>/dev/null || true
+  [ "$(cat "$active" 2>/dev/null)" = "$dir" ] && rm -f "$active"
+  local left
+  left="$(leftovers "$dir")"
+  [ -z "$left" ] || die "rig in $dir stopped, but left: $left"
   say "rig in $dir stopped (its files stay; rm -rf $dir removes them)"
+}
+
+# What a rig in DIR left on this machine: processes, mounts, cgroups, the bridge, rules.
+leftovers() {
+  local dir="$1" left=()
+  for h in $(hosts_of "$dir"); do
+    leader_pid "$dir" "$h" >/dev/null && left+=("$h running")
+  done
+  grep -q " $dir/hosts/" /proc/mounts && left+=("mounts under $dir/hosts")
+  for c in /sys/fs/cgroup/systemd /sys/fs/cgroup/freezer /sys/fs/cgroup/blkio; do [ -d "$c/corral-rig" ] && left+=("cgroup $c/corral-rig"); done
+  local v2
+  v2="$(awk '$3 == "cgroup2" { print $2; exit }' /proc/mounts)"
+  [ -n "$v2" ] && [ -d "$v2/corral-rig" ] && left+=("cgroup $v2/corral-rig")
+  for f in "$dir"/faults/*.pid; do
+    [ -e "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null && left+=("delayer $(basename "$f" .pid)")
+  done
+  ip link show "$bridge" >/dev/null 2>&1 && left+=("bridge $bridge")
+  nft list table bridge "$table" >/dev/null 2>&1 && left+=("nft table $table")
+  echo "${left[*]}"
 }
 
 cmd="${1:-}"
@@ -327,8 +487,10 @@ case "$cmd" in
     dir="$1" h="$2"; shift 3; in_host "$dir" "$h" "$@" ;;
   fault) [ $# -ge 2 ] || die "fault DIR KIND ARGS..."; need_root; fault "$@" ;;
   boot) [ $# -ge 2 ] || die "boot DIR HOST..."; d="$1"; shift; for h in "$@"; do boot "$d" "$h"; done ;;
+  install) [ $# -ge 2 ] || die "install DIR HOST..."; d="$1"; shift; for h in "$@"; do install_on "$d" "$h"; done ;;
+  setup) need_root; setup ;;
   heal) [ $# = 1 ] || die "heal DIR"; need_root; heal "$1" ;;
   status) [ $# = 1 ] || die "status DIR"; status "$1" ;;
   down) [ $# = 1 ] || die "down DIR"; need_root; down "$1" ;;
-  *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; [ -z "$cmd" ] || exit 2 ;;
+  *) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; [ -z "$cmd" ] || exit 2 ;;
 esac

@@ -7,7 +7,9 @@
 # crash: SIGKILL of the leader host's PID 1 (power cut); isolate: every packet to and from it
 # dropped; oneway: its packets to the others dropped (it still hears them); freeze: its cgroup
 # frozen. After each sample the rig is healed and every node is UP again before the next.
-# Prints one line a sample and then min, median, p90 and max in milliseconds.
+# CORRAL_RIG_LATENCY="MS A[,B..] C[,D..]" holds the hosts in racks with MS each way between them
+# (`hosts.sh fault latency`), set again after each heal. Prints one line a sample and then min,
+# median, p90 and max in milliseconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir="${1:?DIR}" kind="${2:?KIND}" n="${3:-10}"
@@ -25,7 +27,12 @@ all_up() {
   exit 1
 }
 
+racks() {
+  [ -z "${CORRAL_RIG_LATENCY:-}" ] || scripts/hosts.sh fault "$dir" latency $CORRAL_RIG_LATENCY
+}
+
 all_up
+racks
 for i in $(seq 1 "$n"); do
   leader="$("$corral" --cluster "$dir" cluster --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["leader"])')"
   others="$(grep -vx "$leader" "$dir/hosts.list")"
@@ -43,6 +50,7 @@ for i in $(seq 1 "$n"); do
   echo "$kind of $leader: job $job committed after $ms ms (leader now: $now)"
   scripts/hosts.sh heal "$dir" >/dev/null
   all_up
+  racks
   sleep 2
 done
 printf '%s\n' "${samples[@]}" | sort -n | awk -v k="$kind" '{v[NR]=$1} END {

@@ -10,6 +10,12 @@ command -v g++ >/dev/null || need+=(g++)
 command -v make >/dev/null || need+=(make)
 command -v systemd-analyze >/dev/null || need+=(systemd)   # deploy tests verify the unit
 command -v tmux >/dev/null || need+=(tmux)                 # salloc is tested at a terminal
+if [ "$(id -u)" -eq 0 ]; then                              # the host rig (tests/tests/rig.rs, root only)
+  command -v systemd-nspawn >/dev/null || need+=(systemd-container)
+  command -v debootstrap >/dev/null || need+=(debootstrap)
+  command -v nft >/dev/null || need+=(nftables)
+  command -v curl >/dev/null || need+=(curl)
+fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

@@ -7,6 +7,9 @@ scripts/setup.sh
 # The real programs of the client tests (torch, Lightning, submitit, dask-jobqueue) in a venv
 # outside the clone (CORRAL_PYENV), downloaded once per machine.
 scripts/setup-clients.sh
+# The host rig's root file system (tests/tests/rig.rs), built once per machine outside the clone
+# (CORRAL_RIG); only as root, who alone can boot hosts.
+[ "$(id -u)" -ne 0 ] || scripts/hosts.sh setup
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/corral-target}"
 export CARGO_TERM_COLOR=never
 cargo build --workspace --bins
