@@ -193,11 +193,13 @@ const TRES_MEM: u64 = 2;
 const TRES_NODE: u64 = 4;
 const TRES_BILLING: u64 = 5;
 const TRES_GRES_GPU: u64 = 1001;
+/// `gres/shard`'s id where it is tracked after `gres/gpu` (`AccountingStorageTRES=gres/gpu,gres/shard`).
+const TRES_GRES_SHARD: u64 = 1002;
 
 /// A TRES list as `_dump_tres_list` prints one, in id order as the database's TRES strings
 /// are: built-in TRES have no name (`null`), GRES are `gres` named by kind. A zero count is
 /// left out, as in Slurm's TRES strings.
-fn tres_list(cpus: u64, mem_mib: u64, nodes: u64, billing: Option<u64>, gpus: u64) -> Value {
+fn tres_list(cpus: u64, mem_mib: u64, nodes: u64, billing: Option<u64>, gres: (&str, u64)) -> Value {
     let item = |kind: &str, name: Option<&str>, id: u64, count: u64| json!({"type": kind, "name": name, "id": id, "count": count});
     let mut out = vec![item("cpu", None, TRES_CPU, cpus)];
     if mem_mib > 0 {
@@ -207,8 +209,9 @@ fn tres_list(cpus: u64, mem_mib: u64, nodes: u64, billing: Option<u64>, gpus: u6
     if let Some(b) = billing {
         out.push(item("billing", None, TRES_BILLING, b));
     }
-    if gpus > 0 {
-        out.push(item("gres", Some("gpu"), TRES_GRES_GPU, gpus));
+    if gres.1 > 0 {
+        let id = if gres.0 == "shard" { TRES_GRES_SHARD } else { TRES_GRES_GPU };
+        out.push(item("gres", Some(gres.0), id, gres.1));
     }
     Value::Array(out)
 }
@@ -218,15 +221,16 @@ fn job_tres(job: &Job) -> Value {
     let s = &job.spec;
     let nodes = u64::from(s.nodes);
     let cpus = job_cpus(job);
-    tres_list(cpus, s.mem_mib.saturating_mul(nodes), nodes, Some(cpus), u64::from(s.gpus()) * nodes)
+    tres_list(cpus, s.mem_mib.saturating_mul(nodes), nodes, Some(cpus), step_gres(job, nodes))
 }
 
-/// The GPUs a step line counts on its `nodes` nodes: the job's there, as slurmctld gives a
-/// batch script the GRES of its node and a step that asks none all of the job's on its nodes
-/// (Corral keeps no step's own GPU count, as it keeps none of its memory: its memory is the
-/// job's there too).
-pub fn step_gpus(job: &Job, nodes: u64) -> u64 {
-    u64::from(job.spec.gpus()).saturating_mul(nodes)
+/// The GRES (its TRES name and count) a step line counts on its `nodes` nodes: the job's
+/// there, as slurmctld gives a batch script the GRES of its node and a step that asks none all
+/// of the job's on its nodes (Corral keeps no step's own GPU count, as it keeps none of its
+/// memory: its memory is the job's there too).
+pub fn step_gres(job: &Job, nodes: u64) -> (&'static str, u64) {
+    let (gres, per_node) = job.spec.gres_per_node();
+    (gres, u64::from(per_node).saturating_mul(nodes))
 }
 
 /// `{"seconds": 0, "microseconds": 0}`: CPU time Corral does not record (Slurm's database
@@ -337,7 +341,7 @@ pub fn db_step(job: &Job, kind: StepKind<'_>, names: &BTreeMap<u64, String>, now
     let nnodes = v.nodes.len() as u64;
     let tres = match kind {
         StepKind::Extern => job_tres(job),
-        _ => tres_list(v.cpus, job.spec.mem_mib.saturating_mul(nnodes), nnodes, None, step_gpus(job, nnodes)),
+        _ => tres_list(v.cpus, job.spec.mem_mib.saturating_mul(nnodes), nnodes, None, step_gres(job, nnodes)),
     };
     let usage = json!({"average": [], "max": [], "min": [], "total": []});
     let step_id = match kind {

@@ -180,7 +180,11 @@ fn set_array_task(set: &mut impl FnMut(&str, String), spec: &JobSpec, task: &pro
 /// The GPUs this node gave the job (`gpu_indices_on_node`), and the GPU options as given
 /// (`--gpus`, `--gpus-per-node`, `--gpus-per-task`, `--cpus-per-gpu`).
 fn set_gpus(set: &mut impl FnMut(&str, String), spec: &JobSpec, gpu_indices_on_node: &[u32]) {
-    if !gpu_indices_on_node.is_empty() {
+    if spec.shards() > 0 {
+        // Shards are not GPUs: Slurm gives the shared GPU as CUDA sees it and the count.
+        set("SLURM_SHARDS_ON_NODE", spec.shards().to_string());
+        set("GPU_DEVICE_ORDINAL", gpu_indices_on_node.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(","));
+    } else if !gpu_indices_on_node.is_empty() {
         let list = gpu_indices_on_node.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(",");
         set("SLURM_GPUS_ON_NODE", gpu_indices_on_node.len().to_string());
         set("SLURM_JOB_GPUS", list.clone());
@@ -225,6 +229,7 @@ pub const NODE_OWNED: &[&str] = &[
     "SLURM_GTIDS",
     "SLURM_CPUS_ON_NODE",
     "SLURM_GPUS_ON_NODE",
+    "SLURM_SHARDS_ON_NODE",
     "SLURM_JOB_GPUS",
     "SLURM_STEP_GPUS",
     "SLURMD_TRES_BIND",

@@ -169,7 +169,7 @@ fn job_request(job: &Job, out: &mut Map<String, Value>) {
     req.push(format!("node={}", spec.nodes));
     req.push(format!("billing={cpus}"));
     if let Some(g) = &spec.gres {
-        req.push(format!("gres/gpu={}", u64::from(g.count) * u64::from(spec.nodes)));
+        req.push(format!("gres/{}={}", g.kind.as_str(), u64::from(g.count) * u64::from(spec.nodes)));
     }
     let req = req.join(",");
     let running_or_done = job.start_ms.is_some() && job.state != JobState::Pending;
@@ -256,9 +256,11 @@ fn job_placement(job: &Job, names: &BTreeMap<u64, String>, out: &mut Map<String,
         (Some(g), true) => {
             (if job.parts.is_empty() { job.last_gpus.clone() } else { job.parts.iter().map(|p| p.alloc.gpus.clone()).collect() })
                 .iter()
-                .map(|gpus| {
-                    let kind = g.gpu_type.as_ref().map_or_else(|| "gpu".to_string(), |t| format!("gpu:{t}"));
-                    format!("{kind}:{}(IDX:{})", gpus.len(), show::task_ranges(gpus))
+                .map(|slots| {
+                    let kind = g.gpu_type.as_ref().map_or_else(|| g.kind.as_str().to_string(), |t| format!("{}:{t}", g.kind.as_str()));
+                    let gpus: Vec<u32> = slots.iter().map(|&s| proto::slot::decode_slot(s).gpu()).collect();
+                    let count = if g.kind == proto::GresKind::Shard { g.count as usize } else { gpus.len() };
+                    format!("{kind}:{count}(IDX:{})", show::task_ranges(&gpus))
                 })
                 .collect()
         }

@@ -331,7 +331,7 @@ mod tests {
         });
         let mut spec = proto::JobSpec::command(vec!["true".into()], "/tmp", "alice");
         spec.env.insert("BIG".into(), "x".repeat(10_000));
-        spec.gres = Some(proto::GresRequest { gpu_type: None, count: 1 });
+        spec.gres = Some(proto::GresRequest { gpu_type: None, count: 1, ..Default::default() });
         spec.mem_mib = 1024;
         spec.array = Some(proto::ArraySpec::from_ids(&(1..=6).collect::<Vec<u32>>(), None));
         state.apply(&proto::Command::Submit { spec, now_ms: 2 });

@@ -451,7 +451,7 @@ pub(crate) mod tests {
         let at = |index: u64, last_change_index: u64| Applied { index, last_change_index, next_job_id: 1 };
         let due = |idle: Option<IdlePass>, now: Applied, now_ms: u64| pass_due(idle.clone().as_mut(), now, &jobs, &policy, now_ms);
         assert!(due(None, at(7, 7), 1_000), "after a pass that changed something");
-        let room = Some(scheduler::Room { gpus: 0, cpus: 64, mem_mib: 1 << 20 });
+        let room = Some(scheduler::Room { gpus: 0, shards: 0, cpus: 64, mem_mib: 1 << 20 });
         let idle = Some(IdlePass { applied_index: 7, next_job_id: 1, at_ms: 1_000, wake_ms: Some(1_300), room });
         assert!(!due(idle, at(7, 7), 1_000));
         assert!(!due(idle, at(7, 7), 1_299), "nothing changed yet");
@@ -478,7 +478,7 @@ pub(crate) mod tests {
             edit(&mut spec);
             (id, Job::submitted(id, std::sync::Arc::new(spec), 5))
         };
-        let room = scheduler::Room { gpus: 2, cpus: 64, mem_mib: 1 << 20 };
+        let room = scheduler::Room { gpus: 2, shards: 0, cpus: 64, mem_mib: 1 << 20 };
         let idle = IdlePass { applied_index: 7, next_job_id: 10, at_ms: 1_000, wake_ms: None, room: Some(room) };
         let now = Applied { index: 9, last_change_index: 7, next_job_id: 12 };
         let due_with = |second: (JobId, Job)| {

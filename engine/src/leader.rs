@@ -206,7 +206,7 @@ mod tests {
 
         fn submit(&mut self, gpus: u32, now_ms: u64) -> JobId {
             let mut spec = JobSpec::command(vec!["true".into()], "/", "ann");
-            spec.gres = Some(GresRequest { gpu_type: None, count: gpus });
+            spec.gres = Some(GresRequest { gpu_type: None, count: gpus, ..Default::default() });
             match self.apply(&Command::Submit { spec, now_ms }) {
                 CommandResult::Submitted { job } => job,
                 other => panic!("submit: {other:?}"),

@@ -123,6 +123,11 @@ pub struct NodeConfig {
     /// Partitions the node belongs to (none: the default partition).
     #[serde(default)]
     pub partitions: Vec<String>,
+    /// Shards of each GPU outside MIG mode (Slurm's `gres/shard`): jobs asking
+    /// `--gres=shard:N` share a GPU, N of its shards each, while no job holds it whole. 0 (the
+    /// default): GPUs are not shared.
+    #[serde(default)]
+    pub shards_per_gpu: u32,
     /// A hosts file the node's jobs see as `/etc/hosts` (each run in a mount namespace of its
     /// own, with the file bind-mounted there; needs corrald to run as root): for clusters whose
     /// node names no resolver knows, such as `corral dev up`'s. Whole: it replaces the system's
@@ -306,6 +311,9 @@ impl NodeConfig {
 
     pub fn validate(&self) -> anyhow::Result<()> {
         validate_node_name(&self.name)?;
+        if self.shards_per_gpu > proto::limits::SHARDS_PER_GPU_MAX {
+            bail!("shards_per_gpu must be at most {}, not {}", proto::limits::SHARDS_PER_GPU_MAX, self.shards_per_gpu);
+        }
         if !(self.voters_max == 1 || self.voters_max == 3 || self.voters_max == 5) {
             bail!("voters_max must be 1, 3 or 5, not {}", self.voters_max);
         }

@@ -39,6 +39,7 @@ mod policy;
 mod reply;
 mod request;
 mod reservation;
+pub mod slot;
 mod spec;
 mod step;
 
@@ -69,8 +70,8 @@ pub use request::{
 };
 pub use reservation::{AdminReservation, ReservationChanges, ReservationEdit, ADMIN_RESERVATIONS_MAX, RESERVATION_NAMES_MAX};
 pub use spec::{
-    Dependency, DependencyKind, GresRequest, JobSpec, PreflightSpec, SignalSpec, DEF_MEM_PER_CPU_MIB, DEF_MEM_PER_GPU_MIB, SPARE_NODES_MAX,
-    SPEC_EXTRA_BATCH, SPEC_EXTRA_NO_REQUEUE, SPEC_EXTRA_RESERVATION, SPEC_EXTRA_SPARE_NODES, SPEC_EXTRA_SRUN,
+    Dependency, DependencyKind, GresKind, GresRequest, JobSpec, PreflightSpec, SignalSpec, DEF_MEM_PER_CPU_MIB, DEF_MEM_PER_GPU_MIB,
+    SPARE_NODES_MAX, SPEC_EXTRA_BATCH, SPEC_EXTRA_NO_REQUEUE, SPEC_EXTRA_RESERVATION, SPEC_EXTRA_SPARE_NODES, SPEC_EXTRA_SRUN,
 };
 pub use step::{
     LogStream, PtySize, StepChunk, StepEnd, StepMemory, StepNode, StepSpec, StepStdin, TaskExit, TaskUsage, STEPS_DISABLED_SUSPENDED,
@@ -80,7 +81,7 @@ pub use step::{
 /// Bumped on any incompatible change to a type in this crate or to the replicated state
 /// (`state::ClusterState`, in snapshots). The first byte of every encoded message; a peer
 /// speaking another version is refused with a clear error.
-pub const PROTOCOL_VERSION: u8 = 17;
+pub const PROTOCOL_VERSION: u8 = 18;
 
 pub type NodeId = u64;
 pub type JobId = u64;

@@ -14,6 +14,9 @@ pub const SCRIPT_BYTES_MAX: usize = 1024 * 1024;
 pub const ENV_BYTES_MAX: usize = 1024 * 1024;
 pub const PATH_BYTES_MAX: usize = 4096;
 pub const GPUS_PER_JOB_MAX: u32 = 1024;
+/// Shards one GPU may be configured with (`shards_per_gpu`), and so that one job may ask on a node:
+/// 16 bits of an allocation's slot id (`scheduler::shard_slot`).
+pub const SHARDS_PER_GPU_MAX: u32 = 65_535;
 pub const CPUS_PER_TASK_MAX: u32 = 4096;
 /// Largest chunk of a job's output returned by one `Logs` request.
 pub const LOG_CHUNK_BYTES_MAX: u32 = 1024 * 1024;

@@ -30,6 +30,9 @@ pub struct GpuInfo {
     /// False once the GPU reported an XID, uncorrectable ECC error or fell off the bus.
     pub healthy: bool,
     pub health_reason: Option<String>,
+    /// Slurm's `gres/shard` count of this GPU (`shards_per_gpu`): that many jobs' shards may
+    /// share it while no job holds it whole. 0: not shared; never in MIG mode.
+    pub shards: u32,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -8,21 +8,55 @@ use serde::{Deserialize, Serialize};
 
 use crate::{limits, ArraySpec, JobId};
 
-/// `gpu[:TYPE]:N`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// What a GRES request names: whole GPUs, or shards of one GPU (Slurm's `gres/shard`: a GPU
+/// shared by several jobs, each holding some of its configured shards, `GpuInfo::shards`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GresKind {
+    #[default]
+    Gpu,
+    Shard,
+}
+
+impl GresKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GresKind::Gpu => "gpu",
+            GresKind::Shard => "shard",
+        }
+    }
+}
+
+/// `gpu[:TYPE]:N` (N whole GPUs per node) or `shard[:TYPE]:N` (N shards of one GPU per node).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GresRequest {
     pub gpu_type: Option<String>,
     pub count: u32,
+    pub kind: GresKind,
 }
 
 impl GresRequest {
-    /// Parses `gpu:N` or `gpu:TYPE:N`.
+    /// `count` whole GPUs of `gpu_type` (any when `None`).
+    pub fn gpus(gpu_type: Option<&str>, count: u32) -> GresRequest {
+        GresRequest { gpu_type: gpu_type.map(str::to_string), count, kind: GresKind::Gpu }
+    }
+
+    /// `count` shards of one GPU of `gpu_type` (any when `None`).
+    pub fn shards(gpu_type: Option<&str>, count: u32) -> GresRequest {
+        GresRequest { gpu_type: gpu_type.map(str::to_string), count, kind: GresKind::Shard }
+    }
+
+    /// Parses `gpu:N`, `gpu:TYPE:N`, `shard:N` or `shard:TYPE:N`.
     pub fn parse(text: &str) -> Result<GresRequest, String> {
         let parts: Vec<&str> = text.split(':').collect();
-        let bad = || format!("invalid gres '{text}': expected gpu:N or gpu:TYPE:N");
+        let bad = || format!("invalid gres '{text}': expected gpu:N, gpu:TYPE:N, shard:N or shard:TYPE:N");
+        let kind = match parts.first() {
+            Some(&"gpu") => GresKind::Gpu,
+            Some(&"shard") => GresKind::Shard,
+            _ => return Err(bad()),
+        };
         match parts.as_slice() {
-            ["gpu", n] => Ok(GresRequest { gpu_type: None, count: n.parse().map_err(|_| bad())? }),
-            ["gpu", t, n] if !t.is_empty() => Ok(GresRequest { gpu_type: Some((*t).to_string()), count: n.parse().map_err(|_| bad())? }),
+            [_, n] => Ok(GresRequest { gpu_type: None, count: n.parse().map_err(|_| bad())?, kind }),
+            [_, t, n] if !t.is_empty() => Ok(GresRequest { gpu_type: Some((*t).to_string()), count: n.parse().map_err(|_| bad())?, kind }),
             _ => Err(bad()),
         }
     }
@@ -30,9 +64,10 @@ impl GresRequest {
 
 impl fmt::Display for GresRequest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = self.kind.as_str();
         match &self.gpu_type {
-            Some(t) => write!(f, "gpu:{t}:{}", self.count),
-            None => write!(f, "gpu:{}", self.count),
+            Some(t) => write!(f, "{kind}:{t}:{}", self.count),
+            None => write!(f, "{kind}:{}", self.count),
         }
     }
 }
@@ -208,9 +243,19 @@ impl JobSpec {
         }
     }
 
-    /// GPUs per node.
+    /// Whole GPUs per node.
     pub fn gpus(&self) -> u32 {
-        self.gres.as_ref().map_or(0, |g| g.count)
+        self.gres.as_ref().filter(|g| g.kind == GresKind::Gpu).map_or(0, |g| g.count)
+    }
+
+    /// The GRES each node gives the job, by its TRES name (`gpu`, `shard`), and how many.
+    pub fn gres_per_node(&self) -> (&'static str, u32) {
+        self.gres.as_ref().map_or(("gpu", 0), |g| (g.kind.as_str(), g.count))
+    }
+
+    /// Shards of one GPU per node (`--gres=shard:N`).
+    pub fn shards(&self) -> u32 {
+        self.gres.as_ref().filter(|g| g.kind == GresKind::Shard).map_or(0, |g| g.count)
     }
 
     /// Gives a job that asked no memory (`mem_mib` 0) the default ([`JobSpec::default_mem_mib`]),
@@ -340,8 +385,14 @@ impl JobSpec {
             return Err(format!("working directory '{}' must be absolute", self.workdir));
         }
         if let Some(g) = &self.gres {
-            if g.count == 0 || g.count > GPUS_PER_JOB_MAX {
-                return Err(format!("gpu count must be 1..={GPUS_PER_JOB_MAX}"));
+            match g.kind {
+                GresKind::Gpu if g.count == 0 || g.count > GPUS_PER_JOB_MAX => {
+                    return Err(format!("gpu count must be 1..={GPUS_PER_JOB_MAX}"));
+                }
+                GresKind::Shard if g.count == 0 || g.count > SHARDS_PER_GPU_MAX => {
+                    return Err(format!("shard count must be 1..={SHARDS_PER_GPU_MAX}"));
+                }
+                _ => {}
             }
         }
         if self.cpus_per_task == 0 || self.cpus_per_task > CPUS_PER_TASK_MAX {
@@ -472,10 +523,10 @@ mod tests {
     #[test]
     fn counts_outside_their_ranges_are_refused() {
         let mut s = good();
-        s.gres = Some(GresRequest { gpu_type: Some("h100".into()), count: GPUS_PER_JOB_MAX });
+        s.gres = Some(GresRequest { gpu_type: Some("h100".into()), count: GPUS_PER_JOB_MAX, ..Default::default() });
         assert_eq!(s.validate(), Ok(()));
         for count in [0, GPUS_PER_JOB_MAX + 1] {
-            s.gres = Some(GresRequest { gpu_type: None, count });
+            s.gres = Some(GresRequest { gpu_type: None, count, ..Default::default() });
             refused(&s, &format!("gpu count must be 1..={GPUS_PER_JOB_MAX}"));
         }
         for cpus in [0, CPUS_PER_TASK_MAX + 1] {
@@ -532,14 +583,30 @@ mod tests {
 
     #[test]
     fn gres_requests_parse_and_print_back() {
-        assert_eq!(GresRequest::parse("gpu:4"), Ok(GresRequest { gpu_type: None, count: 4 }));
+        assert_eq!(GresRequest::parse("gpu:4"), Ok(GresRequest { gpu_type: None, count: 4, ..Default::default() }));
         let typed = GresRequest::parse("gpu:h100:8").unwrap();
-        assert_eq!(typed, GresRequest { gpu_type: Some("h100".into()), count: 8 });
+        assert_eq!(typed, GresRequest { gpu_type: Some("h100".into()), count: 8, ..Default::default() });
         assert_eq!(typed.to_string(), "gpu:h100:8");
-        for bad in ["gpu", "gpu::2", "gpu:h100:x", "tpu:2", "gpu:a:b:2"] {
+        let shards = GresRequest::parse("shard:t4:250").unwrap();
+        assert_eq!(shards, GresRequest::shards(Some("t4"), 250));
+        assert_eq!(shards.to_string(), "shard:t4:250");
+        assert_eq!(GresRequest::parse("shard:3").map(|g| g.to_string()), Ok("shard:3".to_string()));
+        for bad in ["gpu", "gpu::2", "gpu:h100:x", "tpu:2", "gpu:a:b:2", "shard", "shard::2"] {
             let e = GresRequest::parse(bad).unwrap_err();
-            assert_eq!(e, format!("invalid gres '{bad}': expected gpu:N or gpu:TYPE:N"));
+            assert_eq!(e, format!("invalid gres '{bad}': expected gpu:N, gpu:TYPE:N, shard:N or shard:TYPE:N"));
         }
+    }
+
+    #[test]
+    fn a_shard_request_asks_shards_and_no_whole_gpu() {
+        let mut s = good();
+        s.gres = Some(GresRequest::shards(None, 4));
+        assert_eq!((s.gpus(), s.shards()), (0, 4));
+        assert_eq!(s.validate(), Ok(()));
+        s.gres = Some(GresRequest::shards(None, SHARDS_PER_GPU_MAX + 1));
+        refused(&s, &format!("shard count must be 1..={SHARDS_PER_GPU_MAX}"));
+        s.gres = Some(GresRequest::gpus(None, 2));
+        assert_eq!((s.gpus(), s.shards()), (2, 0));
     }
 
     #[test]
@@ -549,7 +616,7 @@ mod tests {
         s.cpus_per_task = 4;
         s.ntasks_per_node = 2;
         assert_eq!(s.default_mem_mib(), 8 * DEF_MEM_PER_CPU_MIB);
-        s.gres = Some(GresRequest { gpu_type: None, count: 2 });
+        s.gres = Some(GresRequest { gpu_type: None, count: 2, ..Default::default() });
         assert_eq!(s.default_mem_mib(), 2 * DEF_MEM_PER_GPU_MIB);
         s.fill_default_mem();
         assert_eq!(s.mem_mib, 2 * DEF_MEM_PER_GPU_MIB);

@@ -13,6 +13,8 @@ pub struct NodeSpec {
     pub gres_type: String,
     pub cpus: u32,
     pub mem_mib: u64,
+    /// Shards of each GPU (`shards_per_gpu`; 0: no GPU is shared).
+    pub shards_per_gpu: u32,
 }
 
 /// `count` nodes of `gpus` (`TYPE:N`, as `--gpus h100:8`), each with `cpus` and `mem_mib`.
@@ -23,22 +25,31 @@ pub fn uniform(count: u32, gpus: &str, cpus: u32, mem_mib: u64) -> anyhow::Resul
         bail!("--gpus takes TYPE:N with N at most {}, not '{gpus}'", scheduler::GPUS_PER_NODE_MAX);
     }
     Ok((1..=count)
-        .map(|i| NodeSpec { name: format!("n{i:04}"), gpus: n, gres_type: gres_type.to_ascii_lowercase(), cpus, mem_mib })
+        .map(|i| NodeSpec {
+            name: format!("n{i:04}"),
+            gpus: n,
+            gres_type: gres_type.to_ascii_lowercase(),
+            cpus,
+            mem_mib,
+            shards_per_gpu: 0,
+        })
         .collect())
 }
 
-/// An FGD/openb node list (`sn,cpu_milli,memory_mib,gpu,model`). CPUs are whole cores
-/// (rounded down), as Slurm and Corral count them.
-pub fn openb_nodes(text: &str) -> anyhow::Result<Vec<NodeSpec>> {
+/// An FGD/openb node list (`sn,cpu_milli,memory_mib,gpu,model`), each GPU with
+/// `shards_per_gpu` shards, CPUs in units of `cpu_unit_milli` thousandths of a core (rounded
+/// down; 1000: whole cores, as Slurm and Corral count them).
+pub fn openb_nodes(text: &str, shards_per_gpu: u32, cpu_unit_milli: u32) -> anyhow::Result<Vec<NodeSpec>> {
     let mut rows = crate::trace::Csv::new(text, &["sn", "cpu_milli", "memory_mib", "gpu", "model"])?;
     let mut nodes = Vec::new();
     while let Some(r) = rows.next_row()? {
         nodes.push(NodeSpec {
             name: r.get(0).to_string(),
-            cpus: (r.num(1)? / 1000.0) as u32,
+            cpus: (r.num(1)? / f64::from(cpu_unit_milli.max(1))) as u32,
             mem_mib: r.num(2)? as u64,
             gpus: r.num(3)? as u32,
             gres_type: r.get(4).to_ascii_lowercase(),
+            shards_per_gpu,
         });
     }
     Ok(nodes)
@@ -54,6 +65,7 @@ fn inventory(spec: &NodeSpec) -> Inventory {
                 gres_type: spec.gres_type.clone(),
                 memory_mib: if spec.gres_type == "h100" { 81_559 } else { 32_768 },
                 healthy: true,
+                shards: spec.shards_per_gpu,
                 ..GpuInfo::default()
             })
             .collect(),

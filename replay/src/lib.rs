@@ -24,14 +24,23 @@ pub use trace::TraceJob;
 /// The policies a replay compares, by the name `--policies` takes: Corral's scheduler as the
 /// product runs it; Corral's with one backfill reservation only (EASY) or with reservations for
 /// jobs that waited past SECONDS (`corral-reserve-after=SECONDS`) or for the first N jobs that
-/// cannot start (`corral-reservations=N`); the Slurm 22.05 models.
-pub const POLICIES: &[&str] =
-    &["corral", "corral-easy", "corral-reserve-after=SECONDS", "corral-reservations=N", "slurm-22.05", "slurm-22.05-tuned"];
+/// cannot start (`corral-reservations=N`), or placing by best fit on free GPUs rather than by
+/// fragmentation (`corral-bestfit`); the Slurm 22.05 models.
+pub const POLICIES: &[&str] = &[
+    "corral",
+    "corral-easy",
+    "corral-reserve-after=SECONDS",
+    "corral-reservations=N",
+    "corral-bestfit",
+    "slurm-22.05",
+    "slurm-22.05-tuned",
+];
 
-/// Corral's scheduler with its reservation settings changed.
+/// Corral's scheduler with its reservation or placement settings changed.
 struct CorralWith {
     reserve_after_wait_ms: u64,
     reservation_depth: u32,
+    fragmentation_aware: bool,
 }
 
 impl engine::Policy for CorralWith {
@@ -39,6 +48,7 @@ impl engine::Policy for CorralWith {
         let mut view = view.clone();
         view.config.reserve_after_wait_ms = self.reserve_after_wait_ms;
         view.config.reservation_depth = self.reservation_depth;
+        view.config.fragmentation_aware = self.fragmentation_aware;
         scheduler::schedule(&view, now_ms)
     }
 }
@@ -47,15 +57,20 @@ impl engine::Policy for CorralWith {
 pub fn policy(name: &str) -> anyhow::Result<Box<dyn engine::Policy>> {
     if let Some(secs) = name.strip_prefix("corral-reserve-after=") {
         let secs: u64 = secs.parse().map_err(|_| anyhow::anyhow!("corral-reserve-after= takes whole seconds, not '{secs}'"))?;
-        return Ok(Box::new(CorralWith { reserve_after_wait_ms: secs.saturating_mul(1000), reservation_depth: 1 }));
+        return Ok(Box::new(CorralWith {
+            reserve_after_wait_ms: secs.saturating_mul(1000),
+            reservation_depth: 1,
+            fragmentation_aware: true,
+        }));
     }
     if let Some(n) = name.strip_prefix("corral-reservations=") {
         let n: u32 = n.parse().map_err(|_| anyhow::anyhow!("corral-reservations= takes a count, not '{n}'"))?;
-        return Ok(Box::new(CorralWith { reserve_after_wait_ms: u64::MAX, reservation_depth: n.max(1) }));
+        return Ok(Box::new(CorralWith { reserve_after_wait_ms: u64::MAX, reservation_depth: n.max(1), fragmentation_aware: true }));
     }
     Ok(match name {
         "corral" => Box::new(engine::CorralPolicy),
-        "corral-easy" => Box::new(CorralWith { reserve_after_wait_ms: u64::MAX, reservation_depth: 1 }),
+        "corral-easy" => Box::new(CorralWith { reserve_after_wait_ms: u64::MAX, reservation_depth: 1, fragmentation_aware: true }),
+        "corral-bestfit" => Box::new(CorralWith { reserve_after_wait_ms: u64::MAX, reservation_depth: 1, fragmentation_aware: false }),
         "slurm-22.05" => Box::new(slurm::SlurmModel::new(slurm::SlurmConfig::stock())),
         "slurm-22.05-tuned" => Box::new(slurm::SlurmModel::new(slurm::SlurmConfig::tuned())),
         other => anyhow::bail!("unknown policy '{other}': the policies are {}", POLICIES.join(", ")),

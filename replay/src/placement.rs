@@ -52,14 +52,26 @@ pub fn inflated(pods: &[Pod], capacity_milli: u64, inflate: f64, seed: u64) -> V
     list
 }
 
-fn spec_of(pod: &Pod) -> (JobSpec, bool) {
+/// The job a pod is: whole GPUs, or a share of one GPU as shards when the GPUs have
+/// `shards_per_gpu` (a share `gpu_milli` of 1000 asks as many shards, rounded up), or a whole
+/// GPU when they have none (Slurm without `gres/shard`); its CPUs in units of `cpu_unit_milli`
+/// thousandths of a core, rounded up (the nodes' are counted in the same units).
+fn spec_of(pod: &Pod, shards_per_gpu: u32, cpu_unit_milli: u32) -> (JobSpec, bool) {
     let relaxed = pod.models.len() > 1;
-    let gpu_type = if pod.models.len() == 1 { Some(pod.models[0].clone()) } else { None };
+    let gpu_type = if pod.models.len() == 1 { Some(pod.models[0].as_str()) } else { None };
+    let share = pod.gpus == 1 && pod.gpu_milli < 1000 && shards_per_gpu > 0;
+    let gres = match pod.gpus {
+        0 => None,
+        _ if share => {
+            Some(GresRequest::shards(gpu_type, (u64::from(pod.gpu_milli) * u64::from(shards_per_gpu)).div_ceil(1000).max(1) as u32))
+        }
+        n => Some(GresRequest::gpus(gpu_type, n)),
+    };
     let spec = JobSpec {
         name: pod.name.clone(),
         argv: vec!["true".into()],
-        gres: (pod.gpus > 0).then_some(GresRequest { gpu_type, count: pod.gpus }),
-        cpus_per_task: pod.cpus_milli.div_ceil(1000).max(1),
+        gres,
+        cpus_per_task: pod.cpus_milli.div_ceil(cpu_unit_milli.max(1)).max(1),
         ntasks_per_node: 1,
         mem_mib: pod.mem_mib,
         workdir: "/".into(),
@@ -70,11 +82,21 @@ fn spec_of(pod: &Pod) -> (JobSpec, bool) {
     (spec, relaxed)
 }
 
-/// Places `list` (from [`inflated`]) on `nodes` one pod at a time under `policy`.
-pub fn run(list: &[Pod], nodes: &[NodeSpec], policy: Box<dyn Policy>, policy_name: &str, seed: u64) -> anyhow::Result<PlacementReport> {
+/// Places `list` (from [`inflated`]) on `nodes` (their CPUs counted in units of
+/// `cpu_unit_milli`, as [`crate::cluster::openb_nodes`] gives them) one pod at a time under
+/// `policy`.
+pub fn run(
+    list: &[Pod],
+    nodes: &[NodeSpec],
+    cpu_unit_milli: u32,
+    policy: Box<dyn Policy>,
+    policy_name: &str,
+    seed: u64,
+) -> anyhow::Result<PlacementReport> {
     let mut log = Log::default();
     let instances: BTreeMap<NodeId, InstanceId> = cluster::register(&mut log.state, nodes)?.into_iter().collect();
     let capacity_milli: u64 = nodes.iter().map(|n| u64::from(n.gpus) * 1000).sum();
+    let shards_per_gpu = nodes.iter().map(|n| n.shards_per_gpu).max().unwrap_or(0);
     let mut leader = Leader::with_policy(policy, u64::MAX / 4);
     let mut report = PlacementReport { policy: policy_name.to_string(), seed, pods: list.len(), ..PlacementReport::default() };
     let (mut arrived, mut allocated) = (0u64, 0u64);
@@ -82,7 +104,7 @@ pub fn run(list: &[Pod], nodes: &[NodeSpec], policy: Box<dyn Policy>, policy_nam
     // Each pod at its own millisecond: the engine sees time move as it would.
     for (k, pod) in list.iter().enumerate() {
         let now_ms = k as u64 + 1;
-        let (spec, relaxed) = spec_of(pod);
+        let (spec, relaxed) = spec_of(pod, shards_per_gpu, cpu_unit_milli);
         arrived += pod.gpu_milli_total();
         if log.state.admission(&spec, true, now_ms).is_err() {
             continue;
@@ -108,7 +130,7 @@ pub fn run(list: &[Pod], nodes: &[NodeSpec], policy: Box<dyn Policy>, policy_nam
         } else {
             report.placed += 1;
             allocated += pod.gpu_milli_total();
-            report.shares_on_whole_gpus += usize::from(pod.gpus == 1 && pod.gpu_milli < 1000);
+            report.shares_on_whole_gpus += usize::from(pod.gpus == 1 && pod.gpu_milli < 1000 && shards_per_gpu == 0);
             report.model_lists_relaxed += usize::from(relaxed);
         }
         if at_100.is_none() && arrived >= capacity_milli {

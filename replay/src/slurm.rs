@@ -15,6 +15,11 @@
 //!   backfill docs: `_add_reservation` clears the nodes from the time slots' bitmaps).
 //! - Node choice (select/cons_tres `_eval_nodes`): among nodes of equal weight, the best fit,
 //!   the fewest idle CPUs first; GPUs are a filter (the first free ones by index).
+//! - Shards (`gres/shard`, gres.html "Sharding"): a GPU is given either whole or as shards,
+//!   never both; a job's shards on a node come from one GPU (without
+//!   `MULTIPLE_SHARING_GRES_PJ`), the first by index with enough free
+//!   (`_set_shared_node_bits`, `_pick_shared_gres_topo`). Backfill plans no shard job at a later
+//!   time: one starts when it fits now.
 //! - MIG layouts are static (not modelled: no MIG here).
 //!
 //! The tuned variant sets what sites tune: `bf_max_job_test=5000`, `bf_window=10080` (a week,
@@ -78,6 +83,8 @@ struct Slot<'v> {
     view: &'v NodeView,
     /// Free GPU indices now (of its type), ascending.
     free_gpus: Vec<u32>,
+    /// Shards free on each GPU that has some and is not held whole, by index.
+    shards_free: Vec<(u32, u32)>,
     cpus_free: u32,
     mem_free_mib: u64,
     /// (time, GPUs, CPUs, memory) freed when a running job reaches its limit.
@@ -89,7 +96,8 @@ struct Slot<'v> {
 impl Slot<'_> {
     fn fits_type(&self, j: &JobRequest) -> bool {
         self.view.schedulable
-            && (j.gpus_per_node == 0 || j.gpu_type.as_ref().is_none_or(|t| self.view.gpus.first().is_some_and(|g| &g.gres_type == t)))
+            && ((j.gpus_per_node == 0 && j.shards_per_node == 0)
+                || j.gpu_type.as_ref().is_none_or(|t| self.view.gpus.first().is_some_and(|g| &g.gres_type == t)))
             && (!j.exclusive || self.view.idle())
             && (j.partition.is_none()
                 || self.view.partitions.is_empty()
@@ -97,12 +105,19 @@ impl Slot<'_> {
     }
 
     fn fits_now(&self, j: &JobRequest) -> bool {
-        self.free_gpus.len() as u32 >= j.gpus_per_node && self.cpus_free >= j.cpus_per_node && self.mem_free_mib >= j.mem_per_node_mib
+        let gpus = match j.shards_per_node {
+            0 => self.free_gpus.len() as u32 >= j.gpus_per_node,
+            n => self.shards_free.iter().any(|&(_, f)| f >= n),
+        };
+        gpus && self.cpus_free >= j.cpus_per_node && self.mem_free_mib >= j.mem_per_node_mib
     }
 
     /// The earliest time from `now_ms` at which this node holds `j` for `len_ms` without running
     /// into a whole-node plan, within `horizon_ms`.
     fn earliest(&self, j: &JobRequest, now_ms: u64, len_ms: u64, horizon_ms: u64) -> Option<u64> {
+        if j.shards_per_node > 0 {
+            return self.fits_now(j).then_some(now_ms);
+        }
         let (mut gpus, mut cpus, mut mem) = (self.free_gpus.len() as u32, self.cpus_free, self.mem_free_mib);
         let mut t = now_ms;
         let mut k = 0;
@@ -130,7 +145,19 @@ impl Slot<'_> {
     }
 
     fn take(&mut self, j: &JobRequest) -> Allocation {
-        let gpus: Vec<u32> = self.free_gpus.drain(..j.gpus_per_node as usize).collect();
+        let gpus: Vec<u32> = match j.shards_per_node {
+            0 => self.free_gpus.drain(..j.gpus_per_node as usize).collect(),
+            n => match self.shards_free.iter_mut().find(|(_, f)| *f >= n) {
+                Some((index, free)) => {
+                    *free -= n;
+                    let index = *index;
+                    self.free_gpus.retain(|&g| g != index);
+                    vec![scheduler::shard_slot(index, n)]
+                }
+                None => Vec::new(),
+            },
+        };
+        self.shards_free.retain(|(g, _)| !gpus.contains(g));
         self.cpus_free -= j.cpus_per_node;
         self.mem_free_mib -= j.mem_per_node_mib;
         Allocation { node: self.view.id, gpus, cpus: j.cpus_per_node, mem_mib: j.mem_per_node_mib }
@@ -174,6 +201,7 @@ impl<'v> Pass<'v> {
             .map(|n| Slot {
                 view: n,
                 free_gpus: n.gpus.iter().filter(|g| g.free()).map(|g| g.index).collect(),
+                shards_free: n.gpus.iter().filter(|g| g.shards_free() > 0).map(|g| (g.index, g.shards_free())).collect(),
                 cpus_free: n.cpus_free(),
                 mem_free_mib: n.mem_free_mib(),
                 releases: Vec::new(),

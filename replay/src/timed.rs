@@ -69,7 +69,7 @@ pub fn spec_of(job: &TraceJob) -> JobSpec {
     JobSpec {
         name: format!("trace-{}", job.id),
         argv: vec!["true".into()],
-        gres: (job.gpus_per_node > 0).then_some(GresRequest { gpu_type: None, count: job.gpus_per_node }),
+        gres: (job.gpus_per_node > 0).then_some(GresRequest { gpu_type: None, count: job.gpus_per_node, ..Default::default() }),
         cpus_per_task: job.cpus_per_node.max(1),
         ntasks_per_node: 1,
         mem_mib: job.mem_per_node_mib,

@@ -9,10 +9,12 @@ use proto::{Allocation, DependencyKind, JobId, JobState, NodeId, Placement};
 
 use crate::fit::{is_mig_profile, node_matches};
 use crate::format::fmt_time_ms;
+use crate::frag::{self, Workload};
 use crate::limits::LimitUsage;
 use crate::mig;
 use crate::topo;
-use crate::view::{cpu_shares, decode_slot, mig_slot, ClusterView, JobRequest, NodeView, PreemptAction, Slot};
+use crate::units::{Freeing, Kinds, ANY};
+use crate::view::{cpu_shares, decode_slot, mig_slot, shard_slot, ClusterView, JobRequest, NodeView, PreemptAction, Slot};
 use crate::windows::{Fence, Windows};
 
 /// What one pass decided. The caller commits `placements` (re-checked with `fits_gang`), creates
@@ -58,6 +60,8 @@ pub struct Plan {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Room {
     pub gpus: u32,
+    /// The most shards free on one GPU.
+    pub shards: u32,
     pub cpus: u32,
     pub mem_mib: u64,
 }
@@ -71,7 +75,7 @@ impl Room {
             return false;
         }
         let need = crate::PerNode::of(spec);
-        need.gpus > self.gpus || need.cpus > self.cpus || need.mem_mib > self.mem_mib
+        need.gpus > self.gpus || spec.shards() > self.shards || need.cpus > self.cpus || need.mem_mib > self.mem_mib
     }
 }
 
@@ -112,8 +116,6 @@ pub struct Reservation {
 
 /// Prefix of a reason that no amount of waiting fixes.
 pub const NEVER: &str = proto::REASON_NEVER_PREFIX;
-/// Type id of "any whole GPU".
-const ANY: u16 = 0;
 /// Reservations one pass makes at most (one bit each in `ShapeKey::restricted`).
 pub const RESERVATIONS_MAX: usize = 16;
 /// Bound on nodes one job may try when single-node candidates keep failing their checks.
@@ -165,6 +167,8 @@ struct Pick {
     node: usize,
     gpus: Vec<usize>,
     mig: Vec<(usize, usize)>,
+    /// The GPU (by index) whose shards a shard job shares.
+    shared: Option<u32>,
 }
 
 enum Fail {
@@ -183,6 +187,7 @@ struct ShapeKey {
     part: u16,
     tid: u16,
     gpus: u32,
+    shards: u32,
     cpus: u32,
     mem_mib: u64,
     nodes: u32,
@@ -234,6 +239,8 @@ struct Pass<'v> {
     /// What running jobs and this pass's starts hold against the accounting limits (`None`:
     /// nothing is limited).
     limits: Option<LimitUsage>,
+    /// The shapes of the jobs held, for fragmentation-aware placement (made on first use).
+    workload: Option<Workload<'v>>,
     plan: Plan,
 }
 
@@ -356,7 +363,7 @@ fn index_gpu_types(nodes: &[Cow<'_, NodeView>], node_parts: &[Vec<u16>]) -> Type
         let mut keys = Vec::new();
         for &p in &node_parts[ni] {
             for &t in &tids {
-                let free = free_count(n, t, &types.names, &types.is_mig);
+                let free = Kinds { names: &types.names, is_mig: &types.is_mig }.free(n, t);
                 keys.push((p, t, free));
                 if n.schedulable {
                     types.index.entry((p, t)).or_default().insert(free, ni as u32);
@@ -426,6 +433,7 @@ impl<'v> Pass<'v> {
             timeline: None,
             holders: None,
             limits: LimitUsage::new(view),
+            workload: None,
             plan: Plan::default(),
         };
         pass.prio = crate::priority::priorities(view, now_ms);
@@ -462,11 +470,20 @@ impl<'v> Pass<'v> {
     fn room(&self) -> Room {
         let mut room = Room::default();
         for node in self.nodes.iter().filter(|n| n.schedulable) {
-            let gpus = count(node, ANY, &self.type_names, &self.type_is_mig, true);
-            room =
-                Room { gpus: room.gpus.max(gpus), cpus: room.cpus.max(node.cpus_free()), mem_mib: room.mem_mib.max(node.mem_free_mib()) };
+            let gpus = self.kinds().free(node, ANY);
+            let shards = node.gpus.iter().map(|g| g.shards_free()).max().unwrap_or(0);
+            room = Room {
+                gpus: room.gpus.max(gpus),
+                shards: room.shards.max(shards),
+                cpus: room.cpus.max(node.cpus_free()),
+                mem_mib: room.mem_mib.max(node.mem_free_mib()),
+            };
         }
         room
+    }
+
+    fn kinds(&self) -> Kinds<'_> {
+        Kinds { names: &self.type_names, is_mig: &self.type_is_mig }
     }
 
     /// Where job `id` is in the view's jobs (kept in id order).
@@ -500,7 +517,7 @@ impl<'v> Pass<'v> {
     }
 
     fn tid_of(&self, j: &JobRequest) -> Option<u16> {
-        if j.gpus_per_node == 0 {
+        if j.gpus_per_node == 0 && j.shards_per_node == 0 {
             return Some(ANY);
         }
         match &j.gpu_type {
@@ -510,9 +527,13 @@ impl<'v> Pass<'v> {
     }
 
     fn kind(&self, j: &JobRequest) -> String {
-        match &j.gpu_type {
-            Some(t) if j.gpus_per_node > 0 => format!("gpu:{t}"),
+        let gpu = match &j.gpu_type {
+            Some(t) if j.gpus_per_node > 0 || j.shards_per_node > 0 => format!("gpu:{t}"),
             _ => "gpu".to_string(),
+        };
+        match j.shards_per_node {
+            0 => gpu,
+            n => format!("{gpu} with {n} shards free"),
         }
     }
 
@@ -792,6 +813,7 @@ impl<'v> Pass<'v> {
             part,
             tid,
             gpus: j.gpus_per_node,
+            shards: j.shards_per_node,
             cpus: j.cpus_per_node,
             mem_mib: j.mem_per_node_mib,
             nodes: j.nodes,
@@ -843,7 +865,7 @@ impl<'v> Pass<'v> {
                     return false;
                 }
                 let conflict = r.tid == ANY || tid == ANY || r.tid == tid;
-                if (conflict && j.gpus_per_node > s.gpus) || j.cpus_per_node > s.cpus || j.mem_per_node_mib > s.mem_mib {
+                if (conflict && Kinds::units_needed(j) > s.gpus) || j.cpus_per_node > s.cpus || j.mem_per_node_mib > s.mem_mib {
                     return false;
                 }
             }
@@ -864,7 +886,11 @@ impl<'v> Pass<'v> {
                 .flat_map(|(gi, g)| g.mig.iter().enumerate().filter(|(_, m)| !m.busy && &m.profile == name).map(move |(mi, _)| (gi, mi)))
                 .collect();
             let mig = topo::pick_mig(node, &free, k)?;
-            return Some(Pick { node: n, gpus: Vec::new(), mig });
+            return Some(Pick { node: n, gpus: Vec::new(), mig, shared: None });
+        }
+        if j.shards_per_node > 0 {
+            let shared = Some(frag::tightest_shared(node, j)?);
+            return Some(Pick { node: n, gpus: Vec::new(), mig: Vec::new(), shared });
         }
         let free: Vec<usize> = node
             .gpus
@@ -874,14 +900,36 @@ impl<'v> Pass<'v> {
             .map(|(i, _)| i)
             .collect();
         let gpus = topo::pick_gpus(node, &free, k, j.cpus_per_node)?;
-        Some(Pick { node: n, gpus, mig: Vec::new() })
+        Some(Pick { node: n, gpus, mig: Vec::new(), shared: None })
     }
 
-    fn find(&self, j: &JobRequest, part: u16, tid: u16, fence: Fence) -> Result<Vec<Pick>, Fail> {
-        let need = j.gpus_per_node;
+    /// A single node for `j` among the nodes of bucket `b` that may hold it, where it adds the
+    /// least fragmentation ([`frag::choose`]); the GPU to share is the one it chose.
+    fn find_unfragmented(&mut self, j: &JobRequest, part: u16, tid: u16, fence: Fence) -> Result<Vec<Pick>, Fail> {
+        if self.workload.is_none() {
+            self.workload = Some(Workload::of(&self.view.jobs));
+        }
+        let (Some(b), Some(w)) = (self.index.get(&(part, tid)), &self.workload) else { return Err(Fail::NoNode) };
+        let skip = if j.shards_per_node > 0 { 0 } else { j.gpus_per_node as usize };
+        let cands = b.by_free.iter().skip(skip).flat_map(|s| s.iter().map(|&n| n as usize)).filter(|&n| self.node_ok(n, j, tid, fence));
+        let cands: Vec<usize> = cands.take(SINGLE_NODE_TRIES_MAX).collect();
+        let (n, shared) = frag::choose(&self.nodes, cands.into_iter(), w, j).ok_or(Fail::NoNode)?;
+        let mut pick = self.pick(n, j, tid).ok_or(Fail::NoNode)?;
+        if shared.is_some() {
+            pick.shared = shared;
+        }
+        Ok(vec![pick])
+    }
+
+    fn find(&mut self, j: &JobRequest, part: u16, tid: u16, fence: Fence) -> Result<Vec<Pick>, Fail> {
+        // A shard job may share a GPU whatever the whole GPUs free: every bucket.
+        let need = if j.shards_per_node > 0 { 0 } else { j.gpus_per_node };
         let Some(b) = self.index.get(&(part, tid)) else {
             return Err(Fail::Never(self.never_text(j, part)));
         };
+        if j.nodes == 1 && j.nodelist.is_empty() && self.view.config.fragmentation_aware && !j.exclusive {
+            return self.find_unfragmented(j, part, tid, fence);
+        }
         if j.nodes == 1 {
             if !j.nodelist.is_empty() {
                 for name in &j.nodelist {
@@ -923,7 +971,7 @@ impl<'v> Pass<'v> {
             .iter()
             .skip(need as usize)
             .flat_map(|s| s.iter().map(|&n| n as usize))
-            .filter(|&n| self.node_ok(n, j, tid, fence))
+            .filter(|&n| self.node_ok(n, j, tid, fence) && (j.shards_per_node == 0 || frag::tightest_shared(&self.nodes[n], j).is_some()))
             .collect();
         let mut required = Vec::new();
         if j.nodelist.len() < j.nodes as usize {
@@ -979,9 +1027,9 @@ impl<'v> Pass<'v> {
                 continue;
             }
             matching += 1;
-            let total = total_count(node, tid, &self.type_names, &self.type_is_mig);
+            let total = self.kinds().units_total(node, j, tid);
             best = best.max((total, node.cpus_total, node.mem_total_mib));
-            if total >= j.gpus_per_node && node.cpus_total >= j.cpus_per_node && node.mem_total_mib >= j.mem_per_node_mib {
+            if total >= Kinds::units_needed(j) && node.cpus_total >= j.cpus_per_node && node.mem_total_mib >= j.mem_per_node_mib {
                 capable += 1;
             }
         }
@@ -994,7 +1042,7 @@ impl<'v> Pass<'v> {
         Some(format!(
             "cannot ever run: needs {} node(s) with {}x {}, {} cpus and {} MiB; partition {pname} has {capable} (largest: {}x, {} cpus, {} MiB)",
             j.nodes,
-            j.gpus_per_node,
+            Kinds::units_needed(j),
             self.kind(j),
             j.cpus_per_node,
             j.mem_per_node_mib,
@@ -1021,16 +1069,16 @@ impl<'v> Pass<'v> {
                 fmt_time_ms(until_ms)
             )],
             Fail::Gang { have } => {
-                vec![format!("needs {} nodes with {}x {kind} free each; {have} have them now", j.nodes, j.gpus_per_node)]
+                vec![format!("needs {} nodes with {}x {kind} free each; {have} have them now", j.nodes, Kinds::units_needed(j))]
             }
             Fail::NoNode => {
                 let largest = self.largest_free(j, part, tid);
                 match largest {
-                    None => vec![format!("needs {}x {kind} on one node; none is free", j.gpus_per_node)],
-                    Some((free, n)) if free < j.gpus_per_node => {
+                    None => vec![format!("needs {}x {kind} on one node; none is free", Kinds::units_needed(j))],
+                    Some((free, n)) if free < Kinds::units_needed(j) => {
                         let held = self.held_text(n, tid);
                         let name = &self.nodes[n].name;
-                        vec![format!("needs {}x {kind} on one node; largest free: {free} on {name}{held}", j.gpus_per_node)]
+                        vec![format!("needs {}x {kind} on one node; largest free: {free} on {name}{held}", Kinds::units_needed(j))]
                     }
                     Some((_, n)) => {
                         let node = &self.nodes[n];
@@ -1038,7 +1086,7 @@ impl<'v> Pass<'v> {
                             "needs {} cpus and {} MiB beside {}x {kind} on one node; {} has {} cpus and {} MiB free",
                             j.cpus_per_node,
                             j.mem_per_node_mib,
-                            j.gpus_per_node,
+                            Kinds::units_needed(j),
                             node.name,
                             node.cpus_free(),
                             node.mem_free_mib()
@@ -1056,6 +1104,11 @@ impl<'v> Pass<'v> {
     /// The matching node with the most free of the type: (free, node).
     fn largest_free(&self, j: &JobRequest, part: u16, tid: u16) -> Option<(u32, usize)> {
         let b = self.index.get(&(part, tid))?;
+        if j.shards_per_node > 0 {
+            let free = |n: u32| self.kinds().units_free(&self.nodes[n as usize], j, tid);
+            let matching = b.all().filter(|&n| node_matches(&self.nodes[n as usize], j).is_ok());
+            return matching.max_by_key(|&n| (free(n), std::cmp::Reverse(n))).map(|n| (free(n), n as usize));
+        }
         for (free, bucket) in b.by_free.iter().enumerate().rev() {
             if let Some(&n) = bucket.iter().find(|&&n| node_matches(&self.nodes[n as usize], j).is_ok()) {
                 return Some((free as u32, n as usize));
@@ -1070,6 +1123,7 @@ impl<'v> Pass<'v> {
         let node = &self.nodes[n];
         let mut by_job: BTreeMap<JobId, u32> = BTreeMap::new();
         let (mut unhealthy, mut relaying) = (0, 0);
+        let mut sharers: BTreeSet<JobId> = BTreeSet::new();
         let holders = self.holders.as_ref().map(|h| &h[n]);
         for g in &node.gpus {
             if self.type_is_mig[tid as usize] {
@@ -1094,9 +1148,16 @@ impl<'v> Pass<'v> {
                 if let Some(&(_, job)) = holders.and_then(|h| h.iter().find(|(s, _)| *s == g.index)) {
                     *by_job.entry(job).or_default() += 1;
                 }
+            } else if g.shards_used > 0 {
+                let shared = |s: u32| matches!(decode_slot(s), Slot::Shard { gpu, .. } if gpu == g.index);
+                sharers.extend(holders.into_iter().flatten().filter(|(s, _)| shared(*s)).map(|&(_, job)| job));
             }
         }
         let mut parts: Vec<String> = by_job.iter().map(|(job, c)| format!("{c} held by job {job}")).collect();
+        if !sharers.is_empty() {
+            let jobs: Vec<String> = sharers.iter().map(JobId::to_string).collect();
+            parts.push(format!("shards held by job {}", jobs.join(", ")));
+        }
         if unhealthy > 0 {
             parts.push(format!("{unhealthy} unhealthy"));
         }
@@ -1141,12 +1202,14 @@ impl<'v> Pass<'v> {
             let node = &self.nodes[n];
             let mut gpus: Vec<u32> = pick.gpus.iter().map(|&p| node.gpus[p].index).collect();
             gpus.extend(pick.mig.iter().map(|&(g, m)| mig_slot(node.gpus[g].index, node.gpus[g].mig[m].start_slice)));
+            gpus.extend(pick.shared.map(|g| shard_slot(g, j.shards_per_node)));
             gpus.sort_unstable();
             let (cpus, mem_mib) = if j.exclusive { (node.cpus_free(), node.mem_free_mib()) } else { (j.cpus_per_node, j.mem_per_node_mib) };
             let alloc = Allocation { node: node.id, gpus, cpus, mem_mib };
             let numa_cpus = cpu_shares(node, &alloc.gpus, cpus);
             let mut positions = pick.gpus.clone();
             positions.extend(pick.mig.iter().map(|&(g, _)| g));
+            positions.extend(pick.shared.and_then(|i| node.gpus.iter().position(|g| g.index == i)));
             let nic = topo::nearest_nic(node, &positions);
             self.plan.bindings.push(Binding { placement, node: node.id, gpus: alloc.gpus.clone(), numa_cpus, nic });
             let taken = self.nodes[n].to_mut().take(&alloc);
@@ -1183,7 +1246,7 @@ impl<'v> Pass<'v> {
         }
         for k in 0..self.node_keys[n].len() {
             let (p, t, old) = self.node_keys[n][k];
-            let new = free_count(node, t, &self.type_names, &self.type_is_mig);
+            let new = self.kinds().free(node, t);
             if new != old {
                 if let Some(b) = self.index.get_mut(&(p, t)) {
                     b.remove(old, n as u32);
@@ -1235,7 +1298,8 @@ impl<'v> Pass<'v> {
         let timeline = self.timeline.as_ref()?;
         let b = self.index.get(&(part, tid))?;
         let (fence, limit_ms) = (self.windows.fence_all(j), self.effective_limit_ms(j));
-        let mut times: Vec<(u64, NodeId, usize, Spare)> = Vec::new();
+        let kinds = self.kinds();
+        let mut times: Vec<(u64, NodeId, usize)> = Vec::new();
         for n in b.all() {
             let n = n as usize;
             let node = &self.nodes[n];
@@ -1243,22 +1307,14 @@ impl<'v> Pass<'v> {
             if node_matches(node, j).is_err() || self.resv_of_node.contains_key(&n) {
                 continue;
             }
-            let mut free = Spare {
-                gpus: free_count(node, tid, &self.type_names, &self.type_is_mig),
-                cpus: node.cpus_free(),
-                mem_mib: node.mem_free_mib(),
-            };
-            let enough = |f: &Spare, idle: bool| {
-                f.gpus >= j.gpus_per_node && f.cpus >= j.cpus_per_node && f.mem_mib >= j.mem_per_node_mib && (!j.exclusive || idle)
-            };
+            let mut free = Freeing::new(kinds, node, j, tid);
+            let enough = |f: &Freeing, idle: bool| f.enough() && (!j.exclusive || idle);
             let releases = &timeline[n];
             let mut at = if enough(&free, releases.is_empty() && node.idle()) { Some(self.now_ms) } else { None };
             let mut k = 0;
             while at.is_none() && k < releases.len() {
                 let (end, a) = &releases[k];
-                free.gpus += freed_count(node, a, tid, &self.type_names, &self.type_is_mig);
-                free.cpus += a.cpus;
-                free.mem_mib += a.mem_mib;
+                free.release(a);
                 k += 1;
                 let done = k == releases.len() || releases[k].0 > *end;
                 if done && enough(&free, k == releases.len()) && *end != u64::MAX {
@@ -1267,7 +1323,7 @@ impl<'v> Pass<'v> {
             }
             // Past the admins' windows in its way (or into its own).
             if let Some(t) = at.and_then(|t| self.windows.earliest_ms(n, fence, t, limit_ms)) {
-                times.push((t, node.id, n, free));
+                times.push((t, node.id, n));
             }
         }
         if times.len() < j.nodes as usize {
@@ -1277,24 +1333,14 @@ impl<'v> Pass<'v> {
         times.truncate(j.nodes as usize);
         let start_ms = times.last().map(|e| e.0)?;
         let mut spare = BTreeMap::new();
-        for (_, _, n, _) in &times {
-            let node = &self.nodes[*n];
-            let mut f = Spare {
-                gpus: free_count(node, tid, &self.type_names, &self.type_is_mig),
-                cpus: node.cpus_free(),
-                mem_mib: node.mem_free_mib(),
-            };
-            for (end, a) in timeline[*n].iter().filter(|e| e.0 <= start_ms) {
-                let _ = end;
-                f.gpus += freed_count(node, a, tid, &self.type_names, &self.type_is_mig);
-                f.cpus += a.cpus;
-                f.mem_mib += a.mem_mib;
-            }
+        for (_, _, n) in &times {
+            let mut f = Freeing::new(kinds, &self.nodes[*n], j, tid);
+            timeline[*n].iter().filter(|e| e.0 <= start_ms).for_each(|(_, a)| f.release(a));
             let s = if j.exclusive {
                 Spare { gpus: 0, cpus: 0, mem_mib: 0 }
             } else {
                 Spare {
-                    gpus: f.gpus.saturating_sub(j.gpus_per_node),
+                    gpus: f.units.saturating_sub(Kinds::units_needed(j)),
                     cpus: f.cpus.saturating_sub(j.cpus_per_node),
                     mem_mib: f.mem_mib.saturating_sub(j.mem_per_node_mib),
                 }
@@ -1344,32 +1390,24 @@ impl<'v> Pass<'v> {
             let mut vs = victims_on.get(&n).cloned().unwrap_or_default();
             vs.sort_by_key(|&vi| (self.prio[vi], Reverse(view.jobs[vi].start_ms), view.jobs[vi].id));
             vs.dedup();
-            let mut free = Spare {
-                gpus: free_count(node, tid, &self.type_names, &self.type_is_mig),
-                cpus: node.cpus_free(),
-                mem_mib: node.mem_free_mib(),
-            };
+            let mut free = Freeing::new(self.kinds(), node, j, tid);
             let mut chosen = Vec::new();
             let mut gpus_taken = 0;
-            let enough = |f: &Spare| f.gpus >= j.gpus_per_node && f.cpus >= j.cpus_per_node && f.mem_mib >= j.mem_per_node_mib;
             for &vi in &vs {
-                if enough(&free) && !j.exclusive {
+                if free.enough() && !j.exclusive {
                     break;
                 }
                 if self.prio[vi] >= my_prio {
                     break;
                 }
                 for a in view.jobs[vi].running.iter().filter(|a| a.node == node.id) {
-                    let g = freed_count(node, a, tid, &self.type_names, &self.type_is_mig);
-                    free.gpus += g;
-                    gpus_taken += g;
-                    free.cpus += a.cpus;
-                    free.mem_mib += a.mem_mib;
+                    gpus_taken += self.kinds().freed(node, a, tid);
+                    free.release(a);
                 }
                 chosen.push(vi);
             }
             let idle_after = !j.exclusive || (free.cpus == node.cpus_total && free.mem_mib == node.mem_total_mib);
-            if enough(&free) && idle_after {
+            if free.enough() && idle_after {
                 options.push((chosen.len(), gpus_taken, node.id, n, chosen));
             }
         }
@@ -1472,52 +1510,4 @@ impl<'v> Pass<'v> {
             }
         }
     }
-}
-
-/// Free units of type `tid` on a node: whole GPUs, or MIG instances of a profile.
-fn free_count(node: &NodeView, tid: u16, names: &[String], is_mig: &[bool]) -> u32 {
-    count(node, tid, names, is_mig, true)
-}
-
-fn total_count(node: &NodeView, tid: u16, names: &[String], is_mig: &[bool]) -> u32 {
-    count(node, tid, names, is_mig, false)
-}
-
-fn count(node: &NodeView, tid: u16, names: &[String], is_mig: &[bool], only_free: bool) -> u32 {
-    let t = tid as usize;
-    if is_mig[t] {
-        node.gpus
-            .iter()
-            .filter(|g| g.healthy && g.mig_enabled && !(only_free && g.draining()))
-            .flat_map(|g| g.mig.iter())
-            .filter(|m| (!only_free || !m.busy) && m.profile == names[t])
-            .count() as u32
-    } else {
-        node.gpus
-            .iter()
-            .filter(|g| g.healthy && !g.mig_enabled && (!only_free || !g.busy) && (tid == ANY || g.gres_type == names[t]))
-            .count() as u32
-    }
-}
-
-/// Units of type `tid` that `alloc` frees on `node` when it ends.
-fn freed_count(node: &NodeView, alloc: &Allocation, tid: u16, names: &[String], is_mig: &[bool]) -> u32 {
-    let t = tid as usize;
-    alloc
-        .gpus
-        .iter()
-        .filter(|&&s| match decode_slot(s) {
-            Slot::Gpu(i) => {
-                !is_mig[t]
-                    && node.gpus.iter().any(|g| g.index == i && g.healthy && !g.mig_enabled && (tid == ANY || g.gres_type == names[t]))
-            }
-            Slot::Mig { gpu, start_slice } => {
-                is_mig[t]
-                    && node
-                        .gpus
-                        .iter()
-                        .any(|g| g.index == gpu && g.mig.iter().any(|m| m.start_slice == start_slice && m.profile == names[t]))
-            }
-        })
-        .count() as u32
 }

@@ -30,10 +30,15 @@ pub fn never_holds<'a>(
     default_partition: &str,
     spec: &JobSpec,
 ) -> Option<String> {
-    let need = PerNode::of(spec);
+    let mut need = PerNode::of(spec);
     let partition = spec.partition.as_deref().unwrap_or(default_partition);
     let gpu_type = spec.gres.as_ref().and_then(|g| g.gpu_type.as_deref());
-    let whole = |g: &&GpuInfo| gpu_type.is_none_or(|t| g.gres_type == t);
+    // A shard job needs one GPU configured with at least its shards.
+    let shards = spec.shards();
+    if shards > 0 {
+        need.gpus = 1;
+    }
+    let whole = |g: &&GpuInfo| gpu_type.is_none_or(|t| g.gres_type == t) && g.shards >= shards;
     // Whether an eligible node has a GPU of the kind asked at all (none asked: yes).
     let (mut members, mut capable, mut has_kind) = (0usize, 0usize, need.gpus == 0);
     let mut largest = PerNode { nodes: 0, gpus: 0, cpus: 0, mem_mib: 0 };
@@ -46,7 +51,7 @@ pub fn never_holds<'a>(
         }
         members += 1;
         let gpus = inv.gpus.iter().filter(whole).count() as u32;
-        has_kind |= gpus > 0;
+        has_kind |= inv.gpus.iter().any(|g| gpu_type.is_none_or(|t| g.gres_type == t));
         largest = largest.max(PerNode { nodes: 1, gpus, cpus: inv.cpus, mem_mib: inv.memory_mib });
         if gpus >= need.gpus && inv.cpus >= need.cpus && inv.memory_mib >= need.mem_mib {
             capable += 1;
@@ -61,7 +66,10 @@ pub fn never_holds<'a>(
     if members < need.nodes as usize {
         return Some(format!("Node count specification invalid: needs {} nodes; partition {partition} has {members}", need.nodes));
     }
-    let kind = gpu_type.map_or_else(|| "gpu".to_string(), |t| format!("gpu:{t}"));
+    let kind = match (gpu_type, shards) {
+        (t, 0) => t.map_or_else(|| "gpu".to_string(), |t| format!("gpu:{t}")),
+        (t, n) => format!("{} with {n} shards", t.map_or_else(|| "gpu".to_string(), |t| format!("gpu:{t}"))),
+    };
     Some(format!(
         "Requested node configuration is not available: needs {} node(s) with {}x {kind}, {} cpus and {} MiB each; \
          partition {partition} has {capable} (largest: {}x {kind}, {} cpus, {} MiB)",
@@ -102,6 +110,10 @@ pub fn fits(node: &NodeView, job: &JobRequest, alloc: &Allocation) -> Result<(),
     if job.exclusive && !node.idle() {
         return Err(Misfit::NotIdle);
     }
+    if job.shards_per_node > 0 {
+        fits_shards(node, job, alloc)?;
+        return fits_cpus_mem(node, job, alloc);
+    }
     let got = alloc.gpus.len() as u32;
     if got != job.gpus_per_node {
         return Err(Misfit::WrongGpuCount { want: job.gpus_per_node, got });
@@ -120,7 +132,7 @@ pub fn fits(node: &NodeView, job: &JobRequest, alloc: &Allocation) -> Result<(),
                 if slot.mig_enabled {
                     return Err(Misfit::GpuInMigMode(index));
                 }
-                if slot.busy {
+                if slot.busy || slot.shards_used > 0 {
                     return Err(Misfit::GpuBusy(index));
                 }
                 if let Some(want) = &job.gpu_type {
@@ -149,8 +161,40 @@ pub fn fits(node: &NodeView, job: &JobRequest, alloc: &Allocation) -> Result<(),
                     }
                 }
             }
+            Slot::Shard { .. } => return Err(Misfit::WrongShards { want: 0 }),
         }
     }
+    fits_cpus_mem(node, job, alloc)
+}
+
+/// A shard job's allocation: `shards_per_node` shards of one GPU of its type that has them free.
+fn fits_shards(node: &NodeView, job: &JobRequest, alloc: &Allocation) -> Result<(), Misfit> {
+    let want = job.shards_per_node;
+    let [id] = alloc.gpus.as_slice() else { return Err(Misfit::WrongShards { want }) };
+    let Slot::Shard { gpu, shards } = decode_slot(*id) else { return Err(Misfit::WrongShards { want }) };
+    if shards != want {
+        return Err(Misfit::WrongShards { want });
+    }
+    let slot = node.gpus.iter().find(|g| g.index == gpu).ok_or(Misfit::UnknownGpu(gpu))?;
+    if !slot.healthy {
+        return Err(Misfit::GpuUnhealthy(gpu));
+    }
+    if slot.mig_enabled {
+        return Err(Misfit::GpuInMigMode(gpu));
+    }
+    if let Some(t) = &job.gpu_type {
+        if &slot.gres_type != t {
+            return Err(Misfit::WrongGpuType { index: gpu, want: t.clone(), have: slot.gres_type.clone() });
+        }
+    }
+    if slot.shards_free() < want {
+        return Err(Misfit::Shards { gpu, want, free: slot.shards_free() });
+    }
+    Ok(())
+}
+
+/// The CPUs and memory of an allocation: at least what the job asks, at most what is free.
+fn fits_cpus_mem(node: &NodeView, job: &JobRequest, alloc: &Allocation) -> Result<(), Misfit> {
     if alloc.cpus < job.cpus_per_node || alloc.mem_mib < job.mem_per_node_mib {
         return Err(Misfit::Short { cpus: alloc.cpus, mem_mib: alloc.mem_mib });
     }

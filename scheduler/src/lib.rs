@@ -15,6 +15,7 @@ mod engine;
 pub mod fairshare;
 mod fit;
 mod format;
+mod frag;
 mod limits;
 pub mod mig;
 mod need;
@@ -22,6 +23,7 @@ pub mod priority;
 pub mod steps;
 pub mod testkit;
 pub mod topo;
+mod units;
 mod view;
 mod windows;
 
@@ -30,6 +32,7 @@ pub use fit::{fits, fits_gang, is_mig_profile, never_holds};
 pub use format::{fmt_duration_ms, fmt_time_ms};
 pub use need::{Misfit, PerNode};
 pub use view::{
-    cpu_shares, decode_slot, job_request, job_request_current, mig_slot, node_view, ClusterView, GpuSlot, JobRequest, MigSlot, NodeView,
-    NumaView, Partition, PreemptAction, PriorityWeights, Qos, SchedulerConfig, Slot, GPUS_PER_NODE_MAX, MIG_SLOT_BASE,
+    cpu_shares, decode_slot, job_request, job_request_current, mig_slot, node_view, shard_slot, ClusterView, GpuSlot, JobRequest, MigSlot,
+    NodeView, NumaView, Partition, PreemptAction, PriorityWeights, Qos, SchedulerConfig, Slot, GPUS_PER_NODE_MAX, MIG_SLOT_BASE,
+    SHARD_SLOT_BASE,
 };

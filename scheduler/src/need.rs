@@ -21,6 +21,16 @@ pub enum Misfit {
     NotIdle,
     UnknownGpu(u32),
     GpuBusy(u32),
+    /// Fewer shards of the GPU free than asked, or the GPU held whole.
+    Shards {
+        gpu: u32,
+        want: u32,
+        free: u32,
+    },
+    /// A shard job is given shards of exactly one GPU per node.
+    WrongShards {
+        want: u32,
+    },
     GpuUnhealthy(u32),
     /// Pinned to a MIG layout it does not have yet (`corral mig set`): drained until relaid.
     MigRelayout(u32),
@@ -88,6 +98,9 @@ impl fmt::Display for Misfit {
             Misfit::NotIdle => write!(f, "exclusive job needs an idle node"),
             Misfit::UnknownGpu(i) => write!(f, "gpu {i} does not exist"),
             Misfit::GpuBusy(i) => write!(f, "gpu {i} is busy"),
+            Misfit::Shards { gpu, want, free } => write!(f, "needs {want} shards of gpu {gpu}, {free} free"),
+            Misfit::WrongShards { want: 0 } => write!(f, "asks no shards, plan gives some"),
+            Misfit::WrongShards { want } => write!(f, "needs {want} shards of one gpu"),
             Misfit::GpuUnhealthy(i) => write!(f, "gpu {i} is unhealthy"),
             Misfit::MigRelayout(i) => write!(f, "gpu {i} waits to be re-partitioned into the MIG layout an operator set"),
             Misfit::GpuInMigMode(i) => write!(f, "gpu {i} is in MIG mode"),

@@ -35,7 +35,13 @@ pub struct Factors {
 /// state charges a run when it ends, and a week-long training job must not look idle until then
 /// (Slurm charges running jobs every `PriorityCalcPeriod`).
 pub fn fair_shares(view: &ClusterView, now_ms: u64) -> FairShares {
-    let live = view.jobs.iter().filter(|j| !j.state.is_final()).map(|j| (j.account.as_deref(), j.user.as_str()));
+    // Jobs of one association sit together in id order: each run of them is passed once.
+    let mut last = None;
+    let live = view.jobs.iter().filter(|j| !j.state.is_final()).map(|j| (j.account.as_deref(), j.user.as_str())).filter(move |k| {
+        let new = last != Some(*k);
+        last = Some(*k);
+        new
+    });
     let running = running_usage(view, now_ms);
     fair_tree(&view.accounts, &view.usage, &running, live, now_ms, view.config.decay_half_life_ms)
 }
@@ -43,19 +49,32 @@ pub fn fair_shares(view: &ClusterView, now_ms: u64) -> FairShares {
 /// GPU-milliseconds each association's running jobs used so far (a MIG instance by its share of
 /// the GPU), as the state will charge them when their runs end.
 fn running_usage(view: &ClusterView, now_ms: u64) -> BTreeMap<(String, String), u64> {
-    let mut out: BTreeMap<(String, String), u64> = BTreeMap::new();
+    // Summed by borrowed keys first (one string pair per association, not per job).
+    let mut sums: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+    let mut last: Option<((&str, &str), u64)> = None;
     for j in view.jobs.iter().filter(|j| j.state == JobState::Running) {
         let Some(start) = j.start_ms else { continue };
         let gres = j.gpu_type.as_deref();
         let slices: u64 = j.running.iter().flat_map(|a| &a.gpus).map(|&g| u64::from(crate::mig::slot_compute_slices(g, gres))).sum();
         let gpu_ms = now_ms.saturating_sub(start).saturating_mul(slices) / u64::from(crate::mig::COMPUTE_SLICES);
         if gpu_ms > 0 {
-            let account = j.account.clone().unwrap_or_else(|| proto::accounts::ROOT_ACCOUNT.to_string());
-            let used = out.entry((account, j.user.clone())).or_default();
-            *used = used.saturating_add(gpu_ms);
+            let key = (j.account.as_deref().unwrap_or(proto::accounts::ROOT_ACCOUNT), j.user.as_str());
+            match &mut last {
+                Some((k, sum)) if *k == key => *sum = sum.saturating_add(gpu_ms),
+                _ => {
+                    if let Some((k, sum)) = last.replace((key, gpu_ms)) {
+                        let used = sums.entry(k).or_default();
+                        *used = used.saturating_add(sum);
+                    }
+                }
+            }
         }
     }
-    out
+    if let Some((k, sum)) = last {
+        let used = sums.entry(k).or_default();
+        *used = used.saturating_add(sum);
+    }
+    sums.into_iter().map(|((a, u), ms)| ((a.to_string(), u.to_string()), ms)).collect()
 }
 
 /// Priority of every job of `view.jobs` (same order); 0 for jobs not pending or running.

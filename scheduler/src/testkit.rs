@@ -27,6 +27,7 @@ fn gpu(index: u32, gres: &str, model: &str, memory_mib: u64, numa: u32) -> GpuIn
         mig: Vec::new(),
         healthy: true,
         health_reason: None,
+        shards: 0,
     }
 }
 
@@ -130,7 +131,16 @@ pub fn at(mut inv: Inventory, block: &str, switch: &str) -> Inventory {
     inv
 }
 
-/// A job spec asking `gres` (`gpu:N`, `gpu:TYPE:N` or empty for none) on each of `nodes` nodes.
+/// The inventory with only its first `gpus` GPUs, each configured with `shards` shards
+/// (Slurm's `gres/shard`; 0: not shared).
+pub fn shared(mut inv: Inventory, gpus: usize, shards: u32) -> Inventory {
+    inv.gpus.truncate(gpus);
+    inv.gpus.iter_mut().for_each(|g| g.shards = shards);
+    inv
+}
+
+/// A job spec asking `gres` (`gpu:N`, `gpu:TYPE:N`, `shard:N` or empty for none) on each of
+/// `nodes` nodes.
 pub fn spec(gres: &str, nodes: u32) -> JobSpec {
     let mut s = JobSpec::command(vec!["train".into()], "/home/u", "alice");
     s.gres = if gres.is_empty() { None } else { GresRequest::parse(gres).ok() };

@@ -13,30 +13,7 @@ use crate::need::Misfit;
 /// Nodes with more GPUs than this are cut to their first 64 (every per-node set is a `u64`).
 pub const GPUS_PER_NODE_MAX: usize = 64;
 
-/// `Allocation::gpus` entries at or above this name a MIG instance, not a whole GPU:
-/// `MIG_SLOT_BASE | gpu_index << 8 | start_slice`. See [`mig_slot`] and [`decode_slot`].
-pub const MIG_SLOT_BASE: u32 = 0x8000_0000;
-
-/// The `Allocation::gpus` entry for the MIG instance starting at `start_slice` of GPU `gpu`.
-pub fn mig_slot(gpu: u32, start_slice: u32) -> u32 {
-    assert!(gpu < (1 << 20) && start_slice < 256, "mig slot out of range: gpu {gpu} slice {start_slice}");
-    MIG_SLOT_BASE | (gpu << 8) | start_slice
-}
-
-/// What an `Allocation::gpus` entry names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Slot {
-    Gpu(u32),
-    Mig { gpu: u32, start_slice: u32 },
-}
-
-pub fn decode_slot(id: u32) -> Slot {
-    if id & MIG_SLOT_BASE != 0 {
-        Slot::Mig { gpu: (id & !MIG_SLOT_BASE) >> 8, start_slice: id & 0xff }
-    } else {
-        Slot::Gpu(id)
-    }
-}
+pub use proto::slot::{decode_slot, mig_slot, shard_slot, Slot, MIG_SLOT_BASE, SHARD_SLOT_BASE};
 
 /// One existing MIG instance.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,6 +39,10 @@ pub struct GpuSlot {
     pub busy: bool,
     /// The MIG layout an operator pinned it to (`corral mig set`), profiles by start slice.
     pub pinned: Option<Vec<String>>,
+    /// Its `GpuInfo::shards` (0: not shared), and how many of them jobs hold. A GPU with any
+    /// shard held is not free as a whole; a GPU held whole has no shard free.
+    pub shards_total: u32,
+    pub shards_used: u32,
 }
 
 impl GpuSlot {
@@ -79,7 +60,15 @@ impl GpuSlot {
 
     /// Free as a whole GPU.
     pub fn free(&self) -> bool {
-        !self.busy && self.healthy && !self.mig_enabled
+        !self.busy && self.healthy && !self.mig_enabled && self.shards_used == 0
+    }
+
+    /// Shards that a job may take now (0 when it is held whole, unhealthy or in MIG mode).
+    pub fn shards_free(&self) -> u32 {
+        if self.busy || !self.healthy || self.mig_enabled {
+            return 0;
+        }
+        self.shards_total.saturating_sub(self.shards_used)
     }
 }
 
@@ -133,6 +122,12 @@ pub fn node_view(id: NodeId, name: &str, inventory: &Inventory, schedulable: boo
                 .collect(),
             busy: false,
             pinned: None,
+            shards_total: if g.mig_enabled || g.index >= proto::slot::SHARD_GPU_INDEX_LIMIT {
+                0
+            } else {
+                g.shards.min(proto::limits::SHARDS_PER_GPU_MAX)
+            },
+            shards_used: 0,
         })
         .collect();
     let mut numa: Vec<NumaView> =
@@ -175,7 +170,9 @@ impl NodeView {
 
     /// Nothing on it is held.
     pub fn idle(&self) -> bool {
-        self.cpus_used == 0 && self.mem_used_mib == 0 && self.gpus.iter().all(|g| !g.busy && g.mig.iter().all(|m| !m.busy))
+        self.cpus_used == 0
+            && self.mem_used_mib == 0
+            && self.gpus.iter().all(|g| !g.busy && g.shards_used == 0 && g.mig.iter().all(|m| !m.busy))
     }
 
     /// Marks an allocation's resources held. Everything it names is marked, even past an error,
@@ -192,12 +189,21 @@ impl NodeView {
             match decode_slot(id) {
                 Slot::Gpu(index) => match self.gpus.iter_mut().find(|g| g.index == index) {
                     Some(g) => {
-                        if g.busy {
+                        if g.busy || g.shards_used > 0 {
                             note(Misfit::GpuBusy(index), &mut first_err);
                         }
                         g.busy = true;
                     }
                     None => note(Misfit::UnknownGpu(index), &mut first_err),
+                },
+                Slot::Shard { gpu, shards } => match self.gpus.iter_mut().find(|g| g.index == gpu) {
+                    Some(g) => {
+                        if g.busy || g.shards_used.saturating_add(shards) > g.shards_total {
+                            note(Misfit::Shards { gpu, want: shards, free: g.shards_total.saturating_sub(g.shards_used) }, &mut first_err);
+                        }
+                        g.shards_used = g.shards_used.saturating_add(shards);
+                    }
+                    None => note(Misfit::UnknownGpu(gpu), &mut first_err),
                 },
                 Slot::Mig { gpu, start_slice } => {
                     let slot =
@@ -229,12 +235,32 @@ impl NodeView {
     }
 }
 
-/// NUMA node of an allocation entry (whole GPU or MIG instance).
+impl NodeView {
+    /// Frees what `alloc` holds, for counting what the node would have once it ended (the
+    /// reverse of [`NodeView::take`] for GPUs, shards, MIG instances, CPUs and memory; the CPUs'
+    /// NUMA domains are left as they were).
+    pub(crate) fn give_back(&mut self, alloc: &Allocation) {
+        for &id in &alloc.gpus {
+            let slot = decode_slot(id);
+            let Some(g) = self.gpus.iter_mut().find(|g| g.index == slot.gpu()) else { continue };
+            match slot {
+                Slot::Gpu(_) => g.busy = false,
+                Slot::Shard { shards, .. } => g.shards_used = g.shards_used.saturating_sub(shards),
+                Slot::Mig { start_slice, .. } => {
+                    if let Some(m) = g.mig.iter_mut().find(|m| m.start_slice == start_slice) {
+                        m.busy = false;
+                    }
+                }
+            }
+        }
+        self.cpus_used = self.cpus_used.saturating_sub(alloc.cpus);
+        self.mem_used_mib = self.mem_used_mib.saturating_sub(alloc.mem_mib);
+    }
+}
+
+/// NUMA node of an allocation entry (whole GPU, shards or MIG instance).
 pub(crate) fn slot_numa(node: &NodeView, id: u32) -> Option<u32> {
-    let index = match decode_slot(id) {
-        Slot::Gpu(i) => i,
-        Slot::Mig { gpu, .. } => gpu,
-    };
+    let index = decode_slot(id).gpu();
     node.gpus.iter().find(|g| g.index == index).and_then(|g| g.numa_node)
 }
 
@@ -298,6 +324,8 @@ pub struct JobRequest {
     pub nodes: u32,
     /// Whole GPUs, or MIG instances when `gpu_type` is a MIG profile, on each node.
     pub gpus_per_node: u32,
+    /// Shards of one GPU on each node (`--gres=shard:N`); `gpus_per_node` is then 0.
+    pub shards_per_node: u32,
     /// `h100`, `a100`, ... or a MIG profile (`1g.18gb`); `None`: any whole GPU.
     pub gpu_type: Option<String>,
     pub cpus_per_node: u32,
@@ -354,6 +382,7 @@ pub fn job_request(job: &proto::Job) -> JobRequest {
         nice: spec.nice(),
         nodes: need.nodes,
         gpus_per_node: need.gpus,
+        shards_per_node: spec.shards(),
         gpu_type: spec.gres.as_ref().and_then(|g| g.gpu_type.clone()),
         cpus_per_node: need.cpus,
         mem_per_node_mib: need.mem_mib,
@@ -519,6 +548,10 @@ pub struct SchedulerConfig {
     /// `squeue` shows). The leader's own pass, which keeps no reasons, leaves it off: a queue
     /// of held jobs then costs each pass no placement search.
     pub explain_ineligible: bool,
+    /// A job of one node goes where it adds the least GPU fragmentation for the shapes of the
+    /// jobs the cluster holds (FGD, see `frag`), rather than to the first node of the fewest
+    /// free GPUs that holds it (best fit).
+    pub fragmentation_aware: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -536,6 +569,7 @@ impl Default for SchedulerConfig {
             starts_per_pass_max: u32::MAX,
             decay_half_life_ms: proto::DECAY_HALF_LIFE_MIN_DEFAULT * 60_000,
             explain_ineligible: true,
+            fragmentation_aware: true,
         }
     }
 }

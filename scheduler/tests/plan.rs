@@ -367,7 +367,7 @@ fn a_pass_tells_the_room_it_leaves_on_any_one_node() {
     let plan = c.schedule(0);
     assert!(plan.changes_nothing());
     let room = plan.room.expect("no job waits for a reservation alone");
-    assert_eq!(room, corral_scheduler::Room { gpus: 2, cpus: 104, mem_mib: 2 * 1024 * 1024 - 1024 });
+    assert_eq!(room, corral_scheduler::Room { gpus: 2, shards: 0, cpus: 104, mem_mib: 2 * 1024 * 1024 - 1024 });
     assert!(room.excludes(&spec("gpu:3", 1)) && !room.excludes(&spec("gpu:2", 1)));
     assert!(!room.excludes(&spec("gpu:1g.18gb:7", 1)), "MIG instances are not counted");
     // What it starts is taken from the room.

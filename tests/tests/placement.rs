@@ -204,3 +204,51 @@ fn a_finished_job_carries_its_gpu_utilization_and_peak_memory() {
     assert!(job["gpu_mem_peak_mib"].as_u64().is_some_and(|m| m > 0 && m <= 81_559), "{job}");
     assert!(job["gpu_seconds"].as_u64().is_some_and(|s| s >= 2), "{job}");
 }
+
+#[test]
+fn shard_jobs_share_a_gpu_through_sbatch_and_a_whole_gpu_job_waits_for_it() {
+    let c = TestCluster::up(&["--nodes", "1", "--gpus", "h100:2", "--voters-max", "1", "--shards-per-gpu", "4"]);
+    let show = "echo CVD=$CUDA_VISIBLE_DEVICES SH=${SLURM_SHARDS_ON_NODE:-none} JG=${SLURM_JOB_GPUS:-none}; sleep 60";
+    let sbatch = |gres: &str, name: &str| -> u64 {
+        let out_file = c.work.join(format!("{name}.out"));
+        let args = [&format!("--gres={gres}"), "-o", out_file.to_str().expect("path"), "--wrap", show];
+        let out = c.shim("sbatch", &args, &[]);
+        assert!(out.status.success(), "sbatch --gres={gres}: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.trim().trim_start_matches("Submitted batch job ").parse().expect("a job id")
+    };
+    let (a, b, whole) = (sbatch("shard:2", "a"), sbatch("shard:2", "b"), sbatch("gpu:1", "whole"));
+    wait_until("the shard jobs and the whole-GPU job to run", Duration::from_secs(20), || {
+        [a, b, whole].iter().all(|id| c.job(*id)["state"] == "RUNNING")
+    });
+    let line = |name: &str| {
+        let mut text = String::new();
+        wait_until("the job's line", Duration::from_secs(20), || {
+            text = std::fs::read_to_string(c.work.join(format!("{name}.out"))).unwrap_or_default();
+            text.ends_with('\n')
+        });
+        text.trim().to_string()
+    };
+    let (la, lb, lw) = (line("a"), line("b"), line("whole"));
+    // Both shard jobs see the same GPU (by UUID), with their shard count and no GPU list.
+    assert!(la.starts_with("CVD=GPU-") && la.ends_with(" SH=2 JG=none"), "{la}");
+    assert_eq!(la, lb, "one GPU shared by both");
+    let shared = la.split(' ').next().unwrap_or_default();
+    assert!(lw.ends_with(" SH=none JG=1") || lw.ends_with(" SH=none JG=0"), "{lw}");
+    assert_ne!(lw.split(' ').next(), Some(shared), "the whole-GPU job is on the other GPU: {lw}");
+    let tres = String::from_utf8_lossy(&c.shim("scontrol", &["show", "job", &a.to_string()], &[]).stdout).into_owned();
+    assert!(tres.contains(",gres/shard=2") && tres.contains("TresPerNode=gres:shard:2"), "{tres}");
+
+    // Both GPUs are taken (one shared, one whole): another whole-GPU job waits, naming them.
+    let waiting = c.submit(&["--gres", "gpu:1"], &["true"]);
+    let mut reasons = String::new();
+    wait_until("a pending reason", Duration::from_secs(10), || {
+        reasons = c.job(waiting)["reasons"].to_string();
+        reasons.contains("shards held by job")
+    });
+    assert!(reasons.contains(&format!("shards held by job {a}, {b}")), "{reasons}");
+    for id in [a, b] {
+        assert!(c.corral(&["cancel", &id.to_string()]).status.success());
+    }
+    assert_eq!(c.wait_final(waiting, Duration::from_secs(30))["state"], "COMPLETED", "the GPU is whole again once its sharers end");
+}

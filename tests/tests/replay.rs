@@ -74,7 +74,7 @@ fn an_unknown_policy_is_refused_with_the_list() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains(
-            "unknown policy 'fifo': the policies are corral, corral-easy, corral-reserve-after=SECONDS, corral-reservations=N, slurm-22.05, slurm-22.05-tuned"
+            "unknown policy 'fifo': the policies are corral, corral-easy, corral-reserve-after=SECONDS, corral-reservations=N, corral-bestfit, slurm-22.05, slurm-22.05-tuned"
         ),
         "{err}"
     );

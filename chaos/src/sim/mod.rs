@@ -584,7 +584,7 @@ impl Sim {
             if nodes > 1 && self.state.next_job_id.is_multiple_of(2) {
                 spec.set_spare_nodes(1);
             }
-            spec.gres = Some(GresRequest { gpu_type: None, count: self.rng.gen_range(1..=self.cfg.gpus_per_node) });
+            spec.gres = Some(GresRequest { gpu_type: None, count: self.rng.gen_range(1..=self.cfg.gpus_per_node), ..Default::default() });
             spec.requeue = self.rng.gen_bool(0.5);
             let duration_ms: u64 = if self.rng.gen_bool(0.7) { self.rng.gen_range(100..3_000) } else { self.rng.gen_range(3_000..20_000) };
             spec.env.insert("SIM_MS".into(), duration_ms.to_string());

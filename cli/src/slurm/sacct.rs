@@ -107,7 +107,7 @@ pub struct Ctx<'a> {
 /// A TRES string as sacct prints one (`slurmdb_make_tres_string_from_simple`): `key=value`
 /// items, memory converted, zero counts left out, sorted as strings (`billing=8,cpu=8,
 /// gres/gpu=2,mem=16G,node=1`).
-fn tres_text(units: Units, billing: Option<u64>, cpus: u64, gpus: u64, mem_mib: u64, nodes: u64) -> String {
+fn tres_text(units: Units, billing: Option<u64>, cpus: u64, gres: (&str, u64), mem_mib: u64, nodes: u64) -> String {
     let mut items: Vec<String> = Vec::new();
     let mut count = |key: &str, n: u64| {
         if n > 0 {
@@ -116,7 +116,7 @@ fn tres_text(units: Units, billing: Option<u64>, cpus: u64, gpus: u64, mem_mib: 
     };
     count("billing", billing.unwrap_or(0));
     count("cpu", cpus);
-    count("gres/gpu", gpus);
+    count(&format!("gres/{}", gres.0), gres.1);
     count("node", nodes);
     if mem_mib > 0 {
         items.push(format!("mem={}", units.mem(mem_mib)));
@@ -131,7 +131,8 @@ fn job_tres(job: &Job, units: Units) -> String {
     let s = &job.spec;
     let nodes = u64::from(s.nodes);
     let cpus = acct::job_cpus(job);
-    tres_text(units, Some(cpus), cpus, u64::from(s.gpus()) * nodes, s.mem_mib.saturating_mul(nodes), nodes)
+    let (gres, per_node) = s.gres_per_node();
+    tres_text(units, Some(cpus), cpus, (gres, u64::from(per_node) * nodes), s.mem_mib.saturating_mul(nodes), nodes)
 }
 
 /// ExitCode as sacct prints it: `code:signal`, an exit code of 128 or more less 128 (print.c
@@ -310,7 +311,7 @@ pub fn cell_value(row: Row<'_>, name: &str, ctx: &Ctx<'_>) -> String {
         "ReqNodes" => ctx.units.convert(nnodes, 0, ctx.units.unit),
         "NTasks" => v.tasks.to_string(),
         "AllocTRES" if matches!(kind, StepKind::Extern) => job_tres(job, ctx.units),
-        "AllocTRES" => tres_text(ctx.units, None, cpus, acct::step_gpus(job, nnodes), job.spec.mem_mib.saturating_mul(nnodes), nnodes),
+        "AllocTRES" => tres_text(ctx.units, None, cpus, acct::step_gres(job, nnodes), job.spec.mem_mib.saturating_mul(nnodes), nnodes),
         // srun's default distribution: cyclic while there are no more tasks than nodes.
         "Layout" if matches!(kind, StepKind::Step(_)) => acct::step_distribution(kind, v.tasks, nnodes).into(),
         // The batch step asks no CPU frequency: 0, where srun steps say Unknown.

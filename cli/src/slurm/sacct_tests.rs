@@ -39,7 +39,7 @@ fn failed_job() -> Job {
     s.set_batch(true);
     s.cpus_per_task = 8;
     s.mem_mib = 16 * 1024;
-    s.gres = Some(GresRequest { gpu_type: Some("h100".into()), count: 2 });
+    s.gres = Some(GresRequest { gpu_type: Some("h100".into()), count: 2, ..Default::default() });
     s.time_limit_ms = Some(8 * 3_600_000);
     s.account = Some("phys".into());
     s.constraint = vec!["h100".into()];

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use proto::{ArraySpec, Dependency, DependencyKind, GresRequest, JobSpec, Reply, Request, SignalSpec};
+use proto::{ArraySpec, Dependency, DependencyKind, GresKind, GresRequest, JobSpec, Reply, Request, SignalSpec};
 
 use super::env::extra;
 use super::opts::{self, opt, Arg, OptDef, Parsed};
@@ -390,8 +390,9 @@ fn parse_gpu_count(text: &str) -> Option<(Option<String>, u32)> {
     }
 }
 
-/// `--gres`: `gpu`, `gpu:N`, `gpu:TYPE`, `gpu:TYPE:N` (also `gres/gpu...`), comma-separated.
-/// Only GPUs can be scheduled; anything else is refused as Slurm refuses unknown GRES.
+/// `--gres`: `gpu`, `gpu:N`, `gpu:TYPE`, `gpu:TYPE:N` (also `gres/gpu...`), or the same of
+/// `shard` (shards of one GPU), comma-separated, one of them. Anything else is refused as Slurm
+/// refuses unknown GRES.
 pub fn parse_gres(text: &str) -> Result<Option<GresRequest>, String> {
     let bad = || "Batch job submission failed: Invalid generic resource (gres) specification".to_string();
     let mut found: Option<GresRequest> = None;
@@ -402,17 +403,22 @@ pub fn parse_gres(text: &str) -> Result<Option<GresRequest>, String> {
             continue;
         }
         let parts: Vec<&str> = item.split(':').collect();
-        let req = match parts.as_slice() {
-            ["gpu"] => GresRequest { gpu_type: None, count: 1 },
-            ["gpu", n] if n.bytes().all(|b| b.is_ascii_digit()) => GresRequest { gpu_type: None, count: n.parse().map_err(|_| bad())? },
-            ["gpu", t] => GresRequest { gpu_type: Some((*t).to_string()), count: 1 },
-            ["gpu", t, n] if !t.is_empty() => GresRequest { gpu_type: Some((*t).to_string()), count: n.parse().map_err(|_| bad())? },
+        let (kind, rest) = match parts.split_first() {
+            Some((&"gpu", rest)) => (GresKind::Gpu, rest),
+            Some((&"shard", rest)) => (GresKind::Shard, rest),
             _ => return Err(bad()),
         };
-        if req.count == 0 || found.is_some() {
+        let (gpu_type, count) = match rest {
+            [] => (None, 1),
+            [n] if n.bytes().all(|b| b.is_ascii_digit()) => (None, n.parse().map_err(|_| bad())?),
+            [t] => (Some((*t).to_string()), 1),
+            [t, n] if !t.is_empty() => (Some((*t).to_string()), n.parse().map_err(|_| bad())?),
+            _ => return Err(bad()),
+        };
+        if count == 0 || found.is_some() {
             return Err(bad());
         }
-        found = Some(req);
+        found = Some(GresRequest { gpu_type, count, kind });
     }
     Ok(found)
 }
@@ -878,7 +884,7 @@ impl<'a> Builder<'a> {
         let ctx = self.ctx;
         let (nodes, tasks_per_node) = self.node_and_task_counts();
         let gres = self.gres_per_node(nodes, tasks_per_node)?;
-        let gpus_per_node = gres.as_ref().map_or(0, |g| g.count);
+        let gpus_per_node = gres.as_ref().filter(|g| g.kind == GresKind::Gpu).map_or(0, |g| g.count);
         let cpus_per_task = self.cpus_per_task_with_gpus(gpus_per_node, tasks_per_node)?;
         let mem_mib = self.mem_per_node_mib(cpus_per_task, tasks_per_node, gpus_per_node)?;
         let workdir = self.chdir.clone().unwrap_or_else(|| ctx.cwd.clone());
@@ -943,10 +949,10 @@ impl<'a> Builder<'a> {
             Some(g)
         } else if let Some((ty, n, text)) = &self.gpus_per_node {
             self.extra.insert(extra::GPUS_PER_NODE.into(), text.clone());
-            Some(GresRequest { gpu_type: ty.clone(), count: *n })
+            Some(GresRequest { gpu_type: ty.clone(), count: *n, ..Default::default() })
         } else if let Some((ty, n, text)) = &self.gpus_per_task {
             self.extra.insert(extra::GPUS_PER_TASK.into(), text.clone());
-            Some(GresRequest { gpu_type: ty.clone(), count: n.saturating_mul(tasks_per_node) })
+            Some(GresRequest { gpu_type: ty.clone(), count: n.saturating_mul(tasks_per_node), ..Default::default() })
         } else if let Some((ty, n, text)) = &self.gpus {
             self.extra.insert(extra::GPUS.into(), text.clone());
             if n % nodes != 0 {
@@ -954,7 +960,7 @@ impl<'a> Builder<'a> {
                     "--gpus={text} cannot be spread evenly over {nodes} nodes; Corral allocates GPUs per node (use --gpus-per-node)"
                 )));
             }
-            Some(GresRequest { gpu_type: ty.clone(), count: n / nodes })
+            Some(GresRequest { gpu_type: ty.clone(), count: n / nodes, ..Default::default() })
         } else {
             None
         };

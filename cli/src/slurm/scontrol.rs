@@ -69,8 +69,9 @@ pub fn job_text(job: &Job, names: &BTreeMap<u64, String>, now_ms: u64) -> String
     let stderr = pattern(s.error.as_ref()).unwrap_or_else(|| stdout.clone());
     // In the TRES' own order (cpu, mem, node, billing, then GRES), as slurmctld formats them.
     let mut tres = format!("cpu={cpus},mem={},node={},billing={cpus}", mem_text(s.mem_mib.saturating_mul(u64::from(s.nodes))), s.nodes);
-    if s.gpus() > 0 {
-        tres.push_str(&format!(",gres/gpu={}", s.gpus() * s.nodes));
+    let (gres, per_node) = s.gres_per_node();
+    if per_node > 0 {
+        tres.push_str(&format!(",gres/{gres}={}", per_node * s.nodes));
     }
     let lines = [
         head,

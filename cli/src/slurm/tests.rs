@@ -166,16 +166,16 @@ fn memory_forms() {
 #[test]
 fn gpus_in_every_form() {
     let g = |args: &[&str]| spec(args).gres;
-    assert_eq!(g(&["--gres=gpu:h100:8"]), Some(GresRequest { gpu_type: Some("h100".into()), count: 8 }));
-    assert_eq!(g(&["--gres=gpu:2"]), Some(GresRequest { gpu_type: None, count: 2 }));
-    assert_eq!(g(&["--gres=gpu"]), Some(GresRequest { gpu_type: None, count: 1 }));
-    assert_eq!(g(&["--gres=gres/gpu:a100:2"]), Some(GresRequest { gpu_type: Some("a100".into()), count: 2 }));
-    assert_eq!(g(&["--gpus-per-node=h100:4"]), Some(GresRequest { gpu_type: Some("h100".into()), count: 4 }));
-    assert_eq!(g(&["--gpus-per-task=2", "--ntasks-per-node=4"]), Some(GresRequest { gpu_type: None, count: 8 }));
+    assert_eq!(g(&["--gres=gpu:h100:8"]), Some(GresRequest { gpu_type: Some("h100".into()), count: 8, ..Default::default() }));
+    assert_eq!(g(&["--gres=gpu:2"]), Some(GresRequest { gpu_type: None, count: 2, ..Default::default() }));
+    assert_eq!(g(&["--gres=gpu"]), Some(GresRequest { gpu_type: None, count: 1, ..Default::default() }));
+    assert_eq!(g(&["--gres=gres/gpu:a100:2"]), Some(GresRequest { gpu_type: Some("a100".into()), count: 2, ..Default::default() }));
+    assert_eq!(g(&["--gpus-per-node=h100:4"]), Some(GresRequest { gpu_type: Some("h100".into()), count: 4, ..Default::default() }));
+    assert_eq!(g(&["--gpus-per-task=2", "--ntasks-per-node=4"]), Some(GresRequest { gpu_type: None, count: 8, ..Default::default() }));
     let s = spec(&["-G", "16", "-N", "2"]);
-    assert_eq!(s.gres, Some(GresRequest { gpu_type: None, count: 8 }));
+    assert_eq!(s.gres, Some(GresRequest { gpu_type: None, count: 8, ..Default::default() }));
     assert_eq!(s.extra.get(extra::GPUS).map(String::as_str), Some("16"));
-    assert_eq!(g(&["--gpus=h100:2"]), Some(GresRequest { gpu_type: Some("h100".into()), count: 2 }));
+    assert_eq!(g(&["--gpus=h100:2"]), Some(GresRequest { gpu_type: Some("h100".into()), count: 2, ..Default::default() }));
     assert_eq!(
         err(&["--gpus=3", "-N", "2"]),
         "sbatch: error: --gpus=3 cannot be spread evenly over 2 nodes; Corral allocates GPUs per node (use --gpus-per-node)"
@@ -453,7 +453,7 @@ fn seed_scripts_parse_unchanged() {
         ("requeue.sbatch", "#!/bin/bash\n#SBATCH --requeue   # Auto-requeue on node failure\n\nif [ -f \"checkpoint_latest.pt\" ]; then\n    python train.py --resume checkpoint_latest.pt\nelse\n    python train.py --from-scratch\nfi\n"),
         ("deepspeed_zero3.sbatch", "#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --gres=gpu:h100:8\n\ndeepspeed --num_nodes=$SLURM_NNODES --num_gpus=8 train.py \\\n  --deepspeed ds_config_zero3.json\n"),
     ];
-    let h100 = |n| Some(GresRequest { gpu_type: Some("h100".into()), count: n });
+    let h100 = |n| Some(GresRequest { gpu_type: Some("h100".into()), count: n, ..Default::default() });
     for (name, text) in seeds {
         let Action::Submit(sub) = sbatch::parse(&argv(&[name]), &ctx(), ScriptSource::Text(text)).unwrap() else { panic!() };
         let s = sub.spec;
@@ -769,7 +769,7 @@ fn squeue_filters() {
 #[test]
 fn sacct_columns_and_parsable() {
     let mut done = listed(42, "train_model_long", JobState::Completed);
-    std::sync::Arc::make_mut(&mut done.spec).gres = Some(GresRequest { gpu_type: Some("h100".into()), count: 4 });
+    std::sync::Arc::make_mut(&mut done.spec).gres = Some(GresRequest { gpu_type: Some("h100".into()), count: 4, ..Default::default() });
     std::sync::Arc::make_mut(&mut done.spec).partition = Some("gpu".into());
     std::sync::Arc::make_mut(&mut done.spec).cpus_per_task = 8;
     done.exit_code = Some(0);
@@ -859,7 +859,7 @@ fn sacct_shows_the_extern_step_of_every_job_that_started() {
     std::sync::Arc::make_mut(&mut job.spec).set_batch(true);
     std::sync::Arc::make_mut(&mut job.spec).nodes = 2;
     std::sync::Arc::make_mut(&mut job.spec).cpus_per_task = 4;
-    std::sync::Arc::make_mut(&mut job.spec).gres = Some(GresRequest { gpu_type: None, count: 2 });
+    std::sync::Arc::make_mut(&mut job.spec).gres = Some(GresRequest { gpu_type: None, count: 2, ..Default::default() });
     job.start_ms = Some(3_000_000);
     job.last_nodes = vec![1, 2];
     job.steps = vec![proto::StepRecord {
@@ -1019,7 +1019,7 @@ fn sacct_json_has_every_key_of_slurm_22_05_dbv0_0_38_jobs_with_its_type() {
     let mut job = listed(70, "train", JobState::Failed);
     std::sync::Arc::make_mut(&mut job.spec).set_batch(true);
     std::sync::Arc::make_mut(&mut job.spec).nodes = 2;
-    std::sync::Arc::make_mut(&mut job.spec).gres = Some(GresRequest { gpu_type: Some("h100".into()), count: 1 });
+    std::sync::Arc::make_mut(&mut job.spec).gres = Some(GresRequest { gpu_type: Some("h100".into()), count: 1, ..Default::default() });
     std::sync::Arc::make_mut(&mut job.spec).time_limit_ms = Some(600_000);
     std::sync::Arc::make_mut(&mut job.spec).gid = Some(100);
     job.start_ms = Some(1_800_000_010_000);
@@ -1265,7 +1265,7 @@ fn scontrol_commands() {
 #[test]
 fn scontrol_show_job_layout() {
     let mut j = listed(9, "train", JobState::Running);
-    std::sync::Arc::make_mut(&mut j.spec).gres = Some(GresRequest { gpu_type: Some("h100".into()), count: 8 });
+    std::sync::Arc::make_mut(&mut j.spec).gres = Some(GresRequest { gpu_type: Some("h100".into()), count: 8, ..Default::default() });
     std::sync::Arc::make_mut(&mut j.spec).output = Some("slurm-%j.out".into());
     j.parts = vec![NodeRun { run: 1, alloc: Allocation { node: 1, gpus: vec![], cpus: 1, mem_mib: 1 }, launched_by: Some(1) }];
     j.last_nodes = vec![1];

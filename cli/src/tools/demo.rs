@@ -18,7 +18,7 @@ fn job_spec(name: &str, gpus: u32, seconds: u32, workdir: &str) -> JobSpec {
     let mut spec = JobSpec::command(vec![], workdir, &std::env::var("USER").unwrap_or_else(|_| "demo".into()));
     spec.name = name.to_string();
     spec.script = Some(script);
-    spec.gres = Some(GresRequest { gpu_type: Some("h100".into()), count: gpus });
+    spec.gres = Some(GresRequest { gpu_type: Some("h100".into()), count: gpus, ..Default::default() });
     spec.time_limit_ms = Some(120_000);
     spec.env = BTreeMap::from([("PATH".to_string(), "/usr/local/bin:/usr/bin:/bin".to_string())]);
     spec.output = Some("out/%j.out".into());

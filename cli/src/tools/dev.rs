@@ -67,6 +67,9 @@ pub struct DevOptions {
     /// and `gpu`, which the Slurm seed scripts name).
     #[arg(long, value_delimiter = ',', default_value = "default,gpu")]
     pub partitions: Vec<String>,
+    /// Shards of each GPU (`shards_per_gpu`: jobs asking `--gres=shard:N` share a GPU).
+    #[arg(long, default_value_t = 0)]
+    pub shards_per_gpu: u32,
 }
 
 impl DevOptions {
@@ -90,8 +93,13 @@ impl DevOptions {
             run_as_user: false,
             gpu_device_files: Vec::new(),
             partitions: vec!["default".into(), "gpu".into()],
+            shards_per_gpu: 0,
         }
     }
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 #[derive(Serialize)]
@@ -132,6 +140,8 @@ struct NodeToml {
     gpu_device_files: Vec<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     partitions: Vec<String>,
+    #[serde(skip_serializing_if = "is_zero")]
+    shards_per_gpu: u32,
     /// `DIR/hosts`: the nodes' names, for their jobs (they resolve nowhere else).
     job_hosts_file: String,
     /// Prometheus metrics over HTTP, on a port of its own per node.
@@ -439,6 +449,7 @@ pub async fn up(dir: &Path, opts: &DevOptions) -> anyhow::Result<()> {
             ca_key: (i == 0).then(|| "../ca.key".to_string()),
             gpu_device_files: opts.gpu_device_files.iter().map(|p| p.display().to_string()).collect(),
             partitions: opts.partitions.iter().filter(|p| !p.is_empty()).cloned().collect(),
+            shards_per_gpu: opts.shards_per_gpu,
             job_hosts_file: "../hosts".into(),
             metrics_listen: format!("127.0.0.1:{}", free_listen_port()?),
             runtime_dir: runtime_root.as_ref().map(|root| root.join(&name).display().to_string()),

@@ -29,23 +29,38 @@ pub enum ReplayCmd {
     },
     /// FGD's placement experiment on an openb pod list: inflated with seeded copies, shuffled,
     /// placed one by one with no departures.
-    Openb {
-        pods: PathBuf,
-        /// The node list (sn,cpu_milli,memory_mib,gpu,model).
-        #[arg(long)]
-        inventory: PathBuf,
-        /// GPUs asked in all, as a share of the cluster's (FGD: 1.3).
-        #[arg(long, default_value_t = 1.3)]
-        inflate: f64,
-        /// Seeds, as FIRST-LAST or a comma list (FGD: 42-51).
-        #[arg(long, default_value = "42-51")]
-        seeds: String,
-        #[arg(long, default_value = "corral,slurm-22.05")]
-        policies: String,
-        /// FGD's `analysis_allo_discrete.csv`, to print its published figures beside.
-        #[arg(long)]
-        fgd_results: Option<PathBuf>,
-    },
+    Openb(OpenbArgs),
+}
+
+#[derive(Args)]
+pub struct OpenbArgs {
+    pods: PathBuf,
+    /// The node list (sn,cpu_milli,memory_mib,gpu,model).
+    #[arg(long)]
+    inventory: PathBuf,
+    /// GPUs asked in all, as a share of the cluster's (FGD: 1.3).
+    #[arg(long, default_value_t = 1.3)]
+    inflate: f64,
+    /// Seeds, as FIRST-LAST or a comma list (FGD: 42-51).
+    #[arg(long, default_value = "42-51")]
+    seeds: String,
+    #[arg(long, default_value = "corral,slurm-22.05")]
+    policies: String,
+    /// FGD's `analysis_allo_discrete.csv`, to print its published figures beside.
+    #[arg(long)]
+    fgd_results: Option<PathBuf>,
+    /// Shards of each GPU (Slurm's `gres/shard`): a pod asking a share of a GPU asks as many
+    /// of them; 0 gives such a pod a whole GPU (no sharing).
+    #[arg(long, default_value_t = 1000)]
+    shards_per_gpu: u32,
+    /// The CPU unit, in thousandths of a core: the trace's CPUs are milli-cores (Kubernetes'),
+    /// counted here in units of this many, pods' rounded up, nodes' down. 1000: whole cores, as
+    /// Slurm and Corral count them; FGD's simulator counts milli-cores.
+    #[arg(long, default_value_t = 1000)]
+    cpu_unit_milli: u32,
+    /// Seeds replayed at once (each on a thread of its own).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
 }
 
 #[derive(Args)]
@@ -112,9 +127,7 @@ pub fn run(cmd: ReplayCmd, json_out: bool) -> anyhow::Result<()> {
                 if text.trim_start().starts_with('{') { trace::sacct_json(&text)? } else { trace::sacct_parsable(&text)? };
             run_timed(&file, jobs, skipped, timed, json_out)
         }
-        ReplayCmd::Openb { pods, inventory, inflate, seeds, policies: list, fgd_results } => {
-            run_openb(&pods, &inventory, inflate, &seeds, &list, fgd_results.as_deref(), json_out)
-        }
+        ReplayCmd::Openb(args) => run_openb(&args, json_out),
     }
 }
 
@@ -269,20 +282,21 @@ fn fgd_published(text: &str, workload: &str) -> anyhow::Result<Vec<(String, f64,
     Ok(sums.into_iter().map(|(p, (a, b, n))| (p, a / n as f64, b / n as f64, n)).collect())
 }
 
-fn run_openb(
-    pods: &Path,
-    inventory: &Path,
-    inflate: f64,
-    seeds: &str,
-    list: &str,
-    fgd: Option<&Path>,
-    json_out: bool,
-) -> anyhow::Result<()> {
+fn run_openb(args: &OpenbArgs, json_out: bool) -> anyhow::Result<()> {
+    let OpenbArgs { pods, inventory, inflate, seeds, policies: list, fgd_results: fgd, shards_per_gpu, cpu_unit_milli, threads } = args;
+    let (inflate, shards_per_gpu, cpu_unit_milli) = (*inflate, *shards_per_gpu, *cpu_unit_milli);
+    if shards_per_gpu > proto::limits::SHARDS_PER_GPU_MAX {
+        bail!("--shards-per-gpu takes at most {}, not {shards_per_gpu}", proto::limits::SHARDS_PER_GPU_MAX);
+    }
+    if !(1..=1000).contains(&cpu_unit_milli) {
+        bail!("--cpu-unit-milli takes 1 to 1000, not {cpu_unit_milli}");
+    }
     if !(0.1..=10.0).contains(&inflate) {
         bail!("--inflate takes a share between 0.1 and 10, not {inflate}");
     }
     let pod_list = trace::openb_pods(&read(pods)?).with_context(|| format!("read the pod list {}", pods.display()))?;
-    let nodes = cluster::openb_nodes(&read(inventory)?).with_context(|| format!("read the node list {}", inventory.display()))?;
+    let nodes = cluster::openb_nodes(&read(inventory)?, shards_per_gpu, cpu_unit_milli)
+        .with_context(|| format!("read the node list {}", inventory.display()))?;
     let nodes: Vec<_> = nodes.into_iter().filter(|n| n.gpus > 0 || n.cpus > 0).collect();
     let capacity_milli: u64 = nodes.iter().map(|n| u64::from(n.gpus) * 1000).sum();
     let seeds = parse_seeds(seeds)?;
@@ -292,9 +306,23 @@ fn run_openb(
     for name in &names {
         let mut runs = Vec::new();
         let started = Instant::now();
-        for &seed in &seeds {
-            let tasks = placement::inflated(&pod_list, capacity_milli, inflate, seed);
-            runs.push(placement::run(&tasks, &nodes, replay::policy(name)?, name, seed)?);
+        for batch in seeds.chunks((*threads).max(1)) {
+            let done: Vec<anyhow::Result<placement::PlacementReport>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = batch
+                    .iter()
+                    .map(|&seed| {
+                        let (pod_list, nodes) = (&pod_list, &nodes);
+                        scope.spawn(move || {
+                            let tasks = placement::inflated(pod_list, capacity_milli, inflate, seed);
+                            placement::run(&tasks, nodes, cpu_unit_milli, replay::policy(name)?, name, seed)
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a replay thread panicked")))).collect()
+            });
+            for r in done {
+                runs.push(r?);
+            }
         }
         let n = runs.len().max(1) as f64;
         let mean = |f: fn(&placement::PlacementReport) -> f64| runs.iter().map(f).sum::<f64>() / n;

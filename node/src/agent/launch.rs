@@ -151,14 +151,7 @@ impl Agent {
         nodes: &[(String, String)],
         stop_tx: launcher::StopSender,
     ) {
-        let gpus: Vec<u32> = alloc
-            .gpus
-            .iter()
-            .map(|slot| match scheduler::decode_slot(*slot) {
-                scheduler::Slot::Gpu(i) => i,
-                scheduler::Slot::Mig { gpu, .. } => gpu,
-            })
-            .collect();
+        let gpus: Vec<u32> = alloc.gpus.iter().map(|slot| scheduler::decode_slot(*slot).gpu()).collect();
         let running = Running {
             run: job.run,
             gpus,
@@ -248,16 +241,18 @@ impl Agent {
         Ok(())
     }
 
-    /// The UUIDs CUDA takes for a run's GPUs on this node (whole GPUs by index, MIG instances by
-    /// (gpu, start slice)) and the numbers the job sees them as (MIG instances as devices of
-    /// their own).
+    /// The UUIDs CUDA takes for a run's GPUs on this node (whole and shared GPUs by index, MIG
+    /// instances by (gpu, start slice)) and the numbers the job sees them as (MIG instances as
+    /// devices of their own).
     fn device_ids(&self, job: &Job, alloc: &proto::Allocation) -> Result<(Vec<String>, Vec<u32>), ApiError> {
         let unknown = || ApiError::Invalid(format!("job {} names a gpu or mig instance this node does not have", job.id));
         let uuids: Vec<String> = alloc
             .gpus
             .iter()
             .map(|slot| match scheduler::decode_slot(*slot) {
-                scheduler::Slot::Gpu(i) => self.gpus.iter().find(|g| g.index == i).map(|g| g.uuid.clone()),
+                scheduler::Slot::Gpu(i) | scheduler::Slot::Shard { gpu: i, .. } => {
+                    self.gpus.iter().find(|g| g.index == i).map(|g| g.uuid.clone())
+                }
                 scheduler::Slot::Mig { gpu, start_slice } => self
                     .gpus
                     .iter()

@@ -198,7 +198,7 @@ pub fn apply_layout(backend: &dyn MigBackend, gpu_index: u32, layout: &[String])
 /// The node-wide device ordinals Slurm gives a job's GPUs (`SLURM_JOB_GPUS`,
 /// `GPU_DEVICE_ORDINAL`): the node's GPU devices in order, a whole GPU one device and each MIG
 /// instance of a MIG-mode GPU one device (by GPU index, then start slice), as Slurm's NVML
-/// autodetection numbers them. `slots` are the scheduler's allocation slots; `None` when one
+/// autodetection numbers them; shards are their GPU's. `slots` are the scheduler's allocation slots; `None` when one
 /// names a GPU or instance the node does not have.
 pub fn device_ordinals(gpus: &[GpuInfo], slots: &[u32]) -> Option<Vec<u32>> {
     let mut sorted: Vec<&GpuInfo> = gpus.iter().collect();
@@ -218,7 +218,11 @@ pub fn device_ordinals(gpus: &[GpuInfo], slots: &[u32]) -> Option<Vec<u32>> {
             next += 1;
         }
     }
-    slots.iter().map(|s| ordinal_of.get(&scheduler::decode_slot(*s)).copied()).collect()
+    let whole = |s: scheduler::Slot| match s {
+        scheduler::Slot::Shard { gpu, .. } => scheduler::Slot::Gpu(gpu),
+        other => other,
+    };
+    slots.iter().map(|s| ordinal_of.get(&whole(scheduler::decode_slot(*s))).copied()).collect()
 }
 
 #[cfg(test)]

@@ -74,6 +74,7 @@ impl NvmlProbe {
             mig: if mig_enabled { mig_instances(self.nvml, dev) } else { Vec::new() },
             healthy: true,
             health_reason: None,
+            shards: 0,
         })
     }
 }

@@ -84,6 +84,7 @@ pub fn parse_smi_xml(xml: &str) -> anyhow::Result<Vec<SmiGpu>> {
                 mig,
                 healthy: true,
                 health_reason: None,
+                shards: 0,
             },
             memory_used_mib: number_at(gpu, &["fb_memory_usage", "used"]).map(|n| n as u64),
             memory_free_mib: number_at(gpu, &["fb_memory_usage", "free"]).map(|n| n as u64),

@@ -270,7 +270,10 @@ fn prepare_data_dir(config: &NodeConfig) -> anyhow::Result<()> {
 }
 
 /// What this node offers: its GPUs, and CPUs and memory as configured or found.
-fn inventory_of(config: &NodeConfig, gpus: Vec<proto::GpuInfo>, topology: proto::Topology) -> Inventory {
+fn inventory_of(config: &NodeConfig, mut gpus: Vec<proto::GpuInfo>, topology: proto::Topology) -> Inventory {
+    for g in gpus.iter_mut().filter(|g| !g.mig_enabled) {
+        g.shards = config.shards_per_gpu;
+    }
     Inventory {
         gpus,
         topology,

@@ -1,9 +1,10 @@
 //! The invariants asserted after every command (in release builds too): each job's own, and
 //! the whole state's (no GPU held twice, derived indexes equal to what the jobs give).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
-use proto::{Command, Job, JobState, NodeId, RunNo};
+use proto::{Command, Job, JobState, NodeId, NodeRun, RunNo};
+use scheduler::Slot;
 
 use super::ClusterState;
 
@@ -33,17 +34,14 @@ impl ClusterState {
             }
             Command::Plan { placements, .. } => {
                 let nodes: BTreeSet<NodeId> = placements.iter().flat_map(|p| p.allocs.iter().map(|a| a.node)).collect();
-                let mut held: BTreeSet<(NodeId, u32)> = BTreeSet::new();
+                let mut held = Holdings::default();
                 for job in self.jobs_holding_parts() {
                     if placements.iter().any(|p| p.job == job.id || job.array.as_ref().is_some_and(|a| a.array_job == p.job)) {
                         self.check_job(job);
                     }
-                    for part in job.parts.iter().filter(|p| nodes.contains(&p.alloc.node)) {
-                        for &gpu in &part.alloc.gpus {
-                            assert!(held.insert((part.alloc.node, gpu)), "gpu {gpu} of node {} held twice", part.alloc.node);
-                        }
-                    }
+                    job.parts.iter().filter(|p| nodes.contains(&p.alloc.node)).for_each(|p| held.add(p));
                 }
+                self.check_holdings(&held);
             }
             _ => self.check_invariants(),
         }
@@ -70,17 +68,47 @@ impl ClusterState {
     pub(super) fn check_invariants(&self) {
         assert!(self.submit_keys == crate::submit_keys::SubmitKeys::of(&self.jobs), "the submission keys index its jobs");
         assert!(self.holding_parts == Self::holding_parts_of(&self.jobs), "holding_parts names the jobs that hold parts");
-        let mut held: BTreeSet<(NodeId, u32)> = BTreeSet::new();
+        let mut held = Holdings::default();
         for job in self.jobs.values() {
             self.check_job(job);
-            for part in &job.parts {
-                for &gpu in &part.alloc.gpus {
-                    assert!(held.insert((part.alloc.node, gpu)), "gpu {gpu} of node {} held twice", part.alloc.node);
-                }
-            }
+            job.parts.iter().for_each(|p| held.add(p));
         }
+        self.check_holdings(&held);
         for node in self.nodes.values() {
             assert!(node.id < self.next_node_id, "node {} not below next_node_id {}", node.id, self.next_node_id);
+        }
+    }
+
+    /// No GPU or MIG instance held by two parts, no GPU held whole while it is shared, and no
+    /// GPU's shards held past what it is configured with.
+    fn check_holdings(&self, held: &Holdings) {
+        for (&(node, gpu), &shards) in &held.shards {
+            assert!(!held.whole.contains(&(node, gpu)), "gpu {gpu} of node {node} held whole and shared");
+            let configured = self.nodes.get(&node).and_then(|n| n.inventory.gpus.iter().find(|g| g.index == gpu)).map_or(0, |g| g.shards);
+            assert!(shards <= configured, "gpu {gpu} of node {node} has {shards} shards held of {configured}");
+        }
+    }
+}
+
+/// What parts hold, GPU by GPU: whole GPUs and MIG instances (each at most once) and shards.
+#[derive(Default)]
+struct Holdings {
+    slots: BTreeSet<(NodeId, u32)>,
+    whole: BTreeSet<(NodeId, u32)>,
+    shards: BTreeMap<(NodeId, u32), u32>,
+}
+
+impl Holdings {
+    fn add(&mut self, part: &NodeRun) {
+        let node = part.alloc.node;
+        for &slot in &part.alloc.gpus {
+            match scheduler::decode_slot(slot) {
+                Slot::Shard { gpu, shards } => *self.shards.entry((node, gpu)).or_default() += shards,
+                kind => {
+                    assert!(self.slots.insert((node, slot)), "gpu {slot} of node {node} held twice");
+                    self.whole.insert((node, kind.gpu()));
+                }
+            }
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The scheduler policy (partitions and QoS): setting it, editing one partition, and what a
 //! submission names that the cluster does not define.
 
-use proto::{CommandResult, GresRequest, JobSpec};
+use proto::{CommandResult, GresKind, GresRequest, JobSpec};
 
 use super::{rejected, ClusterState};
 
@@ -68,7 +68,13 @@ impl ClusterState {
                 return Some(why.into());
             }
         }
-        if let Some(GresRequest { gpu_type: Some(profile), count }) = &spec.gres {
+        // Shards share a whole GPU: a MIG instance has none (Slurm's words for a bad GRES).
+        if let Some(GresRequest { gpu_type: Some(t), kind: GresKind::Shard, .. }) = &spec.gres {
+            if scheduler::is_mig_profile(t) {
+                return Some("Invalid generic resource (gres) specification".into());
+            }
+        }
+        if let Some(GresRequest { gpu_type: Some(profile), count, kind: GresKind::Gpu }) = &spec.gres {
             let nodes = self.nodes.values().map(|n| (n.name.as_str(), n.inventory.gpus.as_slice()));
             if let Some(why) = scheduler::mig::never_fits(nodes, profile, *count) {
                 return Some(format!("Requested node configuration is not available: {why}"));

@@ -331,7 +331,7 @@ mod tests {
         let id = s.nodes.values().map(|n| n.id).next().expect("n1");
         let mig = |profile: &str| {
             let mut sp = spec(1, 1);
-            sp.gres = Some(GresRequest { gpu_type: Some(profile.into()), count: 1 });
+            sp.gres = Some(GresRequest { gpu_type: Some(profile.into()), count: 1, ..Default::default() });
             sp.account = Some("physics".into());
             sp
         };

@@ -28,7 +28,7 @@ pub(super) fn inventory(gpus: u32) -> Inventory {
 
 pub(super) fn spec(gpus: u32, nodes: u32) -> JobSpec {
     let mut s = JobSpec::command(vec!["true".into()], "/tmp", "alice");
-    s.gres = Some(GresRequest { gpu_type: None, count: gpus });
+    s.gres = Some(GresRequest { gpu_type: None, count: gpus, ..Default::default() });
     s.nodes = nodes;
     s
 }

@@ -264,6 +264,7 @@ fn job_page(job: &Job, names: &BTreeMap<NodeId, String>, nodes: &[String], serie
                 .map(|s| match scheduler::decode_slot(*s) {
                     Slot::Gpu(g) => g.to_string(),
                     Slot::Mig { gpu, start_slice } => format!("{gpu}/mig@{start_slice}"),
+                    Slot::Shard { gpu, shards } => format!("{gpu}/shard:{shards}"),
                 })
                 .collect();
             json!({ "node": node, "gpus": named })

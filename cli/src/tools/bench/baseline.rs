@@ -53,7 +53,7 @@ fn fdatasync_ms(dir: &std::path::Path, samples: usize) -> anyhow::Result<Vec<f64
 fn held_spec(workdir: &str) -> JobSpec {
     let mut spec = JobSpec::command(vec!["true".into()], workdir, "bench");
     spec.name = "bench-held".into();
-    spec.gres = Some(GresRequest { gpu_type: None, count: 1 });
+    spec.gres = Some(GresRequest { gpu_type: None, count: 1, ..Default::default() });
     spec.mem_mib = 256;
     spec.output = Some("/dev/null".into());
     spec.hold = true;
@@ -76,7 +76,7 @@ fn blocker_spec(workdir: &str) -> JobSpec {
     let mut spec = JobSpec::command(vec!["sleep".into(), "86400".into()], workdir, "bench");
     spec.name = "bench-blocker".into();
     spec.nodes = 3;
-    spec.gres = Some(GresRequest { gpu_type: None, count: 8 });
+    spec.gres = Some(GresRequest { gpu_type: None, count: 8, ..Default::default() });
     spec.mem_mib = 256;
     spec.time_limit_ms = Some(86_400_000);
     spec.output = Some("/dev/null".into());
@@ -414,7 +414,7 @@ async fn start_whole_node_job(
     spec.name = name.into();
     spec.argv = argv.iter().map(|a| a.to_string()).collect();
     spec.requeue = requeue;
-    spec.gres = Some(GresRequest { gpu_type: None, count: 8 });
+    spec.gres = Some(GresRequest { gpu_type: None, count: 8, ..Default::default() });
     let id = submit(cluster, spec).await?;
     let deadline = Instant::now() + Duration::from_secs(30);
     let job = loop {

@@ -35,7 +35,7 @@ const FILL_BATCH: usize = 2_000;
 fn held_spec(workdir: &str) -> JobSpec {
     let mut spec = JobSpec::command(vec!["true".into()], workdir, "bench");
     spec.name = "bench-history".into();
-    spec.gres = Some(GresRequest { gpu_type: None, count: 1 });
+    spec.gres = Some(GresRequest { gpu_type: None, count: 1, ..Default::default() });
     spec.hold = true;
     spec.mem_mib = 256;
     spec.output = Some("/dev/null".into());
@@ -324,6 +324,7 @@ async fn bench(dir: &Path, history: usize) -> anyhow::Result<()> {
         run_as_user: false,
         gpu_device_files: Vec::new(),
         partitions: vec!["default".into(), "gpu".into()],
+        shards_per_gpu: 0,
     };
     dev::up(dir, &opts).await?;
     let shims = dir.join("shims");

@@ -254,7 +254,7 @@ fn print_cpu(label: &str, figures: &[(String, f64, f64)]) {
 pub(super) fn sim_spec(workdir: &str, run_ms: u64, requeue: bool) -> JobSpec {
     let mut spec = JobSpec::command(vec!["sleep".into(), "3600".into()], workdir, "bench");
     spec.name = "bench-nodes".into();
-    spec.gres = Some(GresRequest { gpu_type: None, count: 1 });
+    spec.gres = Some(GresRequest { gpu_type: None, count: 1, ..Default::default() });
     spec.mem_mib = 256;
     spec.output = Some("/dev/null".into());
     spec.requeue = requeue;
