@@ -44,6 +44,7 @@ const SLURM_REASONS: &[&str] = &[
     "AssocMaxNodePerJobLimit",
     "AssocMaxWallDurationPerJobLimit",
     "AssocMaxGRESPerJob",
+    "AssocGrpWallLimit",
     "QOSMaxJobsPerUserLimit",
     "QOSGrpJobsLimit",
     "QOSGrpGRES",
@@ -59,6 +60,7 @@ const SLURM_REASONS: &[&str] = &[
     "QOSMaxCpuPerUserLimit",
     "QOSMaxMemoryPerUser",
     "QOSMaxNodePerUserLimit",
+    "QOSGrpWallLimit",
     "NonZeroExitCode",
     "TimeLimit",
 ];

@@ -54,6 +54,7 @@ impl fmt::Display for LogCommand {
             Command::LaunchConfirmed { job, run, .. } => write!(f, "launch_confirmed({job}.{run})"),
             Command::RunFinished { job, run, .. } => write!(f, "run_finished({job}.{run})"),
             Command::Cancel { job, .. } => write!(f, "cancel({job})"),
+            Command::TimeOut { job, .. } => write!(f, "time_out({job})"),
             Command::Requeue { job, .. } => write!(f, "requeue({job})"),
             Command::UpdateJob { job, .. } => write!(f, "update_job({job})"),
             Command::Suspend { job, suspend, .. } => write!(f, "{}({job})", if *suspend { "suspend" } else { "resume" }),

@@ -11,17 +11,22 @@ pub mod archive;
 pub mod leader;
 pub mod liveness;
 pub mod policy;
+pub mod wall;
 
 pub use archive::{ArchiveStep, Archiver, Retention};
 pub use leader::{Leader, Pass, StateReader};
 pub use liveness::{Downs, Held, Liveness, Now, VoterLimits};
 pub use policy::{CorralPolicy, Policy};
+pub use wall::{WallLimits, WALL_CHECK_INTERVAL_MS};
 
 /// One step of a leader's tick.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Step {
     /// Declare silent nodes down ([`Liveness::check`]); their jobs are requeued by the state.
     Liveness,
+    /// End the running jobs whose association's or QoS's `GrpWall` is used up
+    /// ([`WallLimits::due`]).
+    WallLimits,
     /// Move finished jobs to the accounting store and prune old records ([`Archiver::due`]).
     Archive,
     /// A scheduling pass when one is due ([`Leader::schedule_pass`]): preemptions, then the plan.
@@ -37,7 +42,9 @@ pub enum Step {
 /// The steps of one leader tick, in the order every driver runs them:
 /// - liveness first, so the jobs of a node declared down are requeued and placed again in the
 ///   same tick, and no pass places work on a node about to be declared down;
+/// - wall limits next, so a job they end is stopped by the same tick's orders;
 /// - archiving before the pass, so the pass reads a smaller state;
 /// - the pass before the orders, so a plan's launches go out in the tick that made it;
 /// - voters last: a membership change is slow and runs beside the next ticks.
-pub const TICK: [Step; 6] = [Step::Liveness, Step::Archive, Step::Schedule, Step::Orders, Step::Suspensions, Step::Voters];
+pub const TICK: [Step; 7] =
+    [Step::Liveness, Step::WallLimits, Step::Archive, Step::Schedule, Step::Orders, Step::Suspensions, Step::Voters];

@@ -84,8 +84,10 @@ pub struct Limits {
     pub mem_mib_per_user_max: Option<u64>,
     #[serde(default)]
     pub nodes_per_user_max: Option<u32>,
-    /// `GrpWall`: kept and shown as Slurm shows it, not enforced (Corral keeps no decayed
-    /// wall-clock usage); `sacctmgr` says so when it is set.
+    /// `GrpWall`: minutes of wall-clock time all jobs under it together may use, decayed as
+    /// fair-share usage is ([`Usage::wall_ms`]): once used up its running jobs end TIMEOUT and
+    /// the others wait (`AssocGrpWallLimit`, `QOSGrpWallLimit`). Not inherited: an account's
+    /// covers every job under it, a user association's its own jobs.
     #[serde(default)]
     pub grp_wall_min: Option<u64>,
 }
@@ -216,12 +218,16 @@ pub struct User {
 /// `Fairshare=N` at most (Slurm's shares are 32-bit; this keeps sums of siblings exact).
 pub const SHARES_MAX: u32 = 1_000_000;
 
-/// Decayed usage of one association (an account and a user): what fair share compares.
+/// Decayed usage of one association (an account and a user), or of a QoS: what fair share
+/// compares, and what `GrpWall` limits.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
     /// GPU-milliseconds (a MIG slice weighted by its share of the GPU) decayed to `at_ms`.
     pub gpu_ms: u64,
-    /// When `gpu_ms` was last decayed (the time of the command that added to it).
+    /// Wall-clock milliseconds of the jobs' runs (one per job, whatever its size), decayed to
+    /// `at_ms` (Slurm's `grp_used_wall`).
+    pub wall_ms: u64,
+    /// When both were last decayed (the time of the command that added to them).
     pub at_ms: u64,
 }
 

@@ -104,6 +104,13 @@ pub enum Command {
         job: JobId,
         now_ms: u64,
     },
+    /// End a running job TIMEOUT (its parts are then stopped) for `reason`: the leader found
+    /// the wall-clock time of its association or QoS used up (`GrpWall`).
+    TimeOut {
+        job: JobId,
+        reason: String,
+        now_ms: u64,
+    },
     /// Stop a running job and put it back in the queue (keeps its id, counts a restart).
     Requeue {
         job: JobId,
@@ -249,6 +256,7 @@ impl Command {
                 | Command::LaunchConfirmed { .. }
                 | Command::RunFinished { .. }
                 | Command::Cancel { .. }
+                | Command::TimeOut { .. }
                 | Command::Requeue { .. }
                 | Command::UpdateJob { .. }
                 | Command::Suspend { .. }

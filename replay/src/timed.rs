@@ -112,6 +112,7 @@ pub fn run_with(
         // Agents answer at once: nothing is ever re-sent.
         leader: Leader::with_policy(policy, u64::MAX / 4),
         archiver: engine::Archiver::default(),
+        wall_limits: engine::WallLimits::default(),
         instances,
         out,
         events: BTreeMap::new(),
@@ -132,6 +133,7 @@ struct Replay<'t> {
     log: Log,
     leader: Leader<Box<dyn Policy>>,
     archiver: engine::Archiver,
+    wall_limits: engine::WallLimits,
     instances: BTreeMap<NodeId, InstanceId>,
     out: Outcome,
     events: BTreeMap<(u64, u64), Event>,
@@ -181,6 +183,12 @@ impl Replay<'_> {
             match step {
                 // No node goes silent, suspends a job or changes the voters in a replay.
                 engine::Step::Liveness | engine::Step::Suspensions | engine::Step::Voters => {}
+                // A trace's jobs have no account; a policy's QoS may have a `GrpWall`.
+                engine::Step::WallLimits => {
+                    for cmd in self.wall_limits.due(&self.log.state, now_ms) {
+                        self.log.apply(&cmd);
+                    }
+                }
                 engine::Step::Archive => {
                     if let Some(cmd) = self.archiver.due(&self.log.state, now_ms, RETENTION).and_then(|step| step.archive) {
                         self.log.apply(&cmd);

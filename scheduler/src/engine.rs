@@ -432,7 +432,7 @@ impl<'v> Pass<'v> {
             placed: Vec::new(),
             timeline: None,
             holders: None,
-            limits: LimitUsage::new(view),
+            limits: LimitUsage::new(view, now_ms),
             workload: None,
             plan: Plan::default(),
         };

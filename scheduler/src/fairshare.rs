@@ -41,20 +41,32 @@ pub fn pow2_neg(x: f64) -> f64 {
     sum
 }
 
-/// `usage` decayed to `now_ms`, in GPU-milliseconds; `half_life_ms` 0: no decay. A time before
-/// `usage.at_ms` (a leader whose clock is behind) decays nothing.
-pub fn decayed_gpu_ms(usage: &Usage, now_ms: u64, half_life_ms: u64) -> f64 {
-    let value = usage.gpu_ms as f64;
-    if half_life_ms == 0 || now_ms <= usage.at_ms {
+/// `value`, last decayed at `at_ms`, decayed to `now_ms`; `half_life_ms` 0: no decay. A time
+/// before `at_ms` (a leader whose clock is behind) decays nothing.
+fn decayed(value: u64, at_ms: u64, now_ms: u64, half_life_ms: u64) -> f64 {
+    let value = value as f64;
+    if half_life_ms == 0 || now_ms <= at_ms {
         return value;
     }
-    value * pow2_neg(now_ms.saturating_sub(usage.at_ms) as f64 / half_life_ms as f64)
+    value * pow2_neg(now_ms.saturating_sub(at_ms) as f64 / half_life_ms as f64)
 }
 
-/// `usage` decayed to `now_ms` plus `add_gpu_ms`, as the replicated state keeps it.
-pub fn add_usage(usage: &Usage, add_gpu_ms: u64, now_ms: u64, half_life_ms: u64) -> Usage {
-    let decayed = decayed_gpu_ms(usage, now_ms, half_life_ms).round() as u64;
-    Usage { gpu_ms: decayed.saturating_add(add_gpu_ms), at_ms: usage.at_ms.max(now_ms) }
+/// `usage` decayed to `now_ms`, in GPU-milliseconds.
+pub fn decayed_gpu_ms(usage: &Usage, now_ms: u64, half_life_ms: u64) -> f64 {
+    decayed(usage.gpu_ms, usage.at_ms, now_ms, half_life_ms)
+}
+
+/// `usage`'s wall-clock time decayed to `now_ms`, in milliseconds (`GrpWall`).
+pub fn decayed_wall_ms(usage: &Usage, now_ms: u64, half_life_ms: u64) -> f64 {
+    decayed(usage.wall_ms, usage.at_ms, now_ms, half_life_ms)
+}
+
+/// `usage` decayed to `now_ms` plus `add_gpu_ms` GPU-milliseconds and `add_wall_ms` of wall-clock
+/// time, as the replicated state keeps it.
+pub fn add_usage(usage: &Usage, add_gpu_ms: u64, add_wall_ms: u64, now_ms: u64, half_life_ms: u64) -> Usage {
+    let gpu_ms = decayed_gpu_ms(usage, now_ms, half_life_ms).round() as u64;
+    let wall_ms = decayed_wall_ms(usage, now_ms, half_life_ms).round() as u64;
+    Usage { gpu_ms: gpu_ms.saturating_add(add_gpu_ms), wall_ms: wall_ms.saturating_add(add_wall_ms), at_ms: usage.at_ms.max(now_ms) }
 }
 
 /// One line of `sshare`: an account, or a user's association with it.
@@ -151,9 +163,11 @@ pub fn fair_tree<'a>(
             leaves.insert((account.clone(), user.name.clone()), assoc.shares.unwrap_or(1));
         }
     }
-    // Borrowed first: a sweep has many live jobs of few users.
+    // Borrowed first: a sweep has many live jobs of few users. Usage of wall-clock time alone
+    // (`GrpWall`: a job without GPUs) makes no leaf: it is no fair-share usage.
     let mut others: std::collections::BTreeSet<(&str, &str)> = std::collections::BTreeSet::new();
-    for (account, user) in usage.keys().map(|(a, u)| (Some(a.as_str()), u.as_str())).chain(live) {
+    let used = usage.iter().filter(|(_, u)| u.gpu_ms > 0).map(|((a, u), _)| (Some(a.as_str()), u.as_str()));
+    for (account, user) in used.chain(live) {
         others.insert((account.filter(|a| index.contains_key(a)).unwrap_or(ROOT_ACCOUNT), user));
     }
     for (account, user) in others {
@@ -313,7 +327,7 @@ mod tests {
     use proto::accounts::{Account, Assoc, User};
 
     fn usage(gpu_s: u64) -> Usage {
-        Usage { gpu_ms: gpu_s * 1000, at_ms: 0 }
+        Usage { gpu_ms: gpu_s * 1000, ..Default::default() }
     }
 
     #[test]
@@ -333,14 +347,15 @@ mod tests {
     #[test]
     fn usage_halves_every_half_life_and_a_clock_behind_decays_nothing() {
         let week_ms = 7 * 24 * 3_600_000;
-        let u = Usage { gpu_ms: 1_000_000, at_ms: 1_000 };
+        let u = Usage { gpu_ms: 1_000_000, wall_ms: 60_000, at_ms: 1_000 };
         assert_eq!(decayed_gpu_ms(&u, 1_000 + week_ms, week_ms), 500_000.0);
         assert_eq!(decayed_gpu_ms(&u, 1_000 + 2 * week_ms, week_ms), 250_000.0);
         assert_eq!(decayed_gpu_ms(&u, 500, week_ms), 1_000_000.0);
         assert_eq!(decayed_gpu_ms(&u, 1_000 + week_ms, 0), 1_000_000.0, "half-life 0: no decay");
-        let added = add_usage(&u, 10, 1_000 + week_ms, week_ms);
-        assert_eq!(added, Usage { gpu_ms: 500_010, at_ms: 1_000 + week_ms });
-        assert_eq!(add_usage(&added, 0, 0, week_ms).at_ms, 1_000 + week_ms, "time never goes back");
+        assert_eq!(decayed_wall_ms(&u, 1_000 + week_ms, week_ms), 30_000.0, "wall-clock time decays alike");
+        let added = add_usage(&u, 10, 5, 1_000 + week_ms, week_ms);
+        assert_eq!(added, Usage { gpu_ms: 500_010, wall_ms: 30_005, at_ms: 1_000 + week_ms });
+        assert_eq!(add_usage(&added, 0, 0, 0, week_ms).at_ms, 1_000 + week_ms, "time never goes back");
     }
 
     #[test]
@@ -357,9 +372,14 @@ mod tests {
         assert_eq!(fs.factor(None, "dave"), 1.0, "unknown: 1");
         // alice's usage is older: after enough half-lives bob's recent use weighs more.
         let mut later = used.clone();
-        later.insert(("root".into(), "bob".into()), Usage { gpu_ms: 10_000, at_ms: 70 * 60_000 });
+        later.insert(("root".into(), "bob".into()), Usage { gpu_ms: 10_000, wall_ms: 0, at_ms: 70 * 60_000 });
         let fs = fair_tree(&db, &later, &BTreeMap::new(), [], 70 * 60_000, 5 * 60_000);
         assert!(fs.factor(None, "alice") > fs.factor(None, "bob"), "{fs:?}");
+        // Wall-clock time alone (`GrpWall`'s usage of a job without GPUs) is no fair-share usage:
+        // no leaf, so nobody else's rank moves.
+        let mut walled = used.clone();
+        walled.insert(("root".into(), "erin".into()), Usage { wall_ms: 60_000, ..Default::default() });
+        assert_eq!(fair_tree(&db, &walled, &BTreeMap::new(), [], 0, 0), fair_tree(&db, &used, &BTreeMap::new(), [], 0, 0));
     }
 
     #[test]

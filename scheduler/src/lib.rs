@@ -8,7 +8,7 @@
 //! [`fits_gang`] and rejects the stale ones, like Nomad's plan applier.
 //!
 //! Modules: [`mig`] (profile tables and layout planner), [`topo`] (GPUs, CPUs and NIC inside a
-//! node), [`priority`] (multifactor priority), [`fairshare`] (Fair Tree on decayed usage), [`steps`] (a step's share of its job's resources on a node), [`testkit`] (cluster builders for tests and the
+//! node), [`priority`] (multifactor priority), [`fairshare`] (Fair Tree on decayed usage), [`wall`] (`GrpWall`: wall-clock time used against it), [`steps`] (a step's share of its job's resources on a node), [`testkit`] (cluster builders for tests and the
 //! benchmark). The pass itself is in `engine`.
 
 mod engine;
@@ -25,6 +25,7 @@ pub mod testkit;
 pub mod topo;
 mod units;
 mod view;
+pub mod wall;
 mod windows;
 
 pub use engine::{schedule, ArrayTaskStart, Binding, Plan, Reservation, Room, NEVER, PACED};

@@ -2,7 +2,7 @@
 //! GrpJobs= GrpTRES=cpu=N,mem=M,node=K,gres/gpu=G MaxWall= MaxTRESPerJob=...`, a QoS's
 //! `MaxTRESPerUser=`): what the running jobs hold against
 //! them, counted once per pass and kept up to date as the pass starts jobs, and the reasons,
-//! with Slurm's codes first, a pending job waits for them.
+//! with Slurm's codes first, a pending job waits for them; `GrpWall=` used up (`crate::wall`).
 
 use std::collections::BTreeMap;
 
@@ -10,6 +10,7 @@ use proto::JobState;
 
 use crate::format::fmt_duration_ms;
 use crate::view::{ClusterView, JobRequest};
+use crate::wall::{LiveRun, WallUse};
 
 /// What running jobs hold against the limits.
 #[derive(Default)]
@@ -27,6 +28,9 @@ pub(crate) struct LimitUsage {
     qos_user_jobs: BTreeMap<(String, String), u32>,
     /// What each (QoS, user)'s running jobs hold (`MaxTRESPerUser`).
     qos_user_tres: BTreeMap<(String, String), Tres>,
+    /// Wall-clock time used against each `GrpWall` as the pass began (`None`: none is set). A
+    /// job the pass starts has used none yet.
+    wall: Option<WallUse>,
 }
 
 /// The trackable resources of a job or a group of running jobs (Slurm's TRES that Corral
@@ -189,7 +193,7 @@ fn wall_text(min: u64) -> String {
 
 impl LimitUsage {
     /// `None` when nothing is limited: no association exists and no QoS has a limit.
-    pub(crate) fn new(view: &ClusterView) -> Option<LimitUsage> {
+    pub(crate) fn new(view: &ClusterView, now_ms: u64) -> Option<LimitUsage> {
         let qos_limited = view.config.qos.values().any(|q| q.limits != proto::Limits::default());
         if !view.accounts.enforced() && !qos_limited {
             return None;
@@ -198,6 +202,15 @@ impl LimitUsage {
         for j in view.jobs.iter().filter(|j| j.state == JobState::Running) {
             usage.add(view, j);
         }
+        let qos_limit_min = view.config.qos.iter().filter_map(|(name, q)| Some((name.clone(), q.limits.grp_wall_min?))).collect();
+        let live = view.jobs.iter().filter(|j| j.wall_ms_at(now_ms) > 0).map(|j| LiveRun {
+            account: account_of(view, j),
+            user: &j.user,
+            qos: qos_of(j),
+            wall_ms: j.wall_ms_at(now_ms),
+        });
+        let half_life_ms = view.config.decay_half_life_ms;
+        usage.wall = WallUse::new(&view.accounts, qos_limit_min, &view.usage, &view.qos_usage, live, now_ms, half_life_ms);
         Some(usage)
     }
 
@@ -229,6 +242,7 @@ impl LimitUsage {
         let time = time_limit_ms.map_or_else(|| "UNLIMITED".to_string(), fmt_duration_ms);
         let over_wall = |max_min: u64| time_limit_ms.is_none_or(|t| t > max_min.saturating_mul(60_000));
         let qos = qos_of(j);
+        let wall_over = self.wall.as_ref().and_then(|w| w.over(&view.accounts, &j.user, account_of(view, j), qos));
         if let Some(l) = view.config.qos.get(qos).map(|q| &q.limits) {
             let running = self.qos_user_jobs.get(&(qos.to_string(), j.user.clone())).copied().unwrap_or(0);
             if let Some(max) = l.max_jobs.filter(|&m| running >= m) {
@@ -237,6 +251,9 @@ impl LimitUsage {
             let all = self.qos_jobs.get(qos).copied().unwrap_or(0);
             if let Some(max) = l.grp_jobs_max.filter(|&m| all >= m) {
                 out.push(format!("QOSGrpJobsLimit: QOS {qos} has {all} running jobs (GrpJobs={max})"));
+            }
+            if let Some(over) = wall_over.as_ref().filter(|o| o.code.starts_with("QOS")) {
+                out.push(format!("{}: {}", over.code, over.words));
             }
             let held = self.qos_tres.get(qos).copied().unwrap_or_default();
             grp_reasons(&mut out, "QOS", &format!("QOS {qos}"), held, job, l);
@@ -258,6 +275,9 @@ impl LimitUsage {
         let own = view.accounts.assoc(&j.user, account).map(|a| a.limits.clone()).unwrap_or_default();
         if let Some(max) = own.grp_jobs_max.filter(|&m| running >= m) {
             out.push(format!("AssocGrpJobsLimit: user {} has {running} running jobs in account {account} (GrpJobs={max})", j.user));
+        }
+        if let Some(over) = wall_over.filter(|o| o.code.starts_with("Assoc")) {
+            out.push(format!("{}: {}", over.code, over.words));
         }
         let held = self.assoc_tres.get(&key).copied().unwrap_or_default();
         grp_reasons(&mut out, "Assoc", &format!("user {} in account {account}", j.user), held, job, &own);

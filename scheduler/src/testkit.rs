@@ -229,7 +229,7 @@ impl Cluster {
 
     /// `gpu_seconds` used by `user` without an account (charged to root), at time 0.
     pub fn usage(&mut self, user: &str, gpu_seconds: u64) -> &mut Cluster {
-        let usage = proto::accounts::Usage { gpu_ms: gpu_seconds * 1000, at_ms: 0 };
+        let usage = proto::accounts::Usage { gpu_ms: gpu_seconds * 1000, ..Default::default() };
         self.view.usage.insert((proto::accounts::ROOT_ACCOUNT.to_string(), user.to_string()), usage);
         self
     }

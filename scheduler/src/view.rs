@@ -345,7 +345,10 @@ pub struct JobRequest {
     pub switches: Option<(u32, u64)>,
     pub time_limit_ms: Option<u64>,
     pub submit_ms: u64,
+    /// When its current run started, its suspensions so far added.
     pub start_ms: Option<u64>,
+    /// When it ended (a final job whose parts are still stopping).
+    pub end_ms: Option<u64>,
     pub requeue: bool,
     /// Allocations of the current run while it runs (what preempting it frees).
     pub running: Vec<Allocation>,
@@ -361,6 +364,16 @@ impl JobRequest {
     /// An array submission with tasks still to start.
     pub fn is_array(&self) -> bool {
         self.array.is_some() && self.array_task.is_none()
+    }
+
+    /// Wall-clock time of its current run by `now_ms` while the job holds resources (what
+    /// `GrpWall` counts before the state charges the run), else 0. A suspension under way
+    /// counts: the request does not say when it began.
+    pub fn wall_ms_at(&self, now_ms: u64) -> u64 {
+        match self.start_ms {
+            Some(start) if !self.held.is_empty() => self.end_ms.unwrap_or(now_ms).saturating_sub(start),
+            _ => 0,
+        }
     }
 }
 
@@ -399,6 +412,7 @@ pub fn job_request(job: &proto::Job) -> JobRequest {
         time_limit_ms: time_limit_of(job),
         submit_ms: job.submit_ms,
         start_ms: start_of(job),
+        end_ms: job.end_ms,
         requeue: spec.requeue,
         running: running_of(job).cloned().collect(),
         held: job.parts.iter().map(|p| p.alloc.clone()).collect(),
@@ -417,6 +431,7 @@ pub fn job_request_current(req: &JobRequest, job: &proto::Job) -> bool {
         && req.time_limit_ms == time_limit_of(job)
         && req.submit_ms == job.submit_ms
         && req.start_ms == start_of(job)
+        && req.end_ms == job.end_ms
         && req.running.iter().eq(running_of(job))
         && req.held.iter().eq(job.parts.iter().map(|p| &p.alloc))
 }
@@ -588,6 +603,8 @@ pub struct ClusterView {
     /// Usage by (account, user) association, each decayed to its own time (`root` for a job
     /// without an account); see [`crate::fairshare`].
     pub usage: BTreeMap<(String, String), proto::accounts::Usage>,
+    /// Usage by QoS (its wall-clock time: `GrpWall`), each decayed to its own time.
+    pub qos_usage: BTreeMap<String, proto::accounts::Usage>,
     pub config: SchedulerConfig,
     /// Accounts, users and associations with their limits (`sacctmgr`); jobs over one wait
     /// with `Assoc...` reasons. With no association, nothing is limited. Shared with the
@@ -620,13 +637,14 @@ mod tests {
         assert!(job_request_current(&req, &running));
         assert!(!job_request_current(&job_request(&pending), &running), "state, run and parts");
         type Change = (&'static str, fn(&mut Job));
-        let changes: [Change; 6] = [
+        let changes: [Change; 7] = [
             ("state", |j| j.state = JobState::Cancelled),
             ("run", |j| j.run = 2),
             ("parts", |j| j.parts[0].alloc.gpus = vec![1]),
             ("suspended", |j| j.suspension.since_ms = Some(30)),
             ("paused", |j| j.suspension.paused_ms = 5),
             ("start", |j| j.start_ms = Some(21)),
+            ("end", |j| j.end_ms = Some(22)),
         ];
         for (what, change) in changes {
             let mut changed = running.clone();

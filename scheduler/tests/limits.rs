@@ -278,3 +278,37 @@ fn a_qos_max_tres_per_user_counts_each_users_running_jobs_of_it() {
         "QOSMaxGRESPerUser: the running jobs of user alice in QOS gpucap hold 1 GPUs, 2 more would pass MaxTRESPerUser=gres/gpu=2"
     );
 }
+
+#[test]
+fn a_grp_wall_used_up_holds_jobs_with_slurms_reasons_and_running_jobs_count() {
+    let mut c = cluster();
+    limit_account(&mut c, "phys", LimitChanges { grp_wall_min: Some(Some(1)), ..Default::default() });
+    c.view.config.decay_half_life_ms = 0;
+    // 40 s charged to alice in hep (under phys), and bob's job running for 20 s by the pass.
+    let used = proto::accounts::Usage { wall_ms: 40_000, ..Default::default() };
+    c.view.usage.insert(("hep".into(), "alice".into()), used);
+    c.running(1, job("bob", Some("phys"), "gpu:1"), vec![alloc(1, &[0], 1, 1024)], 0);
+    c.submit(2, job("alice", None, "gpu:1"), 1).submit(3, job("carol", None, "gpu:1"), 2);
+    let plan = c.schedule(19_999);
+    assert_eq!(started(&plan), vec![2, 3], "59.999 s: no whole minute used");
+    let plan = c.schedule(20_000);
+    // carol has no association (charged to root): phys's limit is not hers.
+    assert_eq!(started(&plan), vec![3]);
+    assert_eq!(codes(&plan), vec![(2, "AssocGrpWallLimit".to_string())]);
+    assert_eq!(
+        plan.pending[&2][0],
+        "AssocGrpWallLimit: Job is at or exceeds association (acc=phys/user=(null)/part=(null)) group wall limit 1 with 1"
+    );
+    // A QoS's GrpWall counts every job of it and replaces the association's.
+    let limits = Limits { grp_wall_min: Some(2), ..Default::default() };
+    c.view.config.qos.insert("normal".into(), Qos { priority: 0, preempt: vec![], preempt_mode: PreemptAction::Requeue, limits });
+    c.view.qos_usage.insert("normal".into(), proto::accounts::Usage { wall_ms: 60_000, ..Default::default() });
+    assert_eq!(started(&c.schedule(20_000)), vec![2, 3], "80 s of QOS normal's 2 minutes; phys's limit does not hold");
+    let plan = c.schedule(60_000);
+    assert_eq!(started(&plan), Vec::<u64>::new());
+    assert_eq!(plan.pending[&3][0], "QOSGrpWallLimit: Job is at or exceeds QOS normal's group wall limit of 2 with 2");
+    // Lifted: both start.
+    c.view.config.qos.clear();
+    limit_account(&mut c, "phys", LimitChanges { grp_wall_min: Some(None), ..Default::default() });
+    assert_eq!(started(&c.schedule(60_000)), vec![2, 3]);
+}

@@ -50,8 +50,8 @@ impl ClusterState {
     /// What a submission gets from the database before it is checked: the user's default
     /// account when it names none, the association's default QoS (or the one QoS it allows)
     /// when it names none, and, with
-    /// no time limit of its own or its partition's, the lowest `MaxWall` that holds for it (as
-    /// Slurm sets it). Nothing while no association exists.
+    /// no time limit of its own or its partition's, the lowest `MaxWall` or `GrpWall` that holds
+    /// for it (as Slurm sets it). Nothing while no association exists.
     pub fn bind_accounting(&self, spec: &mut JobSpec) {
         let db = &self.accounts;
         if !db.enforced() {
@@ -68,9 +68,19 @@ impl ClusterState {
         let partition_default = self.policy.partitions.iter().find(|p| p.name == partition).and_then(|p| p.default_time_limit_ms);
         if spec.time_limit_ms.is_none() && partition_default.is_none() {
             let qos = spec.qos.as_deref().unwrap_or(proto::DEFAULT_QOS);
-            let qos_wall = self.policy.qos.iter().find(|q| q.name == qos).and_then(|q| q.limits.max_wall_min);
+            let qos_limits = self.policy.qos.iter().find(|q| q.name == qos).map(|q| &q.limits);
+            let qos_wall = qos_limits.and_then(|l| l.max_wall_min);
             let assoc_wall = db.effective_limits(&spec.user, &account).and_then(|l| l.max_wall_min);
-            let wall_min = [qos_wall, assoc_wall].into_iter().flatten().min();
+            // `GrpWall` bounds it too, as Slurm's `_set_time_limit`: the QoS's, or where it has
+            // none the association's and each account's above it (root's never).
+            let own_grp = db.assoc(&spec.user, &account).and_then(|a| a.limits.grp_wall_min);
+            let lineage = db.lineage(&account);
+            let accounts_grp = lineage.iter().filter(|a| a.name != proto::accounts::ROOT_ACCOUNT).filter_map(|a| a.limits.grp_wall_min);
+            let grp_wall = match qos_limits.and_then(|l| l.grp_wall_min) {
+                Some(min) => Some(min),
+                None => own_grp.into_iter().chain(accounts_grp).min(),
+            };
+            let wall_min = [qos_wall, assoc_wall, grp_wall].into_iter().flatten().min();
             spec.time_limit_ms = wall_min.map(|m| m.saturating_mul(60_000));
         }
     }
@@ -309,5 +319,17 @@ mod tests {
         own.time_limit_ms = Some(600 * 60_000);
         s.bind_accounting(&mut own);
         assert_eq!(own.time_limit_ms, Some(600 * 60_000));
+        // GrpWall bounds it (Slurm: `TimeLimit=00:01:00` under `GrpWall=1`): phys's, and a QoS's
+        // in place of the associations' where it has one.
+        let grp = |min| AssocChanges { limits: LimitChanges { grp_wall_min: Some(Some(min)), ..Default::default() }, ..Default::default() };
+        assert_eq!(edit(&mut s, vec![AccountsEdit::ModifyAccount { name: "phys".into(), changes: grp(1) }]), CommandResult::Ok);
+        let mut bound = spec("alice", None);
+        s.bind_accounting(&mut bound);
+        assert_eq!(bound.time_limit_ms, Some(60_000));
+        let qos = proto::accounts::QosChanges { limits: grp(120).limits, ..Default::default() };
+        assert_eq!(edit(&mut s, vec![AccountsEdit::ModifyQos { name: "high".into(), changes: qos }]), CommandResult::Ok);
+        let mut bound = spec("alice", None);
+        s.bind_accounting(&mut bound);
+        assert_eq!(bound.time_limit_ms, Some(90 * 60_000), "QOS high's GrpWall (120) holds, not phys's; MaxWall (90) is lower");
     }
 }

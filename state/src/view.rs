@@ -291,7 +291,16 @@ pub fn scheduler_view_cached(state: &ClusterState, cache: &mut ViewCache, archiv
     let (nodes, nodes_reused) = node_views_cached(state, &mut cache.nodes, cache.views);
     cache.nodes_reused = nodes_reused;
     let reservations = state.reservations.values().cloned().collect();
-    ClusterView { nodes, jobs, partitions, usage: state.usage.clone(), config, accounts: state.accounts.clone(), reservations }
+    ClusterView {
+        nodes,
+        jobs,
+        partitions,
+        usage: state.usage.clone(),
+        qos_usage: state.qos_usage.clone(),
+        config,
+        accounts: state.accounts.clone(),
+        reservations,
+    }
 }
 
 /// A job the scheduler must see whatever depends on it: not final, or holding a part.

@@ -921,3 +921,54 @@ fn reservations_hold_their_nodes_for_their_jobs_and_windows() {
     assert_eq!(c.wait_final(long, Duration::from_secs(30))["state"], "COMPLETED");
     assert_eq!(run("scontrol", &["show", "reservation"]).2, "No reservations in the system");
 }
+
+/// `GrpWall` (issue 45), as Slurm 22.05 with slurmdbd and priority/multifactor showed it: two
+/// `sleep` jobs of an account with `GrpWall=1` get that minute as their time limit (neither
+/// gives `--time`), and both end TIMEOUT once their wall-clock time adds up to a minute (about
+/// 30 s each, the leader looking every 5 s); a third waits with `AssocGrpWallLimit` (Slurm's
+/// words in Corral's reasons) and starts at once when the limit is lifted.
+#[test]
+fn grp_wall_times_out_an_accounts_jobs_and_holds_the_next_until_lifted() {
+    let c = TestCluster::up(&["--nodes", "1", "--voters-max", "1"]);
+    let probe = c.submit(&[], &["true"]);
+    let user = c.wait_final(probe, Duration::from_secs(30))["user"].as_str().expect("a job has a user").to_string();
+    let ok = |name: &str, args: &[&str]| {
+        let out = shim(&c, name, args);
+        assert!(out.status.success(), "{name} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    ok("sacctmgr", &["-i", "add", "account", "phys", "GrpWall=1"]);
+    ok("sacctmgr", &["-i", "add", "user", &user, "Account=phys"]);
+    let sbatch = || -> u64 { ok("sbatch", &["--parsable", "-o", "/dev/null", "--wrap", "sleep 300"]).parse().expect("a job id") };
+    let state = |id: u64| ok("squeue", &["-h", "-t", "all", "-j", &id.to_string(), "-o", "%T|%r"]);
+    let jobs = [sbatch(), sbatch()];
+    for id in jobs {
+        wait_until(&format!("job {id} to run"), Duration::from_secs(30), || state(id).starts_with("RUNNING|"));
+        assert!(ok("scontrol", &["show", "job", &id.to_string()]).contains(" TimeLimit=00:01:00 "), "GrpWall=1 bounds the limit");
+    }
+    let words = "Job is at or exceeds association (acc=phys/user=(null)/part=(null)) group wall limit 1 with 1";
+    let mut times_ms = Vec::new();
+    for id in jobs {
+        let job = c.wait_final(id, Duration::from_secs(60));
+        assert_eq!((job["state"].as_str(), job["reasons"][0].as_str()), (Some("TIMEOUT"), Some(words)), "{job}");
+        let shown = ok("scontrol", &["show", "job", &id.to_string()]);
+        assert!(shown.contains("JobState=TIMEOUT Reason=TimeLimit ") && shown.contains(" ExitCode=0:15"), "{shown}");
+        times_ms.push((job["start_time"].as_u64().expect("started"), job["end_time"].as_u64().expect("ended")));
+    }
+    // The minute is used up when the two runs' time adds up to 60 s; their own limit (a
+    // minute each) would end them 30 s later.
+    let reached_ms = (times_ms[0].0 + times_ms[1].0 + 60_000) / 2;
+    let after_ms: Vec<i64> = times_ms.iter().map(|t| t.1 as i64 - reached_ms as i64).collect();
+    assert!(after_ms.iter().all(|&ms| (0..15_000).contains(&ms)), "TIMEOUT {after_ms:?} ms after the limit was reached");
+    eprintln!("GrpWall=1 used up by two jobs: TIMEOUT {after_ms:?} ms after it was reached");
+
+    let third = sbatch();
+    wait_until("the third job to wait for the group's wall time", Duration::from_secs(30), || state(third) == "PENDING|AssocGrpWallLimit");
+    let reasons = c.job(third)["reasons"].clone();
+    assert_eq!(reasons[0].as_str(), Some(format!("AssocGrpWallLimit: {words}").as_str()), "{reasons}");
+    let lifted = std::time::Instant::now();
+    ok("sacctmgr", &["-i", "modify", "account", "phys", "set", "GrpWall=-1"]);
+    wait_until("the third job to run once the limit is lifted", Duration::from_secs(30), || state(third).starts_with("RUNNING|"));
+    eprintln!("GrpWall lifted: the held job ran {:.2} s later", lifted.elapsed().as_secs_f64());
+    ok("scancel", &[&third.to_string()]);
+}

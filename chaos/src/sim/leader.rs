@@ -1,5 +1,5 @@
-//! The simulated leader: its tick runs `engine::TICK` (liveness, archive, pass, orders,
-//! voters) over the simulated log, as corrald's leader (node/src/server/leader.rs) does.
+//! The simulated leader: its tick runs `engine::TICK` (liveness, wall limits, archive, pass,
+//! orders, voters) over the simulated log, as corrald's leader (node/src/server/leader.rs) does.
 
 use proto::{Command, CommandResult, Job, JobId, NodeId, RunNo};
 
@@ -34,6 +34,11 @@ impl Sim {
         for step in engine::TICK {
             match step {
                 engine::Step::Liveness => self.check_liveness(),
+                engine::Step::WallLimits => {
+                    for cmd in self.mem.wall_limits.due(&self.state, self.now_ms) {
+                        self.apply(cmd);
+                    }
+                }
                 engine::Step::Archive => self.archive_step(),
                 engine::Step::Schedule => {
                     // Nothing paces a simulated leader.

@@ -254,6 +254,7 @@ struct LeaderMemory {
     /// When each node was last heard and the nodes declared down (`engine::Liveness`).
     liveness: engine::Liveness,
     archiver: engine::Archiver,
+    wall_limits: engine::WallLimits,
     /// The leader's sequence and its memory between passes, as corrald's.
     engine: engine::Leader,
 }
@@ -264,6 +265,7 @@ impl LeaderMemory {
         LeaderMemory {
             liveness: engine::Liveness::new(since_ms, cfg.node_down_after_ms, nodes),
             archiver: engine::Archiver::default(),
+            wall_limits: engine::WallLimits::default(),
             engine: engine::Leader::new(cfg.resend_after_ms),
         }
     }

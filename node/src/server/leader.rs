@@ -19,6 +19,7 @@ pub(super) struct LeaderMemory {
     /// from `engine`: heartbeats are recorded while a pass has the engine out.
     pub(super) liveness: engine::Liveness,
     pub(super) archiver: engine::Archiver,
+    pub(super) wall_limits: engine::WallLimits,
     /// The leader's sequence and what it remembers between passes (the last idle pass, sends
     /// awaiting an answer through the log). Taken out while a pass runs.
     pub(super) engine: engine::Leader,
@@ -47,6 +48,7 @@ impl LeaderMemory {
             epoch: Instant::now(),
             liveness: engine::Liveness::new(0, down_after_ms, nodes),
             archiver: engine::Archiver::default(),
+            wall_limits: engine::WallLimits::default(),
             engine: engine::Leader::new(RESEND_AFTER_MS),
             sent_during_pass: None,
             suspends_sent: control::leader::Resend::new(RESEND_AFTER_MS),
@@ -111,6 +113,7 @@ impl Node {
         for step in engine::TICK {
             match step {
                 engine::Step::Liveness => self.check_liveness().await,
+                engine::Step::WallLimits => self.enforce_wall_limits().await,
                 engine::Step::Archive => self.archive_pass().await,
                 engine::Step::Schedule => self.schedule_pass().await,
                 engine::Step::Orders => self.drive_launches_and_kills(),
@@ -147,6 +150,26 @@ impl Node {
                     warn!(node = %name, silent_ms, "node declared down: it missed its heartbeats");
                 }
                 Err(e) => warn!(node = %name, error = %e, "mark node down"),
+            }
+        }
+    }
+
+    /// Ends the running jobs whose association's or QoS's `GrpWall` is used up, at most every
+    /// `engine::WALL_CHECK_INTERVAL_MS` (`engine::WallLimits`).
+    async fn enforce_wall_limits(&self) {
+        let now = now_ms();
+        let commands = {
+            let mut mem = lock(&self.memory);
+            self.state.read(|s| mem.wall_limits.due(s, now))
+        };
+        // Proposed together, the group commit packs them into a few entries.
+        let results = futures_util::future::join_all(commands.iter().map(|cmd| self.propose(cmd.clone()))).await;
+        for (cmd, result) in commands.iter().zip(results) {
+            let Command::TimeOut { job, reason, .. } = cmd else { continue };
+            match result {
+                Ok(CommandResult::Ok) => info!(job, why = %reason, "job timed out: its group wall limit is used up"),
+                Ok(other) => debug!(job, result = ?other, "time-out refused"),
+                Err(e) => warn!(job, error = %e, "time out a job past its group wall limit"),
             }
         }
     }

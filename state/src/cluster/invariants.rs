@@ -26,6 +26,7 @@ impl ClusterState {
             Command::LaunchConfirmed { job, .. }
             | Command::RunFinished { job, .. }
             | Command::Cancel { job, .. }
+            | Command::TimeOut { job, .. }
             | Command::Requeue { job, .. }
             | Command::UpdateJob { job, .. } => {
                 if let Some(job) = self.jobs.get(job) {

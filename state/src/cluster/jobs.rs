@@ -3,6 +3,7 @@
 
 use proto::{CommandResult, Job, JobId, JobSpec, JobState};
 
+use super::wall::Ledger;
 use super::{rejected, ClusterState};
 
 impl ClusterState {
@@ -48,7 +49,7 @@ impl ClusterState {
         }
     }
 
-    pub(super) fn requeue(&mut self, id: JobId, reason: &str, _now_ms: u64) -> CommandResult {
+    pub(super) fn requeue(&mut self, id: JobId, reason: &str, now_ms: u64) -> CommandResult {
         let Some(job) = self.jobs.get_mut(&id) else {
             return rejected(format!("unknown job {id}"));
         };
@@ -63,7 +64,13 @@ impl ClusterState {
             }
             _ => {}
         }
-        requeue_job(&mut self.requeues, job, reason);
+        let mut ledger = Ledger {
+            usage: &mut self.usage,
+            qos_usage: &mut self.qos_usage,
+            accounts: &self.accounts,
+            half_life_ms: self.policy.decay_half_life_ms(),
+        };
+        requeue_job(&mut self.requeues, &mut ledger, job, reason, now_ms);
         CommandResult::Ok
     }
 
@@ -124,9 +131,13 @@ impl ClusterState {
 }
 
 /// Puts a running job back in the queue, counting it in `requeues`. Its parts stay until each
-/// is confirmed stopped.
-pub(super) fn requeue_job(requeues: &mut u64, job: &mut Job, reason: &str) {
+/// is confirmed stopped; the run's wall-clock time is charged now if any part of it is left
+/// (the last one gone charged it already), as its start is forgotten.
+pub(super) fn requeue_job(requeues: &mut u64, ledger: &mut Ledger<'_>, job: &mut Job, reason: &str, now_ms: u64) {
     *requeues = requeues.saturating_add(1);
+    if job.parts.iter().any(|p| p.run == job.run) {
+        ledger.charge_wall(job, now_ms);
+    }
     if job.suspended() {
         // Slurm: a suspended job that is requeued is held (JobHeldAdmin).
         std::sync::Arc::make_mut(&mut job.spec).hold = true;

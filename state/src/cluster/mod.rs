@@ -10,7 +10,8 @@
 //!
 //! The state and its dispatcher ([`ClusterState::apply`]) are here; each command is handled with
 //! its concern: `admission` (the ordered checks of a submission), `nodes`, `jobs`, `plans` (placing runs), `arrays`, `runs` (launches, ends and
-//! usage), `steps`, `policy` (partitions, QoS, what a submission may name), `credentials` (join
+//! usage), `steps`, `wall` (wall-clock time charged, `GrpWall` time-outs), `policy` (partitions, QoS,
+//! what a submission may name), `credentials` (join
 //! tokens, revoked certificates), `archive`, `queries` (read-only questions), `snapshot` (what
 //! snapshots need) and `invariants` (checked after every command).
 
@@ -32,6 +33,7 @@ mod snapshot;
 mod steps;
 #[cfg(test)]
 mod test_support;
+mod wall;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -67,6 +69,9 @@ pub struct ClusterState {
     /// without an account), kept here because finished jobs leave the hot state. At most
     /// [`USAGE_ASSOCS_MAX`] associations: usage of a new one past that is not counted.
     pub usage: BTreeMap<(String, String), proto::accounts::Usage>,
+    /// Decayed wall-clock time of each QoS's jobs (`GrpWall`; `wall`), at most
+    /// `wall::QOS_USAGE_MAX` QoS.
+    pub qos_usage: BTreeMap<String, proto::accounts::Usage>,
     /// Accounts, users, associations and their limits (`sacctmgr`; QoS and their limits are in
     /// `policy`). See `associations`. Shared with each scheduling pass's view, not copied.
     pub accounts: std::sync::Arc<proto::accounts::Accounts>,
@@ -119,6 +124,7 @@ impl Default for ClusterState {
             retired_instances: BTreeMap::new(),
             array_started: BTreeMap::new(),
             usage: BTreeMap::new(),
+            qos_usage: BTreeMap::new(),
             accounts: Default::default(),
             requeues: 0,
             node_events: Default::default(),
@@ -146,6 +152,7 @@ fn command_name(c: &Command) -> &'static str {
         Command::LaunchConfirmed { .. } => "LaunchConfirmed",
         Command::RunFinished { .. } => "RunFinished",
         Command::Cancel { .. } => "Cancel",
+        Command::TimeOut { .. } => "TimeOut",
         Command::Requeue { .. } => "Requeue",
         Command::SetPolicy { .. } => "SetPolicy",
         Command::EditPartition { .. } => "EditPartition",
@@ -221,6 +228,7 @@ impl ClusterState {
                 result
             }
             Command::Cancel { job, now_ms } => self.cancel(*job, *now_ms),
+            Command::TimeOut { job, reason, now_ms } => self.time_out(*job, reason, *now_ms),
             Command::Requeue { job, reason, now_ms } => self.requeue(*job, reason, *now_ms),
             Command::SetPolicy { policy, now_ms: _ } => self.set_policy(policy),
             Command::EditPartition { edit, now_ms: _ } => self.edit_partition(edit),

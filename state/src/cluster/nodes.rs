@@ -9,6 +9,7 @@ use proto::{CommandResult, InstanceId, Inventory, JobId, JobState, NodeId, NodeR
 use super::jobs::requeue_job;
 use super::repairs::{self, Loss};
 use super::runs::account;
+use super::wall::Ledger;
 use super::{rejected, ClusterState, NODE_STOPPED_REASON, RETIRED_INSTANCES_MAX};
 
 impl ClusterState {
@@ -235,7 +236,13 @@ impl ClusterState {
             if job.parts.is_empty() {
                 self.holding_parts.remove(&id);
             }
-            account(&mut self.usage, self.policy.decay_half_life_ms(), job, &part, now_ms);
+            let mut ledger = Ledger {
+                usage: &mut self.usage,
+                qos_usage: &mut self.qos_usage,
+                accounts: &self.accounts,
+                half_life_ms: self.policy.decay_half_life_ms(),
+            };
+            account(&mut ledger, job, &part, now_ms);
             if part.run != job.run || job.state != JobState::Running {
                 continue;
             }
@@ -243,7 +250,7 @@ impl ClusterState {
                 continue;
             }
             if job.spec.requeue {
-                requeue_job(&mut self.requeues, job, reason);
+                requeue_job(&mut self.requeues, &mut ledger, job, reason, now_ms);
             } else {
                 job.state = JobState::NodeFail;
                 job.exit_code = None;

@@ -1,25 +1,22 @@
 //! A placed run's parts: launch confirmations, each part's end and the final state the ends
-//! decide, and each part's GPU time charged to its job and association (fair share).
-
-use std::collections::BTreeMap;
+//! decide, and each part's GPU time charged to its job and association (fair share), the
+//! run's wall-clock time once its last part is gone (`wall`).
 
 use proto::{CommandResult, InstanceId, Job, JobId, JobState, NodeId, NodeRun, RunNo, RunOutcome};
 
 use super::jobs::requeue_job;
+use super::wall::Ledger;
 use super::{rejected, ClusterState, USAGE_ASSOCS_MAX};
 
 /// Adds the GPU time of `part` from the run's start until `now_ms` to the job's account and to
-/// its association's usage, decayed to `now_ms` first (`half_life_ms`): GPU-seconds, a MIG
-/// instance weighted by its share of the GPU's compute slices (a 3g.71gb instance for 7 s is
-/// 3 GPU-seconds).
-pub(super) fn account(
-    usage: &mut BTreeMap<(String, String), proto::accounts::Usage>,
-    half_life_ms: u64,
-    job: &mut Job,
-    part: &NodeRun,
-    now_ms: u64,
-) {
+/// its association's usage, decayed to `now_ms` first: GPU-seconds, a MIG instance weighted by
+/// its share of the GPU's compute slices (a 3g.71gb instance for 7 s is 3 GPU-seconds). The
+/// last part of the current run gone, the run's wall-clock time is charged (`GrpWall`).
+pub(super) fn account(ledger: &mut Ledger<'_>, job: &mut Job, part: &NodeRun, now_ms: u64) {
     let Some(start) = job.start_ms else { return };
+    if part.run == job.run && !job.parts.iter().any(|p| p.run == job.run) {
+        ledger.charge_wall(job, now_ms);
+    }
     let gres_type = job.spec.gres.as_ref().and_then(|g| g.gpu_type.as_deref());
     let slices: u64 = part.alloc.gpus.iter().map(|&g| u64::from(scheduler::mig::slot_compute_slices(g, gres_type))).sum();
     let slice_ms = now_ms.saturating_sub(start).saturating_mul(slices);
@@ -30,11 +27,11 @@ pub(super) fn account(
     }
     let account = job.spec.account.clone().unwrap_or_else(|| proto::accounts::ROOT_ACCOUNT.to_string());
     let key = (account, job.spec.user.clone());
-    if !usage.contains_key(&key) && usage.len() >= USAGE_ASSOCS_MAX {
+    if !ledger.usage.contains_key(&key) && ledger.usage.len() >= USAGE_ASSOCS_MAX {
         return;
     }
-    let entry = usage.entry(key).or_default();
-    *entry = scheduler::fairshare::add_usage(entry, gpu_ms, now_ms, half_life_ms);
+    let entry = ledger.usage.entry(key).or_default();
+    *entry = scheduler::fairshare::add_usage(entry, gpu_ms, 0, now_ms, ledger.half_life_ms);
 }
 
 /// The final state of a run all of whose parts ended, from how each ended: a launch failure
@@ -96,7 +93,13 @@ impl ClusterState {
         if job.parts.is_empty() {
             self.holding_parts.remove(&id);
         }
-        account(&mut self.usage, self.policy.decay_half_life_ms(), job, &part, now_ms);
+        let mut ledger = Ledger {
+            usage: &mut self.usage,
+            qos_usage: &mut self.qos_usage,
+            accounts: &self.accounts,
+            half_life_ms: self.policy.decay_half_life_ms(),
+        };
+        account(&mut ledger, job, &part, now_ms);
         if run != job.run || job.state != JobState::Running || super::repairs::drop_spare(job, &part) {
             // A part of a cancelled, failed or requeued run, or a spare, is gone: only its
             // resources return.
@@ -127,7 +130,7 @@ impl ClusterState {
                 return CommandResult::Ok;
             }
             if job.spec.requeue {
-                requeue_job(&mut self.requeues, job, &reason);
+                requeue_job(&mut self.requeues, &mut ledger, job, &reason, now_ms);
             } else {
                 job.state = JobState::NodeFail;
                 job.exit_code = None;
@@ -356,7 +359,7 @@ mod tests {
         }
         assert_eq!(ran.iter().map(|j| s.jobs[j].gpu_seconds).collect::<Vec<_>>(), vec![3, 1]);
         let usage = s.usage.get(&("physics".to_string(), "alice".to_string()));
-        assert_eq!(usage, Some(&proto::accounts::Usage { gpu_ms: 4_000, at_ms: 7_030 }), "{:?}", s.usage);
+        assert_eq!(usage, Some(&proto::accounts::Usage { gpu_ms: 4_000, wall_ms: 0, at_ms: 7_030 }), "{:?}", s.usage);
         // With a one-minute half-life, a run ending a minute later finds that usage halved.
         s.policy.priority_decay_half_life_min = Some(1);
         let job = submit(&mut s, mig("1g.18gb"));
@@ -367,7 +370,7 @@ mod tests {
         assert_eq!(s.apply(&end), CommandResult::Ok);
         // 2,000 left of 4,000, plus 67 s of 1/7 of a GPU.
         let usage = s.usage.get(&("physics".to_string(), "alice".to_string()));
-        assert_eq!(usage, Some(&proto::accounts::Usage { gpu_ms: 2_000 + 67_000 / 7, at_ms: 67_030 }), "{:?}", s.usage);
+        assert_eq!(usage, Some(&proto::accounts::Usage { gpu_ms: 2_000 + 67_000 / 7, wall_ms: 0, at_ms: 67_030 }), "{:?}", s.usage);
         // A whole GPU counts whole, and a profile no table knows by its name.
         assert_eq!(scheduler::mig::slot_compute_slices(3, Some("h200")), 7);
         assert_eq!(scheduler::mig::slot_compute_slices(scheduler::mig_slot(0, 0), Some("2g.12gb")), 2);

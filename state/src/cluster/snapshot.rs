@@ -50,6 +50,7 @@ impl ClusterState {
             retired_instances: self.retired_instances.clone(),
             array_started: self.array_started.clone(),
             usage: self.usage.clone(),
+            qos_usage: self.qos_usage.clone(),
             accounts: self.accounts.clone(),
             requeues: self.requeues,
             node_events: self.node_events.clone(),

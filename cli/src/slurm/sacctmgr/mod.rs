@@ -246,15 +246,6 @@ fn fetch(cluster: &crate::client::Cluster) -> Result<(Box<Accounts>, SchedulerPo
     })?
 }
 
-/// What a change sets that Corral keeps without effect, each named on stderr.
-fn warn_kept(action: &Action) {
-    if let Action::Add { settings, .. } | Action::Modify { settings, .. } = action {
-        if settings.assoc.limits.grp_wall_min.is_some() {
-            eprintln!("{PROG}: warning: GrpWall is kept and shown but not enforced by Corral");
-        }
-    }
-}
-
 pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     if args.iter().any(|a| a == "-V" || a == "--version") {
         return Ok(super::print_version());
@@ -275,7 +266,6 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
         }
         Plan::Edits { edits, summary } => (edits, summary),
     };
-    warn_kept(&action);
     print!("{summary}");
     if !opts.immediate && !commit_check("Would you like to commit changes?") {
         println!(" Changes Discarded");

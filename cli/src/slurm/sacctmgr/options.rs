@@ -295,12 +295,12 @@ fn supported(entity: Entity) -> &'static str {
     match entity {
         Entity::Qos => {
             "Name, Description, Priority, MaxJobsPerUser, MaxSubmitJobsPerUser, MaxWall, MaxTRESPerJob, MaxTRESPerUser, \
-             GrpJobs, GrpSubmitJobs, GrpTRES (TRES cpu, mem, node, gres/gpu) and GrpWall (kept, not enforced)"
+             GrpJobs, GrpSubmitJobs, GrpTRES (TRES cpu, mem, node, gres/gpu) and GrpWall"
         }
         _ => {
             "Name, Account, DefaultAccount, Cluster, Parent, Description, Organization, Fairshare, QOS (=, += or -=), DefaultQOS, \
              MaxJobs, MaxSubmitJobs, MaxWall, MaxTRESPerJob, GrpJobs, GrpSubmitJobs, GrpTRES (TRES cpu, mem, node, gres/gpu) \
-             and GrpWall (kept, not enforced)"
+             and GrpWall"
         }
     }
 }
