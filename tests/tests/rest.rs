@@ -114,6 +114,20 @@ fn slurmrestd_clients_work_against_corral_restd_with_a_user_certificate() {
     assert_eq!(status, "500", "{body}");
     assert!(body.contains("Access/permission denied"), "{body}");
     assert_eq!(c.job(theirs)["state"], "RUNNING", "{}", c.job(theirs));
+}
+
+/// An admin's reservation and partition as slurmrestd's `/reservations` and `/partitions` list
+/// them, over curl with a user certificate (no Python client needed).
+#[test]
+fn reservations_and_partitions_as_slurmrestd_lists_them() {
+    let c = TestCluster::up(&["--nodes", "2"]);
+    let user_dir = c.path().join("nobody");
+    let out = c.raw(&["cluster", "issue-client", "--dir", c.path_str(), "--user", "nobody", "--out", &user_dir.display().to_string()]);
+    assert!(out.status.success(), "issue-client: {}", String::from_utf8_lossy(&out.stderr));
+    let restd = Restd::start(&c);
+    let ca = c.path().join("ca.crt").display().to_string();
+    let (crt, key) = (user_dir.join("nobody.crt").display().to_string(), user_dir.join("nobody.key").display().to_string());
+    let user = ["--cacert", ca.as_str(), "--cert", crt.as_str(), "--key", key.as_str()];
 
     // An admin's maintenance window, as slurmrestd's `/reservations` lists it.
     let made = c.shim(
@@ -135,4 +149,25 @@ fn slurmrestd_clients_work_against_corral_restd_with_a_user_certificate() {
     let (body, status, _) = curl(&[&user[..], &[&format!("{}/slurm/v0.0.38/reservation/nope", restd.base)]].concat());
     assert_eq!(status, "500", "{body}");
     assert!(body.contains("\"Requested reservation is invalid\"") && body.contains("2053"), "{body}");
+
+    // A partition an admin made, as slurmrestd's `/partition/NAME` shows it; an unknown one.
+    let made = c.shim("scontrol", &["create", "PartitionName=long", "Nodes=n1", "MaxTime=8:00:00", "DefaultTime=1:00:00"], &[]);
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let (body, status, _) = curl(&[&user[..], &[&format!("{}/slurm/v0.0.38/partition/long", restd.base)]].concat());
+    assert_eq!(status, "200", "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    let p = &v["partitions"][0];
+    assert_eq!(
+        (&p["name"], &p["nodes"], &p["max_time_limit"], &p["default_time_limit"], &p["state"], &p["allowed_accounts"]),
+        (&"long".into(), &"n1".into(), &480.into(), &60.into(), &"UP".into(), &"".into()),
+        "{v}"
+    );
+    let (body, status, _) = curl(&[&user[..], &[&format!("{}/slurm/v0.0.38/partitions", restd.base)]].concat());
+    assert_eq!(status, "200", "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    let names: Vec<&str> = v["partitions"].as_array().map(|l| l.iter().filter_map(|p| p["name"].as_str()).collect()).unwrap_or_default();
+    assert!(names.contains(&"long") && names.len() >= 2, "{v}");
+    let (body, status, _) = curl(&[&user[..], &[&format!("{}/slurm/v0.0.38/partition/nope", restd.base)]].concat());
+    assert_eq!(status, "500", "{body}");
+    assert!(body.contains("\"Invalid partition name specified\"") && body.contains("2000"), "{body}");
 }

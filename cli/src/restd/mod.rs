@@ -9,10 +9,12 @@
 //!
 //! This module is the daemon: the node's files, TLS and connections, who each request is from
 //! (a certificate, or a `scontrol token`), the routes of each API version, and slurmrestd's
-//! reply shapes; the endpoints are in `jobs` and `nodes` (with `/ping`), the web UI in `ui`.
+//! reply shapes; the endpoints are in `jobs`, `nodes` (with `/ping`), `partitions` and
+//! `reservations`, the web UI in `ui`.
 
 mod jobs;
 mod nodes;
+mod partitions;
 mod reservations;
 mod ui;
 
@@ -226,7 +228,7 @@ async fn authenticate(
 fn router(api: Arc<Api>) -> Router {
     let mut app = Router::new();
     for version in [Version::V0037, Version::V0038] {
-        let routes = Router::new()
+        let mut routes = Router::new()
             .route("/ping", get(nodes::ping))
             .route("/jobs", get(jobs::jobs))
             .route("/job/submit", post(jobs::submit))
@@ -235,8 +237,15 @@ fn router(api: Arc<Api>) -> Router {
             .route("/node/{name}", get(nodes::node))
             .route("/reservations", get(reservations::reservations))
             .route("/reservations/", get(reservations::reservations))
-            .route("/reservation/{name}", get(reservations::reservation))
-            .with_state(Arc::new(Served { api: Arc::clone(&api), version }));
+            .route("/reservation/{name}", get(reservations::reservation));
+        // v0.0.37's partitions differ (and carry bugs v0.0.38 fixed): v0.0.38's alone.
+        if version == Version::V0038 {
+            routes = routes
+                .route("/partitions", get(partitions::partitions))
+                .route("/partitions/", get(partitions::partitions))
+                .route("/partition/{name}", get(partitions::partition));
+        }
+        let routes = routes.with_state(Arc::new(Served { api: Arc::clone(&api), version }));
         app = app.nest(&format!("/slurm/{}", version.name()), routes);
     }
     app.merge(ui::routes(Arc::clone(&api)))
