@@ -26,6 +26,9 @@ pub struct AdminReservation {
     pub ignore_jobs: bool,
     /// Its nodes were named (`Nodes=`), not counted (`NodeCnt=`): Slurm's `SPEC_NODES`.
     pub nodes_named: bool,
+    /// `Nodes=ALL`: every node of the cluster, those that join later too (Slurm's
+    /// `ALL_NODES`).
+    pub all_nodes: bool,
 }
 
 impl AdminReservation {
@@ -44,18 +47,17 @@ impl AdminReservation {
         self.users.iter().any(|u| u == user) || account.is_some_and(|a| self.accounts.iter().any(|x| x == a))
     }
 
+    /// Its flags by Slurm's names, in Slurm's order (`reservation_flags_string`).
+    pub fn flags(&self) -> Vec<&'static str> {
+        [(self.maint, "MAINT"), (self.ignore_jobs, "IGNORE_JOBS"), (self.nodes_named, "SPEC_NODES"), (self.all_nodes, "ALL_NODES")]
+            .into_iter()
+            .filter_map(|(on, name)| on.then_some(name))
+            .collect()
+    }
+
     /// `Flags=` as Slurm shows them.
     pub fn flags_text(&self) -> String {
-        let mut flags = Vec::new();
-        if self.maint {
-            flags.push("MAINT");
-        }
-        if self.ignore_jobs {
-            flags.push("IGNORE_JOBS");
-        }
-        if self.nodes_named {
-            flags.push("SPEC_NODES");
-        }
+        let flags = self.flags();
         if flags.is_empty() {
             "(null)".into()
         } else {
@@ -72,6 +74,9 @@ pub struct ReservationChanges {
     /// `Duration=`: the end is the start plus this.
     pub duration_ms: Option<u64>,
     pub nodes: Option<Vec<String>>,
+    /// `Nodes=ALL`: every node (the state resolves them; `nodes` is not given with it).
+    #[serde(default)]
+    pub all_nodes: bool,
     /// `NodeCnt=`: this many nodes, chosen when it is made.
     pub node_count: Option<u32>,
     pub users: Option<Vec<String>>,
@@ -112,7 +117,7 @@ impl ReservationChanges {
             if self.users.as_ref().is_none_or(Vec::is_empty) && self.accounts.as_ref().is_none_or(Vec::is_empty) {
                 return Err("Either Users/Groups and/or Accounts must be specified.  No reservation created.".into());
             }
-            if self.nodes.is_none() && self.node_count.is_none() {
+            if self.nodes.is_none() && !self.all_nodes && self.node_count.is_none() {
                 return Err("Nodes or NodeCnt must be given.  No reservation created.".into());
             }
         }
@@ -133,9 +138,11 @@ impl ReservationChanges {
         }
         if let Some(n) = &self.nodes {
             r.nodes.clone_from(n);
-            r.nodes_named = true;
+            (r.nodes_named, r.all_nodes) = (true, false);
+        } else if self.all_nodes {
+            (r.nodes_named, r.all_nodes) = (true, true);
         } else if self.node_count.is_some() {
-            r.nodes_named = false;
+            (r.nodes_named, r.all_nodes) = (false, false);
         }
         if let Some(u) = &self.users {
             r.users.clone_from(u);
@@ -191,6 +198,15 @@ mod tests {
         assert!(backwards.apply_to(&r, false).is_err());
         assert!(r.admits("root", None) && !r.admits("bob", Some("phys")));
         assert!(r.overlaps(600_000, 700_000) && !r.overlaps(601_000, 700_000));
-        assert_eq!(AdminReservation { maint: true, ..r }.flags_text(), "MAINT,SPEC_NODES");
+        assert_eq!(AdminReservation { maint: true, ..r.clone() }.flags_text(), "MAINT,SPEC_NODES");
+        // `Nodes=ALL` makes it: ALL_NODES after SPEC_NODES, as Slurm shows them.
+        let all = ReservationChanges { nodes: None, all_nodes: true, ignore_jobs: Some(true), maint: Some(true), ..full.clone() };
+        let everything = all.apply_to(&base, true).expect("created");
+        assert_eq!(everything.flags_text(), "MAINT,IGNORE_JOBS,SPEC_NODES,ALL_NODES");
+        // Named nodes, or a count, after it: no longer all.
+        let named = ReservationChanges { nodes: Some(vec!["n1".into()]), ..Default::default() };
+        assert_eq!(named.apply_to(&everything, false).expect("updated").flags_text(), "MAINT,IGNORE_JOBS,SPEC_NODES");
+        let counted = ReservationChanges { node_count: Some(1), ..Default::default() };
+        assert_eq!(counted.apply_to(&everything, false).expect("updated").flags_text(), "MAINT,IGNORE_JOBS");
     }
 }

@@ -920,6 +920,30 @@ fn reservations_hold_their_nodes_for_their_jobs_and_windows() {
     ok("scontrol", &["delete", "ReservationName=maint"]);
     assert_eq!(c.wait_final(long, Duration::from_secs(30))["state"], "COMPLETED");
     assert_eq!(run("scontrol", &["show", "reservation"]).2, "No reservations in the system");
+
+    // Every node, as an operator declares a whole-cluster maintenance; shown as the peer shows it.
+    let busy = sbatch(&["-w", "n2", "--wrap", "sleep 300"]);
+    wait_until("a job without a time limit to run on n2", Duration::from_secs(30), || reason(busy).starts_with("RUNNING|"));
+    let (code, _, err) = run("scontrol", &["create", "reservation", "StartTime=now+1hour", "Duration=60", "Nodes=ALL", "Users=root"]);
+    assert_eq!((code, err.as_str()), (Some(1), "Error creating the reservation: Requested nodes are busy"));
+    let created = ok(
+        "scontrol",
+        &[
+            "create",
+            "reservation",
+            "ReservationName=all",
+            "StartTime=now+1hour",
+            "Duration=60",
+            "Nodes=ALL",
+            "Users=root",
+            "Flags=MAINT,IGNORE_JOBS",
+        ],
+    );
+    assert_eq!(created, "Reservation created: all");
+    let shown = ok("scontrol", &["show", "reservation", "all"]);
+    assert!(shown.contains("\n   Nodes=n[1-2] NodeCnt=2 ") && shown.contains(" Flags=MAINT,IGNORE_JOBS,SPEC_NODES,ALL_NODES\n"), "{shown}");
+    ok("scancel", &[&busy.to_string()]);
+    assert_eq!(ok("scontrol", &["delete", "ReservationName=all"]), "");
 }
 
 /// `GrpWall` (issue 45), as Slurm 22.05 with slurmdbd and priority/multifactor showed it: two

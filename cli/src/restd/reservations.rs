@@ -59,12 +59,8 @@ async fn reservations_named(served: &Served, caller: &Caller, name: Option<Strin
 pub(super) fn dump(r: &AdminReservation, nodes: &[NodeInfo]) -> Value {
     let cores: u32 = nodes.iter().filter(|n| r.nodes.contains(&n.name)).map(|n| n.cpus_total).sum();
     let list = |l: &[String]| if l.is_empty() { Value::Null } else { json!(l.join(",")) };
-    let flags: Vec<&str> = [(r.maint, "MAINT"), (r.ignore_jobs, "IGNORE_JOBS"), (r.nodes_named, "SPEC_NODES")]
-        .into_iter()
-        .filter_map(|(on, name)| on.then_some(name))
-        .collect();
     json!({
-        "flags": flags,
+        "flags": r.flags(),
         "accounts": list(&r.accounts),
         "burst_buffer": null,
         "core_count": cores,
@@ -128,5 +124,8 @@ mod tests {
         assert_eq!(keys, expected);
         assert_eq!((v["flags"].clone(), v["node_list"].clone()), (json!(["MAINT", "SPEC_NODES"]), json!("n[1-2]")));
         assert_eq!((v["start_time"].as_u64(), v["users"].as_str(), v["accounts"].is_null()), (Some(1_800_000_000), Some("root"), true));
+        // `Nodes=ALL`, as the peer's slurmrestd lists it.
+        let all = dump(&AdminReservation { ignore_jobs: true, all_nodes: true, ..r }, &[]);
+        assert_eq!(all["flags"], json!(["MAINT", "IGNORE_JOBS", "SPEC_NODES", "ALL_NODES"]));
     }
 }

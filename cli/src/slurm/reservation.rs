@@ -40,12 +40,9 @@ pub fn parse(verb: &str, args: &[String], now_s: i64) -> Result<ReservationEdit,
                 Ok(None) => return Err(SlurmError::fatal(PROG, "Duration=UNLIMITED is not supported: give an end (Duration or EndTime)")),
                 Err(time::NotATime) => return Err(bad(kv)),
             },
-            "nodes" => {
-                if v.eq_ignore_ascii_case("all") {
-                    return Err(SlurmError::fatal(PROG, format!("{kv} is not supported: list the nodes, or give NodeCnt=")));
-                }
-                c.nodes = Some(hostlist::expand(v).map_err(|e| SlurmError::fatal(PROG, e))?);
-            }
+            // `Nodes=ALL` (any case): every node, as Slurm's `ALL_NODES`.
+            "nodes" if v.eq_ignore_ascii_case("all") => (c.nodes, c.all_nodes) = (None, true),
+            "nodes" => (c.nodes, c.all_nodes) = (Some(hostlist::expand(v).map_err(|e| SlurmError::fatal(PROG, e))?), false),
             "nodecnt" | "nodecount" => c.node_count = Some(v.parse().map_err(|_| bad(kv))?),
             "users" | "user" => c.users = Some(names(v)),
             "accounts" | "account" => c.accounts = Some(names(v)),
@@ -184,6 +181,9 @@ mod tests {
         assert_eq!(changes.start_ms, Some((now_s as u64 + 3600) * 1000));
         assert_eq!((changes.duration_ms, changes.maint), (Some(90 * 60_000), Some(true)));
         assert_eq!(changes.nodes, Some(vec!["n1".to_string(), "n2".to_string()]));
+        let all = parse("create", &argv(&["reservation", "StartTime=now", "Duration=60", "Nodes=all", "Users=root"]), now_s);
+        let ReservationEdit::Create { changes, .. } = all.expect("parses") else { panic!("a create") };
+        assert_eq!((changes.nodes, changes.all_nodes), (None, true), "Nodes=ALL, any case");
         let update = parse("update", &argv(&["ReservationName=m", "NodeCnt=3", "accounts=phys"]), now_s).expect("parses");
         assert!(matches!(update, ReservationEdit::Update { ref name, ref changes } if name == "m" && changes.node_count == Some(3)));
         assert_eq!(parse("delete", &argv(&["ReservationName=m"]), now_s), Ok(ReservationEdit::Delete { name: "m".into() }));
@@ -212,6 +212,9 @@ mod tests {
         let lines: Vec<&str> = shown.lines().collect();
         assert!(lines[0].starts_with("ReservationName=root_1 StartTime=") && lines[0].ends_with(" Duration=01:00:00"), "{shown}");
         assert_eq!(lines[1], "   Nodes=n1 NodeCnt=1 CoreCnt=0 Features=(null) PartitionName=(null) Flags=MAINT,SPEC_NODES");
+        let all = AdminReservation { ignore_jobs: true, all_nodes: true, ..r.clone() };
+        let shown = text(std::slice::from_ref(&all), &[], None, 0).expect("shown");
+        assert!(shown.contains(" Flags=MAINT,IGNORE_JOBS,SPEC_NODES,ALL_NODES\n"), "as the peer shows Nodes=ALL: {shown}");
         assert_eq!(lines[3], "   Users=root Groups=(null) Accounts=(null) Licenses=(null) State=INACTIVE BurstBuffer=(null) Watts=n/a");
         assert_eq!(text(&[r], &[], Some("x"), 0).unwrap_err().text, "Reservation x not found");
         assert_eq!(text(&[], &[], None, 0).unwrap_err().text, "No reservations in the system");

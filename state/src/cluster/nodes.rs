@@ -42,6 +42,7 @@ impl ClusterState {
                     mig_pinned: BTreeMap::new(),
                 },
             );
+            self.node_joined_reservations(name);
             return CommandResult::NodeRegistered { id };
         };
         if self.is_retired(id, instance) {

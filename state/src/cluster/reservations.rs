@@ -1,6 +1,7 @@
 //! Reservations an admin makes (`scontrol create|update|delete reservation`): creating,
-//! changing and deleting one against the nodes and jobs it would hold, and what a submission
-//! naming one must meet. Ended reservations are dropped at the next edit.
+//! changing and deleting one against the nodes and jobs it would hold (`Nodes=ALL`: every
+//! node, those that join later too), and what a submission naming one must meet. Ended
+//! reservations are dropped at the next edit.
 
 use proto::{AdminReservation, CommandResult, Job, JobSpec, ReservationChanges, ReservationEdit};
 
@@ -57,6 +58,16 @@ impl ClusterState {
         }
     }
 
+    /// A node that joined the cluster joins every `Nodes=ALL` reservation (as slurmctld's
+    /// `ALL_NODES` ones follow its node table), up to [`proto::RESERVATION_NAMES_MAX`] nodes.
+    pub(super) fn node_joined_reservations(&mut self, name: &str) {
+        for r in self.reservations.values_mut().filter(|r| r.all_nodes && r.nodes.len() < proto::RESERVATION_NAMES_MAX) {
+            if let Err(at) = r.nodes.binary_search_by(|n| n.as_str().cmp(name)) {
+                r.nodes.insert(at, name.to_string());
+            }
+        }
+    }
+
     /// `USER_N` (else `ACCOUNT_N`) with the lowest N free, as Slurm names an unnamed one.
     fn reservation_name(&self, changes: &ReservationChanges) -> String {
         let first = changes.users.iter().chain(changes.accounts.iter()).flatten().next().map_or("resv", String::as_str);
@@ -84,9 +95,19 @@ impl ClusterState {
         };
         // Checked when where or when it begins is set: a running job may have outgrown an
         // older reservation's window (an update of its users does not fail on that).
-        let moved = creating || changes.nodes.is_some() || changes.node_count.is_some() || changes.start_ms.is_some();
+        let moved = creating || changes.nodes.is_some() || changes.all_nodes || changes.node_count.is_some() || changes.start_ms.is_some();
         let busy = |node: &str, r: &AdminReservation| moved && !r.ignore_jobs && self.runs_into(node, r.start_ms, Some(&r.name));
-        if let Some(count) = changes.node_count.filter(|_| changes.nodes.is_none()) {
+        if changes.all_nodes && changes.nodes.is_none() {
+            // `Nodes=ALL`: every node the cluster has, whatever its state (Slurm's active
+            // bitmap), by name.
+            let mut all: Vec<String> = self.nodes.values().map(|n| n.name.clone()).collect();
+            all.sort_unstable();
+            if all.is_empty() || all.len() > proto::RESERVATION_NAMES_MAX {
+                return Err("Invalid node name specified".into());
+            }
+            r.nodes = all;
+        }
+        if let Some(count) = changes.node_count.filter(|_| changes.nodes.is_none() && !changes.all_nodes) {
             let mut up: Vec<&str> = self.nodes.values().filter(|n| n.state == proto::NodeState::Up).map(|n| n.name.as_str()).collect();
             up.sort_unstable();
             let free: Vec<String> = up.into_iter().filter(|n| !clashes(n, &r) && !busy(n, &r)).map(str::to_string).collect();
@@ -137,7 +158,7 @@ impl ClusterState {
 mod tests {
     use proto::{Command, CommandResult, ReservationChanges, ReservationEdit};
 
-    use crate::cluster::test_support::{alloc, inventory, plan, spec, submit, with_node_n1};
+    use crate::cluster::test_support::{alloc, inventory, plan, register, spec, submit, with_node_n1};
     use crate::cluster::ClusterState;
 
     const HOUR: u64 = 3_600_000;
@@ -209,5 +230,37 @@ mod tests {
         assert_eq!(s.reservation_refusal(&job, 0), None);
         job.set_reservation(Some("nope"));
         assert_eq!(s.reservation_refusal(&job, 0), Some("Requested reservation is invalid"));
+    }
+
+    #[test]
+    fn nodes_all_covers_every_node_and_those_that_join() {
+        let mut s = with_node_n1(inventory(8));
+        register(&mut s, "n2", 2);
+        let all = |maint: bool, ignore_jobs: bool| ReservationChanges {
+            nodes: None,
+            all_nodes: true,
+            ignore_jobs: Some(ignore_jobs),
+            ..window(HOUR, &[], maint)
+        };
+        let create = |name: &str, c: ReservationChanges| ReservationEdit::Create { name: Some(name.into()), changes: c };
+        // A job running on n2 without a time limit is in the way, unless IGNORE_JOBS.
+        let job = submit(&mut s, spec(1, 1));
+        assert_eq!(plan(&mut s, job, 1, vec![alloc(2, &[0])]), CommandResult::Planned { accepted: vec![job], rejected: vec![] });
+        assert_eq!(edit(&mut s, create("busy", all(true, false)), 0), CommandResult::Rejected("Requested nodes are busy".into()));
+        assert_eq!(edit(&mut s, create("maint", all(true, true)), 0), CommandResult::ReservationMade { name: "maint".into() });
+        let r = &s.reservations["maint"];
+        assert_eq!(
+            (r.nodes.clone(), r.flags_text()),
+            (vec!["n1".to_string(), "n2".to_string()], "MAINT,IGNORE_JOBS,SPEC_NODES,ALL_NODES".into())
+        );
+        // A node that joins is in it.
+        register(&mut s, "n0", 3);
+        assert_eq!(s.reservations["maint"].nodes, ["n0", "n1", "n2"]);
+        // Named nodes after it: no longer every node, and a node that joins then is not in it.
+        let named = ReservationChanges { nodes: Some(vec!["n1".into()]), ..Default::default() };
+        assert_eq!(edit(&mut s, ReservationEdit::Update { name: "maint".into(), changes: named }, 0), CommandResult::Ok);
+        register(&mut s, "n3", 4);
+        let r = &s.reservations["maint"];
+        assert_eq!((r.nodes.clone(), r.flags_text()), (vec!["n1".to_string()], "MAINT,IGNORE_JOBS,SPEC_NODES".into()));
     }
 }
