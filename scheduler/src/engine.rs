@@ -1311,7 +1311,8 @@ impl<'v> Pass<'v> {
             let enough = |f: &Freeing, idle: bool| f.enough() && (!j.exclusive || idle);
             let releases = &timeline[n];
             let mut at = if enough(&free, releases.is_empty() && node.idle()) { Some(self.now_ms) } else { None };
-            let mut k = 0;
+            // Sorted by end: releases that never come (no time limit) free nothing to plan on.
+            let mut k = if releases.first().is_some_and(|r| r.0 == u64::MAX) { releases.len() } else { 0 };
             while at.is_none() && k < releases.len() {
                 let (end, a) = &releases[k];
                 free.release(a);

@@ -77,13 +77,20 @@ fn running_usage(view: &ClusterView, now_ms: u64) -> BTreeMap<(String, String), 
     sums.into_iter().map(|((a, u), ms)| ((a.to_string(), u.to_string()), ms)).collect()
 }
 
-/// Priority of every job of `view.jobs` (same order); 0 for jobs not pending or running.
+/// Priority of every job of `view.jobs` (same order); 0 for jobs not pending or running, and
+/// for running jobs when no QoS may preempt (only preemption compares them).
 pub fn priorities(view: &ClusterView, now_ms: u64) -> Vec<u64> {
-    factors(view, now_ms).into_iter().map(|f| f.map_or(0, |f| f.priority)).collect()
+    let running = view.config.qos.values().any(|q| !q.preempt.is_empty());
+    factors_of(view, now_ms, running).into_iter().map(|f| f.map_or(0, |f| f.priority)).collect()
 }
 
 /// The factors of every job of `view.jobs` (same order); `None` for jobs not pending or running.
 pub fn factors(view: &ClusterView, now_ms: u64) -> Vec<Option<Factors>> {
+    factors_of(view, now_ms, true)
+}
+
+/// [`factors`], with `None` for running jobs too unless `running`.
+fn factors_of(view: &ClusterView, now_ms: u64, running: bool) -> Vec<Option<Factors>> {
     let w = &view.config.weights;
     let gpus_total: u64 = view.nodes.values().map(|n| n.gpus.len() as u64).sum();
     let cpus_total: u64 = view.nodes.values().map(|n| u64::from(n.cpus_total)).sum();
@@ -96,7 +103,7 @@ pub fn factors(view: &ClusterView, now_ms: u64) -> Vec<Option<Factors>> {
     let mut fair: BTreeMap<(Option<&str>, &str), f64> = BTreeMap::new();
     let mut out = Vec::with_capacity(view.jobs.len());
     for j in &view.jobs {
-        if j.state.is_final() {
+        if j.state.is_final() || (!running && j.state != JobState::Pending) {
             out.push(None);
             continue;
         }

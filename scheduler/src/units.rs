@@ -105,13 +105,14 @@ impl Kinds<'_> {
 
 /// What a node has free for a job as its allocations end one by one: units of the job's kind,
 /// CPUs and memory. Where shards are involved (a shard job, or shards held on the node) a
-/// copy of the node is given each allocation back and counted again; else the count is kept
-/// by [`Kinds::freed`] alone, without a copy.
+/// copy of the node, made at the first release, is given each allocation back and counted
+/// again; else the count is kept by [`Kinds::freed`] alone, without a copy.
 pub(crate) struct Freeing<'a> {
     kinds: Kinds<'a>,
     node: &'a NodeView,
     job: &'a JobRequest,
     tid: u16,
+    exact: bool,
     copy: Option<NodeView>,
     pub units: u32,
     pub cpus: u32,
@@ -126,7 +127,8 @@ impl<'a> Freeing<'a> {
             node,
             job,
             tid,
-            copy: exact.then(|| node.clone()),
+            exact,
+            copy: None,
             units: kinds.units_free(node, job, tid),
             cpus: node.cpus_free(),
             mem_mib: node.mem_free_mib(),
@@ -137,13 +139,13 @@ impl<'a> Freeing<'a> {
     pub fn release(&mut self, alloc: &Allocation) {
         self.cpus = self.cpus.saturating_add(alloc.cpus);
         self.mem_mib = self.mem_mib.saturating_add(alloc.mem_mib);
-        match &mut self.copy {
-            Some(copy) => {
-                copy.give_back(alloc);
-                self.units = self.kinds.units_free(copy, self.job, self.tid);
-            }
-            None => self.units = self.units.saturating_add(self.kinds.freed(self.node, alloc, self.tid)),
+        if !self.exact {
+            self.units = self.units.saturating_add(self.kinds.freed(self.node, alloc, self.tid));
+            return;
         }
+        let copy = self.copy.get_or_insert_with(|| self.node.clone());
+        copy.give_back(alloc);
+        self.units = self.kinds.units_free(copy, self.job, self.tid);
     }
 
     /// Whether what is free now holds one node's share of the job.
