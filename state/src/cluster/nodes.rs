@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use proto::slot::decode_slot;
 use proto::{CommandResult, InstanceId, Inventory, JobId, JobState, NodeId, NodeRecord, NodeRun, NodeState};
 
 use super::jobs::requeue_job;
@@ -169,13 +170,16 @@ impl ClusterState {
         }
         if !healthy {
             let why = format!("{what} on {} unhealthy: {reason}", node.name);
-            self.lose_parts(|p| p.alloc.node == id && p.alloc.gpus.contains(&gpu), &why, Loss::GpuFault, now_ms);
+            // Every part on the GPU: whole, shards of it, or its MIG instances (slots name GPUs).
+            let on_gpu = |p: &NodeRun| p.alloc.node == id && p.alloc.gpus.iter().any(|&s| decode_slot(s).gpu() == gpu);
+            self.lose_parts(on_gpu, &why, Loss::GpuFault, now_ms);
         }
         CommandResult::Ok
     }
 
     pub(super) fn update_inventory(&mut self, id: NodeId, inventory: &Inventory) -> CommandResult {
-        let held: BTreeSet<u32> = self.parts_on(id).flat_map(|p| p.alloc.gpus.iter().copied()).collect();
+        // GPU indices: a part's slots name MIG instances and shards by their GPU.
+        let held: BTreeSet<u32> = self.parts_on(id).flat_map(|p| p.alloc.gpus.iter().map(|&s| decode_slot(s).gpu())).collect();
         let Some(node) = self.nodes.get_mut(&id) else {
             return rejected(format!("unknown node {id}"));
         };
@@ -404,6 +408,35 @@ mod tests {
         };
         assert!(matches!(s.apply(&again), CommandResult::Rejected(_)));
         assert_eq!(s.nodes[&a].instance, 101);
+        s.check_invariants();
+    }
+
+    #[test]
+    fn a_fault_of_a_shared_gpu_loses_its_sharers_and_inventory_updates_see_gpus_not_slots() {
+        let mut inv = inventory(2);
+        inv.gpus.iter_mut().for_each(|g| g.shards = 4);
+        let mut s = with_node_n1(inv.clone());
+        let n1 = s.node_by_name("n1").map(|n| n.id).expect("n1");
+        let mut shards = spec(0, 1);
+        shards.gres = Some(proto::GresRequest::shards(None, 2));
+        let (x, y, whole) = (submit(&mut s, shards.clone()), submit(&mut s, shards), submit(&mut s, spec(1, 1)));
+        for (job, slots) in [(x, vec![proto::slot::shard_slot(0, 2)]), (y, vec![proto::slot::shard_slot(0, 2)]), (whole, vec![1])] {
+            assert_eq!(plan(&mut s, job, 1, vec![alloc(n1, &slots)]), CommandResult::Planned { accepted: vec![job], rejected: vec![] });
+        }
+        // GPU 0 is shared: it may not be held whole now.
+        let more = submit(&mut s, spec(1, 1));
+        let CommandResult::Planned { accepted, rejected } = plan(&mut s, more, 1, vec![alloc(n1, &[0])]) else { panic!("not planned") };
+        assert!(accepted.is_empty() && rejected.len() == 1 && rejected[0].1.contains("gpu 0 is busy"), "{rejected:?}");
+        // The node reports its inventory again (a MIG layout elsewhere, say): its GPUs are held
+        // through slots naming them, and none of them is gone.
+        let update = Command::UpdateInventory { node: n1, inventory: inv, reason: "relaid".into(), now_ms: 35 };
+        assert_eq!(s.apply(&update), CommandResult::Ok);
+        let fault = Command::GpuHealth { node: n1, gpu: 0, mig_uuid: None, healthy: false, reason: "xid 79".into(), now_ms: 40 };
+        assert_eq!(s.apply(&fault), CommandResult::Ok);
+        for job in [x, y] {
+            assert_eq!(s.jobs[&job].state, JobState::NodeFail, "job {job} shared the faulty GPU");
+        }
+        assert_eq!(s.jobs[&whole].state, JobState::Running, "the job on GPU 1 runs on");
         s.check_invariants();
     }
 
