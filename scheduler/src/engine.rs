@@ -9,7 +9,7 @@ use proto::{Allocation, DependencyKind, JobId, JobState, NodeId, Placement};
 
 use crate::fit::{is_mig_profile, node_matches};
 use crate::format::fmt_time_ms;
-use crate::frag::{self, Workload};
+use crate::frag::{self, FragIndex};
 use crate::limits::LimitUsage;
 use crate::mig;
 use crate::topo;
@@ -239,8 +239,9 @@ struct Pass<'v> {
     /// What running jobs and this pass's starts hold against the accounting limits (`None`:
     /// nothing is limited).
     limits: Option<LimitUsage>,
-    /// The shapes of the jobs held, for fragmentation-aware placement (made on first use).
-    workload: Option<Workload<'v>>,
+    /// The nodes in classes of nodes alike, with the workload, for fragmentation-aware
+    /// placement (made on first use, kept as the pass places work).
+    frag: Option<FragIndex>,
     plan: Plan,
 }
 
@@ -433,7 +434,7 @@ impl<'v> Pass<'v> {
             timeline: None,
             holders: None,
             limits: LimitUsage::new(view, now_ms),
-            workload: None,
+            frag: None,
             plan: Plan::default(),
         };
         pass.prio = crate::priority::priorities(view, now_ms);
@@ -903,17 +904,15 @@ impl<'v> Pass<'v> {
         Some(Pick { node: n, gpus, mig: Vec::new(), shared: None })
     }
 
-    /// A single node for `j` among the nodes of bucket `b` that may hold it, where it adds the
-    /// least fragmentation ([`frag::choose`]); the GPU to share is the one it chose.
+    /// A single node for `j` among the nodes of partition `part` that may hold it, where it
+    /// adds the least fragmentation ([`FragIndex::choose`]); the GPU to share is the one it chose.
     fn find_unfragmented(&mut self, j: &JobRequest, part: u16, tid: u16, fence: Fence) -> Result<Vec<Pick>, Fail> {
-        if self.workload.is_none() {
-            self.workload = Some(Workload::of(&self.view.jobs));
-        }
-        let (Some(b), Some(w)) = (self.index.get(&(part, tid)), &self.workload) else { return Err(Fail::NoNode) };
-        let skip = if j.shards_per_node > 0 { 0 } else { j.gpus_per_node as usize };
-        let cands = b.by_free.iter().skip(skip).flat_map(|s| s.iter().map(|&n| n as usize)).filter(|&n| self.node_ok(n, j, tid, fence));
-        let cands: Vec<usize> = cands.take(SINGLE_NODE_TRIES_MAX).collect();
-        let (n, shared) = frag::choose(&self.nodes, cands.into_iter(), w, j).ok_or(Fail::NoNode)?;
+        let type_ix = &self.type_ix;
+        let ty_of = |t: &str| type_ix.get(t).copied();
+        let mut frag = self.frag.take().unwrap_or_else(|| FragIndex::new(&self.view.jobs, &self.nodes, &self.node_parts, &ty_of));
+        let chosen = frag.choose(&self.nodes, j, part, &ty_of, |n| self.node_ok(n, j, tid, fence));
+        self.frag = Some(frag);
+        let (n, shared) = chosen.ok_or(Fail::NoNode)?;
         let mut pick = self.pick(n, j, tid).ok_or(Fail::NoNode)?;
         if shared.is_some() {
             pick.shared = shared;
@@ -927,7 +926,9 @@ impl<'v> Pass<'v> {
         let Some(b) = self.index.get(&(part, tid)) else {
             return Err(Fail::Never(self.never_text(j, part)));
         };
-        if j.nodes == 1 && j.nodelist.is_empty() && self.view.config.fragmentation_aware && !j.exclusive {
+        // MIG instances are placed by their own rules (`topo::pick_mig`), not by fragmentation.
+        if j.nodes == 1 && j.nodelist.is_empty() && self.view.config.fragmentation_aware && !j.exclusive && !self.type_is_mig[tid as usize]
+        {
             return self.find_unfragmented(j, part, tid, fence);
         }
         if j.nodes == 1 {
@@ -1243,6 +1244,10 @@ impl<'v> Pass<'v> {
         let node = &self.nodes[n];
         if !node.schedulable {
             return;
+        }
+        if let Some(frag) = &mut self.frag {
+            let type_ix = &self.type_ix;
+            frag.update(n, node, &self.node_parts[n], &|t: &str| type_ix.get(t).copied());
         }
         for k in 0..self.node_keys[n].len() {
             let (p, t, old) = self.node_keys[n][k];
