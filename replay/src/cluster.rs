@@ -15,6 +15,9 @@ pub struct NodeSpec {
     pub mem_mib: u64,
     /// Shards of each GPU (`shards_per_gpu`; 0: no GPU is shared).
     pub shards_per_gpu: u32,
+    /// When not empty, one layout per GPU: every GPU is an A100 80GB in MIG mode with these
+    /// instances (an empty layout: none yet), as `crate::mig` replays it.
+    pub mig_layouts: Vec<Vec<String>>,
 }
 
 /// `count` nodes of `gpus` (`TYPE:N`, as `--gpus h100:8`), each with `cpus` and `mem_mib`.
@@ -32,6 +35,7 @@ pub fn uniform(count: u32, gpus: &str, cpus: u32, mem_mib: u64) -> anyhow::Resul
             cpus,
             mem_mib,
             shards_per_gpu: 0,
+            mig_layouts: Vec::new(),
         })
         .collect())
 }
@@ -50,12 +54,17 @@ pub fn openb_nodes(text: &str, shards_per_gpu: u32, cpu_unit_milli: u32) -> anyh
             gpus: r.num(3)? as u32,
             gres_type: r.get(4).to_ascii_lowercase(),
             shards_per_gpu,
+            mig_layouts: Vec::new(),
         });
     }
     Ok(nodes)
 }
 
 fn inventory(spec: &NodeSpec) -> Inventory {
+    if !spec.mig_layouts.is_empty() {
+        let gpus = spec.mig_layouts.iter().enumerate().map(|(i, l)| crate::mig::gpu(&spec.name, i as u32, l)).collect();
+        return Inventory { gpus, cpus: spec.cpus, memory_mib: spec.mem_mib, ..Inventory::default() };
+    }
     Inventory {
         gpus: (0..spec.gpus)
             .map(|i| GpuInfo {

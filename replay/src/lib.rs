@@ -11,6 +11,7 @@
 pub mod cluster;
 mod log;
 pub mod metrics;
+pub mod mig;
 pub mod placement;
 pub mod plot;
 pub mod slurm;
@@ -18,6 +19,7 @@ pub mod timed;
 pub mod trace;
 
 pub use cluster::NodeSpec;
+pub use engine::Policy;
 pub use metrics::Report;
 pub use trace::TraceJob;
 
@@ -36,41 +38,41 @@ pub const POLICIES: &[&str] = &[
     "slurm-22.05-tuned",
 ];
 
-/// Corral's scheduler with its reservation or placement settings changed.
-struct CorralWith {
-    reserve_after_wait_ms: u64,
-    reservation_depth: u32,
-    fragmentation_aware: bool,
-}
+/// Corral's scheduler with its settings changed as its function says.
+struct CorralWith<F: Fn(&mut scheduler::SchedulerConfig)>(F);
 
-impl engine::Policy for CorralWith {
+impl<F: Fn(&mut scheduler::SchedulerConfig)> engine::Policy for CorralWith<F> {
     fn schedule(&mut self, view: &scheduler::ClusterView, now_ms: u64) -> scheduler::Plan {
         let mut view = view.clone();
-        view.config.reserve_after_wait_ms = self.reserve_after_wait_ms;
-        view.config.reservation_depth = self.reservation_depth;
-        view.config.fragmentation_aware = self.fragmentation_aware;
+        (self.0)(&mut view.config);
         scheduler::schedule(&view, now_ms)
     }
+}
+
+/// Corral's scheduler with MIG layouts kept as they are (never relaid for the demand), as a
+/// cluster of static layouts runs.
+pub fn corral_static_mig() -> Box<dyn engine::Policy> {
+    Box::new(CorralWith(|c: &mut scheduler::SchedulerConfig| c.mig_layouts_per_pass_max = 0))
 }
 
 /// The policy named `name` (one of [`POLICIES`]).
 pub fn policy(name: &str) -> anyhow::Result<Box<dyn engine::Policy>> {
     if let Some(secs) = name.strip_prefix("corral-reserve-after=") {
         let secs: u64 = secs.parse().map_err(|_| anyhow::anyhow!("corral-reserve-after= takes whole seconds, not '{secs}'"))?;
-        return Ok(Box::new(CorralWith {
-            reserve_after_wait_ms: secs.saturating_mul(1000),
-            reservation_depth: 1,
-            fragmentation_aware: true,
-        }));
+        let after_ms = secs.saturating_mul(1000);
+        return Ok(Box::new(CorralWith(move |c: &mut scheduler::SchedulerConfig| c.reserve_after_wait_ms = after_ms)));
     }
     if let Some(n) = name.strip_prefix("corral-reservations=") {
         let n: u32 = n.parse().map_err(|_| anyhow::anyhow!("corral-reservations= takes a count, not '{n}'"))?;
-        return Ok(Box::new(CorralWith { reserve_after_wait_ms: u64::MAX, reservation_depth: n.max(1), fragmentation_aware: true }));
+        return Ok(Box::new(CorralWith(move |c: &mut scheduler::SchedulerConfig| c.reservation_depth = n.max(1))));
     }
     Ok(match name {
         "corral" => Box::new(engine::CorralPolicy),
-        "corral-easy" => Box::new(CorralWith { reserve_after_wait_ms: u64::MAX, reservation_depth: 1, fragmentation_aware: true }),
-        "corral-bestfit" => Box::new(CorralWith { reserve_after_wait_ms: u64::MAX, reservation_depth: 1, fragmentation_aware: false }),
+        "corral-easy" => Box::new(CorralWith(|c: &mut scheduler::SchedulerConfig| {
+            c.reserve_after_wait_ms = u64::MAX;
+            c.reservation_depth = 1;
+        })),
+        "corral-bestfit" => Box::new(CorralWith(|c: &mut scheduler::SchedulerConfig| c.fragmentation_aware = false)),
         "slurm-22.05" => Box::new(slurm::SlurmModel::new(slurm::SlurmConfig::stock())),
         "slurm-22.05-tuned" => Box::new(slurm::SlurmModel::new(slurm::SlurmConfig::tuned())),
         other => anyhow::bail!("unknown policy '{other}': the policies are {}", POLICIES.join(", ")),

@@ -56,11 +56,12 @@ pub fn inflated(pods: &[Pod], capacity_milli: u64, inflate: f64, seed: u64) -> V
 /// `shards_per_gpu` (a share `gpu_milli` of 1000 asks as many shards, rounded up), or a whole
 /// GPU when they have none (Slurm without `gres/shard`); its CPUs in units of `cpu_unit_milli`
 /// thousandths of a core, rounded up (the nodes' are counted in the same units).
-fn spec_of(pod: &Pod, shards_per_gpu: u32, cpu_unit_milli: u32) -> (JobSpec, bool) {
+fn spec_of(pod: &Pod, shards_per_gpu: u32, cpu_unit_milli: u32, mig: bool) -> (JobSpec, bool) {
     let relaxed = pod.models.len() > 1;
     let gpu_type = if pod.models.len() == 1 { Some(pod.models[0].as_str()) } else { None };
     let share = pod.gpus == 1 && pod.gpu_milli < 1000 && shards_per_gpu > 0;
     let gres = match pod.gpus {
+        _ if mig => crate::mig::request(pod),
         0 => None,
         _ if share => {
             Some(GresRequest::shards(gpu_type, (u64::from(pod.gpu_milli) * u64::from(shards_per_gpu)).div_ceil(1000).max(1) as u32))
@@ -97,6 +98,7 @@ pub fn run(
     let instances: BTreeMap<NodeId, InstanceId> = cluster::register(&mut log.state, nodes)?.into_iter().collect();
     let capacity_milli: u64 = nodes.iter().map(|n| u64::from(n.gpus) * 1000).sum();
     let shards_per_gpu = nodes.iter().map(|n| n.shards_per_gpu).max().unwrap_or(0);
+    let mig = nodes.iter().any(|n| !n.mig_layouts.is_empty());
     let mut leader = Leader::with_policy(policy, u64::MAX / 4);
     let mut report = PlacementReport { policy: policy_name.to_string(), seed, pods: list.len(), ..PlacementReport::default() };
     let (mut arrived, mut allocated) = (0u64, 0u64);
@@ -104,7 +106,7 @@ pub fn run(
     // Each pod at its own millisecond: the engine sees time move as it would.
     for (k, pod) in list.iter().enumerate() {
         let now_ms = k as u64 + 1;
-        let (spec, relaxed) = spec_of(pod, shards_per_gpu, cpu_unit_milli);
+        let (spec, relaxed) = spec_of(pod, shards_per_gpu, cpu_unit_milli, mig);
         arrived += pod.gpu_milli_total();
         if log.state.admission(&spec, true, now_ms).is_err() {
             continue;
@@ -112,9 +114,14 @@ pub fn run(
         let CommandResult::Submitted { job } = log.apply(&Command::Submit { spec, now_ms }) else {
             continue;
         };
-        if let Some(pass) = leader.schedule_pass(&log, now_ms, || u32::MAX) {
+        // A pass; where it asked for MIG layouts (the pod's), they are applied and it runs again.
+        for _ in 0..3 {
+            let Some(pass) = leader.schedule_pass(&log, now_ms, || u32::MAX) else { break };
             for cmd in &pass.commands {
                 log.apply(cmd);
+            }
+            if pass.starts > 0 || crate::mig::apply(&mut log, &pass.mig_layouts, now_ms) == 0 {
+                break;
             }
         }
         let orders = leader.orders(&log.state, now_ms);

@@ -427,24 +427,37 @@ pub fn never_fits<'a>(nodes: impl IntoIterator<Item = (&'a str, &'a [proto::GpuI
 }
 
 /// The layout an idle GPU of `model` should take to serve as much of `demand` (profile ->
-/// instances wanted) as one GPU can: largest profiles first, each added while it still fits.
-/// Unknown profiles are ignored. Empty demand gives an empty layout.
+/// instances wanted) as one GPU can: largest profiles first, each added while it still fits;
+/// then the rest of the GPU filled, with more of the demanded profiles (largest first), then
+/// with the model's smallest: a GPU is relaid only while idle, so slices left out of a layout
+/// would stay unused until all its instances are idle again. Unknown profiles are ignored.
+/// Empty demand gives an empty layout.
 pub fn plan_layout(model: Model, demand: &BTreeMap<String, u32>) -> Layout {
     let mut wanted: Vec<(&'static Profile, u32)> =
         demand.iter().filter_map(|(name, &n)| model.profile(name).map(|p| (p, n.min(COMPUTE_SLICES)))).collect();
     wanted.sort_by(|a, b| b.0.compute_slices.cmp(&a.0.compute_slices).then(a.0.name.cmp(b.0.name)));
     let mut chosen: Vec<&str> = Vec::new();
     let mut best = Layout { model, instances: Vec::new() };
-    for (profile, count) in wanted {
+    let mut add_while_it_fits = |profile: &'static Profile, count: u32, chosen: &mut Vec<&str>| {
         for _ in 0..count {
             chosen.push(profile.name);
-            match placeable(model, &chosen) {
+            match placeable(model, chosen) {
                 Ok(layout) => best = layout,
                 Err(_) => {
                     chosen.pop();
                     break;
                 }
             }
+        }
+    };
+    for &(profile, count) in &wanted {
+        add_while_it_fits(profile, count, &mut chosen);
+    }
+    if !chosen.is_empty() {
+        let smallest = model.profiles().iter().filter(|p| !p.name.ends_with("+me")).min_by_key(|p| (p.compute_slices, p.memory_slices));
+        let fillers = wanted.iter().map(|&(p, _)| p).chain(smallest);
+        for profile in fillers {
+            add_while_it_fits(profile, COMPUTE_SLICES, &mut chosen);
         }
     }
     best
@@ -503,6 +516,16 @@ mod tests {
         assert_eq!(l.profiles(), vec!["1g.18gb", "1g.18gb", "1g.18gb", "1g.18gb", "3g.71gb"]);
         let l = plan_layout(Model::A100Gb40, &[("3g.20gb".to_string(), 3)].into());
         assert_eq!(l.profiles(), vec!["3g.20gb", "3g.20gb"]);
+    }
+
+    #[test]
+    fn a_planned_layout_fills_the_gpu_with_the_demanded_profiles_then_the_smallest() {
+        let one = |p: &str| -> BTreeMap<String, u32> { [(p.to_string(), 1)].into() };
+        assert_eq!(plan_layout(Model::A100Gb80, &one("1g.10gb")).profiles(), vec!["1g.10gb"; 7]);
+        let l = plan_layout(Model::A100Gb80, &one("4g.40gb"));
+        assert_eq!(l.profiles(), vec!["4g.40gb", "1g.10gb", "1g.10gb", "1g.10gb"]);
+        assert_eq!(plan_layout(Model::A100Gb80, &one("7g.80gb")).profiles(), vec!["7g.80gb"]);
+        assert!(plan_layout(Model::A100Gb80, &BTreeMap::new()).instances.is_empty());
     }
 
     #[test]

@@ -182,8 +182,9 @@ fn mig_instances_are_gres_with_start_slices() {
     assert_eq!(gpus_of(&plan, 2), vec![(1, vec![mig_slot(0, 0)])]);
     assert_eq!(gpus_of(&plan, 3), vec![(1, vec![mig_slot(1, 1), mig_slot(1, 2)])]);
     assert_eq!(plan.pending[&4], vec!["no node in partition default has gpu:1g.35gb".to_string()]);
-    // The idle MIG GPU 2 is asked to take a layout that serves the pending demand.
-    assert_eq!(plan.mig_layouts, vec![(1, 2, vec!["1g.35gb".to_string()])]);
+    // The idle MIG GPU 2 is asked to take a layout that serves the pending demand, filled with
+    // more of it: slices left out would stay unused until the GPU is idle again.
+    assert_eq!(plan.mig_layouts, vec![(1, 2, vec!["1g.35gb".to_string(); 4])]);
     // fits: a whole GPU in MIG mode, a busy instance, a wrong profile.
     let n = &c.view.nodes[&1];
     let job = |id| c.view.jobs.iter().find(|j| j.id == id).unwrap().clone();

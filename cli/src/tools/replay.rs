@@ -61,6 +61,11 @@ pub struct OpenbArgs {
     /// Seeds replayed at once (each on a thread of its own).
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// Every GPU an A100 80GB in MIG mode, each pod asking the smallest profile that holds its
+    /// share: Corral's layouts chosen from the demand (`corral-mig-demand`) against static
+    /// layouts sized from the whole pod list (`corral-mig-static`); `--policies` is not read.
+    #[arg(long)]
+    mig: bool,
 }
 
 #[derive(Args)]
@@ -282,8 +287,37 @@ fn fgd_published(text: &str, workload: &str) -> anyhow::Result<Vec<(String, f64,
     Ok(sums.into_iter().map(|(p, (a, b, n))| (p, a / n as f64, b / n as f64, n)).collect())
 }
 
+/// The MIG variant's rows: layouts chosen from the demand, and static ones.
+const MIG_DEMAND: &str = "corral-mig-demand";
+const MIG_STATIC: &str = "corral-mig-static";
+
+/// The nodes and policy of one openb row: as read, or in MIG mode for the MIG rows (every GPU
+/// with no instance yet, or with the layouts `tasks` size).
+fn openb_setup(
+    name: &str,
+    nodes: &[cluster::NodeSpec],
+    tasks: &[trace::Pod],
+) -> anyhow::Result<(Vec<cluster::NodeSpec>, Box<dyn replay::Policy>)> {
+    let in_mig = |layouts: &mut dyn Iterator<Item = Vec<String>>| -> Vec<cluster::NodeSpec> {
+        let mut out = nodes.to_vec();
+        for n in &mut out {
+            n.mig_layouts = (0..n.gpus).map(|_| layouts.next().unwrap_or_default()).collect();
+        }
+        out
+    };
+    Ok(match name {
+        MIG_DEMAND => (in_mig(&mut std::iter::repeat(Vec::new())), replay::policy("corral")?),
+        MIG_STATIC => {
+            let gpus: u32 = nodes.iter().map(|n| n.gpus).sum();
+            (in_mig(&mut replay::mig::static_layouts(tasks, gpus as usize).into_iter()), replay::corral_static_mig())
+        }
+        _ => (nodes.to_vec(), replay::policy(name)?),
+    })
+}
+
 fn run_openb(args: &OpenbArgs, json_out: bool) -> anyhow::Result<()> {
-    let OpenbArgs { pods, inventory, inflate, seeds, policies: list, fgd_results: fgd, shards_per_gpu, cpu_unit_milli, threads } = args;
+    let OpenbArgs { pods, inventory, inflate, seeds, policies: list, fgd_results: fgd, shards_per_gpu, cpu_unit_milli, threads, mig } =
+        args;
     let (inflate, shards_per_gpu, cpu_unit_milli) = (*inflate, *shards_per_gpu, *cpu_unit_milli);
     if shards_per_gpu > proto::limits::SHARDS_PER_GPU_MAX {
         bail!("--shards-per-gpu takes at most {}, not {shards_per_gpu}", proto::limits::SHARDS_PER_GPU_MAX);
@@ -300,24 +334,20 @@ fn run_openb(args: &OpenbArgs, json_out: bool) -> anyhow::Result<()> {
     let nodes: Vec<_> = nodes.into_iter().filter(|n| n.gpus > 0 || n.cpus > 0).collect();
     let capacity_milli: u64 = nodes.iter().map(|n| u64::from(n.gpus) * 1000).sum();
     let seeds = parse_seeds(seeds)?;
-    let names = policies(list)?;
+    let names = if *mig { vec![MIG_DEMAND.to_string(), MIG_STATIC.to_string()] } else { policies(list)? };
     let mut out = Map::new();
     let mut lines = Vec::new();
     for name in &names {
-        let mut runs = Vec::new();
         let started = Instant::now();
+        let run = |seed: u64| {
+            let tasks = placement::inflated(&pod_list, capacity_milli, inflate, seed);
+            let (nodes, policy) = openb_setup(name, &nodes, &tasks)?;
+            placement::run(&tasks, &nodes, cpu_unit_milli, policy, name, seed)
+        };
+        let mut runs = Vec::new();
         for batch in seeds.chunks((*threads).max(1)) {
             let done: Vec<anyhow::Result<placement::PlacementReport>> = std::thread::scope(|scope| {
-                let handles: Vec<_> = batch
-                    .iter()
-                    .map(|&seed| {
-                        let (pod_list, nodes) = (&pod_list, &nodes);
-                        scope.spawn(move || {
-                            let tasks = placement::inflated(pod_list, capacity_milli, inflate, seed);
-                            placement::run(&tasks, nodes, cpu_unit_milli, replay::policy(name)?, name, seed)
-                        })
-                    })
-                    .collect();
+                let handles: Vec<_> = batch.iter().map(|&seed| scope.spawn(move || run(seed))).collect();
                 handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a replay thread panicked")))).collect()
             });
             for r in done {
