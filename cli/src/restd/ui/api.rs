@@ -120,21 +120,34 @@ pub(super) async fn nodes(State(api): State<Arc<Api>>, Extension(caller): Extens
     };
     let query = proto::JobQuery { live: true, brief: true, states: vec![JobState::Running], ..Default::default() };
     let running = cluster.query_jobs(query, PATIENCE).await.map_err(failed)?;
-    // (node, slot) → (job, user)
-    let mut holders: BTreeMap<(NodeId, u32), (u64, &str)> = BTreeMap::new();
+    // (node, slot) → (job, user); shards by (node, gpu) → every (job, user, shards) sharing it
+    let mut holders = Holders::new();
+    let mut sharers = Sharers::new();
     for j in &running {
         for part in j.parts.iter().filter(|p| p.run == j.run) {
             for slot in &part.alloc.gpus {
-                holders.insert((part.alloc.node, *slot), (j.id, j.spec.user.as_str()));
+                match scheduler::decode_slot(*slot) {
+                    Slot::Shard { gpu, shards } => sharers.entry((part.alloc.node, gpu)).or_default().push((j.id, &j.spec.user, shards)),
+                    _ => _ = holders.insert((part.alloc.node, *slot), (j.id, j.spec.user.as_str())),
+                }
             }
         }
     }
-    let rows: Vec<Value> = nodes.iter().map(|n| node_row(n, &holders)).collect();
+    let rows: Vec<Value> = nodes.iter().map(|n| node_row(n, &holders, &sharers)).collect();
     Ok(Json(json!({ "nodes": rows, "running_jobs": running.len() })))
 }
 
-fn node_row(n: &NodeInfo, holders: &BTreeMap<(NodeId, u32), (u64, &str)>) -> Value {
+/// The job (and its user) holding each (node, slot).
+type Holders<'a> = BTreeMap<(NodeId, u32), (u64, &'a str)>;
+/// The jobs (with their users and shards) sharing each (node, gpu).
+type Sharers<'a> = BTreeMap<(NodeId, u32), Vec<(u64, &'a str, u32)>>;
+
+fn node_row(n: &NodeInfo, holders: &Holders, sharers: &Sharers) -> Value {
     let holder = |slot: u32| holders.get(&(n.id, slot)).map(|(job, user)| json!({ "job": job, "user": user }));
+    let shared = |gpu: u32| -> Vec<Value> {
+        let of = sharers.get(&(n.id, gpu)).map(Vec::as_slice).unwrap_or_default();
+        of.iter().map(|(job, user, shards)| json!({ "job": job, "user": user, "shards": shards })).collect()
+    };
     let mut gpus = Vec::new();
     for index in 0..n.gpus_total {
         let health = n.unhealthy_gpus.iter().find(|(g, _)| *g == index).map(|(_, why)| why.clone());
@@ -149,7 +162,9 @@ fn node_row(n: &NodeInfo, holders: &BTreeMap<(NodeId, u32), (u64, &str)>) -> Val
                 json!({ "profile": profile, "start_slice": start, "holder": holder(slot) })
             })
             .collect();
-        gpus.push(json!({ "index": index, "model": model, "holder": holder(index), "unhealthy": health, "mig": mig }));
+        gpus.push(
+            json!({ "index": index, "model": model, "holder": holder(index), "shared": shared(index), "unhealthy": health, "mig": mig }),
+        );
     }
     let (short, state) = slurm_compat::show::node_state(n);
     json!({
@@ -378,4 +393,44 @@ pub(super) async fn cluster(State(api): State<Arc<Api>>, Extension(caller): Exte
         "troubled": troubled,
         "events": events,
     })))
+}
+
+#[cfg(test)]
+mod tests {
+    use proto::{NodeInfo, NodeRole, NodeState};
+    use serde_json::json;
+
+    use super::{node_row, Holders, Sharers};
+
+    #[test]
+    fn a_gpu_shared_by_shard_jobs_lists_them_and_a_held_one_its_holder() {
+        let node = NodeInfo {
+            id: 1,
+            name: "n1".into(),
+            addr: "n1:1".into(),
+            state: NodeState::Up,
+            role: NodeRole::Agent,
+            gpus_total: 2,
+            gpus_free: 0,
+            gpu_types: vec!["h100".into(); 2],
+            cpus_total: 8,
+            cpus_alloc: 3,
+            memory_mib: 1024,
+            memory_alloc_mib: 0,
+            reason: None,
+            unhealthy_gpus: Vec::new(),
+            cert_fingerprint: String::new(),
+            partitions: Vec::new(),
+            mig: Vec::new(),
+            reserved: false,
+            maint: false,
+        };
+        let holders: Holders = [((1, 1), (7, "bob"))].into();
+        let sharers: Sharers = [((1, 0), vec![(5, "alice", 2), (6, "carol", 1)])].into();
+        let row = node_row(&node, &holders, &sharers);
+        assert_eq!(row["gpus"][0]["holder"], json!(null));
+        assert_eq!(row["gpus"][0]["shared"], json!([{"job": 5, "user": "alice", "shards": 2}, {"job": 6, "user": "carol", "shards": 1}]));
+        assert_eq!(row["gpus"][1]["holder"], json!({"job": 7, "user": "bob"}));
+        assert_eq!(row["gpus"][1]["shared"], json!([]));
+    }
 }

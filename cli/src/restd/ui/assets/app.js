@@ -153,6 +153,14 @@ function gpuCell(node, g, samples) {
     });
     return h("div", { class: "gpu mig" + (g.unhealthy ? " unhealthy" : ""), title: title(null), "data-node": node, "data-gpu": g.index }, slices);
   }
+  if (g.shared && g.shared.length) {
+    const parts = g.shared.map((s) => {
+      const el = h("div", { class: "slice held", title: "GPU " + g.index + " — " + s.shards + " shards of job " + s.job + " (" + s.user + ")", "data-job": s.job });
+      el.append("shard:" + s.shards + " " + paint(el, s, sampleOf(null)));
+      return el;
+    });
+    return h("div", { class: "gpu mig shared" + (g.unhealthy ? " unhealthy" : ""), title: title(null), "data-node": node, "data-gpu": g.index }, parts);
+  }
   const el = h("div", { class: "gpu" + (g.holder ? " held" : "") + (g.unhealthy ? " unhealthy" : ""), title: title(g.holder), "data-node": node, "data-gpu": g.index, "data-job": g.holder ? g.holder.job : null },
     h("b", {}, String(g.index)));
   if (g.holder) {
