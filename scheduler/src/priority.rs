@@ -46,6 +46,26 @@ pub fn fair_shares(view: &ClusterView, now_ms: u64) -> FairShares {
     fair_tree(&view.accounts, &view.usage, &running, live, now_ms, view.config.decay_half_life_ms)
 }
 
+/// GPU-milliseconds `j`'s running parts used in `elapsed_ms`, as the state will charge them
+/// (`corral_state`'s `account`): a MIG instance by its share of the GPU's compute slices, shards
+/// by their share of the GPU's.
+fn running_gpu_ms(view: &ClusterView, j: &crate::JobRequest, elapsed_ms: u64) -> u64 {
+    let (mut slices, mut shard_ms) = (0u64, 0u64);
+    for a in &j.running {
+        for &slot in &a.gpus {
+            match crate::decode_slot(slot) {
+                crate::Slot::Shard { gpu, shards } => {
+                    let node = view.nodes.get(&a.node);
+                    let total = node.and_then(|n| n.gpus.iter().find(|g| g.index == gpu)).map_or(0, |g| g.shards_total);
+                    shard_ms = shard_ms.saturating_add(elapsed_ms.saturating_mul(u64::from(shards)) / u64::from(total.max(shards).max(1)));
+                }
+                _ => slices += u64::from(crate::mig::slot_compute_slices(slot, j.gpu_type.as_deref())),
+            }
+        }
+    }
+    elapsed_ms.saturating_mul(slices) / u64::from(crate::mig::COMPUTE_SLICES) + shard_ms
+}
+
 /// GPU-milliseconds each association's running jobs used so far (a MIG instance by its share of
 /// the GPU), as the state will charge them when their runs end.
 fn running_usage(view: &ClusterView, now_ms: u64) -> BTreeMap<(String, String), u64> {
@@ -54,9 +74,7 @@ fn running_usage(view: &ClusterView, now_ms: u64) -> BTreeMap<(String, String), 
     let mut last: Option<((&str, &str), u64)> = None;
     for j in view.jobs.iter().filter(|j| j.state == JobState::Running) {
         let Some(start) = j.start_ms else { continue };
-        let gres = j.gpu_type.as_deref();
-        let slices: u64 = j.running.iter().flat_map(|a| &a.gpus).map(|&g| u64::from(crate::mig::slot_compute_slices(g, gres))).sum();
-        let gpu_ms = now_ms.saturating_sub(start).saturating_mul(slices) / u64::from(crate::mig::COMPUTE_SLICES);
+        let gpu_ms = running_gpu_ms(view, j, now_ms.saturating_sub(start));
         if gpu_ms > 0 {
             let key = (j.account.as_deref().unwrap_or(proto::accounts::ROOT_ACCOUNT), j.user.as_str());
             match &mut last {

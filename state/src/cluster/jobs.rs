@@ -69,6 +69,7 @@ impl ClusterState {
             qos_usage: &mut self.qos_usage,
             accounts: &self.accounts,
             half_life_ms: self.policy.decay_half_life_ms(),
+            nodes: &self.nodes,
         };
         requeue_job(&mut self.requeues, &mut ledger, job, reason, now_ms);
         CommandResult::Ok

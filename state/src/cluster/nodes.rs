@@ -246,6 +246,7 @@ impl ClusterState {
                 qos_usage: &mut self.qos_usage,
                 accounts: &self.accounts,
                 half_life_ms: self.policy.decay_half_life_ms(),
+                nodes: &self.nodes,
             };
             account(&mut ledger, job, &part, now_ms);
             if part.run != job.run || job.state != JobState::Running {

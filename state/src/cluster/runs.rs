@@ -2,6 +2,7 @@
 //! decide, and each part's GPU time charged to its job and association (fair share), the
 //! run's wall-clock time once its last part is gone (`wall`).
 
+use proto::slot::{decode_slot, Slot};
 use proto::{CommandResult, InstanceId, Job, JobId, JobState, NodeId, NodeRun, RunNo, RunOutcome};
 
 use super::jobs::requeue_job;
@@ -10,17 +11,31 @@ use super::{rejected, ClusterState, USAGE_ASSOCS_MAX};
 
 /// Adds the GPU time of `part` from the run's start until `now_ms` to the job's account and to
 /// its association's usage, decayed to `now_ms` first: GPU-seconds, a MIG instance weighted by
-/// its share of the GPU's compute slices (a 3g.71gb instance for 7 s is 3 GPU-seconds). The
-/// last part of the current run gone, the run's wall-clock time is charged (`GrpWall`).
+/// its share of the GPU's compute slices (a 3g.71gb instance for 7 s is 3 GPU-seconds), shards
+/// by their share of the GPU's (2 of 4 shards for 8 s is 4 GPU-seconds). The last part of the
+/// current run gone, the run's wall-clock time is charged (`GrpWall`).
 pub(super) fn account(ledger: &mut Ledger<'_>, job: &mut Job, part: &NodeRun, now_ms: u64) {
     let Some(start) = job.start_ms else { return };
     if part.run == job.run && !job.parts.iter().any(|p| p.run == job.run) {
         ledger.charge_wall(job, now_ms);
     }
     let gres_type = job.spec.gres.as_ref().and_then(|g| g.gpu_type.as_deref());
-    let slices: u64 = part.alloc.gpus.iter().map(|&g| u64::from(scheduler::mig::slot_compute_slices(g, gres_type))).sum();
-    let slice_ms = now_ms.saturating_sub(start).saturating_mul(slices);
-    let gpu_ms = slice_ms / u64::from(scheduler::mig::COMPUTE_SLICES);
+    let elapsed_ms = now_ms.saturating_sub(start);
+    let (mut slices, mut shard_ms) = (0u64, 0u64);
+    for &slot in &part.alloc.gpus {
+        match decode_slot(slot) {
+            Slot::Shard { gpu, shards } => {
+                let total = ledger
+                    .nodes
+                    .get(&part.alloc.node)
+                    .and_then(|n| n.inventory.gpus.iter().find(|g| g.index == gpu))
+                    .map_or(0, |g| g.shards);
+                shard_ms = shard_ms.saturating_add(elapsed_ms.saturating_mul(u64::from(shards)) / u64::from(total.max(shards).max(1)));
+            }
+            _ => slices += u64::from(scheduler::mig::slot_compute_slices(slot, gres_type)),
+        }
+    }
+    let gpu_ms = elapsed_ms.saturating_mul(slices) / u64::from(scheduler::mig::COMPUTE_SLICES) + shard_ms;
     job.gpu_seconds = job.gpu_seconds.saturating_add(gpu_ms / 1000);
     if gpu_ms == 0 {
         return;
@@ -98,6 +113,7 @@ impl ClusterState {
             qos_usage: &mut self.qos_usage,
             accounts: &self.accounts,
             half_life_ms: self.policy.decay_half_life_ms(),
+            nodes: &self.nodes,
         };
         account(&mut ledger, job, &part, now_ms);
         if run != job.run || job.state != JobState::Running || super::repairs::drop_spare(job, &part) {
@@ -161,7 +177,9 @@ impl ClusterState {
 mod tests {
     use proto::{Command, CommandResult, GresRequest, JobId, JobState, NodeId, RunOutcome};
 
-    use crate::cluster::test_support::{alloc, confirm, finish, gang, plan, register, register_again, spec, submit, with_node_n1};
+    use crate::cluster::test_support::{
+        alloc, confirm, finish, gang, inventory, plan, register, register_again, spec, submit, with_node_n1,
+    };
     use crate::cluster::ClusterState;
 
     /// Two nodes and a 2-node batch job (`sbatch`) running on both, `a` first.
@@ -325,6 +343,27 @@ mod tests {
         assert_eq!((s.gpus_free(a), s.gpus_free(b)), (8, 8));
         assert_eq!(s.jobs[&job].state, JobState::Pending);
         s.check_invariants();
+    }
+
+    #[test]
+    fn shards_are_accounted_by_their_share_of_the_gpu() {
+        let mut inv = inventory(1);
+        inv.gpus[0].shards = 4;
+        let mut s = with_node_n1(inv);
+        let id = s.nodes.values().map(|n| n.id).next().expect("n1");
+        let mut sp = spec(0, 1);
+        sp.gres = Some(GresRequest::shards(None, 2));
+        sp.account = Some("physics".into());
+        let job = submit(&mut s, sp);
+        let slot = proto::slot::shard_slot(0, 2);
+        assert_eq!(plan(&mut s, job, 1, vec![alloc(id, &[slot])]), CommandResult::Planned { accepted: vec![job], rejected: vec![] });
+        assert_eq!(confirm(&mut s, job, 1, id, 1), CommandResult::Ok);
+        // Eight seconds (started at 30) of two of the GPU's four shards: four GPU-seconds.
+        let end = Command::RunFinished { job, run: 1, node: id, outcome: RunOutcome::Exited(0), usage: Default::default(), now_ms: 8_030 };
+        assert_eq!(s.apply(&end), CommandResult::Ok);
+        assert_eq!(s.jobs[&job].gpu_seconds, 4);
+        let usage = s.usage.get(&("physics".to_string(), "alice".to_string())).map(|u| u.gpu_ms);
+        assert_eq!(usage, Some(4_000));
     }
 
     #[test]

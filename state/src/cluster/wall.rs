@@ -19,6 +19,8 @@ pub(super) struct Ledger<'a> {
     pub qos_usage: &'a mut BTreeMap<String, Usage>,
     pub accounts: &'a Accounts,
     pub half_life_ms: u64,
+    /// The nodes, for the shards a GPU is configured with (a shard job is charged its share).
+    pub nodes: &'a BTreeMap<proto::NodeId, proto::NodeRecord>,
 }
 
 impl Ledger<'_> {
