@@ -29,6 +29,7 @@ pub mod step;
 pub mod step_output;
 pub mod terminal;
 pub mod time;
+pub mod values;
 
 #[cfg(test)]
 mod sacct_tests;
