@@ -308,6 +308,33 @@ pub fn job_node_names(job: &Job, names: &BTreeMap<u64, String>) -> Vec<String> {
     job.run_nodes().iter().map(|id| names.get(id).cloned().unwrap_or_else(|| format!("node{id}"))).collect()
 }
 
+/// Slurm's `SystemComment` of a job (`sacct -o SystemComment`, `scontrol show job`, the JSON's
+/// `comment.system`): one line per repair of a lost rank onto a spare node (`--spare-nodes`),
+/// oldest first, joined by newlines as slurmctld appends its system comment's lines, for example
+/// `run 1 rank 1 moved from n3 to spare n4 at 2026-12-06T11:32:40 (node n3 down: no heartbeat
+/// for 3086 ms)`; `None` for a job never repaired. Bounded: the state keeps a job's last
+/// [`proto::REPAIRS_KEPT`] repairs, each reason at most [`proto::REPAIR_REASON_BYTES_MAX`] bytes.
+/// `datetime` prints a time as the command prints its dates (local, `SLURM_TIME_FORMAT`).
+pub fn system_comment(job: &Job, names: &BTreeMap<u64, String>, datetime: &dyn Fn(u64) -> String) -> Option<String> {
+    let name = |id: &u64| names.get(id).cloned().unwrap_or_else(|| format!("node{id}"));
+    let lines: Vec<String> = job
+        .repairs
+        .iter()
+        .map(|r| {
+            format!(
+                "run {} rank {} moved from {} to spare {} at {} ({})",
+                r.run,
+                r.rank,
+                name(&r.lost),
+                name(&r.spare),
+                datetime(r.at_ms),
+                r.reason
+            )
+        })
+        .collect();
+    (!lines.is_empty()).then(|| lines.join("\n"))
+}
+
 /// Slurm's `ExitCode` (`sacct`, `scontrol show job`): `code:signal`. A job stopped for its time
 /// or by a cancel shows SIGTERM; one the kernel killed for its memory limit 125 (Slurm's
 /// `SIG_OOM`). One whose process a signal killed shows `0:SIGNAL`, as Slurm does (the state

@@ -172,6 +172,8 @@ pub struct Repair {
 
 /// Repairs a job keeps at most (the oldest go first).
 pub const REPAIRS_KEPT: usize = 32;
+/// Bytes of a repair's reason kept at most (a longer one is cut at a character's boundary).
+pub const REPAIR_REASON_BYTES_MAX: usize = 256;
 
 /// One step of a job's run as accounting shows it (`sacct`'s `ID.N` line).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

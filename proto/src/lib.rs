@@ -51,7 +51,7 @@ pub use command::{Command, CommandResult, Placement, ARCHIVE_BATCH_MAX, BATCH_BY
 pub use error::ApiError;
 pub use job::{
     Allocation, ArrayTask, GpuUsage, Job, JobState, NodeRun, Repair, RunOutcome, StepRecord, Suspension, MASTER_PORT_COUNT,
-    MASTER_PORT_FIRST, REASON_NEVER_PREFIX, REPAIRS_KEPT, REQUEUED_ON_REQUEST,
+    MASTER_PORT_FIRST, REASON_NEVER_PREFIX, REPAIRS_KEPT, REPAIR_REASON_BYTES_MAX, REQUEUED_ON_REQUEST,
 };
 pub use node::{
     same_mig_layout, GpuInfo, Inventory, JoinTokenRecord, Link, MigGpuInfo, MigInstance, NetworkLocation, Nic, NodeEvent, NodeInfo,

@@ -1,8 +1,9 @@
 //! Issue 43, gang repair: a 2-node `corral submit` gang holding one spare node loses a worker
 //! node (its `corrald` SIGKILLed: the node's watchdog fences its processes, the leader declares
 //! it down). The lost rank starts on the spare with the same rank, and the other part is never
-//! restarted. A second loss, with no spare left, requeues the gang as before, which then runs
-//! again with a spare once its nodes are back.
+//! restarted; `sacct`'s SystemComment says so, before and after the job leaves the hot state. A
+//! second loss, with no spare left, requeues the gang as before, which then runs again with a
+//! spare once its nodes are back.
 
 use std::time::Duration;
 
@@ -37,13 +38,35 @@ fn parts(c: &TestCluster) -> Vec<(String, u32, u32, u32, u64)> {
         .collect()
 }
 
+/// `sacct`'s SystemComment of job `id` (`-P`, no header: the comment's lines as they are), and
+/// `sacct --json`'s `comment.system`.
+fn system_comment(c: &TestCluster, id: u64) -> (String, serde_json::Value) {
+    let id = id.to_string();
+    let out = c.shim("sacct", &["-X", "-P", "-n", "-a", "-o", "SystemComment", "-j", &id], &[]);
+    assert!(out.status.success(), "sacct: {}", String::from_utf8_lossy(&out.stderr));
+    let json = c.shim("sacct", &["--json", "-j", &id], &[]);
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap_or_default();
+    (String::from_utf8_lossy(&out.stdout).trim_end().to_string(), json["jobs"][0]["comment"]["system"].clone())
+}
+
+/// Checks that `comment` is one line saying rank 1 moved from `lost` to `spare`, at a time
+/// in Slurm's format, because `lost` went down without heartbeats.
+fn assert_one_repair(comment: &str, lost: &str, spare: &str) {
+    let head = format!("run 1 rank 1 moved from {lost} to spare {spare} at ");
+    let rest = comment.strip_prefix(&head).unwrap_or_else(|| panic!("SystemComment {comment:?} starts with {head:?}"));
+    let (when, cause) = rest.split_at(rest.find(" (").unwrap_or(0));
+    assert!(when.len() == 19 && when.as_bytes()[10] == b'T', "a time as Slurm prints one: {when:?}");
+    assert!(cause.starts_with(&format!(" (node {lost} down: no heartbeat for ")) && cause.ends_with(" ms)"), "{comment:?}");
+}
+
 fn alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
 #[test]
 fn a_gang_with_a_spare_loses_a_worker_node_and_goes_on_without_restarting_its_other_part() {
-    let c = TestCluster::up(&["--nodes", "4", "--gpus", "h100:1"]);
+    // Finished jobs leave the hot state after 2 s, so the end sees its record in the store.
+    let c = TestCluster::up(&["--nodes", "4", "--gpus", "h100:1", "--min-job-age-s", "2"]);
     let leader = c.leader();
     std::fs::write(c.work.join("job.sh"), JOB.replace("LEADER", &leader)).expect("write the job");
     let out = c.corral(&["submit", "job.sh"]);
@@ -84,6 +107,13 @@ fn a_gang_with_a_spare_loses_a_worker_node_and_goes_on_without_restarting_its_ot
         (Some(1), Some(worker.as_str()), Some(spare.as_str())),
         "{job}"
     );
+    // sacct and scontrol show it as Slurm shows a job's system comment.
+    let (comment, json) = system_comment(&c, id);
+    assert_one_repair(&comment, &worker, &spare);
+    eprintln!("sacct SystemComment: {comment}");
+    assert_eq!(json.as_str(), Some(comment.as_str()), "sacct --json's comment.system");
+    let show = c.shim("scontrol", &["show", "job", &id.to_string()], &[]);
+    assert!(String::from_utf8_lossy(&show.stdout).contains(&format!("   SystemComment={comment} \n")), "scontrol show job");
 
     // No spare left: losing the spare's node now requeues the gang, as without spares.
     c.signal(&spare, "KILL");
@@ -95,4 +125,16 @@ fn a_gang_with_a_spare_loses_a_worker_node_and_goes_on_without_restarting_its_ot
     wait_until("the requeued gang to run again", Duration::from_secs(90), || parts(&c).iter().filter(|p| p.3 == 1).count() == 2);
     let job = c.job(id);
     assert_eq!((job["state"].as_str(), job["spares"].as_array().map(Vec::len)), (Some("RUNNING"), Some(1)), "{job}");
+
+    // Ended, it leaves the hot state for the accounting store with its system comment: the
+    // one repair (a requeue is none).
+    let cancel = c.shim("scancel", &[&id.to_string()], &[]);
+    assert!(cancel.status.success(), "scancel: {}", String::from_utf8_lossy(&cancel.stderr));
+    wait_until("the job to leave the hot state", Duration::from_secs(60), || {
+        let squeue = c.shim("squeue", &["-h", "-t", "all", "-o", "%i"], &[]);
+        squeue.status.success() && !String::from_utf8_lossy(&squeue.stdout).split_whitespace().any(|w| w == id.to_string())
+    });
+    let (archived, json) = system_comment(&c, id);
+    assert_eq!(archived, comment, "the same SystemComment from the accounting store");
+    assert_eq!(json.as_str(), Some(comment.as_str()), "sacct --json's comment.system from the store");
 }

@@ -12,7 +12,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use proto::{ApiError, Reply, Request};
 use serde_json::{json, Value};
-use slurm_compat::openapi::{self, Version};
+use slurm_compat::openapi::Version;
 
 use crate::commands::node_names;
 use crate::slurm::sbatch::{Builder, Context};
@@ -29,7 +29,7 @@ pub(super) async fn jobs(State(served): State<Arc<Served>>, Extension(caller): E
     let found = async {
         let jobs = cluster.query_jobs(query, PATIENCE).await?;
         let names = node_names(&cluster).await?;
-        anyhow::Ok(jobs.iter().map(|j| openapi::job(version, j, &names)).collect::<Vec<_>>())
+        anyhow::Ok(jobs.iter().map(|j| crate::slurm::openapi_job(version, j, &names)).collect::<Vec<_>>())
     };
     match found.await {
         Ok(jobs) => reply(version, StatusCode::OK, Vec::new(), vec![("jobs", Value::Array(jobs))]),
@@ -52,7 +52,7 @@ pub(super) async fn job(State(served): State<Arc<Served>>, Extension(caller): Ex
         let reply = cluster.call_patiently(Request::GetJob { job: job_id }, PATIENCE).await?;
         let Reply::Job(job) = reply else { anyhow::bail!("unexpected reply {reply:?}") };
         let names = node_names(&cluster).await?;
-        anyhow::Ok(openapi::job(version, &job, &names))
+        anyhow::Ok(crate::slurm::openapi_job(version, &job, &names))
     };
     match found.await {
         Ok(job) => reply(version, StatusCode::OK, Vec::new(), vec![("jobs", json!([job]))]),

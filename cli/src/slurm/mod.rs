@@ -59,6 +59,22 @@ pub const JOB_COMMANDS: [&str; 2] = ["pdsh", "ssh"];
 pub use slurm_compat::openapi;
 pub use slurm_compat::show::{exit_code_text, job_node_names, SLURM_VERSION};
 
+/// A job's `SystemComment` (a line per repair onto a spare node), its dates as this host's
+/// Slurm commands print them; `None` for a job never repaired.
+pub fn system_comment(job: &Job, names: &BTreeMap<u64, String>) -> Option<String> {
+    slurm_compat::show::system_comment(job, names, &time::datetime)
+}
+
+/// One job in the openapi shape ([`openapi::job`]) with its `system_comment`, whose dates are
+/// local (the pure builder leaves it empty).
+pub fn openapi_job(version: openapi::Version, job: &Job, names: &BTreeMap<u64, String>) -> serde_json::Value {
+    let mut value = openapi::job(version, job, names);
+    if let (Some(text), Some(object)) = (system_comment(job, names), value.as_object_mut()) {
+        object.insert("system_comment".into(), serde_json::Value::String(text));
+    }
+    value
+}
+
 /// An error as a Slurm tool prints it, with the exit code to return.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SlurmError {

@@ -256,6 +256,9 @@ pub fn value(job: &Job, name: &str, names: &BTreeMap<u64, String>, now_ms: u64) 
 }
 
 fn job_value(job: &Job, name: &str, ctx: &Ctx<'_>) -> String {
+    if name == "SystemComment" {
+        return super::system_comment(job, ctx.names).unwrap_or_default();
+    }
     job_identity(job, name)
         .or_else(|| job_times(job, name, ctx))
         .or_else(|| job_resources(job, name, ctx))
@@ -479,6 +482,16 @@ fn split_list(values: Vec<&str>) -> Vec<String> {
     values.iter().flat_map(|v| v.split(',')).map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect()
 }
 
+/// One job as `sacct --json` prints it ([`acct::db_job`]) with its `comment.system`, whose
+/// dates are local (the pure builder leaves it `null`).
+pub fn db_job(job: &Job, names: &BTreeMap<u64, String>, now_ms: u64, with_steps: bool) -> serde_json::Value {
+    let mut value = acct::db_job(job, names, now_ms, with_steps);
+    if let Some(text) = super::system_comment(job, names) {
+        value["comment"]["system"] = serde_json::Value::String(text);
+    }
+    value
+}
+
 pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     let p = opts::parse(PROG, OPTIONS, args, false)?;
     if p.has("help") || p.has("usage") {
@@ -552,7 +565,7 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     shown.sort_by_key(|j| (j.array.as_ref().map_or(j.id, |a| a.array_job), j.array.as_ref().map_or(0, |a| a.task)));
     let now_ms = (now_s as u64) * 1000;
     if json {
-        let items = shown.iter().map(|j| acct::db_job(j, &names, now_ms, !p.has("allocations"))).collect();
+        let items = shown.iter().map(|j| db_job(j, &names, now_ms, !p.has("allocations"))).collect();
         let text = serde_json::to_string_pretty(&acct::db_jobs(items)).map_err(|e| SlurmError::fatal(PROG, e))?;
         println!("{text}");
         return Ok(0);

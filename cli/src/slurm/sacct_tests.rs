@@ -261,3 +261,27 @@ fn print_kinds_of_the_table() {
     assert_eq!(sacct_fields::cell("abcdef", -8, Print::Date), "abcdef  ");
     assert_eq!(sacct_fields::cell("2-00:00:00", 5, Print::Secs), "2-00:00:00");
 }
+
+#[test]
+fn system_comment_has_a_line_per_repair_on_the_job_line_alone() {
+    let mut job = failed_job();
+    let first_ms = START_MS + 5_000;
+    let second_ms = START_MS + 9_000;
+    job.repairs = vec![
+        proto::Repair { run: 1, rank: 1, lost: 2, spare: 1, at_ms: first_ms, reason: "node gpu02 down: no heartbeat for 3086 ms".into() },
+        proto::Repair { run: 2, rank: 3, lost: 7, spare: 2, at_ms: second_ms, reason: "node 7: node restarted".into() },
+    ];
+    let expected = format!(
+        "run 1 rank 1 moved from gpu02 to spare gpu01 at {} (node gpu02 down: no heartbeat for 3086 ms)\n\
+         run 2 rank 3 moved from node7 to spare gpu02 at {} (node 7: node restarted)",
+        time::datetime(first_ms),
+        time::datetime(second_ms)
+    );
+    // Slurm prints the comment's lines as they are; a step's field is empty.
+    let text = lines(&job, "JobID,SystemComment").join("\n");
+    assert_eq!(text, format!("70|{expected}\n70.batch|\n70.extern|\n70.0|\n70.1|"));
+    assert_eq!(lines(&failed_job(), "SystemComment")[0], "", "a job never repaired has none");
+    // `sacct --json`: `comment.system`, null without repairs.
+    assert_eq!(sacct::db_job(&job, &names(), START_MS, false)["comment"]["system"], serde_json::json!(expected));
+    assert_eq!(sacct::db_job(&failed_job(), &names(), START_MS, false)["comment"]["system"], serde_json::Value::Null);
+}

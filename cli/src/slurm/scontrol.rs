@@ -118,6 +118,8 @@ pub fn job_text(job: &Job, names: &BTreeMap<u64, String>, now_ms: u64) -> String
         format!("OverSubscribe={} Contiguous=0 Licenses=(null) Network=(null)", if s.exclusive { "NO" } else { "OK" }),
         format!("Command={}", if s.script.is_some() { s.name.clone() } else { s.argv.join(" ") }),
         format!("WorkDir={}", s.workdir),
+        // Slurm's optional line after WorkDir, with its trailing blank; one line per repair.
+        super::system_comment(job, names).map_or(String::new(), |c| format!("SystemComment={c} ")),
         format!("StdErr={stderr}"),
         "StdIn=/dev/null".to_string(),
         format!("StdOut={stdout}"),

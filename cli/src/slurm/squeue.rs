@@ -494,7 +494,7 @@ fn jobs_and_names(query: proto::JobQuery) -> Result<(Vec<Job>, BTreeMap<u64, Str
 fn print_json() -> Result<i32, SlurmError> {
     let query = proto::JobQuery { live: true, finished: true, brief: true, ..Default::default() };
     let (jobs, names) = jobs_and_names(query)?;
-    let items = jobs.iter().map(|j| super::openapi::job(super::openapi::Version::V0038, j, &names)).collect();
+    let items = jobs.iter().map(|j| super::openapi_job(super::openapi::Version::V0038, j, &names)).collect();
     let text = serde_json::to_string_pretty(&super::openapi::envelope(super::openapi::Version::V0038, "jobs", items))
         .map_err(|e| SlurmError::fatal(PROG, e))?;
     println!("{text}");

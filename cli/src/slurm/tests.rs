@@ -1286,6 +1286,12 @@ fn scontrol_show_job_layout() {
     let text = scontrol::job_text(&spared, &names_map(), 1_800_000_070_000);
     let line = text.lines().find(|l| l.contains("SpareNodes=")).unwrap_or_default();
     assert!(line.starts_with("   SpareNodes=gpu02 Repairs=1:3>gpu01@"), "{line}");
+    // Slurm's SystemComment line after WorkDir, with its trailing blank: a line per repair.
+    let lines: Vec<&str> = text.lines().collect();
+    let at = lines.iter().position(|l| l.starts_with("   WorkDir=")).expect("WorkDir");
+    let when = super::time::datetime(1_800_000_000_000);
+    assert_eq!(lines[at + 1], format!("   SystemComment=run 1 rank 1 moved from node3 to spare gpu01 at {when} (node down) "));
+    assert!(!scontrol::job_text(&j, &names_map(), 0).contains("SystemComment="), "a job never repaired has none");
     // A job that left the queue shows why, as Slurm does.
     for (state, exit_code, reason, code) in [
         (JobState::Timeout, None, "TimeLimit", "0:15"),

@@ -41,8 +41,18 @@ pub(super) fn repair(job: &mut Job, part: &NodeRun, loss: Loss, up: &BTreeSet<No
         job.repairs.remove(0);
     }
     let rank = rank as u32;
-    job.repairs.push(Repair { run: job.run, rank, lost: part.alloc.node, spare, at_ms: now_ms, reason: reason.to_string() });
+    job.repairs.push(Repair { run: job.run, rank, lost: part.alloc.node, spare, at_ms: now_ms, reason: bounded(reason) });
     true
+}
+
+/// `reason` cut to [`proto::REPAIR_REASON_BYTES_MAX`] bytes at a character's boundary, so a
+/// job's repairs (its `SystemComment`) stay bounded whatever a node reports.
+fn bounded(reason: &str) -> String {
+    let mut end = reason.len().min(proto::REPAIR_REASON_BYTES_MAX);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    reason[..end].to_string()
 }
 
 /// A spare of `job`'s current run lost with `part`: the gang goes on without it (true).
@@ -137,5 +147,15 @@ mod tests {
         finish(&mut s, job, 1, b, RunOutcome::Lost("node restarted".into()));
         let j = &s.jobs[&job];
         assert_eq!((j.state, j.run_nodes()[1]), (JobState::Running, d));
+    }
+
+    #[test]
+    fn a_repair_keeps_at_most_a_bounded_reason() {
+        let (mut s, [_a, b, _c, _d], job) = spared(false);
+        finish(&mut s, job, 1, b, RunOutcome::Lost("é".repeat(proto::REPAIR_REASON_BYTES_MAX)));
+        let reason = &s.jobs[&job].repairs[0].reason;
+        assert!(reason.starts_with("node ") && reason.ends_with('é'), "{reason}");
+        let max = proto::REPAIR_REASON_BYTES_MAX;
+        assert!((max - 1..=max).contains(&reason.len()), "cut at a character's boundary: {} bytes", reason.len());
     }
 }
