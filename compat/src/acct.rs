@@ -67,10 +67,11 @@ pub struct StepView {
     pub exit_code: String,
 }
 
-/// The CPUs a job holds (sacct's AllocCPUS of its own line once it started).
+/// The CPUs a job holds (sacct's AllocCPUS of its own line once it started), on the nodes it
+/// got ([`Job::node_count`]: a job of `-N MIN-MAX` got some number of its range).
 pub fn job_cpus(job: &Job) -> u64 {
     let s = &job.spec;
-    u64::from(s.cpus_per_task) * u64::from(s.ntasks_per_node) * u64::from(s.nodes)
+    u64::from(s.cpus_per_task) * u64::from(s.ntasks_per_node) * u64::from(job.node_count())
 }
 
 /// The line of `kind` of `job`; `names` gives node names by id.
@@ -219,7 +220,7 @@ fn tres_list(cpus: u64, mem_mib: u64, nodes: u64, billing: Option<u64>, gres: (&
 /// The job's TRES: what it asked for, which is what it holds once it started.
 fn job_tres(job: &Job) -> Value {
     let s = &job.spec;
-    let nodes = u64::from(s.nodes);
+    let nodes = u64::from(job.node_count());
     let cpus = job_cpus(job);
     tres_list(cpus, s.mem_mib.saturating_mul(nodes), nodes, Some(cpus), step_gres(job, nodes))
 }

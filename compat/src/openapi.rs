@@ -161,15 +161,17 @@ fn job_identity(job: &Job, out: &mut Map<String, Value>) {
 
 fn job_request(job: &Job, out: &mut Map<String, Value>) {
     let spec = &job.spec;
-    let cpus = u64::from(spec.cpus_per_task) * u64::from(spec.ntasks_per_node) * u64::from(spec.nodes);
+    // The nodes it got once it started (a job of `-N MIN-MAX`: some number of its range).
+    let nodes = job.node_count();
+    let cpus = u64::from(spec.cpus_per_task) * u64::from(spec.ntasks_per_node) * u64::from(nodes);
     let mut req = vec![format!("cpu={cpus}")];
     if spec.mem_mib > 0 {
-        req.push(format!("mem={}M", spec.mem_mib * u64::from(spec.nodes)));
+        req.push(format!("mem={}M", spec.mem_mib * u64::from(nodes)));
     }
-    req.push(format!("node={}", spec.nodes));
+    req.push(format!("node={nodes}"));
     req.push(format!("billing={cpus}"));
     if let Some(g) = &spec.gres {
-        req.push(format!("gres/{}={}", g.kind.as_str(), u64::from(g.count) * u64::from(spec.nodes)));
+        req.push(format!("gres/{}={}", g.kind.as_str(), u64::from(g.count) * u64::from(nodes)));
     }
     let req = req.join(",");
     let running_or_done = job.start_ms.is_some() && job.state != JobState::Pending;
@@ -182,16 +184,16 @@ fn job_request(job: &Job, out: &mut Map<String, Value>) {
         ("excluded_nodes".into(), json!(hostlist::compress(&spec.exclude))),
         ("features".into(), json!(spec.constraint.join("&"))),
         ("max_cpus".into(), json!(0)),
-        ("max_nodes".into(), json!(0)),
+        ("max_nodes".into(), json!(if spec.nodes_max() > spec.nodes { spec.nodes_max() } else { 0 })),
         ("memory_per_cpu".into(), Value::Null),
         ("memory_per_node".into(), if spec.mem_mib > 0 { json!(spec.mem_mib) } else { Value::Null }),
         ("minimum_cpus_per_node".into(), json!(u64::from(spec.cpus_per_task) * u64::from(spec.ntasks_per_node))),
         ("minimum_tmp_disk_per_node".into(), json!(0)),
-        ("node_count".into(), json!(spec.nodes)),
+        ("node_count".into(), json!(nodes)),
         ("reboot".into(), json!(false)),
         ("required_nodes".into(), json!(hostlist::compress(&spec.nodelist))),
         ("shared".into(), if spec.exclusive { json!("none") } else { Value::Null }),
-        ("tasks".into(), json!(u64::from(spec.ntasks_per_node) * u64::from(spec.nodes))),
+        ("tasks".into(), json!(u64::from(spec.ntasks_per_node) * u64::from(nodes))),
         ("tasks_per_node".into(), json!(spec.ntasks_per_node)),
         ("tasks_per_board".into(), json!(0)),
         ("time_minimum".into(), json!(0)),

@@ -315,6 +315,16 @@ impl Job {
         &self.last_nodes
     }
 
+    /// Nodes of its gang: those of its current or last run once it started (spares not
+    /// counted; a job of `-N MIN-MAX` got some number of its range), else the least it asks.
+    pub fn node_count(&self) -> u32 {
+        if self.start_ms.is_some() && !self.last_nodes.is_empty() {
+            u32::try_from(self.last_nodes.len()).unwrap_or(u32::MAX)
+        } else {
+            self.spec.nodes.max(1)
+        }
+    }
+
     /// This node's rank in the current run (its index in [`Job::run_nodes`]).
     pub fn rank_of(&self, node: NodeId) -> Option<usize> {
         self.last_nodes.iter().position(|n| *n == node)

@@ -149,6 +149,9 @@ pub const SPEC_EXTRA_NO_REQUEUE: &str = "corral-no-requeue";
 pub const SPEC_EXTRA_SPARE_NODES: &str = "spare-nodes";
 /// Spare nodes one job may hold at most.
 pub const SPARE_NODES_MAX: u32 = 64;
+/// The key of [`JobSpec::extra`] that holds the most nodes of `-N MIN-MAX` (see
+/// [`JobSpec::nodes_max`]); `nodes` holds MIN. In `extra`, so specs already in logs decode.
+pub const SPEC_EXTRA_NODES_MAX: &str = "nodes-max";
 /// `--reservation=NAME`: the reservation the job runs in.
 pub const SPEC_EXTRA_RESERVATION: &str = "reservation";
 
@@ -317,6 +320,22 @@ impl JobSpec {
         }
     }
 
+    /// `-N MIN-MAX`: the most nodes the job takes (`nodes` is the least). It starts once `nodes`
+    /// can hold it and then gets as many more as are free then, up to this; `nodes` without a
+    /// range.
+    pub fn nodes_max(&self) -> u32 {
+        self.extra.get(SPEC_EXTRA_NODES_MAX).and_then(|v| v.parse::<u32>().ok()).map_or(self.nodes, |m| m.max(self.nodes))
+    }
+
+    /// Sets the most nodes of a range; `max` at most `nodes` clears it.
+    pub fn set_nodes_max(&mut self, max: u32) {
+        if max <= self.nodes {
+            self.extra.remove(SPEC_EXTRA_NODES_MAX);
+        } else {
+            self.extra.insert(SPEC_EXTRA_NODES_MAX.into(), max.to_string());
+        }
+    }
+
     /// `--reservation=NAME`: the job runs only in that reservation, on its nodes in its window.
     pub fn reservation(&self) -> Option<&str> {
         self.extra.get(SPEC_EXTRA_RESERVATION).map(String::as_str)
@@ -406,6 +425,10 @@ impl JobSpec {
         }
         if self.nodes == 0 || self.nodes > NODES_PER_JOB_MAX {
             return Err(format!("node count must be 1..={NODES_PER_JOB_MAX}"));
+        }
+        let max = self.extra.get(SPEC_EXTRA_NODES_MAX);
+        if max.is_some_and(|m| m.parse::<u32>().map_or(true, |m| m <= self.nodes || m > NODES_PER_JOB_MAX)) {
+            return Err(format!("the most nodes of a range must be {}..={NODES_PER_JOB_MAX}", self.nodes.saturating_add(1)));
         }
         if self.ntasks_per_node == 0 || self.ntasks_per_node > TASKS_PER_NODE_MAX {
             return Err(format!("tasks per node must be 1..={TASKS_PER_NODE_MAX}"));
@@ -542,6 +565,17 @@ mod tests {
         let mut s = good();
         s.nodes = NODES_PER_JOB_MAX;
         assert_eq!(s.validate(), Ok(()));
+        // A node range: its most is above its least and within the bound.
+        let mut s = good();
+        s.nodes = 2;
+        s.set_nodes_max(4);
+        assert_eq!((s.validate(), s.nodes_max()), (Ok(()), 4));
+        s.set_nodes_max(2);
+        assert_eq!((s.extra.get(SPEC_EXTRA_NODES_MAX), s.nodes_max()), (None, 2), "no range");
+        for max in ["2", "1", "x", &(NODES_PER_JOB_MAX + 1).to_string()] {
+            s.extra.insert(SPEC_EXTRA_NODES_MAX.into(), max.into());
+            refused(&s, &format!("the most nodes of a range must be 3..={NODES_PER_JOB_MAX}"));
+        }
         for tasks in [0, TASKS_PER_NODE_MAX + 1] {
             let mut s = good();
             s.ntasks_per_node = tasks;

@@ -17,6 +17,8 @@ use crate::units::{Freeing, Kinds, ANY};
 use crate::view::{cpu_shares, decode_slot, mig_slot, shard_slot, ClusterView, JobRequest, NodeView, PreemptAction, Slot};
 use crate::windows::{Fence, Windows};
 
+mod gang;
+
 /// What one pass decided. The caller commits `placements` (re-checked with `fits_gang`), creates
 /// array tasks for `array_tasks`, sends `preemptions`, reconfigures GPUs per `mig_layouts`, and
 /// stores `pending` as each job's reasons.
@@ -927,11 +929,15 @@ impl<'v> Pass<'v> {
             return Err(Fail::Never(self.never_text(j, part)));
         };
         // MIG instances are placed by their own rules (`topo::pick_mig`), not by fragmentation.
-        if j.nodes == 1 && j.nodelist.is_empty() && self.view.config.fragmentation_aware && !j.exclusive && !self.type_is_mig[tid as usize]
+        if j.nodes_max == 1
+            && j.nodelist.is_empty()
+            && self.view.config.fragmentation_aware
+            && !j.exclusive
+            && !self.type_is_mig[tid as usize]
         {
             return self.find_unfragmented(j, part, tid, fence);
         }
-        if j.nodes == 1 {
+        if j.nodes_max == 1 {
             if !j.nodelist.is_empty() {
                 for name in &j.nodelist {
                     let Some(&n) = self.name_ix.get(name.as_str()) else { continue };
@@ -963,48 +969,7 @@ impl<'v> Pass<'v> {
             }
             return Err(Fail::NoNode);
         }
-        let possible = b.count_at_least(need);
-        if possible < j.nodes as usize {
-            return Err(Fail::Gang { have: possible });
-        }
-        let cands: Vec<usize> = b
-            .by_free
-            .iter()
-            .skip(need as usize)
-            .flat_map(|s| s.iter().map(|&n| n as usize))
-            .filter(|&n| self.node_ok(n, j, tid, fence) && (j.shards_per_node == 0 || frag::tightest_shared(&self.nodes[n], j).is_some()))
-            .collect();
-        let mut required = Vec::new();
-        if j.nodelist.len() < j.nodes as usize {
-            for name in &j.nodelist {
-                match self.name_ix.get(name.as_str()) {
-                    Some(&n) if cands.contains(&n) => required.push(n),
-                    _ => return Err(Fail::Required(name.clone())),
-                }
-            }
-        }
-        if cands.len() < j.nodes as usize {
-            return Err(Fail::Gang { have: cands.len() });
-        }
-        let chosen = topo::choose_gang(&self.nodes, &cands, j.nodes as usize, &required);
-        if let Some(limit) = self.switch_strict(j) {
-            let mut sw: Vec<Option<&str>> = chosen.iter().map(|&n| self.nodes[n].location.switch.as_deref()).collect();
-            sw.sort_unstable();
-            sw.dedup();
-            let best = sw.len() as u32;
-            if best > limit {
-                let until_ms = j.submit_ms.saturating_add(j.switches.map_or(0, |s| s.1));
-                return Err(Fail::Switches { limit, best, until_ms });
-            }
-        }
-        let mut picks = Vec::with_capacity(chosen.len());
-        for n in chosen {
-            match self.pick(n, j, tid) {
-                Some(p) => picks.push(p),
-                None => return Err(Fail::Gang { have: cands.len() }),
-            }
-        }
-        Ok(picks)
+        self.find_gang(j, part, tid, fence, need)
     }
 
     /// Why `j` could never fit (capacity, features, partition), or a generic text.
@@ -1236,7 +1201,7 @@ impl<'v> Pass<'v> {
         }
         self.plan.placements.push(Placement { job: j.id, run: if j.is_array() { 1 } else { j.run }, allocs });
         if let Some(l) = &mut self.limits {
-            l.add(self.view, j);
+            l.add_nodes(self.view, j, self.plan.placements.last().map_or(j.nodes, |p| p.allocs.len() as u32));
         }
     }
 

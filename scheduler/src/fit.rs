@@ -207,16 +207,17 @@ fn fits_cpus_mem(node: &NodeView, job: &JobRequest, alloc: &Allocation) -> Resul
     Ok(())
 }
 
-/// Whether every allocation of a gang fits: one per node, distinct nodes, the job's node count,
-/// every required node of `--nodelist` present. `view_nodes` holds views or shared views.
+/// Whether every allocation of a gang fits: one per node, distinct nodes, a node count of the
+/// job's range (`nodes..=nodes_max`: any, for `-N MIN-MAX`), every required node of
+/// `--nodelist` present. `view_nodes` holds views or shared views.
 pub fn fits_gang<N: std::borrow::Borrow<NodeView>>(
     view_nodes: &BTreeMap<NodeId, N>,
     job: &JobRequest,
     allocs: &[Allocation],
 ) -> Result<(), Misfit> {
     let got = allocs.len() as u32;
-    if got != job.nodes {
-        return Err(Misfit::WrongNodeCount { want: job.nodes, got });
+    if got < job.nodes || got > job.nodes_max.max(job.nodes) {
+        return Err(Misfit::WrongNodeCount { want: job.nodes, want_max: job.nodes_max.max(job.nodes), got });
     }
     for (i, a) in allocs.iter().enumerate() {
         if allocs[..i].iter().any(|b| b.node == a.node) {

@@ -45,8 +45,14 @@ struct Tres {
 
 impl Tres {
     fn of(j: &JobRequest) -> Tres {
-        let nodes = u64::from(j.nodes);
-        Tres { gpus: j.total_gpus(), cpus: u64::from(j.cpus_per_node) * nodes, mem_mib: j.mem_per_node_mib * nodes, nodes }
+        Tres::of_nodes(j, j.nodes)
+    }
+
+    /// What `j` holds on `nodes` nodes (a node range's job gets some number of its range).
+    fn of_nodes(j: &JobRequest, nodes: u32) -> Tres {
+        let gpus = u64::from(j.gpus_per_node) * u64::from(nodes);
+        let nodes = u64::from(nodes);
+        Tres { gpus, cpus: u64::from(j.cpus_per_node) * nodes, mem_mib: j.mem_per_node_mib * nodes, nodes }
     }
 
     fn add(&mut self, other: Tres) {
@@ -216,7 +222,12 @@ impl LimitUsage {
 
     /// Counts `j` as running (a job of the view, or one the pass starts).
     pub(crate) fn add(&mut self, view: &ClusterView, j: &JobRequest) {
-        let tres = Tres::of(j);
+        self.add_nodes(view, j, j.nodes);
+    }
+
+    /// Counts `j` as running on `nodes` nodes (a job of a node range the pass starts).
+    pub(crate) fn add_nodes(&mut self, view: &ClusterView, j: &JobRequest, nodes: u32) {
+        let tres = Tres::of_nodes(j, nodes);
         if let Some(account) = account_of(view, j) {
             let key = (j.user.clone(), account.to_string());
             *self.assoc_jobs.entry(key.clone()).or_default() += 1;
@@ -237,8 +248,22 @@ impl LimitUsage {
     /// (`None`: unlimited): QoS limits first, then the association's and its accounts', as
     /// Slurm checks them.
     pub(crate) fn reasons(&self, view: &ClusterView, j: &JobRequest, time_limit_ms: Option<u64>) -> Vec<String> {
+        self.reasons_as(view, j, Tres::of(j), time_limit_ms)
+    }
+
+    /// The most nodes of its range (`nodes..=nodes_max`) `j` may hold with `time_limit_ms`: no
+    /// more limits would hold it than on its least, as Slurm's `acct_policy_get_max_nodes`
+    /// lowers a job's most nodes to what the limits leave.
+    pub(crate) fn nodes_allowed(&self, view: &ClusterView, j: &JobRequest, time_limit_ms: Option<u64>) -> u32 {
+        let on_least = self.reasons_as(view, j, Tres::of(j), time_limit_ms).len();
+        (j.nodes..=j.nodes_max)
+            .rev()
+            .find(|&n| self.reasons_as(view, j, Tres::of_nodes(j, n), time_limit_ms).len() <= on_least)
+            .unwrap_or(j.nodes)
+    }
+
+    fn reasons_as(&self, view: &ClusterView, j: &JobRequest, job: Tres, time_limit_ms: Option<u64>) -> Vec<String> {
         let mut out = Vec::new();
-        let job = Tres::of(j);
         let time = time_limit_ms.map_or_else(|| "UNLIMITED".to_string(), fmt_duration_ms);
         let over_wall = |max_min: u64| time_limit_ms.is_none_or(|t| t > max_min.saturating_mul(60_000));
         let qos = qos_of(j);

@@ -73,8 +73,10 @@ pub enum Misfit {
         want_mib: u64,
         free_mib: u64,
     },
+    /// A node count outside the job's range (`want..=want_max`; one number without a range).
     WrongNodeCount {
         want: u32,
+        want_max: u32,
         got: u32,
     },
     DuplicateNode(NodeId),
@@ -115,7 +117,10 @@ impl fmt::Display for Misfit {
             Misfit::Short { cpus, mem_mib } => write!(f, "allocation gives less than the job asks ({cpus} cpus, {mem_mib} MiB)"),
             Misfit::Cpus { want, free } => write!(f, "needs {want} cpus, {free} free"),
             Misfit::Memory { want_mib, free_mib } => write!(f, "needs {want_mib} MiB, {free_mib} MiB free"),
-            Misfit::WrongNodeCount { want, got } => write!(f, "needs {want} nodes, plan gives {got}"),
+            Misfit::WrongNodeCount { want, want_max, got } if want_max > want => {
+                write!(f, "needs {want}-{want_max} nodes, plan gives {got}")
+            }
+            Misfit::WrongNodeCount { want, got, .. } => write!(f, "needs {want} nodes, plan gives {got}"),
             Misfit::DuplicateNode(n) => write!(f, "node {n} listed twice"),
             Misfit::UnknownNode(n) => write!(f, "node {n} does not exist"),
             Misfit::MissingRequiredNode(n) => write!(f, "required node {n} is not in the plan"),

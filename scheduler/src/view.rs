@@ -320,8 +320,11 @@ pub struct JobRequest {
     pub reservation: Option<String>,
     /// `--nice`: subtracted from the job's priority (`JobSpec::nice`).
     pub nice: i64,
-    /// Nodes of the gang (at least 1).
+    /// Nodes of the gang (at least 1), its spares counted: the least of a node range
+    /// (`-N MIN-MAX`) while pending, what its run holds while running.
     pub nodes: u32,
+    /// The most nodes a placement may give it (`nodes` without a range), spares counted.
+    pub nodes_max: u32,
     /// Whole GPUs, or MIG instances when `gpu_type` is a MIG profile, on each node.
     pub gpus_per_node: u32,
     /// Shards of one GPU on each node (`--gres=shard:N`); `gpus_per_node` is then 0.
@@ -381,6 +384,7 @@ impl JobRequest {
 pub fn job_request(job: &proto::Job) -> JobRequest {
     let spec = &job.spec;
     let need = crate::need::PerNode::of(spec);
+    let (nodes, nodes_max) = nodes_of(job, need.nodes);
     JobRequest {
         id: job.id,
         array_started: Vec::new(),
@@ -393,7 +397,8 @@ pub fn job_request(job: &proto::Job) -> JobRequest {
         qos: spec.qos.clone(),
         reservation: spec.reservation().map(str::to_string),
         nice: spec.nice(),
-        nodes: need.nodes,
+        nodes,
+        nodes_max,
         gpus_per_node: need.gpus,
         shards_per_node: spec.shards(),
         gpu_type: spec.gres.as_ref().and_then(|g| g.gpu_type.clone()),
@@ -443,6 +448,16 @@ fn run_of(job: &proto::Job) -> RunNo {
     } else {
         job.run
     }
+}
+
+/// The least and most nodes of `job`'s gang (`least` from its spec, spares counted): its range
+/// while pending, the nodes its run holds while running.
+fn nodes_of(job: &proto::Job, least: u32) -> (u32, u32) {
+    let held = u32::try_from(running_of(job).count()).unwrap_or(u32::MAX);
+    if held > 0 {
+        return (held, held);
+    }
+    (least, least.saturating_add(job.spec.nodes_max().saturating_sub(job.spec.nodes.max(1))))
 }
 
 /// A suspended job frees nothing until someone resumes it: no time limit counts meanwhile.

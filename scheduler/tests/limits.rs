@@ -312,3 +312,31 @@ fn a_grp_wall_used_up_holds_jobs_with_slurms_reasons_and_running_jobs_count() {
     limit_account(&mut c, "phys", LimitChanges { grp_wall_min: Some(None), ..Default::default() });
     assert_eq!(started(&c.schedule(60_000)), vec![2, 3]);
 }
+
+#[test]
+fn a_node_range_gets_no_more_nodes_than_the_limits_leave() {
+    // Four DGX nodes; alice may hold 24 GPUs: -N 2-4 --gres=gpu:8 gets three nodes, as Slurm's
+    // acct_policy_get_max_nodes lowers a job's most nodes, and a running one counts them all.
+    let mut c = cluster();
+    for id in 2..=4u64 {
+        c.node(id, &format!("n{id}"), dgx("h100"));
+    }
+    limit_user(&mut c, "alice", LimitChanges { grp_gpus_max: Some(Some(24)), ..Default::default() });
+    let mut s = job("alice", None, "gpu:8");
+    s.nodes = 2;
+    s.set_nodes_max(4);
+    c.submit(1, s.clone(), 0);
+    let plan = c.schedule(1000);
+    assert_eq!(plan.placements.iter().map(|p| p.allocs.len()).collect::<Vec<_>>(), vec![3]);
+    // Running on three, it holds 24 GPUs: a 1-GPU job of alice's waits, bob's does not.
+    let mut c2 = cluster();
+    for id in 2..=4u64 {
+        c2.node(id, &format!("n{id}"), dgx("h100"));
+    }
+    limit_user(&mut c2, "alice", LimitChanges { grp_gpus_max: Some(Some(24)), ..Default::default() });
+    c2.running(1, s, plan.placements[0].allocs.clone(), 0);
+    c2.submit(2, job("alice", None, "gpu:1"), 1).submit(3, job("bob", None, "gpu:1"), 2);
+    let plan = c2.schedule(2000);
+    assert_eq!(started(&plan), vec![3]);
+    assert_eq!(codes(&plan), vec![(2, "AssocGrpGRES".to_string())]);
+}

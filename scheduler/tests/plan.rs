@@ -677,7 +677,7 @@ fn fits_rejects_stale_and_wrong_allocations() {
     let mut gang = job.clone();
     gang.nodes = 2;
     gang.gpu_type = None;
-    assert_eq!(fits_gang(&c.view.nodes, &gang, &[alloc(1, &[0], 1, 1024)]), Err(Misfit::WrongNodeCount { want: 2, got: 1 }));
+    assert_eq!(fits_gang(&c.view.nodes, &gang, &[alloc(1, &[0], 1, 1024)]), Err(Misfit::WrongNodeCount { want: 2, want_max: 2, got: 1 }));
     assert_eq!(fits_gang(&c.view.nodes, &gang, &[alloc(1, &[0], 1, 1024), alloc(1, &[2], 1, 1024)]), Err(Misfit::DuplicateNode(1)));
     assert_eq!(fits_gang(&c.view.nodes, &gang, &[alloc(1, &[0], 1, 1024), alloc(2, &[0], 1, 1024)]), Ok(()));
     let err = fits_gang(&c.view.nodes, &gang, &[alloc(1, &[1], 1, 1024), alloc(2, &[0], 1, 1024)]).unwrap_err();
@@ -761,4 +761,50 @@ fn a_running_jobs_gpu_time_counts_in_fair_share_before_it_ends() {
     // An hour in, her running job's 7 GPU-hours put bob first, though nothing was charged yet.
     assert!(c.view.usage.is_empty());
     assert_eq!(c.schedule(3_600_000).queue.iter().map(|q| q.0).collect::<Vec<_>>(), vec![11, 10]);
+}
+
+/// A job of `-N least-most` asking `gres` on each node.
+fn ranged(gres: &str, least: u32, most: u32) -> JobSpec {
+    let mut s = spec(gres, least);
+    s.set_nodes_max(most);
+    s
+}
+
+#[test]
+fn a_node_range_starts_on_its_least_and_takes_the_free_nodes_of_its_range() {
+    // Four 8-GPU nodes, one GPU of n4 busy: -N 2-4 --gres=gpu:8 gets the three whole ones.
+    let mut c = Cluster::new();
+    for id in 1..=4u64 {
+        c.node(id, &format!("n{id}"), dgx("h100"));
+    }
+    c.running(1, spec("gpu:1", 1), vec![alloc(4, &[0], 1, 1024)], 0);
+    c.submit(2, ranged("gpu:8", 2, 4), 0);
+    let plan = c.schedule(1000);
+    let nodes: Vec<u64> = gpus_of(&plan, 2).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(nodes, vec![1, 2, 3]);
+    let job = c.view.jobs.iter().find(|j| j.id == 2).unwrap();
+    assert_eq!((job.nodes, job.nodes_max), (2, 4));
+    fits_gang(&c.view.nodes, job, &plan.placements[0].allocs).unwrap();
+    // Any count of the range passes the plan's re-check; one outside it does not.
+    let two = &plan.placements[0].allocs[..2];
+    assert_eq!(fits_gang(&c.view.nodes, job, two), Ok(()));
+    let one = &plan.placements[0].allocs[..1];
+    assert_eq!(fits_gang(&c.view.nodes, job, one), Err(Misfit::WrongNodeCount { want: 2, want_max: 4, got: 1 }));
+    assert_eq!(fits_gang(&c.view.nodes, job, one).unwrap_err().to_string(), "needs 2-4 nodes, plan gives 1");
+    // Only n1 whole: it waits for its least, as a 2-node job would.
+    let mut c = Cluster::new();
+    for id in 1..=4u64 {
+        c.node(id, &format!("n{id}"), dgx("h100"));
+    }
+    for n in 2..=4u64 {
+        c.running(n, spec("gpu:1", 1), vec![alloc(n, &[0], 1, 1024)], 0);
+    }
+    c.submit(9, ranged("gpu:8", 2, 4), 0);
+    let plan = c.schedule(1000);
+    assert!(gpus_of(&plan, 9).is_empty() && plan.pending.contains_key(&9), "{plan:?}");
+    // A range of a single node's least takes the gang's path: 1-3 on two free nodes gets both.
+    let mut c = Cluster::new();
+    c.node(1, "n1", dgx("h100")).node(2, "n2", dgx("h100"));
+    c.submit(3, ranged("gpu:8", 1, 3), 0);
+    assert_eq!(gpus_of(&c.schedule(1000), 3).len(), 2);
 }

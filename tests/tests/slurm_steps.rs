@@ -836,3 +836,30 @@ fn sstat_shows_what_the_running_steps_tasks_use() {
     std::fs::write(c.work.join("stop"), "").expect("write stop");
     completed_output(&c, id, 60);
 }
+
+/// A job of a node range prints what it got, then runs a step on every node of it.
+const RANGE: &str = r#"#!/bin/sh
+#SBATCH -N 2-4
+#SBATCH --gres=gpu:8
+echo "nnodes=$SLURM_NNODES num=$SLURM_JOB_NUM_NODES list=$SLURM_NODELIST tasks=$SLURM_TASKS_PER_NODE"
+srun sh -c 'echo "task $SLURM_PROCID on $SLURMD_NODENAME of $SLURM_STEP_NUM_NODES"'
+"#;
+
+#[test]
+fn a_node_range_starts_on_the_nodes_free_then_and_every_view_counts_them() {
+    let c = TestCluster::up(&["--nodes", "4", "--gpus", "h100:8"]);
+    // One GPU of n4 busy: three nodes are whole.
+    let out = c.shim("sbatch", &["--parsable", "-w", "n4", "--gres=gpu:1", "--wrap", "sleep 600"], &[]);
+    assert!(out.status.success(), "sbatch: {}", String::from_utf8_lossy(&out.stderr));
+    let busy: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("a job id");
+    wait_until("the 1-GPU job to run on n4", Duration::from_secs(30), || c.job(busy)["state"] == "RUNNING");
+    let id = sbatch(&c, "range.sh", RANGE);
+    let out = completed_output(&c, id, 90);
+    assert_eq!(lines_with(&out, "nnodes="), vec!["nnodes=3 num=3 list=n[1-3] tasks=1(x3)".to_string()], "{out}");
+    let tasks = lines_with(&out, "task ");
+    assert_eq!(tasks, vec!["task 0 on n1 of 3", "task 1 on n2 of 3", "task 2 on n3 of 3"], "{out}");
+    let sacct = c.shim("sacct", &["-X", "-P", "-n", "-o", "NNodes,ReqNodes,NodeList,AllocTRES", "-j", &id.to_string()], &[]);
+    assert_eq!(String::from_utf8_lossy(&sacct.stdout), "3|2|n[1-3]|billing=3,cpu=3,gres/gpu=24,mem=384G,node=3\n");
+    let cancel = c.shim("scancel", &[&busy.to_string()], &[]);
+    assert!(cancel.status.success());
+}

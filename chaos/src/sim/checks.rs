@@ -71,7 +71,7 @@ impl Sim {
         for s in spans.iter_mut() {
             s.end_ms.get_or_insert(self.now_ms);
         }
-        let ranks = |job: u64| self.state.jobs.get(&job).or_else(|| self.archive.get(&job)).map(|j| j.spec.nodes.max(1) as usize);
+        let ranks = |job: u64| self.state.jobs.get(&job).or_else(|| self.archive.get(&job)).map(|j| j.spec.nodes_max().max(1) as usize);
         let ranks_twice = crate::check_ranks_at_once(&spans, ranks);
         for v in crate::check_exclusive_gpus(&spans).into_iter().chain(crate::check_never_twice(&spans)).chain(ranks_twice) {
             found.push(v.to_string());

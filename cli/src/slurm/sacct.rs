@@ -129,7 +129,7 @@ fn tres_text(units: Units, billing: Option<u64>, cpus: u64, gres: (&str, u64), m
 /// as Slurm without `TRESBillingWeights`.
 fn job_tres(job: &Job, units: Units) -> String {
     let s = &job.spec;
-    let nodes = u64::from(s.nodes);
+    let nodes = u64::from(job.node_count());
     let cpus = acct::job_cpus(job);
     let (gres, per_node) = s.gres_per_node();
     tres_text(units, Some(cpus), cpus, (gres, u64::from(per_node) * nodes), s.mem_mib.saturating_mul(nodes), nodes)
@@ -223,13 +223,14 @@ fn job_resources(job: &Job, name: &str, ctx: &Ctx<'_>) -> Option<String> {
     let nodes: Vec<String> = super::job_node_names(job, ctx.names);
     Some(match name {
         "AllocCPUS" | "NCPUS" | "ReqCPUS" => acct::job_cpus(job).to_string(),
-        "AllocNodes" => ctx.units.convert(if started { u64::from(s.nodes) } else { 0 }, 0, None),
+        "AllocNodes" => ctx.units.convert(if started { u64::from(job.node_count()) } else { 0 }, 0, None),
         "AllocTRES" if started => job_tres(job, ctx.units),
         "AllocTRES" => String::new(),
-        "NNodes" => s.nodes.to_string(),
+        // The nodes it got (a job of `-N MIN-MAX`: some number of its range); ReqNodes its least.
+        "NNodes" => job.node_count().to_string(),
         "NodeList" if nodes.is_empty() => "None assigned".into(),
         "NodeList" => hostlist::compress(&nodes),
-        "ReqMem" => ctx.units.mem(s.mem_mib.saturating_mul(u64::from(s.nodes))),
+        "ReqMem" => ctx.units.mem(s.mem_mib.saturating_mul(u64::from(job.node_count()))),
         "ReqNodes" => ctx.units.convert(u64::from(s.nodes), 0, ctx.units.unit),
         "ReqTRES" => job_tres(job, ctx.units),
         _ => return None,

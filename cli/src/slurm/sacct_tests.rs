@@ -285,3 +285,25 @@ fn system_comment_has_a_line_per_repair_on_the_job_line_alone() {
     assert_eq!(sacct::db_job(&job, &names(), START_MS, false)["comment"]["system"], serde_json::json!(expected));
     assert_eq!(sacct::db_job(&failed_job(), &names(), START_MS, false)["comment"]["system"], serde_json::Value::Null);
 }
+
+#[test]
+fn a_job_of_a_node_range_shows_the_nodes_it_got() {
+    let mut s = JobSpec::command(vec!["x".into()], "/w", "alice");
+    s.nodes = 2;
+    s.set_nodes_max(4);
+    s.gres = Some(GresRequest { gpu_type: None, count: 8, ..Default::default() });
+    let pending = Job::submitted(81, s.into(), SUBMIT_MS);
+    let fields = "JobID,NNodes,ReqNodes,AllocNodes,AllocCPUS,NodeList";
+    assert_eq!(lines(&pending, fields), ["81|2|2|0|2|None assigned"]);
+    let text = super::scontrol::job_text(&pending, &names(), START_MS);
+    assert!(text.contains("   NumNodes=2-4 NumCPUs=2 NumTasks=2 "), "pending: its range, as Slurm shows it\n{text}");
+    // Started on three nodes of its range.
+    let mut job = pending;
+    job.state = JobState::Running;
+    (job.run, job.start_ms, job.last_nodes) = (1, Some(START_MS), vec![1, 2, 3]);
+    let line = &lines(&job, &format!("{fields},AllocTRES"))[0];
+    assert_eq!(line, "81|3|2|3|3|gpu[01-02],node3|billing=3,cpu=3,gres/gpu=24,mem=3G,node=3");
+    let text = super::scontrol::job_text(&job, &names(), START_MS);
+    assert!(text.contains("   NumNodes=3 NumCPUs=3 NumTasks=3 ") && text.contains(",node=3,"), "{text}");
+    assert_eq!(sacct::db_job(&job, &names(), START_MS, false)["allocation_nodes"], serde_json::json!(3));
+}

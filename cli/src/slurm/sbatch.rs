@@ -10,10 +10,10 @@ use super::env::extra;
 use super::opts::{self, opt, Arg, OptDef, Parsed};
 use super::{hostlist, time, SlurmError};
 
+use super::values::{node_and_task_counts, parse_gpu_count, parse_nodes, parse_switches};
 pub use super::values::{
     parse_array, parse_dependencies, parse_gres, parse_int, parse_mem_mib, parse_signal, parse_signal_name, ARRAY_TASK_ID_MAX,
 };
-use super::values::{parse_gpu_count, parse_nodes, parse_switches};
 
 pub const PROG: &str = "sbatch";
 
@@ -698,8 +698,8 @@ impl<'a> Builder<'a> {
         let prog = self.prog;
         let fatal = |msg: &str| SlurmError::fatal(prog, msg);
         let ctx = self.ctx;
-        let (nodes, tasks_per_node) = self.node_and_task_counts();
-        let gres = self.gres_per_node(nodes, tasks_per_node)?;
+        let (nodes, nodes_max, tasks_per_node) = self.node_and_task_counts();
+        let gres = self.gres_per_node(nodes, nodes_max, tasks_per_node)?;
         let gpus_per_node = gres.as_ref().filter(|g| g.kind == GresKind::Gpu).map_or(0, |g| g.count);
         let cpus_per_task = self.cpus_per_task_with_gpus(gpus_per_node, tasks_per_node)?;
         let mem_mib = self.mem_per_node_mib(cpus_per_task, tasks_per_node, gpus_per_node)?;
@@ -726,39 +726,28 @@ impl<'a> Builder<'a> {
         spec.nodes = nodes;
         spec.ntasks_per_node = tasks_per_node;
         self.copy_options_into(&mut spec);
+        spec.set_nodes_max(nodes_max);
         spec.validate().map_err(|e| fatal(&format!("Batch job submission failed: {e}")))?;
         let warnings = std::mem::take(&mut self.warnings);
         Ok(Submission { spec, parsable: self.parsable, wait: self.wait, quiet: self.quiet, test_only: self.test_only, warnings })
     }
 
-    /// The job's node count and tasks per node from `--nodes`, `--ntasks` and
-    /// `--ntasks-per-node`, noting a node range and a task total in `extra`.
-    fn node_and_task_counts(&mut self) -> (u32, u32) {
+    /// The job's least and most nodes and its tasks per node ([`node_and_task_counts`]), noting
+    /// a node range and a task total in `extra`.
+    fn node_and_task_counts(&mut self) -> (u32, u32, u32) {
         let (nodes_min, nodes_max) = self.nodes.unwrap_or((1, 1));
         if nodes_min != nodes_max {
             self.extra.insert(extra::NODES_RANGE.into(), format!("{nodes_min}-{nodes_max}"));
         }
-        let mut nodes = nodes_min.max(1);
-        let ntasks_per_node = match (self.ntasks_per_node, self.ntasks) {
-            (Some(n), _) => n,
-            (None, Some(total)) => {
-                if total < nodes {
-                    // Slurm: "can't run N processes on M nodes, setting nnodes to N".
-                    nodes = total;
-                }
-                total.div_ceil(nodes)
-            }
-            (None, None) => 1,
-        };
         if let Some(total) = self.ntasks {
             self.extra.insert(extra::NTASKS.into(), total.to_string());
         }
-        (nodes, ntasks_per_node)
+        node_and_task_counts((nodes_min, nodes_max), self.ntasks, self.ntasks_per_node)
     }
 
     /// GPUs per node, from whichever form was used (`--gres` first, as Slurm merges them),
     /// noting the form given in `extra`; `--gpus` must spread evenly over the `nodes`.
-    fn gres_per_node(&mut self, nodes: u32, tasks_per_node: u32) -> Result<Option<GresRequest>, SlurmError> {
+    fn gres_per_node(&mut self, nodes: u32, nodes_max: u32, tasks_per_node: u32) -> Result<Option<GresRequest>, SlurmError> {
         let prog = self.prog;
         let fatal = |msg: &str| SlurmError::fatal(prog, msg);
         let gres = if let Some(g) = self.gres.clone() {
@@ -771,6 +760,9 @@ impl<'a> Builder<'a> {
             Some(GresRequest { gpu_type: ty.clone(), count: n.saturating_mul(tasks_per_node), ..Default::default() })
         } else if let Some((ty, n, text)) = &self.gpus {
             self.extra.insert(extra::GPUS.into(), text.clone());
+            if nodes_max > nodes {
+                return Err(fatal(&format!("--gpus={text} cannot be spread over a node range ({nodes}-{nodes_max} nodes); Corral allocates GPUs per node (use --gpus-per-node)")));
+            }
             if n % nodes != 0 {
                 return Err(fatal(&format!(
                     "--gpus={text} cannot be spread evenly over {nodes} nodes; Corral allocates GPUs per node (use --gpus-per-node)"

@@ -42,8 +42,15 @@ pub fn job_text(job: &Job, names: &BTreeMap<u64, String>, now_ms: u64) -> String
     let s = &job.spec;
     let nodes = super::job_node_names(job, names);
     let nodelist = if nodes.is_empty() { "(null)".to_string() } else { hostlist::compress(&nodes) };
-    let ntasks: u32 = super::env::tasks_per_node(s, s.nodes as usize).iter().sum();
-    let cpus = u64::from(s.cpus_per_task) * u64::from(s.ntasks_per_node) * u64::from(s.nodes);
+    // The nodes it got (a job of `-N MIN-MAX`: some number of its range); a pending one shows
+    // its range as Slurm does (`NumNodes=2-4`).
+    let node_count = job.node_count();
+    let num_nodes = match s.nodes_max() {
+        max if job.state == JobState::Pending && max > s.nodes => format!("{}-{max}", s.nodes),
+        _ => node_count.to_string(),
+    };
+    let ntasks: u32 = super::env::tasks_per_node(s, node_count as usize).iter().sum();
+    let cpus = slurm_compat::acct::job_cpus(job);
     let mut head = format!("JobId={}", job.id);
     if let Some(a) = &job.array {
         head.push_str(&format!(" ArrayJobId={} ArrayTaskId={}", a.array_job, a.task));
@@ -68,10 +75,10 @@ pub fn job_text(job: &Job, names: &BTreeMap<u64, String>, now_ms: u64) -> String
     let stdout = pattern(s.output.as_ref()).unwrap_or_else(|| "(null)".into());
     let stderr = pattern(s.error.as_ref()).unwrap_or_else(|| stdout.clone());
     // In the TRES' own order (cpu, mem, node, billing, then GRES), as slurmctld formats them.
-    let mut tres = format!("cpu={cpus},mem={},node={},billing={cpus}", mem_text(s.mem_mib.saturating_mul(u64::from(s.nodes))), s.nodes);
+    let mut tres = format!("cpu={cpus},mem={},node={node_count},billing={cpus}", mem_text(s.mem_mib.saturating_mul(u64::from(node_count))));
     let (gres, per_node) = s.gres_per_node();
     if per_node > 0 {
-        tres.push_str(&format!(",gres/{gres}={}", per_node * s.nodes));
+        tres.push_str(&format!(",gres/{gres}={}", per_node * node_count));
     }
     let lines = [
         head,
@@ -109,7 +116,7 @@ pub fn job_text(job: &Job, names: &BTreeMap<u64, String>, now_ms: u64) -> String
             if s.exclude.is_empty() { "(null)".into() } else { hostlist::compress(&s.exclude) }
         ),
         format!("NodeList={nodelist}"),
-        format!("NumNodes={} NumCPUs={cpus} NumTasks={ntasks} CPUs/Task={} ReqB:S:C:T=0:0:*:*", s.nodes, s.cpus_per_task),
+        format!("NumNodes={num_nodes} NumCPUs={cpus} NumTasks={ntasks} CPUs/Task={} ReqB:S:C:T=0:0:*:*", s.cpus_per_task),
         format!("TRES={tres}"),
         format!("MinCPUsNode={} MinMemoryNode={} MinTmpDiskNode=0", s.cpus_per_task, mem_text(s.mem_mib)),
         format!("Features={} DelayBoot=00:00:00", if s.constraint.is_empty() { "(null)".into() } else { s.constraint.join("&") }),

@@ -312,7 +312,7 @@ pub fn field(row: &Row<'_>, code: char, names: &BTreeMap<u64, String>, now_ms: u
         },
         'N' => nodelist,
         'r' => reason_shown(job),
-        'C' => (u64::from(spec.cpus_per_task) * u64::from(spec.ntasks_per_node) * u64::from(spec.nodes)).to_string(),
+        'C' => slurm_compat::acct::job_cpus(job).to_string(),
         'b' => spec.gres.as_ref().map_or("N/A".into(), |g| format!("gres:{g}")),
         'S' => job.start_ms.map_or("N/A".into(), time::datetime),
         // A running job ends by its limit; without one, `NONE` (slurmctld's end a year on).

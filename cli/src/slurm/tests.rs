@@ -128,8 +128,17 @@ fn every_time_format() {
 #[test]
 fn nodes_tasks_cpus() {
     let s = spec(&["-N", "2-4"]);
-    assert_eq!(s.nodes, 2);
+    assert_eq!((s.nodes, s.nodes_max()), (2, 4));
     assert_eq!(s.extra.get(extra::NODES_RANGE).map(String::as_str), Some("2-4"));
+    // A range's most is at most the tasks, each node one at least; tasks per node on its least.
+    let s = spec(&["-N", "2-4", "-n", "3"]);
+    assert_eq!((s.nodes, s.nodes_max(), s.ntasks_per_node), (2, 3, 2));
+    assert_eq!((env::tasks_per_node(&s, 2), env::tasks_per_node(&s, 3)), (vec![2, 1], vec![1, 1, 1]));
+    assert_eq!(spec(&["-N", "3"]).nodes_max(), 3);
+    assert_eq!(
+        err(&["-N", "2-4", "--gpus", "8"]),
+        "sbatch: error: --gpus=8 cannot be spread over a node range (2-4 nodes); Corral allocates GPUs per node (use --gpus-per-node)"
+    );
     let s = spec(&["-n", "8"]);
     assert_eq!((s.nodes, s.ntasks_per_node), (1, 8));
     assert_eq!(s.extra.get(extra::NTASKS).map(String::as_str), Some("8"));
@@ -827,9 +836,9 @@ fn sacct_columns_and_parsable() {
     let cols = sacct::parse_fields("JobID,JobName,Partition,AllocCPUS,NNodes,NodeList,State,ExitCode,Elapsed").unwrap();
     assert_eq!(
         sacct::table_rows(&sacct::rows(&[&batch], true), &cols, sacct::Style::Parsable2, false, &names_map(), 0),
-        "42|train_model_long|gpu|8|1|gpu[01-02]|COMPLETED|0:0|00:01:05\n\
+        "42|train_model_long|gpu|16|2|gpu[01-02]|COMPLETED|0:0|00:01:05\n\
          42.batch|batch||8|1|gpu01|COMPLETED|0:0|00:01:05\n\
-         42.extern|extern||8|2|gpu[01-02]|COMPLETED|0:0|00:01:05\n\
+         42.extern|extern||16|2|gpu[01-02]|COMPLETED|0:0|00:01:05\n\
          42.0|python||16|2|gpu[01-02]|COMPLETED|0:0|00:00:30\n\
          42.1|hostname||16|1|gpu02|FAILED|3:0|00:00:01\n\
          42.2|sleep||16|1|gpu01|FAILED|0:9|00:00:02\n\

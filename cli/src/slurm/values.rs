@@ -209,3 +209,21 @@ pub(super) fn parse_switches(text: &str) -> Option<(u32, u64)> {
     };
     Some((count, wait_s.saturating_mul(1000)))
 }
+
+/// The least and most nodes of `--nodes` (`(least, most)`, equal without a range) and the tasks
+/// per node, given `--ntasks` and `--ntasks-per-node`, as Slurm counts them: fewer tasks than
+/// the least lower it ("can't run N processes on M nodes, setting nnodes to N"), a range's most
+/// is at most the tasks (each node runs one at least), and tasks per node are counted on the
+/// least.
+pub(super) fn node_and_task_counts(nodes: (u32, u32), ntasks: Option<u32>, ntasks_per_node: Option<u32>) -> (u32, u32, u32) {
+    let (mut least, most) = (nodes.0.max(1), nodes.1);
+    let per_node = match (ntasks_per_node, ntasks) {
+        (Some(n), _) => n,
+        (None, Some(total)) => {
+            least = least.min(total);
+            total.div_ceil(least)
+        }
+        (None, None) => 1,
+    };
+    (least, most.min(ntasks.unwrap_or(u32::MAX)).max(least), per_node)
+}

@@ -30,7 +30,7 @@ impl Node {
             match plan.reservation.filter(|r| r.job == job) {
                 Some(r) => {
                     let nodes = r.nodes.iter().map(name).collect();
-                    let cpus = trial.jobs.get(&job).map_or(0, |j| j.spec.cpus_per_task * j.spec.ntasks_per_node * j.spec.nodes);
+                    let cpus = trial.jobs.get(&job).map_or(0, |j| j.spec.cpus_per_task * j.spec.ntasks_per_node * j.node_count());
                     Ok(Reply::TestSubmitted { job, start_ms: Some(r.start_ms), nodes, cpus, reasons })
                 }
                 None => Ok(Reply::TestSubmitted { job, start_ms: None, nodes: Vec::new(), cpus: 0, reasons }),

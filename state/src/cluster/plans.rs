@@ -121,8 +121,9 @@ impl ClusterState {
                 self.holding_parts.insert(id);
             }
             job.outcomes.clear();
-            // The gang's ranks first, then its spares (`JobSpec::spare_nodes`).
-            let ranks = (job.spec.nodes.max(1) as usize).min(placement.allocs.len());
+            // The gang's ranks first (as many as the plan gives a job of `-N MIN-MAX`), then its
+            // spares (`JobSpec::spare_nodes`).
+            let ranks = placement.allocs.len().saturating_sub(job.spec.spare_nodes() as usize).max(1).min(placement.allocs.len());
             let (gang, spares) = placement.allocs.split_at(ranks);
             job.last_nodes = gang.iter().map(|a| a.node).collect();
             job.last_gpus = gang.iter().map(|a| a.gpus.clone()).collect();
@@ -192,6 +193,30 @@ mod tests {
             plan(&mut s, j1, 2, vec![alloc(b, &[0, 1, 2, 3])]).clone(),
             CommandResult::Planned { accepted: vec![], rejected: vec![(j1, "job 1 is RUNNING, not PENDING".into())] }
         );
+    }
+
+    #[test]
+    fn a_node_range_runs_on_any_count_of_its_range_its_spares_last() {
+        let mut s = ClusterState::default();
+        let n: Vec<NodeId> = ["a", "b", "c", "d", "e"].iter().zip(1..).map(|(name, i)| register(&mut s, name, i)).collect();
+        let mut sp = spec(8, 2);
+        sp.set_nodes_max(3);
+        let job = submit(&mut s, sp.clone());
+        let all = |k: usize| n[..k].iter().map(|&node| alloc(node, &[0, 1, 2, 3, 4, 5, 6, 7])).collect::<Vec<_>>();
+        let CommandResult::Planned { rejected, .. } = plan(&mut s, job, 1, all(4)) else { panic!("not planned") };
+        assert_eq!(rejected, vec![(job, "needs 2-3 nodes, plan gives 4".to_string())]);
+        assert_eq!(plan(&mut s, job, 1, all(3)), CommandResult::Planned { accepted: vec![job], rejected: vec![] });
+        let j = &s.jobs[&job];
+        assert_eq!((j.run_nodes(), j.node_count(), j.spares.len()), (&n[..3], 3, 0));
+        // With a spare: the ranks it got, then the spare.
+        let mut s2 = ClusterState::default();
+        let n2: Vec<NodeId> = ["a", "b", "c", "d"].iter().zip(1..).map(|(name, i)| register(&mut s2, name, i)).collect();
+        sp.set_spare_nodes(1);
+        let job = submit(&mut s2, sp);
+        let allocs = n2.iter().map(|&node| alloc(node, &[0, 1, 2, 3, 4, 5, 6, 7])).collect::<Vec<_>>();
+        assert_eq!(plan(&mut s2, job, 1, allocs), CommandResult::Planned { accepted: vec![job], rejected: vec![] });
+        let j = &s2.jobs[&job];
+        assert_eq!((j.run_nodes(), j.spares.as_slice()), (&n2[..3], &n2[3..]));
     }
 
     #[test]

@@ -97,7 +97,7 @@ fn queue_row(j: &Job, names: &BTreeMap<NodeId, String>, expected_start_ms: Optio
         "start_ms": j.start_ms,
         "time_limit_ms": j.spec.time_limit_ms,
         "nodes": nodes,
-        "node_count": j.spec.nodes.max(1),
+        "node_count": j.node_count(),
         "gpus_per_node": j.spec.gpus(),
     })
 }
