@@ -43,6 +43,7 @@ impl Request {
             | Request::AccountingDigest
             | Request::IssueToken { .. }
             | Request::StepLaunch { .. }
+            | Request::StepMove { .. }
             | Request::StepRead { .. }
             | Request::StepInput { .. }
             | Request::StepUsage { .. }

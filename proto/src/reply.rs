@@ -172,6 +172,10 @@ pub enum Reply {
     /// Answer to [`Request::ExpectedStarts`]: (job, epoch ms), at most
     /// [`EXPECTED_STARTS_MAX`].
     ExpectedStarts(Vec<(JobId, u64)>),
+    /// Answer to [`Request::StepMove`]: the lost node's tasks of the step run on `node` now.
+    StepMoved {
+        node: String,
+    },
 }
 
 /// One point of a job's GPU series on a node: the mean utilization of its GPUs there and the

@@ -389,6 +389,15 @@ pub enum Request {
     /// When the last scheduling pass expects pending jobs to start: their backfill
     /// reservations ([`Reply::ExpectedStarts`]). Answered by the leader.
     ExpectedStarts,
+    /// From `srun`, whose step has tasks on node `lost` of a batch job that lost that node and
+    /// moved its rank to a spare (a repair): start those tasks, with their ranks, on the spare
+    /// ([`Reply::StepMoved`]). Sent to the node that launched the step, which forwards it;
+    /// [`ApiError::Busy`] while the node is not (yet) repaired.
+    StepMove {
+        job: JobId,
+        step: u32,
+        lost: String,
+    },
 }
 
 /// One node's heartbeat, as a relay passes it to the leader.

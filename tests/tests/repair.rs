@@ -138,3 +138,78 @@ fn a_gang_with_a_spare_loses_a_worker_node_and_goes_on_without_restarting_its_ot
     assert_eq!(archived, comment, "the same SystemComment from the accounting store");
     assert_eq!(json.as_str(), Some(comment.as_str()), "sacct --json's comment.system from the store");
 }
+
+/// A batch job with a spare whose `srun` step has a task on each node: each task notes
+/// "start RANK NODE PID" in `steps.txt`, waits for `release`, then prints "end RANK NODE".
+const BATCH: &str = "#!/bin/sh
+#SBATCH -N 2
+#SBATCH --spare-nodes=1
+#SBATCH --gres=gpu:1
+#SBATCH -x LEADER
+srun sh -c 'echo \"start $SLURM_PROCID $SLURMD_NODENAME $$\" >> steps.txt; while [ ! -e release ]; do sleep 0.2; done; echo \"end $SLURM_PROCID $SLURMD_NODENAME\"'
+echo \"srun=$?\"
+";
+
+/// The "start" lines of `steps.txt`: (rank, node, pid).
+fn step_starts(c: &TestCluster) -> Vec<(u32, String, u32)> {
+    let text = std::fs::read_to_string(c.work.join("steps.txt")).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some((f.get(1)?.parse().ok()?, f.get(2)?.to_string(), f.get(3)?.parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn a_batch_jobs_step_moves_its_lost_nodes_task_to_the_spare_while_srun_waits() {
+    let c = TestCluster::up(&["--nodes", "4", "--gpus", "h100:1"]);
+    let leader = c.leader();
+    std::fs::write(c.work.join("batch.sh"), BATCH.replace("LEADER", &leader)).expect("write the job");
+    let out = c.shim("sbatch", &["--parsable", "batch.sh"], &[]);
+    assert!(out.status.success(), "sbatch: {}", String::from_utf8_lossy(&out.stderr));
+    let id: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("a job id");
+    wait_until("both tasks of the step to start", Duration::from_secs(30), || step_starts(&c).len() == 2);
+    let job = c.job(id);
+    let nodes: Vec<String> =
+        job["nodes"].as_array().map(|a| a.iter().filter_map(|n| n.as_str().map(str::to_string)).collect()).unwrap_or_default();
+    let spare = job["spares"][0].as_str().unwrap_or_default().to_string();
+    let (script, worker) = (nodes[0].clone(), nodes[1].clone());
+    // Tasks take their ranks in the order of the node list's names, not the job's ranks.
+    let before = step_starts(&c);
+    let (lost_rank, survivor_pid) = match (before.iter().find(|t| t.1 == worker), before.iter().find(|t| t.1 == script)) {
+        (Some(w), Some(s)) => (w.0, s.2),
+        _ => panic!("a task on {worker} and one on {script}: {before:?}"),
+    };
+    let kept_rank = 1 - lost_rank;
+
+    // The worker's daemon dies: its watchdog fences its task, the leader moves its rank of the
+    // job to the spare, and srun has the node that launched the step start the task there.
+    let killed_ms = now_ms();
+    c.signal(&worker, "KILL");
+    wait_until("the task to start on the spare", Duration::from_secs(60), || step_starts(&c).iter().any(|t| t.1 == spare));
+    eprintln!("the lost task of the step started on the spare {} ms after its node's corrald was SIGKILLed", now_ms() - killed_ms);
+    let after = step_starts(&c);
+    assert_eq!(after.iter().filter(|t| t.0 == kept_rank).count(), 1, "the other task never started again: {after:?}");
+    assert_eq!(after.iter().find(|t| t.1 == spare).map(|t| t.0), Some(lost_rank), "the same rank: {after:?}");
+    assert!(alive(survivor_pid), "the other task still runs");
+    let steps = c.shim("sacct", &["-P", "-n", "-o", "JobID,NodeList,State", "-j", &id.to_string()], &[]);
+    let steps = String::from_utf8_lossy(&steps.stdout).to_string();
+    let mut both = [script.clone(), spare.clone()];
+    both.sort();
+    assert!(steps.lines().any(|l| l.starts_with(&format!("{id}.0|")) && l.contains("RUNNING")), "{steps}");
+    assert!(!steps.lines().any(|l| l.starts_with(&format!("{id}.0|")) && l.contains(&worker)), "step 0 is on {both:?} now: {steps}");
+
+    // Released, both tasks end well: srun waited for the moved one and exits 0.
+    std::fs::write(c.work.join("release"), "").expect("release the tasks");
+    let job = c.wait_final(id, Duration::from_secs(60));
+    let output = std::fs::read_to_string(c.work.join(format!("slurm-{id}.out"))).unwrap_or_default();
+    assert_eq!(job["state"], "COMPLETED", "{job}\n{output}");
+    for line in [format!("end {kept_rank} {script}"), format!("end {lost_rank} {spare}"), "srun=0".to_string()] {
+        assert!(output.lines().any(|l| l == line), "{line:?} in\n{output}");
+    }
+    assert!(output.contains(&format!("{worker} was lost: its tasks of step {id}.0 run on {spare} now")), "{output}");
+    let steps = c.shim("sacct", &["-P", "-n", "-o", "JobID,State,ExitCode", "-j", &id.to_string()], &[]);
+    let steps = String::from_utf8_lossy(&steps.stdout).to_string();
+    assert!(steps.lines().any(|l| l == format!("{id}.0|COMPLETED|0:0")), "{steps}");
+}

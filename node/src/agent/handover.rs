@@ -153,6 +153,7 @@ impl Agent {
                 steps: BTreeMap::new(),
                 step_holds: BTreeMap::new(),
                 next_step,
+                launched: BTreeMap::new(),
             },
         );
         self.adopt_steps(dir, spec.job, spec.run, &tasks, cgroup.as_ref()).await;

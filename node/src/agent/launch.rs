@@ -170,6 +170,7 @@ impl Agent {
             steps: BTreeMap::new(),
             step_holds: BTreeMap::new(),
             next_step: 0,
+            launched: BTreeMap::new(),
         };
         lock(&self.running).insert(job.id, running);
     }

@@ -72,7 +72,15 @@ struct Running {
     /// What steps hold of the job's CPUs, memory and GPUs here, by step: from their grant
     /// (a start, or a hold before it) until their tasks here end.
     step_holds: BTreeMap<u32, HeldStep>,
+    /// The steps launched from here (the batch script's node) as they were started, the
+    /// newest [`STEPS_LAUNCHED_KEPT`]: a lost node's tasks of one start again from it on a spare
+    /// (`Request::StepMove`). Not kept across a daemon's hand-over.
+    launched: BTreeMap<u32, Arc<proto::StepSpec>>,
 }
+
+/// Steps of a run whose launched spec the batch script's node keeps (Slurm's own bound on the
+/// steps a job keeps).
+const STEPS_LAUNCHED_KEPT: usize = proto::limits::STEP_RECORDS_PER_JOB_MAX;
 
 /// A step's share of its job on this node ([`scheduler::steps::grant_step`]), held until its
 /// tasks here end; one that no start took is dropped after [`proto::limits::STEP_HOLD_MS_MAX`].

@@ -409,6 +409,28 @@ impl Agent {
 
     /// The address of node `name` of the run of `job` here (steps are read through the node
     /// that launched them).
+    /// Keeps step `step` of `job` as it was started from here (the batch script's node), for a
+    /// later [`Request::StepMove`]; the oldest goes past [`super::STEPS_LAUNCHED_KEPT`].
+    pub fn note_launched_step(&self, job: JobId, step: u32, spec: Arc<proto::StepSpec>) {
+        if let Some(r) = lock(&self.running).get_mut(&job) {
+            r.launched.insert(step, spec);
+            while r.launched.len() > super::STEPS_LAUNCHED_KEPT {
+                r.launched.pop_first();
+            }
+        }
+    }
+
+    /// Step `step` of `job`'s run here as it was started from here, for `user` (its owner or an
+    /// admin): its run and spec.
+    pub fn launched_step(&self, job: JobId, step: u32, user: Option<&str>) -> Result<(RunNo, Arc<proto::StepSpec>), ApiError> {
+        let running = lock(&self.running);
+        let r = running.get(&job).ok_or_else(|| ApiError::NotFound(format!("job {job} does not run on {}", self.name)))?;
+        owner_may(user, &r.owner, job)?;
+        let spec =
+            r.launched.get(&step).ok_or_else(|| ApiError::NotFound(format!("step {job}.{step} was not started from {}", self.name)))?;
+        Ok((r.run, Arc::clone(spec)))
+    }
+
     pub fn run_node_addr(&self, job: JobId, name: &str) -> Option<String> {
         lock(&self.running).get(&job).and_then(|r| r.nodes.iter().find(|(n, _)| n == name).map(|(_, a)| a.clone()))
     }

@@ -16,8 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use consensus::{MemberNode, Raft, StateHandle};
 use proto::{
-    ApiError, Command, CommandResult, Envelope, InstanceId, Inventory, JobId, JobState, NodeId, NodeRole, NodeState, Reply, Request,
-    Response,
+    ApiError, Command, CommandResult, Envelope, InstanceId, Inventory, JobId, NodeId, NodeRole, NodeState, Reply, Request, Response,
 };
 use tokio::sync::Notify;
 use tracing::{debug, error, info, info_span, warn, Instrument};
@@ -39,6 +38,7 @@ mod on_leader;
 mod reads;
 mod runs;
 mod start;
+mod step_moves;
 mod steps;
 mod submit;
 
@@ -46,7 +46,6 @@ pub use api::Api;
 use enrol::renew_certificate_loop;
 use leader::LeaderMemory;
 pub use start::{heartbeat_call_timeout, relay_linger, run, Ended, StopRequest, STOP_DECLARE_MS, STOP_REPORT_MS};
-use steps::STEP_START_PATIENCE_MS;
 
 pub fn now_ms() -> u64 {
     crate::fault::wall_ms()
@@ -160,15 +159,14 @@ impl Node {
             Request::Enroll { secret, name, csr_pem } => self.enroll(&secret, &name, &csr_pem),
             Request::StepLaunch { job, spec } if !self.agent.runs_script_of(job) => {
                 // `srun --jobid` from another node: the job's first node numbers and starts it.
-                let first = self.state.read(|s| {
-                    let j = s.jobs.get(&job).filter(|j| j.state == JobState::Running)?;
-                    s.nodes.get(j.run_nodes().first()?).map(|n| n.name.clone())
-                });
-                let first = first.ok_or_else(|| ApiError::NotFound(format!("job {job} is not running")))?;
-                let timeout = PEER_CALL_TIMEOUT + Duration::from_millis(STEP_START_PATIENCE_MS);
-                self.to_run_node(hops, job, &first, Request::StepLaunch { job, spec }, user, timeout).await
+                self.to_script_node(hops, job, Request::StepLaunch { job, spec }, user).await
             }
             Request::StepLaunch { job, spec } => self.launch_step(job, spec, user).await,
+            Request::StepMove { job, step, lost } if !self.agent.runs_script_of(job) => {
+                let request = Request::StepMove { job, step, lost };
+                self.to_script_node(hops, job, request, user).await
+            }
+            Request::StepMove { job, step, lost } => self.move_step(job, step, lost, user).await,
             Request::StepStart { job, run, step, spec } => self.agent.start_step(job, run, step, &spec, user.as_deref()).await,
             Request::StepHold { job, run, step, spec, release } => self.agent.hold_step(job, run, step, &spec, release, user.as_deref()),
             request @ (Request::StepRead { .. }

@@ -141,6 +141,7 @@ impl Node {
         }
         if failed.is_empty() {
             info!(job, run, step, nodes = started.len(), "step launched");
+            self.agent.note_launched_step(job, step, spec);
             return Ok(Reply::StepLaunched { step, run });
         }
         warn!(job, run, step, failed = %failed.join("; "), "step not started everywhere: stopping it");
@@ -191,7 +192,7 @@ impl Node {
 
     /// Asks node `name` at `addr` (this one, directly) to hold, or give back, its share of a step.
     #[allow(clippy::too_many_arguments)]
-    async fn hold_step_on(
+    pub(super) async fn hold_step_on(
         &self,
         job: JobId,
         run: proto::RunNo,

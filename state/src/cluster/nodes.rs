@@ -233,7 +233,6 @@ impl ClusterState {
     /// Every part matching `lost` is gone (its process died with its node or GPU).
     fn lose_parts(&mut self, lost: impl Fn(&NodeRun) -> bool, reason: &str, loss: Loss, now_ms: u64) {
         let holding: Vec<JobId> = self.holding_parts.iter().copied().collect();
-        let up: BTreeSet<NodeId> = self.nodes.values().filter(|n| n.state == NodeState::Up).map(|n| n.id).collect();
         for id in holding {
             let Some(job) = self.jobs.get_mut(&id) else { continue };
             let Some(pos) = job.parts.iter().position(&lost) else { continue };
@@ -252,7 +251,7 @@ impl ClusterState {
             if part.run != job.run || job.state != JobState::Running {
                 continue;
             }
-            if repairs::drop_spare(job, &part) || repairs::repair(job, &part, loss, &up, reason, now_ms) {
+            if repairs::drop_spare(job, &part) || repairs::repair(job, &part, loss, &self.nodes, reason, now_ms) {
                 continue;
             }
             if job.spec.requeue {

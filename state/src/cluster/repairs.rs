@@ -3,15 +3,19 @@
 //! holding its resources, launched by nobody) is launched there with that rank; every other
 //! part keeps running.
 //!
+//! A batch job's running steps (`srun`) that had tasks on the lost node name the spare in
+//! their records from then on: `srun` starts those tasks there with their ranks
+//! (`Request::StepMove`), and their ends are reported from there.
+//!
 //! Only a loss that proves the part dead is repaired: the node declared down (it fenced itself
 //! before the leader could commit that: the fencing argument, per node) or restarted (its
 //! earlier instance's processes died with it). A GPU fault on a live node, a part that failed,
 //! and the loss of rank 0 (the batch script, or a command gang's rendezvous host) still end or
 //! requeue the gang.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 
-use proto::{Job, JobState, NodeId, NodeRun, Repair};
+use proto::{Job, JobState, NodeId, NodeRecord, NodeRun, NodeState, Repair};
 
 /// Whether a loss may be repaired: it proves the lost part's processes dead.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,14 +26,16 @@ pub(super) enum Loss {
     GpuFault,
 }
 
-/// Moves the rank `job` lost with `part` to one of its spares on a node in `up`; false when it
-/// cannot (no spare, rank 0, not running, a loss that proves nothing), and nothing changed.
-pub(super) fn repair(job: &mut Job, part: &NodeRun, loss: Loss, up: &BTreeSet<NodeId>, reason: &str, now_ms: u64) -> bool {
+/// Moves the rank `job` lost with `part` to one of its spares on a node of `nodes` that is up;
+/// false when it cannot (no spare, rank 0, not running, a loss that proves nothing), and
+/// nothing changed.
+pub(super) fn repair(job: &mut Job, part: &NodeRun, loss: Loss, nodes: &BTreeMap<NodeId, NodeRecord>, reason: &str, now_ms: u64) -> bool {
     if loss != Loss::NodeGone || job.state != JobState::Running || part.run != job.run || job.suspended() {
         return false;
     }
     let Some(rank) = job.rank_of(part.alloc.node).filter(|r| *r > 0) else { return false };
-    let spare = job.spares.iter().copied().find(|s| up.contains(s) && job.parts.iter().any(|p| p.run == job.run && p.alloc.node == *s));
+    let up = |n: &NodeId| nodes.get(n).is_some_and(|r| r.state == NodeState::Up);
+    let spare = job.spares.iter().copied().find(|s| up(s) && job.parts.iter().any(|p| p.run == job.run && p.alloc.node == *s));
     let Some(spare) = spare else { return false };
     let gpus = job.parts.iter().find(|p| p.run == job.run && p.alloc.node == spare).map(|p| p.alloc.gpus.clone()).unwrap_or_default();
     job.last_nodes[rank] = spare;
@@ -42,7 +48,20 @@ pub(super) fn repair(job: &mut Job, part: &NodeRun, loss: Loss, up: &BTreeSet<No
     }
     let rank = rank as u32;
     job.repairs.push(Repair { run: job.run, rank, lost: part.alloc.node, spare, at_ms: now_ms, reason: bounded(reason) });
+    let name = |n: NodeId| nodes.get(&n).map(|r| r.name.clone());
+    if let (Some(lost), Some(spare)) = (name(part.alloc.node), name(spare)) {
+        move_steps(job, &lost, &spare);
+    }
     true
+}
+
+/// The running steps of `job` with tasks left on node `lost` have them on `spare` from now on.
+fn move_steps(job: &mut Job, lost: &str, spare: &str) {
+    for step in job.steps.iter_mut().filter(|s| s.end_ms.is_none() && !s.ended_on.iter().any(|n| n == lost)) {
+        for n in step.nodes.iter_mut().filter(|n| *n == lost) {
+            *n = spare.to_string();
+        }
+    }
 }
 
 /// `reason` cut to [`proto::REPAIR_REASON_BYTES_MAX`] bytes at a character's boundary, so a
@@ -147,6 +166,29 @@ mod tests {
         finish(&mut s, job, 1, b, RunOutcome::Lost("node restarted".into()));
         let j = &s.jobs[&job];
         assert_eq!((j.state, j.run_nodes()[1]), (JobState::Running, d));
+    }
+
+    #[test]
+    fn a_batch_jobs_running_steps_name_the_spare_for_the_lost_nodes_tasks() {
+        let (mut s, [_a, b, _c, _d], job) = spared(true);
+        let step = |s: &mut ClusterState, step: u32, nodes: &[&str]| {
+            let nodes = nodes.iter().map(|n| n.to_string()).collect();
+            let cmd = Command::StepStarted { job, run: 1, step, name: "x".into(), nodes, ntasks: 3, now_ms: 500 };
+            assert_eq!(s.apply(&cmd), CommandResult::Ok);
+        };
+        step(&mut s, 0, &["a", "b", "c"]);
+        step(&mut s, 1, &["a", "c"]);
+        step(&mut s, 2, &["a", "b"]);
+        let ended = Command::StepEnded { job, run: 1, step: 2, node: "b".into(), exit_code: 0, signal: None, now_ms: 600 };
+        assert_eq!(s.apply(&ended), CommandResult::Ok);
+        s.apply(&Command::NodeDown { node: b, reason: "no heartbeat".into(), now_ms: 1_000 });
+        let nodes: Vec<Vec<String>> = s.jobs[&job].steps.iter().map(|r| r.nodes.clone()).collect();
+        let want = [vec!["a", "d", "c"], vec!["a", "c"], vec!["a", "b"]];
+        assert_eq!(nodes, want.map(|v| v.iter().map(|n| n.to_string()).collect::<Vec<_>>()), "step 2's tasks on b had ended");
+        // The spare reports the moved tasks' end; b could not any more.
+        let end = |node: &str| Command::StepEnded { job, run: 1, step: 0, node: node.into(), exit_code: 0, signal: None, now_ms: 2_000 };
+        assert_eq!(s.apply(&end("d")), CommandResult::Ok);
+        assert!(matches!(s.apply(&end("b")), CommandResult::Rejected(_)));
     }
 
     #[test]

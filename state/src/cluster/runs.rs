@@ -140,9 +140,7 @@ impl ClusterState {
         if let (true, RunOutcome::Lost(why)) = (matters, outcome) {
             let reason = format!("node {node}: {why}");
             // The node says the part does not run there (and refuses it from now on).
-            let up: std::collections::BTreeSet<NodeId> =
-                self.nodes.values().filter(|n| n.state == proto::NodeState::Up).map(|n| n.id).collect();
-            if super::repairs::repair(job, &part, super::repairs::Loss::NodeGone, &up, &reason, now_ms) {
+            if super::repairs::repair(job, &part, super::repairs::Loss::NodeGone, &self.nodes, &reason, now_ms) {
                 return CommandResult::Ok;
             }
             if job.spec.requeue {

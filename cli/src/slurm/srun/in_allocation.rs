@@ -301,6 +301,21 @@ impl StepFollower {
     ) -> Result<(), SlurmError> {
         let fatal = |m: String| SlurmError::fatal(PROG, m);
         let (job, step) = (self.job, self.step);
+        if matches!(result, Ok(Err(proto::ApiError::Unavailable(_)))) && self.failures < STEP_READ_FAILURES_MAX {
+            // A node of the step is out of reach for now (its daemon may be handing its runs
+            // over, or it is lost and its rank moved to a spare): follow its tasks to the
+            // spare, or read it again.
+            self.failures += 1;
+            if let Some(spare) = self.moved_to_spare(&node).await {
+                self.read(reads, spare, 0, 0);
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(STEP_RETRY_MS)).await;
+            if let Some(c) = self.cursors.get(&node) {
+                self.read(reads, node, c.offset, c.exits.len() as u32);
+            }
+            return Ok(());
+        }
         let Some(cursor) = self.cursors.get_mut(&node) else { return Ok(()) };
         match result {
             Ok(Ok(Reply::StepOutput { chunks, next_offset, exits, done })) => {
@@ -319,12 +334,6 @@ impl StepFollower {
                 cursor.done = done;
             }
             Ok(Ok(other)) => return Err(fatal(format!("unexpected reply {other:?}"))),
-            Ok(Err(proto::ApiError::Unavailable(_))) if self.failures < STEP_READ_FAILURES_MAX => {
-                // A node of the step is out of reach for now (its daemon may be handing
-                // its runs over): read it again.
-                self.failures += 1;
-                tokio::time::sleep(Duration::from_millis(STEP_RETRY_MS)).await;
-            }
             Ok(Err(e)) => {
                 // The job ended (its steps with it) or the node is gone.
                 eprintln!("{PROG}: error: {node}: step {job}.{step}: {e}");
@@ -344,6 +353,23 @@ impl StepFollower {
             self.read(reads, node, offset, seen);
         }
         Ok(())
+    }
+
+    /// Where the tasks `lost` had now run, when the job lost that node and repaired it onto a
+    /// spare (`--spare-nodes`): the node that launched the step starts them there with their
+    /// ranks, and the step is followed there from then on. `None` while it is not repaired.
+    async fn moved_to_spare(&mut self, lost: &str) -> Option<String> {
+        let request = Request::StepMove { job: self.job, step: self.step, lost: lost.to_string() };
+        let Ok(Ok(Reply::StepMoved { node: spare })) = self.cluster.call(request).await else { return None };
+        if !self.quiet {
+            eprintln!("{PROG}: {lost} was lost: its tasks of step {}.{} run on {spare} now", self.job, self.step);
+        }
+        self.cursors.remove(lost);
+        self.cursors.insert(spare.clone(), NodeCursor::default());
+        for n in self.nodes.iter_mut().filter(|n| *n == lost) {
+            *n = spare.clone();
+        }
+        Some(spare)
     }
 
     /// Once every node is done: prints what is left of the output, and gives the worst exit
