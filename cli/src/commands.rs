@@ -68,6 +68,10 @@ pub struct SubmitArgs {
     /// starts there with the same rank) while the others keep running.
     #[arg(long, default_value_t = 0)]
     spare_nodes: u32,
+    /// Where the gang's torchrun agents meet (HOST:PORT of a c10d store or etcd on no node of
+    /// the job): set as `PET_RDZV_ENDPOINT`; with a spare, the loss of rank 0 is repaired too.
+    #[arg(long)]
+    rdzv_endpoint: Option<String>,
     #[arg(long, short = 'p')]
     partition: Option<String>,
     #[arg(long, short = 'q')]
@@ -219,6 +223,9 @@ pub fn build_spec(args: &SubmitArgs) -> anyhow::Result<JobSpec> {
     spec.preflight = preflight;
     spec.set_batch(args.batch);
     spec.set_spare_nodes(args.spare_nodes);
+    if let Some(e) = &args.rdzv_endpoint {
+        spec.extra.insert(proto::SPEC_EXTRA_RDZV_ENDPOINT.into(), e.clone());
+    }
     spec.validate().map_err(anyhow::Error::msg)?;
     Ok(spec)
 }
@@ -252,6 +259,7 @@ fn sbatch_overrides(args: &SubmitArgs) -> Vec<(&'static str, Option<String>)> {
     if args.spare_nodes > 0 {
         put("spare-nodes", Some(args.spare_nodes.to_string()));
     }
+    args.rdzv_endpoint.clone().into_iter().for_each(|v| put("rdzv-endpoint", Some(v)));
     out
 }
 

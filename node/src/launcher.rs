@@ -304,6 +304,10 @@ fn insert_rendezvous_env(env: &mut BTreeMap<String, String>, job: &Job, ctx: &La
         }
     }
     env.insert("MASTER_ADDR".into(), master);
+    if let Some(endpoint) = job.spec.rdzv_endpoint() {
+        // `--rdzv-endpoint`: torchrun's agents meet there, on no node of the job.
+        env.insert("PET_RDZV_ENDPOINT".into(), endpoint.to_string());
+    }
     if job.spec.spare_nodes() > 0 {
         // A repaired rank's torchrun joins the survivors' rendezvous in a later round. Since 2.4
         // torchrun shares its rendezvous store with the workers, and an agent that was rank 0

@@ -149,6 +149,11 @@ pub const SPEC_EXTRA_NO_REQUEUE: &str = "corral-no-requeue";
 pub const SPEC_EXTRA_SPARE_NODES: &str = "spare-nodes";
 /// Spare nodes one job may hold at most.
 pub const SPARE_NODES_MAX: u32 = 64;
+/// The key of [`JobSpec::extra`] that holds `--rdzv-endpoint=HOST:PORT` (see
+/// [`JobSpec::rdzv_endpoint`]).
+pub const SPEC_EXTRA_RDZV_ENDPOINT: &str = "rdzv-endpoint";
+/// Bytes of a `--rdzv-endpoint` at most.
+pub const RDZV_ENDPOINT_BYTES_MAX: usize = 255;
 /// The key of [`JobSpec::extra`] that holds the most nodes of `-N MIN-MAX` (see
 /// [`JobSpec::nodes_max`]); `nodes` holds MIN. In `extra`, so specs already in logs decode.
 pub const SPEC_EXTRA_NODES_MAX: &str = "nodes-max";
@@ -336,6 +341,13 @@ impl JobSpec {
         }
     }
 
+    /// `--rdzv-endpoint=HOST:PORT`: where the gang's torchrun agents meet (a c10d store, etcd)
+    /// on no node of the job. Its nodes get it as `PET_RDZV_ENDPOINT`, and since the rendezvous
+    /// does not die with rank 0, a command gang with a spare repairs the loss of rank 0 too.
+    pub fn rdzv_endpoint(&self) -> Option<&str> {
+        self.extra.get(SPEC_EXTRA_RDZV_ENDPOINT).map(String::as_str)
+    }
+
     /// `--reservation=NAME`: the job runs only in that reservation, on its nodes in its window.
     pub fn reservation(&self) -> Option<&str> {
         self.extra.get(SPEC_EXTRA_RESERVATION).map(String::as_str)
@@ -439,6 +451,12 @@ impl JobSpec {
         }
         if self.spare_nodes() > 0 && (self.nodes < 2 || self.array.is_some()) {
             return Err("spare nodes are for jobs of two or more nodes, not arrays".into());
+        }
+        if let Some(e) = self.rdzv_endpoint() {
+            let port_ok = e.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0));
+            if !port_ok || e.len() > RDZV_ENDPOINT_BYTES_MAX || e.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(format!("rendezvous endpoint '{e}' is not HOST:PORT of at most {RDZV_ENDPOINT_BYTES_MAX} bytes"));
+            }
         }
         if let Some(p) = &self.preflight {
             if p.bytes == 0 || p.bytes > PreflightSpec::BYTES_MAX {
@@ -565,6 +583,14 @@ mod tests {
         let mut s = good();
         s.nodes = NODES_PER_JOB_MAX;
         assert_eq!(s.validate(), Ok(()));
+        // A rendezvous endpoint off the job's nodes: HOST:PORT.
+        let mut s = good();
+        s.extra.insert(SPEC_EXTRA_RDZV_ENDPOINT.into(), "store.example:29400".into());
+        assert_eq!((s.validate(), s.rdzv_endpoint()), (Ok(()), Some("store.example:29400")));
+        for bad in ["store", ":29400", "store:0", "store:x", "a b:1"] {
+            s.extra.insert(SPEC_EXTRA_RDZV_ENDPOINT.into(), bad.into());
+            refused(&s, "is not HOST:PORT");
+        }
         // A node range: its most is above its least and within the bound.
         let mut s = good();
         s.nodes = 2;

@@ -1,6 +1,7 @@
 //! Issue 43: elastic torchrun (`--nnodes=2:2 --rdzv_backend=c10d`, real torch 2.15 on CPU with
 //! gloo) across the loss of a worker node, with a spare node and, in the same run, without one
-//! (the gang requeued whole). A worker node's `corrald` and its job processes are SIGKILLed
+//! (the gang requeued whole); and across the loss of rank 0 with a spare, the gang meeting at a
+//! c10d store off its nodes (`--rdzv-endpoint`: rank 0 hosts no rendezvous, so it is repaired). A worker node's `corrald` and its job processes are SIGKILLed
 //! mid-training. Measured: the time from the kill to the spare's part starting and to the first
 //! training step after the kill, and the steps lost. Asserted: with the spare, the survivor's
 //! torchrun is never restarted by Corral; both ways, the final weights equal an uninterrupted
@@ -35,6 +36,53 @@ torchrun --nnodes=2:2 --nproc_per_node=1 --rdzv_backend=c10d --rdzv_endpoint=$MA
 wait $!
 ";
 
+/// A 2-node command gang with a spare whose torchrun agents meet at a c10d store off the job's
+/// nodes (`--rdzv-endpoint`, read by torchrun as `PET_RDZV_ENDPOINT`; no agent hosts it).
+const JOB_OFF_NODES: &str = "#!/bin/sh
+#SBATCH -N 2
+#SBATCH --gres=gpu:1
+#SBATCH -x LEADER
+#SBATCH --spare-nodes=1
+OPTIONS
+echo \"$CORRAL_NODE $CORRAL_NODE_RANK $$ $(date +%s%3N)\" >> parts.txt
+torchrun --nnodes=2:2 --nproc_per_node=1 --rdzv_backend=c10d --rdzv_conf=is_host=0 --rdzv_id=$CORRAL_JOB_ID \\
+  --max_restarts=5 elastic_train.py &
+wait $!
+";
+
+/// A c10d store (torch's `TCPStore`) in a process of its own on this host, as on a login node:
+/// the rendezvous of a gang that meets off its nodes. Killed when dropped.
+struct Store {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Store {
+    fn start(py: &Path) -> Store {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port");
+        let code = "import sys, time\nfrom datetime import timedelta\nfrom torch.distributed import TCPStore\n\
+            s = TCPStore('127.0.0.1', int(sys.argv[1]), is_master=True, multi_tenant=True, wait_for_workers=False, timeout=timedelta(seconds=600))\n\
+            print('up', flush=True)\nwhile True: time.sleep(3600)\n";
+        let mut child = Command::new(py.join("bin/python"))
+            .args(["-c", code, &port.to_string()])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start the store");
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("the store's stdout");
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).expect("read the store's first line");
+        assert_eq!(line.trim(), "up", "the store started");
+        Store { child, port }
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 struct Elastic {
     c: TestCluster,
     path: String,
@@ -57,7 +105,11 @@ struct Loss {
 
 impl Elastic {
     fn submit(&self, name: &str, options: &str) -> u64 {
-        let script = JOB.replace("LEADER", &self.leader).replace("OPTIONS", options);
+        self.submit_job(name, JOB, options)
+    }
+
+    fn submit_job(&self, name: &str, template: &str, options: &str) -> u64 {
+        let script = template.replace("LEADER", &self.leader).replace("OPTIONS", options);
         std::fs::write(self.c.work.join(name), script).expect("write the job");
         let out = Command::new(corral_bin())
             .args(["--cluster", self.c.path_str(), "submit", name])
@@ -109,11 +161,16 @@ impl Elastic {
     /// Runs `job` until it trained 10 steps, SIGKILLs its rank-1 node's corrald and job
     /// processes, and follows it to its end.
     fn lose_a_worker(&self, job: u64, submitted_ms: u64) -> Loss {
+        self.lose_rank(job, submitted_ms, 1)
+    }
+
+    /// [`Elastic::lose_a_worker`], of the node of `rank`.
+    fn lose_rank(&self, job: u64, submitted_ms: u64, rank: usize) -> Loss {
         self.wait(job, "10 training steps", Duration::from_secs(120), || self.steps(job).iter().any(|s| s.0 >= 10));
-        let worker = self.c.job(job)["nodes"][1].as_str().map(str::to_string).expect("rank 1's node");
+        let worker = self.c.job(job)["nodes"][rank].as_str().map(str::to_string).expect("the rank's node");
         let killed_ms = now_ms();
         self.c.signal(&worker, "KILL");
-        kill_job_processes(job, &worker);
+        kill_job_processes(&self.checkpoints(job), &worker);
         let before = self.steps(job).iter().filter(|s| s.2 <= killed_ms).map(|s| s.0).max().unwrap_or(0);
         self.wait(job, "a part to start elsewhere", Duration::from_secs(60), || self.parts(killed_ms).iter().any(|p| p.0 != worker));
         let restarted_ms = self.parts(killed_ms).iter().map(|p| p.2).min().unwrap_or(killed_ms) - killed_ms;
@@ -135,10 +192,12 @@ impl Elastic {
     }
 }
 
-/// SIGKILLs every process of `job` that runs as part of it on `node` (as the node's power
-/// would): those whose environment names both.
-fn kill_job_processes(job: u64, node: &str) {
-    let (want_job, want_node) = (format!("CORRAL_JOB_ID={job}"), format!("CORRAL_NODE={node}"));
+/// SIGKILLs every process of a job that runs as part of it on `node` (as the node's power
+/// would): those whose environment names both the job's checkpoint directory (its cluster's own:
+/// another test's cluster on this host has jobs of the same ids on nodes of the same names) and
+/// the node.
+fn kill_job_processes(checkpoints: &Path, node: &str) {
+    let (want_job, want_node) = (format!("CORRAL_CHECKPOINT_DIR={}", checkpoints.display()), format!("CORRAL_NODE={node}"));
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
         let env = std::fs::read(entry.path().join("environ")).unwrap_or_default();
@@ -202,5 +261,34 @@ fn elastic_torchrun_survives_a_worker_node_loss_on_a_spare_and_ends_as_an_uninte
     eprintln!(
         "worker node lost at step >= 10 of {STEPS}: with a spare, rank 1 started on it {} ms after the kill, training stepped again after {} ms, {} steps lost, survivor never restarted; requeued whole, the gang started again after {} ms, training stepped again after {} ms, {} steps lost",
         with_spare.restarted_ms, with_spare.stepping_ms, with_spare.steps_lost, without.restarted_ms, without.stepping_ms, without.steps_lost
+    );
+}
+
+#[test]
+fn elastic_torchrun_meeting_off_its_nodes_survives_losing_rank_0_on_a_spare() {
+    let Some(py) = pyenv() else { return };
+    let store = Store::start(&py);
+    let c = TestCluster::up(&["--nodes", "4", "--gpus", "h100:1"]);
+    let path = format!("{}:{}", py.join("bin").display(), std::env::var("PATH").unwrap_or_default());
+    std::fs::write(c.work.join("elastic_train.py"), TRAIN).expect("write the training script");
+    let leader = c.leader();
+    let e = Elastic { c, path, leader };
+    let expected = reference(&py, &e.c.work);
+
+    let t0 = now_ms();
+    let job = e.submit_job("rank0.sh", JOB_OFF_NODES, &format!("#SBATCH --rdzv-endpoint=127.0.0.1:{}", store.port));
+    e.wait(job, "10 training steps", Duration::from_secs(120), || e.steps(job).iter().any(|s| s.0 >= 10));
+    let nodes = e.c.job(job)["nodes"].clone();
+    let loss = e.lose_rank(job, t0, 0);
+    let survivor = nodes[1].as_str().unwrap_or_default().to_string();
+    let repair = &loss.job["repairs"][0];
+    assert_eq!((loss.job["restart_count"].as_u64(), repair["rank"].as_u64()), (Some(0), Some(0)), "{loss:?}");
+    assert_eq!(loss.job["nodes"][1].as_str(), Some(survivor.as_str()), "{loss:?}");
+    assert_eq!(loss.parts.iter().filter(|p| p.0 == survivor).count(), 1, "Corral never restarted the survivor's torchrun: {loss:?}");
+    assert!(loss.steps_lost <= 1, "{loss:?}");
+    assert_eq!(loss.final_weights, expected, "the run repaired at rank 0 ends as an uninterrupted one");
+    eprintln!(
+        "rank 0 (not hosting the rendezvous) lost at step >= 10 of {STEPS}: rank 0 started on the spare {} ms after the kill, training stepped again after {} ms, {} steps lost, survivor never restarted",
+        loss.restarted_ms, loss.stepping_ms, loss.steps_lost
     );
 }

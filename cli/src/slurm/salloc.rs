@@ -59,6 +59,7 @@ const OPTIONS: &[OptDef] = &[
     opt("quiet", Some('Q'), Arg::No),
     opt("reservation", None, Arg::Required),
     opt("spare-nodes", None, Arg::Required),
+    opt("rdzv-endpoint", None, Arg::Required),
     opt("time", Some('t'), Arg::Required),
     opt("usage", None, Arg::No),
     opt("verbose", Some('v'), Arg::No),

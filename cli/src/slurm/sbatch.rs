@@ -10,7 +10,7 @@ use super::env::extra;
 use super::opts::{self, opt, Arg, OptDef, Parsed};
 use super::{hostlist, time, SlurmError};
 
-use super::values::{node_and_task_counts, parse_gpu_count, parse_nodes, parse_switches};
+use super::values::{corral_option, node_and_task_counts, parse_gpu_count, parse_nodes, parse_switches};
 pub use super::values::{
     parse_array, parse_dependencies, parse_gres, parse_int, parse_mem_mib, parse_signal, parse_signal_name, ARRAY_TASK_ID_MAX,
 };
@@ -103,6 +103,7 @@ pub const OPTIONS: &[OptDef] = &[
     opt("signal", None, Arg::Required),
     opt("sockets-per-node", None, Arg::Required),
     opt("spare-nodes", None, Arg::Required),
+    opt("rdzv-endpoint", None, Arg::Required),
     opt("spread-job", None, Arg::No),
     opt("switches", None, Arg::Required),
     opt("test-only", None, Arg::No),
@@ -683,11 +684,7 @@ impl<'a> Builder<'a> {
             }
             "begin" => self.begin_s = Some(time::parse_point(v, self.ctx.now_s).ok_or_else(|| fatal("Invalid --begin specification"))?),
             "hold" => self.hold = true,
-            // Corral's own: nodes held to replace a lost one (`JobSpec::spare_nodes`).
-            "spare-nodes" => {
-                let n = parse_int(prog, "--spare-nodes", v)?;
-                self.extra.insert(proto::SPEC_EXTRA_SPARE_NODES.into(), n.to_string());
-            }
+            _ if corral_option(prog, name, v, &mut self.extra)? => {}
             _ => return Ok(false),
         }
         Ok(true)

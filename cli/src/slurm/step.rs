@@ -72,6 +72,7 @@ pub const OPTIONS: &[OptDef] = &[
     opt("signal", None, Arg::Required),
     opt("reservation", None, Arg::Required),
     opt("spare-nodes", None, Arg::Required),
+    opt("rdzv-endpoint", None, Arg::Required),
     opt("time", Some('t'), Arg::Required),
     opt("unbuffered", Some('u'), Arg::No),
     opt("usage", None, Arg::No),

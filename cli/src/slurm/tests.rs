@@ -127,6 +127,13 @@ fn every_time_format() {
 
 #[test]
 fn nodes_tasks_cpus() {
+    // Corral's own: spare nodes and a rendezvous off the job's nodes, checked with the spec.
+    let s = spec(&["-N", "2", "--spare-nodes", "1", "--rdzv-endpoint", "login1:29400"]);
+    assert_eq!((s.spare_nodes(), s.rdzv_endpoint()), (1, Some("login1:29400")));
+    assert_eq!(
+        err(&["-N", "2", "--rdzv-endpoint", "login1"]),
+        "sbatch: error: Batch job submission failed: rendezvous endpoint 'login1' is not HOST:PORT of at most 255 bytes"
+    );
     let s = spec(&["-N", "2-4"]);
     assert_eq!((s.nodes, s.nodes_max()), (2, 4));
     assert_eq!(s.extra.get(extra::NODES_RANGE).map(String::as_str), Some("2-4"));

@@ -2,6 +2,8 @@
 //! and GPU counts, arrays, signals, dependencies, node counts and ranges, numbers, memory sizes
 //! and `--switches`. Pure.
 
+use std::collections::BTreeMap;
+
 use proto::{ArraySpec, Dependency, DependencyKind, GresKind, GresRequest, SignalSpec};
 
 use super::{time, SlurmError};
@@ -226,4 +228,21 @@ pub(super) fn node_and_task_counts(nodes: (u32, u32), ntasks: Option<u32>, ntask
         (None, None) => 1,
     };
     (least, most.min(ntasks.unwrap_or(u32::MAX)).max(least), per_node)
+}
+
+/// Corral's own options of `sbatch`, `salloc` and `srun` (and `#SBATCH`), kept in the job's
+/// `extra`: `--spare-nodes=N` (`JobSpec::spare_nodes`) and `--rdzv-endpoint=HOST:PORT`
+/// (`JobSpec::rdzv_endpoint`, checked with the spec); false for any other option.
+pub(super) fn corral_option(prog: &str, name: &str, value: &str, extra: &mut BTreeMap<String, String>) -> Result<bool, SlurmError> {
+    match name {
+        "spare-nodes" => {
+            let n = parse_int(prog, "--spare-nodes", value)?;
+            extra.insert(proto::SPEC_EXTRA_SPARE_NODES.into(), n.to_string());
+        }
+        "rdzv-endpoint" => {
+            extra.insert(proto::SPEC_EXTRA_RDZV_ENDPOINT.into(), value.to_string());
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
 }

@@ -10,8 +10,8 @@
 //! Only a loss that proves the part dead is repaired: the node declared down (it fenced itself
 //! before the leader could commit that: the fencing argument, per node) or restarted (its
 //! earlier instance's processes died with it). A GPU fault on a live node, a part that failed,
-//! and the loss of rank 0 (the batch script, or a command gang's rendezvous host) still end or
-//! requeue the gang.
+//! and the loss of rank 0 (the batch script, or a command gang's rendezvous host, unless the
+//! gang meets at a `--rdzv-endpoint` off its nodes) still end or requeue the gang.
 
 use std::collections::BTreeMap;
 
@@ -33,7 +33,10 @@ pub(super) fn repair(job: &mut Job, part: &NodeRun, loss: Loss, nodes: &BTreeMap
     if loss != Loss::NodeGone || job.state != JobState::Running || part.run != job.run || job.suspended() {
         return false;
     }
-    let Some(rank) = job.rank_of(part.alloc.node).filter(|r| *r > 0) else { return false };
+    // Rank 0 runs a batch job's script, and hosts a command gang's rendezvous unless the gang
+    // meets elsewhere (`--rdzv-endpoint`): its loss is repaired only then.
+    let rank0_repairable = !job.spec.is_batch() && job.spec.rdzv_endpoint().is_some();
+    let Some(rank) = job.rank_of(part.alloc.node).filter(|r| *r > 0 || rank0_repairable) else { return false };
     let up = |n: &NodeId| nodes.get(n).is_some_and(|r| r.state == NodeState::Up);
     let spare = job.spares.iter().copied().find(|s| up(s) && job.parts.iter().any(|p| p.run == job.run && p.alloc.node == *s));
     let Some(spare) = spare else { return false };
@@ -92,12 +95,20 @@ mod tests {
 
     /// Four nodes and a 3-node job with one spare, running on a, b and c with d spare.
     fn spared(batch: bool) -> (ClusterState, [NodeId; 4], JobId) {
+        spared_meeting_at(batch, None)
+    }
+
+    /// [`spared`], its gang meeting at `endpoint` (`--rdzv-endpoint`) when given.
+    fn spared_meeting_at(batch: bool, endpoint: Option<&str>) -> (ClusterState, [NodeId; 4], JobId) {
         let mut s = ClusterState::default();
         let nodes = [register(&mut s, "a", 100), register(&mut s, "b", 200), register(&mut s, "c", 300), register(&mut s, "d", 400)];
         let mut sp = spec(2, 3);
         sp.set_spare_nodes(1);
         sp.set_batch(batch);
         sp.requeue = true;
+        if let Some(e) = endpoint {
+            sp.extra.insert(proto::SPEC_EXTRA_RDZV_ENDPOINT.into(), e.into());
+        }
         let job = submit(&mut s, sp);
         let allocs = nodes.iter().map(|n| alloc(*n, &[0, 1])).collect();
         assert_eq!(plan(&mut s, job, 1, allocs), CommandResult::Planned { accepted: vec![job], rejected: vec![] });
@@ -154,6 +165,25 @@ mod tests {
         assert_eq!(a, a2);
         s.apply(&Command::NodeDown { node: a, reason: "no heartbeat".into(), now_ms: 1_000 });
         assert_eq!(s.jobs[&job].state, JobState::Pending, "the batch script's node: the gang is requeued");
+    }
+
+    #[test]
+    fn rank_0_of_a_command_gang_is_repaired_only_when_it_meets_off_its_nodes() {
+        let down = |s: &mut ClusterState, n: NodeId| s.apply(&Command::NodeDown { node: n, reason: "no heartbeat".into(), now_ms: 1_000 });
+        // Meeting at MASTER_ADDR (rank 0's node): the rendezvous dies with it, the gang is requeued.
+        let (mut s, [a, ..], job) = spared_meeting_at(false, None);
+        down(&mut s, a);
+        assert_eq!(s.jobs[&job].state, JobState::Pending);
+        // Meeting off its nodes: rank 0 moves to the spare, the others keep running.
+        let (mut s, [a, b, c, d], job) = spared_meeting_at(false, Some("store:29400"));
+        down(&mut s, a);
+        let j = &s.jobs[&job];
+        assert_eq!((j.state, j.run_nodes(), j.repairs[0].rank, j.restart_count), (JobState::Running, &[d, b, c][..], 0, 0));
+        assert_eq!(launches(&s, job), vec![d]);
+        // A batch job's script is rank 0 whatever the endpoint.
+        let (mut s, [a, ..], job) = spared_meeting_at(true, Some("store:29400"));
+        down(&mut s, a);
+        assert_eq!(s.jobs[&job].state, JobState::Pending);
     }
 
     #[test]
