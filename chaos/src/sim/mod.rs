@@ -222,6 +222,9 @@ struct SimNode {
     paused_until_ms: Option<u64>,
     partitioned_until_ms: Option<u64>,
     restart_at_ms: Option<u64>,
+    /// Taken out of the cluster for good at the heal (a host that never returns): only the
+    /// leader's verdict that it is down (`engine::Liveness`) ends what ran there.
+    gone: bool,
     procs: BTreeMap<JobId, Proc>,
     /// The launch ledger on disk: survives restarts. (job, run) -> the instance that launched
     /// or refused it, and whether it refused it.
@@ -294,6 +297,7 @@ impl engine::StateReader for SimState<'_> {
 
 struct Sim {
     cfg: SimConfig,
+    seed: u64,
     rng: StdRng,
     now_ms: u64,
     state: ClusterState,
@@ -368,6 +372,7 @@ impl Sim {
                 paused_until_ms: None,
                 partitioned_until_ms: None,
                 restart_at_ms: None,
+                gone: false,
                 procs: BTreeMap::new(),
                 ledger: BTreeMap::new(),
                 outbox: Vec::new(),
@@ -379,6 +384,7 @@ impl Sim {
         let voters = nodes.iter().take(1).map(|n| n.id).collect();
         Sim {
             cfg,
+            seed,
             rng,
             now_ms: 0,
             state,
@@ -640,12 +646,22 @@ impl Sim {
         }
         self.log(|| "faults end: healing everything".into());
         // Heal: restart dead nodes, end pauses and partitions; the leader is elected again.
+        // One run in four loses a node for good: chosen from the seed, not the random stream
+        // (which the planted-bug tests' seeds follow).
+        if self.seed % 4 == 3 {
+            let i = (self.seed / 4) as usize % self.nodes.len();
+            if self.nodes[i].alive {
+                self.crash(i, 0);
+            }
+            self.nodes[i].gone = true;
+            let name = self.nodes[i].name.clone();
+            self.log(|| format!("fault: {name} is gone for good"));
+            *self.report.faults.entry("gone").or_default() += 1;
+        }
         for n in self.nodes.iter_mut() {
             n.paused_until_ms = None;
             n.partitioned_until_ms = None;
-            if !n.alive {
-                n.restart_at_ms = Some(self.now_ms);
-            }
+            n.restart_at_ms = (!n.alive && !n.gone).then_some(self.now_ms);
         }
         self.submitted_total();
         // Settle: within `settle_ms`, or later while the backlog still drains (a job ended in
@@ -662,7 +678,8 @@ impl Sim {
                 finals = now_final;
                 progress_ms = self.now_ms;
             }
-            let settled = self.acked.iter().all(|id| self.is_final(*id, true)) && self.nodes.iter().all(|n| n.alive && n.procs.is_empty());
+            let settled = self.acked.iter().all(|id| self.is_final(*id, true))
+                && self.nodes.iter().all(|n| (n.alive || n.gone) && n.procs.is_empty());
             let stalled = self.now_ms >= bound_ms && self.now_ms.saturating_sub(progress_ms) > SETTLE_PROGRESS_MS;
             if settled || stalled || self.now_ms + step_ms > cap_ms {
                 break;
