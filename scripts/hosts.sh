@@ -213,6 +213,29 @@ wait_ready() {
   die "corrald on $h is not active after 60 s"
 }
 
+# Whether the rig named in $active has a host that runs.
+rig_running() {
+  local other
+  other="$(cat "$active" 2>/dev/null || true)"
+  [ -n "$other" ] && [ -f "$other/hosts.list" ] || return 1
+  for h in $(hosts_of "$other"); do leader_pid "$other" "$h" >/dev/null && return 0; done
+  return 1
+}
+
+# Removes what a rig whose hosts are gone left behind: its rules, mounts, cgroups and bridge.
+clear_stale() {
+  local other
+  other="$(cat "$active" 2>/dev/null || true)"
+  if [ -n "$other" ] && [ -f "$other/hosts.list" ]; then (down "$other") || true; fi
+  nft delete table bridge "$table" 2>/dev/null || true
+  local c
+  for c in $(hierarchies); do
+    [ ! -d "$c/corral-rig" ] || find "$c/corral-rig" -depth -type d -exec rmdir {} + 2>/dev/null || true
+  done
+  ip link del "$bridge" 2>/dev/null || true
+  rm -f "$active"
+}
+
 up() {
   local n="$1" dir="$2"
   [[ "$n" =~ ^[1-9][0-9]?$ ]] || die "up: N must be 1..99"
@@ -224,10 +247,22 @@ up() {
   done
   mkdir -p "$dir"
   dir="$(cd "$dir" && pwd)"
+  # One rig at a time: wait for another that runs (CORRAL_RIG_WAIT_S, 600 s), clear one whose
+  # hosts are all gone (its session ended without `down`: a killed test or chaos run).
+  exec 8>/run/lock/corral-rig.lock
+  flock 8
+  local waited=0
+  while rig_running; do
+    [ "$waited" -lt "${CORRAL_RIG_WAIT_S:-600}" ] || die "a rig is up already ($(cat "$active")): scripts/hosts.sh down its DIR first"
+    [ "$waited" -gt 0 ] || say "waiting for the rig in $(cat "$active") to go down"
+    flock -u 8; sleep 5; waited=$((waited + 5)); flock 8
+  done
   if [ -s "$active" ] || ip link show "$bridge" >/dev/null 2>&1; then
-    die "a rig is up already ($(cat "$active" 2>/dev/null || echo "bridge $bridge")): scripts/hosts.sh down its DIR first"
+    say "clearing what a rig in $(cat "$active" 2>/dev/null || echo "?") left: none of its hosts runs"
+    clear_stale
   fi
   echo "$dir" >"$active"
+  exec 8>&-
   local all=""
   for i in $(seq 1 "$n"); do all="$all h$i"; done
   echo "$all" | tr ' ' '\n' | sed '/^$/d' >"$dir/hosts.list"
