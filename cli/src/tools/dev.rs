@@ -220,7 +220,7 @@ pub fn free_listen_port() -> anyhow::Result<u16> {
     if below > LISTEN_PORT_MIN + 1_000 {
         for _ in 0..256 {
             let port = rand::Rng::gen_range(&mut rand::thread_rng(), LISTEN_PORT_MIN..below);
-            if port_is_free(port) {
+            if port_is_free(port) && claim_port(port) {
                 return Ok(port);
             }
         }
@@ -228,11 +228,41 @@ pub fn free_listen_port() -> anyhow::Result<u16> {
     // No room below the ephemeral range (or all tried were taken): let the kernel pick.
     for _ in 0..64 {
         let port = UdpSocket::bind("127.0.0.1:0").context("find a free udp port")?.local_addr().context("read bound port")?.port();
-        if port_is_free(port) {
+        if port_is_free(port) && claim_port(port) {
             return Ok(port);
         }
     }
     bail!("found no port free for both UDP and TCP on 127.0.0.1")
+}
+
+/// How long a port handed out here stays claimed: far longer than a `corrald` takes to bind it.
+const PORT_CLAIM_TTL: Duration = Duration::from_secs(60);
+
+/// Claims `port` for this pick among every `corral dev up` on this host: a file per port handed
+/// out in the last `PORT_CLAIM_TTL`, made with `O_EXCL`. A free port stays free until its
+/// `corrald` binds it, so without a claim two clusters started at once (the test suite's two
+/// threads), or two nodes of one, could both be handed it (seen: a node exiting at start with
+/// "Address already in use"). Where the folder cannot be written, the bind check stands alone.
+fn claim_port(port: u16) -> bool {
+    let dir = std::env::temp_dir().join("corral-dev-ports");
+    if std::fs::create_dir_all(&dir).is_err() {
+        return true;
+    }
+    let path = dir.join(port.to_string());
+    let create = || std::fs::OpenOptions::new().write(true).create_new(true).open(&path);
+    match create() {
+        Ok(_) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let age = path.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+            if age.is_some_and(|age| age < PORT_CLAIM_TTL) {
+                return false;
+            }
+            // A stale claim: the first to remake the file takes the port.
+            let _ = std::fs::remove_file(&path);
+            create().is_ok()
+        }
+        Err(_) => true,
+    }
 }
 
 fn port_is_free(port: u16) -> bool {
@@ -610,6 +640,14 @@ mod tests {
                 assert!((LISTEN_PORT_MIN..ephemeral_min).contains(&port), "port {port} is in the ephemeral range from {ephemeral_min}");
             }
         }
+    }
+
+    #[test]
+    fn a_port_handed_out_is_not_handed_out_again_within_its_claim() {
+        let picked: Vec<u16> = (0..32).map(|_| free_listen_port().expect("free port")).collect();
+        let distinct: std::collections::BTreeSet<u16> = picked.iter().copied().collect();
+        assert_eq!(distinct.len(), picked.len(), "a port was handed out twice: {picked:?}");
+        assert!(!claim_port(picked[0]), "port {} claimed again within {PORT_CLAIM_TTL:?}", picked[0]);
     }
 
     #[test]
