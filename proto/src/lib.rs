@@ -70,9 +70,9 @@ pub use request::{
 };
 pub use reservation::{AdminReservation, ReservationChanges, ReservationEdit, ADMIN_RESERVATIONS_MAX, RESERVATION_NAMES_MAX};
 pub use spec::{
-    Dependency, DependencyKind, GresKind, GresRequest, JobSpec, PreflightSpec, SignalSpec, DEF_MEM_PER_CPU_MIB, DEF_MEM_PER_GPU_MIB,
-    SPARE_NODES_MAX, SPEC_EXTRA_BATCH, SPEC_EXTRA_NODES_MAX, SPEC_EXTRA_NO_REQUEUE, SPEC_EXTRA_RDZV_ENDPOINT, SPEC_EXTRA_RESERVATION,
-    SPEC_EXTRA_SPARE_NODES, SPEC_EXTRA_SRUN,
+    feature_matches, Dependency, DependencyKind, GresKind, GresRequest, JobSpec, PreflightSpec, SignalSpec, DEF_MEM_PER_CPU_MIB,
+    DEF_MEM_PER_GPU_MIB, SPARE_NODES_MAX, SPEC_EXTRA_BATCH, SPEC_EXTRA_NODES_MAX, SPEC_EXTRA_NO_REQUEUE, SPEC_EXTRA_RDZV_ENDPOINT,
+    SPEC_EXTRA_RESERVATION, SPEC_EXTRA_SPARE_NODES, SPEC_EXTRA_SRUN,
 };
 pub use step::{
     LogStream, PtySize, StepChunk, StepEnd, StepMemory, StepNode, StepSpec, StepStdin, TaskExit, TaskUsage, STEPS_DISABLED_SUSPENDED,

@@ -101,7 +101,8 @@ pub struct JobSpec {
     pub partition: Option<String>,
     pub account: Option<String>,
     pub qos: Option<String>,
-    /// Node features all of which a node must have.
+    /// Node features all of which a node must have; an element `a|b` is had by a node with
+    /// either (Slurm's `--constraint`, [`feature_matches`]).
     pub constraint: Vec<String>,
     /// Nodes the job must use / must not use (by name).
     pub nodelist: Vec<String>,
@@ -195,6 +196,12 @@ pub struct SignalSpec {
     pub before_end_s: u32,
     /// `B:`: signal only the batch shell, not every process of the job.
     pub batch_only: bool,
+}
+
+/// Whether a node with `features` meets one element of a job's `constraint`: the feature, or
+/// one of the alternatives of `a|b` (Slurm's "matching OR": each node has at least one).
+pub fn feature_matches(features: &[String], constraint: &str) -> bool {
+    constraint.split('|').any(|alt| features.iter().any(|f| f == alt))
 }
 
 impl JobSpec {

@@ -80,6 +80,8 @@ fn inventory(spec: &NodeSpec) -> Inventory {
             .collect(),
         cpus: spec.cpus,
         memory_mib: spec.mem_mib,
+        // The GPU model as a feature too: a job allowing several asks `--constraint=a|b`.
+        features: vec![spec.gres_type.clone()],
         ..Inventory::default()
     }
 }

@@ -29,8 +29,6 @@ pub struct PlacementReport {
     /// Pods that asked a share of a GPU (`gpu_milli` < 1000) placed on a whole GPU: Corral and
     /// Slurm without sharing give them one.
     pub shares_on_whole_gpus: usize,
-    /// Pods that allow several GPU models, placed on any (a job names one GRES type or none).
-    pub model_lists_relaxed: usize,
 }
 
 /// The FGD task list for `seed`: `pods` and random copies of them until the GPUs they ask reach
@@ -56,8 +54,7 @@ pub fn inflated(pods: &[Pod], capacity_milli: u64, inflate: f64, seed: u64) -> V
 /// `shards_per_gpu` (a share `gpu_milli` of 1000 asks as many shards, rounded up), or a whole
 /// GPU when they have none (Slurm without `gres/shard`); its CPUs in units of `cpu_unit_milli`
 /// thousandths of a core, rounded up (the nodes' are counted in the same units).
-fn spec_of(pod: &Pod, shards_per_gpu: u32, cpu_unit_milli: u32, mig: bool) -> (JobSpec, bool) {
-    let relaxed = pod.models.len() > 1;
+fn spec_of(pod: &Pod, shards_per_gpu: u32, cpu_unit_milli: u32, mig: bool) -> JobSpec {
     let gpu_type = if pod.models.len() == 1 { Some(pod.models[0].as_str()) } else { None };
     let share = pod.gpus == 1 && pod.gpu_milli < 1000 && shards_per_gpu > 0;
     let gres = match pod.gpus {
@@ -68,7 +65,7 @@ fn spec_of(pod: &Pod, shards_per_gpu: u32, cpu_unit_milli: u32, mig: bool) -> (J
         }
         n => Some(GresRequest::gpus(gpu_type, n)),
     };
-    let spec = JobSpec {
+    JobSpec {
         name: pod.name.clone(),
         argv: vec!["true".into()],
         gres,
@@ -78,9 +75,11 @@ fn spec_of(pod: &Pod, shards_per_gpu: u32, cpu_unit_milli: u32, mig: bool) -> (J
         workdir: "/".into(),
         user: "pod".into(),
         nodes: 1,
+        // Several models allowed: any of them, as `--constraint=a|b` of the nodes' models
+        // (each node's feature; MIG mode makes every GPU one model).
+        constraint: if pod.models.len() > 1 && !mig { vec![pod.models.join("|")] } else { Vec::new() },
         ..JobSpec::command(vec!["true".into()], "/", "user")
-    };
-    (spec, relaxed)
+    }
 }
 
 /// Places `list` (from [`inflated`]) on `nodes` (their CPUs counted in units of
@@ -106,7 +105,7 @@ pub fn run(
     // Each pod at its own millisecond: the engine sees time move as it would.
     for (k, pod) in list.iter().enumerate() {
         let now_ms = k as u64 + 1;
-        let (spec, relaxed) = spec_of(pod, shards_per_gpu, cpu_unit_milli, mig);
+        let spec = spec_of(pod, shards_per_gpu, cpu_unit_milli, mig);
         arrived += pod.gpu_milli_total();
         if log.state.admission(&spec, true, now_ms).is_err() {
             continue;
@@ -138,7 +137,6 @@ pub fn run(
             report.placed += 1;
             allocated += pod.gpu_milli_total();
             report.shares_on_whole_gpus += usize::from(pod.gpus == 1 && pod.gpu_milli < 1000 && shards_per_gpu == 0);
-            report.model_lists_relaxed += usize::from(relaxed);
         }
         if at_100.is_none() && arrived >= capacity_milli {
             at_100 = Some(allocated);

@@ -99,6 +99,8 @@ impl Slot<'_> {
             && ((j.gpus_per_node == 0 && j.shards_per_node == 0)
                 || j.gpu_type.as_ref().is_none_or(|t| self.view.gpus.first().is_some_and(|g| &g.gres_type == t)))
             && (!j.exclusive || self.view.idle())
+            // `--constraint` (sbatch.html "-C"): every feature; `a|b`, either on each node.
+            && j.constraint.iter().all(|c| proto::feature_matches(&self.view.features, c))
             && (j.partition.is_none()
                 || self.view.partitions.is_empty()
                 || self.view.partitions.iter().any(|p| Some(p) == j.partition.as_ref()))

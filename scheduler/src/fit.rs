@@ -45,7 +45,11 @@ pub fn never_holds<'a>(
     for (name, inv) in nodes {
         let member = if inv.partitions.is_empty() { partition == default_partition } else { inv.partitions.iter().any(|p| p == partition) };
         let listed = spec.nodelist.len() < need.nodes as usize || spec.nodelist.iter().any(|n| n == name);
-        if !member || !listed || spec.exclude.iter().any(|n| n == name) || !spec.constraint.iter().all(|c| inv.features.contains(c)) {
+        if !member
+            || !listed
+            || spec.exclude.iter().any(|n| n == name)
+            || !spec.constraint.iter().all(|c| proto::feature_matches(&inv.features, c))
+        {
             members += usize::from(member);
             continue;
         }
@@ -87,7 +91,7 @@ pub(crate) fn node_matches(node: &NodeView, job: &JobRequest) -> Result<(), Misf
             return Err(Misfit::NotInPartition(p.clone()));
         }
     }
-    if let Some(feat) = job.constraint.iter().find(|c| !node.features.contains(c)) {
+    if let Some(feat) = job.constraint.iter().find(|c| !proto::feature_matches(&node.features, c)) {
         return Err(Misfit::MissingFeature(feat.clone()));
     }
     if job.exclude.contains(&node.name) {

@@ -648,6 +648,28 @@ fn constraints_lists_and_exclusive() {
 }
 
 #[test]
+fn a_constraint_of_alternatives_takes_a_node_with_any_of_them() {
+    let mut c = Cluster::new();
+    let (mut v16, mut v32, mut t4) = (dgx("h100"), dgx("h100"), dgx("h100"));
+    v16.features = vec!["v100m16".into()];
+    v32.features = vec!["v100m32".into()];
+    t4.features = vec!["t4".into()];
+    c.node(1, "n1", t4).node(2, "n2", v16).node(3, "n3", v32);
+    // Every GPU of n2 busy: of the job's two models, only n3 has one free.
+    let all: Vec<u32> = (0..8).collect();
+    c.running(1, spec("gpu:8", 1), vec![alloc(2, &all, 1, 1024)], 0);
+    let mut either = spec("gpu:1", 1);
+    either.constraint = vec!["v100m16|v100m32".into()];
+    c.submit(10, either, 0);
+    let mut neither = spec("gpu:1", 1);
+    neither.constraint = vec!["a100|p100".into()];
+    c.submit(11, neither, 0);
+    let plan = c.schedule(1000);
+    assert_eq!(gpus_of(&plan, 10), vec![(3, vec![0])]);
+    assert!(gpus_of(&plan, 11).is_empty());
+}
+
+#[test]
 fn fits_rejects_stale_and_wrong_allocations() {
     let mut c = Cluster::new();
     let mut ib = dgx("h100");

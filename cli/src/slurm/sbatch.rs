@@ -10,7 +10,7 @@ use super::env::extra;
 use super::opts::{self, opt, Arg, OptDef, Parsed};
 use super::{hostlist, time, SlurmError};
 
-use super::values::{corral_option, node_and_task_counts, parse_gpu_count, parse_nodes, parse_switches};
+use super::values::{corral_option, node_and_task_counts, parse_constraint, parse_gpu_count, parse_nodes, parse_switches};
 pub use super::values::{
     parse_array, parse_dependencies, parse_gres, parse_int, parse_mem_mib, parse_signal, parse_signal_name, ARRAY_TASK_ID_MAX,
 };
@@ -641,10 +641,7 @@ impl<'a> Builder<'a> {
             "account" => self.account = Some(v.to_string()),
             "qos" => self.qos = Some(v.to_string()),
             "constraint" => {
-                if v.contains(['|', '[', ']', '*']) {
-                    return Err(fatal("Batch job submission failed: Invalid feature specification"));
-                }
-                self.constraint = v.split(['&', ',']).map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect();
+                self.constraint = parse_constraint(v).ok_or_else(|| fatal("Batch job submission failed: Invalid feature specification"))?;
             }
             "nodelist" => self.nodelist = parse_hosts(self.prog, v, &self.ctx.cwd)?,
             "nodefile" => self.nodelist = parse_hosts(self.prog, &format!("./{}", v.trim_start_matches("./")), &self.ctx.cwd)?,

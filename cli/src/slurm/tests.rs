@@ -304,7 +304,11 @@ fn placement_and_policy_options() {
     assert_eq!(spec(&[]).requeue_refusal(), None);
     assert_eq!(spec(&["-D", "/abs"]).workdir, "/abs");
     assert_eq!(err(&["--open-mode=x"]), "sbatch: error: Invalid --open-mode specification");
-    assert_eq!(err(&["-C", "a|b"]), "sbatch: error: Batch job submission failed: Invalid feature specification");
+    // Matching OR: one element, a node with either.
+    assert_eq!(spec(&["-C", "v100m16 | v100m32"]).constraint, argv(&["v100m16|v100m32"]));
+    assert_eq!(err(&["-C", "a|b&c"]), "sbatch: error: Batch job submission failed: Invalid feature specification");
+    assert_eq!(err(&["-C", "a||b"]), "sbatch: error: Batch job submission failed: Invalid feature specification");
+    assert_eq!(err(&["-C", "[a|b]"]), "sbatch: error: Batch job submission failed: Invalid feature specification");
     assert_eq!(err(&["-w", "gpu[01-"]), "sbatch: error: Batch job submission failed: Invalid node name specified");
     assert_eq!(err(&["--exclusive=bogus"]), "sbatch: error: Invalid --exclusive specification");
 }

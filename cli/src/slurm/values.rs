@@ -18,6 +18,20 @@ pub(super) fn parse_gpu_count(text: &str) -> Option<(Option<String>, u32)> {
     }
 }
 
+/// `--constraint`: `a&b` (or `a,b`), every feature; `a|b`, any one on each node (one element
+/// `a|b`, [`proto::feature_matches`]). Brackets, counts (`a*2`) and a mix of `&` and `|` are
+/// Slurm's too, but not Corral's: `None`, refused.
+pub(super) fn parse_constraint(text: &str) -> Option<Vec<String>> {
+    if text.contains(['[', ']', '*']) || (text.contains('|') && text.contains(['&', ','])) {
+        return None;
+    }
+    if text.contains('|') {
+        let alts: Vec<&str> = text.split('|').map(str::trim).collect();
+        return (!alts.iter().any(|a| a.is_empty())).then(|| vec![alts.join("|")]);
+    }
+    Some(text.split(['&', ',']).map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect())
+}
+
 /// `--gres`: `gpu`, `gpu:N`, `gpu:TYPE`, `gpu:TYPE:N` (also `gres/gpu...`), or the same of
 /// `shard` (shards of one GPU), comma-separated, one of them. Anything else is refused as Slurm
 /// refuses unknown GRES.
