@@ -9,6 +9,10 @@ whose start order agrees).
     scripts/replay-validate.py --bin /var/tmp/corral-target/debug \\
         --slice ../shared/traces/philly/slices/philly_week_2017-10-22.csv --limit 100
 
+With `--slurm DIR` the cluster is a real Slurm 22.05 that `scripts/slurm-nodes.sh up N DIR`
+started (Debian's `sbatch`, its `SLURM_CONF`), each job writing its own start time, and the
+replay's policy is the Slurm model (`slurm-22.05`).
+
 The slice's users are set aside (every job is the submitting user's), as the replay's --user.
 """
 
@@ -44,7 +48,10 @@ def main():
     ap.add_argument("--gpus", default="h100:8")
     ap.add_argument("--limit", type=int, default=None, help="first N jobs only")
     ap.add_argument("--keep", help="keep the cluster directory here")
+    ap.add_argument("--slurm", help="a real Slurm's directory (scripts/slurm-nodes.sh up N DIR)")
     args = ap.parse_args()
+    if args.slurm:
+        return validate_slurm(args)
     corral = os.path.join(args.bin, "corral")
     jobs = list(csv.DictReader(open(args.slice)))
     if args.limit:
@@ -118,6 +125,66 @@ def main():
     print(f"jobs {len(jobs)}, started in both {n}")
     print(f"start time, |real - replay|: mean {sum(diffs) / n:.3f} s, p50 {diffs[n // 2]:.3f} s, p99 {diffs[min(n - 1, int(n * 0.99))]:.3f} s, max {diffs[-1]:.3f} s")
     print(f"submission lag of the driver: mean {sum(submit_lag) / n:.3f} s, max {max(submit_lag):.3f} s")
+    print(f"jobs in the same place of the start order: {same} of {n} ({100 * same / n:.1f}%)")
+    print(f"files: {work}")
+
+
+def validate_slurm(args):
+    corral = os.path.join(args.bin, "corral")
+    jobs = list(csv.DictReader(open(args.slice)))
+    if args.limit:
+        jobs = jobs[: args.limit]
+    work = args.keep or tempfile.mkdtemp(prefix="corral-validate-slurm-")
+    starts_dir = os.path.join(work, "starts")
+    os.makedirs(starts_dir, exist_ok=True)
+    env = dict(os.environ, SLURM_CONF=os.path.join(os.path.abspath(args.slurm), "etc", "slurm.conf"))
+    ids, submitted = {}, {}
+    t0 = time.time() + 2.0
+    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+        futures = {}
+        for j in jobs:
+            delay = t0 + float(j["submit_s"]) - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            submitted[j["job"]] = time.time() - t0
+            wrap = f"date +%s.%N > {starts_dir}/$SLURM_JOB_ID; sleep {float(j['duration_s']):.3f}"
+            cmd = ["sbatch", "--parsable", "-N", j["nodes"], f"--gres=gpu:{j['gpus_per_node']}",
+                   "-t", limit_arg(float(j["limit_bucket_s"])), "-o", "/dev/null", "--wrap", wrap]
+            futures[pool.submit(run, cmd, env)] = j["job"]
+        for f, trace_id in futures.items():
+            ids[trace_id] = int(f.result().strip().split(";")[0])
+    deadline = time.monotonic() + 3600
+    while time.monotonic() < deadline and run(["squeue", "-h"], env).strip():
+        time.sleep(2)
+    starts_csv = os.path.join(work, "replay.csv")
+    cmd = [corral, "replay", "philly", args.slice, "--nodes", str(args.nodes), "--gpus", args.gpus, "--policies", "slurm-22.05",
+           "--user", "root", "--starts", starts_csv]
+    if args.limit:
+        cmd += ["--limit", str(args.limit)]
+    run(cmd)
+    sim = {r["job"]: r for r in csv.DictReader(open(starts_csv))}
+    diffs, lag, pairs = [], [], []
+    with open(os.path.join(work, "compare.csv"), "w") as compare:
+        compare.write("job,slurm_id,gpus,submit_s,real_start_s,replay_start_s\n")
+        for j in jobs:
+            path = os.path.join(starts_dir, str(ids[j["job"]]))
+            s = sim[j["job"]]
+            if not os.path.exists(path) or not s["start_s"]:
+                continue
+            real_start = float(open(path).read().strip()) - t0
+            diffs.append(abs(real_start - float(s["start_s"])))
+            lag.append(submitted[j["job"]] - float(j["submit_s"]))
+            pairs.append((real_start, float(s["start_s"]), j["job"]))
+            compare.write(f"{j['job']},{ids[j['job']]},{j['num_gpus']},{j['submit_s']},{real_start:.3f},{s['start_s']}\n")
+    by_real = [p[2] for p in sorted(pairs, key=lambda p: (p[0], int(p[2])))]
+    by_sim = [p[2] for p in sorted(pairs, key=lambda p: (p[1], int(p[2])))]
+    same = sum(1 for a, b in zip(by_real, by_sim) if a == b)
+    diffs.sort()
+    n = len(diffs)
+    print(f"jobs {len(jobs)}, started in both {n}")
+    print(f"start time, |real Slurm - model|: mean {sum(diffs) / n:.3f} s, p50 {diffs[n // 2]:.3f} s, "
+          f"p99 {diffs[min(n - 1, int(n * 0.99))]:.3f} s, max {diffs[-1]:.3f} s")
+    print(f"submission lag of the driver: mean {sum(lag) / n:.3f} s, max {max(lag):.3f} s")
     print(f"jobs in the same place of the start order: {same} of {n} ({100 * same / n:.1f}%)")
     print(f"files: {work}")
 
