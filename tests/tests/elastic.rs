@@ -104,6 +104,18 @@ struct Loss {
 }
 
 impl Elastic {
+    /// A 4-node cluster of one GPU each with the training script written, and the weights an
+    /// uninterrupted run ends with.
+    fn up(py: &Path) -> (Elastic, Value) {
+        let c = TestCluster::up(&["--nodes", "4", "--gpus", "h100:1"]);
+        let path = format!("{}:{}", py.join("bin").display(), std::env::var("PATH").unwrap_or_default());
+        std::fs::write(c.work.join("elastic_train.py"), TRAIN).expect("write the training script");
+        let leader = c.leader();
+        let e = Elastic { c, path, leader };
+        let expected = reference(py, &e.c.work);
+        (e, expected)
+    }
+
     fn submit(&self, name: &str, options: &str) -> u64 {
         self.submit_job(name, JOB, options)
     }
@@ -224,12 +236,7 @@ fn reference(py: &Path, dir: &Path) -> Value {
 #[test]
 fn elastic_torchrun_survives_a_worker_node_loss_on_a_spare_and_ends_as_an_uninterrupted_run() {
     let Some(py) = pyenv() else { return };
-    let c = TestCluster::up(&["--nodes", "4", "--gpus", "h100:1"]);
-    let path = format!("{}:{}", py.join("bin").display(), std::env::var("PATH").unwrap_or_default());
-    std::fs::write(c.work.join("elastic_train.py"), TRAIN).expect("write the training script");
-    let leader = c.leader();
-    let e = Elastic { c, path, leader };
-    let expected = reference(&py, &e.c.work);
+    let (e, expected) = Elastic::up(&py);
 
     let t0 = now_ms();
     let spared = e.submit("spare.sh", "#SBATCH --spare-nodes=1");
@@ -268,12 +275,7 @@ fn elastic_torchrun_survives_a_worker_node_loss_on_a_spare_and_ends_as_an_uninte
 fn elastic_torchrun_meeting_off_its_nodes_survives_losing_rank_0_on_a_spare() {
     let Some(py) = pyenv() else { return };
     let store = Store::start(&py);
-    let c = TestCluster::up(&["--nodes", "4", "--gpus", "h100:1"]);
-    let path = format!("{}:{}", py.join("bin").display(), std::env::var("PATH").unwrap_or_default());
-    std::fs::write(c.work.join("elastic_train.py"), TRAIN).expect("write the training script");
-    let leader = c.leader();
-    let e = Elastic { c, path, leader };
-    let expected = reference(&py, &e.c.work);
+    let (e, expected) = Elastic::up(&py);
 
     let t0 = now_ms();
     let job = e.submit_job("rank0.sh", JOB_OFF_NODES, &format!("#SBATCH --rdzv-endpoint=127.0.0.1:{}", store.port));

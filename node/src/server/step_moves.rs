@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use proto::{ApiError, Envelope, JobId, JobState, Reply, Request, Response};
+use proto::{ApiError, JobId, JobState, Reply, Request, Response};
 use tracing::info;
 
 use super::steps::STEP_START_PATIENCE_MS;
@@ -65,14 +65,7 @@ impl Node {
     ) -> Result<(), ApiError> {
         let deadline = Instant::now() + Duration::from_millis(STEP_START_PATIENCE_MS);
         loop {
-            let result = if spare == self.config.name {
-                self.agent.start_step(job, run, step, spec, user.as_deref()).await
-            } else {
-                let env = Envelope { hops: 0, request: Request::StepStart { job, run, step, spec: spec.clone() }, user: user.clone() };
-                let reply = self.client.call(addr, &env, PEER_CALL_TIMEOUT).await;
-                reply.unwrap_or_else(|e| Err(ApiError::Unavailable(format!("reach {addr}: {e}"))))
-            };
-            match result {
+            match self.start_step_on(job, run, step, spec, spare, addr, user).await {
                 Err(ApiError::Unavailable(_)) if Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(STEP_MOVE_RETRY_MS)).await;
                 }

@@ -107,16 +107,7 @@ impl Node {
                 let spec = Arc::clone(&spec);
                 let user = user.clone();
                 starts.push(tokio::spawn(async move {
-                    let result = if name == node.config.name {
-                        node.agent.start_step(job, run, step, &spec, user.as_deref()).await
-                    } else {
-                        let request = Request::StepStart { job, run, step, spec: (*spec).clone() };
-                        let env = Envelope { hops: 0, request, user };
-                        node.client
-                            .call(&addr, &env, PEER_CALL_TIMEOUT)
-                            .await
-                            .unwrap_or_else(|e| Err(ApiError::Unavailable(format!("reach {addr}: {e}"))))
-                    };
+                    let result = node.start_step_on(job, run, step, &spec, &name, &addr, &user).await;
                     (name, addr, result)
                 }));
             }
@@ -188,6 +179,27 @@ impl Node {
             _ => 2,
         });
         Err(errors.into_iter().next().unwrap_or_else(|| ApiError::Internal("a hold failed without an error".into())))
+    }
+
+    /// Starts node `name`'s tasks of a step (at `addr`, or by this node's agent when it is this
+    /// node) with [`Request::StepStart`].
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn start_step_on(
+        self: &Arc<Self>,
+        job: JobId,
+        run: proto::RunNo,
+        step: u32,
+        spec: &proto::StepSpec,
+        name: &str,
+        addr: &str,
+        user: &Option<String>,
+    ) -> Response {
+        if name == self.config.name {
+            return self.agent.start_step(job, run, step, spec, user.as_deref()).await;
+        }
+        let env = Envelope { hops: 0, request: Request::StepStart { job, run, step, spec: spec.clone() }, user: user.clone() };
+        let reply = self.client.call(addr, &env, PEER_CALL_TIMEOUT).await;
+        reply.unwrap_or_else(|e| Err(ApiError::Unavailable(format!("reach {addr}: {e}"))))
     }
 
     /// Asks node `name` at `addr` (this one, directly) to hold, or give back, its share of a step.
