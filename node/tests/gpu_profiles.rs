@@ -65,27 +65,46 @@ fn h200_mig_starts_with_a_layout_and_changes_it() {
     assert_eq!(layout, vec![("3g.71gb", 0, 4, 71_424), ("2g.35gb", 4, 2, 33_280), ("1g.18gb", 6, 1, 16_384)]);
     assert!(g.mig.iter().all(|m| m.uuid.starts_with("MIG-") && m.uuid.len() == 40));
 
-    let after = probe.apply_layout(0, &names(&["1g.18gb"; 7])).expect("seven 1g");
+    let after = probe.apply_layout(0, &names(&["1g.18gb"; 7]), &[]).expect("seven 1g");
     assert_eq!(after.gpus[0].mig.len(), 7);
     assert!(after.gpus[0].mig.iter().all(|m| m.profile == "1g.18gb"));
     assert!(after.gpus[0].mig.iter().all(|m| !g.mig.iter().any(|old| old.uuid == m.uuid)), "new instances, new uuids");
     assert_eq!(probe.discover().expect("again"), after);
 
     probe.set_busy(0, true);
-    assert!(matches!(probe.apply_layout(0, &names(&["7g.141gb"])), Err(GpuError::Busy { gpu: 0, .. })));
+    assert!(matches!(probe.apply_layout(0, &names(&["7g.141gb"]), &[]), Err(GpuError::Busy { gpu: 0, .. })));
     probe.set_busy(0, false);
-    assert!(matches!(probe.apply_layout(0, &names(&["7g.141gb", "1g.18gb"])), Err(GpuError::LayoutDoesNotFit { .. })));
-    assert!(matches!(probe.apply_layout(0, &names(&["2g.20gb"])), Err(GpuError::UnknownProfile { .. })));
-    assert!(matches!(probe.apply_layout(3, &names(&["1g.18gb"])), Err(GpuError::NoSuchGpu(3))));
+    assert!(matches!(probe.apply_layout(0, &names(&["7g.141gb", "1g.18gb"]), &[]), Err(GpuError::LayoutDoesNotFit { .. })));
+    assert!(matches!(probe.apply_layout(0, &names(&["2g.20gb"]), &[]), Err(GpuError::UnknownProfile { .. })));
+    assert!(matches!(probe.apply_layout(3, &names(&["1g.18gb"]), &[]), Err(GpuError::NoSuchGpu(3))));
     assert_eq!(probe.discover().expect("unchanged by refusals"), after);
-    let full = probe.apply_layout(0, &names(&["7g.141gb"])).expect("whole gpu");
+    let full = probe.apply_layout(0, &names(&["7g.141gb"]), &[]).expect("whole gpu");
     assert_eq!(full.gpus[0].mig.len(), 1);
     assert_eq!(full.gpus[0].mig[0].gpu_instance_id, 0);
+}
+
+/// A GPU re-carved while a job holds one of its instances: that instance keeps its place and
+/// uuid, the others are laid out around it; a layout without it is refused, the GPU unchanged.
+#[test]
+fn a_held_instance_stays_while_the_rest_is_recarved() {
+    let probe = SimulatedProbe::new("h200-mig", "n1").expect("profile");
+    let before = probe.discover().expect("discover").gpus[0].mig.clone();
+    // 3g.71gb at 0 (held), 2g.35gb at 4 and 1g.18gb at 6 (idle): the idle two become one 3g.
+    let after = probe.apply_layout(0, &names(&["3g.71gb", "3g.71gb"]), &[0]).expect("around the held 3g");
+    let got: Vec<(&str, u32)> = after.gpus[0].mig.iter().map(|m| (m.profile.as_str(), m.start_slice)).collect();
+    assert_eq!(got, vec![("3g.71gb", 0), ("3g.71gb", 4)]);
+    assert_eq!(after.gpus[0].mig[0].uuid, before[0].uuid, "the held instance is the same instance");
+    assert_ne!(after.gpus[0].mig[1].gpu_instance_id, after.gpus[0].mig[0].gpu_instance_id);
+    let refused = probe.apply_layout(0, &names(&["1g.18gb"; 7]), &[0]);
+    assert!(matches!(refused, Err(GpuError::DropsHeld { gpu: 0, start_slice: 0, .. })), "{refused:?}");
+    let refused = probe.apply_layout(0, &names(&["3g.71gb", "4g.71gb"]), &[0]);
+    assert!(matches!(refused, Err(GpuError::LayoutDoesNotFit { .. })), "4g starts only at 0, where the held 3g is: {refused:?}");
+    assert_eq!(probe.discover().expect("unchanged by refusals"), after);
 }
 
 #[test]
 fn mig_mode_off_is_never_changed() {
     let probe = probe_from_config("h200:2", "n1");
-    assert!(matches!(probe.apply_layout(0, &names(&["1g.18gb"])), Err(GpuError::MigModeOff { gpu: 0 })));
+    assert!(matches!(probe.apply_layout(0, &names(&["1g.18gb"]), &[]), Err(GpuError::MigModeOff { gpu: 0 })));
     assert!(!probe.discover().expect("discover").gpus[0].mig_enabled);
 }

@@ -38,6 +38,12 @@ pub fn request(pod: &Pod) -> Option<GresRequest> {
 
 /// GPU `index` of node `node` in MIG mode with `profiles` laid out (empty: no instance yet).
 pub fn gpu(node: &str, index: u32, profiles: &[String]) -> GpuInfo {
+    let layout = mig::placeable(MODEL, profiles).unwrap_or(mig::Layout { model: MODEL, instances: Vec::new() });
+    gpu_with(node, index, &layout)
+}
+
+/// GPU `index` of node `node` in MIG mode with the instances of `layout`.
+fn gpu_with(node: &str, index: u32, layout: &mig::Layout) -> GpuInfo {
     GpuInfo {
         index,
         uuid: format!("GPU-{node}-{index}"),
@@ -46,14 +52,13 @@ pub fn gpu(node: &str, index: u32, profiles: &[String]) -> GpuInfo {
         memory_mib: 81_920,
         healthy: true,
         mig_enabled: true,
-        mig: instances(node, index, profiles),
+        mig: instances(node, index, layout),
         ..GpuInfo::default()
     }
 }
 
-/// The instances of `profiles` on one GPU, where the slice rules put them (none if they do not fit).
-fn instances(node: &str, index: u32, profiles: &[String]) -> Vec<MigInstance> {
-    let Ok(layout) = mig::placeable(MODEL, profiles) else { return Vec::new() };
+/// The instances of `layout` on one GPU.
+fn instances(node: &str, index: u32, layout: &mig::Layout) -> Vec<MigInstance> {
     layout
         .instances
         .iter()
@@ -97,16 +102,33 @@ pub fn static_layouts(list: &[Pod], gpus: usize) -> Vec<Vec<String>> {
     out
 }
 
-/// Applies the layouts a pass asked for, as the nodes' agents do: each GPU re-partitioned and
-/// its node's new inventory reported through the log. How many were applied.
+/// Applies the layouts a pass asked for, as the nodes' agents do: each GPU re-partitioned
+/// around the instances jobs hold ([`mig::relayout`]) and its node's new inventory reported
+/// through the log. How many were applied.
 pub(crate) fn apply(log: &mut Log, layouts: &[(NodeId, u32, Vec<String>)], now_ms: u64) -> usize {
     let mut applied = 0;
     for (node, index, profiles) in layouts {
         let Some(record) = log.state.nodes.get(node) else { continue };
+        let held: Vec<u32> = log
+            .state
+            .parts_on(*node)
+            .flat_map(|p| p.alloc.gpus.iter())
+            .filter_map(|&s| match proto::slot::decode_slot(s) {
+                proto::slot::Slot::Mig { gpu, start_slice } if gpu == *index => Some(start_slice),
+                _ => None,
+            })
+            .collect();
         let mut inventory = (*record.inventory).clone();
         let name = record.name.clone();
         let Some(g) = inventory.gpus.iter_mut().find(|g| g.index == *index) else { continue };
-        *g = gpu(&name, *index, profiles);
+        let kept: Vec<mig::Placed> = g
+            .mig
+            .iter()
+            .filter(|m| held.contains(&m.start_slice))
+            .map(|m| mig::Placed { profile: m.profile.clone(), start_slice: m.start_slice, size_slices: m.size_slices })
+            .collect();
+        let Ok(layout) = mig::relayout(MODEL, &kept, profiles) else { continue };
+        *g = gpu_with(&name, *index, &layout);
         let cmd = Command::UpdateInventory { node: *node, inventory, reason: format!("mig layout {}", profiles.join(",")), now_ms };
         if log.apply(&cmd) == proto::CommandResult::Ok {
             applied += 1;

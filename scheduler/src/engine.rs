@@ -7,17 +7,17 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use proto::{Allocation, DependencyKind, JobId, JobState, NodeId, Placement};
 
-use crate::fit::{is_mig_profile, node_matches};
+use crate::fit::node_matches;
 use crate::format::fmt_time_ms;
 use crate::frag::{self, FragIndex};
 use crate::limits::LimitUsage;
-use crate::mig;
 use crate::topo;
 use crate::units::{Freeing, Kinds, ANY};
 use crate::view::{cpu_shares, decode_slot, mig_slot, shard_slot, ClusterView, JobRequest, NodeView, PreemptAction, Slot};
 use crate::windows::{Fence, Windows};
 
 mod gang;
+mod layouts;
 
 /// What one pass decided. The caller commits `placements` (re-checked with `fits_gang`), creates
 /// array tasks for `array_tasks`, sends `preemptions`, reconfigures GPUs per `mig_layouts`, and
@@ -1404,81 +1404,5 @@ impl<'v> Pass<'v> {
         }
         ids.sort_unstable();
         Some(ids)
-    }
-
-    /// Idle GPUs pinned to a MIG layout they do not have (`corral mig set`) are re-partitioned
-    /// into it, before any demand-driven relayout and within the same per-pass bound; a pinned
-    /// GPU still running work takes none new meanwhile (`GpuSlot::draining`).
-    fn pinned_layouts(&mut self) {
-        let max = self.view.config.mig_layouts_per_pass_max as usize;
-        for node in &self.nodes {
-            for g in node.gpus.iter().filter(|g| g.draining() && g.healthy && !g.busy && !g.mig.iter().any(|m| m.busy)) {
-                if self.plan.mig_layouts.len() >= max {
-                    return;
-                }
-                if let Some(pinned) = &g.pinned {
-                    self.plan.mig_layouts.push((node.id, g.index, pinned.clone()));
-                }
-            }
-        }
-    }
-
-    /// Suggests layouts for idle MIG-mode GPUs whose instances serve no pending demand.
-    fn mig_relayout(&mut self) {
-        let mut demand: BTreeMap<String, u32> = BTreeMap::new();
-        let mut demand_parts: BTreeSet<u16> = BTreeSet::new();
-        // Over the jobs (few ask for MIG profiles), not over every pending job's reasons.
-        for j in self.view.jobs.iter() {
-            let Some(t) = j.gpu_type.as_deref().filter(|t| is_mig_profile(t)) else { continue };
-            let Some(reasons) = self.plan.pending.get(&j.id) else { continue };
-            if !self.eligibility(j).is_empty() || reasons.iter().any(|r| r.starts_with("held for backfill")) {
-                continue;
-            }
-            *demand.entry(t.to_string()).or_default() += j.gpus_per_node.saturating_mul(j.nodes);
-            if let Some(p) = self.partition_of(j) {
-                demand_parts.insert(p);
-            }
-        }
-        if demand.is_empty() {
-            return;
-        }
-        let max = self.view.config.mig_layouts_per_pass_max as usize;
-        for (n, node) in self.nodes.iter().enumerate() {
-            if self.plan.mig_layouts.len() >= max {
-                break;
-            }
-            if !node.schedulable || !self.node_parts[n].iter().any(|p| demand_parts.contains(p)) {
-                continue;
-            }
-            for g in &node.gpus {
-                if self.plan.mig_layouts.len() >= max || demand.values().all(|&c| c == 0) {
-                    break;
-                }
-                let Some(model) = g.model else { continue };
-                // A GPU an operator pinned keeps that layout (`pinned_layouts` applies it).
-                if !g.mig_enabled || !g.healthy || g.busy || g.mig.iter().any(|m| m.busy) || g.pinned.is_some() {
-                    continue;
-                }
-                // Relaid only where the new layout serves more of the demand than the one it
-                // has (3g+2g+1g while jobs want two 3g): a layout the demand made stays.
-                let layout = mig::plan_layout(model, &demand);
-                let serves = |profiles: &mut dyn Iterator<Item = &str>| -> u32 {
-                    let mut counts: BTreeMap<&str, u32> = BTreeMap::new();
-                    profiles.for_each(|p| *counts.entry(p).or_default() += 1);
-                    counts.iter().map(|(p, &n)| n.min(demand.get(*p).copied().unwrap_or(0))).sum()
-                };
-                let now = serves(&mut g.mig.iter().map(|m| m.profile.as_str()));
-                let planned = serves(&mut layout.instances.iter().map(|i| i.profile.as_str()));
-                if layout.instances.is_empty() || planned <= now {
-                    continue;
-                }
-                for p in layout.profiles() {
-                    if let Some(c) = demand.get_mut(&p) {
-                        *c = c.saturating_sub(1);
-                    }
-                }
-                self.plan.mig_layouts.push((node.id, g.index, layout.profiles()));
-            }
-        }
     }
 }

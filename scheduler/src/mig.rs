@@ -192,6 +192,12 @@ pub enum MigError {
         taken: Vec<u32>,
         rules: String,
     },
+    /// A layout that leaves out an instance a job holds.
+    DropsHeld {
+        model: Model,
+        profile: String,
+        start_slice: u32,
+    },
 }
 
 /// `3g.71gb: slices 0-3 or 4-7`.
@@ -230,6 +236,9 @@ impl fmt::Display for MigError {
                     format!("; slices {} are taken", t.join(", "))
                 };
                 write!(f, "cannot place {} on one {model}: {rules}{taken_text}", profiles.join(", "))
+            }
+            MigError::DropsHeld { model, profile, start_slice } => {
+                write!(f, "the layout leaves out the {profile} at slice {start_slice} of this {model}, which a job holds")
             }
         }
     }
@@ -426,12 +435,25 @@ pub fn never_fits<'a>(nodes: impl IntoIterator<Item = (&'a str, &'a [proto::GpuI
     })
 }
 
+/// The layout a GPU of `model` takes when it is re-partitioned into `target` while jobs hold its
+/// instances `kept`: they stay where they are (each must be in `target`), the rest of `target`
+/// is placed around them. The one rule the leader plans with and a node applies.
+pub fn relayout<S: AsRef<str>>(model: Model, kept: &[Placed], target: &[S]) -> Result<Layout, MigError> {
+    let mut rest: Vec<&str> = target.iter().map(AsRef::as_ref).collect();
+    for k in kept {
+        let Some(i) = rest.iter().position(|p| *p == k.profile) else {
+            return Err(MigError::DropsHeld { model, profile: k.profile.clone(), start_slice: k.start_slice });
+        };
+        rest.remove(i);
+    }
+    placeable_with(model, kept, &rest)
+}
+
 /// The layout an idle GPU of `model` should take to serve as much of `demand` (profile ->
 /// instances wanted) as one GPU can: largest profiles first, each added while it still fits;
-/// then the rest of the GPU filled, with more of the demanded profiles (largest first), then
-/// with the model's smallest: a GPU is relaid only while idle, so slices left out of a layout
-/// would stay unused until all its instances are idle again. Unknown profiles are ignored.
-/// Empty demand gives an empty layout.
+/// then the rest filled with more of the demanded profiles (largest first), then with the
+/// model's smallest, so no slice is left without an instance (a static layout, sized once).
+/// Unknown profiles are ignored; empty demand gives an empty layout.
 pub fn plan_layout(model: Model, demand: &BTreeMap<String, u32>) -> Layout {
     let mut wanted: Vec<(&'static Profile, u32)> =
         demand.iter().filter_map(|(name, &n)| model.profile(name).map(|p| (p, n.min(COMPUTE_SLICES)))).collect();
@@ -526,6 +548,25 @@ mod tests {
         assert_eq!(l.profiles(), vec!["4g.40gb", "1g.10gb", "1g.10gb", "1g.10gb"]);
         assert_eq!(plan_layout(Model::A100Gb80, &one("7g.80gb")).profiles(), vec!["7g.80gb"]);
         assert!(plan_layout(Model::A100Gb80, &BTreeMap::new()).instances.is_empty());
+    }
+
+    #[test]
+    fn a_relayout_keeps_held_instances_where_they_are() {
+        let held = |profile: &str, start_slice: u32, size_slices: u32| Placed { profile: profile.into(), start_slice, size_slices };
+        // A held 4g at 0: a 3g goes beside it.
+        let l = relayout(Model::H200Gb141, &[held("4g.71gb", 0, 4)], &["4g.71gb", "3g.71gb"]).unwrap();
+        let got: Vec<(String, u32)> = l.instances.iter().map(|i| (i.profile.clone(), i.start_slice)).collect();
+        assert_eq!(got, vec![("4g.71gb".into(), 0), ("3g.71gb".into(), 4)]);
+        // A held 1g at slice 5 stays; two 2g go around it.
+        let l = relayout(Model::H200Gb141, &[held("1g.18gb", 5, 1)], &["1g.18gb", "2g.35gb", "2g.35gb"]).unwrap();
+        assert!(l.instances.contains(&held("1g.18gb", 5, 1)), "{l:?}");
+        assert_eq!(l.instances.len(), 3);
+        assert!(matches!(
+            relayout(Model::H200Gb141, &[held("1g.18gb", 5, 1)], &["3g.71gb"]),
+            Err(MigError::DropsHeld { start_slice: 5, .. })
+        ));
+        let two = [held("1g.18gb", 1, 1), held("1g.18gb", 5, 1)];
+        assert!(relayout(Model::H200Gb141, &two, &["1g.18gb", "1g.18gb", "3g.71gb"]).is_err(), "3g needs slices 0-3 or 4-7");
     }
 
     #[test]

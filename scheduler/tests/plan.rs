@@ -136,6 +136,38 @@ fn an_idle_mig_gpu_whose_layout_serves_only_part_of_the_demand_is_relaid_and_a_f
 }
 
 #[test]
+fn a_busy_mig_gpu_is_recarved_around_the_instance_a_job_holds_before_an_idle_gpu_is() {
+    let strings = |v: &[&str]| v.iter().map(|p| p.to_string()).collect::<Vec<String>>();
+    // GPU 0 runs a 4g job and has slices 4-7 free; GPU 1 is idle and empty.
+    let mut c = Cluster::new();
+    c.node(1, "m1", h200_mig(&[&[("4g.71gb", 0)], &[]]));
+    c.running(1, spec("gpu:4g.71gb:1", 1), vec![alloc(1, &[mig_slot(0, 0)], 1, 1024)], 0);
+    c.submit(2, spec("gpu:3g.71gb:1", 1), 0);
+    let plan = c.schedule(1000);
+    assert!(plan.placements.is_empty());
+    // The held 4g stays at slice 0; the 3g goes beside it, and GPU 1 stays whole.
+    assert_eq!(plan.mig_layouts, vec![(1, 0, strings(&["4g.71gb", "3g.71gb"]))]);
+
+    // A job of two whole-GPU instances gets both on one node, not one GPU on each of two.
+    let mut c = Cluster::new();
+    c.node(1, "m1", h200_mig(&[&[], &[("7g.141gb", 0)]]));
+    c.node(2, "m2", h200_mig(&[&[], &[]]));
+    c.running(1, spec("gpu:7g.141gb:1", 1), vec![alloc(1, &[mig_slot(1, 0)], 1, 1024)], 0);
+    c.submit(2, spec("gpu:7g.141gb:2", 1), 0);
+    let plan = c.schedule(1000);
+    assert_eq!(plan.mig_layouts, vec![(2, 0, strings(&["7g.141gb"])), (2, 1, strings(&["7g.141gb"]))]);
+
+    // Two jobs in one pass are not promised the same slices: job 3 (first by priority, the
+    // larger) gets the idle GPU, job 2 GPU 0's free half.
+    let mut c = Cluster::new();
+    c.node(1, "m1", h200_mig(&[&[("4g.71gb", 0)], &[]]));
+    c.running(1, spec("gpu:4g.71gb:1", 1), vec![alloc(1, &[mig_slot(0, 0)], 1, 1024)], 0);
+    c.submit(2, spec("gpu:3g.71gb:1", 1), 0).submit(3, spec("gpu:3g.71gb:2", 1), 10);
+    let plan = c.schedule(1000);
+    assert_eq!(plan.mig_layouts, vec![(1, 1, strings(&["3g.71gb", "3g.71gb"])), (1, 0, strings(&["4g.71gb", "3g.71gb"]))]);
+}
+
+#[test]
 fn a_gpu_pinned_to_another_mig_layout_takes_no_new_work_and_is_relaid_once_idle() {
     let strings = |v: &[&str]| v.iter().map(|p| p.to_string()).collect::<Vec<String>>();
     // GPU 0 runs a 1g job and is pinned to two 3g; GPU 1 has a free 1g and is not pinned.
@@ -182,9 +214,9 @@ fn mig_instances_are_gres_with_start_slices() {
     assert_eq!(gpus_of(&plan, 2), vec![(1, vec![mig_slot(0, 0)])]);
     assert_eq!(gpus_of(&plan, 3), vec![(1, vec![mig_slot(1, 1), mig_slot(1, 2)])]);
     assert_eq!(plan.pending[&4], vec!["no node in partition default has gpu:1g.35gb".to_string()]);
-    // The idle MIG GPU 2 is asked to take a layout that serves the pending demand, filled with
-    // more of it: slices left out would stay unused until the GPU is idle again.
-    assert_eq!(plan.mig_layouts, vec![(1, 2, vec!["1g.35gb".to_string(); 4])]);
+    // The idle MIG GPU 2 is asked to carve what the pending job needs, no more: GPUs 0 and 1
+    // would lose idle instances. The rest of GPU 2 stays free for the next job's profile.
+    assert_eq!(plan.mig_layouts, vec![(1, 2, vec!["1g.35gb".to_string()])]);
     // fits: a whole GPU in MIG mode, a busy instance, a wrong profile.
     let n = &c.view.nodes[&1];
     let job = |id| c.view.jobs.iter().find(|j| j.id == id).unwrap().clone();

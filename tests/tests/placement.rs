@@ -72,6 +72,35 @@ fn mig_instances_are_gres_and_an_idle_gpu_is_repartitioned_for_pending_demand() 
     assert!(out.trim().starts_with("CVD=MIG-"), "{out}");
 }
 
+/// A GPU whose 3g instance runs a job is re-carved around it for a job of two 1g instances:
+/// the running job keeps its instance (same UUID) and goes on; the new job runs beside it.
+#[test]
+fn a_busy_mig_gpu_is_recarved_around_the_running_instance() {
+    let c = TestCluster::up(&["--nodes", "1", "--gpus", "h200-mig", "--voters-max", "1"]);
+    // The GPU starts as 3g.71gb@0, 2g.35gb@4, 1g.18gb@6.
+    let long = c.submit(&["--gres", "gpu:3g.71gb:1"], &["sh", "-c", "echo CVD=$CUDA_VISIBLE_DEVICES; sleep 120"]);
+    wait_until("the 3g job to run", Duration::from_secs(20), || c.job(long)["state"] == "RUNNING");
+    let before = c.json(&["mig", "show", "n1"]);
+    // Two 1g.18gb: one idle 1g exists; the GPU is re-carved around the running 3g.
+    let pair = c.submit(&["--gres", "gpu:1g.18gb:2"], &["sh", "-c", "echo CVD=$CUDA_VISIBLE_DEVICES"]);
+    let job = c.wait_final(pair, Duration::from_secs(30));
+    assert_eq!(job["state"], "COMPLETED", "{job}\n{}", c.logs());
+    assert_eq!(c.job(long)["state"], "RUNNING", "the running job is not disturbed");
+    let after = c.json(&["mig", "show", "n1"]);
+    assert_eq!(after[0]["layout"], serde_json::json!(["3g.71gb", "1g.18gb", "1g.18gb"]), "before: {before}\nafter: {after}");
+    let out = String::from_utf8_lossy(&c.corral(&["logs", &pair.to_string()]).stdout).into_owned();
+    assert_eq!(out.matches("MIG-").count(), 2, "{out}");
+    let long_out = String::from_utf8_lossy(&c.corral(&["logs", &long.to_string()]).stdout).into_owned();
+    let uuid = long_out.trim().trim_start_matches("CVD=").to_string();
+    assert!(c.corral(&["cancel", &long.to_string()]).status.success());
+    // The next 3g job gets the very instance (a re-created one has a new UUID).
+    let next = c.submit(&["--gres", "gpu:3g.71gb:1"], &["sh", "-c", "echo CVD=$CUDA_VISIBLE_DEVICES"]);
+    let job = c.wait_final(next, Duration::from_secs(30));
+    assert_eq!(job["state"], "COMPLETED", "{job}\n{}", c.logs());
+    let next_out = String::from_utf8_lossy(&c.corral(&["logs", &next.to_string()]).stdout).into_owned();
+    assert!(uuid.starts_with("MIG-") && next_out.trim() == format!("CVD={uuid}"), "{uuid} vs {next_out}");
+}
+
 #[test]
 fn an_operator_pins_a_mig_layout_that_is_applied_once_the_gpu_is_idle() {
     let c = TestCluster::up(&["--nodes", "1", "--gpus", "h200-mig", "--voters-max", "1"]);

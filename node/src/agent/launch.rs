@@ -247,15 +247,15 @@ impl Agent {
     /// devices of their own).
     fn device_ids(&self, job: &Job, alloc: &proto::Allocation) -> Result<(Vec<String>, Vec<u32>), ApiError> {
         let unknown = || ApiError::Invalid(format!("job {} names a gpu or mig instance this node does not have", job.id));
+        let gpus = lock(&self.gpus).clone();
         let uuids: Vec<String> = alloc
             .gpus
             .iter()
             .map(|slot| match scheduler::decode_slot(*slot) {
                 scheduler::Slot::Gpu(i) | scheduler::Slot::Shard { gpu: i, .. } => {
-                    self.gpus.iter().find(|g| g.index == i).map(|g| g.uuid.clone())
+                    gpus.iter().find(|g| g.index == i).map(|g| g.uuid.clone())
                 }
-                scheduler::Slot::Mig { gpu, start_slice } => self
-                    .gpus
+                scheduler::Slot::Mig { gpu, start_slice } => gpus
                     .iter()
                     .find(|g| g.index == gpu)
                     .and_then(|g| g.mig.iter().find(|m| m.start_slice == start_slice))
@@ -263,7 +263,7 @@ impl Agent {
             })
             .collect::<Option<_>>()
             .ok_or_else(unknown)?;
-        let ordinals = crate::gpu::mig::device_ordinals(&self.gpus, &alloc.gpus).ok_or_else(unknown)?;
+        let ordinals = crate::gpu::mig::device_ordinals(&gpus, &alloc.gpus).ok_or_else(unknown)?;
         Ok((uuids, ordinals))
     }
 

@@ -192,7 +192,9 @@ pub struct Agent {
     pub name: String,
     pub instance: InstanceId,
     node_id: AtomicU64,
-    gpus: Vec<GpuInfo>,
+    /// This node's GPUs as last discovered: at start, and after each MIG layout applied (a
+    /// launch takes its instances' UUIDs from here).
+    gpus: Mutex<Vec<GpuInfo>>,
     settings: AgentSettings,
     running: Mutex<BTreeMap<JobId, Running>>,
     ledger: Mutex<Ledger>,
@@ -249,7 +251,7 @@ impl Agent {
             name,
             instance,
             node_id: AtomicU64::new(0),
-            gpus,
+            gpus: Mutex::new(gpus),
             settings,
             running: Mutex::new(BTreeMap::new()),
             ledger: Mutex::new(ledger),

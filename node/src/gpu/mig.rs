@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use proto::GpuInfo;
+use proto::{GpuInfo, MigInstance};
 use tracing::info;
 
 use super::{GpuError, GpuInventory};
@@ -136,10 +136,23 @@ pub struct PlannedInstance {
     pub start_slice: u32,
 }
 
-/// Places `layout` on an empty GPU with the table this GPU reported: the scheduler's search
-/// (`scheduler::mig::arrange`), so a layout the leader found placeable is placed, not refused
-/// by a different rule here. Returns the instances in slice order.
+/// Places `layout` on an empty GPU with the table this GPU reported: [`plan_layout_around`]
+/// with nothing kept.
 pub fn plan_layout(gpu: u32, table: &[MigProfile], layout: &[String]) -> Result<Vec<PlannedInstance>, GpuError> {
+    plan_layout_around(gpu, table, &[], layout)
+}
+
+/// Places `layout` on GPU `gpu` whose instances `kept` stay where they are, with the table this
+/// GPU reported: each kept instance must be in `layout`, the rest is placed around them by the
+/// scheduler's search (`scheduler::mig::arrange`), so a layout the leader found placeable is
+/// placed where the leader expects, not refused by a different rule here. Returns the new
+/// instances in slice order.
+pub fn plan_layout_around(
+    gpu: u32,
+    table: &[MigProfile],
+    kept: &[MigInstance],
+    layout: &[String],
+) -> Result<Vec<PlannedInstance>, GpuError> {
     let wanted: Vec<&MigProfile> = layout
         .iter()
         .map(|name| table.iter().find(|p| p.name == *name).ok_or_else(|| GpuError::UnknownProfile { gpu, profile: name.clone() }))
@@ -150,11 +163,21 @@ pub fn plan_layout(gpu: u32, table: &[MigProfile], layout: &[String]) -> Result<
             return Err(does_not_fit());
         }
     }
+    let mut rest = wanted;
+    let mut occupied = 0u8;
+    for k in kept {
+        let Some(i) = rest.iter().position(|p| p.name == k.profile) else {
+            return Err(GpuError::DropsHeld { gpu, layout: layout.to_vec(), profile: k.profile.clone(), start_slice: k.start_slice });
+        };
+        rest.remove(i);
+        let (start, size) = (k.start_slice.min(MIG_SLICES), k.size_slices.min(MIG_SLICES - k.start_slice.min(MIG_SLICES)));
+        occupied |= ((((1u16 << size) - 1) << start) & 0xff) as u8;
+    }
     let shapes: Vec<scheduler::mig::Shape<'_>> =
-        wanted.iter().map(|p| scheduler::mig::Shape { size_slices: p.size_slices, starts: &p.placements }).collect();
-    let starts = scheduler::mig::arrange(&shapes, 0).ok_or_else(does_not_fit)?;
+        rest.iter().map(|p| scheduler::mig::Shape { size_slices: p.size_slices, starts: &p.placements }).collect();
+    let starts = scheduler::mig::arrange(&shapes, occupied).ok_or_else(does_not_fit)?;
     let mut planned: Vec<PlannedInstance> =
-        wanted.iter().zip(starts).map(|(p, start_slice)| PlannedInstance { profile: (*p).clone(), start_slice }).collect();
+        rest.iter().zip(starts).map(|(p, start_slice)| PlannedInstance { profile: (*p).clone(), start_slice }).collect();
     planned.sort_by_key(|q| q.start_slice);
     Ok(planned)
 }
@@ -164,10 +187,11 @@ pub trait MigBackend {
     fn discover(&self) -> anyhow::Result<GpuInventory>;
     /// The profile table of GPU `gpu`.
     fn profiles(&self, gpu: &GpuInfo) -> Result<Vec<MigProfile>, GpuError>;
-    /// Why GPU `gpu` is not idle (processes on it or its instances), or `None`.
-    fn busy_reason(&self, gpu: &GpuInfo) -> anyhow::Result<Option<String>>;
-    /// Destroys every compute and GPU instance of `gpu`.
-    fn destroy_all(&self, gpu: &GpuInfo) -> anyhow::Result<()>;
+    /// Why GPU `gpu` is not idle but for its instances `kept` (processes on it or on its other
+    /// instances), or `None`.
+    fn busy_reason(&self, gpu: &GpuInfo, kept: &[MigInstance]) -> anyhow::Result<Option<String>>;
+    /// Destroys the compute and GPU instances `instances` of `gpu`.
+    fn destroy(&self, gpu: &GpuInfo, instances: &[MigInstance]) -> anyhow::Result<()>;
     /// Creates each planned GPU instance with one compute instance spanning it.
     fn create(&self, gpu: &GpuInfo, planned: &[PlannedInstance]) -> anyhow::Result<()>;
 }
@@ -175,8 +199,9 @@ pub trait MigBackend {
 /// One layout change at a time on this node.
 static LAYOUT_LOCK: Mutex<()> = Mutex::new(());
 
-/// Changes GPU `gpu_index` to `layout` through `backend` and returns the inventory afterwards.
-pub fn apply_layout(backend: &dyn MigBackend, gpu_index: u32, layout: &[String]) -> Result<GpuInventory, GpuError> {
+/// Changes GPU `gpu_index` to `layout` through `backend`, keeping the instances that start at
+/// the slices `held`, and returns the inventory afterwards.
+pub fn apply_layout(backend: &dyn MigBackend, gpu_index: u32, layout: &[String], held: &[u32]) -> Result<GpuInventory, GpuError> {
     let _one_at_a_time = LAYOUT_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let before = backend.discover()?;
     let gpu = before.gpus.iter().find(|g| g.index == gpu_index).ok_or(GpuError::NoSuchGpu(gpu_index))?;
@@ -184,13 +209,15 @@ pub fn apply_layout(backend: &dyn MigBackend, gpu_index: u32, layout: &[String])
         return Err(GpuError::MigModeOff { gpu: gpu_index });
     }
     let table = backend.profiles(gpu)?;
-    let planned = plan_layout(gpu_index, &table, layout)?;
-    if let Some(reason) = backend.busy_reason(gpu)? {
+    let (kept, gone): (Vec<MigInstance>, Vec<MigInstance>) = gpu.mig.iter().cloned().partition(|m| held.contains(&m.start_slice));
+    let planned = plan_layout_around(gpu_index, &table, &kept, layout)?;
+    if let Some(reason) = backend.busy_reason(gpu, &kept)? {
         return Err(GpuError::Busy { gpu: gpu_index, reason });
     }
     let old: Vec<&str> = gpu.mig.iter().map(|m| m.profile.as_str()).collect();
-    info!(gpu = gpu_index, old = ?old, new = ?layout, "changing mig layout");
-    backend.destroy_all(gpu)?;
+    let kept_names: Vec<&str> = kept.iter().map(|m| m.profile.as_str()).collect();
+    info!(gpu = gpu_index, old = ?old, new = ?layout, kept = ?kept_names, "changing mig layout");
+    backend.destroy(gpu, &gone)?;
     backend.create(gpu, &planned)?;
     Ok(backend.discover()?)
 }

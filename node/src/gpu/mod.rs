@@ -57,6 +57,8 @@ pub enum GpuError {
     Busy { gpu: u32, reason: String },
     #[error("unknown mig profile '{profile}' on gpu {gpu}")]
     UnknownProfile { gpu: u32, profile: String },
+    #[error("mig layout {layout:?} leaves out the {profile} at slice {start_slice} of gpu {gpu}, which a job holds")]
+    DropsHeld { gpu: u32, layout: Vec<String>, profile: String, start_slice: u32 },
     #[error("mig layout {layout:?} does not fit gpu {gpu}")]
     LayoutDoesNotFit { gpu: u32, layout: Vec<String> },
     #[error("this probe cannot change mig layouts: {0}")]
@@ -73,10 +75,12 @@ pub trait GpuProbe: Send + Sync {
     /// The GPUs of this node in index order, with their links, NUMA domains and NICs.
     fn discover(&self) -> anyhow::Result<GpuInventory>;
 
-    /// Replaces every MIG instance of GPU `gpu_index` by `profiles` (e.g. `["3g.71gb", "1g.18gb"]`)
-    /// and returns the inventory afterwards, to be sent as `Request::ReportInventory`. Only on an
-    /// idle GPU whose MIG mode is already on, one GPU at a time; never changes MIG mode or resets.
-    fn apply_layout(&self, gpu_index: u32, profiles: &[String]) -> Result<GpuInventory, GpuError>;
+    /// Re-partitions GPU `gpu_index` into `profiles` (e.g. `["3g.71gb", "1g.18gb"]`) and returns
+    /// the inventory afterwards, to be sent as `Request::ReportInventory`. The instances starting
+    /// at the slices `held` (jobs of this node hold them) stay as they are and must be among
+    /// `profiles`; every other instance must be idle. Only on a GPU whose MIG mode is already
+    /// on, one GPU at a time; never changes MIG mode or resets.
+    fn apply_layout(&self, gpu_index: u32, profiles: &[String], held: &[u32]) -> Result<GpuInventory, GpuError>;
 
     /// A monitor of XID events, ECC errors and lost GPUs, to hand to [`run_health_loop`].
     fn health_monitor(&self) -> anyhow::Result<Box<dyn HealthMonitor>>;
@@ -130,7 +134,7 @@ impl GpuProbe for NoGpuProbe {
     fn discover(&self) -> anyhow::Result<GpuInventory> {
         Ok(GpuInventory::default())
     }
-    fn apply_layout(&self, gpu_index: u32, _profiles: &[String]) -> Result<GpuInventory, GpuError> {
+    fn apply_layout(&self, gpu_index: u32, _profiles: &[String], _held: &[u32]) -> Result<GpuInventory, GpuError> {
         Err(GpuError::NoSuchGpu(gpu_index))
     }
     fn health_monitor(&self) -> anyhow::Result<Box<dyn HealthMonitor>> {
@@ -153,7 +157,7 @@ impl GpuProbe for FailedProbe {
     fn discover(&self) -> anyhow::Result<GpuInventory> {
         Err(anyhow::anyhow!("{}", self.error))
     }
-    fn apply_layout(&self, _gpu_index: u32, _profiles: &[String]) -> Result<GpuInventory, GpuError> {
+    fn apply_layout(&self, _gpu_index: u32, _profiles: &[String], _held: &[u32]) -> Result<GpuInventory, GpuError> {
         Err(GpuError::NotSupported(self.error.clone()))
     }
     fn health_monitor(&self) -> anyhow::Result<Box<dyn HealthMonitor>> {

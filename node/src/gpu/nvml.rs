@@ -206,8 +206,8 @@ impl GpuProbe for NvmlProbe {
         Ok(GpuInventory { gpus, topology, device_files })
     }
 
-    fn apply_layout(&self, gpu_index: u32, profiles: &[String]) -> Result<GpuInventory, GpuError> {
-        mig::apply_layout(self, gpu_index, profiles)
+    fn apply_layout(&self, gpu_index: u32, profiles: &[String], held: &[u32]) -> Result<GpuInventory, GpuError> {
+        mig::apply_layout(self, gpu_index, profiles, held)
     }
 
     fn health_monitor(&self) -> anyhow::Result<Box<dyn HealthMonitor>> {
@@ -250,24 +250,32 @@ impl MigBackend for NvmlProbe {
             .ok_or_else(|| GpuError::MigUnsupported { gpu: gpu.index, model: gpu.model.clone() })
     }
 
-    fn busy_reason(&self, gpu: &GpuInfo) -> anyhow::Result<Option<String>> {
+    fn busy_reason(&self, gpu: &GpuInfo, kept: &[MigInstance]) -> anyhow::Result<Option<String>> {
         let dev = self.nvml.device_by_index(gpu.index).with_context(|| format!("open gpu {}", gpu.index))?;
-        let mut pids: BTreeSet<u32> = dev.running_compute_processes().unwrap_or_default().iter().map(|p| p.pid).collect();
-        for i in 0..MIG_DEVICES_MAX {
-            if let Ok(m) = dev.mig_device_by_index(i) {
+        // The whole device's processes include those of the kept instances: asked only when
+        // nothing is kept.
+        let mut pids: BTreeSet<u32> = if kept.is_empty() {
+            dev.running_compute_processes().unwrap_or_default().iter().map(|p| p.pid).collect()
+        } else {
+            BTreeSet::new()
+        };
+        for (inst, m) in mig_devices(self.nvml, &dev) {
+            if !kept.iter().any(|k| k.start_slice == inst.start_slice) {
                 pids.extend(m.running_compute_processes().unwrap_or_default().iter().map(|p| p.pid));
             }
         }
         Ok((!pids.is_empty()).then(|| format!("processes {pids:?} are running on it")))
     }
 
-    fn destroy_all(&self, gpu: &GpuInfo) -> anyhow::Result<()> {
-        if gpu.mig.is_empty() {
+    fn destroy(&self, gpu: &GpuInfo, instances: &[MigInstance]) -> anyhow::Result<()> {
+        if instances.is_empty() {
             return Ok(());
         }
         let i = gpu.index.to_string();
-        run_smi(&["mig", "-i", &i, "-dci"]).context("destroy compute instances")?;
-        run_smi(&["mig", "-i", &i, "-dgi"]).context("destroy gpu instances")?;
+        let ids: Vec<String> = instances.iter().map(|m| m.gpu_instance_id.to_string()).collect();
+        let gi = ids.join(",");
+        run_smi(&["mig", "-i", &i, "-gi", &gi, "-dci"]).context("destroy compute instances")?;
+        run_smi(&["mig", "-i", &i, "-gi", &gi, "-dgi"]).context("destroy gpu instances")?;
         Ok(())
     }
 

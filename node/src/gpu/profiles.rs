@@ -199,7 +199,7 @@ impl SimulatedProbe {
         if let Some(layout) = layout {
             let gpus: Vec<u32> = probe.machine().inv.gpus.iter().map(|g| g.index).collect();
             for gpu in gpus {
-                mig::apply_layout(&probe, gpu, &layout).map_err(|e| anyhow::anyhow!("create the initial mig layout: {e}"))?;
+                mig::apply_layout(&probe, gpu, &layout, &[]).map_err(|e| anyhow::anyhow!("create the initial mig layout: {e}"))?;
             }
         }
         Ok(probe)
@@ -239,14 +239,16 @@ impl MigBackend for SimulatedProbe {
         mig::builtin_profiles(&gpu.gres_type).ok_or_else(|| GpuError::MigUnsupported { gpu: gpu.index, model: gpu.model.clone() })
     }
 
-    fn busy_reason(&self, gpu: &GpuInfo) -> anyhow::Result<Option<String>> {
+    /// A simulated GPU marked busy ([`SimulatedProbe::set_busy`]) runs processes outside
+    /// every instance: busy whatever is kept.
+    fn busy_reason(&self, gpu: &GpuInfo, _kept: &[MigInstance]) -> anyhow::Result<Option<String>> {
         Ok(self.machine().busy.contains(&gpu.index).then(|| "simulated processes are running on it".to_string()))
     }
 
-    fn destroy_all(&self, gpu: &GpuInfo) -> anyhow::Result<()> {
+    fn destroy(&self, gpu: &GpuInfo, instances: &[MigInstance]) -> anyhow::Result<()> {
         let mut m = self.machine();
         let g = m.inv.gpus.iter_mut().find(|g| g.index == gpu.index).with_context(|| format!("find simulated gpu {}", gpu.index))?;
-        g.mig.clear();
+        g.mig.retain(|x| !instances.iter().any(|d| d.start_slice == x.start_slice));
         Ok(())
     }
 
@@ -256,9 +258,13 @@ impl MigBackend for SimulatedProbe {
         m.generation += 1;
         let generation = m.generation;
         let g = m.inv.gpus.iter_mut().find(|g| g.index == gpu.index).with_context(|| format!("find simulated gpu {}", gpu.index))?;
-        for (n, p) in planned.iter().enumerate() {
-            // A full-GPU instance is id 0 on hardware; the others count from 1.
-            let gpu_instance_id = if p.profile.size_slices == mig::MIG_SLICES { 0 } else { n as u32 + 1 };
+        for p in planned {
+            // A full-GPU instance is id 0 on hardware; the others take the least id free from 1.
+            let gpu_instance_id = if p.profile.size_slices == mig::MIG_SLICES {
+                0
+            } else {
+                (1..).find(|id| !g.mig.iter().any(|m| m.gpu_instance_id == *id)).unwrap_or(0)
+            };
             g.mig.push(MigInstance {
                 uuid: uuid_from("MIG", &format!("corral-sim/{node}/{}/{generation}/{gpu_instance_id}", g.index)),
                 profile: p.profile.name.clone(),
@@ -269,6 +275,7 @@ impl MigBackend for SimulatedProbe {
                 memory_mib: p.profile.memory_mib,
             });
         }
+        g.mig.sort_by_key(|m| m.start_slice);
         Ok(())
     }
 }
@@ -287,8 +294,8 @@ impl GpuProbe for SimulatedProbe {
         MigBackend::discover(self)
     }
 
-    fn apply_layout(&self, gpu_index: u32, profiles: &[String]) -> Result<GpuInventory, GpuError> {
-        mig::apply_layout(self, gpu_index, profiles)
+    fn apply_layout(&self, gpu_index: u32, profiles: &[String], held: &[u32]) -> Result<GpuInventory, GpuError> {
+        mig::apply_layout(self, gpu_index, profiles, held)
     }
 
     fn health_monitor(&self) -> anyhow::Result<Box<dyn HealthMonitor>> {

@@ -29,7 +29,7 @@ pub(super) struct LeaderMemory {
     /// Suspension orders sent, and those the nodes acknowledged (`control::leader::due_suspends`).
     pub(super) suspends_sent: control::leader::Resend<control::leader::SendKey>,
     pub(super) suspends_acked: control::leader::SuspendAcks,
-    pub(super) layouts_sent: HashMap<(NodeId, u32), Instant>,
+    pub(super) layouts_sent: HashMap<(NodeId, u32), (Instant, Vec<String>)>,
     /// Launch calls under way, by node (at most `pacing::LAUNCH_CALLS_PER_NODE_MAX` each).
     pub(super) launch_calls: HashMap<NodeId, Arc<tokio::sync::Semaphore>>,
     /// How the last pass was paced, to say when pacing starts and ends.
@@ -314,17 +314,20 @@ impl Node {
         self.paced.count(paced);
     }
 
-    /// Asks agents to re-partition idle MIG GPUs as the scheduler suggests, each GPU at most
-    /// once per ten `RESEND_AFTER` (the new inventory comes back through the log).
+    /// Asks agents to re-partition MIG GPUs as the scheduler suggests (the new inventory comes
+    /// back through the log).
     fn send_mig_layouts(&self, layouts: &[(NodeId, u32, Vec<String>)]) {
         for (target, gpu, profiles) in layouts {
             {
                 let mut mem = lock(&self.memory);
                 let key = (*target, *gpu);
-                if mem.layouts_sent.get(&key).is_some_and(|t| t.elapsed() < RESEND_AFTER * 10) {
+                // The same layout again only after ten `RESEND_AFTER` (its report may be in
+                // flight); another (the GPU re-carved for the next job) after one.
+                let wait = |same: bool| if same { RESEND_AFTER * 10 } else { RESEND_AFTER };
+                if mem.layouts_sent.get(&key).is_some_and(|(t, sent)| t.elapsed() < wait(sent == profiles)) {
                     continue;
                 }
-                mem.layouts_sent.insert(key, Instant::now());
+                mem.layouts_sent.insert(key, (Instant::now(), profiles.clone()));
             }
             info!(node = target, gpu, profiles = ?profiles, "asking for a mig layout");
             if *target == self.id {

@@ -33,7 +33,8 @@ impl ClusterState {
         held
     }
 
-    pub(super) fn parts_on(&self, node: NodeId) -> impl Iterator<Item = &NodeRun> {
+    /// The parts that node `node` holds (running, or stopping and not yet confirmed gone).
+    pub fn parts_on(&self, node: NodeId) -> impl Iterator<Item = &NodeRun> {
         self.jobs_holding_parts().flat_map(|j| j.parts.iter()).filter(move |p| p.alloc.node == node)
     }
 
