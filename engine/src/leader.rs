@@ -7,6 +7,7 @@ use corral_state::ClusterState;
 use proto::{Command, JobId, NodeId};
 use scheduler::{ClusterView, PreemptAction, Reservation};
 
+use crate::layouts::LayoutsAsked;
 use crate::policy::{CorralPolicy, Policy};
 
 /// How the engine reads the applied state. `corrald` reads its Raft state machine (each call
@@ -49,6 +50,8 @@ pub struct Leader<P: Policy = CorralPolicy> {
     /// re-send period (pruned every tick: at most what one period sent).
     launches_sent: Resend<SendKey>,
     stops_sent: Resend<SendKey>,
+    /// MIG layouts asked and not yet in the inventory: those GPUs take no work meanwhile.
+    layouts: LayoutsAsked,
 }
 
 impl Leader<CorralPolicy> {
@@ -59,7 +62,13 @@ impl Leader<CorralPolicy> {
 
 impl<P: Policy> Leader<P> {
     pub fn with_policy(policy: P, resend_after_ms: u64) -> Leader<P> {
-        Leader { policy, idle_pass: None, launches_sent: Resend::new(resend_after_ms), stops_sent: Resend::new(resend_after_ms) }
+        Leader {
+            policy,
+            idle_pass: None,
+            launches_sent: Resend::new(resend_after_ms),
+            stops_sent: Resend::new(resend_after_ms),
+            layouts: LayoutsAsked::default(),
+        }
     }
 
     pub fn policy(&self) -> &P {
@@ -95,7 +104,9 @@ impl<P: Policy> Leader<P> {
         let (mut view, view_next_job_id) = state.view();
         view.config.starts_per_pass_max = starts_max;
         view.config.explain_ineligible = false;
+        self.layouts.hold(&mut view, now_ms);
         let plan = self.policy.schedule(&view, now_ms);
+        self.layouts.asked(&plan.mig_layouts, now_ms);
         self.idle_pass = plan.changes_nothing().then_some(IdlePass {
             applied_index: index,
             next_job_id: view_next_job_id,

@@ -8,12 +8,14 @@
 //! Invariant: no IO, no clock, no randomness, no tokio. Time comes in as milliseconds.
 
 pub mod archive;
+pub mod layouts;
 pub mod leader;
 pub mod liveness;
 pub mod policy;
 pub mod wall;
 
 pub use archive::{ArchiveStep, Archiver, Retention};
+pub use layouts::{LayoutsAsked, LAYOUT_WAIT_MS};
 pub use leader::{Leader, Pass, StateReader};
 pub use liveness::{Downs, Held, Liveness, Now, VoterLimits};
 pub use policy::{CorralPolicy, Policy};

@@ -1128,7 +1128,7 @@ impl<'v> Pass<'v> {
             parts.push(format!("{unhealthy} unhealthy"));
         }
         if relaying > 0 {
-            parts.push(format!("{relaying} on a GPU waiting for the MIG layout an operator set"));
+            parts.push(format!("{relaying} on a GPU waiting for a new MIG layout (an operator's, or one being applied)"));
         }
         if parts.is_empty() {
             String::new()

@@ -104,7 +104,9 @@ impl fmt::Display for Misfit {
             Misfit::WrongShards { want: 0 } => write!(f, "asks no shards, plan gives some"),
             Misfit::WrongShards { want } => write!(f, "needs {want} shards of one gpu"),
             Misfit::GpuUnhealthy(i) => write!(f, "gpu {i} is unhealthy"),
-            Misfit::MigRelayout(i) => write!(f, "gpu {i} waits to be re-partitioned into the MIG layout an operator set"),
+            Misfit::MigRelayout(i) => {
+                write!(f, "gpu {i} waits to be re-partitioned into a new MIG layout (an operator's, or one being applied)")
+            }
             Misfit::GpuInMigMode(i) => write!(f, "gpu {i} is in MIG mode"),
             Misfit::WrongGpuType { index, want, have } => write!(f, "gpu {index} is {have}, not {want}"),
             Misfit::DuplicateGpu(i) => write!(f, "gpu {i} listed twice"),

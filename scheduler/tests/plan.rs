@@ -180,7 +180,7 @@ fn a_gpu_pinned_to_another_mig_layout_takes_no_new_work_and_is_relaid_once_idle(
     // Job 2 would fit only with GPU 0's free 1g: it waits, and says why; job 3 takes GPU 1's.
     assert_eq!(gpus_of(&plan, 3), vec![(1, vec![mig_slot(1, 0)])]);
     assert!(gpus_of(&plan, 2).is_empty());
-    assert!(plan.pending[&2][0].contains("on a GPU waiting for the MIG layout an operator set"), "{:?}", plan.pending[&2]);
+    assert!(plan.pending[&2][0].contains("on a GPU waiting for a new MIG layout"), "{:?}", plan.pending[&2]);
     // Still busy: not relaid yet; the demand-driven relayout leaves the pinned GPU alone.
     assert!(plan.mig_layouts.iter().all(|(_, gpu, _)| *gpu != 0), "{:?}", plan.mig_layouts);
     let n = &c.view.nodes[&1];

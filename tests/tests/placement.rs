@@ -126,7 +126,7 @@ fn an_operator_pins_a_mig_layout_that_is_applied_once_the_gpu_is_idle() {
     let mut reasons = String::new();
     wait_until("the 2g job to wait for the relayout", Duration::from_secs(20), || {
         reasons = c.job(waiting)["reasons"].to_string();
-        reasons.contains("waiting for the MIG layout an operator set")
+        reasons.contains("waiting for a new MIG layout")
     });
     assert_eq!(c.job(waiting)["state"], "PENDING", "{reasons}");
     assert_eq!(c.job(running)["state"], "RUNNING", "the pin stops nothing that runs");
