@@ -25,8 +25,6 @@ struct Inst {
 #[derive(Clone)]
 struct Carve {
     gives: u32,
-    /// Idle instances it destroys.
-    destroys: u32,
     layout: mig::Layout,
 }
 
@@ -147,7 +145,8 @@ impl Pass<'_> {
             return None;
         }
         let mut have = 0u32;
-        let mut carvable: Vec<(u32, u32, Carve)> = Vec::new();
+        // (room, GPU, instances it adds, idle instances it destroys, its carve in `cache`)
+        let mut carvable: Vec<(u32, u32, u32, u32, CarveKey)> = Vec::new();
         for g in node.gpus.iter() {
             let Some(model) =
                 g.model.filter(|m| g.mig_enabled && g.healthy && !g.busy && g.pinned.is_none() && m.profile(profile).is_some())
@@ -155,19 +154,32 @@ impl Pass<'_> {
                 continue;
             };
             let overlay = layouts.get(&(n, g.index));
-            let insts: Vec<(&str, u32, bool)> = match overlay {
-                Some(v) => v.iter().map(|x| (x.placed.profile.as_str(), x.placed.start_slice, x.taken)).collect(),
-                None => g.mig.iter().map(|m| (m.profile.as_str(), m.start_slice, m.busy)).collect(),
+            // One look at its instances, with no copy of them: most GPUs go no further.
+            let (mut idle, mut idle_all, mut held) = (0u32, 0u32, 0u32);
+            let mut sig = Some(0u64);
+            let mut k = 0;
+            let mut look = |name: &str, start: u32, taken: bool| {
+                if !taken {
+                    idle_all += 1;
+                    idle += u32::from(name == profile);
+                    return;
+                }
+                held += model.profile(name).map_or(COMPUTE_SLICES, |p| p.compute_slices);
+                sig = sig.and_then(|s| carve_sig(model, s, k, name, start));
+                k += 1;
             };
-            let idle = insts.iter().filter(|x| !x.2 && x.0 == profile).count() as u32;
+            match overlay {
+                Some(v) => v.iter().for_each(|x| look(&x.placed.profile, x.placed.start_slice, x.taken)),
+                None => g.mig.iter().for_each(|m| look(&m.profile, m.start_slice, m.busy)),
+            }
             have += idle;
-            let held: u32 = insts.iter().filter(|x| x.2).filter_map(|x| model.profile(x.0)).map(|p| p.compute_slices).sum();
             let room = COMPUTE_SLICES.saturating_sub(held);
             if room < size {
                 continue;
             }
-            let Some(key) = carve_key(model, insts.iter().filter(|x| x.2).map(|x| (x.0, x.1)), profile, need) else { continue };
-            let carve = cache
+            let (Some(sig), Some(place)) = (sig, profile_place(model, profile)) else { continue };
+            let key: CarveKey = (model.name(), sig, place, need);
+            let gives = cache
                 .entry(key)
                 .or_insert_with(|| {
                     let kept: Vec<Placed> = match overlay {
@@ -176,25 +188,26 @@ impl Pass<'_> {
                     };
                     carve(model, &kept, profile, need)
                 })
-                .clone();
-            if let Some(c) = carve.filter(|c| c.gives > idle) {
-                let destroys = insts.iter().filter(|x| !x.2).count() as u32;
-                carvable.push((room, g.index, Carve { gives: c.gives - idle, destroys, layout: c.layout }));
+                .as_ref()
+                .map_or(0, |c| c.gives);
+            if gives > idle {
+                carvable.push((room, g.index, gives - idle, idle_all, key));
             }
         }
         // Those giving the most of what is missing, then destroying the fewest idle instances
         // (free slices are carved before instances are), then with the least room.
         let missing = need.saturating_sub(have);
-        carvable.sort_by_key(|(room, index, c)| (Reverse(c.gives.min(missing)), c.destroys, *room, *index));
+        carvable.sort_by_key(|&(room, index, gives, destroys, _)| (Reverse(gives.min(missing)), destroys, room, index));
         let mut offer = Offer { changes: Vec::new(), destroys: 0, room: 0 };
-        for (room, index, c) in carvable {
+        for (room, index, gives, destroys, key) in carvable {
             if have >= need {
                 break;
             }
-            have += c.gives;
+            let Some(Some(c)) = cache.get(&key) else { continue };
+            have += gives;
             offer.room += room;
-            offer.destroys += c.destroys;
-            offer.changes.push((index, c));
+            offer.destroys += destroys;
+            offer.changes.push((index, c.clone()));
         }
         (have >= need).then_some(offer)
     }
@@ -219,20 +232,16 @@ fn current(g: &GpuSlot) -> Vec<Inst> {
         .collect()
 }
 
-/// [`CarveKey`] of a GPU of `model` holding `kept` (profile, start slice); `None` where a
-/// profile is not in the table or more are held than a key holds.
-fn carve_key<'a>(model: Model, kept: impl Iterator<Item = (&'a str, u32)>, profile: &str, need: u32) -> Option<CarveKey> {
-    let table = model.profiles();
-    let place = |name: &str| table.iter().position(|p| p.name == name);
-    let mut sig = 0u64;
-    for (k, (name, start)) in kept.enumerate() {
-        let code = ((place(name)? as u64) << 3 | u64::from(start)) + 1;
-        if k >= 8 || start >= 8 || code > 0xff {
-            return None;
-        }
-        sig |= code << (8 * k);
-    }
-    Some((model.name(), sig, place(profile)?, need))
+/// `sig` with the `k`th held instance (profile `name` at slice `start`) added, a byte each (its
+/// start slice and its profile's place in the table); `None` where the key cannot hold it.
+fn carve_sig(model: Model, sig: u64, k: usize, name: &str, start: u32) -> Option<u64> {
+    let code = ((profile_place(model, name)? as u64) << 3 | u64::from(start)) + 1;
+    (k < 8 && start < 8 && code <= 0xff).then(|| sig | code << (8 * k))
+}
+
+/// Where profile `name` is in `model`'s table.
+fn profile_place(model: Model, name: &str) -> Option<usize> {
+    model.profiles().iter().position(|p| p.name == name)
 }
 
 /// The layout of a GPU of `model` re-carved around `kept` for as many of `need` instances of
@@ -250,5 +259,5 @@ fn carve(model: Model, kept: &[Placed], profile: &str, need: u32) -> Option<Carv
     }
     let layout = layout?;
     let gives = (layout.instances.len() - kept.len()) as u32;
-    Some(Carve { gives, destroys: 0, layout })
+    Some(Carve { gives, layout })
 }
