@@ -862,3 +862,17 @@ fn a_node_range_starts_on_its_least_and_takes_the_free_nodes_of_its_range() {
     c.submit(3, ranged("gpu:8", 1, 3), 0);
     assert_eq!(gpus_of(&c.schedule(1000), 3).len(), 2);
 }
+
+/// A job whose GPU is waiting for the layout asked for it (the engine shows that GPU pinned to
+/// it) gets no second GPU carved in the passes before the layout is applied.
+#[test]
+fn a_job_waiting_for_its_mig_layout_is_not_carved_a_second_gpu() {
+    let strings = |v: &[&str]| v.iter().map(|p| p.to_string()).collect::<Vec<String>>();
+    let mut c = Cluster::new();
+    c.node(1, "m1", h200_mig(&[&[("1g.18gb", 0)], &[]]));
+    std::sync::Arc::make_mut(c.view.nodes.get_mut(&1).unwrap()).gpus[0].pinned = Some(strings(&["3g.71gb", "3g.71gb"]));
+    c.submit(1, spec("gpu:3g.71gb:1", 1), 0);
+    let plan = c.schedule(1000);
+    assert!(plan.placements.is_empty());
+    assert_eq!(plan.mig_layouts, vec![(1, 0, strings(&["3g.71gb", "3g.71gb"]))], "GPU 1 is left whole");
+}

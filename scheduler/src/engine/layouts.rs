@@ -148,6 +148,14 @@ impl Pass<'_> {
         // (room, GPU, instances it adds, idle instances it destroys, its carve in `cache`)
         let mut carvable: Vec<(u32, u32, u32, u32, CarveKey)> = Vec::new();
         for g in node.gpus.iter() {
+            // A GPU waiting for a layout (asked in an earlier pass, or an operator's) will have
+            // its instances of the profile: counted, so a job is not carved a second GPU for.
+            if let Some(pinned) = g.pinned.as_ref().filter(|_| g.draining() && g.healthy && !g.busy) {
+                let coming = pinned.iter().filter(|p| *p == profile).count() as u32;
+                let held = g.mig.iter().filter(|m| m.busy && m.profile == profile).count() as u32;
+                have += coming.saturating_sub(held);
+                continue;
+            }
             let Some(model) =
                 g.model.filter(|m| g.mig_enabled && g.healthy && !g.busy && g.pinned.is_none() && m.profile(profile).is_some())
             else {
