@@ -68,7 +68,9 @@ fn h200_mig_starts_with_a_layout_and_changes_it() {
     let after = probe.apply_layout(0, &names(&["1g.18gb"; 7]), &[]).expect("seven 1g");
     assert_eq!(after.gpus[0].mig.len(), 7);
     assert!(after.gpus[0].mig.iter().all(|m| m.profile == "1g.18gb"));
-    assert!(after.gpus[0].mig.iter().all(|m| !g.mig.iter().any(|old| old.uuid == m.uuid)), "new instances, new uuids");
+    // The idle 1g at slice 6 is still in the layout: it stays, the six others are new.
+    let kept: Vec<u32> = after.gpus[0].mig.iter().filter(|m| g.mig.iter().any(|old| old.uuid == m.uuid)).map(|m| m.start_slice).collect();
+    assert_eq!(kept, vec![6], "new instances, new uuids, but for the one kept");
     assert_eq!(probe.discover().expect("again"), after);
 
     probe.set_busy(0, true);
@@ -100,6 +102,13 @@ fn a_held_instance_stays_while_the_rest_is_recarved() {
     let refused = probe.apply_layout(0, &names(&["3g.71gb", "4g.71gb"]), &[0]);
     assert!(matches!(refused, Err(GpuError::LayoutDoesNotFit { .. })), "4g starts only at 0, where the held 3g is: {refused:?}");
     assert_eq!(probe.discover().expect("unchanged by refusals"), after);
+
+    // Nothing held: the idle 3g at 4 is kept where the layout still has a 3g (a job placed on
+    // it may be on its way), the one at 0 gives way to the 4g that can only start there.
+    let mixed = probe.apply_layout(0, &names(&["4g.71gb", "3g.71gb"]), &[]).expect("4g beside the kept 3g");
+    let got: Vec<(&str, u32)> = mixed.gpus[0].mig.iter().map(|m| (m.profile.as_str(), m.start_slice)).collect();
+    assert_eq!(got, vec![("4g.71gb", 0), ("3g.71gb", 4)]);
+    assert_eq!(mixed.gpus[0].mig[1].uuid, after.gpus[0].mig[1].uuid);
 }
 
 #[test]

@@ -200,7 +200,8 @@ pub trait MigBackend {
 static LAYOUT_LOCK: Mutex<()> = Mutex::new(());
 
 /// Changes GPU `gpu_index` to `layout` through `backend`, keeping the instances that start at
-/// the slices `held`, and returns the inventory afterwards.
+/// the slices `held` (and idle ones `layout` still has, where it can), and returns the
+/// inventory afterwards.
 pub fn apply_layout(backend: &dyn MigBackend, gpu_index: u32, layout: &[String], held: &[u32]) -> Result<GpuInventory, GpuError> {
     let _one_at_a_time = LAYOUT_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let before = backend.discover()?;
@@ -209,8 +210,20 @@ pub fn apply_layout(backend: &dyn MigBackend, gpu_index: u32, layout: &[String],
         return Err(GpuError::MigModeOff { gpu: gpu_index });
     }
     let table = backend.profiles(gpu)?;
-    let (kept, gone): (Vec<MigInstance>, Vec<MigInstance>) = gpu.mig.iter().cloned().partition(|m| held.contains(&m.start_slice));
-    let planned = plan_layout_around(gpu_index, &table, &kept, layout)?;
+    let (held, idle): (Vec<MigInstance>, Vec<MigInstance>) = gpu.mig.iter().cloned().partition(|m| held.contains(&m.start_slice));
+    // Idle instances `layout` still has stay too, each where the rest can still be placed
+    // around it: a job the leader placed on one may not have reached this node yet, and fewer
+    // instances change UUID. The held ones alone are what the leader planned around.
+    let mut planned = plan_layout_around(gpu_index, &table, &held, layout)?;
+    let mut kept = held;
+    for m in idle.iter().filter(|m| layout.contains(&m.profile)) {
+        let mut with = kept.clone();
+        with.push(m.clone());
+        if let Ok(p) = plan_layout_around(gpu_index, &table, &with, layout) {
+            (kept, planned) = (with, p);
+        }
+    }
+    let gone: Vec<MigInstance> = gpu.mig.iter().filter(|m| !kept.iter().any(|k| k.start_slice == m.start_slice)).cloned().collect();
     if let Some(reason) = backend.busy_reason(gpu, &kept)? {
         return Err(GpuError::Busy { gpu: gpu_index, reason });
     }
