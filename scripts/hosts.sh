@@ -22,7 +22,8 @@
 # /var/tmp/corral-rig); the build installed is the one scripts/test.sh makes
 # ($CARGO_TARGET_DIR/debug, or CORRAL_BIN_DIR). Needs root. Simulated GPUs: h100:8 a host
 # (CORRAL_RIG_GPUS). Latency without netem: an NFQUEUE delayer (scripts/rig-delay.py) in each
-# sender's network namespace. A slow disk: the host's blkio cgroup throttles its I/O. Clock
+# sender's network namespace. DIR/shared is mounted in every host at its own path, as a
+# cluster's shared file system is. A slow disk: the host's blkio cgroup throttles its I/O. Clock
 # skew: a time namespace per host (its clocks since boot; Linux has no per-namespace wall clock).
 set -euo pipefail
 
@@ -119,7 +120,7 @@ EOF
 prepare() {
   local dir="$1" h="$2" all="$3"
   local hd="$dir/hosts/$h" m="$dir/hosts/$h/merged"
-  mkdir -p "$hd/upper" "$hd/work" "$m"
+  mkdir -p "$hd/upper" "$hd/work" "$m" "$dir/shared"
   mountpoint -q "$m" || mount -t overlay overlay -o "lowerdir=$rig/rootfs,upperdir=$hd/upper,workdir=$hd/work" "$m"
   echo "$h" >"$m/etc/hostname"
   [ -s "$m/etc/machine-id" ] || tr -d '-' </proc/sys/kernel/random/uuid >"$m/etc/machine-id"
@@ -140,13 +141,13 @@ boot() {
   for c in $roots; do mkdir -p "$c/corral-rig/$h"; done
   rm -f "$hd/nspawn.pid"
   setsid bash -c '
-    h="$1"; hd="$2"; m="$2/merged"; bridge="$3"; repo="$4"; bin="$5"
+    h="$1"; hd="$2"; m="$2/merged"; bridge="$3"; repo="$4"; bin="$5"; shared="$(cd "$2/../../shared" && pwd)"
     for c in $6; do echo $$ >"$c/corral-rig/$h/cgroup.procs"; done
     while :; do
       # The host'"'"'s clocks since boot (CLOCK_MONOTONIC, CLOCK_BOOTTIME) run `skew` seconds ahead.
       skew="$(cat "$hd/skew" 2>/dev/null || echo 0)"
       unshare --time --monotonic="$skew" --boottime="$skew" systemd-nspawn -D "$m" --boot --register=no --keep-unit --network-bridge="$bridge" -M "$h" \
-        --bind-ro="$repo/deploy:/opt/corral-src/deploy" --bind-ro="$bin:/opt/corral-bin" \
+        --bind-ro="$repo/deploy:/opt/corral-src/deploy" --bind-ro="$bin:/opt/corral-bin" --bind="$shared:$shared" \
         >>"$hd/console.log" 2>&1 </dev/null &
       echo $! >"$hd/nspawn.pid"
       wait $! && rc=0 || rc=$?

@@ -2,6 +2,7 @@
 //! of a history: they read what processes and clients recorded and report every violation.
 
 mod outcomes;
+pub mod rig;
 pub mod runner;
 pub mod sim;
 

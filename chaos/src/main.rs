@@ -46,6 +46,34 @@ enum Cmd {
         keep: bool,
     },
     /// Seeded simulation of ClusterState::apply + scheduler::schedule + leader and agent loops.
+    /// The same workload and checkers on booted hosts (`scripts/hosts.sh`: each host its own
+    /// systemd and network stack, Corral installed by deploy/install.sh and run by systemd),
+    /// with faults from outside the daemons. Needs root and what `scripts/hosts.sh setup`
+    /// installs; the build installed is `scripts/hosts.sh`'s (CORRAL_BIN_DIR).
+    Rig {
+        #[arg(long, default_value_t = 5)]
+        hosts: u32,
+        #[arg(long, default_value = "10m")]
+        duration: String,
+        #[arg(long)]
+        seed: Option<u64>,
+        #[arg(
+            long,
+            default_value = "kill,restart,partition,pause,slow-disk,clock-skew,upgrade,crash,reboot,isolate,oneway,loss,latency,freeze,poweroff-all"
+        )]
+        faults: String,
+        /// The rig's directory (a new one under the temporary directory if none).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// The client run on this machine (`corral` beside this binary if none).
+        #[arg(long)]
+        corral: Option<PathBuf>,
+        /// The rig's script (the source tree's scripts/hosts.sh if none).
+        #[arg(long)]
+        script: Option<PathBuf>,
+        #[arg(long)]
+        keep: bool,
+    },
     Sim {
         #[arg(long, default_value_t = 2000)]
         runs: u64,
@@ -68,6 +96,23 @@ enum Cmd {
     },
 }
 
+/// Runs the scenario and prints its summary, and its violations with the repro; whether it
+/// found none.
+fn report(opts: &RunOptions) -> anyhow::Result<bool> {
+    let outcome = runner::run(opts).context("run the chaos scenario")?;
+    println!("{}", outcome.summary);
+    if outcome.violations.is_empty() {
+        return Ok(true);
+    }
+    println!("VIOLATIONS ({}):", outcome.violations.len());
+    for v in &outcome.violations {
+        println!("  {v}");
+    }
+    println!("cluster dir and history kept in {}", outcome.dir.display());
+    println!("reproduce: {}", outcome.repro);
+    Ok(false)
+}
+
 fn time_seed() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1) % 1_000_000_007
 }
@@ -83,20 +128,21 @@ fn main() -> ExitCode {
                 Some(p) => p,
                 None => runner::find_corral().context("find the corral binary")?,
             };
-            let opts = RunOptions { nodes, voters, duration_ms, seed, faults, dir, corral, keep };
-            let outcome = runner::run(&opts).context("run the chaos scenario")?;
-            println!("{}", outcome.summary);
-            if outcome.violations.is_empty() {
-                Ok(true)
-            } else {
-                println!("VIOLATIONS ({}):", outcome.violations.len());
-                for v in &outcome.violations {
-                    println!("  {v}");
-                }
-                println!("cluster dir and history kept in {}", outcome.dir.display());
-                println!("reproduce: {}", outcome.repro);
-                Ok(false)
-            }
+            let opts = RunOptions { nodes, voters, duration_ms, seed, faults, dir, corral, keep, rig: None };
+            report(&opts)
+        })(),
+        Cmd::Rig { hosts, duration, seed, faults, dir, corral, script, keep } => (|| -> anyhow::Result<bool> {
+            let duration_ms = runner::parse_duration_ms(&duration).context("read --duration")?;
+            let faults = Fault::parse_list(&faults).context("read --faults")?;
+            let seed = seed.unwrap_or_else(time_seed);
+            let corral = match corral {
+                Some(p) => p,
+                None => runner::find_corral().context("find the corral binary")?,
+            };
+            let script = script.unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/hosts.sh"));
+            let voters = hosts.min(3);
+            let opts = RunOptions { nodes: hosts, voters, duration_ms, seed, faults, dir, corral, keep, rig: Some(script) };
+            report(&opts)
         })(),
         Cmd::Sim { runs, seed, fault_phase_s, no_pause, trace, mutate } => {
             {

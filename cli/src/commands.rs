@@ -147,6 +147,8 @@ fn node_json(n: &NodeInfo) -> serde_json::Value {
         "gpus_total": n.gpus_total,
         "gpus_free": n.gpus_free,
         "gpu_types": n.gpu_types,
+        "cpus_total": n.cpus_total,
+        "cpus_alloc": n.cpus_alloc,
         "addr": n.addr,
         "reason": n.reason,
         "unhealthy_gpus": n.unhealthy_gpus.iter().map(|(g, why)| json!({"gpu": g, "reason": why})).collect::<Vec<_>>(),

@@ -20,6 +20,7 @@ fn options(seed: u64, duration_ms: u64) -> RunOptions {
         dir: None,
         corral,
         keep: false,
+        rig: None,
     }
 }
 

@@ -169,3 +169,37 @@ fn jobs_run_under_the_unit_and_a_rolling_upgrade_keeps_them() {
     }
     rig.down();
 }
+
+/// The chaos runner's workload and checkers on four booted hosts, with faults from outside the
+/// daemons (`corral-chaos rig`): a short run on a fixed seed. The long one is its own command
+/// (`corral-chaos rig --hosts 5 --duration 30m`, see README.md).
+#[test]
+fn a_short_chaos_run_on_booted_hosts_keeps_every_invariant() {
+    use chaos::runner::{self, Fault, RunOptions};
+    if let Some(why) = missing() {
+        eprintln!("SKIPPED: {why}; no host was booted");
+        return;
+    }
+    let _lock = machine_lock();
+    // This seed draws each of them, the freeze on the leader: crash, reboot, crash, poweroff-all,
+    // reboot, upgrade, oneway, freeze.
+    let faults = Fault::parse_list("upgrade,crash,reboot,oneway,freeze,poweroff-all").expect("fault list");
+    let opts = RunOptions {
+        nodes: 4,
+        voters: 3,
+        duration_ms: 90_000,
+        seed: 20_261_212,
+        faults,
+        dir: None,
+        corral: bin_dir().join("corral"),
+        keep: false,
+        rig: Some(repo_root().join("scripts/hosts.sh")),
+    };
+    println!("chaos run on the rig: {}", opts.repro());
+    let outcome =
+        runner::run(&opts).unwrap_or_else(|e| panic!("chaos run on the rig did not complete: {e:#}\nreproduce: {}", opts.repro()));
+    println!("{}", outcome.summary);
+    assert!(outcome.violations.is_empty(), "violations: {:#?}\nreproduce: {}", outcome.violations, outcome.repro);
+    assert!(outcome.final_states.len() >= 20, "too few jobs acknowledged to check anything: {}", outcome.summary);
+    assert!(outcome.faults_injected.values().sum::<u32>() >= 5, "too few faults injected: {}", outcome.summary);
+}
