@@ -181,6 +181,19 @@ pub async fn next_leader_ready(raft: &Raft, dead: NodeId) {
     metrics_where(raft, |m| m.current_leader.is_some_and(|l| l != dead && (l != m.id || m.state.is_leader()))).await
 }
 
+/// Returns, with what stopped it, once `raft`'s core stopped for good: a storage error (the
+/// disk failed) or a panic in it. The node can then neither vote nor apply.
+pub async fn raft_stopped(raft: &Raft) -> String {
+    metrics_where(raft, |m| m.running_state.is_err()).await;
+    use openraft::async_runtime::watch::WatchReceiver;
+    let metrics = raft.metrics();
+    let m = metrics.borrow_watched();
+    match &m.running_state {
+        Err(fatal) => fatal.to_string(),
+        Ok(()) => "the Raft core stopped".into(),
+    }
+}
+
 /// Returns once `done` holds of `raft`'s metrics, woken by their watch (no polling).
 async fn metrics_where(raft: &Raft, done: impl Fn(&openraft::RaftMetrics<TypeConfig>) -> bool) {
     use openraft::async_runtime::watch::WatchReceiver;

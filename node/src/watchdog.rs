@@ -32,6 +32,9 @@ use serde::{Deserialize, Serialize};
 /// timing argument in ARCHITECTURE.md (the config keeps heartbeats at 100 ms or more).
 pub const POLL_MS: u64 = control::agent::WATCHDOG_POLL_MS;
 
+/// Names the daemon's pid for the watchdog it starts.
+const DAEMON_PID_ENV: &str = "CORRAL_WATCHDOG_DAEMON_PID";
+
 /// The most a lease file may hold; a bigger one is refused, not read.
 pub const LEASE_BYTES_MAX: u64 = 1 << 20;
 
@@ -134,7 +137,16 @@ pub fn daemon_file(lease_path: &Path) -> PathBuf {
 /// The watchdog process's loop: returns once the parent is gone and its jobs are killed, or
 /// once the daemon that took the parent's runs over is running.
 pub fn run(lease_path: &Path) -> anyhow::Result<()> {
-    let parent = std::os::unix::process::parent_id();
+    // The daemon that started this watchdog, as it named itself: one that died before the
+    // watchdog first ran leaves it a child of PID 1 (or of a subreaper), which it must not
+    // take for its daemon and wait on for ever (found on booted hosts: a daemon whose disk
+    // failed left a watchdog behind at each of systemd's restarts).
+    let parent = std::env::var(DAEMON_PID_ENV).ok().and_then(|p| p.parse().ok()).unwrap_or_else(std::os::unix::process::parent_id);
+    watch(lease_path, parent)
+}
+
+/// [`run`]'s loop, for the daemon `parent`.
+fn watch(lease_path: &Path, parent: u32) -> anyhow::Result<()> {
     let daemon_file = daemon_file(lease_path);
     // The parent's instance, once its record names it (a hand-over is honoured only for it).
     let mut instance: Option<proto::InstanceId> = None;
@@ -215,7 +227,7 @@ pub fn run(lease_path: &Path) -> anyhow::Result<()> {
 pub fn spawn(exe: &Path, lease_path: PathBuf) -> anyhow::Result<std::process::Child> {
     use std::os::unix::process::CommandExt;
     let mut cmd = std::process::Command::new(exe);
-    cmd.arg("--watchdog").arg(&lease_path).stdin(std::process::Stdio::null());
+    cmd.arg("--watchdog").arg(&lease_path).stdin(std::process::Stdio::null()).env(DAEMON_PID_ENV, std::process::id().to_string());
     // SAFETY: only async-signal-safe calls (setsid) between fork and exec.
     unsafe {
         cmd.pre_exec(|| {
@@ -267,6 +279,17 @@ mod tests {
         std::fs::write(&path, vec![b' '; LEASE_BYTES_MAX as usize + 1]).expect("write huge lease");
         assert!(read_lease(&path).unwrap_err().to_string().contains("exceeds"));
         std::fs::remove_dir_all(&dir).expect("remove test dir");
+    }
+
+    #[test]
+    fn a_watchdog_whose_daemon_died_before_it_ran_exits_at_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let lease = dir.path().join("watchdog.lease");
+        // No process has this pid: the daemon is gone, and this process is not its child.
+        std::thread::spawn(move || done_tx.send(watch(&lease, u32::MAX - 1).map_err(|e| e.to_string())));
+        let ended = done_rx.recv_timeout(Duration::from_secs(5)).expect("the watchdog exits without waiting on a daemon it never had");
+        assert_eq!(ended, Ok(()));
     }
 
     #[test]

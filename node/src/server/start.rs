@@ -491,6 +491,13 @@ async fn serve_until_stopped(
 ) -> anyhow::Result<Ended> {
     let (agent, config) = (&node.agent, &node.config);
     tokio::select! {
+        // Crash-only: a replica that can no longer write its log (a failed disk) or apply
+        // exits, so systemd starts it again and, until it can, the cluster sees it down and its
+        // watchdog stops its runs.
+        why = consensus::raft_stopped(&node.raft) => {
+            error!(error = %why, "the Raft core stopped: exiting");
+            bail!("the Raft core stopped: {why}")
+        }
         ended = &mut hb => match ended {
             Ok(()) => Ok(Ended::Stopped),
             Err(e) => {
