@@ -173,6 +173,11 @@ pub fn build_spec(args: &SubmitArgs) -> anyhow::Result<JobSpec> {
     if args.command.is_empty() {
         bail!("nothing to run: give a script file or `-- COMMAND ARGS...`");
     }
+    // The command is taken with its own options, so an option `corral submit` lacks would
+    // otherwise become the program to run (`-w h2 -- sleep 9` ran "-w" and failed).
+    if let Some(option) = args.command.first().filter(|c| c.starts_with('-')) {
+        bail!("`corral submit` has no option {option} (see --help); the command goes after `--`");
+    }
     let workdir = match &args.chdir {
         Some(d) => d.clone(),
         None => std::env::current_dir().context("read current directory")?,
@@ -500,5 +505,32 @@ fn print_mig(nodes: &[&NodeInfo], as_json: bool) {
             Some(p) => format!("{} (waits for the GPU to be idle)", p.join(",")),
         };
         println!("{:<10} {:>3} {:<40} {pinned}", name, g.gpu, g.layout.join(","));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Submit {
+        #[command(flatten)]
+        args: SubmitArgs,
+    }
+
+    fn spec(argv: &[&str]) -> anyhow::Result<JobSpec> {
+        let parsed = Submit::try_parse_from(std::iter::once("submit").chain(argv.iter().copied())).map_err(anyhow::Error::msg)?;
+        build_spec(&parsed.args)
+    }
+
+    #[test]
+    fn an_option_submit_lacks_is_refused_not_run_as_the_command() {
+        let err = spec(&["-w", "h2", "--mem", "64M", "--", "sleep", "9"]).expect_err("-w is not an option of corral submit");
+        assert!(err.to_string().contains("has no option -w"), "{err}");
+        let ok = spec(&["--mem", "64M", "--", "sleep", "9"]).expect("a command after --");
+        assert_eq!(ok.argv, ["sleep", "9"]);
+        assert_eq!(spec(&["--", "sh", "-c", "exit 3"]).expect("options of the command").argv, ["sh", "-c", "exit 3"]);
     }
 }
