@@ -10,7 +10,7 @@
 #   scripts/hosts.sh fault DIR KIND ARGS...    isolate H | partition A[,B..] C[,D..] | oneway A B
 #                                        | loss PCT A B | latency MS A[,B..] C[,D..] | slow-disk IOPS H
 #                                        | skew SECS H | freeze H | thaw H | crash H | reboot H
-#                                        | poweroff-all
+#                                        | poweroff-all | fail-disk write|all H
 #   scripts/hosts.sh install DIR HOST...  install the build on HOST again with deploy/install.sh
 #   scripts/hosts.sh boot DIR HOST...     start hosts that are down (after crash or poweroff-all)
 #   scripts/hosts.sh heal DIR             clear every network and disk fault, thaw and boot every host
@@ -23,13 +23,16 @@
 # ($CARGO_TARGET_DIR/debug, or CORRAL_BIN_DIR). Needs root. Simulated GPUs: h100:8 a host
 # (CORRAL_RIG_GPUS). Latency without netem: an NFQUEUE delayer (scripts/rig-delay.py) in each
 # sender's network namespace. DIR/shared is mounted in every host at its own path, as a
-# cluster's shared file system is. A slow disk: the host's blkio cgroup throttles its I/O. Clock
+# cluster's shared file system is. A failing disk (CORRAL_RIG_FAULT_DISK=1 at `up`): each host's
+# /var/lib/corral is a FUSE layer (scripts/rig-faultfs.py, fusepy) that `fail-disk` turns to
+# EIO. A slow disk: the host's blkio cgroup throttles its I/O. Clock
 # skew: a time namespace per host (its clocks since boot; Linux has no per-namespace wall clock).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(dirname "$here")"
 rig="${CORRAL_RIG:-/var/tmp/corral-rig}"
+faultfs_venv="$rig/faultfs-venv"
 bin_dir="${CORRAL_BIN_DIR:-${CARGO_TARGET_DIR:-/var/tmp/corral-target}/debug}"
 gpus="${CORRAL_RIG_GPUS:-h100:8}"
 bridge=crl0
@@ -68,6 +71,8 @@ setup() {
   command -v debootstrap >/dev/null || missing+=(debootstrap)
   command -v nft >/dev/null || missing+=(nftables)
   command -v iptables >/dev/null || missing+=(iptables)   # NFQUEUE for latency
+  ldconfig -p | grep -q 'libfuse\.so\.2 ' || missing+=(libfuse2)   # the failing disk (fusepy)
+  python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
   if [ ${#missing[@]} -gt 0 ]; then
     say "installing ${missing[*]}"
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null
@@ -85,7 +90,26 @@ setup() {
       || die "debootstrap failed: see $rig/debootstrap.log"
     mv "$rig/rootfs.tmp" "$rig/rootfs"
   fi
+  if ! "$faultfs_venv/bin/python" -c 'import fuse' 2>/dev/null; then
+    say "installing fusepy for the failing disk in $faultfs_venv"
+    python3 -m venv "$faultfs_venv" && "$faultfs_venv/bin/pip" install -q fusepy==3.0.1 >/dev/null \
+      || die "could not install fusepy into $faultfs_venv"
+  fi
   exec 9>&-
+}
+
+# With CORRAL_RIG_FAULT_DISK=1 at `up`, each host's /var/lib/corral is a FUSE layer on this
+# machine (scripts/rig-faultfs.py over DIR/hosts/H/disk.real) that `fault fail-disk` makes fail.
+# It outlives the host's crashes and reboots, as a disk does.
+fault_disk_up() {
+  local dir="$1" h="$2" hd="$1/hosts/$2"
+  mkdir -p "$hd/disk.real" "$hd/disk"
+  mountpoint -q "$hd/disk" && return 0
+  setsid "$faultfs_venv/bin/python" "$here/rig-faultfs.py" "$hd/disk.real" "$hd/disk" "$hd/disk.fail" \
+    >"$hd/faultfs.log" 2>&1 </dev/null &
+  local i
+  for i in $(seq 1 100); do mountpoint -q "$hd/disk" && return 0; sleep 0.05; done
+  die "the failing disk of $h did not mount: $(cat "$hd/faultfs.log")"
 }
 
 addr_of() { echo "$subnet.$((10 + ${1#h}))"; }
@@ -136,18 +160,20 @@ boot() {
   local dir="$1" h="$2"
   local hd="$dir/hosts/$h"
   if leader_pid "$dir" "$h" >/dev/null; then return 0; fi
+  [ ! -e "$dir/fault-disk" ] || fault_disk_up "$dir" "$h"
   local roots c
   roots="$(hierarchies)"
   for c in $roots; do mkdir -p "$c/corral-rig/$h"; done
   rm -f "$hd/nspawn.pid"
   setsid bash -c '
     h="$1"; hd="$2"; m="$2/merged"; bridge="$3"; repo="$4"; bin="$5"; shared="$(cd "$2/../../shared" && pwd)"
+    disk=(); [ -e "$2/../../fault-disk" ] && disk=(--bind="$2/disk:/var/lib/corral")
     for c in $6; do echo $$ >"$c/corral-rig/$h/cgroup.procs"; done
     while :; do
       # The host'"'"'s clocks since boot (CLOCK_MONOTONIC, CLOCK_BOOTTIME) run `skew` seconds ahead.
       skew="$(cat "$hd/skew" 2>/dev/null || echo 0)"
       unshare --time --monotonic="$skew" --boottime="$skew" systemd-nspawn -D "$m" --boot --register=no --keep-unit --network-bridge="$bridge" -M "$h" \
-        --bind-ro="$repo/deploy:/opt/corral-src/deploy" --bind-ro="$bin:/opt/corral-bin" --bind="$shared:$shared" \
+        --bind-ro="$repo/deploy:/opt/corral-src/deploy" --bind-ro="$bin:/opt/corral-bin" --bind="$shared:$shared" "${disk[@]}" \
         >>"$hd/console.log" 2>&1 </dev/null &
       echo $! >"$hd/nspawn.pid"
       wait $! && rc=0 || rc=$?
@@ -267,6 +293,7 @@ up() {
   local all=""
   for i in $(seq 1 "$n"); do all="$all h$i"; done
   echo "$all" | tr ' ' '\n' | sed '/^$/d' >"$dir/hosts.list"
+  if [ "${CORRAL_RIG_FAULT_DISK:-0}" = 1 ]; then touch "$dir/fault-disk"; else rm -f "$dir/fault-disk"; fi
   bridge_up
   local started=$SECONDS
   for h in $all; do
@@ -376,6 +403,12 @@ fault() {
           echo "$disk $iops" >"/sys/fs/cgroup/blkio/corral-rig/$h/blkio.throttle.$f"
         done
       done ;;
+    fail-disk)
+      [ $# -ge 2 ] && [[ "$1" =~ ^(write|all)$ ]] || die "fail-disk write|all H... (EIO on writes, or on everything)"
+      [ -e "$dir/fault-disk" ] || die "fail-disk needs the rig up with CORRAL_RIG_FAULT_DISK=1"
+      local what="$1"
+      shift
+      for h in "$@"; do echo "$what" >"$dir/hosts/$h/disk.fail"; done ;;
     *) die "unknown fault '$kind'" ;;
   esac
 }
@@ -448,6 +481,12 @@ heal() {
   for h in $(hosts_of "$dir"); do
     [ -e "/sys/fs/cgroup/freezer/corral-rig/$h/freezer.state" ] && echo THAWED >"/sys/fs/cgroup/freezer/corral-rig/$h/freezer.state"
     leader_pid "$dir" "$h" >/dev/null || boot "$dir" "$h"
+    # A disk that failed is replaced: corrald, which may have given up, starts again.
+    if [ -e "$dir/hosts/$h/disk.fail" ]; then
+      rm -f "$dir/hosts/$h/disk.fail"
+      in_host "$dir" "$h" systemctl reset-failed corrald >/dev/null 2>&1 || true
+      in_host "$dir" "$h" systemctl start --no-block corrald >/dev/null 2>&1 || true
+    fi
   done
 }
 

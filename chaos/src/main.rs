@@ -59,7 +59,7 @@ enum Cmd {
         seed: Option<u64>,
         #[arg(
             long,
-            default_value = "kill,restart,partition,pause,slow-disk,clock-skew,upgrade,crash,reboot,isolate,oneway,loss,latency,freeze,poweroff-all"
+            default_value = "kill,restart,partition,pause,slow-disk,clock-skew,upgrade,crash,reboot,isolate,oneway,loss,latency,freeze,poweroff-all,fail-disk"
         )]
         faults: String,
         /// The rig's directory (a new one under the temporary directory if none).

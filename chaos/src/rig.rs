@@ -29,12 +29,14 @@ pub struct Rig {
     script: PathBuf,
     dir: PathBuf,
     pub hosts: Vec<String>,
+    /// Each host's data directory on a disk that can be made to fail (`fail-disk`).
+    fault_disk: bool,
 }
 
 impl Rig {
     /// The rig of `n` hosts `h1`..`hN` in `dir`, driven by `script` (`scripts/hosts.sh`).
-    pub fn new(script: &Path, dir: &Path, n: u32) -> Rig {
-        Rig { script: script.to_path_buf(), dir: dir.to_path_buf(), hosts: (1..=n).map(|i| format!("h{i}")).collect() }
+    pub fn new(script: &Path, dir: &Path, n: u32, fault_disk: bool) -> Rig {
+        Rig { script: script.to_path_buf(), dir: dir.to_path_buf(), hosts: (1..=n).map(|i| format!("h{i}")).collect(), fault_disk }
     }
 
     /// Boots the hosts with `hosts.sh up` (the cluster formed, `dir/client.toml` written).
@@ -52,6 +54,7 @@ impl Rig {
     fn script(&self, args: &[&str]) -> anyhow::Result<String> {
         let mut child = Command::new(&self.script)
             .args(args)
+            .env("CORRAL_RIG_FAULT_DISK", if self.fault_disk { "1" } else { "0" })
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -235,8 +238,9 @@ pub struct Resumed {
 }
 
 /// Takes out of `spans` (already cut by [`cut_frozen`]) each piece that begins at its host's
-/// thaw and ends within [`THAW_KILL_BOUND_MS`], of a job that another run started during that
-/// freeze: the runs a host frozen past the fence bound resumed until their fence killed them.
+/// thaw and ends within [`THAW_KILL_BOUND_MS`], of a job that another run (or, repaired onto a
+/// spare, the same run on another node) started during that freeze: the runs a host frozen past
+/// the fence bound resumed until their fence killed them.
 /// Every process of a frozen host, the fence's own included, resumes at once on a thaw: no
 /// process-level fence can stop such a run sooner, so these are reported apart from the
 /// checkers' violations, with the time they ran. One that ran longer stays in and is a
@@ -247,8 +251,9 @@ pub fn resumed_after_thaw(spans: Vec<ProcessSpan>, frozen: &[Frozen]) -> (Vec<Pr
     for s in &spans {
         let thawed = frozen.iter().find(|f| f.host == s.node && f.to_ms == Some(s.start_ms));
         let ran_ms = s.end_ms.map(|e| e.saturating_sub(s.start_ms));
+        let replaced = |o: &ProcessSpan| o.run > s.run || (o.run == s.run && o.node != s.node);
         let restarted =
-            |f: &Frozen| spans.iter().any(|o| o.job == s.job && o.run > s.run && o.start_ms >= f.from_ms && o.start_ms <= s.start_ms);
+            |f: &Frozen| spans.iter().any(|o| o.job == s.job && replaced(o) && o.start_ms >= f.from_ms && o.start_ms <= s.start_ms);
         match (thawed, ran_ms) {
             (Some(f), Some(ms)) if ms <= THAW_KILL_BOUND_MS && restarted(f) => {
                 resumed.push(Resumed { job: s.job, run: s.run, node: s.node.clone(), ran_ms: ms })
@@ -302,6 +307,11 @@ mod tests {
         // Not restarted elsewhere: a run that simply goes on after the thaw is no finding.
         let (kept, resumed) = resumed_after_thaw(cut_frozen(vec![old(7_046)], &frozen), &frozen);
         assert_eq!((kept.len(), resumed.len()), (2, 0));
+        // Its rank repaired onto a spare during the freeze (the same run): reported too.
+        let spare = ProcessSpan { run: 3, ..new };
+        let (kept, resumed) = resumed_after_thaw(cut_frozen(vec![old(7_039), spare], &frozen), &frozen);
+        assert_eq!(resumed, vec![Resumed { job: 36, run: 3, node: "h2".into(), ran_ms: 39 }]);
+        assert!(crate::check_ranks_at_once(&kept, |_| Some(1)).is_empty(), "{kept:?}");
     }
 
     #[test]

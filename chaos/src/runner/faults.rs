@@ -32,6 +32,8 @@ pub enum Fault {
     Freeze,
     /// Every host's PID 1 killed at once, then all booted.
     PowerOff,
+    /// The host's data directory (a FUSE layer) fails with EIO: its writes, or everything.
+    FailDisk,
 }
 
 impl Fault {
@@ -52,6 +54,7 @@ impl Fault {
             Fault::Latency => "latency",
             Fault::Freeze => "freeze",
             Fault::PowerOff => "poweroff-all",
+            Fault::FailDisk => "fail-disk",
         }
     }
 
@@ -88,9 +91,10 @@ impl Fault {
                 "latency" => Fault::Latency,
                 "freeze" => Fault::Freeze,
                 "poweroff-all" => Fault::PowerOff,
+                "fail-disk" => Fault::FailDisk,
                 other => bail!(
                     "unknown fault '{other}' (kill, restart, partition, pause, slow-disk, clock-skew, upgrade; on the rig also \
-                     crash, reboot, isolate, oneway, loss, latency, freeze, poweroff-all)"
+                     crash, reboot, isolate, oneway, loss, latency, freeze, poweroff-all, fail-disk)"
                 ),
             };
             if !out.contains(&f) {

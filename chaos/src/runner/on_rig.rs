@@ -17,7 +17,7 @@ const REBOOT_BOUND: Duration = Duration::from_secs(30);
 
 /// Boots the rig, drives the workload and its faults, checks, then heals and stops the rig.
 pub(super) fn run(mut h: Harness, script: &Path, opts: &RunOptions) -> anyhow::Result<RunOutcome> {
-    let rig = Rig::new(script, &h.dir, opts.nodes);
+    let rig = Rig::new(script, &h.dir, opts.nodes, opts.faults.contains(&Fault::FailDisk));
     if let Err(e) = rig.up() {
         let _ = rig.down();
         return Err(e.context("boot the hosts and form the cluster"));
@@ -37,6 +37,8 @@ pub(super) fn amount(fault: Fault, rng: &mut StdRng) -> i64 {
         Fault::ClockSkew => rng.gen_range(60..86_400),
         Fault::Loss => rng.gen_range(10..60),
         Fault::Latency => rng.gen_range(20..100),
+        // 0: writes fail; 1: reads too.
+        Fault::FailDisk => rng.gen_range(0..2),
         _ => 0,
     }
 }
@@ -121,6 +123,11 @@ pub(super) fn inject(h: &mut Harness, f: &PlannedFault, node: &str, voters: &[St
         // hosts.sh reboots the host into its skewed clocks and waits for it.
         Fault::ClockSkew => rig.fault("skew", &[amount.clone(), node.to_string()])?,
         Fault::PowerOff => power_off(h)?,
+        Fault::FailDisk => {
+            let what = if f.amount == 0 { "write" } else { "all" };
+            detail = json!(what);
+            rig.fault("fail-disk", &[what.to_string(), node.to_string()])?;
+        }
     }
     h.fault_event(f.fault.name(), node, detail);
     Ok(())
@@ -153,7 +160,8 @@ pub(super) fn heal(h: &mut Harness, f: &PlannedFault, node: &str) -> anyhow::Res
             }
             h.down.clear();
         }
-        Fault::Partition | Fault::Isolate | Fault::OneWay | Fault::Loss | Fault::Latency | Fault::SlowDisk => {
+        // hosts.sh heal also starts corrald again where its disk failed (it may have given up).
+        Fault::Partition | Fault::Isolate | Fault::OneWay | Fault::Loss | Fault::Latency | Fault::SlowDisk | Fault::FailDisk => {
             rig.heal()?;
             h.partitioned.remove(node);
         }
