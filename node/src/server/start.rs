@@ -478,8 +478,19 @@ pub async fn run(
     let heartbeat = Duration::from_millis(config.heartbeat_interval_ms);
     let budget = heartbeat_call_timeout(&config);
     let hb = tokio::spawn(liveness::heartbeat_loop(Arc::clone(&agent), heartbeat_link, heartbeat, budget, join));
-    serve_until_stopped(hb, &mut stop, &node, &agent_link).await
+    let ended = serve_until_stopped(hb, &mut stop, &node, &agent_link).await;
+    if ended.is_err() {
+        // Tell every peer and client at once that this node is gone (CONNECTION_CLOSE): a
+        // client whose request this node had acknowledged would otherwise wait out the idle
+        // timeout before it asks the next member (6 s after a leader's disk failed, on the rig).
+        endpoint.close(transport::quinn::VarInt::from_u32(1), b"node stopped");
+        let _ = tokio::time::timeout(Duration::from_millis(CLOSE_NOTICE_MS), endpoint.wait_idle()).await;
+    }
+    ended
 }
+
+/// How long a node that stops on an error waits for its closing notices to leave.
+const CLOSE_NOTICE_MS: u64 = 200;
 
 /// Runs until the heartbeat loop ends or a stop is asked: a hand-over leaves the runs to the
 /// next daemon, a stop stops and reports them, then declares the node stopped.
