@@ -1,6 +1,7 @@
 //! Fault injection and invariant checkers over recorded histories. Checkers are pure functions
 //! of a history: they read what processes and clients recorded and report every violation.
 
+mod deadline;
 mod outcomes;
 pub mod rig;
 pub mod runner;

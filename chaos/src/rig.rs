@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -52,27 +52,11 @@ impl Rig {
 
     /// Runs `hosts.sh ARGS` with a deadline; its stderr is the error.
     fn script(&self, args: &[&str]) -> anyhow::Result<String> {
-        let mut child = Command::new(&self.script)
-            .args(args)
-            .env("CORRAL_RIG_FAULT_DISK", if self.fault_disk { "1" } else { "0" })
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("start {}", self.script.display()))?;
-        let deadline = Instant::now() + Duration::from_millis(SCRIPT_TIMEOUT_MS);
-        loop {
-            if child.try_wait().context("wait for hosts.sh")?.is_some() {
-                break;
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                bail!("hosts.sh {} gave no answer within {} s", args.join(" "), SCRIPT_TIMEOUT_MS / 1000);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let out = child.wait_with_output().context("read hosts.sh's output")?;
+        let mut cmd = Command::new(&self.script);
+        cmd.args(args).env("CORRAL_RIG_FAULT_DISK", if self.fault_disk { "1" } else { "0" });
+        let out = crate::deadline::output_within(&mut cmd, Duration::from_millis(SCRIPT_TIMEOUT_MS))
+            .with_context(|| format!("run {}", self.script.display()))?
+            .with_context(|| format!("hosts.sh {} gave no answer within {} s", args.join(" "), SCRIPT_TIMEOUT_MS / 1000))?;
         if !out.status.success() {
             bail!("hosts.sh {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
         }

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -182,41 +182,16 @@ impl Harness {
     /// Runs `corral ARGS` with a deadline; never hangs.
     fn exec(&self, args: &[String], timeout_ms: u64) -> CallResult {
         let mut cmd = Command::new(&self.corral);
-        cmd.args(args).current_dir(&self.work).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.args(args).current_dir(&self.work);
         if let Some(d) = &self.corrald {
             cmd.env("CORRALD", d);
         }
-        let mut child = match cmd.spawn() {
-            Ok(c) => c,
-            Err(e) => return CallResult::Error(format!("spawn {}: {e}", self.corral.display())),
+        // An answer as large as a `queue --all` of a few hundred jobs is read while it comes.
+        let out = match crate::deadline::output_within(&mut cmd, Duration::from_millis(timeout_ms)) {
+            Ok(Some(out)) => out,
+            Ok(None) => return CallResult::Unknown,
+            Err(e) => return CallResult::Error(format!("run {}: {e}", self.corral.display())),
         };
-        // Drain both pipes while the child runs: an answer larger than the pipe buffer (a
-        // `queue --all` of a few hundred jobs) would otherwise block the child until the deadline.
-        let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
-            std::thread::spawn(move || {
-                let mut buf = Vec::new();
-                if let Some(mut p) = pipe {
-                    let _ = std::io::Read::read_to_end(&mut p, &mut buf);
-                }
-                buf
-            })
-        };
-        let stdout = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>));
-        let stderr = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>));
-        let deadline = Instant::now() + Duration::from_millis(timeout_ms);
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(status)) => break status,
-                Ok(None) if Instant::now() >= deadline => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return CallResult::Unknown;
-                }
-                Ok(None) => std::thread::sleep(Duration::from_millis(10)),
-                Err(e) => return CallResult::Error(format!("wait for corral: {e}")),
-            }
-        };
-        let out = std::process::Output { status, stdout: stdout.join().unwrap_or_default(), stderr: stderr.join().unwrap_or_default() };
         if !out.status.success() {
             let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
             return CallResult::Error(if err.is_empty() { format!("exit {:?}", out.status.code()) } else { err });
