@@ -12,7 +12,10 @@ use corral_chaos::runner::{self, Fault, RunOptions};
 use corral_chaos::sim::{self, SimConfig};
 
 #[derive(Parser)]
-#[command(name = "corral-chaos", about = "Chaos testing for Corral: real processes (run) and a seeded simulation (sim)")]
+#[command(
+    name = "corral-chaos",
+    about = "Chaos testing for Corral: real processes (run), booted hosts (rig) and a seeded simulation (sim)"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -45,18 +48,22 @@ enum Cmd {
         #[arg(long)]
         keep: bool,
     },
-    /// Seeded simulation of ClusterState::apply + scheduler::schedule + leader and agent loops.
     /// The same workload and checkers on booted hosts (`scripts/hosts.sh`: each host its own
     /// systemd and network stack, Corral installed by deploy/install.sh and run by systemd),
     /// with faults from outside the daemons. Needs root and what `scripts/hosts.sh setup`
     /// installs; the build installed is `scripts/hosts.sh`'s (CORRAL_BIN_DIR).
     Rig {
+        /// Hosts to boot (h1..hN; the first three are voters).
         #[arg(long, default_value_t = 5)]
         hosts: u32,
+        /// How long workload and faults go on (e.g. 30m).
         #[arg(long, default_value = "10m")]
         duration: String,
+        /// Seed of the fault schedule and workload; the one line printed on failure repeats it.
         #[arg(long)]
         seed: Option<u64>,
+        /// Comma list of the faults to draw from (fail-disk puts every host's data directory on
+        /// a FUSE layer for the whole run).
         #[arg(
             long,
             default_value = "kill,restart,partition,pause,slow-disk,clock-skew,upgrade,crash,reboot,isolate,oneway,loss,latency,freeze,poweroff-all,fail-disk"
@@ -71,9 +78,11 @@ enum Cmd {
         /// The rig's script (the source tree's scripts/hosts.sh if none).
         #[arg(long)]
         script: Option<PathBuf>,
+        /// Leave the rig's directory in place even when the run passes.
         #[arg(long)]
         keep: bool,
     },
+    /// Seeded simulation of ClusterState::apply + scheduler::schedule + leader and agent loops.
     Sim {
         #[arg(long, default_value_t = 2000)]
         runs: u64,
@@ -94,6 +103,29 @@ enum Cmd {
         #[arg(long, value_parser = parse_mutation)]
         mutate: Option<sim::Mutation>,
     },
+}
+
+/// What `run` and `rig` read alike from their flags.
+struct Scenario {
+    duration_ms: u64,
+    seed: u64,
+    faults: Vec<Fault>,
+    corral: PathBuf,
+}
+
+impl Scenario {
+    fn read(duration: &str, seed: Option<u64>, faults: &str, corral: Option<PathBuf>) -> anyhow::Result<Scenario> {
+        let corral = match corral {
+            Some(p) => p,
+            None => runner::find_corral().context("find the corral binary")?,
+        };
+        Ok(Scenario {
+            duration_ms: runner::parse_duration_ms(duration).context("read --duration")?,
+            seed: seed.unwrap_or_else(time_seed),
+            faults: Fault::parse_list(faults).context("read --faults")?,
+            corral,
+        })
+    }
 }
 
 /// Runs the scenario and prints its summary, and its violations with the repro; whether it
@@ -121,28 +153,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result: anyhow::Result<bool> = match cli.cmd {
         Cmd::Run { nodes, voters, duration, seed, faults, dir, corral, keep } => (|| -> anyhow::Result<bool> {
-            let duration_ms = runner::parse_duration_ms(&duration).context("read --duration")?;
-            let faults = Fault::parse_list(&faults).context("read --faults")?;
-            let seed = seed.unwrap_or_else(time_seed);
-            let corral = match corral {
-                Some(p) => p,
-                None => runner::find_corral().context("find the corral binary")?,
-            };
-            let opts = RunOptions { nodes, voters, duration_ms, seed, faults, dir, corral, keep, rig: None };
-            report(&opts)
+            let Scenario { duration_ms, seed, faults, corral } = Scenario::read(&duration, seed, &faults, corral)?;
+            report(&RunOptions { nodes, voters, duration_ms, seed, faults, dir, corral, keep, rig: None })
         })(),
         Cmd::Rig { hosts, duration, seed, faults, dir, corral, script, keep } => (|| -> anyhow::Result<bool> {
-            let duration_ms = runner::parse_duration_ms(&duration).context("read --duration")?;
-            let faults = Fault::parse_list(&faults).context("read --faults")?;
-            let seed = seed.unwrap_or_else(time_seed);
-            let corral = match corral {
-                Some(p) => p,
-                None => runner::find_corral().context("find the corral binary")?,
-            };
+            let Scenario { duration_ms, seed, faults, corral } = Scenario::read(&duration, seed, &faults, corral)?;
             let script = script.unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/hosts.sh"));
-            let voters = hosts.min(3);
-            let opts = RunOptions { nodes: hosts, voters, duration_ms, seed, faults, dir, corral, keep, rig: Some(script) };
-            report(&opts)
+            report(&RunOptions { nodes: hosts, voters: hosts.min(3), duration_ms, seed, faults, dir, corral, keep, rig: Some(script) })
         })(),
         Cmd::Sim { runs, seed, fault_phase_s, no_pause, trace, mutate } => {
             {

@@ -50,6 +50,16 @@ fn machine_lock() -> std::fs::File {
     file
 }
 
+/// The machine's rig lock, or none where hosts cannot boot here (the test is skipped and says
+/// why).
+fn lock_or_skip() -> Option<std::fs::File> {
+    if let Some(why) = missing() {
+        eprintln!("SKIPPED: {why}; no host was booted");
+        return None;
+    }
+    Some(machine_lock())
+}
+
 /// A rig of booted hosts; dropped, it is taken down (`hosts.sh down`), also when the test fails.
 struct Rig {
     dir: tempfile::TempDir,
@@ -124,11 +134,7 @@ fn wait_final(rig: &Rig, job: &str) -> Value {
 
 #[test]
 fn jobs_run_under_the_unit_and_a_rolling_upgrade_keeps_them() {
-    if let Some(why) = missing() {
-        eprintln!("SKIPPED: {why}; no host was booted");
-        return;
-    }
-    let _lock = machine_lock();
+    let Some(_lock) = lock_or_skip() else { return };
     let rig = Rig::up(3);
 
     // Under the shipped unit, a job starts in a mount namespace of its own and reads its /job.
@@ -176,11 +182,7 @@ fn jobs_run_under_the_unit_and_a_rolling_upgrade_keeps_them() {
 #[test]
 fn a_short_chaos_run_on_booted_hosts_keeps_every_invariant() {
     use chaos::runner::{self, Fault, RunOptions};
-    if let Some(why) = missing() {
-        eprintln!("SKIPPED: {why}; no host was booted");
-        return;
-    }
-    let _lock = machine_lock();
+    let Some(_lock) = lock_or_skip() else { return };
     // This seed draws each of them: freeze, reboot, freeze, oneway, poweroff-all, upgrade of the
     // leader, fail-disk (reads too) and crash. The hosts' data directories are then FUSE layers.
     let faults = Fault::parse_list("upgrade,crash,reboot,oneway,freeze,poweroff-all,fail-disk").expect("fault list");
