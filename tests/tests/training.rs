@@ -141,6 +141,13 @@ fn sigkill_of_its_node_restarts_a_requeue_job_elsewhere_from_its_checkpoint() {
 #[test]
 fn a_partitioned_node_stops_its_job_before_it_starts_elsewhere() {
     let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:8", "--node-down-after-ms", "3000"]);
+    // Three voters first: a leader cut off while it still promotes the third (a joint
+    // configuration that needs it) leaves no quorum to elect another, and the test would wait on
+    // Raft, not on the fence it checks (seen once in CI).
+    wait_until("three voters", Duration::from_secs(30), || {
+        c.json(&["cluster"])["members"].as_array().map_or(0, |m| m.iter().filter(|m| m["role"] == "voter" || m["role"] == "leader").count())
+            == 3
+    });
     let id = c.submit(
         &["--requeue", "--gres", "gpu:8"],
         &["sh", "-c", &format!("{}; trap 'rec end; exit 143' TERM; rec start; sleep 8 & wait; rec end", corral_tests::REC)],
