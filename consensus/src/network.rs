@@ -61,6 +61,13 @@ pub trait RaftTransport: Send + Sync + 'static {
         kind: RaftRpcKind,
         payload: Vec<u8>,
     ) -> impl Future<Output = Result<Vec<u8>, TransportError>> + Send;
+
+    /// The transport's estimate of the round trip to `node` (QUIC's, on an open connection),
+    /// where it has one: a heartbeat that times out is then told apart from a link slower than
+    /// the heartbeat interval.
+    fn round_trip(&self, _node: &MemberNode) -> Option<Duration> {
+        None
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -94,7 +101,7 @@ impl<T: RaftTransport> RaftNetworkFactory<TypeConfig> for NetworkFactory<T> {
     type Network = PeerClient<T>;
 
     async fn new_client(&mut self, target: NodeId, node: &MemberNode) -> PeerClient<T> {
-        PeerClient { id: self.id, target, node: node.clone(), transport: self.transport.clone() }
+        PeerClient { id: self.id, target, node: node.clone(), transport: self.transport.clone(), slow_link_told: false }
     }
 }
 
@@ -104,6 +111,14 @@ pub struct PeerClient<T> {
     target: NodeId,
     node: MemberNode,
     transport: Arc<T>,
+    /// Whether this client said the link to its peer is too slow for the heartbeat interval.
+    slow_link_told: bool,
+}
+
+/// Whether a heartbeat given `timeout` cannot be answered in time over a link of round trip
+/// `round_trip`: three quarters of the interval leave the peer too little to answer.
+fn link_outruns_heartbeat(round_trip: Duration, timeout: Duration) -> bool {
+    round_trip.saturating_mul(4) >= timeout.saturating_mul(3)
 }
 
 /// Why one call failed, before it is turned into the error type of the openraft method.
@@ -145,6 +160,28 @@ impl<T: RaftTransport> PeerClient<T> {
         let reply: RpcReply<Resp> =
             proto::decode(&bytes, proto::limits::FRAME_BYTES_MAX).map_err(|e| CallError::Network(format!("decode {kind:?} reply: {e}")))?;
         reply.map_err(|e| CallError::Unreachable(format!("raft on node {} failed: {e}", self.target)))
+    }
+
+    /// openraft counts a heartbeat only if it is answered within one interval, and only counted
+    /// answers renew the leader's lease, without which it refuses writes. Over a link slower
+    /// than that, a leader whose quorum needs this peer stalls for good (found on the rig with
+    /// racks 100 ms apart and 50 ms heartbeats): say so once, with the figures.
+    fn heartbeat_timed_out(&mut self, timeout: Duration) {
+        if self.slow_link_told {
+            return;
+        }
+        let Some(round_trip) = self.transport.round_trip(&self.node) else { return };
+        if link_outruns_heartbeat(round_trip, timeout) {
+            self.slow_link_told = true;
+            warn!(
+                voter = self.target,
+                round_trip_ms = round_trip.as_millis() as u64,
+                heartbeat_interval_ms = timeout.as_millis() as u64,
+                "raft heartbeats to this voter cannot be answered in time: while the leader's quorum needs it, the leader \
+                 loses its lease and refuses writes; set [raft] heartbeat_interval_ms (and the election timeouts) above \
+                 the round trip between voters"
+            );
+        }
     }
 
     fn rpc_error(&self, action: RPCTypes, e: CallError) -> RPCError<TypeConfig> {
@@ -194,11 +231,13 @@ impl<T: RaftTransport> RaftNetworkV2<TypeConfig> for PeerClient<T> {
         // follower that fsyncs a batch slower than that still appends it, but the leader gave up
         // and sends it again: on a busy 2-core host three voters spiralled into resends and
         // leader changes. Entries get at least `APPEND_TIMEOUT_MIN`; heartbeats keep theirs.
-        let timeout = if rpc.entries.is_empty() { option.hard_ttl() } else { option.hard_ttl().max(APPEND_TIMEOUT_MIN) };
-        let resp: AppendEntriesResponse<TypeConfig> = self
-            .call_encoded(RaftRpcKind::AppendEntries, payload, timeout)
-            .await
-            .map_err(|e| self.rpc_error(RPCTypes::AppendEntries, e))?;
+        let heartbeat = rpc.entries.is_empty();
+        let timeout = if heartbeat { option.hard_ttl() } else { option.hard_ttl().max(APPEND_TIMEOUT_MIN) };
+        let result = self.call_encoded(RaftRpcKind::AppendEntries, payload, timeout).await;
+        if heartbeat && matches!(result, Err(CallError::Timeout(_))) {
+            self.heartbeat_timed_out(timeout);
+        }
+        let resp: AppendEntriesResponse<TypeConfig> = result.map_err(|e| self.rpc_error(RPCTypes::AppendEntries, e))?;
         Ok(match resp {
             AppendEntriesResponse::Success if truncated => AppendEntriesResponse::PartialSuccess(last_sent),
             other => other,
@@ -391,4 +430,22 @@ pub async fn handle_raft_rpc(raft: &Raft, inbox: &SnapshotInbox, kind: RaftRpcKi
             encode_reply(raft.handle_transfer_leader(req).await)
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::link_outruns_heartbeat;
+
+    #[test]
+    fn a_link_near_the_heartbeat_interval_is_too_slow_for_it() {
+        let ms = Duration::from_millis;
+        // The rig's racks: 101-106 ms round trips against the default 50 ms heartbeat.
+        assert!(link_outruns_heartbeat(ms(101), ms(50)));
+        assert!(link_outruns_heartbeat(ms(38), ms(50)));
+        // A data centre's links, and the heartbeats raised above the racks' round trip.
+        assert!(!link_outruns_heartbeat(ms(1), ms(50)));
+        assert!(!link_outruns_heartbeat(ms(106), ms(150)));
+    }
 }

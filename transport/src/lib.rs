@@ -711,6 +711,12 @@ impl Client {
         &self.inner.endpoint
     }
 
+    /// QUIC's estimate of the round trip to `addr`, on the connection open to it (none: no
+    /// connection, or a closed one).
+    pub fn round_trip(&self, addr: &str) -> Option<Duration> {
+        self.lock().get(addr).filter(|cached| cached.conn.close_reason().is_none()).map(|cached| cached.conn.rtt())
+    }
+
     /// Drops the cached connection to `addr`, if any; the next call dials anew.
     pub fn forget(&self, addr: &str) {
         if let Some(cached) = self.lock().remove(addr) {

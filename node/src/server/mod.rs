@@ -285,4 +285,8 @@ impl consensus::RaftTransport for QuicRaftTransport {
             }
         }
     }
+
+    fn round_trip(&self, node: &MemberNode) -> Option<Duration> {
+        self.client.round_trip(&node.addr)
+    }
 }
