@@ -15,6 +15,7 @@
 #   scripts/hosts.sh boot DIR HOST...     start hosts that are down (after crash or poweroff-all)
 #   scripts/hosts.sh heal DIR             clear every network and disk fault, thaw and boot every host
 #   scripts/hosts.sh status DIR           each host: running or down, frozen, corrald's state
+#   scripts/hosts.sh wait-up DIR          wait until `corral nodes` lists every host UP (60 s at most)
 #   scripts/hosts.sh down DIR             stop every host, remove rules, mounts and the bridge
 #   scripts/hosts.sh setup                install what the rig needs, build the root file system
 #
@@ -534,6 +535,17 @@ down() {
   say "rig in $dir stopped (its files stay; rm -rf $dir removes them)"
 }
 
+# Waits until the cluster lists every host of DIR UP (after `heal`, say), asking from this machine.
+wait_up() {
+  local dir="$1" n i
+  n="$(hosts_of "$dir" | wc -l)"
+  for i in $(seq 1 300); do
+    [ "$("$bin_dir/corral" --cluster "$dir" nodes 2>/dev/null | grep -c ' UP ')" = "$n" ] && return 0
+    sleep 0.2
+  done
+  die "not every node of $dir is UP after 60 s"
+}
+
 # What a rig in DIR left on this machine: processes, mounts, cgroups, the bridge, rules.
 leftovers() {
   local dir="$1" left=()
@@ -566,6 +578,7 @@ case "$cmd" in
   setup) need_root; setup ;;
   heal) [ $# = 1 ] || die "heal DIR"; need_root; heal "$1" ;;
   status) [ $# = 1 ] || die "status DIR"; status "$1" ;;
+  wait-up) [ $# = 1 ] || die "wait-up DIR"; wait_up "$1" ;;
   down) [ $# = 1 ] || die "down DIR"; need_root; down "$1" ;;
   *) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; [ -z "$cmd" ] || exit 2 ;;
 esac

@@ -14,24 +14,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dir="${1:?DIR}" kind="${2:?KIND}" n="${3:-10}"
 corral="${CORRAL_BIN_DIR:-${CARGO_TARGET_DIR:-/var/tmp/corral-target}/debug}/corral"
-hosts="$(wc -l <"$dir/hosts.list")"
 samples=()
-
-all_up() {
-  local i
-  for i in $(seq 1 300); do
-    [ "$("$corral" --cluster "$dir" nodes 2>/dev/null | grep -c ' UP ')" = "$hosts" ] && return 0
-    sleep 0.2
-  done
-  echo "rig-failover: not every node is UP 60 s after healing" >&2
-  exit 1
-}
 
 racks() {
   [ -z "${CORRAL_RIG_LATENCY:-}" ] || scripts/hosts.sh fault "$dir" latency $CORRAL_RIG_LATENCY
 }
 
-all_up
+scripts/hosts.sh wait-up "$dir"
 racks
 for i in $(seq 1 "$n"); do
   leader="$("$corral" --cluster "$dir" cluster --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["leader"])')"
@@ -49,7 +38,7 @@ for i in $(seq 1 "$n"); do
   now="$("$corral" --cluster "$dir" cluster --json | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["leader"], d["term"])')"
   echo "$kind of $leader: job $job committed after $ms ms (leader now: $now)"
   scripts/hosts.sh heal "$dir" >/dev/null
-  all_up
+  scripts/hosts.sh wait-up "$dir"
   racks
   sleep 2
 done

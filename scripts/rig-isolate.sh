@@ -24,14 +24,6 @@ now_us() { echo "${EPOCHREALTIME/./}"; }
 die() { echo "rig-isolate: $*" >&2; exit 1; }
 out="$dir/isolate.jsonl"
 
-all_up() {
-  local i
-  for i in $(seq 1 300); do
-    [ "$("$corral" --cluster "$dir" nodes 2>/dev/null | grep -c ' UP ')" = "${#hosts[@]}" ] && return 0
-    sleep 0.2
-  done
-  die "not every node is UP 60 s after healing"
-}
 # The leader of the highest term any host knows (a deposed leader just healed still names itself).
 leader_term() {
   local host
@@ -47,7 +39,7 @@ wait_running() {
   until running "$1" "$2"; do [ $SECONDS -lt $deadline ] || die "sleep $2 not running on $1 after 30 s"; sleep 0.1; done
 }
 
-all_up
+scripts/hosts.sh wait-up "$dir"
 for i in $(seq 1 "$n"); do
   read -r leader term < <(leader_term)
   others=($(printf '%s\n' "${hosts[@]}" | grep -vx "$leader"))
@@ -80,7 +72,7 @@ for i in $(seq 1 "$n"); do
     sleep 0.02
   done
   scripts/hosts.sh heal "$dir" >/dev/null
-  all_up
+  scripts/hosts.sh wait-up "$dir"
   read -r new_leader new_term < <(leader_term)
   echo "$kind of $target ($role; leader $leader, term $term): own run gone after ${gone:-never} ms, running on $spare after ${elsewhere:-never} ms (leader now $new_leader, term $new_term)"
   printf '{"kind":"%s","role":"%s","target":"%s","gone_ms":%s,"elsewhere_ms":%s,"term_before":%s,"term_after":%s}\n' \
