@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use proto::{ApiError, Envelope, Reply, Request};
+use proto::{ApiError, ClientRequest, Envelope, Reply, Request};
 use serde::{Deserialize, Serialize};
 use transport::pki::TlsPaths;
 use transport::Client;
@@ -129,8 +129,8 @@ impl Cluster {
 
     /// Sends `request` to the first node that answers. Errors the cluster returned come back as
     /// `ApiError`; only when no node answers at all is the error a transport one.
-    pub async fn call(&self, request: Request) -> anyhow::Result<Result<Reply, ApiError>> {
-        let envelope = Envelope { hops: 0, request: with_submit_key(request), user: self.act_for.clone() };
+    pub async fn call(&self, request: ClientRequest) -> anyhow::Result<Result<Reply, ApiError>> {
+        let envelope = Envelope { hops: 0, request: Request::Client(with_submit_key(request)), user: self.act_for.clone() };
         let client = match (&self.local, &self.client) {
             (Some(path), _) => {
                 return transport::local::call_local(path, &envelope, self.call_timeout)
@@ -266,7 +266,7 @@ impl Cluster {
 
     /// Like [`Cluster::call`], retrying while there is no leader (an election is under way) for
     /// up to `patience`.
-    pub async fn call_patiently(&self, request: Request, patience: Duration) -> anyhow::Result<Reply> {
+    pub async fn call_patiently(&self, request: ClientRequest, patience: Duration) -> anyhow::Result<Reply> {
         // One key for every try: a submission whose reply was lost is not made twice.
         let request = with_submit_key(request);
         let started = std::time::Instant::now();
@@ -290,8 +290,8 @@ impl Cluster {
 
 /// A submission without a key gets one (`JobSpec::submit_key`), drawn once for it: the
 /// cluster answers a resend of the same request with the job the first one made.
-pub fn with_submit_key(mut request: Request) -> Request {
-    if let Request::Submit { spec } = &mut request {
+pub fn with_submit_key(mut request: ClientRequest) -> ClientRequest {
+    if let ClientRequest::Submit { spec } = &mut request {
         spec.submit_key.get_or_insert_with(rand::random);
     }
     request
@@ -321,7 +321,7 @@ const HANDSHAKE_STAGGER_MS: u64 = 50;
 pub const QUERY_JOBS_MAX: usize = 10_000_000;
 
 impl Cluster {
-    /// Every job matching `query`, page by page (`Request::QueryJobs`): the node filters, the
+    /// Every job matching `query`, page by page (`ClientRequest::QueryJobs`): the node filters, the
     /// client never downloads the whole history.
     /// `CORRAL_QUERY_PAGE` sets the page size (at most the node's cap; tests use small pages).
     pub async fn query_jobs(&self, mut query: proto::JobQuery, patience: Duration) -> anyhow::Result<Vec<proto::Job>> {
@@ -330,7 +330,7 @@ impl Cluster {
         }
         let mut jobs = Vec::new();
         loop {
-            let reply = self.call_patiently(Request::QueryJobs { query: query.clone() }, patience).await?;
+            let reply = self.call_patiently(ClientRequest::QueryJobs { query: query.clone() }, patience).await?;
             let Reply::JobPage { jobs: page, next } = reply else { bail!("unexpected reply {reply:?} to a job query") };
             jobs.extend(page);
             match next {
@@ -377,7 +377,7 @@ mod tests {
             self.calls.fetch_add(1, Ordering::SeqCst);
             let answer = match (envelope.request, self.leaderless) {
                 (_, true) => Err(ApiError::NoLeader),
-                (Request::Cancel { job }, false) => Ok(Reply::Submitted { job }),
+                (Request::Client(ClientRequest::Cancel { job }), false) => Ok(Reply::Submitted { job }),
                 _ => Err(ApiError::Invalid("not in this test".into())),
             };
             Box::pin(async move { answer })
@@ -453,12 +453,12 @@ mod tests {
         let (dead, dead_addr) = silent();
         let (live_addr, live) = fixture.serve(false);
         let cluster = fixture.cluster(vec![dead_addr, live_addr]);
-        let reply = cluster.call(Request::Cancel { job: 7 }).await.expect("a node answered");
+        let reply = cluster.call(ClientRequest::Cancel { job: 7 }).await.expect("a node answered");
         assert_eq!(reply, Ok(Reply::Submitted { job: 7 }));
         assert_eq!(live.calls.load(Ordering::SeqCst), 1, "the request reached the live node once");
         assert!(!dials(&dead).is_empty(), "the first node in the list was dialed first");
         // The live node answered, so the next call asks it first and the dead node not at all.
-        assert_eq!(cluster.call(Request::Cancel { job: 8 }).await.expect("answered"), Ok(Reply::Submitted { job: 8 }));
+        assert_eq!(cluster.call(ClientRequest::Cancel { job: 8 }).await.expect("answered"), Ok(Reply::Submitted { job: 8 }));
         assert_eq!(live.calls.load(Ordering::SeqCst), 2);
     }
 
@@ -469,7 +469,7 @@ mod tests {
         let (a, a_calls) = fixture.serve(true);
         let (b, b_calls) = fixture.serve(true);
         let cluster = fixture.cluster(vec![dead_addr, a, b]);
-        let first = cluster.call(Request::Cancel { job: 1 }).await;
+        let first = cluster.call(ClientRequest::Cancel { job: 1 }).await;
         assert!(first.is_err(), "no node can answer yet: {first:?}");
         let tried = dials(&dead);
         assert_eq!(tried.len(), 1, "the dead node was dialed once on the first call");
@@ -477,7 +477,7 @@ mod tests {
         // An election is under way: the retries go to the nodes that answered, never again
         // to the suspect, until one of them answers.
         for _ in 0..3 {
-            assert!(cluster.call(Request::Cancel { job: 1 }).await.is_err());
+            assert!(cluster.call(ClientRequest::Cancel { job: 1 }).await.is_err());
         }
         let again = dials(&dead);
         assert!(again.is_subset(&tried), "a retry dialed the suspect while live nodes answered: {again:?}");

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
-use proto::{Envelope, Reply, Request};
+use proto::{ClientRequest, Envelope, PeerRequest, Reply};
 use serde::{Deserialize, Serialize};
 use transport::pki::{self, PemPair, TlsIdentity, TlsPaths};
 
@@ -548,23 +548,23 @@ pub async fn run(
         }
         ClusterCmd::Token(TokenCmd::Create { ttl, offline: false, .. }) => create_token(&connect()?, &ttl, json, patience).await,
         ClusterCmd::Token(TokenCmd::List) => {
-            let Reply::JoinTokens(tokens) = connect()?.call_patiently(Request::ListJoinTokens, patience).await? else {
+            let Reply::JoinTokens(tokens) = connect()?.call_patiently(ClientRequest::ListJoinTokens, patience).await? else {
                 bail!("unexpected reply to the token list");
             };
             print_token_list(&tokens, json)
         }
         ClusterCmd::Token(TokenCmd::Revoke { id }) => {
-            connect()?.call_patiently(Request::RevokeJoinToken { id }, patience).await?;
+            connect()?.call_patiently(ClientRequest::RevokeJoinToken { id }, patience).await?;
             eprintln!("join token {id} revoked");
             Ok(())
         }
         ClusterCmd::Digest => {
-            let reply = connect()?.call_patiently(Request::AccountingDigest, patience).await?;
+            let reply = connect()?.call_patiently(ClientRequest::AccountingDigest, patience).await?;
             print_digest(reply, json)
         }
         ClusterCmd::Revoke { node, fingerprint } => {
             let what = node.clone().map(|n| format!("node {n}")).or_else(|| fingerprint.clone()).unwrap_or_default();
-            connect()?.call_patiently(Request::RevokeCert { node, fingerprint }, patience).await?;
+            connect()?.call_patiently(ClientRequest::RevokeCert { node, fingerprint }, patience).await?;
             eprintln!("certificate of {what} revoked: every node refuses it from now on");
             Ok(())
         }
@@ -576,7 +576,8 @@ pub async fn run(
 /// valid for `ttl`; prints it (and, without `json`, how to use it).
 async fn create_token(cluster: &crate::client::Cluster, ttl: &str, json: bool, patience: Duration) -> anyhow::Result<()> {
     let ttl_ms = parse_ttl(ttl)?.as_millis() as u64;
-    let Reply::JoinTokenCreated { id, secret, expires_ms } = cluster.call_patiently(Request::CreateJoinToken { ttl_ms }, patience).await?
+    let Reply::JoinTokenCreated { id, secret, expires_ms } =
+        cluster.call_patiently(ClientRequest::CreateJoinToken { ttl_ms }, patience).await?
     else {
         bail!("unexpected reply to the token request");
     };
@@ -791,7 +792,7 @@ async fn enroll(args: &JoinArgs, token: &JoinToken, server: &str, json: bool) ->
     let request = pki::node_csr(&node.name, &node.cert_hosts()?).context("make a key and a certificate request")?;
     let envelope = Envelope {
         hops: 0,
-        request: Request::Enroll { secret: token.secret.clone(), name: node.name.clone(), csr_pem: request.cert_pem.clone() },
+        request: PeerRequest::Enroll { secret: token.secret.clone(), name: node.name.clone(), csr_pem: request.cert_pem.clone() }.into(),
         user: None,
     };
     let reply = transport::call_pinned(server, &token.ca_fingerprint, &envelope, Duration::from_secs(20))
@@ -886,7 +887,7 @@ async fn check_server(identity: &TlsIdentity, server: &str) -> anyhow::Result<(O
     let endpoint =
         transport::endpoint("0.0.0.0:0".parse().context("parse bind address")?, identity, false).context("open client endpoint")?;
     let client = transport::Client::new(endpoint);
-    let ask = Envelope { hops: 0, request: Request::ClusterInfo, user: None };
+    let ask = Envelope { hops: 0, request: ClientRequest::ClusterInfo.into(), user: None };
     match client.call(server, &ask, Duration::from_secs(10)).await {
         Ok(Ok(Reply::Cluster(info))) => Ok((info.leader, info.answered_by)),
         Ok(Ok(other)) => bail!("{server} answered cluster info with {other:?}"),

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Subcommand;
-use proto::{ApiError, GresRequest, Job, JobSpec, LogStream, NodeInfo, Reply, Request};
+use proto::{ApiError, ClientRequest, GresRequest, Job, JobSpec, LogStream, NodeInfo, Reply};
 use serde_json::json;
 
 use crate::client::Cluster;
@@ -161,7 +161,7 @@ fn fmt_time(ms: Option<u64>) -> String {
 }
 
 pub async fn node_names(cluster: &Cluster) -> anyhow::Result<BTreeMap<u64, String>> {
-    match cluster.call_patiently(Request::ListNodes, crate::slurm::PATIENCE).await? {
+    match cluster.call_patiently(ClientRequest::ListNodes, crate::slurm::PATIENCE).await? {
         Reply::Nodes(list) => Ok(list.into_iter().map(|n| (n.id, n.name)).collect()),
         other => bail!("unexpected reply {other:?}"),
     }
@@ -279,7 +279,7 @@ fn is_executable_binary(path: &std::path::Path) -> bool {
 async fn wait_job(cluster: &Cluster, job: u64, timeout: Option<Duration>) -> anyhow::Result<Option<Job>> {
     let started = Instant::now();
     loop {
-        match cluster.call(Request::GetJob { job }).await {
+        match cluster.call(ClientRequest::GetJob { job }).await {
             Ok(Ok(Reply::Job(j))) if j.state.is_final() => return Ok(Some(*j)),
             Ok(Ok(_)) => {}
             Ok(Err(e @ ApiError::NotFound(_))) => return Err(e.into()),
@@ -335,7 +335,7 @@ pub async fn follow_logs(cluster: &Cluster, job: proto::JobId, stderr: bool, fol
     let mut offset = 0u64;
     let mut out = std::io::stdout();
     loop {
-        let req = Request::Logs { job, stream, offset, max_bytes: proto::limits::LOG_CHUNK_BYTES_MAX };
+        let req = ClientRequest::Logs { job, stream, offset, max_bytes: proto::limits::LOG_CHUNK_BYTES_MAX };
         let Reply::LogChunk { data, next_offset, finished } = cluster.call_patiently(req, patience).await? else {
             bail!("unexpected reply");
         };
@@ -354,7 +354,21 @@ pub async fn follow_logs(cluster: &Cluster, job: proto::JobId, stderr: bool, fol
 }
 
 /// `corral nodes`: one line per node (and its unhealthy GPUs), or JSON.
-pub fn print_nodes(list: &[proto::NodeInfo], as_json: bool) {
+/// `corral nodes`.
+pub async fn nodes(cluster: &Cluster, as_json: bool, patience: Duration) -> anyhow::Result<()> {
+    let Reply::Nodes(list) = cluster.call_patiently(ClientRequest::ListNodes, patience).await? else { bail!("unexpected reply") };
+    print_nodes(&list, as_json);
+    Ok(())
+}
+
+/// `corral cluster`.
+pub async fn cluster_info(cluster: &Cluster, as_json: bool, patience: Duration) -> anyhow::Result<()> {
+    let Reply::Cluster(info) = cluster.call_patiently(ClientRequest::ClusterInfo, patience).await? else { bail!("unexpected reply") };
+    print_cluster(&info, as_json);
+    Ok(())
+}
+
+fn print_nodes(list: &[proto::NodeInfo], as_json: bool) {
     if as_json {
         println!("{}", serde_json::Value::Array(list.iter().map(node_json).collect()));
     } else {
@@ -379,7 +393,7 @@ pub fn print_nodes(list: &[proto::NodeInfo], as_json: bool) {
 }
 
 /// `corral cluster`: the leader, term, indexes and members, or JSON.
-pub fn print_cluster(info: &proto::ClusterInfo, as_json: bool) {
+fn print_cluster(info: &proto::ClusterInfo, as_json: bool) {
     if as_json {
         let members: Vec<_> = info.members.iter().map(|m| json!({"name": m.name, "role": m.role.as_str(), "addr": m.addr})).collect();
         println!(
@@ -427,7 +441,9 @@ pub async fn wait_exit_code(cluster: &Cluster, job: proto::JobId, timeout: Optio
 pub async fn policy(cluster: &Cluster, action: PolicyCmd, as_json: bool, patience: Duration) -> anyhow::Result<()> {
     match action {
         PolicyCmd::Show => {
-            let Reply::Policy(policy) = cluster.call_patiently(Request::GetPolicy, patience).await? else { bail!("unexpected reply") };
+            let Reply::Policy(policy) = cluster.call_patiently(ClientRequest::GetPolicy, patience).await? else {
+                bail!("unexpected reply")
+            };
             if as_json {
                 println!("{}", serde_json::to_string(&policy).context("encode policy")?);
             } else {
@@ -438,7 +454,7 @@ pub async fn policy(cluster: &Cluster, action: PolicyCmd, as_json: bool, patienc
             let text = std::fs::read_to_string(&file).with_context(|| format!("read policy {}", file.display()))?;
             let policy: proto::SchedulerPolicy = toml::from_str(&text).with_context(|| format!("parse policy {}", file.display()))?;
             policy.validate().map_err(anyhow::Error::msg)?;
-            cluster.call_patiently(Request::SetPolicy { policy }, patience).await?;
+            cluster.call_patiently(ClientRequest::SetPolicy { policy }, patience).await?;
         }
     }
     Ok(())
@@ -469,7 +485,7 @@ pub async fn mig(cluster: &Cluster, action: MigCmd, as_json: bool, patience: Dur
             if profiles.as_ref().is_some_and(Vec::is_empty) {
                 bail!("no MIG profile named: give PROFILE[,PROFILE...] or auto");
             }
-            let req = Request::SetMigLayout { node: node.clone(), gpu, profiles: profiles.clone() };
+            let req = ClientRequest::SetMigLayout { node: node.clone(), gpu, profiles: profiles.clone() };
             cluster.call_patiently(req, patience).await?;
             match (as_json, profiles) {
                 (true, p) => println!("{}", json!({ "node": node, "gpu": gpu, "pinned": p })),
@@ -478,7 +494,7 @@ pub async fn mig(cluster: &Cluster, action: MigCmd, as_json: bool, patience: Dur
             }
         }
         MigCmd::Show { node } => {
-            let Reply::Nodes(list) = cluster.call_patiently(Request::ListNodes, patience).await? else { bail!("unexpected reply") };
+            let Reply::Nodes(list) = cluster.call_patiently(ClientRequest::ListNodes, patience).await? else { bail!("unexpected reply") };
             let list: Vec<&NodeInfo> = list.iter().filter(|n| node.as_ref().is_none_or(|want| &n.name == want)).collect();
             if let (Some(want), true) = (&node, list.is_empty()) {
                 bail!("no node named {want}");

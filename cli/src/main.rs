@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
-use proto::{Reply, Request};
+use proto::{ClientRequest, Reply};
 use serde_json::json;
 
 use crate::client::Cluster;
@@ -192,7 +192,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Submit(args) => {
             let spec = commands::build_spec(&args)?;
             let cluster = connect()?;
-            match cluster.call_patiently(Request::Submit { spec }, patience).await? {
+            match cluster.call_patiently(ClientRequest::Submit { spec }, patience).await? {
                 Reply::Submitted { job } => {
                     if cli.json {
                         println!("{}", json!({ "job_id": job }));
@@ -214,11 +214,11 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Show { job } => {
             let cluster = connect()?;
             let names = commands::node_names(&cluster).await?;
-            let Reply::Job(j) = cluster.call_patiently(Request::GetJob { job }, patience).await? else { bail!("unexpected reply") };
+            let Reply::Job(j) = cluster.call_patiently(ClientRequest::GetJob { job }, patience).await? else { bail!("unexpected reply") };
             commands::print_job(&j, &names, cli.json);
         }
         Cmd::Cancel { job } => {
-            connect()?.call_patiently(Request::Cancel { job }, patience).await?;
+            connect()?.call_patiently(ClientRequest::Cancel { job }, patience).await?;
             if cli.json {
                 println!("{}", json!({ "job_id": job, "cancelled": true }));
             }
@@ -228,23 +228,17 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             let cluster = connect()?;
             commands::follow_logs(&cluster, job, stderr, follow, patience).await?;
         }
-        Cmd::Nodes => {
-            let Reply::Nodes(list) = connect()?.call_patiently(Request::ListNodes, patience).await? else { bail!("unexpected reply") };
-            commands::print_nodes(&list, cli.json);
-        }
+        Cmd::Nodes => commands::nodes(&connect()?, cli.json, patience).await?,
         // deploy (issue 8): cluster set-up subcommands.
         Cmd::Cluster { admin: Some(admin) } => cluster_admin::run(admin, cli.server.as_deref(), cli.json, &connect).await?,
-        Cmd::Cluster { admin: None } => {
-            let Reply::Cluster(info) = connect()?.call_patiently(Request::ClusterInfo, patience).await? else { bail!("unexpected reply") };
-            commands::print_cluster(&info, cli.json);
-        }
+        Cmd::Cluster { admin: None } => commands::cluster_info(&connect()?, cli.json, patience).await?,
         Cmd::Policy { action } => commands::policy(&connect()?, action, cli.json, patience).await?,
         Cmd::Mig { action } => commands::mig(&connect()?, action, cli.json, patience).await?,
         Cmd::GpuHealth { node, gpu, healthy, unhealthy, reason } => {
             if healthy == unhealthy {
                 bail!("say --healthy or --unhealthy");
             }
-            connect()?.call_patiently(Request::SetGpuHealth { node, gpu, healthy, reason }, patience).await?;
+            connect()?.call_patiently(ClientRequest::SetGpuHealth { node, gpu, healthy, reason }, patience).await?;
         }
         Cmd::NcclCheck { nodes, gres, bytes, method } => {
             let cluster = connect()?;
@@ -254,13 +248,13 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             tokio::task::spawn_blocking(move || nccl::probe(bytes, method)).await.context("run the probe")??;
         }
         Cmd::Requeue { job } => {
-            connect()?.call_patiently(Request::Requeue { job }, patience).await?;
+            connect()?.call_patiently(ClientRequest::Requeue { job }, patience).await?;
         }
         Cmd::Drain { node, reason } => {
-            connect()?.call_patiently(Request::Drain { node, reason }, patience).await?;
+            connect()?.call_patiently(ClientRequest::Drain { node, reason }, patience).await?;
         }
         Cmd::Resume { node } => {
-            connect()?.call_patiently(Request::Resume { node }, patience).await?;
+            connect()?.call_patiently(ClientRequest::Resume { node }, patience).await?;
         }
         Cmd::Dev(DevCmd::Up { dir, opts }) => {
             dev::up(&dir, &opts).await?;

@@ -12,7 +12,7 @@ use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use proto::{GresRequest, JobSpec, Reply, Request};
+use proto::{ClientRequest, GresRequest, JobSpec, Reply};
 
 use crate::client::Cluster;
 
@@ -263,18 +263,18 @@ pub async fn check(cluster: &Cluster, nodes: u32, gres: Option<String>, bytes: u
     spec.gres = gres.as_deref().map(GresRequest::parse).transpose().map_err(anyhow::Error::msg)?;
     spec.output = Some(format!("{}/.corral-nccl-check-%j.out", std::env::temp_dir().display()));
     spec.time_limit_ms = Some(CONNECT_WAIT.as_millis() as u64 * 2);
-    let Reply::Submitted { job } = cluster.call_patiently(Request::Submit { spec }, Duration::from_secs(10)).await? else {
+    let Reply::Submitted { job } = cluster.call_patiently(ClientRequest::Submit { spec }, Duration::from_secs(10)).await? else {
         bail!("unexpected reply to the submission");
     };
     let deadline = Instant::now() + CONNECT_WAIT * 3;
     let finished = loop {
-        if let Reply::Job(j) = cluster.call_patiently(Request::GetJob { job }, Duration::from_secs(10)).await? {
+        if let Reply::Job(j) = cluster.call_patiently(ClientRequest::GetJob { job }, Duration::from_secs(10)).await? {
             if j.state.is_final() {
                 break j;
             }
         }
         if Instant::now() > deadline {
-            let _ = cluster.call(Request::Cancel { job }).await;
+            let _ = cluster.call(ClientRequest::Cancel { job }).await;
             bail!("nccl-check job {job} did not finish in {} s", deadline.elapsed().as_secs());
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -282,7 +282,7 @@ pub async fn check(cluster: &Cluster, nodes: u32, gres: Option<String>, bytes: u
     let mut output = Vec::new();
     let mut offset = 0;
     loop {
-        let req = Request::Logs { job, stream: proto::LogStream::Stdout, offset, max_bytes: proto::limits::LOG_CHUNK_BYTES_MAX };
+        let req = ClientRequest::Logs { job, stream: proto::LogStream::Stdout, offset, max_bytes: proto::limits::LOG_CHUNK_BYTES_MAX };
         let Reply::LogChunk { data, next_offset, .. } = cluster.call_patiently(req, Duration::from_secs(10)).await? else {
             bail!("unexpected reply to the log request");
         };

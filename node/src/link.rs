@@ -72,8 +72,8 @@ impl LeaderLink {
     }
 
     /// Sends `request` towards the leader. `hops` is the number of forwards so far.
-    pub async fn call(&self, request: Request, hops: u8) -> Result<Reply, LinkError> {
-        self.call_as(request, hops, None).await
+    pub async fn call(&self, request: impl Into<Request>, hops: u8) -> Result<Reply, LinkError> {
+        self.call_as(request.into(), hops, None).await
     }
 
     /// [`LeaderLink::call`] on behalf of `user` (a client's request this node forwards).
@@ -93,14 +93,14 @@ impl LeaderLink {
     /// [`LeaderLink::call`] as a datagram to each member (`transport::datagram`), sent again
     /// every quarter of the call timeout while unanswered: for a heartbeat, small and
     /// idempotent, sent by every node of a fleet every interval.
-    pub async fn call_datagram(&self, request: Request, hops: u8) -> Result<Reply, LinkError> {
-        self.call_with(request, hops, None, Carrier::Datagram).await
+    pub async fn call_datagram(&self, request: impl Into<Request>, hops: u8) -> Result<Reply, LinkError> {
+        self.call_with(request.into(), hops, None, Carrier::Datagram).await
     }
 
     /// [`LeaderLink::call_datagram`] that ends at the first member that answers with "no
     /// leader" or "unavailable" (see [`Carrier::DatagramPatient`]).
-    pub async fn call_datagram_patient(&self, request: Request, hops: u8) -> Result<Reply, LinkError> {
-        self.call_with(request, hops, None, Carrier::DatagramPatient).await
+    pub async fn call_datagram_patient(&self, request: impl Into<Request>, hops: u8) -> Result<Reply, LinkError> {
+        self.call_with(request.into(), hops, None, Carrier::DatagramPatient).await
     }
 
     async fn call_with(&self, request: Request, hops: u8, user: Option<String>, carrier: Carrier) -> Result<Reply, LinkError> {
@@ -203,7 +203,7 @@ mod tests {
     use std::future::Future;
     use std::pin::Pin;
 
-    use proto::{Envelope, Response};
+    use proto::{ClientRequest, Envelope, Response};
     use transport::{Handler, Peer, TlsIdentity};
 
     use super::*;
@@ -215,7 +215,7 @@ mod tests {
         fn handle(&self, _peer: Peer, envelope: Envelope) -> Pin<Box<dyn Future<Output = Response> + Send + 'static>> {
             Box::pin(async move {
                 match envelope.request {
-                    Request::Cancel { job } => Ok(Reply::Submitted { job }),
+                    Request::Client(ClientRequest::Cancel { job }) => Ok(Reply::Submitted { job }),
                     _ => std::future::pending().await,
                 }
             })
@@ -267,13 +267,13 @@ mod tests {
         let client = Arc::new(Client::new(transport::endpoint("127.0.0.1:0".parse().expect("addr"), &client_id, false).expect("endpoint")));
         let link = LeaderLink::new(Arc::clone(&client), vec![addr], Duration::from_millis(300));
 
-        assert!(matches!(link.call(Request::Cancel { job: 1 }, 0).await, Ok(Reply::Submitted { job: 1 })));
+        assert!(matches!(link.call(ClientRequest::Cancel { job: 1 }, 0).await, Ok(Reply::Submitted { job: 1 })));
         // From now on the member accepts no new connection: only the first one can carry calls.
         server.set_server_config(None);
-        let err = link.call(Request::ClusterInfo, 0).await.expect_err("a member that does not answer");
+        let err = link.call(ClientRequest::ClusterInfo, 0).await.expect_err("a member that does not answer");
         assert!(err.to_string().contains("timed out"), "{err}");
         // The same connection carries the next call: no second handshake for a slow member.
-        let next = link.call(Request::Cancel { job: 2 }, 0).await;
+        let next = link.call(ClientRequest::Cancel { job: 2 }, 0).await;
         assert!(matches!(next, Ok(Reply::Submitted { job: 2 })), "{next:?}");
     }
 }

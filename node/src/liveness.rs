@@ -12,7 +12,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use proto::{ApiError, Beat, NodeId, NodeRole, Reply, Request, Response, HEARTBEATS_PER_REQUEST_MAX};
+use proto::{ApiError, Beat, ClientRequest, NodeId, NodeRole, PeerRequest, Reply, Response, HEARTBEATS_PER_REQUEST_MAX};
 use tokio::sync::{oneshot, Notify};
 use tracing::{info, warn};
 
@@ -79,7 +79,7 @@ impl Lease {
 /// node of `corral bench --nodes` (which runs this same loop).
 pub trait Heartbeating: Send + Sync + 'static {
     /// The node's `Heartbeat` request as of now.
-    fn heartbeat(&self) -> Request;
+    fn heartbeat(&self) -> PeerRequest;
     /// Whether anything runs here that fencing would have to stop.
     fn holds_work(&self) -> bool;
     /// Stops every job (the cluster may soon start them elsewhere); how many.
@@ -110,7 +110,13 @@ pub trait Heartbeating: Send + Sync + 'static {
 /// next tick's fresh one (walking every member with a full timeout each, a node stayed stuck on
 /// one beat for 2.5 s after a leader died). When the leader no longer knows this node (or a new
 /// instance of it), `rejoin` registers it again.
-pub async fn heartbeat_loop<H: Heartbeating>(node: Arc<H>, link: Arc<LeaderLink>, interval: Duration, budget: Duration, rejoin: Request) {
+pub async fn heartbeat_loop<H: Heartbeating>(
+    node: Arc<H>,
+    link: Arc<LeaderLink>,
+    interval: Duration,
+    budget: Duration,
+    rejoin: PeerRequest,
+) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut missed = 0u32;
@@ -264,9 +270,9 @@ impl MembersSchedule {
 /// older build that takes no `Members` by datagram, or knows no `Members`, is asked by stream,
 /// then for the whole `ClusterInfo`.
 pub async fn ask_members(link: &LeaderLink) -> Result<Reply, LinkError> {
-    match link.call_datagram(Request::Members, 0).await {
-        Err(LinkError::Api(ApiError::Invalid(_))) => match link.call(Request::Members, 0).await {
-            Err(LinkError::Api(ApiError::Invalid(_))) => link.call(Request::ClusterInfo, 0).await,
+    match link.call_datagram(ClientRequest::Members, 0).await {
+        Err(LinkError::Api(ApiError::Invalid(_))) => match link.call(ClientRequest::Members, 0).await {
+            Err(LinkError::Api(ApiError::Invalid(_))) => link.call(ClientRequest::ClusterInfo, 0).await,
             other => other,
         },
         other => other,

@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use proto::{
-    ApiError, Envelope, GpuUsage, InstanceId, Inventory, Job, JobId, NodeId, Reply, Request, Response, RunNo, RunOutcome, RunReport,
+    ApiError, ClientRequest, Envelope, GpuUsage, InstanceId, Inventory, Job, JobId, NodeId, PeerRequest, Reply, Request, Response, RunNo,
+    RunOutcome, RunReport,
 };
 use tokio::io::AsyncBufReadExt;
 use tracing::{debug, warn};
@@ -78,7 +79,7 @@ struct SimNode {
     forward: Arc<LeaderLink>,
     /// Each run here: its task, and the GPUs (slots) it holds.
     runs: Mutex<SimRuns>,
-    /// The simulated probe's sampler: load on the GPUs runs hold (`Request::GpuSamples`).
+    /// The simulated probe's sampler: load on the GPUs runs hold (`ClientRequest::GpuSamples`).
     sampler: Arc<dyn crate::gpu::GpuSampler>,
     silenced: AtomicBool,
     fence_after: Duration,
@@ -103,7 +104,7 @@ impl SimNode {
     async fn launch(self: Arc<Self>, job: Job) -> Response {
         let (me, instance, run) = (self.node_id(), self.instance, job.run);
         // The same check a node without a replica makes: the leader's state decides.
-        let current = match self.forward.call(Request::GetJob { job: job.id }, 0).await {
+        let current = match self.forward.call(ClientRequest::GetJob { job: job.id }, 0).await {
             Ok(Reply::Job(j)) => control::agent::run_is_current_here(&j, run, me, instance),
             Ok(other) => return Err(ApiError::Internal(format!("unexpected reply {other:?}"))),
             Err(LinkError::Api(ApiError::NotFound(_))) => false,
@@ -167,7 +168,7 @@ impl SimNode {
     async fn report(&self, job: JobId, run: RunNo, outcome: RunOutcome) {
         self.stats.runs_ended.fetch_add(1, Ordering::Relaxed);
         let reports = vec![RunReport { job, run, outcome, usage: GpuUsage::default() }];
-        let request = Request::ReportRuns { node: self.node_id(), reports };
+        let request = PeerRequest::ReportRuns { node: self.node_id(), reports };
         let mut backoff_ms = 100;
         while !self.silenced.load(Ordering::SeqCst) {
             match self.forward.call(request.clone(), 0).await {
@@ -193,9 +194,9 @@ impl SimNode {
 }
 
 impl Heartbeating for SimNode {
-    fn heartbeat(&self) -> Request {
+    fn heartbeat(&self) -> PeerRequest {
         let running = lock(&self.runs).keys().copied().collect();
-        Request::Heartbeat { node: self.node_id(), instance: self.instance, running }
+        PeerRequest::Heartbeat { node: self.node_id(), instance: self.instance, running }
     }
 
     fn holds_work(&self) -> bool {
@@ -247,11 +248,11 @@ impl Handler for SimHandler {
                 return Err(ApiError::Unavailable("silenced".into()));
             }
             match envelope.request {
-                Request::Launch { job, .. } => node.launch(*job).await,
-                Request::Kill { job, run, .. } => node.kill(job, run),
+                Request::Peer(PeerRequest::Launch { job, .. }) => node.launch(*job).await,
+                Request::Peer(PeerRequest::Kill { job, run, .. }) => node.kill(job, run),
                 // A simulated run has no process to signal or stop.
-                Request::SignalPart { .. } | Request::SuspendPart { .. } => Ok(Reply::Ok),
-                Request::GpuSamples { .. } => node.gpu_samples().await,
+                Request::Peer(PeerRequest::SignalPart { .. }) | Request::Peer(PeerRequest::SuspendPart { .. }) => Ok(Reply::Ok),
+                Request::Client(ClientRequest::GpuSamples { .. }) => node.gpu_samples().await,
                 other => Err(ApiError::Invalid(format!("a simulated node answers launches and kills only, not {other:?}"))),
             }
         })
@@ -325,7 +326,7 @@ fn start_node(
     datagrams: bool,
     stats: Arc<SimStats>,
     sampler: Arc<dyn crate::gpu::GpuSampler>,
-) -> anyhow::Result<(Arc<SimNode>, Arc<LeaderLink>, Request)> {
+) -> anyhow::Result<(Arc<SimNode>, Arc<LeaderLink>, PeerRequest)> {
     let host = config.listen.ip().to_string();
     let cert = transport::pki::issue_node_cert(ca, name, std::slice::from_ref(&host))?;
     let identity = TlsIdentity::from_pems(&ca.cert_pem, &cert.cert_pem, &cert.key_pem)?;
@@ -356,7 +357,7 @@ fn start_node(
         stats,
     });
     tokio::spawn(transport::serve(endpoint, Arc::new(SimHandler { node: Arc::clone(&node) })));
-    let join = Request::Join {
+    let join = PeerRequest::Join {
         token: config.join_token.clone(),
         name: name.to_string(),
         addr,
@@ -367,7 +368,7 @@ fn start_node(
     Ok((node, heartbeat_link, join))
 }
 
-async fn join_until(link: &LeaderLink, join: &Request, name: &str) -> anyhow::Result<NodeId> {
+async fn join_until(link: &LeaderLink, join: &PeerRequest, name: &str) -> anyhow::Result<NodeId> {
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         match link.call(join.clone(), 0).await {

@@ -1,4 +1,4 @@
-//! The stdin of step tasks. `srun` sends what it reads in chunks (`Request::StepInput`, each
+//! The stdin of step tasks. `srun` sends what it reads in chunks (`ClientRequest::StepInput`, each
 //! with its offset) to every node of the step; a node writes each chunk once to the tasks there
 //! that read stdin (`StepStdin`), through the run's shepherd (`input STEP RANK`: one connection
 //! per task, open until the end of the input, which the task then reads as EOF).

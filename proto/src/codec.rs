@@ -45,13 +45,17 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8], max_bytes: usize) -> Result<T, 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Command, Envelope, Request};
+    use crate::{ClientRequest, Command, Envelope, PeerRequest, Request};
 
     #[test]
     fn round_trip_and_bad_input() {
-        let req = Envelope { hops: 0, request: Request::Cancel { job: 7 }, user: None };
+        let req = Envelope { hops: 0, request: ClientRequest::Cancel { job: 7 }.into(), user: None };
         let bytes = encode(&req);
         assert_eq!(decode::<Envelope>(&bytes, 1024), Ok(req));
+        // A node's request keeps its side: it never decodes as a client's.
+        let kill = Envelope { hops: 1, request: PeerRequest::Kill { job: 7, run: 2, checkpoint: true }.into(), user: None };
+        let decoded = decode::<Envelope>(&encode(&kill), 1024).map(|e| e.request);
+        assert!(matches!(decoded, Ok(Request::Peer(PeerRequest::Kill { job: 7, run: 2, checkpoint: true }))), "{decoded:?}");
         assert_eq!(decode::<Envelope>(&[], 1024), Err(CodecError::Empty));
         assert!(matches!(decode::<Envelope>(&bytes, 2), Err(CodecError::TooLarge { .. })));
         let mut other = bytes.clone();

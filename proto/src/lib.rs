@@ -15,8 +15,8 @@
 //! - `accounts`: the accounting database (`sacctmgr`) and its limits.
 //! - `array`: a job array's task ids as runs of ranges.
 //! - `command`: the replicated log's [`Command`] and [`CommandResult`], and the bounds on batches.
-//! - `request`: [`Request`] and its [`Envelope`], the payloads only requests carry, and which
-//!   requests need the leader.
+//! - `request`: [`Request`], a client's ([`ClientRequest`]) or a node's ([`PeerRequest`]), its
+//!   [`Envelope`], the payloads only requests carry, and which requests need the leader.
 //! - `access`: who may send each request.
 //! - `reply`: [`Reply`], its payloads, and [`Response`].
 //! - `error`: [`ApiError`], why a request was refused.
@@ -65,8 +65,8 @@ pub use reply::{
     ClusterInfo, ClusterMember, GpuNow, GpuPoint, Reply, Response, EXPECTED_STARTS_MAX, GPU_POINTS_MAX, GPU_SAMPLES_MAX, QUEUE_ROWS_MAX,
 };
 pub use request::{
-    Beat, Envelope, JobQuery, RaftRpcKind, Request, RunReport, FORWARD_HOPS_MAX, HEARTBEATS_PER_REQUEST_MAX, JOB_PAGE_MAX,
-    JOB_PAGE_SCAN_MAX, LOG_OFFSET_TAIL, REPORTS_PER_REQUEST_MAX,
+    Beat, ClientRequest, Envelope, JobQuery, PeerRequest, RaftRpcKind, Request, RunReport, FORWARD_HOPS_MAX, HEARTBEATS_PER_REQUEST_MAX,
+    JOB_PAGE_MAX, JOB_PAGE_SCAN_MAX, LOG_OFFSET_TAIL, REPORTS_PER_REQUEST_MAX,
 };
 pub use reservation::{AdminReservation, ReservationChanges, ReservationEdit, ADMIN_RESERVATIONS_MAX, RESERVATION_NAMES_MAX};
 pub use spec::{
@@ -82,7 +82,7 @@ pub use step::{
 /// Bumped on any incompatible change to a type in this crate or to the replicated state
 /// (`state::ClusterState`, in snapshots). The first byte of every encoded message; a peer
 /// speaking another version is refused with a clear error.
-pub const PROTOCOL_VERSION: u8 = 20;
+pub const PROTOCOL_VERSION: u8 = 21;
 
 pub type NodeId = u64;
 pub type JobId = u64;

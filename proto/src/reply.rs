@@ -8,7 +8,7 @@ use crate::{
     TaskUsage,
 };
 #[cfg(doc)]
-use crate::{Request, TASK_USAGES_MAX};
+use crate::{ClientRequest, TASK_USAGES_MAX};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterMember {
@@ -116,9 +116,9 @@ pub enum Reply {
         cpus: u32,
         reasons: Vec<String>,
     },
-    /// Answer to [`Request::IssueToken`].
+    /// Answer to [`ClientRequest::IssueToken`].
     Token(String),
-    /// Answer to [`Request::StepUsage`]: at most [`TASK_USAGES_MAX`].
+    /// Answer to [`ClientRequest::StepUsage`]: at most [`TASK_USAGES_MAX`].
     StepUsage(Vec<TaskUsage>),
     /// A step's output on one node since the offset asked for; `done` once every task there
     /// ended and all its output was read.
@@ -128,7 +128,7 @@ pub enum Reply {
         exits: Vec<TaskExit>,
         done: bool,
     },
-    /// One page of a [`Request::QueryJobs`]: `next` is the cursor for the next page (`after`),
+    /// One page of a [`ClientRequest::QueryJobs`]: `next` is the cursor for the next page (`after`),
     /// none once everything matching was returned.
     JobPage {
         jobs: Vec<Job>,
@@ -151,28 +151,28 @@ pub enum Reply {
         commit_index: u64,
         refused: Vec<(NodeId, ApiError)>,
     },
-    /// Answer to [`Request::Whoami`].
+    /// Answer to [`ClientRequest::Whoami`].
     Caller {
         user: String,
         admin: bool,
     },
-    /// Answer to [`Request::GpuSeries`]: oldest first, at most [`GPU_POINTS_MAX`].
+    /// Answer to [`ClientRequest::GpuSeries`]: oldest first, at most [`GPU_POINTS_MAX`].
     GpuSeries(Vec<GpuPoint>),
-    /// Answer to [`Request::GpuSamples`]: at most [`GPU_SAMPLES_MAX`].
+    /// Answer to [`ClientRequest::GpuSamples`]: at most [`GPU_SAMPLES_MAX`].
     GpuSamples(Vec<GpuNow>),
-    /// Answer to [`Request::QueueSummary`]: `counts` by state name over all `total` live jobs;
+    /// Answer to [`ClientRequest::QueueSummary`]: `counts` by state name over all `total` live jobs;
     /// `jobs` at most [`QUEUE_ROWS_MAX`].
     QueueSummary {
         counts: Vec<(String, u64)>,
         total: u64,
         jobs: Vec<Job>,
     },
-    /// Answer to [`Request::NodeEvents`]: at most [`crate::NODE_EVENTS_MAX`].
+    /// Answer to [`ClientRequest::NodeEvents`]: at most [`crate::NODE_EVENTS_MAX`].
     NodeEvents(Vec<crate::NodeEvent>),
-    /// Answer to [`Request::ExpectedStarts`]: (job, epoch ms), at most
+    /// Answer to [`ClientRequest::ExpectedStarts`]: (job, epoch ms), at most
     /// [`EXPECTED_STARTS_MAX`].
     ExpectedStarts(Vec<(JobId, u64)>),
-    /// Answer to [`Request::StepMove`]: the lost node's tasks of the step run on `node` now.
+    /// Answer to [`ClientRequest::StepMove`]: the lost node's tasks of the step run on `node` now.
     StepMoved {
         node: String,
     },

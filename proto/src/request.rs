@@ -10,12 +10,22 @@ use crate::{
     ReservationEdit, RunNo, RunOutcome, SchedulerPolicy, StepEnd, StepSpec,
 };
 
-/// Everything a node answers on its QUIC port. One request per bidirectional stream.
+/// Everything a node answers on its QUIC port (and its local socket): a client's request or a
+/// node's. One request per bidirectional stream.
 // See `Command`: decoded once per stream, never stored in bulk.
 #[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Request {
-    // client API
+    Client(ClientRequest),
+    Peer(PeerRequest),
+}
+
+/// What users and their tools ask of any node (the CLI, the Slurm commands, `corral restd`):
+/// who may send each is [`ClientRequest::access`].
+// See `Command`: decoded once per stream, never stored in bulk.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClientRequest {
     Submit {
         spec: JobSpec,
     },
@@ -57,69 +67,11 @@ pub enum Request {
         node: Option<String>,
         fingerprint: Option<String>,
     },
-    /// From a node, for a new certificate of its own name (rotation before expiry); a node
-    /// holding the cluster CA key answers with `Enrolled`.
-    RenewCert {
-        csr_pem: String,
-    },
-    /// From a machine without a certificate (the only request such a peer may make): a join
-    /// token's secret and a CSR for node `name`; a node holding the cluster CA key answers.
-    Enroll {
-        secret: String,
-        name: String,
-        csr_pem: String,
-    },
-    // node to node
-    Join {
-        token: String,
-        name: String,
-        addr: String,
-        inventory: Inventory,
-        instance: InstanceId,
-        /// Set by the node that took the request from the TLS handshake, never by the caller.
-        cert_fingerprint: String,
-    },
-    Heartbeat {
-        node: NodeId,
-        instance: InstanceId,
-        running: Vec<(JobId, RunNo)>,
-    },
-    ReportRun {
-        job: JobId,
-        run: RunNo,
-        node: NodeId,
-        outcome: RunOutcome,
-        usage: GpuUsage,
-    },
-    /// Start this node's part of `job`'s current run. `nodes`: name and address of every node
-    /// of the run, in rank order (rank 0 hosts the rendezvous).
-    Launch {
-        job: Box<Job>,
-        nodes: Vec<(String, String)>,
-        /// The leader's applied index when it read the job: the agent applies at least this much
-        /// of the log, and what its last heartbeat acknowledgement named, before it starts
-        /// anything, and refuses a run that is no longer current there.
-        issued_index: u64,
-    },
-    /// An agent reports a GPU health change (XID, ECC, fell off the bus) for its node.
-    ReportGpuHealth {
-        node: NodeId,
-        gpu: u32,
-        mig_uuid: Option<String>,
-        healthy: bool,
-        reason: String,
-    },
     /// An operator marks a GPU healthy (or unhealthy) again.
     SetGpuHealth {
         node: String,
         gpu: u32,
         healthy: bool,
-        reason: String,
-    },
-    /// An agent reports its inventory changed (MIG layout applied).
-    ReportInventory {
-        node: NodeId,
-        inventory: Inventory,
         reason: String,
     },
     /// Stop a running job and queue it again.
@@ -147,84 +99,16 @@ pub enum Request {
         signal: i32,
         batch_only: bool,
     },
-    /// Leader to agent: signal this node's part of `job`'s run `run`.
-    SignalPart {
-        job: JobId,
-        run: RunNo,
-        signal: i32,
-        batch_only: bool,
-    },
     /// `scontrol suspend` (`suspend: true`) or `scontrol resume` of a running job.
     Suspend {
         job: JobId,
         suspend: bool,
-    },
-    /// Node to leader: a step of `job` run `run` is being created here (the batch script's
-    /// node); answered once the log has it ([`Command::StepStarted`]).
-    RecordStep {
-        job: JobId,
-        run: RunNo,
-        step: u32,
-        name: String,
-        nodes: Vec<String>,
-        ntasks: u32,
-    },
-    /// Node to leader: steps whose tasks on node `node` all ended.
-    ReportStepEnds {
-        node: String,
-        ends: Vec<StepEnd>,
-    },
-    /// Leader to agent: stop (SIGSTOP) or continue (SIGCONT) this node's part of `job`'s run
-    /// `run`, as the log says; `paused_ms` is how long the run's ended suspensions lasted, by
-    /// which its time limit moves.
-    SuspendPart {
-        job: JobId,
-        run: RunNo,
-        suspend: bool,
-        paused_ms: u64,
-    },
-    /// Leader to agent: re-partition idle MIG-mode GPU `gpu` into `profiles` (by start slice),
-    /// then report the new inventory.
-    ApplyMigLayout {
-        gpu: u32,
-        profiles: Vec<String>,
-    },
-    /// Stop a part. `checkpoint`: the job is being requeued, so send its `--signal` first
-    /// and give it the time it asked for to write a checkpoint.
-    Kill {
-        job: JobId,
-        run: RunNo,
-        checkpoint: bool,
-    },
-    /// An openraft RPC, encoded by the consensus crate: proto does not know openraft's types.
-    Raft {
-        kind: RaftRpcKind,
-        payload: Vec<u8>,
     },
     /// From `srun` inside a batch job, to its own node: start a step on the job's nodes. The
     /// node numbers the step and has each node's agent start its tasks.
     StepLaunch {
         job: JobId,
         spec: StepSpec,
-    },
-    /// Node to node: start this node's tasks of step `step` of `job` run `run`.
-    StepStart {
-        job: JobId,
-        run: RunNo,
-        step: u32,
-        spec: StepSpec,
-    },
-    /// Node to node, before any [`Request::StepStart`] of a step of several nodes: hold this
-    /// node's share of the step's CPUs, memory and GPUs (or, with `release`, give a hold back),
-    /// so that the step starts on every node or, while a node's share is busy
-    /// ([`ApiError::Busy`]), on none. A hold that no start takes is dropped after
-    /// [`limits::STEP_HOLD_MS_MAX`].
-    StepHold {
-        job: JobId,
-        run: RunNo,
-        step: u32,
-        spec: StepSpec,
-        release: bool,
     },
     /// Output and ended tasks of a step on node `node`, from byte `offset` of what that node
     /// has produced; waits up to `wait_ms` for news. Reading from `offset` releases everything
@@ -296,27 +180,12 @@ pub enum Request {
     /// What this node holds: jobs in its hot state, records in its accounting store and their
     /// digest (equal on voters that applied the same log). Answered by the node asked (a voter).
     AccountingDigest,
-    /// Several runs' ends from one node at once (node only): what `ReportRun` says, for each
-    /// (at most [`REPORTS_PER_REQUEST_MAX`]). `Reply::Ok` once every end is committed.
-    ReportRuns {
-        node: NodeId,
-        reports: Vec<RunReport>,
-    },
     /// `ClusterInfo` without the state digest (`state_digest` empty): the members, roles and
     /// Raft indexes, at a cost independent of the jobs (nodes ask it every few seconds; the
     /// digest encodes the whole hot state). Since heartbeats are relayed, `members` lists the
     /// voters and learners only (not every agent: at thousands of nodes, every node asking for
     /// every node every few seconds was quadratic).
     Members,
-    /// From a relay (a node that is not the leader), to the leader: the heartbeats it received
-    /// since its last batch (node only, at most [`HEARTBEATS_PER_REQUEST_MAX`]). The leader
-    /// counts each node alive as of its own receipt of the batch, which is after the node sent
-    /// its heartbeat; the relay acknowledges each node only once the leader answered
-    /// (`Reply::HeartbeatAcks`), so an acknowledgement still means a leader counts it alive.
-    Heartbeats {
-        relay: NodeId,
-        beats: Vec<Beat>,
-    },
     /// Create, change or delete one reservation (admin only).
     EditReservation {
         edit: ReservationEdit,
@@ -352,13 +221,6 @@ pub enum Request {
         node: String,
         gpu: u32,
         profiles: Option<Vec<String>>,
-    },
-    /// (node only) This instance of `node` stopped gracefully: every run it had is stopped
-    /// and reported, and it launches nothing more (`Command::NodeStopped`). `Reply::Ok` once
-    /// committed.
-    NodeStopped {
-        node: NodeId,
-        instance: InstanceId,
     },
     /// Who the caller is to the node asked: its user, and whether that user is one of the
     /// node's admins ([`Reply::Caller`]). Answered by the node asked.
@@ -400,6 +262,160 @@ pub enum Request {
     },
 }
 
+/// The node-to-node protocol: only a node's certificate may send these (and a machine without
+/// one only [`PeerRequest::Enroll`]); a client's requests are forwarded as [`ClientRequest`]s.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PeerRequest {
+    /// From a node, for a new certificate of its own name (rotation before expiry); a node
+    /// holding the cluster CA key answers with `Enrolled`.
+    RenewCert {
+        csr_pem: String,
+    },
+    /// From a machine without a certificate (the only request such a peer may make): a join
+    /// token's secret and a CSR for node `name`; a node holding the cluster CA key answers.
+    Enroll {
+        secret: String,
+        name: String,
+        csr_pem: String,
+    },
+    Join {
+        token: String,
+        name: String,
+        addr: String,
+        inventory: Inventory,
+        instance: InstanceId,
+        /// Set by the node that took the request from the TLS handshake, never by the caller.
+        cert_fingerprint: String,
+    },
+    Heartbeat {
+        node: NodeId,
+        instance: InstanceId,
+        running: Vec<(JobId, RunNo)>,
+    },
+    ReportRun {
+        job: JobId,
+        run: RunNo,
+        node: NodeId,
+        outcome: RunOutcome,
+        usage: GpuUsage,
+    },
+    /// Start this node's part of `job`'s current run. `nodes`: name and address of every node
+    /// of the run, in rank order (rank 0 hosts the rendezvous).
+    Launch {
+        job: Box<Job>,
+        nodes: Vec<(String, String)>,
+        /// The leader's applied index when it read the job: the agent applies at least this much
+        /// of the log, and what its last heartbeat acknowledgement named, before it starts
+        /// anything, and refuses a run that is no longer current there.
+        issued_index: u64,
+    },
+    /// An agent reports a GPU health change (XID, ECC, fell off the bus) for its node.
+    ReportGpuHealth {
+        node: NodeId,
+        gpu: u32,
+        mig_uuid: Option<String>,
+        healthy: bool,
+        reason: String,
+    },
+    /// An agent reports its inventory changed (MIG layout applied).
+    ReportInventory {
+        node: NodeId,
+        inventory: Inventory,
+        reason: String,
+    },
+    /// Leader to agent: signal this node's part of `job`'s run `run`.
+    SignalPart {
+        job: JobId,
+        run: RunNo,
+        signal: i32,
+        batch_only: bool,
+    },
+    /// Node to leader: a step of `job` run `run` is being created here (the batch script's
+    /// node); answered once the log has it ([`Command::StepStarted`]).
+    RecordStep {
+        job: JobId,
+        run: RunNo,
+        step: u32,
+        name: String,
+        nodes: Vec<String>,
+        ntasks: u32,
+    },
+    /// Node to leader: steps whose tasks on node `node` all ended.
+    ReportStepEnds {
+        node: String,
+        ends: Vec<StepEnd>,
+    },
+    /// Leader to agent: stop (SIGSTOP) or continue (SIGCONT) this node's part of `job`'s run
+    /// `run`, as the log says; `paused_ms` is how long the run's ended suspensions lasted, by
+    /// which its time limit moves.
+    SuspendPart {
+        job: JobId,
+        run: RunNo,
+        suspend: bool,
+        paused_ms: u64,
+    },
+    /// Leader to agent: re-partition idle MIG-mode GPU `gpu` into `profiles` (by start slice),
+    /// then report the new inventory.
+    ApplyMigLayout {
+        gpu: u32,
+        profiles: Vec<String>,
+    },
+    /// Stop a part. `checkpoint`: the job is being requeued, so send its `--signal` first
+    /// and give it the time it asked for to write a checkpoint.
+    Kill {
+        job: JobId,
+        run: RunNo,
+        checkpoint: bool,
+    },
+    /// An openraft RPC, encoded by the consensus crate: proto does not know openraft's types.
+    Raft {
+        kind: RaftRpcKind,
+        payload: Vec<u8>,
+    },
+    /// Node to node: start this node's tasks of step `step` of `job` run `run`.
+    StepStart {
+        job: JobId,
+        run: RunNo,
+        step: u32,
+        spec: StepSpec,
+    },
+    /// Node to node, before any [`PeerRequest::StepStart`] of a step of several nodes: hold this
+    /// node's share of the step's CPUs, memory and GPUs (or, with `release`, give a hold back),
+    /// so that the step starts on every node or, while a node's share is busy
+    /// ([`ApiError::Busy`]), on none. A hold that no start takes is dropped after
+    /// [`limits::STEP_HOLD_MS_MAX`].
+    StepHold {
+        job: JobId,
+        run: RunNo,
+        step: u32,
+        spec: StepSpec,
+        release: bool,
+    },
+    /// Several runs' ends from one node at once (node only): what `ReportRun` says, for each
+    /// (at most [`REPORTS_PER_REQUEST_MAX`]). `Reply::Ok` once every end is committed.
+    ReportRuns {
+        node: NodeId,
+        reports: Vec<RunReport>,
+    },
+    /// From a relay (a node that is not the leader), to the leader: the heartbeats it received
+    /// since its last batch (node only, at most [`HEARTBEATS_PER_REQUEST_MAX`]). The leader
+    /// counts each node alive as of its own receipt of the batch, which is after the node sent
+    /// its heartbeat; the relay acknowledges each node only once the leader answered
+    /// (`Reply::HeartbeatAcks`), so an acknowledgement still means a leader counts it alive.
+    Heartbeats {
+        relay: NodeId,
+        beats: Vec<Beat>,
+    },
+    /// (node only) This instance of `node` stopped gracefully: every run it had is stopped
+    /// and reported, and it launches nothing more (`Command::NodeStopped`). `Reply::Ok` once
+    /// committed.
+    NodeStopped {
+        node: NodeId,
+        instance: InstanceId,
+    },
+}
+
 /// One node's heartbeat, as a relay passes it to the leader.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Beat {
@@ -407,7 +423,7 @@ pub struct Beat {
     pub instance: InstanceId,
 }
 
-/// The `offset` of a [`Request::Logs`] that asks for the end of the output.
+/// The `offset` of a [`ClientRequest::Logs`] that asks for the end of the output.
 pub const LOG_OFFSET_TAIL: u64 = u64::MAX;
 
 /// Heartbeats in one `Heartbeats` at most.
@@ -490,38 +506,128 @@ impl JobQuery {
 impl Request {
     /// Writes must reach the leader; a follower or agent forwards them.
     pub fn needs_leader(&self) -> bool {
-        matches!(
-            self,
-            Request::Submit { .. }
-                | Request::Cancel { .. }
-                | Request::Drain { .. }
-                | Request::Resume { .. }
-                | Request::Join { .. }
-                | Request::Heartbeat { .. }
-                | Request::Heartbeats { .. }
-                | Request::ReportRun { .. }
-                | Request::ReportRuns { .. }
-                | Request::NodeStopped { .. }
-                | Request::ReportGpuHealth { .. }
-                | Request::SetGpuHealth { .. }
-                | Request::ReportInventory { .. }
-                | Request::Requeue { .. }
-                | Request::RequeueHold { .. }
-                | Request::SetMigLayout { .. }
-                | Request::EditPartition { .. }
-                | Request::EditReservation { .. }
-                | Request::EditAccounts { .. }
-                | Request::UpdateJob { .. }
-                | Request::Signal { .. }
-                | Request::Suspend { .. }
-                | Request::RecordStep { .. }
-                | Request::ReportStepEnds { .. }
-                | Request::SetPolicy { .. }
-                | Request::CreateJoinToken { .. }
-                | Request::RevokeJoinToken { .. }
-                | Request::RevokeCert { .. }
-                | Request::ExpectedStarts
-        )
+        match self {
+            Request::Client(request) => request.needs_leader(),
+            Request::Peer(request) => request.needs_leader(),
+        }
+    }
+
+    /// The client's request, if this is one.
+    pub fn client(&self) -> Option<&ClientRequest> {
+        match self {
+            Request::Client(request) => Some(request),
+            Request::Peer(_) => None,
+        }
+    }
+
+    /// The node's request, if this is one.
+    pub fn peer(&self) -> Option<&PeerRequest> {
+        match self {
+            Request::Peer(request) => Some(request),
+            Request::Client(_) => None,
+        }
+    }
+}
+
+impl From<ClientRequest> for Request {
+    fn from(request: ClientRequest) -> Request {
+        Request::Client(request)
+    }
+}
+
+impl From<PeerRequest> for Request {
+    fn from(request: PeerRequest) -> Request {
+        Request::Peer(request)
+    }
+}
+
+impl ClientRequest {
+    /// Writes (and the last pass's reservations, which only the leader has) must reach the
+    /// leader; every other request is a read any member answers from its state, or an
+    /// answer of the node asked. Exhaustive, so a new request does not compile unclassified.
+    pub fn needs_leader(&self) -> bool {
+        use ClientRequest as C;
+        match self {
+            C::Submit { .. }
+            | C::Cancel { .. }
+            | C::Drain { .. }
+            | C::Resume { .. }
+            | C::SetGpuHealth { .. }
+            | C::Requeue { .. }
+            | C::RequeueHold { .. }
+            | C::SetMigLayout { .. }
+            | C::EditPartition { .. }
+            | C::EditReservation { .. }
+            | C::EditAccounts { .. }
+            | C::UpdateJob { .. }
+            | C::Signal { .. }
+            | C::Suspend { .. }
+            | C::SetPolicy { .. }
+            | C::CreateJoinToken { .. }
+            | C::RevokeJoinToken { .. }
+            | C::RevokeCert { .. }
+            | C::ExpectedStarts => true,
+            C::GetJob { .. }
+            | C::ListJobs { .. }
+            | C::ListNodes
+            | C::ClusterInfo
+            | C::Logs { .. }
+            | C::ListJoinTokens
+            | C::GetPolicy
+            | C::ShowConfig
+            | C::StepLaunch { .. }
+            | C::StepRead { .. }
+            | C::StepInput { .. }
+            | C::StepUsage { .. }
+            | C::StepSignal { .. }
+            | C::IssueToken { .. }
+            | C::CheckCert { .. }
+            | C::StepResize { .. }
+            | C::TestSubmit { .. }
+            | C::QueryJobs { .. }
+            | C::AccountingDigest
+            | C::Members
+            | C::GetReservations
+            | C::GetAccounts
+            | C::GetShares
+            | C::GetPriorities { .. }
+            | C::Whoami
+            | C::GpuSeries { .. }
+            | C::GpuSamples { .. }
+            | C::QueueSummary { .. }
+            | C::NodeEvents
+            | C::StepMove { .. } => false,
+        }
+    }
+}
+
+impl PeerRequest {
+    /// What a node reports to the cluster goes to the leader; orders to an agent, steps'
+    /// node-to-node calls, Raft and enrolment are answered by the node asked.
+    pub fn needs_leader(&self) -> bool {
+        use PeerRequest as P;
+        match self {
+            P::Join { .. }
+            | P::Heartbeat { .. }
+            | P::Heartbeats { .. }
+            | P::ReportRun { .. }
+            | P::ReportRuns { .. }
+            | P::NodeStopped { .. }
+            | P::ReportGpuHealth { .. }
+            | P::ReportInventory { .. }
+            | P::RecordStep { .. }
+            | P::ReportStepEnds { .. } => true,
+            P::Enroll { .. }
+            | P::RenewCert { .. }
+            | P::Launch { .. }
+            | P::Kill { .. }
+            | P::ApplyMigLayout { .. }
+            | P::SignalPart { .. }
+            | P::SuspendPart { .. }
+            | P::StepStart { .. }
+            | P::StepHold { .. }
+            | P::Raft { .. } => false,
+        }
     }
 }
 
@@ -564,10 +670,11 @@ mod tests {
 
     #[test]
     fn writes_need_the_leader_and_reads_do_not() {
-        assert!(Request::Cancel { job: 1 }.needs_leader());
-        assert!(Request::Heartbeats { relay: 1, beats: vec![Beat { node: 2, instance: 3 }] }.needs_leader());
-        assert!(!Request::GetJob { job: 1 }.needs_leader());
-        assert!(!Request::ListNodes.needs_leader());
-        assert!(!Request::QueryJobs { query: JobQuery::default() }.needs_leader());
+        assert!(Request::from(ClientRequest::Cancel { job: 1 }).needs_leader());
+        assert!(Request::from(PeerRequest::Heartbeats { relay: 1, beats: vec![Beat { node: 2, instance: 3 }] }).needs_leader());
+        assert!(!Request::from(ClientRequest::GetJob { job: 1 }).needs_leader());
+        assert!(!ClientRequest::ListNodes.needs_leader());
+        assert!(!ClientRequest::QueryJobs { query: JobQuery::default() }.needs_leader());
+        assert!(!PeerRequest::Kill { job: 1, run: 1, checkpoint: false }.needs_leader(), "an order is for the node asked");
     }
 }

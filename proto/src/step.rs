@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{limits, JobId, RunNo};
 #[cfg(doc)]
-use crate::{ApiError, Request};
+use crate::{ApiError, ClientRequest, PeerRequest};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LogStream {
@@ -30,7 +30,7 @@ pub struct StepSpec {
     pub nodes: Vec<StepNode>,
     /// `--gpus-per-task`: each task sees that many of its node's GPUs, by local id.
     pub gpus_per_task: Option<u32>,
-    /// Which tasks read `srun`'s stdin (`--input`), fed by [`Request::StepInput`]; the others
+    /// Which tasks read `srun`'s stdin (`--input`), fed by [`ClientRequest::StepInput`]; the others
     /// read `/dev/null`.
     pub stdin: StepStdin,
     /// `--gres=gpu:N`, `--gpus-per-node=N` or `--gpus=N` inside an allocation: a step on one
@@ -219,7 +219,7 @@ impl TaskExit {
     }
 }
 
-/// The end of one step's tasks on one node ([`Request::ReportStepEnds`]).
+/// The end of one step's tasks on one node ([`PeerRequest::ReportStepEnds`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StepEnd {
     pub job: JobId,

@@ -123,7 +123,7 @@ fn leader_sigkill_new_leader_takes_submissions_within_2s_and_other_jobs_finish()
 #[test]
 fn a_request_forwarded_to_a_killed_leader_is_answered_by_the_next_one() {
     use corral_cli::client::Cluster;
-    use proto::{Reply, Request};
+    use proto::{ClientRequest, Reply};
     let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:8"]);
     // Killed before all three are voters, the leader would take the quorum with it.
     let voters = |c: &TestCluster| {
@@ -138,7 +138,7 @@ fn a_request_forwarded_to_a_killed_leader_is_answered_by_the_next_one() {
         let client = Cluster::connect_to(c.path(), Some(vec![addr.clone()])).expect("client");
         // The survivor has a connection to the leader (this submission went through it).
         let warm = proto::JobSpec::command(vec!["true".into()], "/tmp", "");
-        let warm = client.call_patiently(Request::Submit { spec: warm }, Duration::from_secs(20)).await;
+        let warm = client.call_patiently(ClientRequest::Submit { spec: warm }, Duration::from_secs(20)).await;
         assert!(matches!(warm, Ok(Reply::Submitted { .. })), "{warm:?}");
         // SIGKILL from here, and the call at once: `corral dev signal` waits for the exit, and
         // an election may be over by then.
@@ -150,7 +150,7 @@ fn a_request_forwarded_to_a_killed_leader_is_answered_by_the_next_one() {
         assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0, "kill the leader");
         let killed = Instant::now();
         let spec = proto::JobSpec::command(vec!["true".into()], "/tmp", "");
-        let reply = client.call(Request::Submit { spec }).await;
+        let reply = client.call(ClientRequest::Submit { spec }).await;
         let answered = killed.elapsed();
         assert!(matches!(reply, Ok(Ok(Reply::Submitted { .. }))), "one call through {survivor} after the kill: {reply:?}\n{}", c.logs());
         let after = c.json(&["--server", &addr, "cluster"]);
@@ -166,7 +166,7 @@ fn a_request_forwarded_to_a_killed_leader_is_answered_by_the_next_one() {
 #[test]
 fn a_resent_submission_gets_its_first_job_through_any_node_and_after_a_restart() {
     use corral_cli::client::Cluster;
-    use proto::{Reply, Request};
+    use proto::{ClientRequest, Reply};
     let c = TestCluster::up(&["--nodes", "3", "--gpus", "h100:8", "--snapshot-logs", "20"]);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let spec = proto::JobSpec {
@@ -174,7 +174,7 @@ fn a_resent_submission_gets_its_first_job_through_any_node_and_after_a_restart()
         ..proto::JobSpec::command(vec!["sleep".into(), "60".into()], "/tmp", "")
     };
     let submit_through = |node: &str| {
-        let (addr, request) = (c.addr(node), Request::Submit { spec: spec.clone() });
+        let (addr, request) = (c.addr(node), ClientRequest::Submit { spec: spec.clone() });
         runtime.block_on(async {
             let client = Cluster::connect_to(c.path(), Some(vec![addr])).expect("client");
             match client.call_patiently(request, Duration::from_secs(20)).await {

@@ -9,7 +9,7 @@
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
-use proto::{Command, Envelope, JobSpec, Reply, Request};
+use proto::{ClientRequest, Command, Envelope, JobSpec, Reply};
 
 /// xorshift64*: enough randomness for mutations, reproducible from the seed.
 struct Rng(u64);
@@ -118,9 +118,9 @@ fn spec() -> JobSpec {
 #[test]
 fn envelope() {
     let seeds = vec![
-        proto::encode(&Envelope { hops: 0, request: Request::Submit { spec: spec() }, user: Some("alice".into()) }),
-        proto::encode(&Envelope { hops: 1, request: Request::Cancel { job: 7 }, user: None }),
-        proto::encode(&Envelope { hops: 0, request: Request::ListJobs { include_finished: true }, user: None }),
+        proto::encode(&Envelope { hops: 0, request: ClientRequest::Submit { spec: spec() }.into(), user: Some("alice".into()) }),
+        proto::encode(&Envelope { hops: 1, request: ClientRequest::Cancel { job: 7 }.into(), user: None }),
+        proto::encode(&Envelope { hops: 0, request: ClientRequest::ListJobs { include_finished: true }.into(), user: None }),
     ];
     fuzz("envelope", seeds, proto::fuzzing::envelope);
 }

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use corral_tests::TestCluster;
-use proto::{ApiError, Envelope, Reply, Request};
+use proto::{ApiError, ClientRequest, Envelope, PeerRequest, Reply};
 use transport::pki;
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -28,7 +28,7 @@ fn garbage_frames_and_foreign_certificates_are_refused_while_the_node_keeps_serv
         pki::TlsIdentity::from_pems(&std::fs::read_to_string(dir.join("ca.crt")).expect("ca"), &stranger.cert_pem, &stranger.key_pem)
             .expect("identity");
     runtime().block_on(async {
-        let ask = Envelope { hops: 0, request: Request::ClusterInfo, user: None };
+        let ask = Envelope { hops: 0, request: ClientRequest::ClusterInfo.into(), user: None };
         let foreign = transport::Client::new(transport::endpoint("127.0.0.1:0".parse().expect("addr"), &theirs, false).expect("endpoint"));
         let refused = foreign.call(&addr, &ask, Duration::from_secs(3)).await;
         assert!(refused.is_err(), "a foreign certificate was accepted: {refused:?}");
@@ -52,7 +52,7 @@ fn garbage_frames_and_foreign_certificates_are_refused_while_the_node_keeps_serv
 
         // A user's certificate reaches the client API but not the node-to-node protocol.
         let user = transport::Client::new(endpoint.clone());
-        let heartbeat = Envelope { hops: 0, request: Request::Heartbeat { node: 1, instance: 7, running: vec![] }, user: None };
+        let heartbeat = Envelope { hops: 0, request: PeerRequest::Heartbeat { node: 1, instance: 7, running: vec![] }.into(), user: None };
         match user.call(&addr, &heartbeat, Duration::from_secs(3)).await {
             Ok(Err(ApiError::Denied(why))) => assert!(why.contains("nodes only"), "{why}"),
             other => panic!("a user certificate sent a heartbeat: {other:?}"),

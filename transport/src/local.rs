@@ -154,7 +154,7 @@ pub async fn call_local(path: &Path, envelope: &Envelope, timeout: Duration) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proto::{Reply, Request};
+    use proto::{ClientRequest, Reply, Request};
 
     struct Echo;
     impl LocalHandler for Echo {
@@ -165,7 +165,7 @@ mod tests {
         ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response> + Send + 'static>> {
             Box::pin(async move {
                 match envelope.request {
-                    Request::Cancel { job } => Ok(Reply::Submitted { job: job + u64::from(peer.uid) * 1_000_000 }),
+                    Request::Client(ClientRequest::Cancel { job }) => Ok(Reply::Submitted { job: job + u64::from(peer.uid) * 1_000_000 }),
                     _ => Err(ApiError::Invalid("only cancel".into())),
                 }
             })
@@ -178,7 +178,7 @@ mod tests {
         let path = dir.path().join("corral.sock");
         let listener = bind(&path).expect("bind");
         tokio::spawn(serve_local(listener, Arc::new(Echo)));
-        let env = Envelope { hops: 0, request: Request::Cancel { job: 7 }, user: None };
+        let env = Envelope { hops: 0, request: ClientRequest::Cancel { job: 7 }.into(), user: None };
         let reply = call_local(&path, &env, Duration::from_secs(5)).await.expect("call");
         // Our uid: the owner of the directory we just created.
         let me = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(dir.path()).expect("stat"));

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use proto::{ApiError, Envelope, Reply, Request, Response, PROTOCOL_VERSION};
+use proto::{ApiError, ClientRequest, Envelope, Reply, Request, Response, PROTOCOL_VERSION};
 
 use super::*;
 
@@ -23,18 +23,25 @@ const LONG_REFUSAL_JOB: u64 = 1_000_000;
 
 impl Handler for TestHandler {
     fn takes_datagram(&self, envelope: &Envelope) -> bool {
-        matches!(envelope.request, Request::Cancel { .. } | Request::ListNodes | Request::ClusterInfo)
+        matches!(
+            envelope.request,
+            Request::Client(ClientRequest::Cancel { .. })
+                | Request::Client(ClientRequest::ListNodes)
+                | Request::Client(ClientRequest::ClusterInfo)
+        )
     }
 
     fn handle(&self, peer: Peer, envelope: Envelope) -> Pin<Box<dyn Future<Output = Response> + Send + 'static>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         Box::pin(async move {
             match envelope.request {
-                Request::Cancel { job } if job >= LONG_REFUSAL_JOB => Err(ApiError::Denied("d".repeat((job - LONG_REFUSAL_JOB) as usize))),
-                Request::Cancel { job } => Ok(Reply::Submitted { job }),
-                Request::ListNodes => Ok(Reply::Joined { id: 0, name: peer.common_name }),
-                Request::ClusterInfo => std::future::pending().await,
-                Request::Resume { node } => panic!("handler asked to panic for {node}"),
+                Request::Client(ClientRequest::Cancel { job }) if job >= LONG_REFUSAL_JOB => {
+                    Err(ApiError::Denied("d".repeat((job - LONG_REFUSAL_JOB) as usize)))
+                }
+                Request::Client(ClientRequest::Cancel { job }) => Ok(Reply::Submitted { job }),
+                Request::Client(ClientRequest::ListNodes) => Ok(Reply::Joined { id: 0, name: peer.common_name }),
+                Request::Client(ClientRequest::ClusterInfo) => std::future::pending().await,
+                Request::Client(ClientRequest::Resume { node }) => panic!("handler asked to panic for {node}"),
                 _ => Err(ApiError::Invalid("not in this test".into())),
             }
         })
@@ -79,12 +86,12 @@ fn start_server(id: &TlsIdentity, bind: SocketAddr) -> Server {
     Server { endpoint, addr, handler, task }
 }
 
-fn envelope(request: Request) -> Envelope {
-    Envelope { hops: 0, request, user: None }
+fn envelope(request: impl Into<Request>) -> Envelope {
+    Envelope { hops: 0, request: request.into(), user: None }
 }
 
 async fn cancel(client: &Client, addr: &str, job: u64) -> Result<Response, CallError> {
-    client.call(addr, &envelope(Request::Cancel { job }), CALL_TIMEOUT).await
+    client.call(addr, &envelope(ClientRequest::Cancel { job }), CALL_TIMEOUT).await
 }
 
 /// A raw connection from a good client, for writing frames by hand.
@@ -116,14 +123,14 @@ async fn request_round_trips_and_names_the_peer() {
     let client = cluster.client("alice");
 
     assert_eq!(cancel(&client, &addr, 7).await.expect("call"), Ok(Reply::Submitted { job: 7 }));
-    let named = client.call(&addr, &envelope(Request::ListNodes), CALL_TIMEOUT).await.expect("call");
+    let named = client.call(&addr, &envelope(ClientRequest::ListNodes), CALL_TIMEOUT).await.expect("call");
     assert_eq!(named, Ok(Reply::Joined { id: 0, name: "user:alice".into() }));
-    let refused = client.call(&addr, &envelope(Request::ListJobs { include_finished: true }), CALL_TIMEOUT).await;
+    let refused = client.call(&addr, &envelope(ClientRequest::ListJobs { include_finished: true }), CALL_TIMEOUT).await;
     assert_eq!(refused.expect("call"), Err(ApiError::Invalid("not in this test".into())));
 
     // A node dialing with its own certificate is named by it.
     let node_client = Client::new(endpoint(LOOPBACK.parse().expect("addr"), &cluster.server_id, false).expect("ep"));
-    let named = node_client.call(&addr, &envelope(Request::ListNodes), CALL_TIMEOUT).await.expect("call");
+    let named = node_client.call(&addr, &envelope(ClientRequest::ListNodes), CALL_TIMEOUT).await.expect("call");
     assert_eq!(named, Ok(Reply::Joined { id: 0, name: "node-a".into() }));
 
     // Many calls at once share one connection.
@@ -183,7 +190,7 @@ async fn bad_frames_fail_their_stream_only() {
     assert!(matches!(response, Err(ApiError::Invalid(_))), "{response:?}");
 
     // Another protocol version.
-    let mut other_version = proto::encode(&envelope(Request::Cancel { job: 1 }));
+    let mut other_version = proto::encode(&envelope(ClientRequest::Cancel { job: 1 }));
     other_version[0] = PROTOCOL_VERSION.wrapping_add(98);
     let reply = raw_exchange(&conn, &framed(&other_version), true).await.expect("reply to other version");
     let response: Response = proto::decode(&reply, FRAME_BYTES_MAX).expect("decode reply");
@@ -209,13 +216,13 @@ async fn bad_frames_fail_their_stream_only() {
     }
 
     // A panicking handler answers with an internal error.
-    let panic_frame = framed(&proto::encode(&envelope(Request::Resume { node: "x".into() })));
+    let panic_frame = framed(&proto::encode(&envelope(ClientRequest::Resume { node: "x".into() })));
     let reply = raw_exchange(&conn, &panic_frame, true).await.expect("reply to panic");
     let response: Response = proto::decode(&reply, FRAME_BYTES_MAX).expect("decode reply");
     assert!(matches!(response, Err(ApiError::Internal(_))), "{response:?}");
 
     // The same connection and the server still answer good requests.
-    let good = framed(&proto::encode(&envelope(Request::Cancel { job: 9 })));
+    let good = framed(&proto::encode(&envelope(ClientRequest::Cancel { job: 9 })));
     let reply = raw_exchange(&conn, &good, true).await.expect("reply to good frame");
     assert_eq!(proto::decode::<Response>(&reply, FRAME_BYTES_MAX), Ok(Ok(Reply::Submitted { job: 9 })));
     assert!(conn.close_reason().is_none());
@@ -280,7 +287,7 @@ async fn call_times_out_and_dead_connections_are_replaced() {
     let addr = server.addr.to_string();
     let client = cluster.client("alice");
 
-    let slow = client.call(&addr, &envelope(Request::ClusterInfo), Duration::from_millis(200)).await;
+    let slow = client.call(&addr, &envelope(ClientRequest::ClusterInfo), Duration::from_millis(200)).await;
     assert_eq!(slow, Err(CallError::Timeout));
     assert_eq!(cancel(&client, &addr, 1).await.expect("call after timeout"), Ok(Reply::Submitted { job: 1 }));
 
@@ -310,7 +317,7 @@ async fn call_times_out_and_dead_connections_are_replaced() {
 
     // Nobody listening: the call fails within its timeout.
     restarted.endpoint.close(VarInt::from_u32(0), b"stop");
-    let err = client.call(&addr, &envelope(Request::Cancel { job: 5 }), Duration::from_millis(500)).await;
+    let err = client.call(&addr, &envelope(ClientRequest::Cancel { job: 5 }), Duration::from_millis(500)).await;
     assert!(err.is_err(), "{err:?}");
 }
 
@@ -341,13 +348,13 @@ async fn a_peer_of_another_protocol_version_is_refused_with_a_clear_message() {
     // A build that speaks only a future version.
     let future = PROTOCOL_VERSION + 1;
     let ep = endpoint_speaking(LOOPBACK.parse().expect("addr"), &cluster.user("next"), false, &[future]).expect("endpoint");
-    let err = Client::new(ep).call(&addr, &envelope(Request::Cancel { job: 1 }), CALL_TIMEOUT).await.expect_err("refused");
+    let err = Client::new(ep).call(&addr, &envelope(ClientRequest::Cancel { job: 1 }), CALL_TIMEOUT).await.expect_err("refused");
     let text = err.to_string();
     assert!(text.contains("incompatible protocol versions"), "{text}");
     assert!(text.contains(&format!("corral/{PROTOCOL_VERSION}")), "{text}");
     // A build that speaks the next version and still ours negotiates ours.
     let ep = endpoint_speaking(LOOPBACK.parse().expect("addr"), &cluster.user("both"), false, &[future, PROTOCOL_VERSION]).expect("ep");
-    let reply = Client::new(ep).call(&addr, &envelope(Request::Cancel { job: 2 }), CALL_TIMEOUT).await.expect("call");
+    let reply = Client::new(ep).call(&addr, &envelope(ClientRequest::Cancel { job: 2 }), CALL_TIMEOUT).await.expect("call");
     assert_eq!(reply, Ok(Reply::Submitted { job: 2 }));
     // The server kept serving this build all along.
     assert_eq!(cancel(&cluster.client("alice"), &addr, 3).await.expect("call"), Ok(Reply::Submitted { job: 3 }));
@@ -360,13 +367,13 @@ async fn a_machine_without_a_certificate_reaches_only_a_server_of_the_pinned_ca(
     let addr = server.addr.to_string();
     let fingerprint = cluster.server_id.ca_fingerprint();
     // The right CA: the server answers, and names the caller anonymous.
-    let named = call_pinned(&addr, &fingerprint, &envelope(Request::ListNodes), CALL_TIMEOUT).await.expect("call");
+    let named = call_pinned(&addr, &fingerprint, &envelope(ClientRequest::ListNodes), CALL_TIMEOUT).await.expect("call");
     assert_eq!(named, Ok(Reply::Joined { id: 0, name: ANONYMOUS_PEER.into() }));
     // Another CA's fingerprint: the handshake fails before anything is sent.
     let calls = server.handler.calls.load(Ordering::SeqCst);
     let other = generate_ca("other").expect("other CA");
     let wrong = ca_fingerprint(&other.cert_pem).expect("fingerprint");
-    let err = call_pinned(&addr, &wrong, &envelope(Request::ListNodes), CALL_TIMEOUT).await.expect_err("refused");
+    let err = call_pinned(&addr, &wrong, &envelope(ClientRequest::ListNodes), CALL_TIMEOUT).await.expect_err("refused");
     assert!(err.to_string().contains("handshake"), "{err}");
     assert_eq!(server.handler.calls.load(Ordering::SeqCst), calls, "the request never reached the server");
 }
@@ -392,7 +399,7 @@ async fn a_connection_idle_past_the_limit_is_closed_and_the_next_call_dials_anew
     // idle limit while another waits reuses the same connection.
     let waiting = {
         let (client, addr) = (client.clone(), addr.clone());
-        tokio::spawn(async move { client.call(&addr, &envelope(Request::ClusterInfo), Duration::from_secs(5)).await })
+        tokio::spawn(async move { client.call(&addr, &envelope(ClientRequest::ClusterInfo), Duration::from_secs(5)).await })
     };
     tokio::time::sleep(CONNECTION_SWEEP_INTERVAL + Duration::from_millis(200)).await;
     assert_eq!(cancel(&client, &addr, 3).await.expect("call while another waits"), Ok(Reply::Submitted { job: 3 }));
@@ -408,9 +415,9 @@ fn cancels_at_once(client: &Client, addr: &str, jobs: u64, connect: Duration) ->
     (0..jobs)
         .map(|job| {
             let (client, addr) = (client.clone(), addr.to_string());
-            tokio::spawn(
-                async move { client.call_connecting_within(&addr, &envelope(Request::Cancel { job }), CALL_TIMEOUT, connect).await },
-            )
+            tokio::spawn(async move {
+                client.call_connecting_within(&addr, &envelope(ClientRequest::Cancel { job }), CALL_TIMEOUT, connect).await
+            })
         })
         .collect()
 }
@@ -459,7 +466,7 @@ async fn a_call_to_a_peer_that_died_silently_fails_within_the_unacked_silence() 
     // timeout, past the silence bound, and keeps its connection.
     let silence = Duration::from_millis(UNACKED_SILENCE_MS);
     let connect = Duration::from_millis(CONNECT_TIMEOUT_MS);
-    let slow = client.call_failing_on_silence(&addr, &envelope(Request::ClusterInfo), silence * 3, connect).await;
+    let slow = client.call_failing_on_silence(&addr, &envelope(ClientRequest::ClusterInfo), silence * 3, connect).await;
     assert_eq!(slow, Err(CallError::Timeout));
     assert!(client.lock().contains_key(&addr), "a slow peer keeps its connection");
 
@@ -468,7 +475,7 @@ async fn a_call_to_a_peer_that_died_silently_fails_within_the_unacked_silence() 
     let spare = std::net::UdpSocket::bind(LOOPBACK).expect("bind a spare socket");
     server.endpoint.rebind(spare).expect("move the server off its port");
     let started = std::time::Instant::now();
-    let dead = client.call_failing_on_silence(&addr, &envelope(Request::Cancel { job: 2 }), CALL_TIMEOUT, connect).await;
+    let dead = client.call_failing_on_silence(&addr, &envelope(ClientRequest::Cancel { job: 2 }), CALL_TIMEOUT, connect).await;
     assert_eq!(dead, Err(CallError::Silent(UNACKED_SILENCE_MS)));
     assert!(started.elapsed() < silence * 2, "took {:?} with a {CALL_TIMEOUT:?} call timeout", started.elapsed());
     assert!(!client.lock().contains_key(&addr), "the dead peer's connection is dropped");
@@ -486,12 +493,12 @@ async fn a_datagram_call_round_trips_and_goes_by_stream_when_it_does_not_fit() {
         async move { client.call_datagram(&addr, &e, CALL_TIMEOUT, resend).await.expect("datagram call") }
     };
 
-    assert_eq!(call(envelope(Request::Cancel { job: 7 })).await, Ok(Reply::Submitted { job: 7 }));
-    assert_eq!(call(envelope(Request::ListNodes)).await, Ok(Reply::Joined { id: 0, name: "user:alice".into() }));
+    assert_eq!(call(envelope(ClientRequest::Cancel { job: 7 })).await, Ok(Reply::Submitted { job: 7 }));
+    assert_eq!(call(envelope(ClientRequest::ListNodes)).await, Ok(Reply::Joined { id: 0, name: "user:alice".into() }));
     let conn = client.lock().get(&addr).map(|c| c.conn.clone()).expect("cached");
     let streams_before = conn.stats().frame_tx.stream;
     // Many at once, each answered with its own reply on the one connection, and no stream.
-    let calls: Vec<_> = (0..64u64).map(|job| tokio::spawn(call(envelope(Request::Cancel { job })))).collect();
+    let calls: Vec<_> = (0..64u64).map(|job| tokio::spawn(call(envelope(ClientRequest::Cancel { job })))).collect();
     for (job, c) in calls.into_iter().enumerate() {
         assert_eq!(c.await.expect("join"), Ok(Reply::Submitted { job: job as u64 }));
     }
@@ -499,21 +506,22 @@ async fn a_datagram_call_round_trips_and_goes_by_stream_when_it_does_not_fit() {
     assert_eq!(server.handler.calls.load(Ordering::SeqCst), 2 + 64);
 
     // Only what the handler takes as a datagram.
-    let refused = call(envelope(Request::ListJobs { include_finished: true })).await;
+    let refused = call(envelope(ClientRequest::ListJobs { include_finished: true })).await;
     assert_eq!(refused, Err(ApiError::Invalid("this request is not taken as a datagram".into())));
     assert_eq!(server.handler.calls.load(Ordering::SeqCst), 2 + 64);
 
     // A request too large for a datagram goes by stream.
-    let big = Envelope { hops: 0, request: Request::Cancel { job: 9 }, user: Some("u".repeat(2 * datagram::DATAGRAM_BYTES_MAX)) };
+    let big =
+        Envelope { hops: 0, request: ClientRequest::Cancel { job: 9 }.into(), user: Some("u".repeat(2 * datagram::DATAGRAM_BYTES_MAX)) };
     assert_eq!(call(big).await, Ok(Reply::Submitted { job: 9 }));
     assert!(conn.stats().frame_tx.stream > streams_before);
     // A reply too large for one is asked for again by stream: the handler runs twice.
     let calls_before = server.handler.calls.load(Ordering::SeqCst);
-    let long = call(envelope(Request::Cancel { job: LONG_REFUSAL_JOB + 3_000 })).await;
+    let long = call(envelope(ClientRequest::Cancel { job: LONG_REFUSAL_JOB + 3_000 })).await;
     assert_eq!(long, Err(ApiError::Denied("d".repeat(3_000))));
     assert_eq!(server.handler.calls.load(Ordering::SeqCst), calls_before + 2);
     // A short refusal comes back as it is.
-    let short = call(envelope(Request::Cancel { job: LONG_REFUSAL_JOB + 10 })).await;
+    let short = call(envelope(ClientRequest::Cancel { job: LONG_REFUSAL_JOB + 10 })).await;
     assert_eq!(short, Err(ApiError::Denied("d".repeat(10))));
 }
 
@@ -524,7 +532,7 @@ async fn an_unanswered_datagram_call_is_resent_then_times_out_and_a_live_peer_ke
     let addr = server.addr.to_string();
     let client = cluster.client("alice");
     assert_eq!(
-        client.call_datagram(&addr, &envelope(Request::Cancel { job: 1 }), CALL_TIMEOUT, CALL_TIMEOUT).await.expect("call"),
+        client.call_datagram(&addr, &envelope(ClientRequest::Cancel { job: 1 }), CALL_TIMEOUT, CALL_TIMEOUT).await.expect("call"),
         Ok(Reply::Submitted { job: 1 })
     );
     let conn = client.lock().get(&addr).map(|c| c.conn.clone()).expect("cached");
@@ -532,7 +540,8 @@ async fn an_unanswered_datagram_call_is_resent_then_times_out_and_a_live_peer_ke
     // ClusterInfo is never answered: sent every 100 ms until the 450 ms are up.
     let started = std::time::Instant::now();
     let sent_before = conn.stats().frame_tx.datagram;
-    let slow = client.call_datagram(&addr, &envelope(Request::ClusterInfo), Duration::from_millis(450), Duration::from_millis(100)).await;
+    let slow =
+        client.call_datagram(&addr, &envelope(ClientRequest::ClusterInfo), Duration::from_millis(450), Duration::from_millis(100)).await;
     assert_eq!(slow, Err(CallError::Timeout));
     assert!(started.elapsed() < Duration::from_millis(1_000), "{:?}", started.elapsed());
     // The first send and four resends went out.
@@ -540,7 +549,7 @@ async fn an_unanswered_datagram_call_is_resent_then_times_out_and_a_live_peer_ke
     // The peer acknowledged the datagrams: alive, so its connection stays for the next call.
     assert_eq!(client.lock().get(&addr).map(|c| c.conn.stable_id()), Some(conn.stable_id()));
     assert_eq!(
-        client.call_datagram(&addr, &envelope(Request::Cancel { job: 2 }), CALL_TIMEOUT, CALL_TIMEOUT).await.expect("call"),
+        client.call_datagram(&addr, &envelope(ClientRequest::Cancel { job: 2 }), CALL_TIMEOUT, CALL_TIMEOUT).await.expect("call"),
         Ok(Reply::Submitted { job: 2 })
     );
     // The server reads a connection's datagrams in turn, so it read every resend before job 2:
@@ -550,12 +559,13 @@ async fn an_unanswered_datagram_call_is_resent_then_times_out_and_a_live_peer_ke
 
     // A server that went away: the call fails within its time.
     server.endpoint.close(VarInt::from_u32(0), b"stop");
-    let gone =
-        client.call_datagram(&addr, &envelope(Request::Cancel { job: 3 }), Duration::from_millis(500), Duration::from_millis(100)).await;
+    let gone = client
+        .call_datagram(&addr, &envelope(ClientRequest::Cancel { job: 3 }), Duration::from_millis(500), Duration::from_millis(100))
+        .await;
     assert!(gone.is_err(), "{gone:?}");
     // Blocked addresses are refused at once, as for a call.
     client.set_blocked(vec!["*".into()]);
-    let blocked = client.call_datagram(&addr, &envelope(Request::Cancel { job: 4 }), CALL_TIMEOUT, CALL_TIMEOUT).await;
+    let blocked = client.call_datagram(&addr, &envelope(ClientRequest::Cancel { job: 4 }), CALL_TIMEOUT, CALL_TIMEOUT).await;
     assert!(matches!(blocked, Err(CallError::Connect(_))), "{blocked:?}");
 }
 
@@ -607,7 +617,9 @@ async fn a_peer_restarted_on_its_address_resets_the_old_connections_and_the_next
         let client = client.clone();
         let addr = addr.to_string();
         async move {
-            client.call_datagram(&addr, &envelope(Request::Cancel { job }), Duration::from_millis(500), Duration::from_millis(100)).await
+            client
+                .call_datagram(&addr, &envelope(ClientRequest::Cancel { job }), Duration::from_millis(500), Duration::from_millis(100))
+                .await
         }
     };
     assert_eq!(call(1).await.expect("call"), Ok(Reply::Submitted { job: 1 }));
@@ -657,15 +669,15 @@ async fn a_server_busy_with_handshakes_refuses_at_once_and_counts_it() {
     let before = crate::counters().refused_busy;
     let client = cluster.client("c1");
     let started = std::time::Instant::now();
-    let refused = client.call_failing_on_silence(&addr, &envelope(Request::Cancel { job: 1 }), CALL_TIMEOUT, CALL_TIMEOUT).await;
+    let refused = client.call_failing_on_silence(&addr, &envelope(ClientRequest::Cancel { job: 1 }), CALL_TIMEOUT, CALL_TIMEOUT).await;
     assert!(matches!(refused, Err(CallError::Connect(_))), "{refused:?}");
     assert!(started.elapsed() < CALL_TIMEOUT / 2, "refused in {:?}, not timed out", started.elapsed());
     assert!(crate::counters().refused_busy > before);
     // Refused, the client leaves the peer alone for 200-600 ms: calls fail without a dial.
-    let again = client.call_failing_on_silence(&addr, &envelope(Request::Cancel { job: 2 }), CALL_TIMEOUT, CALL_TIMEOUT).await;
+    let again = client.call_failing_on_silence(&addr, &envelope(ClientRequest::Cancel { job: 2 }), CALL_TIMEOUT, CALL_TIMEOUT).await;
     assert!(matches!(&again, Err(CallError::Connect(why)) if why.contains("not dialed again")), "{again:?}");
     tokio::time::sleep(Duration::from_millis(650)).await;
-    let later = client.call_failing_on_silence(&addr, &envelope(Request::Cancel { job: 3 }), CALL_TIMEOUT, CALL_TIMEOUT).await;
+    let later = client.call_failing_on_silence(&addr, &envelope(ClientRequest::Cancel { job: 3 }), CALL_TIMEOUT, CALL_TIMEOUT).await;
     assert!(matches!(&later, Err(CallError::Connect(why)) if !why.contains("not dialed again")), "dialed again: {later:?}");
     full.close(0u32.into(), b"done");
     task.abort();

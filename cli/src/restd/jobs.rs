@@ -10,7 +10,7 @@ use std::sync::Arc;
 use axum::extract::{Extension, Path as UrlPath, Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use proto::{ApiError, Reply, Request};
+use proto::{ApiError, ClientRequest, Reply};
 use serde_json::{json, Value};
 use slurm_compat::openapi::Version;
 
@@ -49,7 +49,7 @@ pub(super) async fn job(State(served): State<Arc<Served>>, Extension(caller): Ex
     let Ok(job_id) = id.parse::<proto::JobId>() else { return invalid() };
     let cluster = api.cluster_for(user);
     let found = async {
-        let reply = cluster.call_patiently(Request::GetJob { job: job_id }, PATIENCE).await?;
+        let reply = cluster.call_patiently(ClientRequest::GetJob { job: job_id }, PATIENCE).await?;
         let Reply::Job(job) = reply else { anyhow::bail!("unexpected reply {reply:?}") };
         let names = node_names(&cluster).await?;
         anyhow::Ok(crate::slurm::openapi_job(version, &job, &names))
@@ -93,8 +93,8 @@ pub(super) async fn cancel(
     };
     let Ok(job) = id.parse::<proto::JobId>() else { return invalid() };
     let request = match signal {
-        None => Request::Cancel { job },
-        Some(signal) => Request::Signal { job, signal, batch_only: false },
+        None => ClientRequest::Cancel { job },
+        Some(signal) => ClientRequest::Signal { job, signal, batch_only: false },
     };
     match api.cluster_for(user).call_patiently(request, PATIENCE).await {
         Ok(_) => reply(version, StatusCode::OK, Vec::new(), Vec::new()),
@@ -227,7 +227,7 @@ pub(super) async fn submit(State(served): State<Arc<Served>>, Extension(caller):
         Ok(spec) => spec,
         Err(r) => return r.respond(version),
     };
-    match api.cluster_for(user).call_patiently(Request::Submit { spec }, PATIENCE).await {
+    match api.cluster_for(user).call_patiently(ClientRequest::Submit { spec }, PATIENCE).await {
         Ok(Reply::Submitted { job }) => reply(
             version,
             StatusCode::OK,

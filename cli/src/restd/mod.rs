@@ -29,7 +29,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use proto::{ApiError, Request};
+use proto::{ApiError, ClientRequest};
 use serde_json::{json, Value};
 use slurm_compat::openapi::{self, Version};
 use tracing::{debug, warn};
@@ -184,7 +184,7 @@ async fn caller_of(der: &[u8], api: &Api) -> Caller {
     let Some(user) = name.strip_prefix(transport::pki::USER_CN_PREFIX) else {
         return Caller(Err(format!("{name} is not a user's certificate")));
     };
-    let check = Request::CheckCert { fingerprint, common_name: name.clone() };
+    let check = ClientRequest::CheckCert { fingerprint, common_name: name.clone() };
     match Cluster::local(&api.socket).call_patiently(check, PATIENCE).await {
         Ok(_) => Caller(Ok(user.to_string())),
         Err(e) => Caller(Err(format!("{e:#}"))),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use axum::extract::{Extension, Path as UrlPath, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use proto::{Reply, Request};
+use proto::{ClientRequest, Reply};
 use serde_json::{json, Value};
 use slurm_compat::openapi;
 
@@ -16,7 +16,7 @@ use crate::slurm::PATIENCE;
 pub(super) async fn ping(State(served): State<Arc<Served>>, Extension(caller): Extension<Caller>) -> Response {
     let (api, version) = (&served.api, served.version);
     let Some(user) = caller.user() else { return caller.refusal(version) };
-    match api.cluster_for(user).call_patiently(Request::ClusterInfo, PATIENCE).await {
+    match api.cluster_for(user).call_patiently(ClientRequest::ClusterInfo, PATIENCE).await {
         Ok(Reply::Cluster(info)) => {
             // slurmrestd pings the controllers: here the voters, the leader first.
             let mut voters: Vec<_> = info.members.iter().filter(|m| m.role != proto::NodeRole::Agent).collect();
@@ -51,7 +51,7 @@ pub(super) async fn node(
 async fn nodes_named(served: &Served, caller: &Caller, name: Option<String>) -> Response {
     let (api, version) = (&served.api, served.version);
     let Some(user) = caller.user() else { return caller.refusal(version) };
-    let mut nodes = match api.cluster_for(user).call_patiently(Request::ListNodes, PATIENCE).await {
+    let mut nodes = match api.cluster_for(user).call_patiently(ClientRequest::ListNodes, PATIENCE).await {
         Ok(Reply::Nodes(nodes)) => nodes,
         Ok(other) => {
             return failed(

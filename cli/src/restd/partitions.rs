@@ -10,7 +10,7 @@ use std::sync::Arc;
 use axum::extract::{Extension, Path as UrlPath, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use proto::{NodeInfo, PartitionDef, Reply, Request, SchedulerPolicy};
+use proto::{ClientRequest, NodeInfo, PartitionDef, Reply, SchedulerPolicy};
 use serde_json::{json, Value};
 
 use super::{failed, reply, slurm_error, Caller, Served};
@@ -35,18 +35,20 @@ async fn partitions_named(served: &Served, caller: &Caller, name: Option<String>
     let (api, version) = (&served.api, served.version);
     let Some(user) = caller.user() else { return caller.refusal(version) };
     let cluster = api.cluster_for(user);
-    let (policy, nodes) =
-        match (cluster.call_patiently(Request::GetPolicy, PATIENCE).await, cluster.call_patiently(Request::ListNodes, PATIENCE).await) {
-            (Ok(Reply::Policy(policy)), Ok(Reply::Nodes(nodes))) => (policy, nodes),
-            (Err(e), _) | (_, Err(e)) => {
-                let (error, number) = slurm_error(&e);
-                return failed(version, "slurm_load_partitions", &error, format!("{e:#}"), number, vec![("partitions", json!([]))]);
-            }
-            (other, _) => {
-                let why = format!("unexpected reply {other:?}");
-                return failed(version, "slurm_load_partitions", "Unspecified error", why, -1, vec![("partitions", json!([]))]);
-            }
-        };
+    let (policy, nodes) = match (
+        cluster.call_patiently(ClientRequest::GetPolicy, PATIENCE).await,
+        cluster.call_patiently(ClientRequest::ListNodes, PATIENCE).await,
+    ) {
+        (Ok(Reply::Policy(policy)), Ok(Reply::Nodes(nodes))) => (policy, nodes),
+        (Err(e), _) | (_, Err(e)) => {
+            let (error, number) = slurm_error(&e);
+            return failed(version, "slurm_load_partitions", &error, format!("{e:#}"), number, vec![("partitions", json!([]))]);
+        }
+        (other, _) => {
+            let why = format!("unexpected reply {other:?}");
+            return failed(version, "slurm_load_partitions", "Unspecified error", why, -1, vec![("partitions", json!([]))]);
+        }
+    };
     let shown: Vec<Value> = dump_all(&policy, &nodes)
         .into_iter()
         .filter(|(n, _)| name.as_deref().is_none_or(|want| n.eq_ignore_ascii_case(want)))

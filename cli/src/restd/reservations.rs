@@ -6,7 +6,7 @@ use std::sync::Arc;
 use axum::extract::{Extension, Path as UrlPath, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use proto::{AdminReservation, NodeInfo, Reply, Request};
+use proto::{AdminReservation, ClientRequest, NodeInfo, Reply};
 use serde_json::{json, Value};
 
 use super::{failed, reply, Caller, Served};
@@ -34,8 +34,8 @@ async fn reservations_named(served: &Served, caller: &Caller, name: Option<Strin
     let Some(user) = caller.user() else { return caller.refusal(version) };
     let cluster = api.cluster_for(user);
     let (list, nodes) = match (
-        cluster.call_patiently(Request::GetReservations, PATIENCE).await,
-        cluster.call_patiently(Request::ListNodes, PATIENCE).await,
+        cluster.call_patiently(ClientRequest::GetReservations, PATIENCE).await,
+        cluster.call_patiently(ClientRequest::ListNodes, PATIENCE).await,
     ) {
         (Ok(Reply::Reservations(list)), Ok(Reply::Nodes(nodes))) => (list, nodes),
         (Err(e), _) | (_, Err(e)) => {

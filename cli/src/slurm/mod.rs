@@ -43,7 +43,7 @@ use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
-use proto::{ApiError, Job, JobId, JobState, NodeInfo, Reply, Request};
+use proto::{ApiError, ClientRequest, Job, JobId, JobState, NodeInfo, Reply};
 pub use slurm_compat::{env, hostlist};
 
 use crate::client::Cluster;
@@ -195,7 +195,7 @@ pub fn connect(prog: &str) -> Result<Cluster, SlurmError> {
 }
 
 /// One request, retried through elections; errors become `PROG: error: ...`.
-pub async fn call(prog: &str, cluster: &Cluster, request: Request) -> Result<Reply, SlurmError> {
+pub async fn call(prog: &str, cluster: &Cluster, request: ClientRequest) -> Result<Reply, SlurmError> {
     cluster.call_patiently(request, PATIENCE).await.map_err(|e| SlurmError::fatal(prog, describe_error(&e)))
 }
 
@@ -225,7 +225,7 @@ pub fn query_ids(jobs: &[String]) -> Option<Vec<JobId>> {
 }
 
 pub async fn list_nodes(prog: &str, cluster: &Cluster) -> Result<Vec<NodeInfo>, SlurmError> {
-    match call(prog, cluster, Request::ListNodes).await? {
+    match call(prog, cluster, ClientRequest::ListNodes).await? {
         Reply::Nodes(nodes) => Ok(nodes),
         other => Err(SlurmError::fatal(prog, format!("unexpected reply {other:?}"))),
     }
@@ -233,7 +233,7 @@ pub async fn list_nodes(prog: &str, cluster: &Cluster) -> Result<Vec<NodeInfo>, 
 
 /// The replicated scheduling policy (partitions' defaults and time limits).
 pub async fn get_policy(prog: &str, cluster: &Cluster) -> Result<proto::SchedulerPolicy, SlurmError> {
-    match call(prog, cluster, Request::GetPolicy).await? {
+    match call(prog, cluster, ClientRequest::GetPolicy).await? {
         Reply::Policy(policy) => Ok(policy),
         other => Err(SlurmError::fatal(prog, format!("unexpected reply {other:?}"))),
     }

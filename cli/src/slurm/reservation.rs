@@ -1,7 +1,7 @@
 //! `scontrol create|update|delete reservation` and `scontrol show reservation`, as Slurm 22.05
 //! takes and prints them (checked against the peer in `../shared/peers/slurm`).
 
-use proto::{AdminReservation, NodeInfo, Request, ReservationChanges, ReservationEdit};
+use proto::{AdminReservation, ClientRequest, NodeInfo, ReservationChanges, ReservationEdit};
 
 use super::{hostlist, time, SlurmError};
 
@@ -84,7 +84,7 @@ pub fn send(edit: ReservationEdit) -> Result<i32, SlurmError> {
         _ => None,
     };
     let cluster = super::connect(PROG)?;
-    let reply = super::block_on(PROG, async { cluster.call_patiently(Request::EditReservation { edit }, super::PATIENCE).await })?;
+    let reply = super::block_on(PROG, async { cluster.call_patiently(ClientRequest::EditReservation { edit }, super::PATIENCE).await })?;
     match reply {
         Ok(proto::Reply::ReservationMade { name }) => println!("Reservation created: {name}"),
         Ok(_) if deleting.is_none() => println!("Reservation updated."),
@@ -109,7 +109,7 @@ pub fn send(edit: ReservationEdit) -> Result<i32, SlurmError> {
 pub fn show(name: Option<&str>) -> Result<i32, SlurmError> {
     let cluster = super::connect(PROG)?;
     let (list, nodes) = super::block_on(PROG, async {
-        let list = match cluster.call_patiently(Request::GetReservations, super::PATIENCE).await {
+        let list = match cluster.call_patiently(ClientRequest::GetReservations, super::PATIENCE).await {
             Ok(proto::Reply::Reservations(l)) => l,
             Ok(other) => return Err(SlurmError::fatal(PROG, format!("unexpected reply {other:?}"))),
             Err(e) => return Err(SlurmError::fatal(PROG, super::describe_error(&e))),

@@ -12,7 +12,7 @@ use std::process::{Child, Command};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
-use proto::{Job, JobState, Reply, Request};
+use proto::{ClientRequest, Job, JobState, Reply};
 
 use super::opts::{self, opt, Arg, OptDef, Parsed};
 use super::sbatch::{Builder, Context, Submission};
@@ -205,7 +205,7 @@ pub(super) async fn granted(
     // Each program's words for a refused submission (Slurm 22.05's).
     let refused = if prog == PROG { "Job submit/allocate failed" } else { "Unable to allocate resources" };
     let reply = cluster
-        .call_patiently(Request::Submit { spec: sub.spec.clone() }, super::PATIENCE)
+        .call_patiently(ClientRequest::Submit { spec: sub.spec.clone() }, super::PATIENCE)
         .await
         .map_err(|e| SlurmError::fatal(prog, format!("{refused}: {}", super::describe_error(&e))))?;
     let Reply::Submitted { job: id } = reply else {
@@ -215,12 +215,12 @@ pub(super) async fn granted(
     let mut announced = false;
     loop {
         if SIGNAL.swap(0, Ordering::SeqCst) != 0 {
-            if let Err(e) = super::call(prog, cluster, Request::Cancel { job: id }).await {
+            if let Err(e) = super::call(prog, cluster, ClientRequest::Cancel { job: id }).await {
                 eprintln!("{}", e.text);
             }
             return Err(SlurmError::fatal(prog, format!("Job allocation {id} has been revoked.")));
         }
-        let job = match super::call(prog, cluster, Request::GetJob { job: id }).await? {
+        let job = match super::call(prog, cluster, ClientRequest::GetJob { job: id }).await? {
             Reply::Job(j) => *j,
             other => return Err(SlurmError::fatal(prog, format!("unexpected reply {other:?}"))),
         };
@@ -283,7 +283,7 @@ fn watch(cluster: &crate::client::Cluster, job: &Job, child: &mut Child, say: &i
         }
         if !revoked {
             // A failed read (an election) is tried again at the next tick.
-            let now = super::block_on(PROG, cluster.call(Request::GetJob { job: job.id }))?;
+            let now = super::block_on(PROG, cluster.call(ClientRequest::GetJob { job: job.id }))?;
             if let Ok(Ok(Reply::Job(j))) = now {
                 if j.state.is_final() {
                     if j.state == JobState::Timeout {
@@ -328,7 +328,7 @@ pub(super) fn release(prog: &str, cluster: &crate::client::Cluster, job: &Job, n
     if let Err(e) = ended {
         eprintln!("{}", e.text);
         eprintln!("{prog}: error: could not hand the exit status to job {id}; cancelling it");
-        if let Err(e) = super::block_on(prog, super::call(prog, cluster, Request::Cancel { job: id })).and_then(|r| r) {
+        if let Err(e) = super::block_on(prog, super::call(prog, cluster, ClientRequest::Cancel { job: id })).and_then(|r| r) {
             eprintln!("{}", e.text);
         }
     }

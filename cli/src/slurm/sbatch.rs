@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use proto::{ArraySpec, Dependency, GresKind, GresRequest, JobSpec, Reply, Request};
+use proto::{ArraySpec, ClientRequest, Dependency, GresKind, GresRequest, JobSpec, Reply};
 
 use super::env::extra;
 use super::opts::{self, opt, Arg, OptDef, Parsed};
@@ -905,7 +905,7 @@ pub fn print_warnings(warnings: &[String], quiet: bool) {
 /// submitted.
 fn test_only(sub: &Submission) -> Result<i32, SlurmError> {
     let cluster = super::connect(PROG)?;
-    let reply = super::block_on(PROG, super::call(PROG, &cluster, Request::TestSubmit { spec: sub.spec.clone() }))??;
+    let reply = super::block_on(PROG, super::call(PROG, &cluster, ClientRequest::TestSubmit { spec: sub.spec.clone() }))??;
     let Reply::TestSubmitted { job, start_ms, nodes, cpus, reasons } = reply else {
         return Err(SlurmError::fatal(PROG, format!("unexpected reply {reply:?}")));
     };
@@ -950,7 +950,7 @@ fn submit_and_report(sub: &Submission) -> Result<i32, SlurmError> {
     let cluster = super::connect(PROG)?;
     super::block_on(PROG, async {
         let reply = cluster
-            .call_patiently(Request::Submit { spec: sub.spec.clone() }, super::PATIENCE)
+            .call_patiently(ClientRequest::Submit { spec: sub.spec.clone() }, super::PATIENCE)
             .await
             .map_err(|e| SlurmError::fatal(PROG, format!("Batch job submission failed: {}", super::describe_error(&e))))?;
         let Reply::Submitted { job } = reply else {

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use proto::{Job, JobState, Request};
+use proto::{ClientRequest, Job, JobState};
 
 use super::opts::{self, opt, Arg, OptDef};
 use super::squeue::parse_state;
@@ -243,14 +243,14 @@ async fn cancel_or_signal(cluster: &Cluster, chosen: &[&Job], action: &Action) -
         // With --signal, scancel signals the job instead of cancelling it (running jobs only).
         let requests = match action.signal {
             Some(signal) if j.state == proto::JobState::Running => {
-                let mut r = vec![Request::Signal { job: j.id, signal, batch_only: action.batch_only }];
+                let mut r = vec![ClientRequest::Signal { job: j.id, signal, batch_only: action.batch_only }];
                 if action.full {
-                    r.push(Request::Signal { job: j.id, signal, batch_only: true });
+                    r.push(ClientRequest::Signal { job: j.id, signal, batch_only: true });
                 }
                 r
             }
             Some(_) => continue,
-            None => vec![Request::Cancel { job: j.id }],
+            None => vec![ClientRequest::Cancel { job: j.id }],
         };
         for request in requests {
             let Err(e) = super::call(PROG, cluster, request).await else { continue };

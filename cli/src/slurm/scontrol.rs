@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use proto::{ApiError, Job, JobState, NodeInfo, Request};
+use proto::{ApiError, ClientRequest, Job, JobState, NodeInfo};
 
 use super::env::DEFAULT_PARTITION;
 use super::squeue::{dependency_text, mem_text, reason_shown, run_seconds};
@@ -402,7 +402,7 @@ fn edit_partition(edit: proto::PartitionEdit) -> Result<i32, SlurmError> {
             proto::PartitionEdit::Update { .. } => "update",
             proto::PartitionEdit::Delete { .. } => "delete",
         };
-        match cluster.call_patiently(Request::EditPartition { edit }, super::PATIENCE).await {
+        match cluster.call_patiently(ClientRequest::EditPartition { edit }, super::PATIENCE).await {
             Ok(_) => 0,
             Err(e) => {
                 let why = match e.downcast_ref::<ApiError>() {
@@ -427,8 +427,8 @@ fn update_nodes(nodes: Vec<String>, drain: Option<String>) -> Result<i32, SlurmE
         let mut failed = false;
         for node in nodes {
             let req = match &drain {
-                Some(reason) => Request::Drain { node: node.clone(), reason: reason.clone() },
-                None => Request::Resume { node: node.clone() },
+                Some(reason) => ClientRequest::Drain { node: node.clone(), reason: reason.clone() },
+                None => ClientRequest::Resume { node: node.clone() },
             };
             if let Err(e) = cluster.call_patiently(req, super::PATIENCE).await {
                 let why = match e.downcast_ref::<ApiError>() {
@@ -587,7 +587,7 @@ fn update_jobs(
     super::block_on(PROG, async {
         let mut failed = false;
         for job in ids {
-            let req = Request::UpdateJob { job, hold, time_limit_ms, partition: partition.clone() };
+            let req = ClientRequest::UpdateJob { job, hold, time_limit_ms, partition: partition.clone() };
             if let Err(e) = cluster.call_patiently(req, super::PATIENCE).await {
                 let why = match e.downcast_ref::<ApiError>() {
                     Some(ApiError::NotFound(_)) => "Invalid job id specified".to_string(),
@@ -612,7 +612,7 @@ fn suspend_jobs(ids: Vec<u64>, suspend: bool) -> Result<i32, SlurmError> {
     super::block_on(PROG, async {
         let mut failed = false;
         for job in ids {
-            if let Err(e) = cluster.call_patiently(Request::Suspend { job, suspend }, super::PATIENCE).await {
+            if let Err(e) = cluster.call_patiently(ClientRequest::Suspend { job, suspend }, super::PATIENCE).await {
                 let why = match e.downcast_ref::<ApiError>() {
                     Some(ApiError::NotFound(_)) => "Invalid job id specified".to_string(),
                     Some(ApiError::Denied(_)) => "Access/permission denied".to_string(),
@@ -630,7 +630,7 @@ fn suspend_jobs(ids: Vec<u64>, suspend: bool) -> Result<i32, SlurmError> {
 /// `scontrol token`: prints `SLURM_JWT=TOKEN`, as Slurm does.
 fn token(lifespan_s: Option<u64>, user: Option<String>) -> Result<i32, SlurmError> {
     let cluster = super::connect(PROG)?;
-    match super::block_on(PROG, super::call(PROG, &cluster, proto::Request::IssueToken { user, lifespan_s }))?? {
+    match super::block_on(PROG, super::call(PROG, &cluster, proto::ClientRequest::IssueToken { user, lifespan_s }))?? {
         proto::Reply::Token(token) => println!("SLURM_JWT={token}"),
         other => return Err(SlurmError::fatal(PROG, format!("unexpected reply {other:?}"))),
     }
@@ -719,7 +719,7 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
             super::block_on(PROG, async {
                 let mut failed = false;
                 for job in ids {
-                    let req = if hold { Request::RequeueHold { job } } else { Request::Requeue { job } };
+                    let req = if hold { ClientRequest::RequeueHold { job } } else { ClientRequest::Requeue { job } };
                     if let Err(e) = cluster.call_patiently(req, super::PATIENCE).await {
                         // Slurm's words, e.g. "Requested operation is presently disabled for job 7".
                         let why = match e.downcast_ref::<ApiError>() {
@@ -749,7 +749,7 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
 fn show_config() -> Result<i32, SlurmError> {
     let cluster = super::connect(PROG)?;
     let (entries, nodes) = super::block_on(PROG, async {
-        let entries = match cluster.call_patiently(Request::ShowConfig, super::PATIENCE).await {
+        let entries = match cluster.call_patiently(ClientRequest::ShowConfig, super::PATIENCE).await {
             Ok(proto::Reply::Config(e)) => e,
             Ok(other) => return Err(SlurmError::fatal(PROG, format!("unexpected reply {other:?}"))),
             Err(e) => return Err(SlurmError::fatal(PROG, super::describe_error(&e))),

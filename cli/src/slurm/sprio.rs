@@ -3,7 +3,7 @@
 //! TRES weights: `SITE` is 0 and there is no `TRES` column, as in a Slurm that sets neither.
 
 use proto::accounts::PriorityLine;
-use proto::{Reply, Request};
+use proto::{ClientRequest, Reply};
 
 use super::opts::{self, opt, Arg, OptDef};
 use super::SlurmError;
@@ -130,7 +130,7 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     }
     let o = parse(args)?;
     let cluster = super::connect(PROG)?;
-    let request = Request::GetPriorities { jobs: o.jobs.clone(), users: o.users.clone() };
+    let request = ClientRequest::GetPriorities { jobs: o.jobs.clone(), users: o.users.clone() };
     let (weights, lines) = super::block_on(PROG, async {
         match super::call(PROG, &cluster, request).await? {
             Reply::Priorities { weights, jobs } => Ok((weights, jobs)),

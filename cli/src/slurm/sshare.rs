@@ -3,7 +3,7 @@
 //! its share of the GPU), where Slurm's default billing counts CPU-seconds.
 
 use proto::accounts::ShareLine;
-use proto::{Reply, Request};
+use proto::{ClientRequest, Reply};
 
 use super::opts::{self, opt, Arg, OptDef};
 use super::SlurmError;
@@ -145,7 +145,7 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
     let o = parse(args)?;
     let cluster = super::connect(PROG)?;
     let lines = super::block_on(PROG, async {
-        match super::call(PROG, &cluster, Request::GetShares).await? {
+        match super::call(PROG, &cluster, ClientRequest::GetShares).await? {
             Reply::Shares(lines) => Ok(lines),
             other => Err(SlurmError::fatal(PROG, format!("unexpected reply {other:?}"))),
         }

@@ -1,13 +1,13 @@
 //! `sstat`: what the running steps of a job use now, as Slurm 22.05 prints it (its fields, their
 //! order and widths read from `../shared/peers/slurm`). Each node of the job reads its tasks'
-//! processes in `/proc` (`Request::StepUsage`), summed per task over the task's session; sstat
+//! processes in `/proc` (`ClientRequest::StepUsage`), summed per task over the task's session; sstat
 //! gathers them per step: the task and node with the most (or least) of each, and the average.
 //! What Corral does not measure (CPU frequency, energy, TRES usage) prints as Slurm prints it
 //! when its gatherer has nothing: `0`, `Unknown` or empty.
 
 use std::collections::BTreeMap;
 
-use proto::{JobState, Reply, Request, TaskUsage};
+use proto::{ClientRequest, JobState, Reply, TaskUsage};
 
 use super::opts::{self, opt, Arg, OptDef};
 use super::sacct::{fit, Style};
@@ -264,14 +264,14 @@ async fn job_steps(
     all: bool,
 ) -> Result<Vec<(String, Vec<NodeTask>)>, SlurmError> {
     let none = || SlurmError::fatal(PROG, format!("couldn't get steps for job {job}"));
-    let found = match cluster.call_patiently(Request::GetJob { job }, super::PATIENCE).await {
+    let found = match cluster.call_patiently(ClientRequest::GetJob { job }, super::PATIENCE).await {
         Ok(Reply::Job(j)) if j.state == JobState::Running => *j,
         _ => return Err(none()),
     };
     let names = super::node_names(&super::list_nodes(PROG, cluster).await?);
     let mut by_step: BTreeMap<Option<u32>, Vec<NodeTask>> = BTreeMap::new();
     for node in super::job_node_names(&found, &names) {
-        let usages = match super::call(PROG, cluster, Request::StepUsage { job, node: node.clone() }).await? {
+        let usages = match super::call(PROG, cluster, ClientRequest::StepUsage { job, node: node.clone() }).await? {
             Reply::StepUsage(u) => u,
             other => return Err(SlurmError::fatal(PROG, format!("unexpected reply {other:?}"))),
         };

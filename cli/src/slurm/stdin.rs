@@ -8,7 +8,7 @@ use std::io::Read;
 use std::sync::Arc;
 use std::time::Duration;
 
-use proto::{ApiError, JobId, Reply, Request, StepStdin};
+use proto::{ApiError, ClientRequest, JobId, Reply, StepStdin};
 
 use super::SlurmError;
 use crate::client::Cluster;
@@ -101,7 +101,7 @@ pub fn start(cluster: Arc<Cluster>, job: JobId, step: u32, nodes: Vec<String>, s
 async fn send(cluster: &Cluster, job: JobId, step: u32, node: &str, offset: u64, data: &[u8], eof: bool) -> bool {
     let mut last = String::new();
     for _ in 0..SEND_TRIES_MAX {
-        let request = Request::StepInput { job, step, node: node.to_string(), offset, data: data.to_vec(), eof };
+        let request = ClientRequest::StepInput { job, step, node: node.to_string(), offset, data: data.to_vec(), eof };
         match cluster.call(request).await {
             Ok(Ok(Reply::Ok)) => return true,
             Ok(Err(ApiError::NotFound(_))) => return false,

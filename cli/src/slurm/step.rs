@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use proto::{Reply, Request};
+use proto::{ClientRequest, Reply};
 
 use super::opts::{opt, Arg, OptDef, Parsed};
 use super::{hostlist, SlurmError};
@@ -475,7 +475,7 @@ pub(super) async fn launch_step(cluster: &crate::client::Cluster, job: proto::Jo
     let mut tries = 0u32;
     let mut waited = false;
     let reply = loop {
-        match cluster.call(Request::StepLaunch { job, spec: spec.clone() }).await {
+        match cluster.call(ClientRequest::StepLaunch { job, spec: spec.clone() }).await {
             Ok(Err(proto::ApiError::Unavailable(_))) | Err(_) if tries < STEP_READ_FAILURES_MAX => {
                 tries += 1;
                 tokio::time::sleep(Duration::from_millis(STEP_RETRY_MS)).await;

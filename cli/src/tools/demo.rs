@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use proto::{GresRequest, JobSpec, JobState, Reply, Request};
+use proto::{ClientRequest, GresRequest, JobSpec, JobState, Reply};
 
 use crate::client::Cluster;
 use crate::tools::dev::{self, DevOptions};
@@ -26,14 +26,14 @@ fn job_spec(name: &str, gpus: u32, seconds: u32, workdir: &str) -> JobSpec {
 }
 
 async fn submit(cluster: &Cluster, spec: JobSpec) -> anyhow::Result<u64> {
-    match cluster.call_patiently(Request::Submit { spec }, Duration::from_secs(15)).await? {
+    match cluster.call_patiently(ClientRequest::Submit { spec }, Duration::from_secs(15)).await? {
         Reply::Submitted { job } => Ok(job),
         other => bail!("unexpected reply {other:?}"),
     }
 }
 
 async fn leader(cluster: &Cluster) -> anyhow::Result<(String, u64)> {
-    match cluster.call_patiently(Request::ClusterInfo, Duration::from_secs(15)).await? {
+    match cluster.call_patiently(ClientRequest::ClusterInfo, Duration::from_secs(15)).await? {
         Reply::Cluster(info) => Ok((info.leader.context("no leader")?, info.term)),
         other => bail!("unexpected reply {other:?}"),
     }
@@ -152,7 +152,7 @@ async fn batch_with_a_step(dir: &std::path::Path, cluster: &Cluster, workdir: &s
     let deadline = Instant::now() + Duration::from_secs(60);
     let nodes = loop {
         let out = std::fs::read_to_string(&out_path).unwrap_or_default();
-        if let Reply::Job(j) = cluster.call_patiently(Request::GetJob { job: id }, Duration::from_secs(15)).await? {
+        if let Reply::Job(j) = cluster.call_patiently(ClientRequest::GetJob { job: id }, Duration::from_secs(15)).await? {
             if out.matches(" pid ").count() >= 4 && j.state == JobState::Running {
                 break j.last_nodes.clone();
             }
@@ -165,7 +165,9 @@ async fn batch_with_a_step(dir: &std::path::Path, cluster: &Cluster, workdir: &s
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let Reply::Nodes(list) = cluster.call_patiently(Request::ListNodes, Duration::from_secs(15)).await? else { bail!("unexpected reply") };
+    let Reply::Nodes(list) = cluster.call_patiently(ClientRequest::ListNodes, Duration::from_secs(15)).await? else {
+        bail!("unexpected reply")
+    };
     for node in nodes.iter().filter_map(|n| list.iter().find(|x| x.id == *n).map(|x| x.name.clone())) {
         let log_path = dir.join(&node).join("corrald.log");
         let took = |log: &str| log.matches("first heartbeat acknowledged since the take-over").count();
@@ -187,7 +189,7 @@ async fn batch_with_a_step(dir: &std::path::Path, cluster: &Cluster, workdir: &s
     std::fs::write(std::path::Path::new(workdir).join(format!("upgraded-{id}")), b"").context("write the step's go file")?;
     let deadline = Instant::now() + Duration::from_secs(60);
     let job = loop {
-        if let Reply::Job(j) = cluster.call_patiently(Request::GetJob { job: id }, Duration::from_secs(15)).await? {
+        if let Reply::Job(j) = cluster.call_patiently(ClientRequest::GetJob { job: id }, Duration::from_secs(15)).await? {
             if j.state.is_final() {
                 break j;
             }
@@ -222,7 +224,9 @@ async fn print_queue(cluster: &Cluster) -> anyhow::Result<()> {
 async fn print_queue_all(cluster: &Cluster, ids: &[u64]) -> anyhow::Result<()> {
     let query = proto::JobQuery { ids: ids.to_vec(), live: true, finished: true, history: true, brief: true, ..Default::default() };
     let jobs = cluster.query_jobs(query, Duration::from_secs(15)).await?;
-    let Reply::Nodes(nodes) = cluster.call_patiently(Request::ListNodes, Duration::from_secs(15)).await? else { bail!("unexpected reply") };
+    let Reply::Nodes(nodes) = cluster.call_patiently(ClientRequest::ListNodes, Duration::from_secs(15)).await? else {
+        bail!("unexpected reply")
+    };
     let names: BTreeMap<u64, String> = nodes.into_iter().map(|n| (n.id, n.name)).collect();
     println!("  {:>4} {:<16} {:<10} {:<5} {:<5} {:>7}", "JOB", "NAME", "STATE", "NODE", "GPUS", "RUN(s)");
     for j in jobs.iter().filter(|j| ids.contains(&j.id)) {

@@ -8,7 +8,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use proto::{NodeState, Reply, Request};
+use proto::{ClientRequest, NodeState, Reply};
 use serde::Serialize;
 use transport::pki::{self, PemPair, TlsPaths};
 
@@ -521,7 +521,7 @@ pub async fn wait_ready(dir: &Path, nodes: usize, patience: Duration) -> anyhow:
                 }
             }
         }
-        match cluster.call(Request::ListNodes).await {
+        match cluster.call(ClientRequest::ListNodes).await {
             Ok(Ok(Reply::Nodes(list))) => {
                 let up = list.iter().filter(|n| n.state == NodeState::Up).count();
                 if up >= nodes && list.iter().any(|n| n.role == proto::NodeRole::Leader) {

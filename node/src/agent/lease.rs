@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use proto::{Reply, Request};
+use proto::{PeerRequest, Reply};
 use tracing::{info, warn};
 
 use super::{lock, Agent};
@@ -97,8 +97,8 @@ impl Agent {
 }
 
 impl crate::liveness::Heartbeating for Agent {
-    fn heartbeat(&self) -> Request {
-        Request::Heartbeat { node: self.node_id(), instance: self.instance, running: self.running() }
+    fn heartbeat(&self) -> PeerRequest {
+        PeerRequest::Heartbeat { node: self.node_id(), instance: self.instance, running: self.running() }
     }
 
     fn holds_work(&self) -> bool {

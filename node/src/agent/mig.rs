@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use proto::{ApiError, Reply, Request};
+use proto::{ApiError, PeerRequest, Reply};
 use tracing::{info, warn};
 
 use super::{lock, Agent};
@@ -41,7 +41,7 @@ impl Agent {
                     let mut inventory = base;
                     gpus.fill(&mut inventory);
                     info!(gpu, "applied {what}");
-                    let req = Request::ReportInventory { node, inventory, reason: what.clone() };
+                    let req = PeerRequest::ReportInventory { node, inventory, reason: what.clone() };
                     if let Err(e) = link.call(req, 0).await {
                         warn!(gpu, error = %e, "report inventory after {what}");
                     }

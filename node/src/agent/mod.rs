@@ -74,7 +74,7 @@ struct Running {
     step_holds: BTreeMap<u32, HeldStep>,
     /// The steps launched from here (the batch script's node) as they were started, the
     /// newest [`STEPS_LAUNCHED_KEPT`]: a lost node's tasks of one start again from it on a spare
-    /// (`Request::StepMove`). Not kept across a daemon's hand-over.
+    /// (`ClientRequest::StepMove`). Not kept across a daemon's hand-over.
     launched: BTreeMap<u32, Arc<proto::StepSpec>>,
 }
 
@@ -213,9 +213,9 @@ pub struct Agent {
     ack_term: AtomicU64,
     /// GPU utilization and memory of running jobs, sampled.
     accounting: Mutex<crate::gpu::JobGpuAccounting>,
-    /// Each job's GPU series here, for its page (`Request::GpuSeries`).
+    /// Each job's GPU series here, for its page (`ClientRequest::GpuSeries`).
     gpu_series: Mutex<crate::gpu::JobGpuSeries>,
-    /// The latest sampling of the GPUs jobs hold here, for the web UI's map (`Request::GpuSamples`).
+    /// The latest sampling of the GPUs jobs hold here, for the web UI's map (`ClientRequest::GpuSamples`).
     gpu_latest: Mutex<Vec<proto::GpuNow>>,
     /// Serializes lease writes.
     lease_write: Mutex<()>,

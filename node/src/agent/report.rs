@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use proto::{InstanceId, JobId, Request, RunNo, RunOutcome};
+use proto::{InstanceId, JobId, PeerRequest, RunNo, RunOutcome};
 use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
@@ -128,7 +128,7 @@ impl Agent {
     /// Sends `reports` in one `ReportRuns`, retrying until a leader has them: true. False when
     /// the leader refused the request as a whole (each is then sent alone).
     async fn deliver_reports(&self, link: &LeaderLink, reports: &[Report]) -> bool {
-        let req = Request::ReportRuns {
+        let req = PeerRequest::ReportRuns {
             node: self.node_id(),
             reports: reports
                 .iter()
@@ -162,7 +162,7 @@ impl Agent {
     async fn deliver_report(&self, link: &LeaderLink, report: Report) {
         let mut backoff_ms = 50;
         loop {
-            let req = Request::ReportRun {
+            let req = PeerRequest::ReportRun {
                 job: report.job,
                 run: report.run,
                 node: self.node_id(),

@@ -1,5 +1,5 @@
 //! GPU sampling: utilization and memory of the GPUs running jobs hold, for each run's
-//! accounting and each job's series (`Request::GpuSeries`).
+//! accounting and each job's series (`ClientRequest::GpuSeries`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -42,12 +42,12 @@ impl Agent {
 }
 
 impl Agent {
-    /// The latest sample of each GPU jobs hold here (`Request::GpuSamples`).
+    /// The latest sample of each GPU jobs hold here (`ClientRequest::GpuSamples`).
     pub fn gpu_samples(&self) -> proto::Reply {
         proto::Reply::GpuSamples(lock(&self.gpu_latest).clone())
     }
 
-    /// `job`'s GPU series on this node (`Request::GpuSeries`).
+    /// `job`'s GPU series on this node (`ClientRequest::GpuSeries`).
     pub fn gpu_series(&self, job: JobId) -> proto::Reply {
         proto::Reply::GpuSeries(lock(&self.gpu_series).points(job))
     }

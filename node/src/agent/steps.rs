@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use proto::{ApiError, JobId, LogStream, Reply, Request, Response, RunNo};
+use proto::{ApiError, JobId, LogStream, PeerRequest, Reply, Response, RunNo};
 use tracing::{debug, info, warn};
 
 use super::{lock, owner_may, Agent, HeldStep, NumberedStep, Running};
@@ -196,7 +196,7 @@ impl Agent {
     }
 
     /// Holds this node's share of step `step` of `job` run `run` before its start, or gives
-    /// the hold back (`release`, only before the step started here): see [`Request::StepHold`].
+    /// the hold back (`release`, only before the step started here): see [`PeerRequest::StepHold`].
     pub fn hold_step(&self, job: JobId, run: RunNo, step: u32, spec: &proto::StepSpec, release: bool, user: Option<&str>) -> Response {
         spec.validate().map_err(ApiError::Invalid)?;
         let Some(here) = spec.nodes.iter().find(|n| n.name == self.name) else {
@@ -284,7 +284,7 @@ impl Agent {
                     Err(_) => break,
                 }
             }
-            let req = Request::ReportStepEnds { node: self.name.clone(), ends };
+            let req = PeerRequest::ReportStepEnds { node: self.name.clone(), ends };
             let mut backoff_ms = 50;
             loop {
                 match link.call(req.clone(), 0).await {
@@ -410,7 +410,7 @@ impl Agent {
     /// The address of node `name` of the run of `job` here (steps are read through the node
     /// that launched them).
     /// Keeps step `step` of `job` as it was started from here (the batch script's node), for a
-    /// later [`Request::StepMove`]; the oldest goes past [`super::STEPS_LAUNCHED_KEPT`].
+    /// later [`ClientRequest::StepMove`]; the oldest goes past [`super::STEPS_LAUNCHED_KEPT`].
     pub fn note_launched_step(&self, job: JobId, step: u32, spec: Arc<proto::StepSpec>) {
         if let Some(r) = lock(&self.running).get_mut(&job) {
             r.launched.insert(step, spec);

@@ -13,7 +13,7 @@ pub const HEALTH_CHANNEL_CAPACITY: usize = 64;
 /// How long one `poll` blocks at most; the loop notices a closed channel this often.
 pub const HEALTH_POLL_INTERVAL: Duration = Duration::from_millis(500);
 
-/// A change of a GPU's (or one MIG instance's) health, to report as `Request::ReportGpuHealth`.
+/// A change of a GPU's (or one MIG instance's) health, to report as `PeerRequest::ReportGpuHealth`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HealthEvent {
     pub gpu: u32,

@@ -76,7 +76,7 @@ pub trait GpuProbe: Send + Sync {
     fn discover(&self) -> anyhow::Result<GpuInventory>;
 
     /// Re-partitions GPU `gpu_index` into `profiles` (e.g. `["3g.71gb", "1g.18gb"]`) and returns
-    /// the inventory afterwards, to be sent as `Request::ReportInventory`. The instances starting
+    /// the inventory afterwards, to be sent as `PeerRequest::ReportInventory`. The instances starting
     /// at the slices `held` (jobs of this node hold them) stay as they are and must be among
     /// `profiles`; every other instance must be idle. Only on a GPU whose MIG mode is already
     /// on, one GPU at a time; never changes MIG mode or resets.

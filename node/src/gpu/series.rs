@@ -1,5 +1,5 @@
 //! Each job's GPU utilization and memory over time on this node, for its page in the web UI
-//! (`Request::GpuSeries`): bounded whatever the run's length. A run keeps at most
+//! (`ClientRequest::GpuSeries`): bounded whatever the run's length. A run keeps at most
 //! [`proto::GPU_POINTS_MAX`] points (when full, neighbours merge in pairs, so a long run keeps
 //! its whole span at a coarser step), and the last [`ENDED_JOBS_KEPT`] ended runs stay readable.
 

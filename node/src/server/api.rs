@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 
-use proto::{ApiError, Envelope, Request, Response};
+use proto::{ApiError, ClientRequest, Envelope, PeerRequest, Request, Response};
 use tracing::{debug, warn};
 use transport::{Handler, Peer};
 
@@ -22,7 +22,7 @@ impl Handler for Api {
     /// Heartbeats, and the members a node asks for after every new term: small, idempotent,
     /// sent by every node of a fleet at once, mended by asking again.
     fn takes_datagram(&self, envelope: &Envelope) -> bool {
-        matches!(envelope.request, Request::Heartbeat { .. } | Request::Members)
+        matches!(envelope.request, Request::Peer(PeerRequest::Heartbeat { .. }) | Request::Client(ClientRequest::Members))
     }
 
     fn handle(&self, peer: Peer, mut envelope: Envelope) -> Pin<Box<dyn Future<Output = Response> + Send + 'static>> {
@@ -31,12 +31,14 @@ impl Handler for Api {
         // A machine without a certificate may only enrol.
         if peer.common_name == transport::ANONYMOUS_PEER {
             return match (&envelope.request, self.node.get()) {
-                (Request::Enroll { .. }, Some(node)) => {
+                (Request::Peer(PeerRequest::Enroll { .. }), Some(node)) => {
                     envelope.user = None;
                     envelope.hops = 0;
                     Box::pin(Arc::clone(node).handle(envelope))
                 }
-                (Request::Enroll { .. }, None) => Box::pin(async { Err(ApiError::Unavailable("node is starting".into())) }),
+                (Request::Peer(PeerRequest::Enroll { .. }), None) => {
+                    Box::pin(async { Err(ApiError::Unavailable("node is starting".into())) })
+                }
                 _ => {
                     debug!(peer = %peer.remote, "refused a request without a certificate");
                     Box::pin(async { Err(ApiError::Denied("a certificate of the cluster is required".into())) })
@@ -52,7 +54,7 @@ impl Handler for Api {
             }
         }
         // A node renews its own certificate: the name is the one its current certificate proves.
-        if let Request::RenewCert { csr_pem } = &envelope.request {
+        if let Request::Peer(PeerRequest::RenewCert { csr_pem }) = &envelope.request {
             if peer.common_name.starts_with(transport::pki::USER_CN_PREFIX) {
                 return Box::pin(async { Err(ApiError::Denied("only nodes renew certificates".into())) });
             }
@@ -64,7 +66,7 @@ impl Handler for Api {
         }
         // A joining node's certificate, as this handshake proved it (a forwarded Join keeps what
         // the first node saw).
-        if let Request::Join { cert_fingerprint, .. } = &mut envelope.request {
+        if let Request::Peer(PeerRequest::Join { cert_fingerprint, .. }) = &mut envelope.request {
             if envelope.hops == 0 {
                 *cert_fingerprint = peer.fingerprint.clone();
             }
@@ -73,7 +75,7 @@ impl Handler for Api {
             envelope.user = Some(name.to_string());
             // A remote user's uid is not known here: the node that runs the job looks the name
             // up. Only a node (the local socket's kernel-checked answer) may state one.
-            if let Request::Submit { spec } = &mut envelope.request {
+            if let Request::Client(ClientRequest::Submit { spec }) = &mut envelope.request {
                 spec.uid = None;
                 spec.gid = None;
             }
@@ -112,7 +114,7 @@ impl transport::local::LocalHandler for Api {
             return Box::pin(async move { Err(ApiError::Denied(format!("uid {} has no user name on this node", peer.uid))) });
         };
         envelope.user = if peer.uid == 0 { envelope.user.take() } else { Some(account.name.clone()) };
-        if let Request::Submit { spec } = &mut envelope.request {
+        if let Request::Client(ClientRequest::Submit { spec }) = &mut envelope.request {
             match &envelope.user {
                 // As for a user's certificate: the node that runs the job looks the name up.
                 Some(user) if peer.uid == 0 => {

@@ -111,7 +111,7 @@ async fn renew_certificate_once(
     let mut members: Vec<String> = node.state.read(|s| s.nodes.values().map(|n| n.addr.clone()).collect());
     let own = config.advertise_addr();
     members.sort_by_key(|a| *a != own);
-    let envelope = Envelope { hops: 0, request: Request::RenewCert { csr_pem: request.cert_pem.clone() }, user: None };
+    let envelope = Envelope { hops: 0, request: PeerRequest::RenewCert { csr_pem: request.cert_pem.clone() }.into(), user: None };
     let mut refusals = Vec::new();
     let mut signed = None;
     for addr in &members {

@@ -20,7 +20,8 @@ const NEXT_LEADER_RETRY: Duration = Duration::from_millis(20);
 
 impl Node {
     /// Sends a request this node cannot answer to the leader.
-    pub(super) async fn forward(&self, hops: u8, request: Request, user: Option<String>) -> Response {
+    pub(super) async fn forward(&self, hops: u8, request: impl Into<Request>, user: Option<String>) -> Response {
+        let request = request.into();
         if hops >= FORWARD_HOPS_MAX {
             return Err(ApiError::Unavailable(format!("gave up after {hops} forwards")));
         }
@@ -122,7 +123,10 @@ impl Node {
             } else if request.needs_leader() {
                 Box::pin(self.handle_on_leader(request.clone(), user.clone())).await
             } else {
-                self.read(request.clone())
+                match &request {
+                    Request::Client(read) => self.read(read.clone()),
+                    Request::Peer(other) => Err(ApiError::Invalid(format!("not a read: {other:?}"))),
+                }
             };
             // Just elected, a leader may not lead yet for a moment in its own eyes (its metrics
             // lag the votes its followers saw): ask again shortly, until the deadline.

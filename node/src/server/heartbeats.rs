@@ -74,7 +74,7 @@ impl Node {
         // Within the time a node gives one member (half its budget for a beat): a relay that
         // cannot get through answers while the node still waits on it, so it tries its next.
         let timeout = heartbeat_call_timeout(&self.config) * 3 / 8;
-        let request = Request::Heartbeats { relay: self.id, beats: beats.clone() };
+        let request = PeerRequest::Heartbeats { relay: self.id, beats: beats.clone() };
         let answer = if self.is_member() {
             tokio::time::timeout(timeout, self.relay_to_leader(&request, &beats)).await
         } else {
@@ -99,8 +99,8 @@ impl Node {
         answer
     }
 
-    async fn relay_to_leader(&self, request: &Request, beats: &[proto::Beat]) -> Response {
-        let envelope = Envelope { hops: 1, request: request.clone(), user: None };
+    async fn relay_to_leader(&self, request: &PeerRequest, beats: &[proto::Beat]) -> Response {
+        let envelope = Envelope { hops: 1, request: request.clone().into(), user: None };
         loop {
             if self.is_leader() {
                 let (leader, term, commit_index, refused) = self.accept_heartbeats(beats).await?;
@@ -128,7 +128,7 @@ impl Node {
 
     async fn relay_one_by_one(&self, beats: &[proto::Beat], timeout: Duration) -> Response {
         let calls = beats.iter().map(|b| {
-            let request = Request::Heartbeat { node: b.node, instance: b.instance, running: Vec::new() };
+            let request = PeerRequest::Heartbeat { node: b.node, instance: b.instance, running: Vec::new() };
             tokio::time::timeout(timeout, self.forward_link.call(request, 1))
         });
         let mut acked = None;

@@ -35,7 +35,7 @@ pub(super) struct LeaderMemory {
     /// How the last pass was paced, to say when pacing starts and ends.
     pub(super) paced: Option<crate::pacing::Paced>,
     /// When the last pass that ran expects jobs that cannot start now to start (its backfill
-    /// reservations, `engine::Pass::expected_starts`): `Request::ExpectedStarts`.
+    /// reservations, `engine::Pass::expected_starts`): `ClientRequest::ExpectedStarts`.
     pub(super) expected_starts: Vec<(JobId, u64)>,
 }
 
@@ -338,7 +338,8 @@ impl Node {
             }
             let Some(addr) = self.state.read(|s| s.nodes.get(target).map(|n| n.addr.clone())) else { continue };
             let client = Arc::clone(&self.client);
-            let env = Envelope { hops: 0, request: Request::ApplyMigLayout { gpu: *gpu, profiles: profiles.clone() }, user: None };
+            let env =
+                Envelope { hops: 0, request: PeerRequest::ApplyMigLayout { gpu: *gpu, profiles: profiles.clone() }.into(), user: None };
             let gpu = *gpu;
             tokio::spawn(async move {
                 match client.call(&addr, &env, PEER_CALL_TIMEOUT).await {
@@ -415,7 +416,7 @@ impl Node {
                 let result = if target == node.id {
                     node.agent.kill(job, run, checkpoint)
                 } else {
-                    let env = Envelope { hops: 0, request: Request::Kill { job, run, checkpoint }, user: None };
+                    let env = Envelope { hops: 0, request: PeerRequest::Kill { job, run, checkpoint }.into(), user: None };
                     node.client.call(&addr, &env, PEER_CALL_TIMEOUT).await.unwrap_or_else(|e| Err(ApiError::Unavailable(e.to_string())))
                 };
                 if let Err(e) = result {
@@ -446,7 +447,7 @@ impl Node {
                 let result = if order.node == node.id {
                     node.agent.suspend(job, run, crate::launcher::Pause { suspended: suspend, paused_ms })
                 } else {
-                    let env = Envelope { hops: 0, request: Request::SuspendPart { job, run, suspend, paused_ms }, user: None };
+                    let env = Envelope { hops: 0, request: PeerRequest::SuspendPart { job, run, suspend, paused_ms }.into(), user: None };
                     node.client.call(&addr, &env, PEER_CALL_TIMEOUT).await.unwrap_or_else(|e| Err(ApiError::Unavailable(e.to_string())))
                 };
                 match result {
@@ -466,7 +467,7 @@ impl Node {
             let checked_ack_index = self.agent.ack_commit_index();
             self.launch_here(job, nodes, checked_ack_index).await
         } else {
-            let env = Envelope { hops: 0, request: Request::Launch { job: Box::new(job), nodes, issued_index }, user: None };
+            let env = Envelope { hops: 0, request: PeerRequest::Launch { job: Box::new(job), nodes, issued_index }.into(), user: None };
             match self.client.call(&addr, &env, PEER_CALL_TIMEOUT).await {
                 Ok(r) => r,
                 Err(e) => Err(ApiError::Unavailable(format!("reach {addr}: {e}"))),

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use consensus::{MemberNode, Raft, StateHandle};
 use proto::{
-    ApiError, Command, CommandResult, Envelope, InstanceId, Inventory, JobId, NodeId, NodeRole, NodeState, Reply, Request, Response,
+    ApiError, ClientRequest, Command, CommandResult, Envelope, InstanceId, Inventory, JobId, NodeId, NodeRole, NodeState, PeerRequest,
+    Reply, Request, Response,
 };
 use tokio::sync::Notify;
 use tracing::{debug, error, info, info_span, warn, Instrument};
@@ -137,51 +138,84 @@ impl Node {
     }
 
     async fn handle(self: Arc<Self>, envelope: Envelope) -> Response {
-        let Envelope { hops, mut request, user } = envelope;
-        if let (0, Request::Submit { spec }) = (hops, &mut request) {
+        let Envelope { hops, request, user } = envelope;
+        match request {
+            Request::Client(request) => self.handle_client(hops, request, user).await,
+            Request::Peer(request) => self.handle_peer(hops, request, user).await,
+        }
+    }
+
+    /// A node's request (`Api` let only nodes, and a machine enrolling, send one): orders to
+    /// this node's agent and steps are answered here, reports go to the leader.
+    async fn handle_peer(&self, hops: u8, request: PeerRequest, user: Option<String>) -> Response {
+        match request {
+            PeerRequest::Raft { kind, payload } => consensus::handle_raft_rpc(&self.raft, self.state.snapshot_inbox(), kind, &payload)
+                .await
+                .map(|payload| Reply::Raft { payload }),
+            PeerRequest::Launch { job, nodes, issued_index } => self.launch_if_current(*job, nodes, issued_index).await,
+            PeerRequest::Kill { job, run, checkpoint } => self.agent.kill(job, run, checkpoint),
+            PeerRequest::ApplyMigLayout { gpu, profiles } => self.apply_mig_layout(gpu, profiles),
+            PeerRequest::SignalPart { job, run, signal, batch_only } => self.agent.signal(job, run, signal, batch_only),
+            PeerRequest::SuspendPart { job, run, suspend, paused_ms } => {
+                self.agent.suspend(job, run, crate::launcher::Pause { suspended: suspend, paused_ms })
+            }
+            PeerRequest::Enroll { secret, name, csr_pem } => self.enroll(&secret, &name, &csr_pem),
+            PeerRequest::StepStart { job, run, step, spec } => self.agent.start_step(job, run, step, &spec, user.as_deref()).await,
+            PeerRequest::StepHold { job, run, step, spec, release } => {
+                self.agent.hold_step(job, run, step, &spec, release, user.as_deref())
+            }
+            PeerRequest::Heartbeat { node, instance, running: _ } if !self.is_leader() => {
+                self.relay.relay(proto::Beat { node, instance }).await
+            }
+            // `Api` answers a renewal itself, with the name the caller's certificate proves.
+            PeerRequest::RenewCert { .. } => Err(ApiError::Invalid("a certificate renewal is answered where it arrives".into())),
+            request @ (PeerRequest::Join { .. }
+            | PeerRequest::Heartbeat { .. }
+            | PeerRequest::Heartbeats { .. }
+            | PeerRequest::ReportRun { .. }
+            | PeerRequest::ReportRuns { .. }
+            | PeerRequest::NodeStopped { .. }
+            | PeerRequest::ReportGpuHealth { .. }
+            | PeerRequest::ReportInventory { .. }
+            | PeerRequest::RecordStep { .. }
+            | PeerRequest::ReportStepEnds { .. }) => self.to_leader(hops, request.into(), user).await,
+        }
+    }
+
+    /// A user's request (or one a node forwards for a user): steps and output from the nodes
+    /// that run them, writes on the leader, reads from this member's state.
+    async fn handle_client(self: &Arc<Self>, hops: u8, mut request: ClientRequest, user: Option<String>) -> Response {
+        if let (0, ClientRequest::Submit { spec }) = (hops, &mut request) {
             // From a client that named none: every forward of it (to the next leader after a
             // failover too) is then the same submission to the log.
             spec.submit_key.get_or_insert_with(rand::random);
         }
         let access = request.access();
         match request {
-            Request::Raft { kind, payload } => consensus::handle_raft_rpc(&self.raft, self.state.snapshot_inbox(), kind, &payload)
-                .await
-                .map(|payload| Reply::Raft { payload }),
-            Request::Launch { job, nodes, issued_index } => self.launch_if_current(*job, nodes, issued_index).await,
-            Request::Kill { job, run, checkpoint } => self.agent.kill(job, run, checkpoint),
-            Request::ApplyMigLayout { gpu, profiles } => self.apply_mig_layout(gpu, profiles),
-            Request::SignalPart { job, run, signal, batch_only } => self.agent.signal(job, run, signal, batch_only),
-            Request::SuspendPart { job, run, suspend, paused_ms } => {
-                self.agent.suspend(job, run, crate::launcher::Pause { suspended: suspend, paused_ms })
-            }
-            Request::Logs { job, stream, offset, max_bytes } => self.logs(hops, job, stream, offset, max_bytes, user).await,
-            Request::Enroll { secret, name, csr_pem } => self.enroll(&secret, &name, &csr_pem),
-            Request::StepLaunch { job, spec } if !self.agent.runs_script_of(job) => {
+            ClientRequest::Logs { job, stream, offset, max_bytes } => self.logs(hops, job, stream, offset, max_bytes, user).await,
+            ClientRequest::StepLaunch { job, spec } if !self.agent.runs_script_of(job) => {
                 // `srun --jobid` from another node: the job's first node numbers and starts it.
-                self.to_script_node(hops, job, Request::StepLaunch { job, spec }, user).await
+                self.to_script_node(hops, job, ClientRequest::StepLaunch { job, spec }, user).await
             }
-            Request::StepLaunch { job, spec } => self.launch_step(job, spec, user).await,
-            Request::StepMove { job, step, lost } if !self.agent.runs_script_of(job) => {
-                let request = Request::StepMove { job, step, lost };
+            ClientRequest::StepLaunch { job, spec } => self.launch_step(job, spec, user).await,
+            ClientRequest::StepMove { job, step, lost } if !self.agent.runs_script_of(job) => {
+                let request = ClientRequest::StepMove { job, step, lost };
                 self.to_script_node(hops, job, request, user).await
             }
-            Request::StepMove { job, step, lost } => self.move_step(job, step, lost, user).await,
-            Request::StepStart { job, run, step, spec } => self.agent.start_step(job, run, step, &spec, user.as_deref()).await,
-            Request::StepHold { job, run, step, spec, release } => self.agent.hold_step(job, run, step, &spec, release, user.as_deref()),
-            request @ (Request::StepRead { .. }
-            | Request::StepInput { .. }
-            | Request::StepSignal { .. }
-            | Request::StepResize { .. }
-            | Request::StepUsage { .. }
-            | Request::GpuSeries { .. }) => self.step_request(hops, request, user).await,
-            Request::GpuSamples { node } => self.gpu_samples(hops, node, user).await,
-            Request::Whoami => {
+            ClientRequest::StepMove { job, step, lost } => self.move_step(job, step, lost, user).await,
+            request @ (ClientRequest::StepRead { .. }
+            | ClientRequest::StepInput { .. }
+            | ClientRequest::StepSignal { .. }
+            | ClientRequest::StepResize { .. }
+            | ClientRequest::StepUsage { .. }
+            | ClientRequest::GpuSeries { .. }) => self.step_request(hops, request, user).await,
+            ClientRequest::GpuSamples { node } => self.gpu_samples(hops, node, user).await,
+            ClientRequest::Whoami => {
                 let admin = self.is_admin(user.as_deref());
                 Ok(Reply::Caller { user: user.unwrap_or_else(|| "root".into()), admin })
             }
-            Request::IssueToken { user: wanted, lifespan_s } => self.issue_token(user.as_deref(), wanted, lifespan_s),
-            Request::CheckCert { fingerprint, common_name } => {
+            ClientRequest::IssueToken { user: wanted, lifespan_s } => self.issue_token(user.as_deref(), wanted, lifespan_s),
+            ClientRequest::CheckCert { fingerprint, common_name } => {
                 self.authorize(access, user.as_deref())?;
                 let revoked = self.state.read(|s| s.revoked_certs.get(&fingerprint).or_else(|| s.revoked_nodes.get(&common_name)).cloned());
                 match revoked {
@@ -189,20 +223,11 @@ impl Node {
                     None => Ok(Reply::Ok),
                 }
             }
-            Request::ListJoinTokens => {
+            ClientRequest::ListJoinTokens => {
                 self.authorize(access, user.as_deref())?;
                 Ok(Reply::JoinTokens(self.state.read(|s| s.join_tokens.values().cloned().collect())))
             }
-            Request::Heartbeat { node, instance, running: _ } if !self.is_leader() => {
-                self.relay.relay(proto::Beat { node, instance }).await
-            }
-            request if request.needs_leader() => {
-                if self.is_leader() {
-                    self.handle_on_leader(request, user).await
-                } else {
-                    self.forward(hops, request, user).await
-                }
-            }
+            request if request.needs_leader() => self.to_leader(hops, request.into(), user).await,
             request => {
                 if !self.is_member() {
                     return self.forward(hops, request, user).await;
@@ -212,16 +237,16 @@ impl Node {
                 if self.leader().0.is_none()
                     && !matches!(
                         request,
-                        Request::ClusterInfo
-                            | Request::Members
-                            | Request::GetPolicy
-                            | Request::GetAccounts
-                            | Request::GetShares
-                            | Request::NodeEvents
-                            | Request::QueueSummary { .. }
-                            | Request::GetPriorities { .. }
-                            | Request::ShowConfig
-                            | Request::AccountingDigest
+                        ClientRequest::ClusterInfo
+                            | ClientRequest::Members
+                            | ClientRequest::GetPolicy
+                            | ClientRequest::GetAccounts
+                            | ClientRequest::GetShares
+                            | ClientRequest::NodeEvents
+                            | ClientRequest::QueueSummary { .. }
+                            | ClientRequest::GetPriorities { .. }
+                            | ClientRequest::ShowConfig
+                            | ClientRequest::AccountingDigest
                     )
                 {
                     return Err(ApiError::NoLeader);
@@ -229,12 +254,21 @@ impl Node {
                 match self.read(request.clone()) {
                     // A follower may not have applied a job its client just submitted through the
                     // leader: ask the leader rather than deny the job exists.
-                    Err(ApiError::NotFound(_)) if !self.is_leader() && matches!(request, Request::GetJob { .. }) => {
+                    Err(ApiError::NotFound(_)) if !self.is_leader() && matches!(request, ClientRequest::GetJob { .. }) => {
                         self.forward(hops, request, user).await
                     }
                     other => other,
                 }
             }
+        }
+    }
+
+    /// A write: carried out here on the leader, else forwarded to it.
+    async fn to_leader(&self, hops: u8, request: Request, user: Option<String>) -> Response {
+        if self.is_leader() {
+            self.handle_on_leader(request, user).await
+        } else {
+            self.forward(hops, request, user).await
         }
     }
 
@@ -275,7 +309,7 @@ impl consensus::RaftTransport for QuicRaftTransport {
         let client = Arc::clone(&self.client);
         let addr = node.addr.clone();
         async move {
-            let env = Envelope { hops: 0, request: Request::Raft { kind, payload }, user: None };
+            let env = Envelope { hops: 0, request: PeerRequest::Raft { kind, payload }.into(), user: None };
             match client.call(&addr, &env, Duration::from_secs(10)).await {
                 Ok(Ok(Reply::Raft { payload })) => Ok(payload),
                 Ok(Ok(other)) => Err(consensus::TransportError::Remote(format!("unexpected reply {other:?}"))),

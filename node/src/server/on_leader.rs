@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use proto::{ApiError, Command, CommandResult, Envelope, JobId, JobState, NodeId, Reply, Request, Response};
+use proto::{ApiError, ClientRequest, Command, CommandResult, Envelope, JobId, JobState, NodeId, PeerRequest, Reply, Request, Response};
 use tracing::{debug, info, warn};
 
 use super::{lock, now_ms, ok_or_rejected, rejected, Node, PEER_CALL_TIMEOUT};
@@ -104,7 +104,7 @@ impl Node {
             let result = if target == self.id {
                 self.agent.signal(job, run, signal, batch_only)
             } else {
-                let env = Envelope { hops: 0, request: Request::SignalPart { job, run, signal, batch_only }, user: None };
+                let env = Envelope { hops: 0, request: PeerRequest::SignalPart { job, run, signal, batch_only }.into(), user: None };
                 self.client.call(&addr, &env, PEER_CALL_TIMEOUT).await.unwrap_or_else(|e| Err(ApiError::Unavailable(e.to_string())))
             };
             result?;
@@ -135,7 +135,7 @@ impl Node {
     /// answer with the job the first made). Heartbeats confirm on their own.
     pub(super) async fn handle_on_leader(&self, request: Request, user: Option<String>) -> Response {
         self.authorize(request.access(), user.as_deref())?;
-        if matches!(request, Request::Heartbeat { .. } | Request::Heartbeats { .. }) {
+        if matches!(request, Request::Peer(PeerRequest::Heartbeat { .. } | PeerRequest::Heartbeats { .. })) {
             return self.lead(request, user).await;
         }
         self.confirm_leadership().await?;
@@ -155,93 +155,67 @@ impl Node {
     }
 
     async fn lead(&self, request: Request, user: Option<String>) -> Response {
+        match request {
+            Request::Client(request) => self.lead_client(request, user).await,
+            Request::Peer(request) => self.lead_peer(request).await,
+        }
+    }
+
+    async fn lead_client(&self, request: ClientRequest, user: Option<String>) -> Response {
         let now = now_ms();
         let who = user.as_deref();
         match request {
-            Request::Submit { spec } => self.submit(spec, user.as_deref(), now).await,
-            Request::Cancel { job } => match self.propose(Command::Cancel { job, now_ms: now }).await? {
+            ClientRequest::Submit { spec } => self.submit(spec, user.as_deref(), now).await,
+            ClientRequest::Cancel { job } => match self.propose(Command::Cancel { job, now_ms: now }).await? {
                 CommandResult::Ok => {
                     self.kick.notify_one();
                     Ok(Reply::Ok)
                 }
                 other => Err(rejected(other)),
             },
-            Request::Drain { node, reason } => {
+            ClientRequest::Drain { node, reason } => {
                 let id = self.node_id_by_name(&node)?;
                 self.propose(Command::Drain { node: id, reason, now_ms: now }).await.and_then(ok_or_rejected)
             }
-            Request::Resume { node } => {
+            ClientRequest::Resume { node } => {
                 let id = self.node_id_by_name(&node)?;
                 self.propose(Command::Resume { node: id, now_ms: now }).await.and_then(ok_or_rejected)
             }
-            Request::CreateJoinToken { ttl_ms } => self.create_join_token(ttl_ms, who, now).await,
-            Request::RevokeJoinToken { id } => {
+            ClientRequest::CreateJoinToken { ttl_ms } => self.create_join_token(ttl_ms, who, now).await,
+            ClientRequest::RevokeJoinToken { id } => {
                 ok_or_rejected(self.propose(Command::RevokeJoinToken { id, now_ms: now }).await?)?;
                 info!(id, by = %who.unwrap_or("root"), "join token revoked");
                 Ok(Reply::Ok)
             }
-            Request::RevokeCert { node, fingerprint } => self.revoke_cert(node, fingerprint, who, now).await,
-            Request::Join { token, name, addr, inventory, instance, cert_fingerprint } => {
-                self.join(token, name, addr, inventory, instance, cert_fingerprint, now).await
-            }
-            Request::Heartbeat { node, instance, running: _ } => {
-                let (leader, term, commit_index, refused) = self.accept_heartbeats(&[proto::Beat { node, instance }]).await?;
-                match refused.into_iter().next() {
-                    Some((_, e)) => Err(e),
-                    None => Ok(Reply::HeartbeatAck { leader, term, commit_index }),
-                }
-            }
-            Request::Heartbeats { relay: _, beats } => self.heartbeats(&beats).await,
-            Request::ReportRun { job, run, node, outcome, usage } => {
-                match self.propose(Command::RunFinished { job, run, node, outcome, usage, now_ms: now }).await? {
-                    CommandResult::Rejected(why) => debug!(job, run, why = %why, "run report ignored"),
-                    _ => self.kick.notify_one(),
-                }
-                Ok(Reply::Ok)
-            }
-            Request::ReportRuns { node, reports } => self.report_runs(node, reports, now).await,
-            Request::NodeStopped { node, instance } => {
-                info!(node, instance, "node stopped gracefully: down at once");
-                let result = self.propose(Command::NodeStopped { node, instance, now_ms: now }).await?;
-                self.kick.notify_one();
-                ok_or_rejected(result)
-            }
-            Request::ReportGpuHealth { node, gpu, mig_uuid, healthy, reason } => {
-                warn!(node, gpu, healthy, reason = %reason, "gpu health reported");
-                let cmd = Command::GpuHealth { node, gpu, mig_uuid, healthy, reason, now_ms: now };
-                self.propose(cmd).await.and_then(ok_or_rejected)
-            }
-            Request::SetGpuHealth { node, gpu, healthy, reason } => {
+            ClientRequest::RevokeCert { node, fingerprint } => self.revoke_cert(node, fingerprint, who, now).await,
+            ClientRequest::SetGpuHealth { node, gpu, healthy, reason } => {
                 let id = self.node_id_by_name(&node)?;
                 info!(node = %node, gpu, healthy, "operator sets gpu health");
                 let cmd = Command::GpuHealth { node: id, gpu, mig_uuid: None, healthy, reason, now_ms: now };
                 self.propose(cmd).await.and_then(ok_or_rejected)
             }
-            Request::SetMigLayout { node, gpu, profiles } => {
+            ClientRequest::SetMigLayout { node, gpu, profiles } => {
                 let id = self.node_id_by_name(&node)?;
                 info!(node = %node, gpu, ?profiles, "operator sets a mig layout");
                 let result = self.propose(Command::PinMigLayout { node: id, gpu, profiles, now_ms: now }).await.and_then(ok_or_rejected);
                 self.kick.notify_one();
                 result
             }
-            Request::ReportInventory { node, inventory, reason } => {
-                self.propose(Command::UpdateInventory { node, inventory, reason, now_ms: now }).await.and_then(ok_or_rejected)
-            }
-            Request::SetPolicy { policy } => {
+            ClientRequest::SetPolicy { policy } => {
                 policy.validate().map_err(ApiError::Invalid)?;
                 let result = self.propose(Command::SetPolicy { policy, now_ms: now }).await.and_then(ok_or_rejected);
                 self.kick.notify_one();
                 result
             }
-            Request::EditPartition { edit } => {
+            ClientRequest::EditPartition { edit } => {
                 info!(partition = %edit.name(), ?edit, "operator edits a partition");
                 let result = self.propose(Command::EditPartition { edit, now_ms: now }).await.and_then(ok_or_rejected);
                 self.kick.notify_one();
                 result
             }
-            Request::EditReservation { edit } => self.edit_reservation(edit, who, now).await,
-            Request::ExpectedStarts => Ok(Reply::ExpectedStarts(lock(&self.memory).expected_starts.clone())),
-            Request::EditAccounts { edits } => {
+            ClientRequest::EditReservation { edit } => self.edit_reservation(edit, who, now).await,
+            ClientRequest::ExpectedStarts => Ok(Reply::ExpectedStarts(lock(&self.memory).expected_starts.clone())),
+            ClientRequest::EditAccounts { edits } => {
                 info!(?edits, by = who.unwrap_or("root"), "operator edits accounts");
                 let result = self.propose(Command::EditAccounts { edits, now_ms: now }).await.and_then(ok_or_rejected);
                 self.kick.notify_one();
@@ -251,25 +225,67 @@ impl Node {
         }
     }
 
-    /// The leader's part of what changes a job's run: requeues, updates, signals, suspensions
-    /// and its steps' records.
-    async fn change_job_on_leader(&self, request: Request, who: Option<&str>, now: u64) -> Response {
+    /// What nodes report to the leader: joins, heartbeats, ended runs and steps, GPU health and
+    /// inventories.
+    async fn lead_peer(&self, request: PeerRequest) -> Response {
+        let now = now_ms();
         match request {
-            Request::Requeue { job } => self.requeue(job, false, now).await,
-            Request::RequeueHold { job } => self.requeue(job, true, now).await,
-            Request::UpdateJob { job, hold, time_limit_ms, partition } => {
+            PeerRequest::Join { token, name, addr, inventory, instance, cert_fingerprint } => {
+                self.join(token, name, addr, inventory, instance, cert_fingerprint, now).await
+            }
+            PeerRequest::Heartbeat { node, instance, running: _ } => {
+                let (leader, term, commit_index, refused) = self.accept_heartbeats(&[proto::Beat { node, instance }]).await?;
+                match refused.into_iter().next() {
+                    Some((_, e)) => Err(e),
+                    None => Ok(Reply::HeartbeatAck { leader, term, commit_index }),
+                }
+            }
+            PeerRequest::Heartbeats { relay: _, beats } => self.heartbeats(&beats).await,
+            PeerRequest::ReportRun { job, run, node, outcome, usage } => {
+                match self.propose(Command::RunFinished { job, run, node, outcome, usage, now_ms: now }).await? {
+                    CommandResult::Rejected(why) => debug!(job, run, why = %why, "run report ignored"),
+                    _ => self.kick.notify_one(),
+                }
+                Ok(Reply::Ok)
+            }
+            PeerRequest::ReportRuns { node, reports } => self.report_runs(node, reports, now).await,
+            PeerRequest::NodeStopped { node, instance } => {
+                info!(node, instance, "node stopped gracefully: down at once");
+                let result = self.propose(Command::NodeStopped { node, instance, now_ms: now }).await?;
+                self.kick.notify_one();
+                ok_or_rejected(result)
+            }
+            PeerRequest::ReportGpuHealth { node, gpu, mig_uuid, healthy, reason } => {
+                warn!(node, gpu, healthy, reason = %reason, "gpu health reported");
+                let cmd = Command::GpuHealth { node, gpu, mig_uuid, healthy, reason, now_ms: now };
+                self.propose(cmd).await.and_then(ok_or_rejected)
+            }
+            PeerRequest::ReportInventory { node, inventory, reason } => {
+                self.propose(Command::UpdateInventory { node, inventory, reason, now_ms: now }).await.and_then(ok_or_rejected)
+            }
+            PeerRequest::RecordStep { job, run, step, name, nodes, ntasks } => {
+                let cmd = Command::StepStarted { job, run, step, name, nodes, ntasks, now_ms: now };
+                self.propose(cmd).await.and_then(ok_or_rejected)
+            }
+            PeerRequest::ReportStepEnds { node, ends } => self.report_step_ends(node, ends, now).await,
+            other => Err(ApiError::Invalid(format!("not a leader request: {other:?}"))),
+        }
+    }
+
+    /// The leader's part of what changes a job's run: requeues, updates, signals and
+    /// suspensions.
+    async fn change_job_on_leader(&self, request: ClientRequest, who: Option<&str>, now: u64) -> Response {
+        match request {
+            ClientRequest::Requeue { job } => self.requeue(job, false, now).await,
+            ClientRequest::RequeueHold { job } => self.requeue(job, true, now).await,
+            ClientRequest::UpdateJob { job, hold, time_limit_ms, partition } => {
                 let cmd = Command::UpdateJob { job, hold, time_limit_ms, partition, now_ms: now };
                 let result = self.propose(cmd).await.and_then(ok_or_rejected);
                 self.kick.notify_one();
                 result
             }
-            Request::Signal { job, signal, batch_only } => self.signal_job(job, signal, batch_only).await,
-            Request::RecordStep { job, run, step, name, nodes, ntasks } => {
-                let cmd = Command::StepStarted { job, run, step, name, nodes, ntasks, now_ms: now };
-                self.propose(cmd).await.and_then(ok_or_rejected)
-            }
-            Request::ReportStepEnds { node, ends } => self.report_step_ends(node, ends, now).await,
-            Request::Suspend { job, suspend } => {
+            ClientRequest::Signal { job, signal, batch_only } => self.signal_job(job, signal, batch_only).await,
+            ClientRequest::Suspend { job, suspend } => {
                 info!(job, suspend, by = %who.unwrap_or("root"), "operator suspends or resumes a job");
                 let result = self.propose(Command::Suspend { job, suspend, now_ms: now }).await.and_then(ok_or_rejected);
                 // Its nodes are told on the next pass.

@@ -3,20 +3,20 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use proto::{ApiError, ClusterInfo, ClusterMember, Job, JobId, JobState, NodeId, NodeInfo, NodeRole, Reply, Request, Response};
+use proto::{ApiError, ClientRequest, ClusterInfo, ClusterMember, Job, JobId, JobState, NodeId, NodeInfo, NodeRole, Reply, Response};
 
 use super::{now_ms, Node};
 
 impl Node {
-    pub(super) fn read(&self, request: Request) -> Response {
+    pub(super) fn read(&self, request: ClientRequest) -> Response {
         match request {
-            Request::GetJob { job } => {
+            ClientRequest::GetJob { job } => {
                 let found = self.state.job(job).map_err(|e| ApiError::Internal(format!("read job {job}: {e}")))?;
                 let mut jobs: Vec<Job> = found.into_iter().collect();
                 self.explain_pending(&mut jobs);
                 jobs.pop().map(|j| Reply::Job(Box::new(j))).ok_or_else(|| ApiError::NotFound(format!("job {job}")))
             }
-            Request::ListJobs { include_finished } => {
+            ClientRequest::ListJobs { include_finished } => {
                 // The hot state only (live jobs and those finished in the last `min_job_age_s`);
                 // history is paged through `QueryJobs`.
                 let mut jobs: Vec<Job> =
@@ -24,7 +24,7 @@ impl Node {
                 self.explain_pending(&mut jobs);
                 Ok(Reply::Jobs(jobs))
             }
-            Request::AccountingDigest => {
+            ClientRequest::AccountingDigest => {
                 let applied_index = self.state.applied_index();
                 let hot_jobs = self.state.read(|s| s.jobs.len() as u64);
                 let (records, digest) =
@@ -33,29 +33,29 @@ impl Node {
                     self.state.accounting_disk_bytes().map_err(|e| ApiError::Internal(format!("read the accounting store: {e}")))?;
                 Ok(Reply::AccountingDigest { node: self.config.name.clone(), applied_index, hot_jobs, records, digest, disk_bytes })
             }
-            Request::QueryJobs { query } => {
+            ClientRequest::QueryJobs { query } => {
                 let (mut jobs, next) = self.state.query_jobs(&query).map_err(|e| ApiError::Internal(format!("query jobs: {e}")))?;
                 self.explain_pending(&mut jobs);
                 Ok(Reply::JobPage { jobs, next })
             }
-            Request::ListNodes => Ok(Reply::Nodes(self.node_infos())),
-            Request::ClusterInfo => Ok(Reply::Cluster(self.cluster_info(true))),
-            Request::Members => Ok(Reply::Cluster(self.cluster_info(false))),
-            Request::GetPolicy => Ok(Reply::Policy(self.state.read(|s| s.policy.clone()))),
-            Request::GetReservations => {
+            ClientRequest::ListNodes => Ok(Reply::Nodes(self.node_infos())),
+            ClientRequest::ClusterInfo => Ok(Reply::Cluster(self.cluster_info(true))),
+            ClientRequest::Members => Ok(Reply::Cluster(self.cluster_info(false))),
+            ClientRequest::GetPolicy => Ok(Reply::Policy(self.state.read(|s| s.policy.clone()))),
+            ClientRequest::GetReservations => {
                 let now = now_ms();
                 Ok(Reply::Reservations(self.state.read(|s| s.reservations.values().filter(|r| r.end_ms > now).cloned().collect())))
             }
-            Request::GetAccounts => {
+            ClientRequest::GetAccounts => {
                 let (accounts, policy) = self.state.read(|s| (Box::new((*s.accounts).clone()), s.policy.clone()));
                 Ok(Reply::Accounts { accounts, policy })
             }
-            Request::ShowConfig => Ok(Reply::Config(self.show_config())),
-            Request::TestSubmit { spec } => self.test_submit(spec),
-            Request::GetShares => Ok(Reply::Shares(self.shares())),
-            Request::QueueSummary { user, first, rows_max } => Ok(self.queue_summary(user.as_deref(), &first, rows_max)),
-            Request::NodeEvents => Ok(Reply::NodeEvents(self.state.read(|s| s.node_events.iter().cloned().collect()))),
-            Request::GetPriorities { jobs, users } => Ok(self.priorities(&jobs, &users)),
+            ClientRequest::ShowConfig => Ok(Reply::Config(self.show_config())),
+            ClientRequest::TestSubmit { spec } => self.test_submit(spec),
+            ClientRequest::GetShares => Ok(Reply::Shares(self.shares())),
+            ClientRequest::QueueSummary { user, first, rows_max } => Ok(self.queue_summary(user.as_deref(), &first, rows_max)),
+            ClientRequest::NodeEvents => Ok(Reply::NodeEvents(self.state.read(|s| s.node_events.iter().cloned().collect()))),
+            ClientRequest::GetPriorities { jobs, users } => Ok(self.priorities(&jobs, &users)),
             other => Err(ApiError::Invalid(format!("not a read request: {other:?}"))),
         }
     }
@@ -138,7 +138,7 @@ impl Node {
 
     /// Fills in why each pending job does not start now: the pure scheduler run on this node's
     /// committed state gives the same answer the leader's pass would.
-    /// `Request::QueueSummary`: one pass over the live jobs, and one scheduling pass to explain
+    /// `ClientRequest::QueueSummary`: one pass over the live jobs, and one scheduling pass to explain
     /// only the pending rows it returns.
     fn queue_summary(&self, user: Option<&str>, first: &[JobId], rows_max: u32) -> Reply {
         let rows_max = rows_max.min(proto::QUEUE_ROWS_MAX) as usize;

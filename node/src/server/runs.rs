@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use proto::{ApiError, Envelope, Job, JobId, LogStream, Reply, Request, Response, FORWARD_HOPS_MAX};
+use proto::{ApiError, ClientRequest, Envelope, Job, JobId, LogStream, Reply, Response, FORWARD_HOPS_MAX};
 use tracing::info;
 
 use super::{Node, PEER_CALL_TIMEOUT};
@@ -47,7 +47,7 @@ impl Node {
                 return Err(ApiError::Unavailable("too many forwards".into()));
             }
             let addr = node_addr.ok_or_else(|| ApiError::NotFound(format!("node {node}")))?;
-            let env = Envelope { hops: hops + 1, request: Request::Logs { job, stream, offset, max_bytes }, user };
+            let env = Envelope { hops: hops + 1, request: ClientRequest::Logs { job, stream, offset, max_bytes }.into(), user };
             return self
                 .client
                 .call(&addr, &env, PEER_CALL_TIMEOUT)
@@ -55,7 +55,7 @@ impl Node {
                 .map_err(|e| ApiError::Unavailable(format!("read output from {addr}: {e}")))?;
         }
         match self.agent.read_log(job, stream, offset, max_bytes) {
-            Err(ApiError::NotFound(_)) => self.forward(hops, Request::Logs { job, stream, offset, max_bytes }, user).await,
+            Err(ApiError::NotFound(_)) => self.forward(hops, ClientRequest::Logs { job, stream, offset, max_bytes }, user).await,
             other => other,
         }
     }
@@ -84,7 +84,7 @@ impl Node {
             self.state.read(|s| s.jobs.get(&job.id).is_some_and(is_current))
         } else {
             // No replica here: ask the leader, whose state holds everything decided so far.
-            match self.forward_link.call(Request::GetJob { job: job.id }, 0).await {
+            match self.forward_link.call(ClientRequest::GetJob { job: job.id }, 0).await {
                 Ok(Reply::Job(j)) => is_current(&j),
                 Ok(other) => return Err(ApiError::Internal(format!("unexpected reply {other:?}"))),
                 Err(crate::link::LinkError::Api(ApiError::NotFound(_))) => false,

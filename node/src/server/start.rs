@@ -73,7 +73,7 @@ fn write_node_id(path: &Path, id: NodeId) -> anyhow::Result<()> {
 }
 
 /// Calls `request` through `link` until it succeeds or `deadline` passes.
-async fn call_until(link: &LeaderLink, request: Request, what: &str, deadline: Duration) -> anyhow::Result<Reply> {
+async fn call_until(link: &LeaderLink, request: PeerRequest, what: &str, deadline: Duration) -> anyhow::Result<Reply> {
     let started = Instant::now();
     let mut backoff_ms = 100;
     loop {
@@ -303,7 +303,7 @@ fn leader_links(config: &NodeConfig, client: &Arc<Client>) -> (Arc<LeaderLink>, 
 
 /// Registers this instance (new inventory, new instance id) before it takes work; the cluster
 /// must know this node by the id its data directory holds.
-async fn register(link: &LeaderLink, join: &Request, id: NodeId, name: &str) -> anyhow::Result<()> {
+async fn register(link: &LeaderLink, join: &PeerRequest, id: NodeId, name: &str) -> anyhow::Result<()> {
     match call_until(link, join.clone(), "register with the cluster", Duration::from_secs(600)).await? {
         Reply::Joined { id: assigned, .. } if assigned == id => Ok(()),
         Reply::Joined { id: assigned, .. } => bail!("cluster knows node '{name}' as id {assigned}, but this data directory says {id}"),
@@ -313,7 +313,7 @@ async fn register(link: &LeaderLink, join: &Request, id: NodeId, name: &str) -> 
 
 /// This node's id: the one its data directory holds, 1 for a bootstrap node, else the one the
 /// cluster gives it for its join token. Recorded in the data directory.
-async fn node_id(config: &NodeConfig, forward_link: &LeaderLink, join: &Request) -> anyhow::Result<NodeId> {
+async fn node_id(config: &NodeConfig, forward_link: &LeaderLink, join: &PeerRequest) -> anyhow::Result<NodeId> {
     let id_path = config.data_dir.join("node_id");
     let id = match read_node_id(&id_path)? {
         Some(id) => id,
@@ -429,7 +429,7 @@ pub async fn run(
 
     let advertise = config.advertise_addr();
     let (agent_link, forward_link, heartbeat_link) = leader_links(&config, &client);
-    let join = Request::Join {
+    let join = PeerRequest::Join {
         token: config.join_token.clone(),
         name: config.name.clone(),
         addr: advertise.clone(),
@@ -537,13 +537,13 @@ async fn serve_until_stopped(
     }
 }
 
-/// Tells the leader this instance stopped gracefully (`Request::NodeStopped`), so the node is
+/// Tells the leader this instance stopped gracefully (`PeerRequest::NodeStopped`), so the node is
 /// down at once: a run the cluster placed here whose launch had not arrived (refused since the
 /// stop began) is lost now, and a `--requeue` job queued again, not after `node_down_after_ms`
 /// of silence. Asked even when this node's replica places nothing here: a replica that lags
 /// (the node was paused) does not know of the run whose launch it just refused.
 async fn declare_stopped(node: &Node, link: &LeaderLink) {
-    let request = Request::NodeStopped { node: node.id, instance: node.agent.instance };
+    let request = PeerRequest::NodeStopped { node: node.id, instance: node.agent.instance };
     match tokio::time::timeout(Duration::from_millis(STOP_DECLARE_MS), link.call(request, 0)).await {
         Ok(Ok(_)) => info!("node declared down: it stopped gracefully"),
         Ok(Err(e)) => warn!(error = %e, "node not declared stopped: the cluster ends its runs when it declares the node down"),
@@ -601,7 +601,7 @@ fn spawn_gpu_health(probe: &dyn crate::gpu::GpuProbe, node: NodeId, link: Arc<Le
     }
     tokio::spawn(async move {
         while let Some(ev) = rx.recv().await {
-            let req = Request::ReportGpuHealth {
+            let req = PeerRequest::ReportGpuHealth {
                 node,
                 gpu: ev.gpu,
                 mig_uuid: ev.mig_uuid.clone(),

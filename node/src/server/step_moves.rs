@@ -1,5 +1,5 @@
 //! A batch job's step that had tasks on a node the job lost and repaired onto a spare (issue
-//! 43): its `srun` asks the node that launched the step (`Request::StepMove`), which starts the
+//! 43): its `srun` asks the node that launched the step (`ClientRequest::StepMove`), which starts the
 //! lost node's tasks on the spare with their ranks and the step's environment as first started
 //! (its rendezvous on the script's node, which lives); the other nodes' tasks keep running.
 //! The replicated state already names the spare in the step's record (`state::repairs`); the
@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use proto::{ApiError, JobId, JobState, Reply, Request, Response};
+use proto::{ApiError, ClientRequest, JobId, JobState, Reply, Response};
 use tracing::info;
 
 use super::steps::STEP_START_PATIENCE_MS;
@@ -76,7 +76,7 @@ impl Node {
 
     /// Sends `request` about `job` to the node its batch script runs on (its first), which
     /// launched its steps.
-    pub(super) async fn to_script_node(&self, hops: u8, job: JobId, request: Request, user: Option<String>) -> Response {
+    pub(super) async fn to_script_node(&self, hops: u8, job: JobId, request: ClientRequest, user: Option<String>) -> Response {
         let first = self.state.read(|s| {
             let j = s.jobs.get(&job).filter(|j| j.state == JobState::Running)?;
             s.nodes.get(j.run_nodes().first()?).map(|n| n.name.clone())

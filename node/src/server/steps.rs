@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use proto::{ApiError, Envelope, Job, JobId, Reply, Request, Response, FORWARD_HOPS_MAX};
+use proto::{ApiError, ClientRequest, Envelope, Job, JobId, PeerRequest, Reply, Request, Response, FORWARD_HOPS_MAX};
 use tracing::{debug, info, warn};
 
 use super::{Node, PEER_CALL_TIMEOUT};
@@ -74,7 +74,7 @@ impl Node {
         }
         let nodes: Vec<String> = spec.nodes.iter().map(|n| n.name.clone()).collect();
         let ntasks = spec.nodes.iter().map(|n| n.ranks.len() as u32).sum();
-        let request = Request::RecordStep { job, run, step, name, nodes, ntasks };
+        let request = PeerRequest::RecordStep { job, run, step, name, nodes, ntasks };
         match self.agent_link.call(request, 0).await {
             Ok(_) => Ok(()),
             Err(LinkError::Api(e)) => Err(e),
@@ -137,8 +137,8 @@ impl Node {
         }
         warn!(job, run, step, failed = %failed.join("; "), "step not started everywhere: stopping it");
         for name in started {
-            let request = Request::StepSignal { job, step, node: name.clone(), signal: libc::SIGKILL };
-            if let Err(e) = Box::pin(Arc::clone(self).handle(Envelope { hops: 0, request, user: user.clone() })).await {
+            let request = ClientRequest::StepSignal { job, step, node: name.clone(), signal: libc::SIGKILL };
+            if let Err(e) = Box::pin(Arc::clone(self).handle(Envelope { hops: 0, request: request.into(), user: user.clone() })).await {
                 warn!(job, step, node = %name, error = %e, "stop a step that did not start everywhere");
             }
         }
@@ -146,7 +146,7 @@ impl Node {
     }
 
     /// Has every node of a step hold its share of the step's resources
-    /// ([`Request::StepHold`]) before any starts its tasks; where one cannot, gives back the
+    /// ([`PeerRequest::StepHold`]) before any starts its tasks; where one cannot, gives back the
     /// holds the others took and answers why (busy: the caller asks again).
     async fn hold_step_everywhere(
         self: &Arc<Self>,
@@ -182,7 +182,7 @@ impl Node {
     }
 
     /// Starts node `name`'s tasks of a step (at `addr`, or by this node's agent when it is this
-    /// node) with [`Request::StepStart`].
+    /// node) with [`PeerRequest::StepStart`].
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn start_step_on(
         self: &Arc<Self>,
@@ -197,7 +197,7 @@ impl Node {
         if name == self.config.name {
             return self.agent.start_step(job, run, step, spec, user.as_deref()).await;
         }
-        let env = Envelope { hops: 0, request: Request::StepStart { job, run, step, spec: spec.clone() }, user: user.clone() };
+        let env = Envelope { hops: 0, request: PeerRequest::StepStart { job, run, step, spec: spec.clone() }.into(), user: user.clone() };
         let reply = self.client.call(addr, &env, PEER_CALL_TIMEOUT).await;
         reply.unwrap_or_else(|e| Err(ApiError::Unavailable(format!("reach {addr}: {e}"))))
     }
@@ -218,8 +218,8 @@ impl Node {
         if name == self.config.name {
             return self.agent.hold_step(job, run, step, spec, release, user.as_deref()).map(drop);
         }
-        let request = Request::StepHold { job, run, step, spec: spec.clone(), release };
-        let env = Envelope { hops: 0, request, user: user.clone() };
+        let request = PeerRequest::StepHold { job, run, step, spec: spec.clone(), release };
+        let env = Envelope { hops: 0, request: request.into(), user: user.clone() };
         let reply = self.client.call(addr, &env, PEER_CALL_TIMEOUT).await;
         reply.unwrap_or_else(|e| Err(ApiError::Unavailable(format!("reach {addr}: {e}")))).map(drop)
     }
@@ -258,10 +258,11 @@ impl Node {
         hops: u8,
         job: JobId,
         name: &str,
-        request: Request,
+        request: impl Into<Request>,
         user: Option<String>,
         timeout: Duration,
     ) -> Response {
+        let request = request.into();
         if hops >= FORWARD_HOPS_MAX {
             return Err(ApiError::Unavailable(format!("gave up after {hops} forwards")));
         }
@@ -276,21 +277,21 @@ impl Node {
         self.client.call(&addr, &env, timeout).await.unwrap_or_else(|e| Err(ApiError::Unavailable(format!("reach {name} at {addr}: {e}"))))
     }
 
-    /// `Request::GpuSamples` of node `node`: this node's agent's, else asked of that node (by
+    /// `ClientRequest::GpuSamples` of node `node`: this node's agent's, else asked of that node (by
     /// its address in the replicated state, or through the leader from a node without it).
     pub(super) async fn gpu_samples(&self, hops: u8, node: String, user: Option<String>) -> Response {
         if node == self.config.name {
             return Ok(self.agent.gpu_samples());
         }
         if !self.is_member() {
-            return self.forward(hops, Request::GpuSamples { node }, user).await;
+            return self.forward(hops, ClientRequest::GpuSamples { node }, user).await;
         }
         if hops >= FORWARD_HOPS_MAX {
             return Err(ApiError::Unavailable(format!("gave up after {hops} forwards")));
         }
         let addr =
             self.state.read(|s| s.node_by_name(&node).map(|n| n.addr.clone())).ok_or_else(|| ApiError::NotFound(format!("node {node}")))?;
-        let env = Envelope { hops: hops + 1, request: Request::GpuSamples { node: node.clone() }, user };
+        let env = Envelope { hops: hops + 1, request: ClientRequest::GpuSamples { node: node.clone() }.into(), user };
         self.client
             .call(&addr, &env, PEER_CALL_TIMEOUT)
             .await
@@ -299,49 +300,49 @@ impl Node {
 
     /// A request about a running step's tasks, or a job's GPUs, on one node: answered by the
     /// agent when it is this node, else passed to that node through the job's run.
-    pub(super) async fn step_request(&self, hops: u8, request: Request, user: Option<String>) -> Response {
+    pub(super) async fn step_request(&self, hops: u8, request: ClientRequest, user: Option<String>) -> Response {
         match request {
-            Request::StepRead { job, step, node, offset, exits_seen, wait_ms } => {
+            ClientRequest::StepRead { job, step, node, offset, exits_seen, wait_ms } => {
                 if node == self.config.name {
                     return self.agent.read_step(job, step, offset, exits_seen, wait_ms, user.as_deref()).await;
                 }
                 let wait = Duration::from_millis(u64::from(wait_ms.min(proto::limits::STEP_READ_WAIT_MS_MAX)));
-                let request = Request::StepRead { job, step, node: node.clone(), offset, exits_seen, wait_ms };
+                let request = ClientRequest::StepRead { job, step, node: node.clone(), offset, exits_seen, wait_ms };
                 self.to_run_node(hops, job, &node, request, user, PEER_CALL_TIMEOUT + wait).await
             }
-            Request::StepInput { job, step, node, offset, data, eof } => {
+            ClientRequest::StepInput { job, step, node, offset, data, eof } => {
                 if node == self.config.name {
                     return self.agent.step_input(job, step, offset, &data, eof, user.as_deref()).await;
                 }
-                let request = Request::StepInput { job, step, node: node.clone(), offset, data, eof };
+                let request = ClientRequest::StepInput { job, step, node: node.clone(), offset, data, eof };
                 self.to_run_node(hops, job, &node, request, user, PEER_CALL_TIMEOUT).await
             }
-            Request::StepSignal { job, step, node, signal } => {
+            ClientRequest::StepSignal { job, step, node, signal } => {
                 if node == self.config.name {
                     return self.agent.signal_step(job, step, signal, user.as_deref());
                 }
-                let request = Request::StepSignal { job, step, node: node.clone(), signal };
+                let request = ClientRequest::StepSignal { job, step, node: node.clone(), signal };
                 self.to_run_node(hops, job, &node, request, user, PEER_CALL_TIMEOUT).await
             }
-            Request::StepResize { job, step, node, size } => {
+            ClientRequest::StepResize { job, step, node, size } => {
                 if node == self.config.name {
                     return self.agent.resize_step(job, step, size, user.as_deref()).await;
                 }
-                let request = Request::StepResize { job, step, node: node.clone(), size };
+                let request = ClientRequest::StepResize { job, step, node: node.clone(), size };
                 self.to_run_node(hops, job, &node, request, user, PEER_CALL_TIMEOUT).await
             }
-            Request::StepUsage { job, node } => {
+            ClientRequest::StepUsage { job, node } => {
                 if node == self.config.name {
                     return self.agent.step_usage(job, user.as_deref()).await;
                 }
-                let request = Request::StepUsage { job, node: node.clone() };
+                let request = ClientRequest::StepUsage { job, node: node.clone() };
                 self.to_run_node(hops, job, &node, request, user, PEER_CALL_TIMEOUT).await
             }
-            Request::GpuSeries { job, node } => {
+            ClientRequest::GpuSeries { job, node } => {
                 if node == self.config.name {
                     return Ok(self.agent.gpu_series(job));
                 }
-                let request = Request::GpuSeries { job, node: node.clone() };
+                let request = ClientRequest::GpuSeries { job, node: node.clone() };
                 self.to_run_node(hops, job, &node, request, user, PEER_CALL_TIMEOUT).await
             }
             other => Err(ApiError::Invalid(format!("not a step request: {other:?}"))),

@@ -1,6 +1,6 @@
 //! Node events: each change of a node's state a committed command makes (joined, up, down,
 //! stopped, drained, resumed, a GPU's health), kept in the replicated state, the last
-//! [`proto::NODE_EVENTS_MAX`] only, so every member answers `Request::NodeEvents` alike.
+//! [`proto::NODE_EVENTS_MAX`] only, so every member answers `ClientRequest::NodeEvents` alike.
 
 use proto::{Command, InstanceId, NodeEvent, NodeId, NodeState};
 

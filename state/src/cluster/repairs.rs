@@ -5,7 +5,7 @@
 //!
 //! A batch job's running steps (`srun`) that had tasks on the lost node name the spare in
 //! their records from then on: `srun` starts those tasks there with their ranks
-//! (`Request::StepMove`), and their ends are reported from there.
+//! (`ClientRequest::StepMove`), and their ends are reported from there.
 //!
 //! Only a loss that proves the part dead is repaired: the node declared down (it fenced itself
 //! before the leader could commit that: the fencing argument, per node) or restarted (its

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use axum::extract::{Extension, Path as UrlPath, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
-use proto::{ApiError, Job, JobState, LogStream, NodeId, NodeInfo, Reply, Request};
+use proto::{ApiError, ClientRequest, Job, JobState, LogStream, NodeId, NodeInfo, Reply};
 use scheduler::Slot;
 use serde_json::{json, Value};
 
@@ -29,13 +29,13 @@ fn failed(e: anyhow::Error) -> UiError {
     error(status, crate::slurm::describe_error(&e))
 }
 
-async fn call(cluster: &Cluster, request: Request) -> Result<Reply, UiError> {
+async fn call(cluster: &Cluster, request: ClientRequest) -> Result<Reply, UiError> {
     cluster.call_patiently(request, PATIENCE).await.map_err(failed)
 }
 
 /// Who the caller is: `{user, admin}`.
 async fn whoami(cluster: &Cluster) -> Result<(String, bool), UiError> {
-    match call(cluster, Request::Whoami).await? {
+    match call(cluster, ClientRequest::Whoami).await? {
         Reply::Caller { user, admin } => Ok((user, admin)),
         other => Err(error(StatusCode::BAD_GATEWAY, format!("unexpected reply {other:?}"))),
     }
@@ -62,13 +62,13 @@ pub(super) async fn queue(State(api): State<Arc<Api>>, Extension(caller): Extens
     let cluster = api.cluster_for(user);
     let names = node_names(&cluster).await?;
     // A cluster without a leader still shows its queue, without expected starts.
-    let expected: BTreeMap<u64, u64> = match cluster.call_patiently(Request::ExpectedStarts, PATIENCE).await {
+    let expected: BTreeMap<u64, u64> = match cluster.call_patiently(ClientRequest::ExpectedStarts, PATIENCE).await {
         Ok(Reply::ExpectedStarts(list)) => list.into_iter().collect(),
         _ => BTreeMap::new(),
     };
     let mut first: Vec<(u64, u64)> = expected.iter().map(|(job, at)| (*at, *job)).collect();
     first.sort_unstable();
-    let summary = Request::QueueSummary {
+    let summary = ClientRequest::QueueSummary {
         user: q.mine.then(|| user.to_string()),
         first: first.into_iter().map(|(_, job)| job).collect(),
         rows_max: QUEUE_ROWS_MAX as u32,
@@ -115,7 +115,7 @@ async fn node_names(cluster: &Cluster) -> Result<BTreeMap<NodeId, String>, UiErr
 pub(super) async fn nodes(State(api): State<Arc<Api>>, Extension(caller): Extension<Caller>) -> Answer {
     let user = caller.user_or_401()?;
     let cluster = api.cluster_for(user);
-    let Reply::Nodes(nodes) = call(&cluster, Request::ListNodes).await? else {
+    let Reply::Nodes(nodes) = call(&cluster, ClientRequest::ListNodes).await? else {
         return Err(error(StatusCode::BAD_GATEWAY, "unexpected reply to ListNodes"));
     };
     let query = proto::JobQuery { live: true, brief: true, states: vec![JobState::Running], ..Default::default() };
@@ -193,7 +193,7 @@ pub(super) async fn utilization(State(api): State<Arc<Api>>, Extension(caller): 
         }
     }
     let cluster = api.cluster_for(user);
-    let Reply::Nodes(nodes) = call(&cluster, Request::ListNodes).await? else {
+    let Reply::Nodes(nodes) = call(&cluster, ClientRequest::ListNodes).await? else {
         return Err(error(StatusCode::BAD_GATEWAY, "unexpected reply to ListNodes"));
     };
     // The nodes where running jobs hold GPUs or MIG instances.
@@ -213,7 +213,8 @@ pub(super) async fn utilization(State(api): State<Arc<Api>>, Extension(caller): 
             let Some(node) = pending.next() else { break };
             let cluster = api.cluster_for(user);
             calls.spawn(async move {
-                let reply = cluster.call_patiently(Request::GpuSamples { node: node.clone() }, std::time::Duration::from_secs(2)).await;
+                let reply =
+                    cluster.call_patiently(ClientRequest::GpuSamples { node: node.clone() }, std::time::Duration::from_secs(2)).await;
                 (node, reply)
             });
         }
@@ -237,7 +238,7 @@ pub(super) async fn job(State(api): State<Arc<Api>>, Extension(caller): Extensio
     let user = caller.user_or_401()?;
     let Ok(job_id) = id.parse::<proto::JobId>() else { return Err(error(StatusCode::NOT_FOUND, format!("no job {id}"))) };
     let cluster = api.cluster_for(user);
-    let Reply::Job(job) = call(&cluster, Request::GetJob { job: job_id }).await? else {
+    let Reply::Job(job) = call(&cluster, ClientRequest::GetJob { job: job_id }).await? else {
         return Err(error(StatusCode::BAD_GATEWAY, "unexpected reply to GetJob"));
     };
     let (_, admin) = whoami(&cluster).await?;
@@ -248,7 +249,7 @@ pub(super) async fn job(State(api): State<Arc<Api>>, Extension(caller): Extensio
     let nodes: Vec<String> = job.last_nodes.iter().map(|n| names.get(n).cloned().unwrap_or_else(|| n.to_string())).collect();
     let mut series = Vec::new();
     for node in nodes.iter().take(SERIES_NODES_MAX) {
-        let points = match cluster.call_patiently(Request::GpuSeries { job: job_id, node: node.clone() }, PATIENCE).await {
+        let points = match cluster.call_patiently(ClientRequest::GpuSeries { job: job_id, node: node.clone() }, PATIENCE).await {
             Ok(Reply::GpuSeries(points)) => points,
             // A node gone or never sampled: no points from it.
             _ => Vec::new(),
@@ -257,7 +258,7 @@ pub(super) async fn job(State(api): State<Arc<Api>>, Extension(caller): Extensio
     }
     let output = match cluster
         .call_patiently(
-            Request::Logs { job: job_id, stream: LogStream::Stdout, offset: proto::LOG_OFFSET_TAIL, max_bytes: OUTPUT_TAIL_BYTES },
+            ClientRequest::Logs { job: job_id, stream: LogStream::Stdout, offset: proto::LOG_OFFSET_TAIL, max_bytes: OUTPUT_TAIL_BYTES },
             PATIENCE,
         )
         .await
@@ -322,14 +323,14 @@ fn job_page(job: &Job, names: &BTreeMap<NodeId, String>, nodes: &[String], serie
 pub(super) async fn cancel(State(api): State<Arc<Api>>, Extension(caller): Extension<Caller>, UrlPath(id): UrlPath<String>) -> Answer {
     let user = caller.user_or_401()?;
     let Ok(job) = id.parse::<proto::JobId>() else { return Err(error(StatusCode::NOT_FOUND, format!("no job {id}"))) };
-    call(&api.cluster_for(user), Request::Cancel { job }).await?;
+    call(&api.cluster_for(user), ClientRequest::Cancel { job }).await?;
     Ok(Json(json!({ "cancelled": job })))
 }
 
 /// Fair share and usage of every association (as `sshare -a`).
 pub(super) async fn shares(State(api): State<Arc<Api>>, Extension(caller): Extension<Caller>) -> Answer {
     let user = caller.user_or_401()?;
-    let Reply::Shares(lines) = call(&api.cluster_for(user), Request::GetShares).await? else {
+    let Reply::Shares(lines) = call(&api.cluster_for(user), ClientRequest::GetShares).await? else {
         return Err(error(StatusCode::BAD_GATEWAY, "unexpected reply to GetShares"));
     };
     let ppm = |v: u64| v as f64 / 1e6;
@@ -359,13 +360,13 @@ const NODE_EVENTS_SHOWN: usize = 50;
 pub(super) async fn cluster(State(api): State<Arc<Api>>, Extension(caller): Extension<Caller>) -> Answer {
     let user = caller.user_or_401()?;
     let cluster = api.cluster_for(user);
-    let Reply::Cluster(info) = call(&cluster, Request::ClusterInfo).await? else {
+    let Reply::Cluster(info) = call(&cluster, ClientRequest::ClusterInfo).await? else {
         return Err(error(StatusCode::BAD_GATEWAY, "unexpected reply to ClusterInfo"));
     };
-    let Reply::Nodes(nodes) = call(&cluster, Request::ListNodes).await? else {
+    let Reply::Nodes(nodes) = call(&cluster, ClientRequest::ListNodes).await? else {
         return Err(error(StatusCode::BAD_GATEWAY, "unexpected reply to ListNodes"));
     };
-    let events = match call(&cluster, Request::NodeEvents).await? {
+    let events = match call(&cluster, ClientRequest::NodeEvents).await? {
         Reply::NodeEvents(events) => events,
         _ => Vec::new(),
     };

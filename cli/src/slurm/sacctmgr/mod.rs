@@ -19,7 +19,7 @@ use std::sync::mpsc::{sync_channel, RecvTimeoutError};
 use std::time::Duration;
 
 use proto::accounts::Accounts;
-use proto::{ApiError, Reply, Request, SchedulerPolicy};
+use proto::{ApiError, ClientRequest, Reply, SchedulerPolicy};
 
 pub use options::{list, Entity, Filter, Settings};
 pub use plan::{Db, Plan};
@@ -234,11 +234,11 @@ fn refusal(e: &anyhow::Error) -> SlurmError {
 /// The database, the policy and the cluster's name, from any node.
 fn fetch(cluster: &crate::client::Cluster) -> Result<(Box<Accounts>, SchedulerPolicy, String), SlurmError> {
     super::block_on(PROG, async {
-        let (accounts, policy) = match super::call(PROG, cluster, Request::GetAccounts).await? {
+        let (accounts, policy) = match super::call(PROG, cluster, ClientRequest::GetAccounts).await? {
             Reply::Accounts { accounts, policy } => (accounts, policy),
             other => return Err(SlurmError::fatal(PROG, format!("unexpected reply {other:?}"))),
         };
-        let name = match cluster.call_patiently(Request::ShowConfig, super::PATIENCE).await {
+        let name = match cluster.call_patiently(ClientRequest::ShowConfig, super::PATIENCE).await {
             Ok(Reply::Config(entries)) => entries.into_iter().find(|(k, _)| k == "ClusterName").map(|(_, v)| v),
             _ => None,
         };
@@ -272,6 +272,6 @@ pub fn run(args: &[String]) -> Result<i32, SlurmError> {
         return Ok(0);
     }
     super::block_on(PROG, async {
-        cluster.call_patiently(Request::EditAccounts { edits }, super::PATIENCE).await.map(|_| 0).map_err(|e| refusal(&e))
+        cluster.call_patiently(ClientRequest::EditAccounts { edits }, super::PATIENCE).await.map(|_| 0).map_err(|e| refusal(&e))
     })?
 }

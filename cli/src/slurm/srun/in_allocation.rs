@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::Duration;
 
-use proto::{LogStream, PtySize, Reply, Request};
+use proto::{ClientRequest, LogStream, PtySize, Reply};
 
 use crate::client::Cluster;
 use crate::slurm::opts::Parsed;
@@ -280,7 +280,9 @@ impl StepFollower {
         let cluster = std::sync::Arc::clone(&self.cluster);
         let (job, step) = (self.job, self.step);
         reads.spawn(async move {
-            let r = cluster.call(Request::StepRead { job, step, node: node.clone(), offset, exits_seen, wait_ms: STEP_READ_WAIT_MS }).await;
+            let r = cluster
+                .call(ClientRequest::StepRead { job, step, node: node.clone(), offset, exits_seen, wait_ms: STEP_READ_WAIT_MS })
+                .await;
             (node, r)
         });
     }
@@ -359,7 +361,7 @@ impl StepFollower {
     /// spare (`--spare-nodes`): the node that launched the step starts them there with their
     /// ranks, and the step is followed there from then on. `None` while it is not repaired.
     async fn moved_to_spare(&mut self, lost: &str) -> Option<String> {
-        let request = Request::StepMove { job: self.job, step: self.step, lost: lost.to_string() };
+        let request = ClientRequest::StepMove { job: self.job, step: self.step, lost: lost.to_string() };
         let Ok(Ok(Reply::StepMoved { node: spare })) = self.cluster.call(request).await else { return None };
         if !self.quiet {
             eprintln!("{PROG}: {lost} was lost: its tasks of step {}.{} run on {spare} now", self.job, self.step);
@@ -399,7 +401,7 @@ async fn next_or_never(stream: &mut Option<tokio::signal::unix::Signal>) -> Opti
 /// Gives the step's pseudo-terminal (task 0's, on `node`) this terminal's size, after a SIGWINCH.
 async fn resize_terminal(cluster: &Cluster, job: proto::JobId, step: u32, node: &str) {
     let Some(size) = crate::slurm::terminal::size(libc::STDIN_FILENO) else { return };
-    let request = Request::StepResize { job, step, node: node.to_string(), size };
+    let request = ClientRequest::StepResize { job, step, node: node.to_string(), size };
     match cluster.call(request).await {
         Ok(Ok(_)) | Ok(Err(proto::ApiError::NotFound(_))) => {}
         Ok(Err(e)) => eprintln!("{PROG}: error: resize the terminal of step {job}.{step}: {e}"),
@@ -427,7 +429,7 @@ fn interrupts() -> Result<(tokio::signal::unix::Signal, tokio::signal::unix::Sig
 /// already is not an error.
 async fn signal_step(cluster: &Cluster, job: proto::JobId, step: u32, nodes: &[String], signal: i32) {
     for node in nodes {
-        let request = Request::StepSignal { job, step, node: node.clone(), signal };
+        let request = ClientRequest::StepSignal { job, step, node: node.clone(), signal };
         // Asked again while the call is lost on a loaded cluster or the node briefly out of
         // reach: a lost SIGTERM would leave the task to -K's SIGKILL 30 s later.
         if let Err(e) = cluster.call_patiently(request, Duration::from_millis(STEP_SIGNAL_PATIENCE_MS)).await {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use proto::{GresRequest, JobSpec, Reply, Request};
+use proto::{ClientRequest, GresRequest, JobSpec, Reply};
 
 use crate::client::Cluster;
 use crate::tools::dev;
@@ -88,7 +88,7 @@ async fn start_blocker(cluster: &Cluster, workdir: &str) -> anyhow::Result<u64> 
     let id = submit(cluster, blocker_spec(workdir)).await?;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        if let Reply::Job(j) = cluster.call_patiently(Request::GetJob { job: id }, Duration::from_secs(10)).await? {
+        if let Reply::Job(j) = cluster.call_patiently(ClientRequest::GetJob { job: id }, Duration::from_secs(10)).await? {
             if j.state == proto::JobState::Running {
                 return Ok(id);
             }
@@ -120,7 +120,7 @@ async fn failovers(dir: &std::path::Path, workdir: &str, rounds: usize) -> anyho
         let (via_survivor, fresh) = (Cluster::connect(dir, Some(&survivor))?, Cluster::connect_to(dir, Some(dead_first))?);
         // Both clients have a connection to their first node before the kill, as a client
         // that just submitted would.
-        let before = via_survivor.call_patiently(Request::ClusterInfo, Duration::from_secs(20)).await?;
+        let before = via_survivor.call_patiently(ClientRequest::ClusterInfo, Duration::from_secs(20)).await?;
         let Reply::Cluster(before) = before else { bail!("unexpected reply {before:?}") };
         if before.leader.as_deref() != Some(leader.as_str()) {
             // Leadership moved since the voters were asked: ask again.
@@ -133,7 +133,7 @@ async fn failovers(dir: &std::path::Path, workdir: &str, rounds: usize) -> anyho
             submit(&fresh, held_spec(workdir)).await.map(|_| t.elapsed())
         });
         let (a, b) = (a?.as_secs_f64() * 1000.0, b?.as_secs_f64() * 1000.0);
-        let after = via_survivor.call_patiently(Request::ClusterInfo, Duration::from_secs(20)).await?;
+        let after = via_survivor.call_patiently(ClientRequest::ClusterInfo, Duration::from_secs(20)).await?;
         if !matches!(&after, Reply::Cluster(c) if c.term > before_term) {
             println!("  round {}: {leader} no longer led at the kill (no new term after term {before_term}): not counted", round + 1);
         } else {
@@ -154,13 +154,15 @@ async fn failovers(dir: &std::path::Path, workdir: &str, rounds: usize) -> anyho
 async fn voters_caught_up(dir: &std::path::Path, voters: usize, patience: Duration) -> anyhow::Result<proto::ClusterInfo> {
     let (cluster, started) = (Cluster::connect(dir, None)?, Instant::now());
     loop {
-        let Reply::Cluster(info) = cluster.call_patiently(Request::ClusterInfo, patience).await? else { bail!("unexpected reply") };
+        let Reply::Cluster(info) = cluster.call_patiently(ClientRequest::ClusterInfo, patience).await? else { bail!("unexpected reply") };
         let members: Vec<&proto::ClusterMember> = info.members.iter().filter(|m| m.role != proto::NodeRole::Agent).collect();
         let mut behind = Vec::new();
         if members.len() == voters && info.leader.is_some() {
             for member in members {
                 let one = Cluster::connect(dir, Some(&member.addr))?;
-                let Reply::Cluster(seen) = one.call_patiently(Request::ClusterInfo, patience).await? else { bail!("unexpected reply") };
+                let Reply::Cluster(seen) = one.call_patiently(ClientRequest::ClusterInfo, patience).await? else {
+                    bail!("unexpected reply")
+                };
                 if seen.applied_index < info.commit_index {
                     behind.push(format!("{} applied {} of {}", member.name, seen.applied_index, info.commit_index));
                 }
@@ -214,7 +216,7 @@ async fn concurrent_submits(cluster: &Arc<Cluster>, workdir: &str, clients: usiz
 }
 
 async fn submit(cluster: &Cluster, spec: JobSpec) -> anyhow::Result<u64> {
-    match cluster.call_patiently(Request::Submit { spec }, Duration::from_secs(20)).await? {
+    match cluster.call_patiently(ClientRequest::Submit { spec }, Duration::from_secs(20)).await? {
         Reply::Submitted { job } => Ok(job),
         other => bail!("unexpected reply {other:?}"),
     }
@@ -254,7 +256,7 @@ async fn submission_rates(cluster: &Arc<Cluster>, workdir: &str, args: &BenchArg
         queued.extend(ids);
     }
     if let Some(&last) = queued.last() {
-        match cluster.call_patiently(Request::GetJob { job: last }, Duration::from_secs(20)).await? {
+        match cluster.call_patiently(ClientRequest::GetJob { job: last }, Duration::from_secs(20)).await? {
             Reply::Job(j) => println!("the last queued job: {:?}, {}", j.state, j.reason().unwrap_or("no reason")),
             other => bail!("unexpected reply {other:?}"),
         }
@@ -303,7 +305,7 @@ async fn bench(dir: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
         let id = submit(&cluster, run_spec(&workdir)).await?;
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if let Reply::Job(j) = cluster.call_patiently(Request::GetJob { job: id }, Duration::from_secs(10)).await? {
+            if let Reply::Job(j) = cluster.call_patiently(ClientRequest::GetJob { job: id }, Duration::from_secs(10)).await? {
                 if (j.state == proto::JobState::Running && j.launches_pending().count() == 0) || j.state.is_final() {
                     if let Some(start) = j.start_ms {
                         starts.push(start.saturating_sub(j.submit_ms) as f64);
@@ -365,7 +367,7 @@ async fn step_round_trips(dir: &std::path::Path, workdir: &str, samples: usize) 
     let job = submit(&cluster, spec).await?;
     let deadline = Instant::now() + Duration::from_secs(60 + 10 * samples as u64);
     let state = loop {
-        if let Reply::Job(j) = cluster.call_patiently(Request::GetJob { job }, Duration::from_secs(10)).await? {
+        if let Reply::Job(j) = cluster.call_patiently(ClientRequest::GetJob { job }, Duration::from_secs(10)).await? {
             if j.state.is_final() {
                 break j.state;
             }
@@ -395,7 +397,7 @@ async fn step_round_trips(dir: &std::path::Path, workdir: &str, samples: usize) 
 
 /// Whether `job` runs `run` with every part confirmed started.
 async fn running_confirmed(cluster: &Cluster, job: u64, run: u32) -> anyhow::Result<Option<proto::Job>> {
-    match cluster.call_patiently(Request::GetJob { job }, Duration::from_secs(10)).await? {
+    match cluster.call_patiently(ClientRequest::GetJob { job }, Duration::from_secs(10)).await? {
         Reply::Job(j) if j.run == run && j.state == proto::JobState::Running && j.launches_pending().next().is_none() => Ok(Some(*j)),
         _ => Ok(None),
     }
@@ -426,7 +428,9 @@ async fn start_whole_node_job(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    let Reply::Nodes(nodes) = cluster.call_patiently(Request::ListNodes, Duration::from_secs(10)).await? else { bail!("unexpected reply") };
+    let Reply::Nodes(nodes) = cluster.call_patiently(ClientRequest::ListNodes, Duration::from_secs(10)).await? else {
+        bail!("unexpected reply")
+    };
     let node = job.last_nodes.first().and_then(|n| nodes.iter().find(|x| x.id == *n)).map(|n| n.name.clone()).context("job node")?;
     Ok((job, node))
 }
@@ -472,7 +476,7 @@ async fn handovers(dir: &std::path::Path, workdir: &str, rounds: usize) -> anyho
         );
         silent.push(ms as f64);
     }
-    cluster.call_patiently(Request::Cancel { job: id }, Duration::from_secs(10)).await?;
+    cluster.call_patiently(ClientRequest::Cancel { job: id }, Duration::from_secs(10)).await?;
     let silent = sorted(silent);
     println!(
         "hand-over of a node's runs to a new daemon ({} rounds): silent to the leader p50 {:.0} ms  p99 {:.0} ms  against a lease of fence_after_ms={fence_after_ms} (ratio {:.2}); the job never restarted",
@@ -509,7 +513,7 @@ async fn requeue_after_kill(dir: &std::path::Path, workdir: &str, kills: usize, 
         let ms = killed.elapsed().as_secs_f64() * 1000.0;
         println!("  requeue {}: killed {victim}, job {id} running again elsewhere after {ms:.0} ms", round + 1);
         took.push(ms);
-        fresh.call_patiently(Request::Cancel { job: id }, Duration::from_secs(10)).await?;
+        fresh.call_patiently(ClientRequest::Cancel { job: id }, Duration::from_secs(10)).await?;
         dev::start_one(dir, &victim)?;
         dev::wait_ready(dir, 3, Duration::from_secs(60)).await?;
     }

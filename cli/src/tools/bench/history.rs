@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use proto::{GresRequest, JobQuery, JobSpec, NodeRole, Reply, Request};
+use proto::{ClientRequest, GresRequest, JobQuery, JobSpec, NodeRole, Reply};
 
 use super::stats::{percentile, sorted};
 use crate::client::Cluster;
@@ -74,7 +74,7 @@ async fn submit_and_cancel(cluster: &Arc<Cluster>, workdir: &str, count: usize) 
             let mut out = Vec::with_capacity(per);
             for _ in 0..per {
                 let s = Instant::now();
-                match cluster.call_patiently(Request::Submit { spec: spec.clone() }, PATIENCE).await? {
+                match cluster.call_patiently(ClientRequest::Submit { spec: spec.clone() }, PATIENCE).await? {
                     Reply::Submitted { job } => out.push((job, s.elapsed().as_secs_f64() * 1000.0)),
                     other => bail!("unexpected reply {other:?}"),
                 }
@@ -100,7 +100,7 @@ async fn wait_archived(cluster: &Cluster, patience: Duration) -> anyhow::Result<
     let deadline = Instant::now() + patience;
     let query = JobQuery { finished: true, limit: 1, brief: true, ..Default::default() };
     loop {
-        match cluster.call_patiently(Request::QueryJobs { query: query.clone() }, PATIENCE).await? {
+        match cluster.call_patiently(ClientRequest::QueryJobs { query: query.clone() }, PATIENCE).await? {
             Reply::JobPage { jobs, .. } if jobs.is_empty() => return Ok(()),
             _ if Instant::now() > deadline => bail!("finished jobs still in the hot state after {patience:?}"),
             _ => tokio::time::sleep(Duration::from_millis(200)).await,
@@ -126,13 +126,13 @@ fn time_shim(shims: &Path, dir: &Path, prog: &str, samples: usize, args: impl Fn
 
 /// The Raft term now (a leader change raises it).
 async fn term(cluster: &Cluster) -> anyhow::Result<u64> {
-    let Reply::Cluster(info) = cluster.call_patiently(Request::ClusterInfo, PATIENCE).await? else { bail!("unexpected reply") };
+    let Reply::Cluster(info) = cluster.call_patiently(ClientRequest::ClusterInfo, PATIENCE).await? else { bail!("unexpected reply") };
     Ok(info.term)
 }
 
 /// The voters by name, from the cluster's membership.
 async fn voters(cluster: &Cluster) -> anyhow::Result<Vec<(String, String)>> {
-    let Reply::Cluster(info) = cluster.call_patiently(Request::ClusterInfo, PATIENCE).await? else { bail!("unexpected reply") };
+    let Reply::Cluster(info) = cluster.call_patiently(ClientRequest::ClusterInfo, PATIENCE).await? else { bail!("unexpected reply") };
     Ok(info.members.into_iter().filter(|m| m.role != NodeRole::Agent).map(|m| (m.name, m.addr)).collect())
 }
 
@@ -186,7 +186,7 @@ async fn measure(cluster: &Arc<Cluster>, dir: &Path, shims: &Path, workdir: &str
         disk.insert(name.clone(), dir_bytes(&dir.join(name).join("data")));
     }
     let leader = voters.first().map(|v| v.0.clone()).unwrap_or_default();
-    let (accounting_records, accounting_bytes) = match cluster.call_patiently(Request::AccountingDigest, PATIENCE).await? {
+    let (accounting_records, accounting_bytes) = match cluster.call_patiently(ClientRequest::AccountingDigest, PATIENCE).await? {
         Reply::AccountingDigest { records, disk_bytes, .. } => (records, disk_bytes),
         other => bail!("unexpected reply {other:?}"),
     };
@@ -227,7 +227,7 @@ async fn fill(cluster: &Arc<Cluster>, workdir: &str, count: usize) -> anyhow::Re
 /// The accounting digest of the node at `addr`.
 async fn digest_at(dir: &Path, addr: &str) -> anyhow::Result<(String, u64, String)> {
     let c = Cluster::connect(dir, Some(addr))?;
-    match c.call(Request::AccountingDigest).await? {
+    match c.call(ClientRequest::AccountingDigest).await? {
         Ok(Reply::AccountingDigest { node, records, digest, .. }) => Ok((node, records, digest)),
         Ok(other) => bail!("unexpected reply {other:?}"),
         Err(e) => bail!("{e}"),
@@ -237,7 +237,7 @@ async fn digest_at(dir: &Path, addr: &str) -> anyhow::Result<(String, u64, Strin
 /// SIGKILLs a follower voter; returns how long the agent promoted in its place took to hold the
 /// leader's accounting store, and the record count.
 async fn catch_up(cluster: &Cluster, dir: &Path) -> anyhow::Result<(f64, u64)> {
-    let Reply::Cluster(info) = cluster.call_patiently(Request::ClusterInfo, PATIENCE).await? else { bail!("unexpected reply") };
+    let Reply::Cluster(info) = cluster.call_patiently(ClientRequest::ClusterInfo, PATIENCE).await? else { bail!("unexpected reply") };
     let leader = info.leader.clone().context("no leader")?;
     let leader_addr = info.members.iter().find(|m| m.name == leader).context("leader's address")?.addr.clone();
     let victim = info.members.iter().find(|m| m.name != leader && m.role == NodeRole::Voter).context("a follower voter")?.name.clone();

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use proto::{GresRequest, JobQuery, JobSpec, JobState, NodeState, Reply, Request};
+use proto::{ClientRequest, GresRequest, JobQuery, JobSpec, JobState, NodeState, Reply};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use super::stats::{percentile, sorted};
@@ -234,7 +234,7 @@ async fn cpu_over(procs: &[(String, i32)], window: Duration) -> anyhow::Result<V
 
 /// The voters by role (leader first) and the simulated nodes' process.
 async fn processes(cluster: &Cluster, dir: &Path, sim: &Sim) -> anyhow::Result<Vec<(String, i32)>> {
-    let Reply::Cluster(info) = cluster.call_patiently(Request::ClusterInfo, Duration::from_secs(20)).await? else {
+    let Reply::Cluster(info) = cluster.call_patiently(ClientRequest::ClusterInfo, Duration::from_secs(20)).await? else {
         bail!("unexpected reply to ClusterInfo")
     };
     let leader = info.leader.context("no leader")?;
@@ -265,7 +265,7 @@ pub(super) fn sim_spec(workdir: &str, run_ms: u64, requeue: bool) -> JobSpec {
 }
 
 pub(super) async fn submit(cluster: &Cluster, spec: JobSpec) -> anyhow::Result<u64> {
-    match cluster.call_patiently(Request::Submit { spec }, Duration::from_secs(20)).await? {
+    match cluster.call_patiently(ClientRequest::Submit { spec }, Duration::from_secs(20)).await? {
         Reply::Submitted { job } => Ok(job),
         other => bail!("unexpected reply {other:?}"),
     }
@@ -277,7 +277,7 @@ async fn running_jobs(cluster: &Cluster) -> anyhow::Result<usize> {
 }
 
 async fn node_names(cluster: &Cluster) -> anyhow::Result<BTreeMap<u64, (String, NodeState)>> {
-    match cluster.call_patiently(Request::ListNodes, Duration::from_secs(20)).await? {
+    match cluster.call_patiently(ClientRequest::ListNodes, Duration::from_secs(20)).await? {
         Reply::Nodes(list) => Ok(list.into_iter().map(|n| (n.id, (n.name, n.state))).collect()),
         other => bail!("unexpected reply {other:?}"),
     }
@@ -324,7 +324,7 @@ async fn waiting_job(cluster: &Cluster, workdir: &str, procs: &[(String, i32)], 
         let job = submit(cluster, spec).await?;
         tokio::time::sleep(Duration::from_secs(2)).await;
         let figures = cpu_over(procs, WINDOW).await?;
-        cluster.call_patiently(Request::Cancel { job }, Duration::from_secs(20)).await?;
+        cluster.call_patiently(ClientRequest::Cancel { job }, Duration::from_secs(20)).await?;
         print_cpu(if held { "one job held, nothing else" } else { "one job waiting for its start time, nothing else" }, &figures);
         let ratios: Vec<String> = figures
             .iter()
@@ -348,7 +348,7 @@ async fn detection(
     let id = submit(cluster, sim_spec(workdir, 3_600_000, true)).await?;
     let deadline = Instant::now() + Duration::from_secs(60);
     let node = loop {
-        if let Reply::Job(j) = cluster.call_patiently(Request::GetJob { job: id }, Duration::from_secs(10)).await? {
+        if let Reply::Job(j) = cluster.call_patiently(ClientRequest::GetJob { job: id }, Duration::from_secs(10)).await? {
             if j.state == JobState::Running && j.launches_pending().next().is_none() {
                 break j.parts.first().map(|p| p.alloc.node).context("a running job without parts")?;
             }
@@ -364,13 +364,13 @@ async fn detection(
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut down_ms = None;
     loop {
-        if let Reply::Job(j) = cluster.call_patiently(Request::GetJob { job: id }, Duration::from_secs(10)).await? {
+        if let Reply::Job(j) = cluster.call_patiently(ClientRequest::GetJob { job: id }, Duration::from_secs(10)).await? {
             let now = unix_ms().saturating_sub(silenced_ms) as f64;
             if down_ms.is_none() && (j.restart_count >= 1 || j.run >= 2) {
                 down_ms = Some(now);
             }
             if j.run >= 2 && j.state == JobState::Running && j.launches_pending().next().is_none() {
-                cluster.call_patiently(Request::Cancel { job: id }, Duration::from_secs(10)).await?;
+                cluster.call_patiently(ClientRequest::Cancel { job: id }, Duration::from_secs(10)).await?;
                 return Ok((down_ms.unwrap_or(now), now));
             }
         }
@@ -411,7 +411,7 @@ fn declared_down_since(since: &[(PathBuf, u64)]) -> anyhow::Result<usize> {
 /// SIGKILLs the leader and measures until every live node had a heartbeat sent after the kill
 /// acknowledged; then restarts it.
 async fn failover(dir: &Path, cluster: &Cluster, sim: &mut Sim) -> anyhow::Result<(String, f64)> {
-    let Reply::Cluster(info) = cluster.call_patiently(Request::ClusterInfo, Duration::from_secs(20)).await? else {
+    let Reply::Cluster(info) = cluster.call_patiently(ClientRequest::ClusterInfo, Duration::from_secs(20)).await? else {
         bail!("unexpected reply to ClusterInfo")
     };
     let leader = info.leader.context("no leader")?;

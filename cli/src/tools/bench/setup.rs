@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use proto::Request;
+use proto::ClientRequest;
 
 use crate::client::Cluster;
 
@@ -16,7 +16,7 @@ pub(crate) async fn cancel_all(cluster: &Arc<Cluster>, jobs: Vec<u64>, tasks_max
         let (cluster, chunk) = (Arc::clone(cluster), chunk.to_vec());
         tasks.push(tokio::spawn(async move {
             for job in chunk {
-                cluster.call_patiently(Request::Cancel { job }, patience).await.with_context(|| format!("cancel job {job}"))?;
+                cluster.call_patiently(ClientRequest::Cancel { job }, patience).await.with_context(|| format!("cancel job {job}"))?;
             }
             Ok::<_, anyhow::Error>(())
         }));

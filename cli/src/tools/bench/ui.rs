@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use proto::{Reply, Request};
+use proto::{ClientRequest, Reply};
 
 use super::nodes::{run_jobs, sim_spec, submit, unix_ms, Beats, Sim, SETTLE};
 use super::stats::{percentile, sorted};
@@ -122,15 +122,16 @@ async fn measure(dir: &Path, opts: &UiBench) -> anyhow::Result<()> {
     println!("  {} simulated nodes joined in {join_ms} ms", opts.nodes);
     tokio::time::sleep(SETTLE).await;
     fill(&cluster, &workdir, opts.jobs.min(opts.nodes), opts.jobs).await?;
-    let Reply::Token(token) =
-        cluster.call_patiently(Request::IssueToken { user: Some("root".into()), lifespan_s: Some(3_600) }, Duration::from_secs(20)).await?
+    let Reply::Token(token) = cluster
+        .call_patiently(ClientRequest::IssueToken { user: Some("root".into()), lifespan_s: Some(3_600) }, Duration::from_secs(20))
+        .await?
     else {
         bail!("unexpected reply to IssueToken")
     };
     let restd = start_restd(dir)?;
     // One page of one job (query_jobs would page through all of them).
     let query = proto::JobQuery { live: true, brief: true, limit: 1, states: vec![proto::JobState::Running], ..Default::default() };
-    let Reply::JobPage { jobs, .. } = cluster.call_patiently(Request::QueryJobs { query }, Duration::from_secs(20)).await? else {
+    let Reply::JobPage { jobs, .. } = cluster.call_patiently(ClientRequest::QueryJobs { query }, Duration::from_secs(20)).await? else {
         bail!("unexpected reply to QueryJobs")
     };
     let job = jobs.first().map(|j| j.id).context("no running job")?;
