@@ -79,9 +79,10 @@ pub struct SubmitArgs {
     /// Submit the job held (as sbatch's `--hold`): it starts after `scontrol release JOBID`.
     #[arg(long, short = 'H')]
     hold: bool,
-    /// Nodes the job spans; all start together or none.
-    #[arg(long, short = 'N', default_value_t = 1)]
-    nodes: u32,
+    /// Nodes the job spans, all started together or none: `N`, or Slurm's `MIN-MAX` (it starts
+    /// on as many as it can get then, at least MIN).
+    #[arg(long, short = 'N', default_value = "1", value_name = "N|MIN-MAX")]
+    nodes: String,
     /// Before a multi-node job starts, measure the network between its nodes (every node
     /// streams to the first on the job's MASTER_PORT); hold the job if a pair is slower than
     /// MIN_MBPS Mbit/s or under half the median.
@@ -222,7 +223,9 @@ pub fn build_spec(args: &SubmitArgs) -> anyhow::Result<JobSpec> {
     spec.output = args.output.clone();
     spec.error = args.error.clone();
     spec.requeue = args.requeue;
-    spec.nodes = args.nodes;
+    let (nodes_min, nodes_max) = slurm::values::parse_nodes(&args.nodes).map_err(anyhow::Error::msg)?;
+    spec.nodes = nodes_min;
+    spec.set_nodes_max(nodes_max);
     spec.partition = args.partition.clone();
     spec.qos = args.qos.clone();
     spec.hold = args.hold;
@@ -252,8 +255,8 @@ fn sbatch_overrides(args: &SubmitArgs) -> Vec<(&'static str, Option<String>)> {
         put("cpus-per-task", Some(args.cpus_per_task.to_string()));
     }
     args.mem.clone().into_iter().for_each(|v| put("mem", Some(v)));
-    if args.nodes != 1 {
-        put("nodes", Some(args.nodes.to_string()));
+    if args.nodes != "1" {
+        put("nodes", Some(args.nodes.clone()));
     }
     if args.requeue {
         put("requeue", None);
@@ -548,5 +551,17 @@ mod tests {
         let ok = spec(&["--mem", "64M", "--", "sleep", "9"]).expect("a command after --");
         assert_eq!(ok.argv, ["sleep", "9"]);
         assert_eq!(spec(&["--", "sh", "-c", "exit 3"]).expect("options of the command").argv, ["sh", "-c", "exit 3"]);
+    }
+
+    #[test]
+    fn nodes_take_a_count_or_slurms_range() {
+        let one = spec(&["--", "true"]).expect("the default");
+        assert_eq!((one.nodes, one.nodes_max()), (1, 1));
+        let range = spec(&["-N", "2-4", "--", "true"]).expect("a range");
+        assert_eq!((range.nodes, range.nodes_max()), (2, 4));
+        let count = spec(&["--nodes", "3", "--", "true"]).expect("a count");
+        assert_eq!((count.nodes, count.nodes_max()), (3, 3));
+        let err = spec(&["-N", "4-2", "--", "true"]).expect_err("a range upside down");
+        assert!(err.to_string().contains("Maximum node count 2 is less than minimum node count 4"), "{err}");
     }
 }

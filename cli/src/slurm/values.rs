@@ -175,7 +175,7 @@ pub fn parse_dependencies(text: &str) -> Option<Vec<Dependency>> {
 }
 
 /// `--nodes`: `N` or `MIN-MAX`.
-pub(super) fn parse_nodes(text: &str) -> Result<(u32, u32), String> {
+pub(crate) fn parse_nodes(text: &str) -> Result<(u32, u32), String> {
     let one = |s: &str| -> Result<u32, String> {
         let t = s.trim();
         let (digits, mult) = match t.strip_suffix(['k', 'K']) {
