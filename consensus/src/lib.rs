@@ -7,6 +7,7 @@
 //! [`handle_raft_rpc`].
 
 pub mod accounting;
+pub mod inbox;
 pub mod network;
 pub mod proposer;
 pub mod snapshot;
@@ -25,10 +26,12 @@ use openraft::SnapshotPolicy;
 use proto::{ApiError, Command, CommandResult, NodeId};
 
 pub use corral_state::ClusterState;
-pub use network::{handle_raft_rpc, NetworkFactory, PeerClient, RaftTransport, SnapshotInbox, TransportError, RAFT_PAYLOAD_BYTES_MAX};
+pub use inbox::SnapshotInbox;
+pub use network::{handle_raft_rpc, NetworkFactory, PeerClient, RaftTransport, TransportError, RAFT_PAYLOAD_BYTES_MAX};
 pub use proposer::Proposer;
-pub use store::{open_store, LogStore, StateHandle, StateMachine};
-pub use types::{LogCommand, LogId, MemberNode, Raft, SnapshotData, TypeConfig};
+pub use snapshot::SnapshotData;
+pub use store::{open_store, LogStore, Raft, StateHandle, StateMachine};
+pub use types::{LogCommand, LogId, MemberNode, TypeConfig};
 
 /// Timing and compaction settings of the Raft group.
 #[derive(Clone, Debug, PartialEq, Eq)]

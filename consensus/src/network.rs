@@ -11,10 +11,7 @@
 //! appended by the follower's [`SnapshotInbox`] to a file; the last chunk installs it. Neither
 //! side holds the whole snapshot in memory, and its size has no limit but the disk.
 
-use std::fs::File;
 use std::future::Future;
-use std::io::Write;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,22 +26,20 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tracing::{debug, warn};
 
-use crate::types::{LogId, MemberNode, Raft, Snapshot, SnapshotData, SnapshotMeta, TypeConfig, Vote};
+use crate::inbox::{SnapshotChunkRequest, SnapshotInbox};
+use crate::snapshot::{Snapshot, SnapshotData};
+use crate::store::Raft;
+use crate::types::{MemberNode, TypeConfig, Vote};
 
 /// The shortest timeout of an append that carries entries (see `append_entries`).
 const APPEND_TIMEOUT_MIN: Duration = Duration::from_millis(1_000);
 
 /// Bytes of snapshot one `SnapshotChunk` carries at most.
 pub const SNAPSHOT_CHUNK_BYTES: usize = 4 * 1024 * 1024;
-/// Largest snapshot a follower accepts (a bound on the disk a sender can fill).
-pub const SNAPSHOT_BYTES_MAX: u64 = 256 * 1024 * 1024 * 1024;
 /// Time for one chunk to be written, and for the last to be installed.
 const SNAPSHOT_CHUNK_TIMEOUT: Duration = Duration::from_secs(15);
 const SNAPSHOT_INSTALL_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// The payload of a `SnapshotChunk` RPC: the leader's vote, the snapshot's meta, where the
-/// chunk starts, its bytes, and whether it is the last.
-type SnapshotChunkRequest = (Vote, SnapshotMeta, u64, Vec<u8>, bool);
 /// Its reply: openraft's response once the last chunk is installed.
 type SnapshotChunkReply = Option<SnapshotResponse<TypeConfig>>;
 
@@ -335,68 +330,6 @@ fn encode_reply<T: Serialize, E: std::fmt::Display>(reply: Result<T, E>) -> Vec<
     proto::encode(&reply)
 }
 
-/// A snapshot being received: one at a time, its chunks in order, appended to a file.
-pub struct SnapshotInbox {
-    dir: PathBuf,
-    current: tokio::sync::Mutex<Option<Incoming>>,
-}
-
-struct Incoming {
-    vote: Vote,
-    last_log_id: Option<LogId>,
-    path: PathBuf,
-    file: File,
-    received: u64,
-}
-
-impl SnapshotInbox {
-    /// Receives into files under `dir`.
-    pub fn new(dir: PathBuf) -> SnapshotInbox {
-        SnapshotInbox { dir, current: tokio::sync::Mutex::new(None) }
-    }
-
-    /// Appends one chunk; after the last, installs the snapshot in `raft`.
-    async fn receive(&self, raft: &Raft, request: SnapshotChunkRequest) -> Result<SnapshotChunkReply, String> {
-        let (vote, meta, offset, bytes, last) = request;
-        let mut current = self.current.lock().await;
-        if offset == 0 {
-            if let Some(old) = current.take() {
-                let _ = std::fs::remove_file(&old.path);
-            }
-            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-            let path = self.dir.join(format!("recv-{nanos}.snap"));
-            let file = File::create(&path).map_err(|e| format!("create {}: {e}", path.display()))?;
-            *current = Some(Incoming { vote, last_log_id: meta.last_log_id, path, file, received: 0 });
-        }
-        let Some(incoming) = current.as_mut() else {
-            return Err(format!("snapshot chunk at {offset} but no snapshot is being received"));
-        };
-        if incoming.vote != vote || incoming.last_log_id != meta.last_log_id || incoming.received != offset {
-            return Err(format!("snapshot chunk at {offset} does not continue the snapshot being received (at {})", incoming.received));
-        }
-        let received = incoming.received + bytes.len() as u64;
-        if received > SNAPSHOT_BYTES_MAX {
-            return Err(format!("snapshot larger than {SNAPSHOT_BYTES_MAX} bytes"));
-        }
-        incoming.file.write_all(&bytes).map_err(|e| format!("write {}: {e}", incoming.path.display()))?;
-        incoming.received = received;
-        if !last {
-            return Ok(None);
-        }
-        let Some(done) = current.take() else { return Err("snapshot vanished".into()) };
-        drop(current);
-        let installed = self.install(raft, vote, meta, &done).await;
-        let _ = std::fs::remove_file(&done.path);
-        installed.map(Some)
-    }
-
-    async fn install(&self, raft: &Raft, vote: Vote, meta: SnapshotMeta, done: &Incoming) -> Result<SnapshotResponse<TypeConfig>, String> {
-        done.file.sync_all().map_err(|e| format!("sync {}: {e}", done.path.display()))?;
-        let data = SnapshotData::received(done.path.clone()).map_err(|e| format!("open {}: {e}", done.path.display()))?;
-        raft.install_full_snapshot(vote, Snapshot { meta, snapshot: data }).await.map_err(|e| e.to_string())
-    }
-}
-
 /// Serves one Raft RPC that arrived from a peer: decodes `payload`, calls `raft` (snapshot chunks
 /// go through `inbox`), and returns the encoded reply for the peer's [`NetworkFactory`]. `Err`
 /// only for a payload that does not decode.
@@ -419,7 +352,7 @@ pub async fn handle_raft_rpc(raft: &Raft, inbox: &SnapshotInbox, kind: RaftRpcKi
         }
         RaftRpcKind::SnapshotChunk => {
             let request: SnapshotChunkRequest = decode_request(kind, payload)?;
-            let reply = inbox.receive(raft, request).await;
+            let reply = receive_chunk(raft, inbox, request).await;
             if let Err(e) = &reply {
                 warn!(error = %e, "receiving a snapshot failed");
             }
@@ -430,6 +363,20 @@ pub async fn handle_raft_rpc(raft: &Raft, inbox: &SnapshotInbox, kind: RaftRpcKi
             encode_reply(raft.handle_transfer_leader(req).await)
         }
     })
+}
+
+/// Appends one chunk to `inbox`; after the last, installs the snapshot in `raft` and removes its
+/// file.
+async fn receive_chunk(raft: &Raft, inbox: &SnapshotInbox, request: SnapshotChunkRequest) -> Result<SnapshotChunkReply, String> {
+    let vote = request.0;
+    let Some(done) = inbox.receive(request).await? else { return Ok(None) };
+    let path = done.path().to_path_buf();
+    let installed = match done.into_snapshot() {
+        Ok(snapshot) => raft.install_full_snapshot(vote, snapshot).await.map_err(|e| e.to_string()),
+        Err(e) => Err(e),
+    };
+    let _ = std::fs::remove_file(&path);
+    installed.map(Some)
 }
 
 #[cfg(test)]

@@ -199,6 +199,9 @@ impl AccountingSource {
     }
 }
 
+/// A snapshot of the job log: openraft's meta and our [`SnapshotData`].
+pub type Snapshot = openraft::type_config::alias::SnapshotOf<crate::types::TypeConfig, SnapshotData>;
+
 /// A snapshot: its file, and, for one this node sends, the store whose accounting records
 /// follow the file's frames. A received snapshot has them in the file.
 pub struct SnapshotData {

@@ -37,9 +37,10 @@ use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
 use crate::accounting::{self, CF_ACCT, CF_ACCT_IDX};
-use crate::snapshot::{self, AccountingSource, SnapshotData};
+use crate::inbox::SnapshotInbox;
+use crate::snapshot::{self, AccountingSource, Snapshot, SnapshotData};
 use crate::state::ClusterState;
-use crate::types::{Entry, LogCommand, LogId, Snapshot, SnapshotMeta, StoredMembership, TypeConfig, Vote};
+use crate::types::{Entry, LogCommand, LogId, SnapshotMeta, StoredMembership, TypeConfig, Vote};
 
 const CF_LOGS: &str = "logs";
 const CF_META: &str = "meta";
@@ -377,7 +378,7 @@ pub struct StateHandle {
     applied: watch::Receiver<u64>,
     last_change: Arc<AtomicU64>,
     accounting: AccountingSource,
-    inbox: Arc<crate::network::SnapshotInbox>,
+    inbox: Arc<SnapshotInbox>,
 }
 
 impl StateHandle {
@@ -419,7 +420,7 @@ impl StateHandle {
     }
 
     /// Where this node receives snapshots (for [`crate::handle_raft_rpc`]).
-    pub fn snapshot_inbox(&self) -> &crate::network::SnapshotInbox {
+    pub fn snapshot_inbox(&self) -> &SnapshotInbox {
         &self.inbox
     }
 
@@ -505,6 +506,9 @@ type SnapshotRecord = (SnapshotMeta, String);
 
 /// Applies committed entries to the in-memory [`ClusterState`] and the accounting store; builds
 /// and installs snapshots.
+/// A Raft node of the job log.
+pub type Raft = openraft::Raft<TypeConfig, StateMachine>;
+
 pub struct StateMachine {
     db: Arc<DB>,
     state: Arc<RwLock<ClusterState>>,
@@ -519,7 +523,7 @@ pub struct StateMachine {
     /// Snapshot files (`snap-*.bin`) and snapshots being received (`incoming/`).
     snap_dir: PathBuf,
     accounting: AccountingSource,
-    inbox: Arc<crate::network::SnapshotInbox>,
+    inbox: Arc<SnapshotInbox>,
 }
 
 impl StateMachine {
@@ -558,7 +562,7 @@ impl StateMachine {
             applied_rx,
             last_change,
             snapshot_write: Arc::new(Mutex::new(())),
-            inbox: Arc::new(crate::network::SnapshotInbox::new(snap_dir.join(INCOMING_DIR))),
+            inbox: Arc::new(SnapshotInbox::new(snap_dir.join(INCOMING_DIR))),
             snap_dir,
             accounting,
         })

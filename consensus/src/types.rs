@@ -5,8 +5,6 @@ use std::fmt;
 use proto::{Command, CommandResult};
 use serde::{Deserialize, Serialize};
 
-use crate::store::StateMachine;
-
 /// A voter or learner of the Raft group, as the membership config records it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemberNode {
@@ -86,14 +84,8 @@ openraft::declare_raft_types!(
         Node = MemberNode,
 );
 
-/// A Raft node of the job log.
-pub type Raft = openraft::Raft<TypeConfig, StateMachine>;
-
-pub use crate::snapshot::SnapshotData;
-
 pub type LogId = openraft::type_config::alias::LogIdOf<TypeConfig>;
 pub type Vote = openraft::type_config::alias::VoteOf<TypeConfig>;
 pub type Entry = openraft::type_config::alias::EntryOf<TypeConfig>;
 pub type StoredMembership = openraft::type_config::alias::StoredMembershipOf<TypeConfig>;
 pub type SnapshotMeta = openraft::type_config::alias::SnapshotMetaOf<TypeConfig>;
-pub type Snapshot = openraft::type_config::alias::SnapshotOf<TypeConfig, SnapshotData>;
