@@ -19,6 +19,8 @@ pub mod nccl;
 pub mod pacing;
 pub mod preflight;
 pub mod probe;
+pub mod process;
+pub mod procfs;
 pub mod pty;
 pub mod server;
 pub mod shepherd;

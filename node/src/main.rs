@@ -80,7 +80,7 @@ fn main() -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("find the corrald executable")?;
     let _watchdog = corral_node::watchdog::spawn(&exe, config.lease_path())?;
     // Forked now, while this process is small and has one thread: it forks each run's shepherd.
-    let spawner = match corral_node::spawner::start() {
+    let spawner = match corral_node::spawner::start(corral_node::shepherd::run_trusting) {
         Ok(s) => Some(std::sync::Arc::new(s)),
         Err(e) => {
             tracing::warn!(error = format!("{e:#}"), "no spawner: each run's shepherd is exec'd");

@@ -35,8 +35,8 @@ use anyhow::Context;
 use proto::{InstanceId, JobId, RunNo};
 use serde::{Deserialize, Serialize};
 
-use crate::launcher::LaunchSpec;
-use crate::watchdog::{boot_ms, process_alive, start_ticks};
+use crate::process::{ExitRecord, LaunchSpec};
+use crate::procfs::{boot_ms, process_alive, start_ticks};
 
 /// The flag that makes `corrald` a shepherd.
 pub const SHEPHERD_FLAG: &str = "--shepherd";
@@ -81,7 +81,7 @@ pub struct TaskRequest {
     pub node: String,
     /// What the task sees in a mount namespace of its own (its run's).
     #[serde(flatten)]
-    pub mounts: crate::launcher::JobMounts,
+    pub mounts: crate::process::JobMounts,
     /// Its stdin is a pipe the agent feeds (`input STEP RANK`), not `/dev/null`.
     #[serde(default)]
     pub stdin: bool,
@@ -148,15 +148,6 @@ pub struct RunRecord {
     pub slots: Vec<u32>,
     /// When the shepherd was started, on the boot clock: the time limit counts from here.
     pub started_boot_ms: u64,
-}
-
-/// How a job ended, as its shepherd saw it (`status.json`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ExitRecord {
-    Exited(i32),
-    Signaled(i32),
-    /// The job could not be started.
-    Failed(String),
 }
 
 /// Which `corrald` runs this node's jobs now (`JOBS_DIR/daemon.json`), written by each daemon
@@ -265,7 +256,7 @@ pub fn run_trusting(dir: &Path, daemon: i32) -> anyhow::Result<()> {
         Err(why) => return fail(why),
     };
     let cgroups: Vec<PathBuf> = record.cgroup.iter().chain(record.cgroups_v1.iter()).cloned().collect();
-    let mut child = match crate::launcher::start_run_process(&record.launch, &cgroups) {
+    let mut child = match crate::process::start_run_process(&record.launch, &cgroups) {
         Ok(c) => c,
         Err(e) => return fail(format!("{e:#}")),
     };
@@ -622,7 +613,7 @@ impl Shared {
             }
         };
         let procs_fds: Vec<i32> = procs.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
-        let proc = crate::launcher::Process {
+        let proc = crate::process::Process {
             program: &request.program,
             args: &request.args,
             env: &request.env,
@@ -643,7 +634,7 @@ impl Shared {
             Ok(pty) => pty,
             Err(e) => return failed("openpty()", e),
         };
-        let command = crate::launcher::task_command(&proc, procs_fds, pty.as_ref().map(|(_, slave)| slave));
+        let command = crate::process::task_command(&proc, procs_fds, pty.as_ref().map(|(_, slave)| slave));
         let mut command = match command {
             Ok(c) => c,
             Err(e) => return failed("dup()", e),

@@ -43,8 +43,12 @@ fn last_error(what: &str) -> anyhow::Error {
     anyhow::Error::new(std::io::Error::last_os_error()).context(what.to_string())
 }
 
+/// What a forked shepherd runs: its run directory and the daemon it trusts
+/// (`shepherd::run_trusting`, handed in by `corrald`'s `main`).
+pub type RunShepherd = fn(&Path, i32) -> anyhow::Result<()>;
+
 /// Forks the spawner. Call only while the process has one thread (before any runtime).
-pub fn start() -> anyhow::Result<Spawner> {
+pub fn start(run_shepherd: RunShepherd) -> anyhow::Result<Spawner> {
     let mut fds = [0 as RawFd; 2];
     // SAFETY: socketpair writes two descriptors into `fds`.
     if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) } < 0 {
@@ -60,7 +64,7 @@ pub fn start() -> anyhow::Result<Spawner> {
     }
     if pid == 0 {
         drop(ours);
-        serve(theirs, daemon);
+        serve(theirs, daemon, run_shepherd);
     }
     drop(theirs);
     let timeout = libc::timeval { tv_sec: REPLY_TIMEOUT_MS / 1000, tv_usec: 0 };
@@ -230,7 +234,7 @@ fn reap() {
 }
 
 /// The spawner's loop: never returns.
-fn serve(sock: OwnedFd, daemon: i32) -> ! {
+fn serve(sock: OwnedFd, daemon: i32, run_shepherd: RunShepherd) -> ! {
     // SAFETY: prctl and getppid have no memory effects.
     unsafe {
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
@@ -255,7 +259,7 @@ fn serve(sock: OwnedFd, daemon: i32) -> ! {
             Err(_) => unsafe { libc::_exit(1) },
         };
         let answer = match pipe {
-            Some(pipe) if !path.as_os_str().is_empty() => fork_shepherd(&sock, &path, pipe, daemon),
+            Some(pipe) if !path.as_os_str().is_empty() => fork_shepherd(&sock, &path, pipe, daemon, run_shepherd),
             _ => -libc::EINVAL,
         };
         // SAFETY: send reads 4 bytes from `answer`.
@@ -268,7 +272,7 @@ fn serve(sock: OwnedFd, daemon: i32) -> ! {
 }
 
 /// Forks one shepherd; its pid, or `-errno`.
-fn fork_shepherd(sock: &OwnedFd, dir: &Path, stdout: OwnedFd, daemon: i32) -> i32 {
+fn fork_shepherd(sock: &OwnedFd, dir: &Path, stdout: OwnedFd, daemon: i32, run_shepherd: RunShepherd) -> i32 {
     // SAFETY: the spawner has one thread, so the child's memory is consistent.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
@@ -291,7 +295,7 @@ fn fork_shepherd(sock: &OwnedFd, dir: &Path, stdout: OwnedFd, daemon: i32) -> i3
         libc::setsid();
     }
     drop(stdout);
-    let code = match crate::shepherd::run_trusting(dir, daemon) {
+    let code = match run_shepherd(dir, daemon) {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("shepherd {}: {e:#}", dir.display());

@@ -238,7 +238,7 @@ const FILE_LINES_MAX: usize = 800;
 /// Source files over [`FILE_LINES_MAX`] lines of code today, with their count then. Only ever
 /// lower a count or remove an entry.
 const LONG_FILES: &[(&str, usize)] =
-    &[("chaos/src/runner.rs", 842), ("cli/src/slurm/sbatch.rs", 878), ("node/src/shepherd.rs", 833), ("scheduler/src/engine.rs", 1231)];
+    &[("chaos/src/runner.rs", 842), ("cli/src/slurm/sbatch.rs", 878), ("node/src/shepherd.rs", 827), ("scheduler/src/engine.rs", 1231)];
 
 #[test]
 fn no_file_grows_past_the_limit() {
@@ -290,7 +290,7 @@ fn the_line_counter_skips_blanks_and_comments() {
 }
 
 /// Module cycles of today, as (crate, its modules sorted). Only ever remove entries.
-const MODULE_CYCLES: &[(&str, &[&str])] = &[("node", &["launcher", "shepherd", "spawner", "watchdog"])];
+const MODULE_CYCLES: &[(&str, &[&str])] = &[];
 
 /// The modules of each crate's library (or of its binary where it has no library), as (path,
 /// module, code without tests). `src/bin/` holds crates of their own, and so does a `main.rs`

@@ -17,7 +17,8 @@ use super::steps::STEP_GRANT_FILE;
 use super::supervise::read_pause;
 use super::{lock, Agent, HeldStep, Running, TaskBase};
 use crate::launcher;
-use crate::shepherd::{self, ExitRecord, Handover, LaunchRecord, RunRecord, Shepherd};
+use crate::process::ExitRecord;
+use crate::shepherd::{self, Handover, LaunchRecord, RunRecord, Shepherd};
 use crate::step::Step;
 
 /// How long a starting daemon waits for a run of a dead instance to die once killed.
@@ -30,7 +31,7 @@ impl Agent {
     /// watchdog keep the jobs until the next daemon of this instance takes them over, or until
     /// the lease's deadline. Step tasks, which this daemon started itself, end with it.
     pub fn hand_over(&self) -> anyhow::Result<Handover> {
-        let now_ms = crate::watchdog::boot_ms();
+        let now_ms = crate::procfs::boot_ms();
         let t = (*lock(&self.last_ack)).context("no leader has acknowledged this node yet: its runs cannot be handed over")?;
         let last_ack_boot_ms = now_ms.saturating_sub(t.elapsed().as_millis() as u64);
         let deadline_boot_ms = last_ack_boot_ms + self.settings.fence_after_ms + self.settings.stop.fence_kill_grace_ms;
@@ -57,7 +58,7 @@ impl Agent {
     /// taken over.
     pub async fn recover(self: &Arc<Self>, handover: Option<Handover>) -> anyhow::Result<usize> {
         if let Some(h) = handover {
-            let now_ms = crate::watchdog::boot_ms();
+            let now_ms = crate::procfs::boot_ms();
             let since = Duration::from_millis(now_ms.saturating_sub(h.last_ack_boot_ms));
             *lock(&self.last_ack) = std::time::Instant::now().checked_sub(since);
             self.ack_commit_index.fetch_max(h.ack_commit_index, Ordering::SeqCst);
@@ -157,7 +158,7 @@ impl Agent {
             },
         );
         self.adopt_steps(dir, spec.job, spec.run, &tasks, cgroup.as_ref()).await;
-        let elapsed_ms = crate::watchdog::boot_ms().saturating_sub(record.started_boot_ms);
+        let elapsed_ms = crate::procfs::boot_ms().saturating_sub(record.started_boot_ms);
         let span = info_span!("job", job = spec.job, run = spec.run);
         span.in_scope(|| info!(pgid = child.pgid, elapsed_ms, "took the run over from the previous daemon"));
         let agent = Arc::clone(self);

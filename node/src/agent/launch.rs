@@ -125,7 +125,7 @@ impl Agent {
 
     /// Records in the launch ledger that this instance starts the run, unless a stop that came
     /// while the launch was prepared refused it for good (and reported it gone).
-    fn record_start(&self, job: &Job, spec: &launcher::LaunchSpec) -> Result<(), ApiError> {
+    fn record_start(&self, job: &Job, spec: &crate::process::LaunchSpec) -> Result<(), ApiError> {
         let mut ledger = lock(&self.ledger);
         if ledger.entries.contains_key(&(job.id, job.run)) {
             return Err(ApiError::Denied(format!("job {} run {} was stopped before it started", job.id, job.run)));
@@ -147,7 +147,7 @@ impl Agent {
         &self,
         job: &Job,
         alloc: &proto::Allocation,
-        spec: &launcher::LaunchSpec,
+        spec: &crate::process::LaunchSpec,
         nodes: &[(String, String)],
         stop_tx: launcher::StopSender,
     ) {
@@ -180,7 +180,7 @@ impl Agent {
     fn preflight_then_start(
         self: &Arc<Self>,
         preflight: crate::preflight::Preflight,
-        spec: launcher::LaunchSpec,
+        spec: crate::process::LaunchSpec,
         limits: crate::cgroup::Limits,
         mut stop_rx: launcher::StopReceiver,
         span: tracing::Span,
@@ -208,14 +208,18 @@ impl Agent {
                     Ok(report) => {
                         info!("preflight passed");
                         let mut spec = spec;
-                        if let Err(e) = launcher::write_output_head(&mut spec, report.as_bytes()) {
+                        if let Err(e) = crate::process::write_output_head(&mut spec, report.as_bytes()) {
                             warn!(error = format!("{e:#}"), "write the preflight report");
                         }
                         agent.start_process(spec, limits, stop_rx, tracing::Span::current());
                     }
                     Err(why) => {
                         warn!(reason = %why, "preflight failed: the job is held");
-                        let _ = launcher::append_output(&spec, &spec.stderr_path, format!("corral preflight: failed: {why}\n").as_bytes());
+                        let _ = crate::process::append_output(
+                            &spec,
+                            &spec.stderr_path,
+                            format!("corral preflight: failed: {why}\n").as_bytes(),
+                        );
                         let counted = agent.end_run(spec.job);
                         agent.queue_report(counted, spec.job, spec.run, RunOutcome::PreflightFailed(why)).await;
                     }
@@ -296,7 +300,7 @@ impl Agent {
     /// supervises it to its end.
     fn start_process(
         self: &Arc<Self>,
-        spec: launcher::LaunchSpec,
+        spec: crate::process::LaunchSpec,
         limits: crate::cgroup::Limits,
         stop_rx: launcher::StopReceiver,
         span: tracing::Span,
@@ -335,7 +339,7 @@ impl Agent {
             nodes,
             gpus,
             slots,
-            started_boot_ms: crate::watchdog::boot_ms(),
+            started_boot_ms: crate::procfs::boot_ms(),
         };
         let agent = Arc::clone(self);
         tokio::spawn(

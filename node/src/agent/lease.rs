@@ -34,7 +34,7 @@ impl Agent {
     /// Rewrites the watchdog's lease: the running process groups, and the moment after which
     /// they must be dead unless a leader acknowledges this node again.
     pub fn renew_lease(&self) {
-        let now_ms = crate::watchdog::boot_ms();
+        let now_ms = crate::procfs::boot_ms();
         let ack_age_ms = self.ack_age_ms();
         let in_ms =
             control::agent::watchdog_deadline_in_ms(ack_age_ms, self.settings.fence_after_ms, self.settings.stop.fence_kill_grace_ms);

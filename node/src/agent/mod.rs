@@ -133,12 +133,12 @@ struct TaskBase {
     env: BTreeMap<String, String>,
     workdir: PathBuf,
     run_as: Option<crate::identity::Account>,
-    mounts: launcher::JobMounts,
+    mounts: crate::process::JobMounts,
 }
 
 impl TaskBase {
     /// What the step tasks of the run `spec` launches start from.
-    fn of(spec: &launcher::LaunchSpec) -> Arc<TaskBase> {
+    fn of(spec: &crate::process::LaunchSpec) -> Arc<TaskBase> {
         Arc::new(TaskBase {
             env: spec.env.clone(),
             workdir: spec.workdir.clone(),

@@ -19,7 +19,7 @@ impl Agent {
     pub(super) async fn supervise_run(
         self: Arc<Self>,
         child: Shepherd,
-        spec: launcher::LaunchSpec,
+        spec: crate::process::LaunchSpec,
         stop_rx: launcher::StopReceiver,
         cgroup: Option<Arc<crate::cgroup::JobCgroup>>,
         tasks: Arc<launcher::TaskGroups>,

@@ -129,7 +129,7 @@ fn this_instance(daemon_file: &Path) -> anyhow::Result<(InstanceId, Option<crate
             None
         }
     };
-    let handover = previous.as_ref().and_then(|p| p.open_handover(crate::watchdog::boot_ms()));
+    let handover = previous.as_ref().and_then(|p| p.open_handover(crate::procfs::boot_ms()));
     if let (Some(p), None) = (&previous, handover) {
         if p.handover.is_some() {
             warn!(instance = p.instance, "the previous daemon's hand-over expired: its jobs were killed, starting as a new instance");
@@ -665,7 +665,7 @@ fn job_commands(namespaces: bool) -> Option<std::path::PathBuf> {
         warn!(missing = %corral.display(), "no corral beside corrald: runs get no /job/bin/pdsh or ssh");
         return None;
     }
-    if let Err(e) = std::fs::create_dir_all(crate::launcher::JOB_MOUNT) {
+    if let Err(e) = std::fs::create_dir_all(crate::process::JOB_MOUNT) {
         warn!(error = %e, "create /job (where runs see their job directory): runs get no /job");
         return None;
     }
