@@ -7,6 +7,7 @@ pub mod capabilities;
 pub mod cgroup;
 pub mod cgroup_devices;
 pub mod config;
+pub mod daemon_record;
 pub mod fault;
 pub mod gpu;
 pub mod identity;

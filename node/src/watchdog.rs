@@ -71,7 +71,7 @@ pub fn write_lease(path: &Path, lease: &Lease) -> anyhow::Result<()> {
 
 /// Reads the lease; none when there is no file yet.
 pub fn read_lease(path: &Path) -> anyhow::Result<Option<Lease>> {
-    crate::shepherd::read_json_max(path, LEASE_BYTES_MAX)
+    crate::json_file::read_json_max(path, LEASE_BYTES_MAX)
 }
 
 /// The groups of an expired lease that are still the processes the agent started.
@@ -101,7 +101,7 @@ fn kill_all(lease_path: &Path, last: Option<&Lease>) {
     tracing::warn!(groups = groups.len(), cgroups = lease.cgroups.len(), "watchdog: corrald is gone, killed its jobs");
 }
 
-/// The daemon record (`shepherd::DaemonRecord`) beside the lease at `lease_path`.
+/// The daemon record (`crate::daemon_record::DaemonRecord`) beside the lease at `lease_path`.
 pub fn daemon_file(lease_path: &Path) -> PathBuf {
     lease_path.with_file_name("daemon.json")
 }
@@ -131,23 +131,23 @@ fn watch(lease_path: &Path, parent: u32) -> anyhow::Result<()> {
     loop {
         let orphaned = std::os::unix::process::parent_id() != parent;
         if !orphaned && instance.is_none() {
-            if let Ok(Some(d)) = crate::shepherd::read_json::<crate::shepherd::DaemonRecord>(&daemon_file) {
+            if let Ok(Some(d)) = crate::json_file::read_json::<crate::daemon_record::DaemonRecord>(&daemon_file) {
                 instance = (d.pid == parent as i32).then_some(d.instance);
             }
         }
         if orphaned {
             let verdict = match instance {
-                Some(i) => crate::shepherd::verdict(&daemon_file, i, boot_ms()),
-                None => crate::shepherd::Verdict::Kill("its daemon never named its instance".into()),
+                Some(i) => crate::daemon_record::verdict(&daemon_file, i, boot_ms()),
+                None => crate::daemon_record::Verdict::Kill("its daemon never named its instance".into()),
             };
             match verdict {
-                crate::shepherd::Verdict::Trust(d) => {
+                crate::daemon_record::Verdict::Trust(d) => {
                     tracing::info!(daemon = d.pid, "watchdog: the next corrald took the runs over; its own watchdog goes on");
                     return Ok(());
                 }
                 // Handed over: the lease's deadline still holds, below.
-                crate::shepherd::Verdict::Wait => {}
-                crate::shepherd::Verdict::Kill(why) => {
+                crate::daemon_record::Verdict::Wait => {}
+                crate::daemon_record::Verdict::Kill(why) => {
                     tracing::debug!(reason = %why, "watchdog: the daemon is gone");
                     kill_all(lease_path, last_lease.as_ref());
                     return Ok(());

@@ -16,9 +16,10 @@ use super::report::StoredReport;
 use super::steps::STEP_GRANT_FILE;
 use super::supervise::read_pause;
 use super::{lock, Agent, HeldStep, Running, TaskBase};
+use crate::daemon_record::{DaemonRecord, Handover};
 use crate::launcher;
 use crate::process::ExitRecord;
-use crate::shepherd::{self, Handover, LaunchRecord, RunRecord, Shepherd};
+use crate::shepherd::{self, LaunchRecord, RunRecord, Shepherd};
 use crate::step::Step;
 
 /// How long a starting daemon waits for a run of a dead instance to die once killed.
@@ -44,7 +45,7 @@ impl Agent {
             }
         }
         let handover = Handover { last_ack_boot_ms, ack_commit_index: self.ack_commit_index(), deadline_boot_ms };
-        let record = shepherd::DaemonRecord { handover: Some(handover), ..shepherd::DaemonRecord::me(self.instance) };
+        let record = DaemonRecord { handover: Some(handover), ..DaemonRecord::me(self.instance) };
         shepherd::write_json(&self.settings.daemon_file, &record)?;
         self.renew_lease();
         info!(runs = lock(&self.running).len(), deadline_in_ms = deadline_boot_ms - now_ms, "runs handed over");

@@ -121,8 +121,8 @@ pub enum Ended {
 
 /// This daemon's instance: the previous daemon's if it handed its runs over (the cluster sees
 /// no restart), else a new one (the cluster ends whatever the node ran before). Records it.
-fn this_instance(daemon_file: &Path) -> anyhow::Result<(InstanceId, Option<crate::shepherd::Handover>)> {
-    let previous = match crate::shepherd::read_json::<crate::shepherd::DaemonRecord>(daemon_file) {
+fn this_instance(daemon_file: &Path) -> anyhow::Result<(InstanceId, Option<crate::daemon_record::Handover>)> {
+    let previous = match crate::shepherd::read_json::<crate::daemon_record::DaemonRecord>(daemon_file) {
         Ok(p) => p,
         Err(e) => {
             warn!(error = format!("{e:#}"), "read the previous daemon's record: starting as a new instance");
@@ -139,7 +139,7 @@ fn this_instance(daemon_file: &Path) -> anyhow::Result<(InstanceId, Option<crate
         (Some(p), Some(_)) => p.instance,
         _ => rand::random(),
     };
-    crate::shepherd::write_json(daemon_file, &crate::shepherd::DaemonRecord::me(instance))?;
+    crate::shepherd::write_json(daemon_file, &crate::daemon_record::DaemonRecord::me(instance))?;
     Ok((instance, handover))
 }
 
