@@ -21,11 +21,13 @@ use crate::ProcessSpan;
 
 mod deaths;
 mod faults;
+mod inject;
 mod on_rig;
 
 use deaths::{DeathWatch, Liveness};
 pub use faults::Fault;
 use faults::{plan_faults, PlannedFault};
+use inject::FaultSchedule;
 
 /// Settings the cluster is started with (the recovery bounds below depend on them).
 const NODE_DOWN_AFTER_MS: u64 = 3_000;
@@ -540,49 +542,6 @@ fn learn_addresses(h: &mut Harness, nodes: u32) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The planned faults as they play out: which comes next, the one in progress, and how many
-/// of each (fault, role) were injected.
-struct FaultSchedule {
-    plan: Vec<PlannedFault>,
-    /// Index in `plan` of the next fault to inject.
-    next: usize,
-    /// (when, what, on which node) heals the fault in progress.
-    pending_heal: Option<(Instant, PlannedFault, String)>,
-    /// Injected faults by `fault:role`.
-    injected: BTreeMap<String, u32>,
-}
-
-impl FaultSchedule {
-    /// Heals the fault in progress once its hold is over; then, with none in progress,
-    /// injects the next planned fault if `t_ms` (ms since the start) has reached it.
-    fn step(&mut self, h: &mut Harness, t_ms: u64, rng: &mut StdRng) -> anyhow::Result<()> {
-        if let Some((at, f, node)) = self.pending_heal.take() {
-            if Instant::now() >= at {
-                heal_fault(h, &f, &node)?;
-            } else {
-                self.pending_heal = Some((at, f, node));
-            }
-        }
-        if self.pending_heal.is_none() && self.next < self.plan.len() && t_ms >= self.plan[self.next].at_ms {
-            let f = self.plan[self.next].clone();
-            self.next += 1;
-            if let Some(node) = inject_fault(h, &f, rng)? {
-                *self.injected.entry(format!("{}:{}", f.fault.name(), f.role)).or_default() += 1;
-                self.pending_heal = Some((Instant::now() + Duration::from_millis(f.hold_ms), f, node));
-            }
-        }
-        Ok(())
-    }
-
-    /// Heals the fault still in progress, if any, whatever its hold.
-    fn heal_pending(&mut self, h: &mut Harness) -> anyhow::Result<()> {
-        if let Some((_, f, node)) = self.pending_heal.take() {
-            heal_fault(h, &f, &node)?;
-        }
-        Ok(())
-    }
-}
-
 /// What the workload did: the jobs acknowledged and what is expected of them, and the
 /// (term, leader) claims sampled.
 struct Workload {
@@ -857,69 +816,6 @@ fn submit_one(h: &mut Harness, rng: &mut StdRng, submitted: &mut BTreeMap<u64, S
             };
             submitted.insert(id, Submitted { requeue, exit_code, cancelled: false, time_limited, ranks });
         }
-    }
-}
-
-fn inject_fault(h: &mut Harness, f: &PlannedFault, rng: &mut StdRng) -> anyhow::Result<Option<String>> {
-    if f.fault == Fault::PowerOff {
-        on_rig::power_off(h)?;
-        return Ok(Some("all".into()));
-    }
-    let members = h.members();
-    let leader = members.iter().find(|(_, r)| r == "leader").map(|(n, _)| n.clone());
-    let voters: Vec<String> = members.iter().filter(|(_, r)| r == "voter" || r == "leader").map(|(n, _)| n.clone()).collect();
-    let pick = |names: Vec<String>, rng: &mut StdRng| -> Option<String> {
-        if names.is_empty() {
-            None
-        } else {
-            Some(names[rng.gen_range(0..names.len())].clone())
-        }
-    };
-    let target = match f.role {
-        "leader" => leader.clone(),
-        "voter" => pick(members.iter().filter(|(_, r)| r == "voter").map(|(n, _)| n.clone()).collect(), rng),
-        _ => pick(members.iter().filter(|(_, r)| r == "agent").map(|(n, _)| n.clone()).collect(), rng),
-    };
-    // On the rig, a role no host has (no agent among three voters) falls to any host that runs.
-    let target = match target {
-        None if h.rig.is_some() => pick(members.iter().map(|(n, _)| n.clone()).filter(|n| !h.down.contains(n)).collect(), rng),
-        t => t,
-    };
-    let Some(node) = target.filter(|n| !h.down.contains(n)) else {
-        h.fault_event("skip", "-", json!(format!("no {} to fault ({:?})", f.role, f.fault)));
-        return Ok(None);
-    };
-    if h.rig.is_some() {
-        on_rig::inject(h, f, &node, &voters, rng)?;
-        return Ok(Some(node));
-    }
-    match f.fault {
-        Fault::Kill => h.signal(&node, "KILL")?,
-        Fault::Restart => h.signal(&node, "TERM")?,
-        Fault::Upgrade => h.signal(&node, "USR2")?,
-        Fault::Pause => h.signal(&node, "STOP")?,
-        Fault::Partition => {
-            // Either cut the node off from everyone, or (for a voter) only from the other voters.
-            let others: Vec<String> = voters.iter().filter(|v| **v != node).cloned().collect();
-            let cut = if f.split_voters && voters.contains(&node) { others } else { Vec::new() };
-            h.partition(&node, &cut)?;
-        }
-        Fault::SlowDisk | Fault::ClockSkew => h.set_fault_file(&node, f.fault, f.amount)?,
-        other => bail!("{} is a fault of the rig", other.name()),
-    }
-    Ok(Some(node))
-}
-
-fn heal_fault(h: &mut Harness, f: &PlannedFault, node: &str) -> anyhow::Result<()> {
-    if h.rig.is_some() {
-        return on_rig::heal(h, f, node);
-    }
-    match f.fault {
-        Fault::Kill | Fault::Restart | Fault::Upgrade => h.start(node),
-        Fault::Pause => h.signal(node, "CONT"),
-        Fault::Partition => h.heal_partition(node),
-        Fault::SlowDisk | Fault::ClockSkew => h.clear_fault_file(node, f.fault),
-        other => bail!("{} is a fault of the rig", other.name()),
     }
 }
 
