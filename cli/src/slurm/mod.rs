@@ -16,6 +16,7 @@ pub mod sacct_fields;
 pub mod sacctmgr;
 pub mod salloc;
 pub mod sbatch;
+mod sbatch_options;
 pub mod scancel;
 pub mod scontrol;
 pub mod sinfo;
