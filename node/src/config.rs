@@ -397,7 +397,7 @@ impl NodeConfig {
         self.runtime_dir()
     }
 
-    /// Which daemon runs this node's jobs (`crate::daemon_record::DaemonRecord`); beside the lease, where
+    /// Which daemon runs this node's jobs (`daemon_record::DaemonRecord`); beside the lease, where
     /// the watchdog finds it.
     pub fn daemon_file(&self) -> PathBuf {
         crate::watchdog::daemon_file(&self.lease_path())

@@ -405,7 +405,7 @@ pub(crate) fn signal_group(pgid: i32, signal: i32) {
 /// step can be signalled alone): signalled with the run's own group, and killed with it.
 #[derive(Debug, Default)]
 pub struct TaskGroups {
-    /// Process group id and the start time of its leader (see `crate::procfs::start_ticks`).
+    /// Process group id and the start time of its leader (see `procfs::start_ticks`).
     groups: std::sync::Mutex<BTreeMap<i32, u64>>,
     /// Set, under the same lock, once the run ended: a task started since is killed at once.
     closed: std::sync::atomic::AtomicBool,

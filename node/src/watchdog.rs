@@ -101,7 +101,7 @@ fn kill_all(lease_path: &Path, last: Option<&Lease>) {
     tracing::warn!(groups = groups.len(), cgroups = lease.cgroups.len(), "watchdog: corrald is gone, killed its jobs");
 }
 
-/// The daemon record (`crate::daemon_record::DaemonRecord`) beside the lease at `lease_path`.
+/// The daemon record (`daemon_record::DaemonRecord`) beside the lease at `lease_path`.
 pub fn daemon_file(lease_path: &Path) -> PathBuf {
     lease_path.with_file_name("daemon.json")
 }

@@ -176,7 +176,7 @@ pub struct AgentSettings {
     pub gpu_device_files: BTreeMap<u32, PathBuf>,
     /// Each run's directory on this node (`shepherd`), `JOBS_DIR/runs`.
     pub runs_dir: PathBuf,
-    /// Which daemon runs this node's jobs (`crate::daemon_record::DaemonRecord`), `JOBS_DIR/daemon.json`.
+    /// Which daemon runs this node's jobs (`daemon_record::DaemonRecord`), `JOBS_DIR/daemon.json`.
     pub daemon_file: PathBuf,
     /// This node's local socket, named in jobs' `CORRAL_SOCKET`.
     pub local_socket: Option<PathBuf>,
