@@ -12,8 +12,8 @@ use crate::format::fmt_time_ms;
 use crate::frag::{self, FragIndex};
 use crate::limits::LimitUsage;
 use crate::topo;
-use crate::units::{Freeing, Kinds, ANY};
-use crate::view::{cpu_shares, decode_slot, mig_slot, shard_slot, ClusterView, JobRequest, NodeView, PreemptAction, Slot};
+use crate::units::{Kinds, ANY};
+use crate::view::{cpu_shares, mig_slot, shard_slot, ClusterView, JobRequest, NodeView, PreemptAction};
 use crate::windows::{Fence, Windows};
 
 mod backfill;

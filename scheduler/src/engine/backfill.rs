@@ -1,7 +1,14 @@
 //! EASY backfill: the timeline of when running jobs free what they hold, and the reservation of
 //! the first job that cannot start now (`reserve`), which later jobs must not delay.
 
-use super::*;
+use std::collections::BTreeMap;
+
+use proto::{Allocation, NodeId};
+
+use super::{Pass, Reservation, Resv, Spare};
+use crate::fit::node_matches;
+use crate::units::{Freeing, Kinds};
+use crate::view::JobRequest;
 
 impl Pass<'_> {
     pub(super) fn job_end_ms(&self, j: &JobRequest) -> u64 {

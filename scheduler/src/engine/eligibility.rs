@@ -1,7 +1,11 @@
 //! Whether a pending job may start at all now, before any node is looked at: its begin time,
 //! hold, dependencies, partition, QoS and accounting limits (`eligibility`).
 
-use super::*;
+use proto::{DependencyKind, JobId, JobState};
+
+use super::{dep_label, Pass};
+use crate::format::fmt_time_ms;
+use crate::view::JobRequest;
 
 impl Pass<'_> {
     /// Reasons a pending job may not start whatever the resources: hold, begin time,

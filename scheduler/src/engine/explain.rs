@@ -1,7 +1,15 @@
 //! Why a pending job waits, in words: what it could never fit, what a partition holds, which
 //! nodes and jobs hold what it needs (`explain` and its texts).
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet};
+
+use proto::JobId;
+
+use super::{Fail, Pass};
+use crate::fit::node_matches;
+use crate::format::fmt_time_ms;
+use crate::units::{Kinds, ANY};
+use crate::view::{decode_slot, mig_slot, JobRequest, Slot};
 
 impl Pass<'_> {
     /// Why `j` could never fit (capacity, features, partition), or a generic text.

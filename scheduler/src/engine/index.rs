@@ -1,7 +1,14 @@
 //! Indexes a pass builds once over the view: partitions and GPU types interned as numbers, and
 //! each array's counts of running and started tasks.
 
-use super::*;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
+
+use proto::{JobId, JobState};
+
+use super::Buckets;
+use crate::units::{Kinds, ANY};
+use crate::view::{ClusterView, NodeView};
 
 /// Partitions interned as numbers: their names and numbers, the default partition's, and each
 /// node's partitions (sorted, the default for a node that names none).

@@ -1,7 +1,15 @@
 //! Preemption: the running jobs of lower QoS whose stop lets a job of a QoS allowed to preempt
 //! them start next pass (`try_preempt`).
 
-use super::*;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet};
+
+use proto::{JobId, JobState, NodeId};
+
+use super::Pass;
+use crate::fit::node_matches;
+use crate::units::Freeing;
+use crate::view::{JobRequest, PreemptAction};
 
 impl Pass<'_> {
     /// Chooses running jobs to preempt so `j` fits next pass; `None` when its QoS may not
