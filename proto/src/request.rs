@@ -511,22 +511,6 @@ impl Request {
             Request::Peer(request) => request.needs_leader(),
         }
     }
-
-    /// The client's request, if this is one.
-    pub fn client(&self) -> Option<&ClientRequest> {
-        match self {
-            Request::Client(request) => Some(request),
-            Request::Peer(_) => None,
-        }
-    }
-
-    /// The node's request, if this is one.
-    pub fn peer(&self) -> Option<&PeerRequest> {
-        match self {
-            Request::Peer(request) => Some(request),
-            Request::Client(_) => None,
-        }
-    }
 }
 
 impl From<ClientRequest> for Request {
