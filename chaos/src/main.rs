@@ -179,6 +179,7 @@ fn main() -> ExitCode {
                 println!("  jobs acknowledged   {}", sum.jobs);
                 println!("  requeued runs       {}", sum.requeued_runs);
                 println!("  repairs             {}", sum.repairs);
+                println!("  suspends, resumes   {}", sum.suspensions);
                 println!("  final states        {:?}", sum.final_states);
                 println!("  faults              {:?}", sum.faults);
                 println!("  failed runs         {}", sum.failed_runs);

@@ -1,5 +1,6 @@
 //! Heartbeats at the size of a fleet: which member each node heartbeats (`relay_order`), the
-//! agent's lease (`Lease`), and the relay a follower runs to pass the heartbeats it receives to
+//! heartbeat loop that renews the node's `control::agent::Lease` and fences when it says so,
+//! and the relay a follower runs to pass the heartbeats it receives to
 //! the leader in one `Heartbeats` request per batch (`Relay`).
 //!
 //! Every node heartbeats a follower voter chosen by its id (the leader only when it has no
@@ -12,6 +13,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use control::agent::{Lease, Tick};
 use proto::{ApiError, Beat, ClientRequest, NodeId, NodeRole, PeerRequest, Reply, Response, HEARTBEATS_PER_REQUEST_MAX};
 use tokio::sync::{oneshot, Notify};
 use tracing::{info, warn};
@@ -45,36 +47,6 @@ pub fn relay_order(me: NodeId, members: &[(NodeId, NodeRole, String)]) -> Vec<St
     order
 }
 
-/// A node's lease on being counted alive: it starts when the node sent the last heartbeat a
-/// leader acknowledged (not when the acknowledgement came back), so it never outlasts the
-/// leader's own view of the node, whatever the path and its delays.
-#[derive(Clone, Copy, Debug)]
-pub struct Lease {
-    sent_at: Instant,
-}
-
-impl Lease {
-    /// A lease as of `sent_at` (a fresh node, or the acknowledgement a predecessor left).
-    pub fn new(sent_at: Instant) -> Lease {
-        Lease { sent_at }
-    }
-
-    /// A heartbeat sent at `sent_at` was acknowledged.
-    pub fn acknowledged(&mut self, sent_at: Instant) {
-        self.sent_at = self.sent_at.max(sent_at);
-    }
-
-    pub fn since(&self) -> Instant {
-        self.sent_at
-    }
-
-    /// Whether the node must stop its jobs: the leader may declare it down soon.
-    pub fn expired(&self, now: Instant, fence_after: Duration) -> bool {
-        let age_ms = now.saturating_duration_since(self.sent_at).as_millis() as u64;
-        control::agent::out_of_touch(Some(age_ms), fence_after.as_millis() as u64)
-    }
-}
-
 /// What the heartbeat loop needs of the node it keeps counted alive: the agent, or a simulated
 /// node of `corral bench --nodes` (which runs this same loop).
 pub trait Heartbeating: Send + Sync + 'static {
@@ -84,15 +56,13 @@ pub trait Heartbeating: Send + Sync + 'static {
     fn holds_work(&self) -> bool;
     /// Stops every job (the cluster may soon start them elsewhere); how many.
     fn fence(&self) -> usize;
-    /// A leader acknowledged the heartbeat sent at the lease's start.
-    fn acknowledged(&self, lease: Lease, ack: &Reply);
+    /// The node's lease (`control::agent::Lease`, on the boot clock): this loop fences and
+    /// renews it; it starts as a predecessor handed it over, or unacknowledged.
+    fn lease(&self) -> &Mutex<Lease>;
+    /// A leader acknowledged a heartbeat (the lease is renewed already).
+    fn acknowledged(&self, ack: &Reply);
     /// End of a tick, delivered or not (the agent rewrites the watchdog's lease file).
     fn tick_done(&self) {}
-    /// A predecessor's last acknowledgement this daemon inherited with its runs.
-    fn inherited_ack(&self) -> Option<Instant> {
-        None
-    }
-    fn fence_after(&self) -> Duration;
     /// Whether the loop should end (a simulated node silenced on purpose).
     fn silenced(&self) -> bool {
         false
@@ -105,7 +75,8 @@ pub trait Heartbeating: Send + Sync + 'static {
 }
 
 /// Heartbeats through `link` every `interval`, fencing once no heartbeat sent in the last
-/// `fence_after` was acknowledged (the timing argument is in ARCHITECTURE.md). One beat gets
+/// `fence_after_ms` was acknowledged (the node's `control::agent::Lease` decides; the timing
+/// argument is in ARCHITECTURE.md). One beat gets
 /// `budget` over all the members it tries: a beat that cannot get through is dropped for the
 /// next tick's fresh one (walking every member with a full timeout each, a node stayed stuck on
 /// one beat for 2.5 s after a leader died). When the leader no longer knows this node (or a new
@@ -120,25 +91,23 @@ pub async fn heartbeat_loop<H: Heartbeating>(
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut missed = 0u32;
-    let inherited = node.inherited_ack();
-    let mut lease = Lease::new(inherited.unwrap_or_else(Instant::now));
-    let fence_after = node.fence_after();
-    let mut fenced = false;
+    // A predecessor's last acknowledgement, inherited with its runs.
+    let mut inherited = lock(node.lease()).ack_sent_ms();
     loop {
         ticker.tick().await;
         if node.silenced() {
             return;
         }
-        if lease.expired(Instant::now(), fence_after) && node.holds_work() {
+        let tick = lock(node.lease()).tick(crate::procfs::boot_ms(), node.holds_work());
+        if let Tick::FenceThenBeat { first, silent_ms } = tick {
             // The leader may declare this node down and start its jobs elsewhere: stop them first.
             let n = node.fence();
-            if !fenced {
-                warn!(jobs = n, silent_ms = lease.since().elapsed().as_millis() as u64, "no leader reachable, fencing: stopping every job");
+            if first {
+                warn!(jobs = n, ?silent_ms, "no leader reachable, fencing: stopping every job");
             }
-            fenced = true;
         }
         // The lease counts from the send: the leader hears the beat after this, by any path.
-        let sent_at = Instant::now();
+        let sent_ms = crate::procfs::boot_ms();
         let call = async {
             if node.beats_as_datagrams() && missed < PATIENT_BEATS {
                 // A beat got through lately: a member that answers but finds no leader (an
@@ -160,15 +129,14 @@ pub async fn heartbeat_loop<H: Heartbeating>(
                     info!(missed, "heartbeat delivered again");
                 }
                 missed = 0;
-                fenced = false;
-                if inherited.is_some_and(|t| t == lease.since()) {
+                if let Some(t) = inherited.take() {
                     // The first since this daemon took its predecessor's runs over: how long the
                     // node was silent, against the lease it had.
-                    let silent_ms = lease.since().elapsed().as_millis() as u64;
-                    info!(silent_ms, fence_after_ms = fence_after.as_millis() as u64, "first heartbeat acknowledged since the take-over");
+                    let silent_ms = crate::procfs::boot_ms().saturating_sub(t);
+                    info!(silent_ms, "first heartbeat acknowledged since the take-over");
                 }
-                lease.acknowledged(sent_at);
-                node.acknowledged(lease, &reply);
+                lock(node.lease()).acknowledged(sent_ms);
+                node.acknowledged(&reply);
             }
             Err(LinkError::Api(ApiError::NotFound(_))) => {
                 warn!("leader does not know this node, joining again");
@@ -418,17 +386,6 @@ mod tests {
     fn a_cluster_without_followers_heartbeats_its_leader() {
         assert_eq!(relay_order(7, &[(1, NodeRole::Leader, "a".into())]), vec!["a"]);
         assert!(relay_order(7, &[]).is_empty());
-    }
-
-    #[test]
-    fn a_lease_counts_from_the_send_time_and_never_goes_back() {
-        let t0 = Instant::now();
-        let mut lease = Lease::new(t0);
-        lease.acknowledged(t0 + Duration::from_millis(500));
-        lease.acknowledged(t0 + Duration::from_millis(100)); // a late answer to an older beat
-        assert_eq!(lease.since(), t0 + Duration::from_millis(500));
-        assert!(!lease.expired(t0 + Duration::from_millis(1_400), Duration::from_millis(1_000)));
-        assert!(lease.expired(t0 + Duration::from_millis(1_501), Duration::from_millis(1_000)));
     }
 
     #[tokio::test]

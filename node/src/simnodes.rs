@@ -31,7 +31,7 @@ use transport::{Client, Handler, Peer};
 
 use crate::config::NodeConfig;
 use crate::link::{LeaderLink, LinkError};
-use crate::liveness::{Heartbeating, Lease};
+use crate::liveness::Heartbeating;
 
 /// The job environment variable that says how long a simulated run lasts.
 pub const SIM_RUN_MS_ENV: &str = "CORRAL_SIM_RUN_MS";
@@ -82,7 +82,8 @@ struct SimNode {
     /// The simulated probe's sampler: load on the GPUs runs hold (`ClientRequest::GpuSamples`).
     sampler: Arc<dyn crate::gpu::GpuSampler>,
     silenced: AtomicBool,
-    fence_after: Duration,
+    /// Its lease (`control::agent::Lease`), renewed and read by the heartbeat loop.
+    lease: Mutex<control::agent::Lease>,
     /// The term of the last heartbeat acknowledgement.
     ack_term: AtomicU64,
     /// Wall clock (Unix ms) when the last acknowledged heartbeat was sent.
@@ -214,17 +215,18 @@ impl Heartbeating for SimNode {
         runs.len()
     }
 
-    fn acknowledged(&self, lease: Lease, ack: &Reply) {
+    fn lease(&self) -> &Mutex<control::agent::Lease> {
+        &self.lease
+    }
+
+    fn acknowledged(&self, ack: &Reply) {
         if let Reply::HeartbeatAck { term, .. } = ack {
             self.ack_term.store(*term, Ordering::SeqCst);
         }
-        let sent_ago_ms = lease.since().elapsed().as_millis() as u64;
+        let sent_ms = lock(&self.lease).ack_sent_ms().unwrap_or(0);
+        let sent_ago_ms = crate::procfs::boot_ms().saturating_sub(sent_ms);
         self.acked_sent_unix_ms.store(unix_ms().saturating_sub(sent_ago_ms), Ordering::SeqCst);
         self.stats.heartbeats_acked.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn fence_after(&self) -> Duration {
-        self.fence_after
     }
 
     fn silenced(&self) -> bool {
@@ -350,7 +352,7 @@ fn start_node(
         runs: Mutex::new(BTreeMap::new()),
         sampler,
         silenced: AtomicBool::new(false),
-        fence_after: Duration::from_millis(config.fence_after_ms()),
+        lease: Mutex::new(control::agent::Lease::new(config.fence_after_ms(), config.fence_kill_grace_ms)),
         ack_term: AtomicU64::new(0),
         acked_sent_unix_ms: AtomicU64::new(0),
         datagrams,

@@ -1,7 +1,9 @@
-//! The simulated agents: launch and stop decisions (`control::agent`), the launch ledger,
-//! reports and heartbeats, as node/src/agent/ carries them out.
+//! The simulated agents: each keeps a `control::agent::Lease` as corrald's agent does (its
+//! heartbeat tick fences, then beats; it decides launches and the watchdog's deadline), takes
+//! the launch and stop decisions of `control::agent`, and keeps a launch ledger and a report
+//! queue, as node/src/agent/ carries them out.
 
-use control::agent::{LaunchDecision, StopDecision};
+use control::agent::{LaunchDecision, StopDecision, Tick};
 use proto::{Job, JobId, RunNo, RunOutcome};
 use rand::Rng;
 
@@ -13,9 +15,10 @@ impl Sim {
         match msg {
             ToAgent::Launch { job } => self.agent_launch(i, *job),
             ToAgent::Kill { job, run } => self.agent_stop(i, job, run),
+            ToAgent::Suspend { job, order } => self.agent_suspend(i, job, order),
             ToAgent::HeartbeatAck { instance, sent_ms } => {
                 if self.nodes[i].instance == instance {
-                    self.nodes[i].last_ack_ms = self.nodes[i].last_ack_ms.max(Some(sent_ms));
+                    self.nodes[i].lease.acknowledged(sent_ms);
                 }
             }
             ToAgent::ReportAck { instance, job, run } => {
@@ -43,8 +46,12 @@ impl Sim {
             self.log(|| format!("{name} refuses a stale launch of job {} run {}", job.id, job.run));
             return;
         }
-        let ack_age_ms = if self.cfg.mutated(Mutation::LaunchWhenOutOfTouch) { Some(0) } else { node.ack_age_ms(now) };
-        let decision = control::agent::decide_launch(ack_age_ms, self.cfg.fence_after_ms(), node.ledger_mark(job.id, job.run));
+        let ledger = node.ledger_mark(job.id, job.run);
+        let decision = if self.cfg.mutated(Mutation::LaunchWhenOutOfTouch) {
+            control::agent::decide_launch(Some(0), self.cfg.fence_after_ms(), ledger)
+        } else {
+            node.lease.launch(now, ledger)
+        };
         let gpus = part.alloc.gpus.clone();
         let ack = Msg::ToLeader { from: i, msg: ToLeader::LaunchAck { node: node.id, job: job.id, run: job.run, instance } };
         match decision {
@@ -73,7 +80,16 @@ impl Sim {
                 n.ledger.insert((job.id, job.run), (instance, false));
                 if let Some(old) = n.procs.insert(
                     job.id,
-                    Proc { run: job.run, gpus, ends_at_ms: now + duration_ms, exit_code, stop_at_ms: None, watchdog_killed: false, span },
+                    Proc {
+                        run: job.run,
+                        gpus,
+                        ends_at_ms: now + duration_ms,
+                        exit_code,
+                        stop_at_ms: None,
+                        watchdog_killed: false,
+                        suspended_since_ms: None,
+                        span,
+                    },
                 ) {
                     // The real agent keys its running jobs by job id as well.
                     let what = format!("{name} started job {} run {} while run {} of it still ran there", job.id, job.run, old.run);
@@ -118,6 +134,28 @@ impl Sim {
         }
     }
 
+    /// A suspension order reaches node `i` (node/src/agent/supervise.rs `suspend`): its run here
+    /// stops or continues, its end moving by the time it stayed stopped. A run not here is not
+    /// an error (it ended); the order is acknowledged either way.
+    pub(super) fn agent_suspend(&mut self, i: usize, job: JobId, order: control::leader::SuspendOrder) {
+        let now = self.now_ms;
+        let name = self.nodes[i].name.clone();
+        let ignored = self.cfg.mutated(Mutation::SuspendIgnored);
+        if let Some(p) = self.nodes[i].procs.get_mut(&job).filter(|p| p.run == order.run && !ignored) {
+            match (order.suspend, p.suspended_since_ms) {
+                (true, None) => p.suspended_since_ms = Some(now),
+                (false, Some(since)) => {
+                    p.ends_at_ms += now - since;
+                    p.suspended_since_ms = None;
+                }
+                _ => {}
+            }
+            self.log(|| format!("{name} job {job} run {}: suspended {}", order.run, order.suspend));
+        }
+        let node = self.nodes[i].id;
+        self.send(Msg::ToLeader { from: i, msg: ToLeader::SuspendAck { node, order, job } });
+    }
+
     pub(super) fn end_proc(&mut self, i: usize, job: JobId, outcome: RunOutcome) {
         let now = self.now_ms;
         if let Some(p) = self.nodes[i].procs.remove(&job) {
@@ -140,12 +178,10 @@ impl Sim {
             // ack + `fence_after_ms` + `fence_kill_grace_ms`, has run out, it kills the node's jobs.)
             if self.nodes[i].alive && !self.nodes[i].running(now) && self.nodes[i].paused_until_ms.is_some() {
                 // It notices within its poll interval that the lease's deadline passed.
-                let age_at_poll_ms = self.nodes[i].ack_age_ms(now.saturating_sub(control::agent::WATCHDOG_POLL_MS));
-                let lets_run_ms =
-                    control::agent::watchdog_deadline_in_ms(age_at_poll_ms, self.cfg.fence_after_ms(), self.cfg.fence_kill_grace_ms);
+                let lets_run_ms = self.nodes[i].lease.watchdog_deadline_in_ms(now.saturating_sub(control::agent::WATCHDOG_POLL_MS));
                 if lets_run_ms == 0 && !self.cfg.mutated(Mutation::WatchdogNeverKills) {
                     for p in self.nodes[i].procs.values_mut() {
-                        if p.stop_at_ms.is_none_or(|t| t > now) && p.ends_at_ms > now {
+                        if p.stop_at_ms.is_none_or(|t| t > now) && p.exits_at_ms().is_none_or(|t| t > now) {
                             p.stop_at_ms = Some(now);
                             p.watchdog_killed = true;
                         }
@@ -159,7 +195,7 @@ impl Sim {
                     .filter_map(|(id, p)| match p.stop_at_ms {
                         Some(t) if t <= now && p.watchdog_killed => Some((*id, RunOutcome::Lost("killed by the watchdog".into()))),
                         Some(t) if t <= now => Some((*id, RunOutcome::Killed)),
-                        _ if p.ends_at_ms <= now => Some((*id, RunOutcome::Exited(p.exit_code))),
+                        _ if p.exits_at_ms().is_some_and(|t| t <= now) => Some((*id, RunOutcome::Exited(p.exit_code))),
                         _ => None,
                     })
                     .collect();
@@ -181,9 +217,9 @@ impl Sim {
             // Heartbeats and fencing.
             if now >= self.nodes[i].next_heartbeat_ms {
                 self.nodes[i].next_heartbeat_ms = now + self.cfg.heartbeat_interval_ms;
-                let ack_age_ms = self.nodes[i].ack_age_ms(now);
-                if control::agent::out_of_touch(ack_age_ms, self.cfg.fence_after_ms()) {
-                    let silent_ms = ack_age_ms.unwrap_or(now);
+                let holds_work = !self.nodes[i].procs.is_empty();
+                if let Tick::FenceThenBeat { silent_ms, .. } = self.nodes[i].lease.tick(now, holds_work) {
+                    let silent_ms = silent_ms.unwrap_or(now);
                     let grace = self.cfg.fence_kill_grace_ms;
                     let name = self.nodes[i].name.clone();
                     let mut fenced = 0;

@@ -1,11 +1,16 @@
 //! The invariants a simulated run checks: after every step (no GPU shared, no job live in two
-//! runs) and at the end (every acknowledged job final, nothing left running).
+//! runs, suspensions reach the processes) and at the end (every acknowledged job final, nothing left running).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use proto::{JobId, RunNo};
 
 use super::Sim;
+
+/// How long a suspension or resume may take to reach a process whose node a committing leader
+/// reaches: re-sends every second, messages dropped and delayed (a slow network holds them up
+/// to 3 s more), with margin.
+const SUSPENSION_REACHES_MS: u64 = 10_000;
 
 impl Sim {
     pub(super) fn check_step(&mut self) {
@@ -45,6 +50,50 @@ impl Sim {
             }
         }
         for f in found {
+            self.violation(f);
+        }
+        self.check_suspensions();
+    }
+
+    /// Every process of a started part of a running job is stopped while the log says the job
+    /// is suspended, and runs while it does not, within [`SUSPENSION_REACHES_MS`] of the node being
+    /// reachable from a leader that commits (the leader re-sends each order until acknowledged).
+    fn check_suspensions(&mut self) {
+        let now = self.now_ms;
+        let leader_up = self.leader_up();
+        let mut unsettled = BTreeMap::new();
+        for (i, n) in self.nodes.iter().enumerate() {
+            if !leader_up || !n.reachable(now) {
+                continue;
+            }
+            let known = self.state.nodes.get(&n.id).is_some_and(|r| r.instance == n.instance);
+            for (job, p) in n.procs.iter().filter(|(_, p)| p.stop_at_ms.is_none() && self.spans[p.span].end_ms.is_none()) {
+                let Some(j) = self.state.jobs.get(job) else { continue };
+                let started = j.parts.iter().any(|part| part.run == p.run && part.alloc.node == n.id && part.launched_by.is_some());
+                if !known || !started || j.state != proto::JobState::Running || j.run != p.run {
+                    continue;
+                }
+                if j.suspension.since_ms.is_some() != p.suspended_since_ms.is_some() {
+                    let since = self.unsettled_pause.get(&(*job, i)).copied().unwrap_or(now);
+                    unsettled.insert((*job, i), since);
+                }
+            }
+        }
+        let late: Vec<String> = unsettled
+            .iter()
+            .filter(|(_, since)| now - **since > SUSPENSION_REACHES_MS)
+            .map(|((job, i), _)| {
+                let suspended = self.state.jobs.get(job).is_some_and(|j| j.suspension.since_ms.is_some());
+                format!(
+                    "job {job} is {} in the log, but its process on {} has {} for over {SUSPENSION_REACHES_MS} ms",
+                    if suspended { "suspended" } else { "resumed" },
+                    self.nodes[*i].name,
+                    if suspended { "run on" } else { "stayed stopped" },
+                )
+            })
+            .collect();
+        self.unsettled_pause = unsettled;
+        for f in late {
             self.violation(f);
         }
     }

@@ -1,5 +1,5 @@
 //! The simulated leader: its tick runs `engine::TICK` (liveness, wall limits, archive, pass,
-//! orders, voters) over the simulated log, as corrald's leader (node/src/server/leader.rs) does.
+//! orders, suspensions, voters) over the simulated log, as corrald's leader (node/src/server/leader.rs) does.
 
 use proto::{Command, CommandResult, Job, JobId, NodeId, RunNo};
 
@@ -22,6 +22,9 @@ impl Sim {
             }
             ToLeader::LaunchAck { node, job, run, instance } => {
                 self.apply(Command::LaunchConfirmed { job, run, node, instance, now_ms: self.now_ms });
+            }
+            ToLeader::SuspendAck { node, order, job } => {
+                self.mem.suspends_acked.insert((job, order.run, node), (order.change, order.instance));
             }
         }
     }
@@ -49,8 +52,7 @@ impl Sim {
                     }
                 }
                 engine::Step::Orders => self.send_orders(),
-                // No simulated job asks for suspension.
-                engine::Step::Suspensions => {}
+                engine::Step::Suspensions => self.send_suspensions(),
                 engine::Step::Voters => self.change_voters(),
             }
         }
@@ -70,6 +72,19 @@ impl Sim {
         for (job, run, node) in kills {
             if let Some(to) = self.node_index(node) {
                 self.send(Msg::ToAgent { to, msg: ToAgent::Kill { job, run } });
+            }
+        }
+    }
+
+    /// Tells each node of a suspended or resumed job to stop or continue its processes, until
+    /// its present instance acknowledges (`control::leader::due_suspends`).
+    pub(super) fn send_suspensions(&mut self) {
+        let instance_of = |n: NodeId| self.state.nodes.get(&n).map(|r| r.instance);
+        let (acked, sent) = (&mut self.mem.suspends_acked, &mut self.mem.suspends_sent);
+        let orders = control::leader::due_suspends(self.state.jobs_holding_parts(), acked, sent, instance_of, self.now_ms);
+        for (job, order) in orders {
+            if let Some(to) = self.node_index(order.node) {
+                self.send(Msg::ToAgent { to, msg: ToAgent::Suspend { job, order } });
             }
         }
     }

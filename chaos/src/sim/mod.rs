@@ -46,15 +46,18 @@ pub enum Mutation {
     StopDeadInstance,
     /// The watchdog finds a paused daemon's lease never run out (a paused corrald's jobs run on).
     WatchdogNeverKills,
+    /// A node acknowledges a suspension order without stopping the run's processes.
+    SuspendIgnored,
 }
 
 impl Mutation {
-    pub const ALL: [(&'static str, Mutation); 5] = [
+    pub const ALL: [(&'static str, Mutation); 6] = [
         ("stop-unstarted", Mutation::StopUnstarted),
         ("launch-when-out-of-touch", Mutation::LaunchWhenOutOfTouch),
         ("stale-launch", Mutation::StaleLaunch),
         ("stop-dead-instance", Mutation::StopDeadInstance),
         ("watchdog-never-kills", Mutation::WatchdogNeverKills),
+        ("suspend-ignored", Mutation::SuspendIgnored),
     ];
 
     pub fn parse(name: &str) -> Option<Mutation> {
@@ -133,6 +136,11 @@ impl SimConfig {
         control::agent::fence_after_ms(self.node_down_after_ms, self.fence_kill_grace_ms, self.heartbeat_interval_ms)
     }
 
+    /// A new instance's lease: out of touch until a leader acknowledges it.
+    fn fresh_lease(&self) -> control::agent::Lease {
+        control::agent::Lease::new(self.fence_after_ms(), self.fence_kill_grace_ms)
+    }
+
     fn mutated(&self, m: Mutation) -> bool {
         self.mutation == Some(m)
     }
@@ -150,6 +158,8 @@ pub struct SimReport {
     pub requeued_runs: u64,
     /// Lost ranks moved to a spare node (`Job::repairs`).
     pub repairs: u64,
+    /// Suspends and resumes the client committed (`scontrol suspend`, `resume`).
+    pub suspensions: u64,
     pub violations: Vec<String>,
     /// Every event of the run, with `keep_trace` only.
     pub trace: Vec<String>,
@@ -176,12 +186,19 @@ enum ToLeader {
         run: RunNo,
         instance: InstanceId,
     },
+    /// The node carried out a suspension order (`PeerRequest::SuspendPart` answered).
+    SuspendAck {
+        node: NodeId,
+        order: control::leader::SuspendOrder,
+        job: JobId,
+    },
 }
 
 #[derive(Clone, Debug)]
 enum ToAgent {
     Launch { job: Box<Job> },
     Kill { job: JobId, run: RunNo },
+    Suspend { job: JobId, order: control::leader::SuspendOrder },
     HeartbeatAck { instance: InstanceId, sent_ms: u64 },
     ReportAck { instance: InstanceId, job: JobId, run: RunNo },
 }
@@ -202,7 +219,16 @@ struct Proc {
     stop_at_ms: Option<u64>,
     /// Killed by the watchdog while its `corrald` was paused: reported `Lost`.
     watchdog_killed: bool,
+    /// Stopped (SIGSTOP) by a suspension since then: its end moves by the time it stays so.
+    suspended_since_ms: Option<u64>,
     span: usize,
+}
+
+impl Proc {
+    /// When it exits by itself: never while it is stopped.
+    fn exits_at_ms(&self) -> Option<u64> {
+        self.suspended_since_ms.is_none().then_some(self.ends_at_ms)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -230,8 +256,8 @@ struct SimNode {
     /// or refused it, and whether it refused it.
     ledger: BTreeMap<(JobId, RunNo), (InstanceId, bool)>,
     outbox: Vec<Report>,
-    /// When this instance sent the last heartbeat a leader acknowledged (None: none yet).
-    last_ack_ms: Option<u64>,
+    /// This instance's lease (`control::agent::Lease`), as corrald's agent keeps it.
+    lease: control::agent::Lease,
     next_heartbeat_ms: u64,
 }
 
@@ -241,10 +267,6 @@ impl SimNode {
     }
     fn running(&self, now_ms: u64) -> bool {
         self.alive && self.paused_until_ms.is_none_or(|t| t <= now_ms)
-    }
-
-    fn ack_age_ms(&self, now_ms: u64) -> Option<u64> {
-        self.last_ack_ms.map(|t| now_ms.saturating_sub(t))
     }
 
     /// The ledger entry of a run as `control::agent` reads it.
@@ -260,6 +282,9 @@ struct LeaderMemory {
     wall_limits: engine::WallLimits,
     /// The leader's sequence and its memory between passes, as corrald's.
     engine: engine::Leader,
+    /// Suspension orders sent, and those the nodes acknowledged (`control::leader::due_suspends`).
+    suspends_sent: control::leader::Resend<control::leader::SendKey>,
+    suspends_acked: control::leader::SuspendAcks,
 }
 
 impl LeaderMemory {
@@ -270,6 +295,8 @@ impl LeaderMemory {
             archiver: engine::Archiver::default(),
             wall_limits: engine::WallLimits::default(),
             engine: engine::Leader::new(cfg.resend_after_ms),
+            suspends_sent: control::leader::Resend::new(cfg.resend_after_ms),
+            suspends_acked: control::leader::SuspendAcks::new(),
         }
     }
 }
@@ -323,6 +350,9 @@ struct Sim {
     last_change_applied: u64,
     /// Jobs a node crash or partition could have cost a run (for the requeue checks).
     lost_runs: BTreeSet<JobId>,
+    /// Processes whose stopped-or-not differs from their job's suspension in the log, reachable
+    /// all along, since when (the check that suspensions reach every part).
+    unsettled_pause: BTreeMap<(JobId, usize), u64>,
 }
 
 fn inventory(gpus: u32) -> Inventory {
@@ -376,7 +406,7 @@ impl Sim {
                 procs: BTreeMap::new(),
                 ledger: BTreeMap::new(),
                 outbox: Vec::new(),
-                last_ack_ms: None,
+                lease: cfg.fresh_lease(),
                 next_heartbeat_ms: rng.gen_range(0..cfg.heartbeat_interval_ms),
             });
         }
@@ -403,6 +433,7 @@ impl Sim {
             applied: 0,
             last_change_applied: 0,
             lost_runs: BTreeSet::new(),
+            unsettled_pause: BTreeMap::new(),
         }
     }
 
@@ -517,7 +548,7 @@ impl Sim {
                 n.alive = true;
                 n.instance = instance;
                 // A new instance is out of touch until a leader acknowledges it.
-                n.last_ack_ms = None;
+                n.lease = self.cfg.fresh_lease();
                 n.next_heartbeat_ms = now;
                 let name = n.name.clone();
                 self.log(|| format!("{name} restarts with instance {instance}"));
@@ -606,6 +637,22 @@ impl Sim {
             }
         }
         if self.rng.gen_range(0..100) < 3 && self.leader_up() {
+            // `scontrol suspend` or `resume` of a running job.
+            let running: Vec<(JobId, bool)> = self
+                .state
+                .jobs
+                .values()
+                .filter(|j| j.state == JobState::Running)
+                .map(|j| (j.id, j.suspension.since_ms.is_some()))
+                .collect();
+            if !running.is_empty() {
+                let (job, suspended) = running[self.rng.gen_range(0..running.len())];
+                if self.apply(Command::Suspend { job, suspend: !suspended, now_ms: self.now_ms }) == CommandResult::Ok {
+                    self.report.suspensions += 1;
+                }
+            }
+        }
+        if self.rng.gen_range(0..100) < 3 && self.leader_up() {
             let live: Vec<JobId> = self.state.jobs.values().filter(|j| !j.state.is_final()).map(|j| j.id).collect();
             if !live.is_empty() {
                 let job = live[self.rng.gen_range(0..live.len())];
@@ -673,6 +720,7 @@ impl Sim {
         let mut progress_ms = self.now_ms;
         loop {
             self.step(false);
+            self.resume_all();
             let now_final = self.acked.iter().filter(|id| self.is_final(**id, false)).count();
             if now_final != finals {
                 finals = now_final;
@@ -688,6 +736,24 @@ impl Sim {
         self.check_end();
         self.report.trace = std::mem::take(&mut self.trace);
         self.report
+    }
+
+    /// The client resumes every job it left suspended, and releases those a requeue held while
+    /// suspended (Slurm's JobHeldAdmin), once a leader commits.
+    fn resume_all(&mut self) {
+        if !self.leader_up() {
+            return;
+        }
+        let suspended: Vec<JobId> = self.state.jobs.values().filter(|j| j.suspension.since_ms.is_some()).map(|j| j.id).collect();
+        for job in suspended {
+            if self.apply(Command::Suspend { job, suspend: false, now_ms: self.now_ms }) == CommandResult::Ok {
+                self.report.suspensions += 1;
+            }
+        }
+        let held: Vec<JobId> = self.state.jobs.values().filter(|j| j.state == JobState::Pending && j.spec.hold).map(|j| j.id).collect();
+        for job in held {
+            self.apply(Command::UpdateJob { job, hold: Some(false), time_limit_ms: None, partition: None, now_ms: self.now_ms });
+        }
     }
 
     /// Whether job `id` is final (and, with `released`, holds nothing), wherever it is now.
@@ -746,6 +812,7 @@ pub struct SimSummary {
     pub jobs: u64,
     pub requeued_runs: u64,
     pub repairs: u64,
+    pub suspensions: u64,
     pub final_states: BTreeMap<String, u64>,
     pub faults: BTreeMap<&'static str, u64>,
     /// Failed runs (seed and report), at most 10 kept.
@@ -765,6 +832,7 @@ pub fn run_many(runs: u64, seed: u64, cfg: &SimConfig, mut progress: impl FnMut(
         sum.jobs += r.submitted as u64;
         sum.requeued_runs += r.requeued_runs;
         sum.repairs += r.repairs;
+        sum.suspensions += r.suspensions;
         for (s, n) in &r.final_states {
             *sum.final_states.entry(s.clone()).or_default() += *n as u64;
         }
@@ -790,6 +858,11 @@ mod tests {
     #[test]
     fn a_paused_daemon_runs_jobs_twice_without_the_watchdog() {
         caught(Mutation::WatchdogNeverKills, 1..60, "at once");
+    }
+
+    #[test]
+    fn a_suspension_that_never_stops_the_processes_is_caught() {
+        caught(Mutation::SuspendIgnored, 1..40, "is suspended in the log");
     }
 
     fn quick() -> SimConfig {

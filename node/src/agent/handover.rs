@@ -33,9 +33,10 @@ impl Agent {
     /// the lease's deadline. Step tasks, which this daemon started itself, end with it.
     pub fn hand_over(&self) -> anyhow::Result<Handover> {
         let now_ms = crate::procfs::boot_ms();
-        let t = (*lock(&self.last_ack)).context("no leader has acknowledged this node yet: its runs cannot be handed over")?;
-        let last_ack_boot_ms = now_ms.saturating_sub(t.elapsed().as_millis() as u64);
-        let deadline_boot_ms = last_ack_boot_ms + self.settings.fence_after_ms + self.settings.stop.fence_kill_grace_ms;
+        let lease = *lock(&self.lease);
+        let (Some(last_ack_boot_ms), Some(deadline_boot_ms)) = (lease.ack_sent_ms(), lease.watchdog_deadline_ms()) else {
+            anyhow::bail!("no leader has acknowledged this node yet: its runs cannot be handed over");
+        };
         anyhow::ensure!(now_ms < deadline_boot_ms, "this node is out of touch with the leader: its jobs are being fenced");
         self.handing_over.store(true, Ordering::SeqCst);
         for (job, r) in lock(&self.running).iter() {
@@ -59,9 +60,9 @@ impl Agent {
     /// taken over.
     pub async fn recover(self: &Arc<Self>, handover: Option<Handover>) -> anyhow::Result<usize> {
         if let Some(h) = handover {
-            let now_ms = crate::procfs::boot_ms();
-            let since = Duration::from_millis(now_ms.saturating_sub(h.last_ack_boot_ms));
-            *lock(&self.last_ack) = std::time::Instant::now().checked_sub(since);
+            let mut lease = lock(&self.lease);
+            *lease = lease.inherited(h.last_ack_boot_ms);
+            drop(lease);
             self.ack_commit_index.fetch_max(h.ack_commit_index, Ordering::SeqCst);
         }
         let entries = match std::fs::read_dir(&self.settings.runs_dir) {

@@ -40,7 +40,8 @@ impl Agent {
         };
         self.may_launch_now(job.id, job.run, checked_ack_index)?;
         let ledger = self.ledger_mark(job.id, job.run);
-        match control::agent::decide_launch(self.ack_age_ms(), self.settings.fence_after_ms, ledger) {
+        let decision = lock(&self.lease).launch(crate::procfs::boot_ms(), ledger);
+        match decision {
             LaunchDecision::NotInTouch => {
                 return Err(ApiError::Unavailable(format!(
                     "node {} has no recent heartbeat acknowledgement; not starting work",

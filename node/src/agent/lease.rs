@@ -22,24 +22,14 @@ impl Agent {
 
     /// Whether no leader acknowledged this node for `fence_after_ms`.
     pub(super) fn out_of_touch(&self) -> bool {
-        control::agent::out_of_touch(self.ack_age_ms(), self.settings.fence_after_ms)
-    }
-
-    /// How long ago this node sent the last heartbeat a leader acknowledged (None: no leader
-    /// acknowledged this instance yet).
-    pub(super) fn ack_age_ms(&self) -> Option<u64> {
-        lock(&self.last_ack).map(|t| t.elapsed().as_millis() as u64)
+        lock(&self.lease).out_of_touch(crate::procfs::boot_ms())
     }
 
     /// Rewrites the watchdog's lease: the running process groups, and the moment after which
-    /// they must be dead unless a leader acknowledges this node again.
+    /// they must be dead unless a leader acknowledges this node again (0: no leader
+    /// acknowledged this instance, so what it runs, adopted, must not outlive it).
     pub fn renew_lease(&self) {
-        let now_ms = crate::procfs::boot_ms();
-        let ack_age_ms = self.ack_age_ms();
-        let in_ms =
-            control::agent::watchdog_deadline_in_ms(ack_age_ms, self.settings.fence_after_ms, self.settings.stop.fence_kill_grace_ms);
-        // No leader acknowledged this instance: what it runs (adopted) must not outlive it.
-        let deadline_boot_ms = if ack_age_ms.is_some() { now_ms + in_ms } else { 0 };
+        let deadline_boot_ms = lock(&self.lease).watchdog_deadline_ms().unwrap_or(0);
         let groups = lock(&self.running)
             .values()
             .flat_map(|r| {
@@ -109,23 +99,18 @@ impl crate::liveness::Heartbeating for Agent {
         Agent::fence(self)
     }
 
-    fn acknowledged(&self, lease: crate::liveness::Lease, ack: &Reply) {
+    fn lease(&self) -> &std::sync::Mutex<control::agent::Lease> {
+        &self.lease
+    }
+
+    fn acknowledged(&self, ack: &Reply) {
         if let Reply::HeartbeatAck { commit_index, term, .. } = ack {
             self.ack_commit_index.fetch_max(*commit_index, Ordering::SeqCst);
             self.ack_term.store(*term, Ordering::SeqCst);
         }
-        *lock(&self.last_ack) = Some(lease.since());
     }
 
     fn tick_done(&self) {
         self.renew_lease();
-    }
-
-    fn inherited_ack(&self) -> Option<std::time::Instant> {
-        *lock(&self.last_ack)
-    }
-
-    fn fence_after(&self) -> Duration {
-        Duration::from_millis(self.settings.fence_after_ms)
     }
 }

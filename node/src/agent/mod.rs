@@ -205,8 +205,10 @@ pub struct Agent {
     /// Ends of steps' tasks here, for the leader's accounting (`step_end_loop`).
     step_ends_tx: mpsc::Sender<proto::StepEnd>,
     step_ends_rx: Mutex<Option<mpsc::Receiver<proto::StepEnd>>>,
-    /// When a leader last acknowledged a heartbeat; none yet for a new instance.
-    last_ack: Mutex<Option<std::time::Instant>>,
+    /// This node's lease (on the boot clock): when it sent the last heartbeat a leader
+    /// acknowledged (none yet for a new instance) and what that lets it do. The heartbeat
+    /// loop renews it (`liveness::heartbeat_loop`).
+    lease: Mutex<control::agent::Lease>,
     /// The leader's commit index in its last acknowledgement.
     ack_commit_index: AtomicU64,
     /// The term of the last heartbeat acknowledgement (a new one: ask for the members again).
@@ -252,7 +254,6 @@ impl Agent {
             instance,
             node_id: AtomicU64::new(0),
             gpus: Mutex::new(gpus),
-            settings,
             running: Mutex::new(BTreeMap::new()),
             ledger: Mutex::new(ledger),
             launching: Mutex::new(BTreeSet::new()),
@@ -260,7 +261,7 @@ impl Agent {
             reports_rx: Mutex::new(Some(reports_rx)),
             step_ends_tx,
             step_ends_rx: Mutex::new(Some(step_ends_rx)),
-            last_ack: Mutex::new(None),
+            lease: Mutex::new(control::agent::Lease::new(settings.fence_after_ms, settings.stop.fence_kill_grace_ms)),
             ack_commit_index: AtomicU64::new(0),
             ack_term: AtomicU64::new(0),
             accounting: Mutex::new(crate::gpu::JobGpuAccounting::default()),
@@ -271,6 +272,7 @@ impl Agent {
             handing_over: std::sync::atomic::AtomicBool::new(false),
             stopping: std::sync::atomic::AtomicBool::new(false),
             stdin_feeds: crate::step_stdin::Feeds::default(),
+            settings,
         }))
     }
 

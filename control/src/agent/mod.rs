@@ -9,6 +9,9 @@
 
 use proto::{JobState, NodeId, RunNo};
 
+mod lease;
+pub use lease::{Lease, Tick};
+
 /// How often the watchdog (a process of its own beside `corrald`) reads its lease.
 pub const WATCHDOG_POLL_MS: u64 = 100;
 
