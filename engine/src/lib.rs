@@ -11,6 +11,7 @@ pub mod archive;
 pub mod layouts;
 pub mod leader;
 pub mod liveness;
+pub mod memory;
 pub mod policy;
 pub mod wall;
 
@@ -18,6 +19,7 @@ pub use archive::{ArchiveStep, Archiver, Retention};
 pub use layouts::{LayoutsAsked, LAYOUT_WAIT_MS};
 pub use leader::{Leader, Pass, StateReader};
 pub use liveness::{Downs, Held, Liveness, Now, VoterLimits};
+pub use memory::{Memory, Suspensions};
 pub use policy::{CorralPolicy, Policy};
 pub use wall::{WallLimits, WALL_CHECK_INTERVAL_MS};
 
@@ -35,7 +37,7 @@ pub enum Step {
     Schedule,
     /// Send the launches and stops due ([`Leader::orders`]).
     Orders,
-    /// Send the suspensions and resumptions due (`control::leader::due_suspends`).
+    /// Send the suspensions and resumptions due ([`Suspensions::due`]).
     Suspensions,
     /// Promote or replace a voter ([`Liveness::voter_change`]), one change at a time.
     Voters,

@@ -152,8 +152,7 @@ impl Sim {
             }
             self.log(|| format!("{name} job {job} run {}: suspended {}", order.run, order.suspend));
         }
-        let node = self.nodes[i].id;
-        self.send(Msg::ToLeader { from: i, msg: ToLeader::SuspendAck { node, order, job } });
+        self.send(Msg::ToLeader { from: i, msg: ToLeader::SuspendAck { order, job } });
     }
 
     pub(super) fn end_proc(&mut self, i: usize, job: JobId, outcome: RunOutcome) {

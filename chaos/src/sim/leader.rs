@@ -23,8 +23,8 @@ impl Sim {
             ToLeader::LaunchAck { node, job, run, instance } => {
                 self.apply(Command::LaunchConfirmed { job, run, node, instance, now_ms: self.now_ms });
             }
-            ToLeader::SuspendAck { node, order, job } => {
-                self.mem.suspends_acked.insert((job, order.run, node), (order.change, order.instance));
+            ToLeader::SuspendAck { order, job } => {
+                self.mem.suspensions.acknowledged(job, &order);
             }
         }
     }
@@ -46,7 +46,7 @@ impl Sim {
                 engine::Step::Schedule => {
                     // Nothing paces a simulated leader.
                     let reader = SimState { state: &self.state, applied: self.applied, last_change_applied: self.last_change_applied };
-                    let pass = self.mem.engine.schedule_pass(&reader, self.now_ms, || u32::MAX);
+                    let pass = self.mem.leader.schedule_pass(&reader, self.now_ms, || u32::MAX);
                     for cmd in pass.map(|p| p.commands).unwrap_or_default() {
                         self.apply(cmd);
                     }
@@ -60,7 +60,7 @@ impl Sim {
 
     pub(super) fn send_orders(&mut self) {
         let now = self.now_ms;
-        let orders = self.mem.engine.orders(&self.state, now);
+        let orders = self.mem.leader.orders(&self.state, now);
         let launches: Vec<(Job, NodeId)> =
             orders.launches.into_iter().filter_map(|(id, node)| Some((self.state.jobs.get(&id)?.clone(), node))).collect();
         let kills: Vec<(JobId, RunNo, NodeId)> = orders.stops.into_iter().map(|(id, stop)| (id, stop.run, stop.node)).collect();
@@ -79,9 +79,7 @@ impl Sim {
     /// Tells each node of a suspended or resumed job to stop or continue its processes, until
     /// its present instance acknowledges (`control::leader::due_suspends`).
     pub(super) fn send_suspensions(&mut self) {
-        let instance_of = |n: NodeId| self.state.nodes.get(&n).map(|r| r.instance);
-        let (acked, sent) = (&mut self.mem.suspends_acked, &mut self.mem.suspends_sent);
-        let orders = control::leader::due_suspends(self.state.jobs_holding_parts(), acked, sent, instance_of, self.now_ms);
+        let orders = self.mem.suspensions.due(&self.state, self.now_ms);
         for (job, order) in orders {
             if let Some(to) = self.node_index(order.node) {
                 self.send(Msg::ToAgent { to, msg: ToAgent::Suspend { job, order } });

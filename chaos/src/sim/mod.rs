@@ -188,7 +188,6 @@ enum ToLeader {
     },
     /// The node carried out a suspension order (`PeerRequest::SuspendPart` answered).
     SuspendAck {
-        node: NodeId,
         order: control::leader::SuspendOrder,
         job: JobId,
     },
@@ -275,32 +274,6 @@ impl SimNode {
     }
 }
 
-struct LeaderMemory {
-    /// When each node was last heard and the nodes declared down (`engine::Liveness`).
-    liveness: engine::Liveness,
-    archiver: engine::Archiver,
-    wall_limits: engine::WallLimits,
-    /// The leader's sequence and its memory between passes, as corrald's.
-    engine: engine::Leader,
-    /// Suspension orders sent, and those the nodes acknowledged (`control::leader::due_suspends`).
-    suspends_sent: control::leader::Resend<control::leader::SendKey>,
-    suspends_acked: control::leader::SuspendAcks,
-}
-
-impl LeaderMemory {
-    /// A new leader at `since_ms`: every node gets a fresh grace period.
-    fn new(cfg: &SimConfig, since_ms: u64, nodes: impl IntoIterator<Item = NodeId>) -> LeaderMemory {
-        LeaderMemory {
-            liveness: engine::Liveness::new(since_ms, cfg.node_down_after_ms, nodes),
-            archiver: engine::Archiver::default(),
-            wall_limits: engine::WallLimits::default(),
-            engine: engine::Leader::new(cfg.resend_after_ms),
-            suspends_sent: control::leader::Resend::new(cfg.resend_after_ms),
-            suspends_acked: control::leader::SuspendAcks::new(),
-        }
-    }
-}
-
 /// The simulated log's applied state as the engine reads it.
 struct SimState<'a> {
     state: &'a ClusterState,
@@ -334,7 +307,8 @@ struct Sim {
     seq: u64,
     /// No command commits before this time (an election is under way).
     leader_down_until_ms: u64,
-    mem: LeaderMemory,
+    /// The simulated leader's memory of its term (`engine::Memory`, as corrald's).
+    mem: engine::Memory,
     /// The accounting store: jobs the leader archived, and those pruned from it since.
     archive: BTreeMap<JobId, Job>,
     pruned: BTreeMap<JobId, JobState>,
@@ -410,7 +384,7 @@ impl Sim {
                 next_heartbeat_ms: rng.gen_range(0..cfg.heartbeat_interval_ms),
             });
         }
-        let mem = LeaderMemory::new(&cfg, 0, nodes.iter().map(|n| n.id));
+        let mem = engine::Memory::new(0, cfg.node_down_after_ms, cfg.resend_after_ms, nodes.iter().map(|n| n.id));
         let voters = nodes.iter().take(1).map(|n| n.id).collect();
         Sim {
             cfg,
@@ -582,7 +556,12 @@ impl Sim {
                 *self.report.faults.entry("failover").or_default() += 1;
                 self.leader_down_until_ms = self.now_ms + ms;
                 // The new leader starts with fresh memory: every node gets a fresh grace period.
-                self.mem = LeaderMemory::new(&self.cfg, self.leader_down_until_ms, self.state.nodes.keys().copied());
+                self.mem = engine::Memory::new(
+                    self.leader_down_until_ms,
+                    self.cfg.node_down_after_ms,
+                    self.cfg.resend_after_ms,
+                    self.state.nodes.keys().copied(),
+                );
             }
             3 => {
                 let ms = self.rng.gen_range(500..3_000);

@@ -9,26 +9,20 @@ use super::*;
 const RESEND_AFTER_MS: u64 = 1_000;
 const RESEND_AFTER: Duration = Duration::from_millis(RESEND_AFTER_MS);
 
-/// What only the leader keeps, in memory, for the term it leads. Rebuilt on every election, so
-/// a new leader gives every node a fresh grace period.
+/// What the leader keeps, in memory, for the term it leads: the engine's memory, which
+/// `corral-chaos sim` keeps too, and what only corrald's IO needs (its clock, launch calls under
+/// way, MIG layouts sent, pacing). Rebuilt on every election, so a new leader gives every node a
+/// fresh grace period.
 pub(super) struct LeaderMemory {
     pub(super) term: Option<u64>,
     /// The origin of the monotonic millisecond clock the engine's liveness is given.
     pub(super) epoch: Instant,
-    /// When each node was last heard, and the nodes declared down (`engine::Liveness`). Apart
-    /// from `engine`: heartbeats are recorded while a pass has the engine out.
-    pub(super) liveness: engine::Liveness,
-    pub(super) archiver: engine::Archiver,
-    pub(super) wall_limits: engine::WallLimits,
-    /// The leader's sequence and what it remembers between passes (the last idle pass, sends
-    /// awaiting an answer through the log). Taken out while a pass runs.
-    pub(super) engine: engine::Leader,
+    /// What the engine remembers for this term, a field per step of `engine::TICK`. Its
+    /// `leader` is taken out while a pass runs; heartbeats still reach its `liveness`.
+    pub(super) engine: engine::Memory,
     /// Launch calls that started while a pass had the engine out (`schedule_pass`): their
     /// re-send counts from then, recorded in the engine once it is back.
     pub(super) sent_during_pass: Option<Vec<(control::leader::SendKey, u64)>>,
-    /// Suspension orders sent, and those the nodes acknowledged (`control::leader::due_suspends`).
-    pub(super) suspends_sent: control::leader::Resend<control::leader::SendKey>,
-    pub(super) suspends_acked: control::leader::SuspendAcks,
     pub(super) layouts_sent: HashMap<(NodeId, u32), (Instant, Vec<String>)>,
     /// Launch calls under way, by node (at most `pacing::LAUNCH_CALLS_PER_NODE_MAX` each).
     pub(super) launch_calls: HashMap<NodeId, Arc<tokio::sync::Semaphore>>,
@@ -46,13 +40,8 @@ impl LeaderMemory {
         LeaderMemory {
             term,
             epoch: Instant::now(),
-            liveness: engine::Liveness::new(0, down_after_ms, nodes),
-            archiver: engine::Archiver::default(),
-            wall_limits: engine::WallLimits::default(),
-            engine: engine::Leader::new(RESEND_AFTER_MS),
+            engine: engine::Memory::new(0, down_after_ms, RESEND_AFTER_MS, nodes),
             sent_during_pass: None,
-            suspends_sent: control::leader::Resend::new(RESEND_AFTER_MS),
-            suspends_acked: control::leader::SuspendAcks::new(),
             layouts_sent: HashMap::new(),
             launch_calls: HashMap::new(),
             paced: None,
@@ -63,7 +52,7 @@ impl LeaderMemory {
     /// Node `id` was heard at `at` (a heartbeat or a registration).
     pub(super) fn heard_from(&mut self, id: NodeId, at: Instant) {
         let at_ms = at.saturating_duration_since(self.epoch).as_millis() as u64;
-        self.liveness.heard(id, at_ms);
+        self.engine.liveness.heard(id, at_ms);
     }
 
     /// Milliseconds on this memory's clock (monotonic).
@@ -127,7 +116,7 @@ impl Node {
         let downs = {
             let mut mem = lock(&self.memory);
             let now = mem.now();
-            self.state.read(|s| mem.liveness.check(s, now.mono_ms, now.state_ms))
+            self.state.read(|s| mem.engine.liveness.check(s, now.mono_ms, now.state_ms))
         };
         for held in &downs.held {
             say_held(*held);
@@ -146,7 +135,7 @@ impl Node {
                 Ok(_) => {
                     let mut mem = lock(&self.memory);
                     let now_ms = mem.now_ms();
-                    mem.liveness.declared_down(now_ms);
+                    mem.engine.liveness.declared_down(now_ms);
                     warn!(node = %name, silent_ms, "node declared down: it missed its heartbeats");
                 }
                 Err(e) => warn!(node = %name, error = %e, "mark node down"),
@@ -160,7 +149,7 @@ impl Node {
         let now = now_ms();
         let commands = {
             let mut mem = lock(&self.memory);
-            self.state.read(|s| mem.wall_limits.due(s, now))
+            self.state.read(|s| mem.engine.wall_limits.due(s, now))
         };
         // Proposed together, the group commit packs them into a few entries.
         let results = futures_util::future::join_all(commands.iter().map(|cmd| self.propose(cmd.clone()))).await;
@@ -204,7 +193,7 @@ impl Node {
         };
         let step = {
             let mut mem = lock(&self.memory);
-            self.state.read(|s| mem.archiver.due(s, now, retention))
+            self.state.read(|s| mem.engine.archiver.due(s, now, retention))
         };
         let Some(step) = step else { return };
         if let Some(cmd) = step.archive {
@@ -235,7 +224,7 @@ impl Node {
         let mut engine = {
             let mut mem = lock(&self.memory);
             mem.sent_during_pass = Some(Vec::new());
-            std::mem::replace(&mut mem.engine, engine::Leader::new(RESEND_AFTER_MS))
+            std::mem::replace(&mut mem.engine.leader, engine::Leader::new(RESEND_AFTER_MS))
         };
         let now = now_ms();
         let started = Instant::now();
@@ -250,7 +239,7 @@ impl Node {
             for (key, at_ms) in mem.sent_during_pass.take().unwrap_or_default() {
                 engine.launch_sent(key, at_ms);
             }
-            mem.engine = engine;
+            mem.engine.leader = engine;
         }
         let Some(pass) = pass else { return };
         lock(&self.memory).expected_starts = pass.expected_starts.iter().take(proto::EXPECTED_STARTS_MAX).copied().collect();
@@ -362,7 +351,7 @@ impl Node {
             let mut mem = lock(&self.memory);
             let now_ms = mem.now_ms();
             self.state.read(|s| {
-                let orders = mem.engine.orders(s, now_ms);
+                let orders = mem.engine.leader.orders(s, now_ms);
                 let addr_of = |node: NodeId| s.nodes.get(&node).map(|n| n.addr.clone()).unwrap_or_default();
                 let launches: Vec<_> = orders
                     .launches
@@ -402,7 +391,7 @@ impl Node {
                         let now_ms = mem.now_ms();
                         match mem.sent_during_pass.as_mut() {
                             Some(during) => during.push((key, now_ms)),
-                            None => mem.engine.launch_sent(key, now_ms),
+                            None => mem.engine.leader.launch_sent(key, now_ms),
                         }
                     }
                     node.send_launch(job, nodes, target, addr, issued_index).await;
@@ -427,15 +416,13 @@ impl Node {
     }
 
     /// Tells each node of a suspended or resumed job to stop or continue its processes, until
-    /// its present instance acknowledges (see `control::leader::due_suspends`).
+    /// its present instance acknowledges (`engine::Suspensions`).
     fn drive_suspensions(self: &Arc<Self>) {
         let orders = {
             let mut mem = lock(&self.memory);
             let now_ms = mem.now_ms();
-            let LeaderMemory { suspends_sent, suspends_acked, .. } = &mut *mem;
             self.state.read(|s| {
-                let instance_of = |n: NodeId| s.nodes.get(&n).map(|r| r.instance);
-                let orders = control::leader::due_suspends(s.jobs_holding_parts(), suspends_acked, suspends_sent, instance_of, now_ms);
+                let orders = mem.engine.suspensions.due(s, now_ms);
                 let addr_of = |node: NodeId| s.nodes.get(&node).map(|n| n.addr.clone()).unwrap_or_default();
                 orders.into_iter().map(|(job, o)| (job, o, addr_of(o.node))).collect::<Vec<_>>()
             })
@@ -452,7 +439,7 @@ impl Node {
                 };
                 match result {
                     Ok(_) => {
-                        lock(&node.memory).suspends_acked.insert((job, run, order.node), (order.change, order.instance));
+                        lock(&node.memory).engine.suspensions.acknowledged(job, &order);
                     }
                     Err(e) => debug!(job, run, node = order.node, error = %e, "suspension not delivered, will retry"),
                 }
@@ -502,7 +489,7 @@ impl Node {
         };
         let decided = {
             let mem = lock(&self.memory);
-            self.state.read(|s| mem.liveness.voter_change(s, self.id, &voters, limits, mem.now()))
+            self.state.read(|s| mem.engine.liveness.voter_change(s, self.id, &voters, limits, mem.now()))
         };
         let Some(control::leader::VoterChange { promote: new_id, voters: change }) = decided else { return };
         let Some(new_node) = self.state.read(|s| s.nodes.get(&new_id).map(|n| MemberNode { name: n.name.clone(), addr: n.addr.clone() }))

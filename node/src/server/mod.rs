@@ -129,7 +129,7 @@ impl Node {
             return BTreeMap::new();
         }
         let now_ms = mem.now_ms();
-        mem.liveness.ages_ms(now_ms)
+        mem.engine.liveness.ages_ms(now_ms)
     }
 
     /// Commits `cmd` through Raft and returns what applying it answered.
