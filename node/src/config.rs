@@ -327,8 +327,8 @@ impl NodeConfig {
         if self.node_down_after_ms <= 2 * self.heartbeat_interval_ms {
             bail!("node_down_after_ms must be more than twice heartbeat_interval_ms");
         }
-        if self.heartbeat_interval_ms < crate::watchdog::POLL_MS {
-            bail!("heartbeat_interval_ms must be at least {} ms (the watchdog's poll interval)", crate::watchdog::POLL_MS);
+        if self.heartbeat_interval_ms < crate::run::watchdog::POLL_MS {
+            bail!("heartbeat_interval_ms must be at least {} ms (the watchdog's poll interval)", crate::run::watchdog::POLL_MS);
         }
         let fence = self.fence_after_ms();
         if fence < self.heartbeat_interval_ms
@@ -400,6 +400,6 @@ impl NodeConfig {
     /// Which daemon runs this node's jobs (`daemon_record::DaemonRecord`); beside the lease, where
     /// the watchdog finds it.
     pub fn daemon_file(&self) -> PathBuf {
-        crate::watchdog::daemon_file(&self.lease_path())
+        crate::run::watchdog::daemon_file(&self.lease_path())
     }
 }

@@ -98,7 +98,7 @@ pub async fn heartbeat_loop<H: Heartbeating>(
         if node.silenced() {
             return;
         }
-        let tick = lock(node.lease()).tick(crate::procfs::boot_ms(), node.holds_work());
+        let tick = lock(node.lease()).tick(crate::run::procfs::boot_ms(), node.holds_work());
         if let Tick::FenceThenBeat { first, silent_ms } = tick {
             // The leader may declare this node down and start its jobs elsewhere: stop them first.
             let n = node.fence();
@@ -107,7 +107,7 @@ pub async fn heartbeat_loop<H: Heartbeating>(
             }
         }
         // The lease counts from the send: the leader hears the beat after this, by any path.
-        let sent_ms = crate::procfs::boot_ms();
+        let sent_ms = crate::run::procfs::boot_ms();
         let call = async {
             if node.beats_as_datagrams() && missed < PATIENT_BEATS {
                 // A beat got through lately: a member that answers but finds no leader (an
@@ -132,7 +132,7 @@ pub async fn heartbeat_loop<H: Heartbeating>(
                 if let Some(t) = inherited.take() {
                     // The first since this daemon took its predecessor's runs over: how long the
                     // node was silent, against the lease it had.
-                    let silent_ms = crate::procfs::boot_ms().saturating_sub(t);
+                    let silent_ms = crate::run::procfs::boot_ms().saturating_sub(t);
                     info!(silent_ms, "first heartbeat acknowledged since the take-over");
                 }
                 lock(node.lease()).acknowledged(sent_ms);

@@ -45,8 +45,8 @@ struct Args {
 const HANDED_OVER_EXIT: i32 = 75;
 
 fn main() -> anyhow::Result<()> {
-    if std::env::args().nth(1).as_deref() == Some(corral_node::launcher::HOLD_FLAG) {
-        corral_node::launcher::hold_forever();
+    if std::env::args().nth(1).as_deref() == Some(corral_node::run::launcher::HOLD_FLAG) {
+        corral_node::run::launcher::hold_forever();
     }
     let args = Args::parse();
     tracing_subscriber::fmt()
@@ -55,10 +55,10 @@ fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     if let Some(lease) = &args.watchdog {
-        return corral_node::watchdog::run(lease);
+        return corral_node::run::watchdog::run(lease);
     }
     if let Some(dir) = &args.shepherd {
-        return corral_node::shepherd::run(dir);
+        return corral_node::run::shepherd::run(dir);
     }
     if let (Some(count), Some(config), Some(ca)) = (args.sim_nodes, &args.sim_config, &args.sim_ca_dir) {
         return corral_node::simnodes::run(corral_node::simnodes::SimOptions {
@@ -78,9 +78,9 @@ fn main() -> anyhow::Result<()> {
         std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     }
     let exe = std::env::current_exe().context("find the corrald executable")?;
-    let _watchdog = corral_node::watchdog::spawn(&exe, config.lease_path())?;
+    let _watchdog = corral_node::run::watchdog::spawn(&exe, config.lease_path())?;
     // Forked now, while this process is small and has one thread: it forks each run's shepherd.
-    let spawner = match corral_node::spawner::start(corral_node::shepherd::run_trusting) {
+    let spawner = match corral_node::run::spawner::start(corral_node::run::shepherd::run_trusting) {
         Ok(s) => Some(std::sync::Arc::new(s)),
         Err(e) => {
             tracing::warn!(error = format!("{e:#}"), "no spawner: each run's shepherd is exec'd");

@@ -159,8 +159,8 @@ fn gpus_and_jobs(node: &Node) -> (HeldGpus, BTreeMap<JobId, JobOnNode>) {
         let job = JobOnNode {
             user: r.user.clone(),
             account: r.account.clone(),
-            memory_used_bytes: cgroup.and_then(crate::cgroup::JobCgroup::memory_used_bytes),
-            memory_limit_bytes: cgroup.and_then(crate::cgroup::JobCgroup::memory_limit_bytes),
+            memory_used_bytes: cgroup.and_then(crate::run::cgroup::JobCgroup::memory_used_bytes),
+            memory_limit_bytes: cgroup.and_then(crate::run::cgroup::JobCgroup::memory_limit_bytes),
         };
         jobs.insert(r.job, job);
     }

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use proto::Inventory;
 
 use crate::config::NcclConfig;
-use crate::launcher::NcclEnv;
+use crate::run::launcher::NcclEnv;
 
 /// The name of the network interface holding `ip`, from getifaddrs(3).
 pub fn interface_of(ip: IpAddr) -> Option<String> {

@@ -224,7 +224,7 @@ impl Heartbeating for SimNode {
             self.ack_term.store(*term, Ordering::SeqCst);
         }
         let sent_ms = lock(&self.lease).ack_sent_ms().unwrap_or(0);
-        let sent_ago_ms = crate::procfs::boot_ms().saturating_sub(sent_ms);
+        let sent_ago_ms = crate::run::procfs::boot_ms().saturating_sub(sent_ms);
         self.acked_sent_unix_ms.store(unix_ms().saturating_sub(sent_ago_ms), Ordering::SeqCst);
         self.stats.heartbeats_acked.fetch_add(1, Ordering::Relaxed);
     }

@@ -7,8 +7,8 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use corral_node::cgroup::{cgroup2_mount, char_device, join_in_child, open_procs, own_cgroup};
-use corral_node::cgroup_devices;
+use corral_node::run::cgroup::{cgroup2_mount, char_device, join_in_child, open_procs, own_cgroup};
+use corral_node::run::cgroup_devices;
 
 /// A fresh cgroup below this process's own v2 cgroup, or why there is none.
 fn test_cgroup(name: &str) -> Result<PathBuf, String> {

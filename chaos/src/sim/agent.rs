@@ -173,7 +173,7 @@ impl Sim {
         for i in 0..self.nodes.len() {
             // Job processes run on while corrald is paused (they are in their own process
             // groups), until the watchdog, which is not paused, finds the lease run out.
-            // (`node/src/watchdog.rs`, beside every `corrald`: once a paused daemon's lease, last
+            // (`node/src/run/watchdog.rs`, beside every `corrald`: once a paused daemon's lease, last
             // ack + `fence_after_ms` + `fence_kill_grace_ms`, has run out, it kills the node's jobs.)
             if self.nodes[i].alive && !self.nodes[i].running(now) && self.nodes[i].paused_until_ms.is_some() {
                 // It notices within its poll interval that the lease's deadline passed.

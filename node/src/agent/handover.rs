@@ -16,11 +16,11 @@ use super::report::StoredReport;
 use super::steps::STEP_GRANT_FILE;
 use super::supervise::read_pause;
 use super::{lock, Agent, HeldStep, Running, TaskBase};
-use crate::daemon_record::{DaemonRecord, Handover};
-use crate::launcher;
-use crate::process::ExitRecord;
-use crate::shepherd::{self, LaunchRecord, RunRecord, Shepherd};
-use crate::step::Step;
+use crate::run::daemon_record::{DaemonRecord, Handover};
+use crate::run::launcher;
+use crate::run::process::ExitRecord;
+use crate::run::shepherd::{self, LaunchRecord, RunRecord, Shepherd};
+use crate::run::step::Step;
 
 /// How long a starting daemon waits for a run of a dead instance to die once killed.
 const ADOPT_KILL_WAIT_MS: u64 = 10_000;
@@ -32,7 +32,7 @@ impl Agent {
     /// watchdog keep the jobs until the next daemon of this instance takes them over, or until
     /// the lease's deadline. Step tasks, which this daemon started itself, end with it.
     pub fn hand_over(&self) -> anyhow::Result<Handover> {
-        let now_ms = crate::procfs::boot_ms();
+        let now_ms = crate::run::procfs::boot_ms();
         let lease = *lock(&self.lease);
         let (Some(last_ack_boot_ms), Some(deadline_boot_ms)) = (lease.ack_sent_ms(), lease.watchdog_deadline_ms()) else {
             anyhow::bail!("no leader has acknowledged this node yet: its runs cannot be handed over");
@@ -105,7 +105,7 @@ impl Agent {
                 warn!(job = launch.job, run = launch.run, pgid = child.pgid, "killing a run a previous daemon left without a hand-over");
                 launcher::signal_group(child.pgid, libc::SIGKILL);
                 if let Some((v2, v1)) = record.as_ref().and_then(|r| r.cgroup.clone().map(|v2| (v2, r.cgroups_v1.clone()))) {
-                    crate::cgroup::JobCgroup::existing(v2, v1).kill_and_remove().await;
+                    crate::run::cgroup::JobCgroup::existing(v2, v1).kill_and_remove().await;
                 }
                 if tokio::time::timeout(Duration::from_millis(ADOPT_KILL_WAIT_MS), child.wait()).await.is_err() {
                     warn!(job = launch.job, run = launch.run, "a killed run of a previous daemon has not ended yet");
@@ -128,7 +128,7 @@ impl Agent {
         let spec = record.launch;
         let next_step = std::fs::read_to_string(dir.join("next_step")).ok().and_then(|t| t.trim().parse().ok()).unwrap_or(0);
         let cgroups_v1 = record.cgroups_v1;
-        let cgroup = record.cgroup.map(|p| Arc::new(crate::cgroup::JobCgroup::existing(p, cgroups_v1)));
+        let cgroup = record.cgroup.map(|p| Arc::new(crate::run::cgroup::JobCgroup::existing(p, cgroups_v1)));
         let tasks = Arc::new(launcher::TaskGroups::default());
         let (stop_tx, stop_rx) = launcher::stop_channel();
         let (pause_tx, _) = launcher::pause_channel();
@@ -160,7 +160,7 @@ impl Agent {
             },
         );
         self.adopt_steps(dir, spec.job, spec.run, &tasks, cgroup.as_ref()).await;
-        let elapsed_ms = crate::procfs::boot_ms().saturating_sub(record.started_boot_ms);
+        let elapsed_ms = crate::run::procfs::boot_ms().saturating_sub(record.started_boot_ms);
         let span = info_span!("job", job = spec.job, run = spec.run);
         span.in_scope(|| info!(pgid = child.pgid, elapsed_ms, "took the run over from the previous daemon"));
         let agent = Arc::clone(self);
@@ -176,7 +176,7 @@ impl Agent {
         job: JobId,
         run: RunNo,
         groups: &Arc<launcher::TaskGroups>,
-        cgroup: Option<&Arc<crate::cgroup::JobCgroup>>,
+        cgroup: Option<&Arc<crate::run::cgroup::JobCgroup>>,
     ) {
         let Ok(entries) = std::fs::read_dir(dir.join("steps")) else { return };
         for entry in entries.flatten().take(proto::limits::STEPS_PER_JOB_MAX) {

@@ -14,8 +14,8 @@ use control::agent::LaunchDecision;
 
 use super::ledger::{LaunchClaim, LedgerEntry};
 use super::{lock, Agent, Running, TaskBase};
-use crate::launcher::{self, StopReason};
-use crate::shepherd::{self, LaunchRecord, RunRecord, Shepherd};
+use crate::run::launcher::{self, StopReason};
+use crate::run::shepherd::{self, LaunchRecord, RunRecord, Shepherd};
 
 /// The longest a preflight may take, connecting included.
 const PREFLIGHT_TIMEOUT_MS: u64 = 60_000;
@@ -40,7 +40,7 @@ impl Agent {
         };
         self.may_launch_now(job.id, job.run, checked_ack_index)?;
         let ledger = self.ledger_mark(job.id, job.run);
-        let decision = lock(&self.lease).launch(crate::procfs::boot_ms(), ledger);
+        let decision = lock(&self.lease).launch(crate::run::procfs::boot_ms(), ledger);
         match decision {
             LaunchDecision::NotInTouch => {
                 return Err(ApiError::Unavailable(format!(
@@ -104,7 +104,7 @@ impl Agent {
         self.open_run_dir(job.id, job.run).map_err(|e| ApiError::Internal(format!("{e:#}")))?;
         let span = info_span!("job", job = job.id, run = job.run);
         let (stop_tx, stop_rx) = launcher::stop_channel();
-        let preflight = job.spec.preflight.as_ref().filter(|_| gang_size > 1).map(|p| crate::preflight::Preflight {
+        let preflight = job.spec.preflight.as_ref().filter(|_| gang_size > 1).map(|p| crate::run::preflight::Preflight {
             rank,
             hosts: nodes.iter().map(|(name, _)| name.clone()).collect(),
             master_host: nodes.first().map(|(_, addr)| launcher::host_of(addr)).unwrap_or_default(),
@@ -114,8 +114,10 @@ impl Agent {
             timeout: Duration::from_millis(PREFLIGHT_TIMEOUT_MS),
         });
         self.hold_gpus(&job, &alloc, &spec, nodes, stop_tx);
-        let limits =
-            crate::cgroup::Limits { cpus: job.spec.cpus_per_task.saturating_mul(job.spec.ntasks_per_node), memory_mib: job.spec.mem_mib };
+        let limits = crate::run::cgroup::Limits {
+            cpus: job.spec.cpus_per_task.saturating_mul(job.spec.ntasks_per_node),
+            memory_mib: job.spec.mem_mib,
+        };
         let Some(preflight) = preflight else {
             self.start_process(spec, limits, stop_rx, span);
             return Ok(ack);
@@ -126,7 +128,7 @@ impl Agent {
 
     /// Records in the launch ledger that this instance starts the run, unless a stop that came
     /// while the launch was prepared refused it for good (and reported it gone).
-    fn record_start(&self, job: &Job, spec: &crate::process::LaunchSpec) -> Result<(), ApiError> {
+    fn record_start(&self, job: &Job, spec: &crate::run::process::LaunchSpec) -> Result<(), ApiError> {
         let mut ledger = lock(&self.ledger);
         if ledger.entries.contains_key(&(job.id, job.run)) {
             return Err(ApiError::Denied(format!("job {} run {} was stopped before it started", job.id, job.run)));
@@ -148,7 +150,7 @@ impl Agent {
         &self,
         job: &Job,
         alloc: &proto::Allocation,
-        spec: &crate::process::LaunchSpec,
+        spec: &crate::run::process::LaunchSpec,
         nodes: &[(String, String)],
         stop_tx: launcher::StopSender,
     ) {
@@ -180,9 +182,9 @@ impl Agent {
     /// check holds the job, a stop during it ends the run.
     fn preflight_then_start(
         self: &Arc<Self>,
-        preflight: crate::preflight::Preflight,
-        spec: crate::process::LaunchSpec,
-        limits: crate::cgroup::Limits,
+        preflight: crate::run::preflight::Preflight,
+        spec: crate::run::process::LaunchSpec,
+        limits: crate::run::cgroup::Limits,
         mut stop_rx: launcher::StopReceiver,
         span: tracing::Span,
     ) {
@@ -191,7 +193,7 @@ impl Agent {
             async move {
                 info!(rank = preflight.rank, port = preflight.port, "preflight started");
                 let verdict = tokio::select! {
-                    verdict = crate::preflight::run(&preflight) => verdict,
+                    verdict = crate::run::preflight::run(&preflight) => verdict,
                     reason = stop_rx.next() => {
                         let counted = agent.end_run(spec.job);
                         let outcome = if reason == Some(StopReason::NodeStopping) {
@@ -209,14 +211,14 @@ impl Agent {
                     Ok(report) => {
                         info!("preflight passed");
                         let mut spec = spec;
-                        if let Err(e) = crate::process::write_output_head(&mut spec, report.as_bytes()) {
+                        if let Err(e) = crate::run::process::write_output_head(&mut spec, report.as_bytes()) {
                             warn!(error = format!("{e:#}"), "write the preflight report");
                         }
                         agent.start_process(spec, limits, stop_rx, tracing::Span::current());
                     }
                     Err(why) => {
                         warn!(reason = %why, "preflight failed: the job is held");
-                        let _ = crate::process::append_output(
+                        let _ = crate::run::process::append_output(
                             &spec,
                             &spec.stderr_path,
                             format!("corral preflight: failed: {why}\n").as_bytes(),
@@ -275,13 +277,13 @@ impl Agent {
     /// Whom the job runs as: the uid the submitting node's kernel named, else the user's name
     /// looked up here (None: the daemon does not switch users). A user without an account on
     /// this node cannot run here: the error says why.
-    fn account_of(&self, job: &Job) -> Result<Option<crate::identity::Account>, String> {
+    fn account_of(&self, job: &Job) -> Result<Option<crate::run::identity::Account>, String> {
         if !self.settings.run_as_user {
             return Ok(None);
         }
         let account = match job.spec.uid {
-            Some(uid) => crate::identity::by_uid(uid),
-            None => crate::identity::by_name(&job.spec.user),
+            Some(uid) => crate::run::identity::by_uid(uid),
+            None => crate::run::identity::by_name(&job.spec.user),
         };
         match (account, job.spec.uid) {
             (Some(a), _) if a.name == job.spec.user => Ok(Some(a)),
@@ -301,8 +303,8 @@ impl Agent {
     /// supervises it to its end.
     fn start_process(
         self: &Arc<Self>,
-        spec: crate::process::LaunchSpec,
-        limits: crate::cgroup::Limits,
+        spec: crate::run::process::LaunchSpec,
+        limits: crate::run::cgroup::Limits,
         stop_rx: launcher::StopReceiver,
         span: tracing::Span,
     ) {
@@ -340,7 +342,7 @@ impl Agent {
             nodes,
             gpus,
             slots,
-            started_boot_ms: crate::procfs::boot_ms(),
+            started_boot_ms: crate::run::procfs::boot_ms(),
         };
         let agent = Arc::clone(self);
         tokio::spawn(

@@ -8,7 +8,7 @@ use proto::{PeerRequest, Reply};
 use tracing::{info, warn};
 
 use super::{lock, Agent};
-use crate::launcher::StopReason;
+use crate::run::launcher::StopReason;
 
 impl Agent {
     /// The leader's commit index in the last heartbeat acknowledgement.
@@ -22,7 +22,7 @@ impl Agent {
 
     /// Whether no leader acknowledged this node for `fence_after_ms`.
     pub(super) fn out_of_touch(&self) -> bool {
-        lock(&self.lease).out_of_touch(crate::procfs::boot_ms())
+        lock(&self.lease).out_of_touch(crate::run::procfs::boot_ms())
     }
 
     /// Rewrites the watchdog's lease: the running process groups, and the moment after which
@@ -36,13 +36,13 @@ impl Agent {
                 let own = (r.pgid > 0).then_some((r.pgid, r.start_ticks));
                 own.into_iter().chain(r.tasks.snapshot())
             })
-            .map(|(pgid, start_ticks)| crate::watchdog::Group { pgid, start_ticks })
+            .map(|(pgid, start_ticks)| crate::run::watchdog::Group { pgid, start_ticks })
             .collect();
         let cgroups = lock(&self.running).values().filter_map(|r| r.cgroup.as_ref()).flat_map(|c| c.paths()).collect();
-        let lease = crate::watchdog::Lease { deadline_boot_ms, groups, cgroups };
+        let lease = crate::run::watchdog::Lease { deadline_boot_ms, groups, cgroups };
         // One writer at a time: the file is replaced by rename.
         let _guard = lock(&self.lease_write);
-        if let Err(e) = crate::watchdog::write_lease(&self.settings.lease_path, &lease) {
+        if let Err(e) = crate::run::watchdog::write_lease(&self.settings.lease_path, &lease) {
             warn!(error = format!("{e:#}"), "renew watchdog lease");
         }
     }

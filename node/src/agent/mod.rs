@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex};
 use proto::{ApiError, GpuInfo, InstanceId, JobId, NodeId, RunNo};
 use tokio::sync::mpsc;
 
-use crate::launcher;
-use crate::step::Step;
+use crate::run::launcher;
+use crate::run::step::Step;
 
 mod handover;
 mod launch;
@@ -62,7 +62,7 @@ struct Running {
     /// What the run's process got, which its step tasks here start from.
     base: Arc<TaskBase>,
     /// The run's cgroup once its process started; step tasks join it.
-    cgroup: Option<Arc<crate::cgroup::JobCgroup>>,
+    cgroup: Option<Arc<crate::run::cgroup::JobCgroup>>,
     /// Process groups of its step tasks here.
     tasks: Arc<launcher::TaskGroups>,
     /// Its steps with tasks here.
@@ -112,7 +112,7 @@ pub struct RunningJob {
     /// Its allocation's entries here: whole GPUs by index, MIG instances by slot.
     pub slots: Vec<u32>,
     /// Its cgroup once its process started, where the node confines jobs.
-    pub cgroup: Option<Arc<crate::cgroup::JobCgroup>>,
+    pub cgroup: Option<Arc<crate::run::cgroup::JobCgroup>>,
 }
 
 /// Name and address of every node of a run, in rank order.
@@ -132,13 +132,13 @@ pub struct NumberedStep {
 struct TaskBase {
     env: BTreeMap<String, String>,
     workdir: PathBuf,
-    run_as: Option<crate::identity::Account>,
-    mounts: crate::process::JobMounts,
+    run_as: Option<crate::run::identity::Account>,
+    mounts: crate::run::process::JobMounts,
 }
 
 impl TaskBase {
     /// What the step tasks of the run `spec` launches start from.
-    fn of(spec: &crate::process::LaunchSpec) -> Arc<TaskBase> {
+    fn of(spec: &crate::run::process::LaunchSpec) -> Arc<TaskBase> {
         Arc::new(TaskBase {
             env: spec.env.clone(),
             workdir: spec.workdir.clone(),
@@ -165,12 +165,12 @@ pub struct AgentSettings {
     /// Run each job as its submitting user (needs root); otherwise as this daemon's user.
     pub run_as_user: bool,
     /// Where job cgroups go; none when cgroup v2 is not usable here.
-    pub cgroups: Option<crate::cgroup::JobCgroups>,
+    pub cgroups: Option<crate::run::cgroup::JobCgroups>,
     /// This `corrald`'s executable: it holds a batch job's other nodes (`corrald --hold`) and
     /// shepherds runs (`corrald --shepherd`).
     pub exe: PathBuf,
     /// Forks runs' shepherds cheaply (see `spawner`); none: each is exec'd from `exe`.
-    pub spawner: Option<Arc<crate::spawner::Spawner>>,
+    pub spawner: Option<Arc<crate::run::spawner::Spawner>>,
     /// The device file of each GPU (by index), denied to runs not given that GPU where the
     /// cgroup v1 devices controller is available.
     pub gpu_device_files: BTreeMap<u32, PathBuf>,
@@ -229,7 +229,7 @@ pub struct Agent {
     /// claim, so `shut_down` sees every launch that got past it).
     stopping: std::sync::atomic::AtomicBool,
     /// The stdin of step tasks here that read it.
-    stdin_feeds: crate::step_stdin::Feeds,
+    stdin_feeds: crate::run::step_stdin::Feeds,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -271,7 +271,7 @@ impl Agent {
             reports_pending: AtomicU64::new(0),
             handing_over: std::sync::atomic::AtomicBool::new(false),
             stopping: std::sync::atomic::AtomicBool::new(false),
-            stdin_feeds: crate::step_stdin::Feeds::default(),
+            stdin_feeds: crate::run::step_stdin::Feeds::default(),
             settings,
         }))
     }
@@ -321,6 +321,6 @@ impl Agent {
     /// The device numbers of this node's GPUs not among `given`, which a cgroup denies.
     fn devices_denied(&self, given: &[u32]) -> Vec<(u32, u32)> {
         let files = self.settings.gpu_device_files.iter().filter(|(gpu, _)| !given.contains(gpu));
-        files.filter_map(|(_, path)| crate::cgroup::char_device(path)).collect()
+        files.filter_map(|(_, path)| crate::run::cgroup::char_device(path)).collect()
     }
 }

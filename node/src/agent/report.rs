@@ -10,9 +10,9 @@ use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
 use super::{lock, Agent};
-use crate::launcher;
 use crate::link::{LeaderLink, LinkError};
-use crate::shepherd;
+use crate::run::launcher;
+use crate::run::shepherd;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(super) struct Report {

@@ -10,10 +10,10 @@ use proto::{ApiError, JobId, LogStream, PeerRequest, Reply, Response, RunNo};
 use tracing::{debug, info, warn};
 
 use super::{lock, owner_may, Agent, HeldStep, NumberedStep, Running};
-use crate::launcher;
 use crate::link::{LeaderLink, LinkError};
-use crate::shepherd;
-use crate::step::Step;
+use crate::run::launcher;
+use crate::run::shepherd;
+use crate::run::step::Step;
 
 impl Agent {
     /// Whether this node holds `job` suspended (no step starts in it meanwhile).
@@ -218,7 +218,7 @@ impl Agent {
     }
 
     /// The cgroups of step `step` below its run's, with its CPUs, memory and GPUs as limits
-    /// ([`crate::cgroup::JobCgroups::create_step`]); none where the run has no cgroup, or
+    /// ([`crate::run::cgroup::JobCgroups::create_step`]); none where the run has no cgroup, or
     /// they could not be made (its tasks then join the run's, which still confines them).
     fn step_cgroups(
         &self,
@@ -227,12 +227,12 @@ impl Agent {
         env: &BTreeMap<String, String>,
         grant: &scheduler::steps::StepGrant,
         job_gpus: &[u32],
-        run_cgroup: Option<&crate::cgroup::JobCgroup>,
+        run_cgroup: Option<&crate::run::cgroup::JobCgroup>,
     ) -> Option<Vec<PathBuf>> {
         let (cgroups, run_cgroup) = (self.settings.cgroups.as_ref()?, run_cgroup?);
         // A grant of no memory is a job whose memory is not counted: no limit of the step's own.
         let memory_mib = if grant.memory_mib == 0 { u64::MAX >> 20 } else { grant.memory_mib };
-        let limits = crate::cgroup::Limits { cpus: grant.cpus, memory_mib };
+        let limits = crate::run::cgroup::Limits { cpus: grant.cpus, memory_mib };
         // The job's GPUs the step was not given, by their device files.
         let given: Vec<u32> = match &grant.gpus {
             None => job_gpus.to_vec(),
@@ -254,7 +254,7 @@ impl Agent {
 
     /// Once every task of `handle` here ended, queues its end for the leader: the highest exit
     /// code and a killing signal among them (Slurm's step ExitCode).
-    pub(super) fn report_step_end(&self, handle: &Arc<Step>, cgroups: Option<(Arc<crate::cgroup::JobCgroup>, Vec<PathBuf>)>) {
+    pub(super) fn report_step_end(&self, handle: &Arc<Step>, cgroups: Option<(Arc<crate::run::cgroup::JobCgroup>, Vec<PathBuf>)>) {
         let (handle, tx) = (Arc::clone(handle), self.step_ends_tx.clone());
         tokio::spawn(async move {
             let exits = handle.exits_when_ended().await;
@@ -332,7 +332,7 @@ impl Agent {
     }
 
     /// Writes bytes `offset..` of a step's stdin to its tasks here that read it (see
-    /// [`crate::step_stdin::Feeds::feed`]); `eof` closes their stdin.
+    /// [`crate::run::step_stdin::Feeds::feed`]); `eof` closes their stdin.
     pub async fn step_input(&self, job: JobId, step: u32, offset: u64, data: &[u8], eof: bool, user: Option<&str>) -> Response {
         if data.len() > proto::limits::STEP_INPUT_BYTES_MAX {
             return Err(ApiError::Invalid(format!("a stdin chunk holds at most {} bytes", proto::limits::STEP_INPUT_BYTES_MAX)));
@@ -362,10 +362,10 @@ impl Agent {
         };
         let mut wanted: Vec<i32> = tasks.iter().map(|(_, _, pgid)| *pgid).collect();
         wanted.extend(script);
-        let found = tokio::task::spawn_blocking(move || crate::usage::sessions(std::path::Path::new("/proc"), &wanted))
+        let found = tokio::task::spawn_blocking(move || crate::run::usage::sessions(std::path::Path::new("/proc"), &wanted))
             .await
             .map_err(|e| ApiError::Unavailable(format!("read /proc: {e}")))?;
-        let (tick_ms, page_kib) = (1000 / crate::usage::ticks_per_s().max(1), crate::usage::page_bytes() / 1024);
+        let (tick_ms, page_kib) = (1000 / crate::run::usage::ticks_per_s().max(1), crate::run::usage::page_bytes() / 1024);
         let entry = |step: Option<u32>, rank: u32, pgid: i32| {
             found.get(&pgid).map(|u| proto::TaskUsage {
                 step,

@@ -11,17 +11,17 @@ use control::agent::StopDecision;
 
 use super::ledger::{ledger_mark, LedgerEntry};
 use super::{lock, Agent};
-use crate::launcher::{self, StopReason};
-use crate::shepherd::{self, Shepherd};
+use crate::run::launcher::{self, StopReason};
+use crate::run::shepherd::{self, Shepherd};
 
 impl Agent {
     /// Supervises a started run to its end (`elapsed_ms` into it), then reports it.
     pub(super) async fn supervise_run(
         self: Arc<Self>,
         child: Shepherd,
-        spec: crate::process::LaunchSpec,
+        spec: crate::run::process::LaunchSpec,
         stop_rx: launcher::StopReceiver,
-        cgroup: Option<Arc<crate::cgroup::JobCgroup>>,
+        cgroup: Option<Arc<crate::run::cgroup::JobCgroup>>,
         tasks: Arc<launcher::TaskGroups>,
         elapsed_ms: u64,
     ) {

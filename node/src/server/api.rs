@@ -109,7 +109,7 @@ impl transport::local::LocalHandler for Api {
         // The kernel names the caller. Root on a node holds the node's key anyway: it acts as
         // the node (an admin), and like a node forwarding a request it may act for a user it
         // names (`corral restd` for its HTTPS clients); every other uid is the user of that name.
-        let Some(account) = crate::identity::by_uid(peer.uid) else {
+        let Some(account) = crate::run::identity::by_uid(peer.uid) else {
             warn!(uid = peer.uid, "refused a local caller without a user name");
             return Box::pin(async move { Err(ApiError::Denied(format!("uid {} has no user name on this node", peer.uid))) });
         };

@@ -432,7 +432,7 @@ impl Node {
             tokio::spawn(async move {
                 let (run, suspend, paused_ms) = (order.run, order.suspend, order.paused_ms);
                 let result = if order.node == node.id {
-                    node.agent.suspend(job, run, crate::launcher::Pause { suspended: suspend, paused_ms })
+                    node.agent.suspend(job, run, crate::run::launcher::Pause { suspended: suspend, paused_ms })
                 } else {
                     let env = Envelope { hops: 0, request: PeerRequest::SuspendPart { job, run, suspend, paused_ms }.into(), user: None };
                     node.client.call(&addr, &env, PEER_CALL_TIMEOUT).await.unwrap_or_else(|e| Err(ApiError::Unavailable(e.to_string())))

@@ -9,15 +9,18 @@ fn fnv32(text: &str) -> u32 {
 }
 
 /// Job cgroups as the config asks, saying at start what is and is not enforced.
-fn job_cgroups(config: &NodeConfig) -> Option<crate::cgroup::JobCgroups> {
+fn job_cgroups(config: &NodeConfig) -> Option<crate::run::cgroup::JobCgroups> {
     let base = match config.cgroup.as_deref().unwrap_or("auto") {
         "off" => {
             warn!("cgroups are off (cgroup = \"off\"): jobs are not confined or limited");
             return None;
         }
         "auto" => {
-            match crate::cgroup::JobCgroups::default_base(&format!("{}-{:08x}", config.name, fnv32(&config.data_dir.display().to_string())))
-            {
+            match crate::run::cgroup::JobCgroups::default_base(&format!(
+                "{}-{:08x}",
+                config.name,
+                fnv32(&config.data_dir.display().to_string())
+            )) {
                 Ok(base) => base,
                 Err(e) => {
                     warn!(error = format!("{e:#}"), "cgroup v2 is not available: jobs are not confined or limited");
@@ -27,7 +30,7 @@ fn job_cgroups(config: &NodeConfig) -> Option<crate::cgroup::JobCgroups> {
         }
         path => std::path::PathBuf::from(path),
     };
-    match crate::cgroup::JobCgroups::open(&base) {
+    match crate::run::cgroup::JobCgroups::open(&base) {
         Ok(mut c) => {
             // What cgroup v2 lacks here, from the v1 hierarchies beside it (a hybrid host).
             c.add_v1(&format!("{}-{:08x}", config.name, fnv32(&config.data_dir.display().to_string())));
@@ -121,15 +124,15 @@ pub enum Ended {
 
 /// This daemon's instance: the previous daemon's if it handed its runs over (the cluster sees
 /// no restart), else a new one (the cluster ends whatever the node ran before). Records it.
-fn this_instance(daemon_file: &Path) -> anyhow::Result<(InstanceId, Option<crate::daemon_record::Handover>)> {
-    let previous = match crate::shepherd::read_json::<crate::daemon_record::DaemonRecord>(daemon_file) {
+fn this_instance(daemon_file: &Path) -> anyhow::Result<(InstanceId, Option<crate::run::daemon_record::Handover>)> {
+    let previous = match crate::run::shepherd::read_json::<crate::run::daemon_record::DaemonRecord>(daemon_file) {
         Ok(p) => p,
         Err(e) => {
             warn!(error = format!("{e:#}"), "read the previous daemon's record: starting as a new instance");
             None
         }
     };
-    let handover = previous.as_ref().and_then(|p| p.open_handover(crate::procfs::boot_ms()));
+    let handover = previous.as_ref().and_then(|p| p.open_handover(crate::run::procfs::boot_ms()));
     if let (Some(p), None) = (&previous, handover) {
         if p.handover.is_some() {
             warn!(instance = p.instance, "the previous daemon's hand-over expired: its jobs were killed, starting as a new instance");
@@ -139,7 +142,7 @@ fn this_instance(daemon_file: &Path) -> anyhow::Result<(InstanceId, Option<crate
         (Some(p), Some(_)) => p.instance,
         _ => rand::random(),
     };
-    crate::shepherd::write_json(daemon_file, &crate::daemon_record::DaemonRecord::me(instance))?;
+    crate::run::shepherd::write_json(daemon_file, &crate::run::daemon_record::DaemonRecord::me(instance))?;
     Ok((instance, handover))
 }
 
@@ -149,7 +152,7 @@ fn gpu_device_files(
     config: &NodeConfig,
     discovered: &crate::gpu::GpuInventory,
     probe_kind: &str,
-    cgroups: Option<&crate::cgroup::JobCgroups>,
+    cgroups: Option<&crate::run::cgroup::JobCgroups>,
 ) -> BTreeMap<u32, std::path::PathBuf> {
     let files: BTreeMap<u32, std::path::PathBuf> = if config.gpu_device_files.is_empty() {
         discovered.device_files.clone()
@@ -174,9 +177,9 @@ fn gpu_device_files(
 fn agent_settings(
     config: &NodeConfig,
     inventory: &Inventory,
-    cgroups: Option<crate::cgroup::JobCgroups>,
+    cgroups: Option<crate::run::cgroup::JobCgroups>,
     gpu_device_files: BTreeMap<u32, std::path::PathBuf>,
-    spawner: Option<Arc<crate::spawner::Spawner>>,
+    spawner: Option<Arc<crate::run::spawner::Spawner>>,
     daemon_file: &Path,
 ) -> anyhow::Result<crate::agent::AgentSettings> {
     let namespaces = run_namespaces();
@@ -185,7 +188,7 @@ fn agent_settings(
         job_files_dir: config.job_files_dir(),
         checkpoint_root: config.checkpoint_root(),
         nccl: crate::nccl::derive(&config.nccl, inventory, &config.advertise_addr()),
-        stop: crate::launcher::StopTimings { kill_grace_ms: config.kill_grace_ms, fence_kill_grace_ms: config.fence_kill_grace_ms },
+        stop: crate::run::launcher::StopTimings { kill_grace_ms: config.kill_grace_ms, fence_kill_grace_ms: config.fence_kill_grace_ms },
         fence_after_ms: config.fence_after_ms(),
         cluster_name: config.cluster_name.clone(),
         lease_path: config.lease_path(),
@@ -401,7 +404,7 @@ fn spawn_node_loops(
 pub async fn run(
     config: NodeConfig,
     mut stop: tokio::sync::watch::Receiver<StopRequest>,
-    spawner: Option<Arc<crate::spawner::Spawner>>,
+    spawner: Option<Arc<crate::run::spawner::Spawner>>,
 ) -> anyhow::Result<Ended> {
     prepare_data_dir(&config)?;
     // The previous daemon may have handed its runs over: then this one keeps its instance (the
@@ -665,7 +668,7 @@ fn job_commands(namespaces: bool) -> Option<std::path::PathBuf> {
         warn!(missing = %corral.display(), "no corral beside corrald: runs get no /job/bin/pdsh or ssh");
         return None;
     }
-    if let Err(e) = std::fs::create_dir_all(crate::process::JOB_MOUNT) {
+    if let Err(e) = std::fs::create_dir_all(crate::run::process::JOB_MOUNT) {
         warn!(error = %e, "create /job (where runs see their job directory): runs get no /job");
         return None;
     }

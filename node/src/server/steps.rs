@@ -246,7 +246,7 @@ impl Node {
             job_port
         };
         let Some(port) = port else { return };
-        for (k, v) in slurm_compat::env::torchrun_env(&crate::launcher::host_of(addr), port, targets.len()) {
+        for (k, v) in slurm_compat::env::torchrun_env(&crate::run::launcher::host_of(addr), port, targets.len()) {
             spec.env.entry(k).or_insert(v);
         }
     }

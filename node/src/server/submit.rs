@@ -65,7 +65,7 @@ impl Node {
         if by_admin {
             return None;
         }
-        let groups = crate::identity::by_name(&spec.user).map(|a| crate::identity::group_names(&a.groups)).unwrap_or_default();
+        let groups = crate::run::identity::by_name(&spec.user).map(|a| crate::run::identity::group_names(&a.groups)).unwrap_or_default();
         let access = proto::PartitionAccess { allow_groups: allowed, ..Default::default() };
         (!access.allows_groups(&groups)).then(|| "User's group not permitted to use this partition".to_string())
     }

@@ -16,7 +16,7 @@
 //! v1 `devices` controller, where mounted, fences GPU device files: each run's cgroup denies
 //! the device files of the node's GPUs it was not given (`devices.deny`), so a job cannot open
 //! another job's GPU whatever `CUDA_VISIBLE_DEVICES` says. On cgroup v2 the same deny list is
-//! an eBPF device program attached to the run's cgroup (`crate::cgroup_devices`), where the
+//! an eBPF device program attached to the run's cgroup (`crate::run::cgroup_devices`), where the
 //! node can load one (root); where both exist both fence. Where neither does, the node says so
 //! at start.
 
@@ -152,8 +152,8 @@ impl JobCgroups {
 
     /// Fences GPU device files with eBPF device programs where they can be loaded and attached
     /// below the base here; otherwise says why not (the caller logs it where it matters).
-    pub fn add_device_programs(&mut self) -> Result<(), crate::cgroup_devices::FenceError> {
-        crate::cgroup_devices::probe(&self.base)?;
+    pub fn add_device_programs(&mut self) -> Result<(), crate::run::cgroup_devices::FenceError> {
+        crate::run::cgroup_devices::probe(&self.base)?;
         self.device_programs = true;
         Ok(())
     }
@@ -233,7 +233,7 @@ impl JobCgroups {
         }
         if self.device_programs && !deny.is_empty() {
             // Before any process joins: the run never holds a GPU it was not given.
-            crate::cgroup_devices::attach(&path, deny).with_context(|| format!("fence the GPUs of job {job} run {run}"))?;
+            crate::run::cgroup_devices::attach(&path, deny).with_context(|| format!("fence the GPUs of job {job} run {run}"))?;
         }
         let mut v1 = Vec::new();
         for (controller, base) in &self.v1 {
@@ -279,7 +279,7 @@ impl JobCgroups {
             std::fs::write(path.join(file), &value).with_context(|| format!("write {value} to {}/{file}", path.display()))?;
         }
         if self.device_programs && !deny.is_empty() {
-            crate::cgroup_devices::attach(&path, deny).with_context(|| format!("fence the GPUs of step {step}"))?;
+            crate::run::cgroup_devices::attach(&path, deny).with_context(|| format!("fence the GPUs of step {step}"))?;
         }
         for v1 in &run.v1 {
             let controller = self.v1.iter().find(|(_, base)| v1.starts_with(base)).map_or("", |(c, _)| c.as_str());

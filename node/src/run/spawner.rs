@@ -7,7 +7,7 @@
 //! initializers and a few hundred page faults: about 3 ms of CPU per run on top of the job,
 //! more than everything else a trivial job costs. The spawner is a copy of the daemon as it
 //! was at start (a few MiB, one thread): forking it is cheap, and the child runs the shepherd's
-//! code directly ([`crate::shepherd::run_trusting`]), with no exec.
+//! code directly ([`crate::run::shepherd::run_trusting`]), with no exec.
 //!
 //! Protocol, over a `SOCK_SEQPACKET` socket pair (one message per request, in order): the daemon
 //! sends the run directory's path (at most [`PATH_BYTES_MAX`]) with one file descriptor (the

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::procfs::{boot_ms, start_ticks};
+use crate::run::procfs::{boot_ms, start_ticks};
 use serde::{Deserialize, Serialize};
 
 /// How often the watchdog reads the lease. Must stay below `heartbeat_interval_ms` for the
@@ -71,7 +71,7 @@ pub fn write_lease(path: &Path, lease: &Lease) -> anyhow::Result<()> {
 
 /// Reads the lease; none when there is no file yet.
 pub fn read_lease(path: &Path) -> anyhow::Result<Option<Lease>> {
-    crate::json_file::read_json_max(path, LEASE_BYTES_MAX)
+    crate::run::json_file::read_json_max(path, LEASE_BYTES_MAX)
 }
 
 /// The groups of an expired lease that are still the processes the agent started.
@@ -96,7 +96,7 @@ fn kill_all(lease_path: &Path, last: Option<&Lease>) {
         unsafe { libc::kill(-g.pgid, libc::SIGKILL) };
     }
     for cgroup in &lease.cgroups {
-        crate::cgroup::kill_cgroup(cgroup);
+        crate::run::cgroup::kill_cgroup(cgroup);
     }
     tracing::warn!(groups = groups.len(), cgroups = lease.cgroups.len(), "watchdog: corrald is gone, killed its jobs");
 }
@@ -131,23 +131,23 @@ fn watch(lease_path: &Path, parent: u32) -> anyhow::Result<()> {
     loop {
         let orphaned = std::os::unix::process::parent_id() != parent;
         if !orphaned && instance.is_none() {
-            if let Ok(Some(d)) = crate::json_file::read_json::<crate::daemon_record::DaemonRecord>(&daemon_file) {
+            if let Ok(Some(d)) = crate::run::json_file::read_json::<crate::run::daemon_record::DaemonRecord>(&daemon_file) {
                 instance = (d.pid == parent as i32).then_some(d.instance);
             }
         }
         if orphaned {
             let verdict = match instance {
-                Some(i) => crate::daemon_record::verdict(&daemon_file, i, boot_ms()),
-                None => crate::daemon_record::Verdict::Kill("its daemon never named its instance".into()),
+                Some(i) => crate::run::daemon_record::verdict(&daemon_file, i, boot_ms()),
+                None => crate::run::daemon_record::Verdict::Kill("its daemon never named its instance".into()),
             };
             match verdict {
-                crate::daemon_record::Verdict::Trust(d) => {
+                crate::run::daemon_record::Verdict::Trust(d) => {
                     tracing::info!(daemon = d.pid, "watchdog: the next corrald took the runs over; its own watchdog goes on");
                     return Ok(());
                 }
                 // Handed over: the lease's deadline still holds, below.
-                crate::daemon_record::Verdict::Wait => {}
-                crate::daemon_record::Verdict::Kill(why) => {
+                crate::run::daemon_record::Verdict::Wait => {}
+                crate::run::daemon_record::Verdict::Kill(why) => {
                     tracing::debug!(reason = %why, "watchdog: the daemon is gone");
                     kill_all(lease_path, last_lease.as_ref());
                     return Ok(());

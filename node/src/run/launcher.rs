@@ -11,8 +11,8 @@ use std::time::Duration;
 use anyhow::Context;
 use proto::{Job, JobId, RunOutcome};
 
-use crate::process::{ExitRecord, JobMounts, LaunchSpec, JOB_MOUNT};
-use crate::shepherd::Shepherd;
+use crate::run::process::{ExitRecord, JobMounts, LaunchSpec, JOB_MOUNT};
+use crate::run::shepherd::Shepherd;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
@@ -74,7 +74,7 @@ pub struct LaunchContext<'a> {
     pub nccl: &'a NcclEnv,
     /// `SLURM_CLUSTER_NAME`.
     pub cluster_name: &'a str,
-    pub run_as: Option<&'a crate::identity::Account>,
+    pub run_as: Option<&'a crate::run::identity::Account>,
     /// What holds a batch job's node other than its first (`corrald --hold`).
     pub holder: &'a Path,
     /// This node's local socket (`CORRAL_SOCKET` in the job: `srun` starts steps through it).
@@ -722,7 +722,7 @@ mod tests {
     use std::process::Stdio;
 
     use super::*;
-    use crate::process::{command, Process};
+    use crate::run::process::{command, Process};
 
     /// The leader re-sends a requeue's checkpoint stop every second while the job writes its
     /// checkpoint; a fence that comes meanwhile must reach the run at once (a one-slot queue

@@ -15,8 +15,8 @@ use proto::{JobId, LogStream, RunNo, StepChunk, TaskExit};
 use tokio::io::AsyncReadExt;
 use tokio::sync::Notify;
 
-use crate::launcher::TaskGroups;
-use crate::shepherd;
+use crate::run::launcher::TaskGroups;
+use crate::run::shepherd;
 
 pub struct Step {
     pub job: JobId,

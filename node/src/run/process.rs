@@ -29,7 +29,7 @@ pub struct LaunchSpec {
     /// Later runs append to the output of earlier ones; the first truncates.
     pub append: bool,
     /// The account the job runs as; none runs it as the daemon's own user (dev clusters).
-    pub run_as: Option<crate::identity::Account>,
+    pub run_as: Option<crate::run::identity::Account>,
     /// The part only holds the node's share of a batch job for its steps: the process is a
     /// holder (`corrald --hold`), with no output.
     pub hold: bool,
@@ -88,7 +88,7 @@ fn open_output(path: &Path, append: bool) -> anyhow::Result<std::fs::File> {
 /// Runs `f` with this thread's file-system identity switched to `account` (Linux `setfsuid`,
 /// per thread), so files are opened with the user's permissions: a job cannot make the daemon
 /// write where its user could not.
-fn as_user<T>(account: Option<&crate::identity::Account>, f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
+fn as_user<T>(account: Option<&crate::run::identity::Account>, f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
     let Some(a) = account else { return f() };
     // SAFETY: setfsuid/setfsgid change only this thread's file-system ids; restored below.
     let (old_gid, old_uid) = unsafe { (libc::setfsgid(a.gid), libc::setfsuid(a.uid)) };
@@ -147,7 +147,7 @@ pub fn start_run_process(spec: &LaunchSpec, cgroups: &[PathBuf]) -> anyhow::Resu
 pub(crate) fn open_procs(cgroups: &[PathBuf]) -> anyhow::Result<Vec<std::fs::File>> {
     cgroups
         .iter()
-        .map(|c| crate::cgroup::open_procs(c).with_context(|| format!("open {}", crate::cgroup::procs_file(c).display())))
+        .map(|c| crate::run::cgroup::open_procs(c).with_context(|| format!("open {}", crate::run::cgroup::procs_file(c).display())))
         .collect()
 }
 
@@ -157,7 +157,7 @@ pub struct Process<'a> {
     pub args: &'a [String],
     pub env: &'a BTreeMap<String, String>,
     pub workdir: &'a Path,
-    pub run_as: Option<&'a crate::identity::Account>,
+    pub run_as: Option<&'a crate::run::identity::Account>,
     /// What it sees in a mount namespace of its own (needs root).
     pub mounts: &'a JobMounts,
 }
@@ -219,7 +219,7 @@ pub(crate) fn command(
                 return Err(std::io::Error::last_os_error());
             }
             for fd in &procs_fds {
-                crate::cgroup::join_in_child(*fd)?;
+                crate::run::cgroup::join_in_child(*fd)?;
             }
             if let Some((hosts, job_dir)) = &mounts {
                 let invalid = || std::io::Error::from_raw_os_error(libc::EINVAL);

@@ -35,9 +35,9 @@ use anyhow::Context;
 use proto::{InstanceId, JobId, RunNo};
 use serde::{Deserialize, Serialize};
 
-use crate::daemon_record::{verdict, Verdict};
-use crate::process::{ExitRecord, LaunchSpec};
-use crate::procfs::{boot_ms, process_alive, start_ticks};
+use crate::run::daemon_record::{verdict, Verdict};
+use crate::run::process::{ExitRecord, LaunchSpec};
+use crate::run::procfs::{boot_ms, process_alive, start_ticks};
 
 /// The flag that makes `corrald` a shepherd.
 pub const SHEPHERD_FLAG: &str = "--shepherd";
@@ -45,7 +45,7 @@ pub const SHEPHERD_FLAG: &str = "--shepherd";
 pub const POLL_MS: u64 = 100;
 /// Version of the files of a run directory; a shepherd refuses a record of another format.
 pub const RECORD_FORMAT: u32 = 1;
-pub use crate::json_file::{read_json, read_json_max, write_json, RECORD_BYTES_MAX};
+pub use crate::run::json_file::{read_json, read_json_max, write_json, RECORD_BYTES_MAX};
 /// How long a supervisor waits for a shepherd to say it started the job.
 const START_WAIT_MS: u64 = 30_000;
 /// Connections a shepherd serves at once (each has a thread); more are refused.
@@ -77,16 +77,16 @@ pub struct TaskRequest {
     pub args: Vec<String>,
     pub env: std::collections::BTreeMap<String, String>,
     pub workdir: PathBuf,
-    pub run_as: Option<crate::identity::Account>,
+    pub run_as: Option<crate::run::identity::Account>,
     /// This node's name, for Slurm's error line when the task cannot start.
     pub node: String,
     /// What the task sees in a mount namespace of its own (its run's).
     #[serde(flatten)]
-    pub mounts: crate::process::JobMounts,
+    pub mounts: crate::run::process::JobMounts,
     /// Its stdin is a pipe the agent feeds (`input STEP RANK`), not `/dev/null`.
     #[serde(default)]
     pub stdin: bool,
-    /// `srun --pty`: it runs on a pseudo-terminal of this size (see [`crate::pty`]), whose
+    /// `srun --pty`: it runs on a pseudo-terminal of this size (see [`crate::run::pty`]), whose
     /// master takes its stdin (with `stdin`) and gives its output, as stdout.
     #[serde(default)]
     pub pty: Option<proto::PtySize>,
@@ -157,7 +157,7 @@ fn kill_job(pid: i32, cgroups: &[PathBuf]) {
         unsafe { libc::kill(-pid, libc::SIGKILL) };
     }
     for cgroup in cgroups {
-        crate::cgroup::kill_cgroup(cgroup);
+        crate::run::cgroup::kill_cgroup(cgroup);
     }
 }
 
@@ -189,7 +189,7 @@ pub fn run_trusting(dir: &Path, daemon: i32) -> anyhow::Result<()> {
         Err(why) => return fail(why),
     };
     let cgroups: Vec<PathBuf> = record.cgroup.iter().chain(record.cgroups_v1.iter()).cloned().collect();
-    let mut child = match crate::process::start_run_process(&record.launch, &cgroups) {
+    let mut child = match crate::run::process::start_run_process(&record.launch, &cgroups) {
         Ok(c) => c,
         Err(e) => return fail(format!("{e:#}")),
     };
@@ -483,7 +483,7 @@ impl Shared {
         let Some(log) = lock(&self.steps).get(&step).cloned() else { return format!("err no step {step}") };
         let st = lock(&log.state);
         let Some(master) = st.ptys.get(&rank) else { return format!("err task {rank} of step {step} has no terminal") };
-        match crate::pty::resize(master, size) {
+        match crate::run::pty::resize(master, size) {
             Ok(()) => "ok".into(),
             Err(e) => format!("err resize the terminal: {e}"),
         }
@@ -546,7 +546,7 @@ impl Shared {
             }
         };
         let procs_fds: Vec<i32> = procs.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
-        let proc = crate::process::Process {
+        let proc = crate::run::process::Process {
             program: &request.program,
             args: &request.args,
             env: &request.env,
@@ -563,11 +563,11 @@ impl Shared {
             log.exit(rank, Some(e.raw_os_error().unwrap_or(1)), None);
             "ok 0 0".to_string()
         };
-        let pty = match request.pty.map(|size| crate::pty::open(size, request.run_as.as_ref().map(|a| a.uid))).transpose() {
+        let pty = match request.pty.map(|size| crate::run::pty::open(size, request.run_as.as_ref().map(|a| a.uid))).transpose() {
             Ok(pty) => pty,
             Err(e) => return failed("openpty()", e),
         };
-        let command = crate::process::task_command(&proc, procs_fds, pty.as_ref().map(|(_, slave)| slave));
+        let command = crate::run::process::task_command(&proc, procs_fds, pty.as_ref().map(|(_, slave)| slave));
         let mut command = match command {
             Ok(c) => c,
             Err(e) => return failed("dup()", e),
@@ -711,7 +711,7 @@ impl Shepherd {
     /// once the job started, or with why it did not.
     pub async fn spawn(
         exe: &Path,
-        spawner: Option<&Arc<crate::spawner::Spawner>>,
+        spawner: Option<&Arc<crate::run::spawner::Spawner>>,
         dir: &Path,
         record: &RunRecord,
     ) -> anyhow::Result<Shepherd> {
@@ -992,8 +992,8 @@ fn open_cgroup_procs(cgroups: &[PathBuf]) -> Result<Vec<std::fs::File>, (String,
     cgroups
         .iter()
         .map(|c| {
-            crate::cgroup::open_procs(c).map_err(|e| {
-                (format!("join cgroup {}: {e}", crate::cgroup::procs_file(c).display()), e.raw_os_error().unwrap_or(libc::EIO))
+            crate::run::cgroup::open_procs(c).map_err(|e| {
+                (format!("join cgroup {}: {e}", crate::run::cgroup::procs_file(c).display()), e.raw_os_error().unwrap_or(libc::EIO))
             })
         })
         .collect()

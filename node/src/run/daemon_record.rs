@@ -7,8 +7,8 @@ use std::path::Path;
 use proto::InstanceId;
 use serde::{Deserialize, Serialize};
 
-use crate::json_file::read_json;
-use crate::procfs::{process_alive, start_ticks};
+use crate::run::json_file::read_json;
+use crate::run::procfs::{process_alive, start_ticks};
 
 /// Which `corrald` runs this node's jobs now (`JOBS_DIR/daemon.json`), written by each daemon
 /// at start and again by one that hands its runs over.
@@ -81,7 +81,7 @@ pub fn verdict(daemon_file: &Path, instance: InstanceId, now_boot_ms: u64) -> Ve
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::json_file::write_json;
+    use crate::run::json_file::write_json;
 
     #[test]
     fn a_shepherd_keeps_its_job_only_for_a_live_daemon_or_an_open_handover_of_its_instance() {

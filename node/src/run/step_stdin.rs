@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use proto::{ApiError, JobId};
 use tokio::io::AsyncWriteExt;
 
-use crate::shepherd;
+use crate::run::shepherd;
 
 /// Steps fed at once on a node; a step past this runs its tasks on `/dev/null`.
 pub const FEEDS_MAX: usize = 4_096;
