@@ -13,6 +13,8 @@ pub mod leader;
 pub mod liveness;
 pub mod memory;
 pub mod policy;
+#[cfg(test)]
+mod testing;
 pub mod wall;
 
 pub use archive::{ArchiveStep, Archiver, Retention};

@@ -63,36 +63,22 @@ impl Suspensions {
 
 #[cfg(test)]
 mod tests {
-    use proto::{Allocation, Command, CommandResult, Inventory, JobSpec, Placement};
+    use proto::{Command, CommandResult, JobSpec};
 
     use super::Suspensions;
 
     #[test]
     fn a_suspension_is_sent_until_the_node_acknowledges_it_and_once_by_a_new_leader() {
         let mut s = corral_state::ClusterState::default();
-        let inventory = Inventory { cpus: 4, memory_mib: 4_096, ..Inventory::default() };
-        let node = Command::RegisterNode {
-            name: "n1".into(),
-            addr: "n1:1".into(),
-            inventory,
-            instance: 7,
-            cert_fingerprint: String::new(),
-            now_ms: 0,
-        };
-        assert!(matches!(s.apply(&node), CommandResult::NodeRegistered { id: 1 }));
-        let spec = JobSpec::command(vec!["sleep".into()], "/", "u");
-        let CommandResult::Submitted { job } = s.apply(&Command::Submit { spec, now_ms: 0 }) else { panic!("submit") };
-        let alloc = Allocation { node: 1, gpus: vec![], cpus: 1, mem_mib: 1024 };
-        let plan = Command::Plan { placements: vec![Placement { job, run: 1, allocs: vec![alloc] }], array_tasks: vec![], now_ms: 0 };
-        assert!(matches!(s.apply(&plan), CommandResult::Planned { .. }));
-        assert_eq!(s.apply(&Command::LaunchConfirmed { job, run: 1, node: 1, instance: 7, now_ms: 1 }), CommandResult::Ok);
+        crate::testing::node(&mut s);
+        let job = crate::testing::running(&mut s, JobSpec::command(vec!["sleep".into()], "/", "u"), 0);
         let mut sus = Suspensions::new(1_000);
         assert!(sus.due(&s, 10).is_empty(), "never suspended");
         assert_eq!(s.apply(&Command::Suspend { job, suspend: true, now_ms: 20 }), CommandResult::Ok);
         let first = sus.due(&s, 30);
         assert_eq!(first.len(), 1);
         let (id, order) = first[0];
-        assert_eq!((id, order.node, order.suspend, order.instance), (job, 1, true, 7));
+        assert_eq!((id, order.node, order.suspend, order.instance), (job, 1, true, crate::testing::INSTANCE));
         assert!(sus.due(&s, 500).is_empty(), "sent within the re-send period");
         assert_eq!(sus.due(&s, 1_030).len(), 1, "unanswered: sent again");
         sus.acknowledged(job, &order);

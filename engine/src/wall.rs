@@ -70,7 +70,7 @@ pub fn time_outs(state: &ClusterState, now_ms: u64) -> Vec<Command> {
 #[cfg(test)]
 mod tests {
     use proto::accounts::{AccountsEdit, AssocChanges, LimitChanges, QosChanges};
-    use proto::{Allocation, CommandResult, Inventory, JobId, JobSpec, Placement};
+    use proto::{CommandResult, JobId, JobSpec};
 
     use super::*;
 
@@ -81,16 +81,7 @@ mod tests {
     /// One node, account `phys` with alice's association, QoS `short`.
     fn cluster() -> ClusterState {
         let mut s = ClusterState::default();
-        let inventory = Inventory { cpus: 64, memory_mib: 1 << 20, ..Inventory::default() };
-        let node = Command::RegisterNode {
-            name: "n1".into(),
-            addr: "n1:1".into(),
-            inventory,
-            instance: 7,
-            cert_fingerprint: String::new(),
-            now_ms: 0,
-        };
-        assert!(matches!(s.apply(&node), CommandResult::NodeRegistered { id: 1 }));
+        crate::testing::node(&mut s);
         let edits = vec![
             AccountsEdit::AddAccount { name: "phys".into(), description: None, organization: None, parent: None },
             AccountsEdit::AddUser { name: "alice".into(), account: "phys".into(), default_account: None },
@@ -113,13 +104,7 @@ mod tests {
     /// A job of alice (in `qos`) running from `start_ms`.
     fn running(s: &mut ClusterState, qos: Option<&str>, start_ms: u64) -> JobId {
         let spec = JobSpec { qos: qos.map(str::to_string), ..JobSpec::command(vec!["sleep".into(), "60".into()], "/", "alice") };
-        let CommandResult::Submitted { job } = s.apply(&Command::Submit { spec, now_ms: start_ms }) else { panic!("submit") };
-        let alloc = Allocation { node: 1, gpus: vec![], cpus: 1, mem_mib: 1024 };
-        let plan =
-            Command::Plan { placements: vec![Placement { job, run: 1, allocs: vec![alloc] }], array_tasks: vec![], now_ms: start_ms };
-        assert!(matches!(s.apply(&plan), CommandResult::Planned { .. }));
-        assert_eq!(s.apply(&Command::LaunchConfirmed { job, run: 1, node: 1, instance: 7, now_ms: start_ms }), CommandResult::Ok);
-        job
+        crate::testing::running(s, spec, start_ms)
     }
 
     #[test]
