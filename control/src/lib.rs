@@ -5,7 +5,8 @@
 //!
 //! - [`agent`]: what a node's agent does with a launch or a stop, given its launch ledger and
 //!   when a leader last acknowledged it; when it fences itself; the watchdog's deadline; and
-//!   [`agent::Lease`], the agent's memory of its leader that corrald and the simulator keep.
+//!   the agent's memory that corrald and the simulator keep: [`agent::Lease`], of its leader,
+//!   and [`agent::Outbox`], the run reports no leader has taken yet.
 //! - [`leader`]: which silent nodes the leader declares down, which parts it sends launches and
 //!   stops to, when it re-sends them, when it promotes an agent to voter, and whether it has
 //!   a scheduling pass to run.

@@ -348,12 +348,14 @@ pub enum PeerRequest {
     },
     /// Leader to agent: stop (SIGSTOP) or continue (SIGCONT) this node's part of `job`'s run
     /// `run`, as the log says; `paused_ms` is how long the run's ended suspensions lasted, by
-    /// which its time limit moves.
+    /// which its time limit moves; `change` counts the run's suspends and resumes, so an order
+    /// overtaken by a newer one is ignored (`control::agent::suspension_is_newer`).
     SuspendPart {
         job: JobId,
         run: RunNo,
         suspend: bool,
         paused_ms: u64,
+        change: u32,
     },
     /// Leader to agent: re-partition idle MIG-mode GPU `gpu` into `profiles` (by start slice),
     /// then report the new inventory.

@@ -1,13 +1,13 @@
 //! The simulated agents: each keeps a `control::agent::Lease` as corrald's agent does (its
 //! heartbeat tick fences, then beats; it decides launches and the watchdog's deadline), takes
-//! the launch and stop decisions of `control::agent`, and keeps a launch ledger and a report
-//! queue, as node/src/agent/ carries them out.
+//! the launch and stop decisions of `control::agent`, keeps a launch ledger, and sends its
+//! reports from a `control::agent::Outbox`, as node/src/agent/ carries them out.
 
 use control::agent::{LaunchDecision, StopDecision, Tick};
 use proto::{Job, JobId, RunNo, RunOutcome};
 use rand::Rng;
 
-use super::{Msg, Mutation, Proc, Report, Sim, ToAgent, ToLeader};
+use super::{Msg, Mutation, Proc, Sim, ToAgent, ToLeader};
 use crate::ProcessSpan;
 
 impl Sim {
@@ -23,7 +23,7 @@ impl Sim {
             }
             ToAgent::ReportAck { instance, job, run } => {
                 if self.nodes[i].instance == instance {
-                    self.nodes[i].outbox.retain(|r| !(r.job == job && r.run == run));
+                    self.nodes[i].outbox.delivered(job, run);
                 }
             }
         }
@@ -59,7 +59,7 @@ impl Sim {
             LaunchDecision::AckAgain => self.send(ack),
             LaunchDecision::ReportLost => {
                 let why = control::agent::LOST_EARLIER_INSTANCE.to_string();
-                self.nodes[i].outbox.push(Report { job: job.id, run: job.run, outcome: RunOutcome::Lost(why), next_send_ms: now });
+                self.nodes[i].outbox.push(job.id, job.run, RunOutcome::Lost(why), now);
             }
             LaunchDecision::Start => {
                 let duration_ms = job.spec.env.get("SIM_MS").and_then(|t| t.parse().ok()).unwrap_or(1_000);
@@ -88,6 +88,7 @@ impl Sim {
                         stop_at_ms: None,
                         watchdog_killed: false,
                         suspended_since_ms: None,
+                        suspend_change: 0,
                         span,
                     },
                 ) {
@@ -129,19 +130,22 @@ impl Sim {
                 let n = &mut self.nodes[i];
                 let instance = n.instance;
                 n.ledger.insert((job, run), (instance, true));
-                n.outbox.push(Report { job, run, outcome: RunOutcome::Lost(why.into()), next_send_ms: now });
+                n.outbox.push(job, run, RunOutcome::Lost(why.into()), now);
             }
         }
     }
 
     /// A suspension order reaches node `i` (node/src/agent/supervise.rs `suspend`): its run here
-    /// stops or continues, its end moving by the time it stayed stopped. A run not here is not
-    /// an error (it ended); the order is acknowledged either way.
+    /// stops or continues, its end moving by the time it stayed stopped, unless a newer order
+    /// overtook it. A run not here is not an error (it ended); the order is acknowledged either
+    /// way.
     pub(super) fn agent_suspend(&mut self, i: usize, job: JobId, order: control::leader::SuspendOrder) {
         let now = self.now_ms;
         let name = self.nodes[i].name.clone();
         let ignored = self.cfg.mutated(Mutation::SuspendIgnored);
-        if let Some(p) = self.nodes[i].procs.get_mut(&job).filter(|p| p.run == order.run && !ignored) {
+        let current = |p: &Proc| control::agent::suspension_is_current(p.suspend_change, order.change);
+        if let Some(p) = self.nodes[i].procs.get_mut(&job).filter(|p| p.run == order.run && !ignored && current(p)) {
+            p.suspend_change = order.change;
             match (order.suspend, p.suspended_since_ms) {
                 (true, None) => p.suspended_since_ms = Some(now),
                 (false, Some(since)) => {
@@ -164,7 +168,7 @@ impl Sim {
             }
             let name = self.nodes[i].name.clone();
             self.log(|| format!("{name} job {job} run {} ended: {outcome:?}", p.run));
-            self.nodes[i].outbox.push(Report { job, run: p.run, outcome, next_send_ms: now });
+            self.nodes[i].outbox.push(job, p.run, outcome, now);
         }
     }
 
@@ -237,17 +241,13 @@ impl Sim {
                     self.send(Msg::ToLeader { from: i, msg: ToLeader::Heartbeat { node: id, instance, sent_ms: now } });
                 }
             }
-            // Reports, retried until acknowledged.
-            let (id, instance) = (self.nodes[i].id, self.nodes[i].instance);
+            // Reports, sent again until acknowledged (`control::agent::Outbox`).
+            let (node, instance) = (self.nodes[i].id, self.nodes[i].instance);
             let cut = self.nodes[i].partitioned_until_ms.is_some_and(|t| t > now);
-            let mut due = Vec::new();
-            for r in self.nodes[i].outbox.iter_mut().filter(|r| r.next_send_ms <= now) {
-                r.next_send_ms = now + self.cfg.report_retry_ms;
-                due.push(ToLeader::Report { node: id, instance, job: r.job, run: r.run, outcome: r.outcome.clone() });
-            }
+            let due = self.nodes[i].outbox.due(now, proto::REPORTS_PER_REQUEST_MAX);
             if !cut {
-                for msg in due {
-                    self.send(Msg::ToLeader { from: i, msg });
+                for (job, run, outcome) in due {
+                    self.send(Msg::ToLeader { from: i, msg: ToLeader::Report { node, instance, job, run, outcome } });
                 }
             }
         }

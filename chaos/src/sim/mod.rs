@@ -88,7 +88,6 @@ pub struct SimConfig {
     pub accounting_retention_ms: u64,
     pub voters_max: usize,
     pub voter_replace_after_ms: u64,
-    pub report_retry_ms: u64,
     pub kill_grace_ms: u64,
     /// Largest one-way message delay; each message draws a delay below it (so messages reorder).
     pub delay_max_ms: u64,
@@ -119,7 +118,6 @@ impl Default for SimConfig {
             accounting_retention_ms: 30_000,
             voters_max: 3,
             voter_replace_after_ms: 10_000,
-            report_retry_ms: 300,
             kill_grace_ms: 500,
             delay_max_ms: 150,
             drop_per_mille: 20,
@@ -220,6 +218,8 @@ struct Proc {
     watchdog_killed: bool,
     /// Stopped (SIGSTOP) by a suspension since then: its end moves by the time it stays so.
     suspended_since_ms: Option<u64>,
+    /// The suspension change last carried out (`control::agent::suspension_is_current`).
+    suspend_change: u32,
     span: usize,
 }
 
@@ -228,14 +228,6 @@ impl Proc {
     fn exits_at_ms(&self) -> Option<u64> {
         self.suspended_since_ms.is_none().then_some(self.ends_at_ms)
     }
-}
-
-#[derive(Clone, Debug)]
-struct Report {
-    job: JobId,
-    run: RunNo,
-    outcome: RunOutcome,
-    next_send_ms: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -254,7 +246,8 @@ struct SimNode {
     /// The launch ledger on disk: survives restarts. (job, run) -> the instance that launched
     /// or refused it, and whether it refused it.
     ledger: BTreeMap<(JobId, RunNo), (InstanceId, bool)>,
-    outbox: Vec<Report>,
+    /// Reports of ended runs until a leader acknowledges them, as corrald's agent keeps them.
+    outbox: control::agent::Outbox<RunOutcome>,
     /// This instance's lease (`control::agent::Lease`), as corrald's agent keeps it.
     lease: control::agent::Lease,
     next_heartbeat_ms: u64,
@@ -379,7 +372,7 @@ impl Sim {
                 gone: false,
                 procs: BTreeMap::new(),
                 ledger: BTreeMap::new(),
-                outbox: Vec::new(),
+                outbox: control::agent::Outbox::new(),
                 lease: cfg.fresh_lease(),
                 next_heartbeat_ms: rng.gen_range(0..cfg.heartbeat_interval_ms),
             });

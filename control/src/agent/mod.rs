@@ -10,7 +10,9 @@
 use proto::{JobState, NodeId, RunNo};
 
 mod lease;
+mod outbox;
 pub use lease::{Lease, Tick};
+pub use outbox::{Outbox, REPORT_RETRY_MAX_MS, REPORT_RETRY_MIN_MS};
 
 /// How often the watchdog (a process of its own beside `corrald`) reads its lease.
 pub const WATCHDOG_POLL_MS: u64 = 100;
@@ -78,6 +80,14 @@ pub fn decide_launch(ack_age_ms: Option<u64>, fence_after_ms: u64, ledger: Ledge
         Ledger::Started { this_instance: false } => LaunchDecision::ReportLost,
         Ledger::Absent => LaunchDecision::Start,
     }
+}
+
+/// Whether a suspension order carrying change `order_change` (`proto::Suspension::changes`) is
+/// to be carried out on a run whose last one carried out was `applied_change`: not when a newer
+/// order overtook it (orders travel apart and are re-sent; one delayed past the next must not
+/// stop a resumed run again). The same change again is carried out again: it changes nothing.
+pub fn suspension_is_current(applied_change: u32, order_change: u32) -> bool {
+    order_change >= applied_change
 }
 
 /// What the agent does with a stop of a run.
@@ -191,6 +201,13 @@ mod tests {
         assert!(!run_is_current_here(&job, 1, 3, 8), "confirmed by another instance of this node");
         job.state = JobState::Pending;
         assert!(!run_is_current_here(&job, 1, 4, 7), "requeued");
+    }
+
+    #[test]
+    fn a_suspension_order_overtaken_by_a_newer_one_is_ignored() {
+        assert!(suspension_is_current(0, 1));
+        assert!(suspension_is_current(2, 2), "the same order again");
+        assert!(!suspension_is_current(2, 1), "a suspend delayed past its resume");
     }
 
     #[test]

@@ -11,8 +11,7 @@ use tracing::{debug, warn};
 
 use super::{lock, Agent};
 use crate::link::{LeaderLink, LinkError};
-use crate::run::launcher;
-use crate::run::shepherd;
+use crate::run::{launcher, procfs, shepherd};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(super) struct Report {
@@ -103,91 +102,87 @@ impl Agent {
         }
     }
 
-    /// Sends ended runs to the leader, in order, retrying until each is committed.
+    /// Sends ended runs to the leader, oldest first, until a leader has each: what is queued goes
+    /// in one request (the leader commits them together), and a report not taken is sent again
+    /// when `control::agent::Outbox` says (50 ms, doubling up to 1 s).
     pub async fn report_loop(self: Arc<Self>, link: Arc<LeaderLink>) {
         let Some(mut rx) = lock(&self.reports_rx).take() else { return };
-        while let Some(first) = rx.recv().await {
-            // Whatever else is queued goes in the same request (the leader commits them
-            // together): a busy node's reports do not wait for one commit each.
-            let mut reports = vec![first];
-            while reports.len() < proto::REPORTS_PER_REQUEST_MAX {
-                match rx.try_recv() {
-                    Ok(r) => reports.push(r),
-                    Err(_) => break,
+        let mut outbox = control::agent::Outbox::new();
+        let mut open = true;
+        loop {
+            let now_ms = procfs::boot_ms();
+            let due = outbox.due(now_ms, proto::REPORTS_PER_REQUEST_MAX);
+            if due.is_empty() {
+                let wait_ms = outbox.next_due_ms().map(|t| t.saturating_sub(now_ms));
+                if !open && wait_ms.is_none() {
+                    return;
                 }
-            }
-            if reports.len() > 1 && self.deliver_reports(&link, &reports).await {
+                // Nothing queued: only a new report wakes the loop (the sleep's branch is off).
+                let wait = Duration::from_millis(wait_ms.unwrap_or(0));
+                tokio::select! {
+                    got = rx.recv(), if open => match got {
+                        Some(report) => self.enqueue(&mut outbox, report),
+                        None => open = false,
+                    },
+                    () = tokio::time::sleep(wait), if wait_ms.is_some() => {}
+                }
+                while let Ok(report) = rx.try_recv() {
+                    self.enqueue(&mut outbox, report);
+                }
                 continue;
             }
-            for report in reports {
-                self.deliver_report(&link, report).await;
+            for (job, run) in self.deliver(&link, due.into_iter().map(|(_, _, r)| r).collect()).await {
+                outbox.delivered(job, run);
+                self.forget_run(job, run);
+                self.reports_pending.fetch_sub(1, Ordering::SeqCst);
             }
         }
     }
 
-    /// Sends `reports` in one `ReportRuns`, retrying until a leader has them: true. False when
-    /// the leader refused the request as a whole (each is then sent alone).
-    async fn deliver_reports(&self, link: &LeaderLink, reports: &[Report]) -> bool {
-        let req = PeerRequest::ReportRuns {
-            node: self.node_id(),
-            reports: reports
+    /// Queues `report`; a second report of a run already queued is dropped (and uncounted).
+    fn enqueue(&self, outbox: &mut control::agent::Outbox<Report>, report: Report) {
+        let (job, run) = (report.job, report.run);
+        if !outbox.push(job, run, report, procfs::boot_ms()) {
+            debug!(job, run, "a report of this run is queued already");
+            self.reports_pending.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Sends `reports` (more than one in one `ReportRuns`; each alone if the leader refuses the
+    /// batch as a whole) and returns the runs a leader took or refused for good. It stops at the
+    /// first that did not get through: the rest are due again with it.
+    async fn deliver(&self, link: &LeaderLink, reports: Vec<Report>) -> Vec<(JobId, RunNo)> {
+        let node = self.node_id();
+        if reports.len() > 1 {
+            let batch = reports
                 .iter()
                 .map(|r| proto::RunReport { job: r.job, run: r.run, outcome: r.outcome.clone(), usage: r.usage.clone() })
-                .collect(),
-        };
-        let mut backoff_ms = 50;
-        loop {
-            match link.call(req.clone(), 0).await {
-                Ok(_) => {
-                    for r in reports {
-                        self.forget_run(r.job, r.run);
-                        self.reports_pending.fetch_sub(1, Ordering::SeqCst);
-                    }
-                    return true;
-                }
-                Err(LinkError::Api(e)) => {
-                    debug!(reports = reports.len(), error = %e, "batched run reports refused, sending each alone");
-                    return false;
-                }
+                .collect();
+            match link.call(PeerRequest::ReportRuns { node, reports: batch }, 0).await {
+                Ok(_) => return reports.iter().map(|r| (r.job, r.run)).collect(),
+                Err(LinkError::Api(e)) => debug!(reports = reports.len(), error = %e, "batched run reports refused, sending each alone"),
                 Err(e) => {
-                    debug!(reports = reports.len(), error = %e, "run reports not delivered, retrying");
-                    tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
-                    backoff_ms = (backoff_ms * 2).min(1_000);
+                    debug!(reports = reports.len(), error = %e, "run reports not delivered, will send them again");
+                    return Vec::new();
                 }
             }
         }
-    }
-
-    /// Sends one report, retrying until a leader has it or refuses it.
-    async fn deliver_report(&self, link: &LeaderLink, report: Report) {
-        let mut backoff_ms = 50;
-        loop {
-            let req = PeerRequest::ReportRun {
-                job: report.job,
-                run: report.run,
-                node: self.node_id(),
-                outcome: report.outcome.clone(),
-                usage: report.usage.clone(),
-            };
+        let mut taken = Vec::new();
+        for r in reports {
+            let req = PeerRequest::ReportRun { job: r.job, run: r.run, node, outcome: r.outcome, usage: r.usage };
             match link.call(req, 0).await {
-                Ok(_) => {
-                    self.forget_run(report.job, report.run);
-                    self.reports_pending.fetch_sub(1, Ordering::SeqCst);
-                    return;
-                }
+                Ok(_) => taken.push((r.job, r.run)),
                 Err(LinkError::Api(e)) => {
-                    // The leader understood and refused: retrying will not help.
-                    warn!(job = report.job, run = report.run, error = %e, "run report refused");
-                    self.forget_run(report.job, report.run);
-                    self.reports_pending.fetch_sub(1, Ordering::SeqCst);
-                    return;
+                    // The leader understood and refused: sending it again will not help.
+                    warn!(job = r.job, run = r.run, error = %e, "run report refused");
+                    taken.push((r.job, r.run));
                 }
                 Err(e) => {
-                    debug!(job = report.job, error = %e, "run report not delivered, retrying");
-                    tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
-                    backoff_ms = (backoff_ms * 2).min(1_000);
+                    debug!(job = r.job, error = %e, "run report not delivered, will send it again");
+                    break;
                 }
             }
         }
+        taken
     }
 }

@@ -94,10 +94,15 @@ impl Agent {
     /// Stops or continues this node's part of `job` run `run` as the log says of its suspension
     /// (idempotent: the leader re-sends it until acknowledged, and to a new instance). Kept in
     /// the run's directory, so a daemon that takes the run over keeps it stopped. An unknown run
-    /// is not an error (it ended).
+    /// is not an error (it ended), nor is an order a newer one overtook (ignored).
     pub fn suspend(&self, job: JobId, run: RunNo, pause: launcher::Pause) -> Result<Reply, ApiError> {
         let running = lock(&self.running);
         let Some(r) = running.get(&job).filter(|r| r.run == run) else { return Ok(Reply::Ok) };
+        let applied = r.pause_tx.borrow().change;
+        if !control::agent::suspension_is_current(applied, pause.change) {
+            debug!(job, run, applied, overtaken = pause.change, "ignored a suspension order a newer one overtook");
+            return Ok(Reply::Ok);
+        }
         let dir = shepherd::run_dir(&self.settings.runs_dir, job, run);
         write_pause(&dir, pause).map_err(|e| ApiError::Internal(format!("record the suspension of job {job}: {e:#}")))?;
         if r.pause_tx.send_replace(pause) != pause {
@@ -107,13 +112,13 @@ impl Agent {
     }
 }
 
-/// The file in a run's directory that keeps its suspension: "<0|1> <paused_ms>".
+/// The file in a run's directory that keeps its suspension: "<0|1> <paused_ms> <change>".
 const PAUSE_FILE: &str = "pause";
 
 fn write_pause(dir: &std::path::Path, pause: launcher::Pause) -> anyhow::Result<()> {
     let path = dir.join(PAUSE_FILE);
     let tmp = dir.join(format!("{PAUSE_FILE}.tmp"));
-    std::fs::write(&tmp, format!("{} {}\n", u8::from(pause.suspended), pause.paused_ms))
+    std::fs::write(&tmp, format!("{} {} {}\n", u8::from(pause.suspended), pause.paused_ms, pause.change))
         .with_context(|| format!("write {}", tmp.display()))?;
     std::fs::rename(&tmp, &path).with_context(|| format!("rename {} to {}", tmp.display(), path.display()))
 }
@@ -123,8 +128,29 @@ fn write_pause(dir: &std::path::Path, pause: launcher::Pause) -> anyhow::Result<
 pub(super) fn read_pause(dir: &std::path::Path) -> launcher::Pause {
     let text = std::fs::read_to_string(dir.join(PAUSE_FILE)).unwrap_or_default();
     let mut words = text.split_whitespace();
+    // A file an older daemon wrote has no change count: any order counts as newer.
+    let change = |w: Option<&str>| w.and_then(|w| w.parse().ok()).unwrap_or(0);
     match (words.next(), words.next().and_then(|w| w.parse().ok())) {
-        (Some(flag), Some(paused_ms)) => launcher::Pause { suspended: flag == "1", paused_ms },
+        (Some(flag), Some(paused_ms)) => launcher::Pause { suspended: flag == "1", paused_ms, change: change(words.next()) },
         _ => launcher::Pause::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{read_pause, write_pause, PAUSE_FILE};
+    use crate::run::launcher::Pause;
+
+    #[test]
+    fn a_runs_pause_is_kept_with_its_change_and_an_older_file_reads_as_change_0() {
+        let dir = std::env::temp_dir().join(format!("corral-pause-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create a temporary directory");
+        assert_eq!(read_pause(&dir), Pause::default(), "no file: not suspended");
+        let pause = Pause { suspended: true, paused_ms: 1_500, change: 3 };
+        write_pause(&dir, pause).expect("write the pause");
+        assert_eq!(read_pause(&dir), pause);
+        std::fs::write(dir.join(PAUSE_FILE), "1 700\n").expect("write an older daemon's file");
+        assert_eq!(read_pause(&dir), Pause { suspended: true, paused_ms: 700, change: 0 });
+        std::fs::remove_dir_all(&dir).expect("remove the temporary directory");
     }
 }

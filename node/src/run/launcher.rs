@@ -539,6 +539,8 @@ pub struct StopTimings {
 pub struct Pause {
     pub suspended: bool,
     pub paused_ms: u64,
+    /// The run's suspend-or-resume count this pause carries out (`proto::Suspension::changes`).
+    pub change: u32,
 }
 
 pub fn pause_channel() -> (watch::Sender<Pause>, watch::Receiver<Pause>) {

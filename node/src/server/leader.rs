@@ -430,11 +430,12 @@ impl Node {
         for (job, order, addr) in orders {
             let node = Arc::clone(self);
             tokio::spawn(async move {
-                let (run, suspend, paused_ms) = (order.run, order.suspend, order.paused_ms);
+                let (run, suspend, paused_ms, change) = (order.run, order.suspend, order.paused_ms, order.change);
                 let result = if order.node == node.id {
-                    node.agent.suspend(job, run, crate::run::launcher::Pause { suspended: suspend, paused_ms })
+                    node.agent.suspend(job, run, crate::run::launcher::Pause { suspended: suspend, paused_ms, change })
                 } else {
-                    let env = Envelope { hops: 0, request: PeerRequest::SuspendPart { job, run, suspend, paused_ms }.into(), user: None };
+                    let request = PeerRequest::SuspendPart { job, run, suspend, paused_ms, change }.into();
+                    let env = Envelope { hops: 0, request, user: None };
                     node.client.call(&addr, &env, PEER_CALL_TIMEOUT).await.unwrap_or_else(|e| Err(ApiError::Unavailable(e.to_string())))
                 };
                 match result {

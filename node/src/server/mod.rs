@@ -156,8 +156,8 @@ impl Node {
             PeerRequest::Kill { job, run, checkpoint } => self.agent.kill(job, run, checkpoint),
             PeerRequest::ApplyMigLayout { gpu, profiles } => self.apply_mig_layout(gpu, profiles),
             PeerRequest::SignalPart { job, run, signal, batch_only } => self.agent.signal(job, run, signal, batch_only),
-            PeerRequest::SuspendPart { job, run, suspend, paused_ms } => {
-                self.agent.suspend(job, run, crate::run::launcher::Pause { suspended: suspend, paused_ms })
+            PeerRequest::SuspendPart { job, run, suspend, paused_ms, change } => {
+                self.agent.suspend(job, run, crate::run::launcher::Pause { suspended: suspend, paused_ms, change })
             }
             PeerRequest::Enroll { secret, name, csr_pem } => self.enroll(&secret, &name, &csr_pem),
             PeerRequest::StepStart { job, run, step, spec } => self.agent.start_step(job, run, step, &spec, user.as_deref()).await,
