@@ -20,7 +20,7 @@ pub mod wall;
 pub use archive::{ArchiveStep, Archiver, Retention};
 pub use layouts::{LayoutsAsked, LAYOUT_WAIT_MS};
 pub use leader::{Leader, Pass, StateReader};
-pub use liveness::{Downs, Held, Liveness, Now, VoterLimits};
+pub use liveness::{Beat, Downs, Held, Liveness, Now, VoterLimits};
 pub use memory::{Memory, Suspensions};
 pub use policy::{CorralPolicy, Policy};
 pub use wall::{WallLimits, WALL_CHECK_INTERVAL_MS};

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use control::leader::{Rejoin, VoterChange, NEVER_VOTER_FEATURE};
 use corral_state::ClusterState;
-use proto::{Command, NodeId, NodeState};
+use proto::{Command, InstanceId, NodeId, NodeState};
 
 /// What the leader knows of its nodes' heartbeats in this term. Bounded by the nodes.
 #[derive(Clone, Debug)]
@@ -27,6 +27,22 @@ pub struct Liveness {
     /// How many nodes the last check held back for a mass silence, and for the nodes' return.
     held: usize,
     rejoining: usize,
+}
+
+/// What a heartbeat is to the leader, given what the state records of its node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Beat {
+    /// The node's recorded instance, up: counted alive.
+    Alive,
+    /// Counted alive, and the node is to be brought back (`Command::NodeUp`): it was declared
+    /// down, or this is another instance and the recorded one has been silent for the grace
+    /// period.
+    Back,
+    /// Another instance, while the recorded one was heard `recorded_heard_ms_ago`, within the
+    /// grace period: a dead instance's beat that came late (a slow network, a relay), or a new
+    /// instance whose registration has not come through. Not counted. Adopting it would retire
+    /// the recorded instance and free what it runs while that one, maybe alive, has not fenced.
+    Refused { recorded_heard_ms_ago: u64 },
 }
 
 /// A change in what the leader holds back from `NodeDown`, to say once when it starts and ends.
@@ -79,6 +95,28 @@ impl Liveness {
         let since = self.last_seen_ms.insert(id, at_ms).unwrap_or(self.since_ms);
         if control::leader::is_return(at_ms.saturating_sub(since), self.down_after_ms) {
             self.returned_ms = Some(at_ms);
+        }
+    }
+
+    /// A heartbeat of `instance` of node `id` heard at `at_ms`, the state recording the node as
+    /// `recorded` (its state and instance). Another instance replaces the recorded one only
+    /// once the leader could declare that one down: by then it fenced itself (the fencing
+    /// argument in ARCHITECTURE.md), whatever the order in which their messages arrive.
+    pub fn beat(&mut self, id: NodeId, instance: InstanceId, recorded: (NodeState, InstanceId), at_ms: u64) -> Beat {
+        let (state, recorded_instance) = recorded;
+        let other = instance != recorded_instance;
+        if other && state != NodeState::Down {
+            let last_ms = self.last_seen_ms.get(&id).copied().unwrap_or(self.since_ms);
+            let ago_ms = at_ms.saturating_sub(last_ms);
+            if ago_ms < self.down_after_ms {
+                return Beat::Refused { recorded_heard_ms_ago: ago_ms };
+            }
+        }
+        self.heard(id, at_ms);
+        if other || state == NodeState::Down {
+            Beat::Back
+        } else {
+            Beat::Alive
         }
     }
 
@@ -202,6 +240,23 @@ mod tests {
     use proto::{CommandResult, Inventory};
 
     use super::*;
+
+    #[test]
+    fn another_instances_beat_replaces_the_recorded_one_only_once_that_one_could_be_declared_down() {
+        let mut live = Liveness::new(0, 3_000, [1]);
+        let (up, down) = ((NodeState::Up, 7), (NodeState::Down, 7));
+        assert_eq!(live.beat(1, 7, up, 1_000), Beat::Alive);
+        // A dead instance's beat, late, while the recorded one is heard: refused, not counted.
+        assert_eq!(live.beat(1, 6, up, 2_000), Beat::Refused { recorded_heard_ms_ago: 1_000 });
+        assert_eq!(live.ages_ms(2_000)[&1], 1_000, "a refused beat is not heard");
+        assert_eq!(live.beat(1, 6, up, 3_999), Beat::Refused { recorded_heard_ms_ago: 2_999 });
+        // The recorded instance silent for the grace period: the other one is taken.
+        assert_eq!(live.beat(1, 8, up, 4_000), Beat::Back);
+        assert_eq!(live.ages_ms(4_000)[&1], 0);
+        // A node declared down comes back at once, as the same instance or another.
+        assert_eq!(live.beat(1, 7, down, 4_100), Beat::Back);
+        assert_eq!(live.beat(1, 9, down, 4_200), Beat::Back);
+    }
 
     fn cluster(nodes: u32) -> ClusterState {
         let mut state = ClusterState::default();

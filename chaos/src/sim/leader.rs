@@ -9,10 +9,17 @@ impl Sim {
     pub(super) fn leader_receive(&mut self, from: usize, msg: ToLeader) {
         match msg {
             ToLeader::Heartbeat { node, instance, sent_ms } => {
-                let Some(rec) = self.state.nodes.get(&node).map(|n| (n.state, n.instance)) else { return };
-                self.mem.liveness.heard(node, self.now_ms);
-                if rec.0 == proto::NodeState::Down || rec.1 != instance {
-                    self.apply(Command::NodeUp { node, instance, now_ms: self.now_ms });
+                // As corrald's `accept_heartbeats`: a beat refused, or of an instance the log
+                // retired, gets no acknowledgement.
+                let Some(recorded) = self.state.nodes.get(&node).map(|n| (n.state, n.instance)) else { return };
+                match self.mem.liveness.beat(node, instance, recorded, self.now_ms) {
+                    engine::Beat::Alive => {}
+                    engine::Beat::Refused { .. } => return,
+                    engine::Beat::Back => {
+                        if let CommandResult::Rejected(_) = self.apply(Command::NodeUp { node, instance, now_ms: self.now_ms }) {
+                            return;
+                        }
+                    }
                 }
                 self.send(Msg::ToAgent { to: from, msg: ToAgent::HeartbeatAck { instance, sent_ms } });
             }

@@ -27,12 +27,17 @@ impl Node {
             for (beat, known) in beats.iter().zip(known) {
                 match known {
                     None => refused.push((beat.node, ApiError::NotFound(format!("node {}", beat.node)))),
-                    Some((state, recorded)) => {
-                        mem.heard_from(beat.node, seen_at);
-                        if state == NodeState::Down || recorded != beat.instance {
-                            back.push(*beat);
+                    Some(recorded) => match mem.beat_from(beat.node, beat.instance, recorded, seen_at) {
+                        engine::Beat::Alive => {}
+                        engine::Beat::Back => back.push(*beat),
+                        engine::Beat::Refused { recorded_heard_ms_ago } => {
+                            let why = format!(
+                                "instance {} of node {}: its instance {} was heard {recorded_heard_ms_ago} ms ago",
+                                beat.instance, beat.node, recorded.1
+                            );
+                            refused.push((beat.node, ApiError::Denied(why)));
                         }
-                    }
+                    },
                 }
             }
         }

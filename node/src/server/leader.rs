@@ -49,7 +49,14 @@ impl LeaderMemory {
         }
     }
 
-    /// Node `id` was heard at `at` (a heartbeat or a registration).
+    /// A heartbeat of `instance` of node `id`, recorded as `recorded`, was heard at `at`
+    /// (`engine::Liveness::beat`).
+    pub(super) fn beat_from(&mut self, id: NodeId, instance: InstanceId, recorded: (NodeState, InstanceId), at: Instant) -> engine::Beat {
+        let at_ms = at.saturating_duration_since(self.epoch).as_millis() as u64;
+        self.engine.liveness.beat(id, instance, recorded, at_ms)
+    }
+
+    /// Node `id` was heard at `at` (a registration).
     pub(super) fn heard_from(&mut self, id: NodeId, at: Instant) {
         let at_ms = at.saturating_duration_since(self.epoch).as_millis() as u64;
         self.engine.liveness.heard(id, at_ms);
