@@ -99,7 +99,7 @@ enum Cmd {
         trace: bool,
         /// Plant a bug in one of the product's decisions (it wraps the real function) to see the
         /// simulator catch it: stop-unstarted, launch-when-out-of-touch, stale-launch,
-        /// stop-dead-instance, watchdog-never-kills.
+        /// stop-dead-instance, watchdog-never-kills, suspend-ignored, unordered-instances.
         #[arg(long, value_parser = parse_mutation)]
         mutate: Option<sim::Mutation>,
     },
@@ -179,6 +179,10 @@ fn main() -> ExitCode {
                 println!("  jobs acknowledged   {}", sum.jobs);
                 println!("  requeued runs       {}", sum.requeued_runs);
                 println!("  repairs             {}", sum.repairs);
+                println!(
+                    "  registrations       {} ({} refused: an instance started later was up)",
+                    sum.registrations, sum.registrations_refused
+                );
                 println!("  suspends, resumes   {}", sum.suspensions);
                 println!("  final states        {:?}", sum.final_states);
                 println!("  faults              {:?}", sum.faults);

@@ -35,11 +35,12 @@ pub enum Beat {
     /// The node's recorded instance, up: counted alive.
     Alive,
     /// Counted alive, and the node is to be brought back (`Command::NodeUp`): it was declared
-    /// down, or this is another instance and the recorded one has been silent for the grace
+    /// down, or this is a newer instance and the recorded one has been silent for the grace
     /// period.
     Back,
     /// Another instance, while the recorded one was heard `recorded_heard_ms_ago`, within the
-    /// grace period: a dead instance's beat that came late (a slow network, a relay), or a new
+    /// grace period, or an older one (instance ids are ordered by start time) while the node is
+    /// not down: a dead instance's beat that came late (a slow network, a relay), or a new
     /// instance whose registration has not come through. Not counted. Adopting it would retire
     /// the recorded instance and free what it runs while that one, maybe alive, has not fenced.
     Refused { recorded_heard_ms_ago: u64 },
@@ -108,7 +109,10 @@ impl Liveness {
         if other && state != NodeState::Down {
             let last_ms = self.last_seen_ms.get(&id).copied().unwrap_or(self.since_ms);
             let ago_ms = at_ms.saturating_sub(last_ms);
-            if ago_ms < self.down_after_ms {
+            // An older instance waits until the recorded one is declared down (the log refuses
+            // it before: `ClusterState::newer_instance_up`); counting its beats would keep the
+            // node from ever being declared down.
+            if ago_ms < self.down_after_ms || instance < recorded_instance {
                 return Beat::Refused { recorded_heard_ms_ago: ago_ms };
             }
         }
@@ -253,6 +257,10 @@ mod tests {
         // The recorded instance silent for the grace period: the other one is taken.
         assert_eq!(live.beat(1, 8, up, 4_000), Beat::Back);
         assert_eq!(live.ages_ms(4_000)[&1], 0);
+        // An older instance waits until the recorded one is declared down, however long it is
+        // silent: its beats never count, so the silence ends in a `NodeDown`.
+        assert_eq!(live.beat(1, 6, up, 9_000), Beat::Refused { recorded_heard_ms_ago: 5_000 });
+        assert_eq!(live.ages_ms(9_000)[&1], 5_000);
         // A node declared down comes back at once, as the same instance or another.
         assert_eq!(live.beat(1, 7, down, 4_100), Beat::Back);
         assert_eq!(live.beat(1, 9, down, 4_200), Beat::Back);

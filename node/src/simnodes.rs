@@ -342,7 +342,7 @@ fn start_node(
     members.extend(config.join.iter().filter(|a| **a != config.advertise_addr()).cloned());
     let forward = Arc::new(LeaderLink::new(Arc::clone(&client), members.clone(), timeout));
     let heartbeat_link = Arc::new(LeaderLink::new(client, members, timeout / 2));
-    let instance: InstanceId = rand::random();
+    let instance: InstanceId = control::agent::next_instance(unix_ms(), None, rand::random());
     let node = Arc::new(SimNode {
         name: name.to_string(),
         id: OnceLock::new(),

@@ -82,7 +82,7 @@ pub use step::{
 /// Bumped on any incompatible change to a type in this crate or to the replicated state
 /// (`state::ClusterState`, in snapshots). The first byte of every encoded message; a peer
 /// speaking another version is refused with a clear error.
-pub const PROTOCOL_VERSION: u8 = 22;
+pub const PROTOCOL_VERSION: u8 = 23;
 
 pub type NodeId = u64;
 pub type JobId = u64;

@@ -21,6 +21,11 @@ impl Sim {
                     self.nodes[i].lease.acknowledged(sent_ms);
                 }
             }
+            ToAgent::JoinAck { instance } => {
+                if self.nodes[i].instance == instance {
+                    self.nodes[i].joined = true;
+                }
+            }
             ToAgent::ReportAck { instance, job, run } => {
                 if self.nodes[i].instance == instance {
                     self.nodes[i].outbox.delivered(job, run);
@@ -238,7 +243,14 @@ impl Sim {
                 }
                 let (id, instance) = (self.nodes[i].id, self.nodes[i].instance);
                 if self.nodes[i].partitioned_until_ms.is_none_or(|t| t <= now) {
-                    self.send(Msg::ToLeader { from: i, msg: ToLeader::Heartbeat { node: id, instance, sent_ms: now } });
+                    // A new instance registers first, asking again until acknowledged (corrald's
+                    // `register`), then beats.
+                    let msg = if self.nodes[i].joined {
+                        ToLeader::Heartbeat { node: id, instance, sent_ms: now }
+                    } else {
+                        ToLeader::Join { node: id, instance }
+                    };
+                    self.send(Msg::ToLeader { from: i, msg });
                 }
             }
             // Reports, sent again until acknowledged (`control::agent::Outbox`).

@@ -30,9 +30,33 @@ impl Sim {
             ToLeader::LaunchAck { node, job, run, instance } => {
                 self.apply(Command::LaunchConfirmed { job, run, node, instance, now_ms: self.now_ms });
             }
+            ToLeader::Join { node, instance } => self.leader_join(from, node, instance),
             ToLeader::SuspendAck { order, job } => {
                 self.mem.suspensions.acknowledged(job, &order);
             }
+        }
+    }
+
+    /// As corrald's `join`: refused while an instance started later is up (the daemon asks
+    /// again), else registered at once, retiring the recorded instance.
+    fn leader_join(&mut self, from: usize, node: NodeId, instance: proto::InstanceId) {
+        if self.state.newer_instance_up(node, instance).is_some() {
+            self.report.registrations_refused += 1;
+            return;
+        }
+        let Some(n) = self.state.nodes.get(&node) else { return };
+        let cmd = Command::RegisterNode {
+            name: n.name.clone(),
+            addr: n.addr.clone(),
+            inventory: (*n.inventory).clone(),
+            instance,
+            cert_fingerprint: String::new(),
+            now_ms: self.now_ms,
+        };
+        if let CommandResult::NodeRegistered { .. } = self.apply(cmd) {
+            self.report.registrations += 1;
+            self.mem.liveness.heard(node, self.now_ms);
+            self.send(Msg::ToAgent { to: from, msg: ToAgent::JoinAck { instance } });
         }
     }
 

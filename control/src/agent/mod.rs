@@ -128,6 +128,26 @@ pub fn run_is_current_here(job: &proto::Job, run: RunNo, me: NodeId, instance: p
         && !job.spares.contains(&me)
 }
 
+/// Bits of an instance id below its start time: random, so two daemons started in the same
+/// millisecond (a cloned disk, a clock stepped back) still differ.
+pub const INSTANCE_RANDOM_BITS: u32 = 20;
+
+/// The id of a new instance of a node's daemon, started at wall-clock `now_ms`: later than
+/// `previous` (the last instance this node's record holds), and ordered by start time across
+/// records lost. The cluster refuses a registration or heartbeat of an instance older than the
+/// one it holds while that one is up (`state`'s `newer_instance_up`): a dead instance's `Join`
+/// delayed past its successor's would otherwise retire the live one and free the GPUs of what
+/// it runs. Ids of before this order (random) are only ever followed, never compared against a
+/// start time, while the record lives; a node whose record and clock both went back waits
+/// until its old instance is declared down.
+pub fn next_instance(now_ms: u64, previous: Option<proto::InstanceId>, random: u64) -> proto::InstanceId {
+    let by_time = (now_ms << INSTANCE_RANDOM_BITS) | (random & ((1 << INSTANCE_RANDOM_BITS) - 1));
+    match previous.and_then(|p| p.checked_add(1)) {
+        Some(after) => by_time.max(after),
+        None => by_time,
+    }
+}
+
 /// `fence_after_ms` by default: the leader declares a node dead no sooner than
 /// `node_down_after_ms` after its last heartbeat; the agent notices the silence up to a
 /// heartbeat late, its last ack may trail the heartbeat by a round trip, and stopping takes
@@ -148,6 +168,22 @@ pub fn watchdog_deadline_in_ms(ack_age_ms: Option<u64>, fence_after_ms: u64, fen
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_new_instance_is_later_than_the_previous_and_ordered_by_start_time() {
+        let a = next_instance(1_000, None, 7);
+        let b = next_instance(2_000, Some(a), 3);
+        assert!(b > a);
+        // The clock stepped back: still after the recorded one.
+        let c = next_instance(500, Some(b), 9);
+        assert_eq!(c, b + 1);
+        // An id from before the order (random, large) is followed while the record lives.
+        let legacy = u64::MAX - 5;
+        assert_eq!(next_instance(3_000, Some(legacy), 0), legacy + 1);
+        assert_eq!(next_instance(3_000, Some(u64::MAX), 0), 3_000 << INSTANCE_RANDOM_BITS);
+        // Two daemons started in the same millisecond differ by their random bits.
+        assert_ne!(next_instance(4_000, None, 1), next_instance(4_000, None, 2));
+    }
 
     #[test]
     fn a_node_out_of_touch_starts_nothing_whatever_its_ledger_says() {

@@ -65,6 +65,15 @@ impl Node {
             warn!(node = %name, "join refused: bad token");
             return Err(ApiError::Denied("bad join token".into()));
         }
+        // An older instance than the one the log holds, which is up: the log would refuse it.
+        // Busy: its daemon asks again, and is registered once the recorded one is declared down
+        // (a node whose clock and record both went back); a dead one never asks again.
+        if let Some(newer) = self.state.read(|s| s.node_by_name(&name).and_then(|n| s.newer_instance_up(n.id, instance))) {
+            warn!(node = %name, instance, newer, "join refused: an instance started later is up");
+            return Err(ApiError::Busy(format!(
+                "instance {instance} of node {name} started before instance {newer}, which is up: asked again until that one is declared down"
+            )));
+        }
         let cmd = Command::RegisterNode { name: name.clone(), addr, inventory, instance, cert_fingerprint, now_ms: now };
         match self.propose(cmd).await? {
             CommandResult::NodeRegistered { id } => {

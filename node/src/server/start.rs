@@ -140,7 +140,7 @@ fn this_instance(daemon_file: &Path) -> anyhow::Result<(InstanceId, Option<crate
     }
     let instance: u64 = match (&previous, handover) {
         (Some(p), Some(_)) => p.instance,
-        _ => rand::random(),
+        _ => control::agent::next_instance(super::now_ms(), previous.as_ref().map(|p| p.instance), rand::random()),
     };
     crate::run::shepherd::write_json(daemon_file, &crate::run::daemon_record::DaemonRecord::me(instance))?;
     Ok((instance, handover))

@@ -49,6 +49,9 @@ impl ClusterState {
         if self.is_retired(id, instance) {
             return rejected(format!("instance {instance} of node {name} was replaced"));
         }
+        if let Some(newer) = self.newer_instance_up(id, instance) {
+            return rejected(older_instance(instance, name, newer));
+        }
         let old = self.nodes.get(&id).map(|n| n.instance).filter(|old| *old != instance);
         if let Some(old) = old {
             self.retire(id, old);
@@ -67,6 +70,9 @@ impl ClusterState {
         if self.is_retired(id, instance) {
             return rejected(format!("instance {instance} of node {id} was replaced"));
         }
+        if let Some(newer) = self.newer_instance_up(id, instance) {
+            return rejected(older_instance(instance, &id.to_string(), newer));
+        }
         let Some(node) = self.nodes.get_mut(&id) else {
             return rejected(format!("unknown node {id}"));
         };
@@ -78,6 +84,15 @@ impl ClusterState {
         self.retire(id, old);
         self.lose_parts_of_other_instances(id, instance, now_ms);
         CommandResult::Ok
+    }
+
+    /// The instance of node `id` the log holds, when it started after `instance` (instance ids
+    /// are ordered by start time, `control::agent::next_instance`) and the node is not down: a
+    /// registration or heartbeat of `instance` then comes from a daemon that died before the
+    /// recorded one started (delayed on the way), or from one whose clock and record both went
+    /// back, which waits until the recorded instance is declared down.
+    pub fn newer_instance_up(&self, id: NodeId, instance: InstanceId) -> Option<InstanceId> {
+        self.nodes.get(&id).filter(|n| n.state != NodeState::Down && n.instance > instance).map(|n| n.instance)
     }
 
     fn is_retired(&self, id: NodeId, instance: InstanceId) -> bool {
@@ -310,6 +325,11 @@ impl SetUp for NodeRecord {
     }
 }
 
+/// Why a registration or heartbeat of an older instance is refused.
+fn older_instance(instance: InstanceId, node: &str, newer: InstanceId) -> String {
+    format!("instance {instance} of node {node} started before instance {newer}, which is up: refused until that one is declared down")
+}
+
 #[cfg(test)]
 mod tests {
     use proto::{Command, CommandResult, GpuInfo, JobState, NodeState, RunOutcome};
@@ -386,6 +406,25 @@ mod tests {
         assert_eq!(s.jobs[&job].state, JobState::Running);
         s.apply(&Command::NodeUp { node: a, instance: 102, now_ms: 61 });
         assert_eq!(s.jobs[&job].state, JobState::NodeFail);
+    }
+
+    #[test]
+    fn an_older_instance_never_takes_a_node_from_a_newer_one_that_is_up() {
+        let (mut s, a, _b, job) = gang();
+        confirm(&mut s, job, 1, a, 100);
+        register_again(&mut s, "a", 300);
+        // Instance 200 died before 300 started; its registration and beat come late.
+        register_again(&mut s, "a", 200);
+        assert_eq!(s.nodes[&a].instance, 300);
+        let late = s.apply(&Command::NodeUp { node: a, instance: 200, now_ms: 80 });
+        assert!(matches!(late, CommandResult::Rejected(_)), "{late:?}");
+        assert_eq!(s.nodes[&a].instance, 300);
+        // Once 300 is declared down, an older instance may take the node (its record and
+        // clock went back): nothing of 300 can still run by then.
+        assert_eq!(s.apply(&Command::NodeDown { node: a, reason: "silent".into(), now_ms: 90 }), CommandResult::Ok);
+        register_again(&mut s, "a", 250);
+        assert_eq!((s.nodes[&a].state, s.nodes[&a].instance), (NodeState::Up, 250));
+        s.check_invariants();
     }
 
     #[test]
