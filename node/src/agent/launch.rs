@@ -17,6 +17,29 @@ use super::{lock, Agent, Running, TaskBase};
 use crate::run::launcher::{self, StopReason};
 use crate::run::shepherd::{self, LaunchRecord, RunRecord, Shepherd};
 
+/// The UUIDs CUDA takes for a run's GPUs among this node's `gpus` (whole and shared GPUs by
+/// index, MIG instances by (gpu, start slice)) and the numbers the job sees them as (MIG
+/// instances as devices of their own); why not, when the allocation names one it lacks.
+fn device_ids(gpus: &[proto::GpuInfo], alloc: &proto::Allocation) -> Result<(Vec<String>, Vec<u32>), String> {
+    let slot_uuid = |slot: u32| match scheduler::decode_slot(slot) {
+        scheduler::Slot::Gpu(i) | scheduler::Slot::Shard { gpu: i, .. } => gpus.iter().find(|g| g.index == i).map(|g| g.uuid.clone()),
+        scheduler::Slot::Mig { gpu, start_slice } => {
+            gpus.iter().find(|g| g.index == gpu).and_then(|g| g.mig.iter().find(|m| m.start_slice == start_slice)).map(|m| m.uuid.clone())
+        }
+    };
+    let gone = |slot: u32| {
+        let what = match scheduler::decode_slot(slot) {
+            scheduler::Slot::Gpu(i) | scheduler::Slot::Shard { gpu: i, .. } => format!("gpu {i}"),
+            scheduler::Slot::Mig { gpu, start_slice } => format!("the MIG instance at slice {start_slice} of gpu {gpu}"),
+        };
+        format!("{what} is not on this node (gone since the job was placed)")
+    };
+    let uuids = alloc.gpus.iter().map(|&slot| slot_uuid(slot).ok_or_else(|| gone(slot))).collect::<Result<Vec<_>, _>>()?;
+    let ordinals = crate::gpu::mig::device_ordinals(gpus, &alloc.gpus)
+        .ok_or_else(|| format!("the devices of slots {:?} cannot be numbered on this node", alloc.gpus))?;
+    Ok((uuids, ordinals))
+}
+
 /// The longest a preflight may take, connecting included.
 const PREFLIGHT_TIMEOUT_MS: u64 = 60_000;
 
@@ -62,26 +85,16 @@ impl Agent {
             }
             LaunchDecision::Start => {}
         }
-        let (uuids, ordinals) = self.device_ids(&job, &alloc)?;
+        let (uuids, ordinals) = match device_ids(&lock(&self.gpus), &alloc) {
+            Ok(ids) => ids,
+            // A GPU or MIG instance the plan names is gone (off the bus, relaid since): not the
+            // job's fault, and asking again cannot help. The part is lost: repaired on a spare,
+            // or the job requeued, as for a node lost.
+            Err(why) => return self.refuse(&job, ack, RunOutcome::Lost(why)),
+        };
         let run_as = match self.account_of(&job) {
             Ok(account) => account,
-            Err(why) => {
-                warn!(job = job.id, run = job.run, reason = %why, "launch refused");
-                let entry = LedgerEntry {
-                    job: job.id,
-                    run: job.run,
-                    instance: self.instance,
-                    stdout: PathBuf::new(),
-                    stderr: PathBuf::new(),
-                    refused: false,
-                };
-                lock(&self.ledger).record(entry).map_err(|e| ApiError::Internal(format!("{e:#}")))?;
-                let agent = Arc::clone(self);
-                let (id, run) = (job.id, job.run);
-                let counted = self.count_report();
-                tokio::spawn(async move { agent.queue_report(counted, id, run, RunOutcome::LaunchFailed(why)).await });
-                return Ok(ack);
-            }
+            Err(why) => return self.refuse(&job, ack, RunOutcome::LaunchFailed(why)),
         };
         let ctx = launcher::LaunchContext {
             run_as: run_as.as_ref(),
@@ -249,29 +262,24 @@ impl Agent {
         Ok(())
     }
 
-    /// The UUIDs CUDA takes for a run's GPUs on this node (whole and shared GPUs by index, MIG
-    /// instances by (gpu, start slice)) and the numbers the job sees them as (MIG instances as
-    /// devices of their own).
-    fn device_ids(&self, job: &Job, alloc: &proto::Allocation) -> Result<(Vec<String>, Vec<u32>), ApiError> {
-        let unknown = || ApiError::Invalid(format!("job {} names a gpu or mig instance this node does not have", job.id));
-        let gpus = lock(&self.gpus).clone();
-        let uuids: Vec<String> = alloc
-            .gpus
-            .iter()
-            .map(|slot| match scheduler::decode_slot(*slot) {
-                scheduler::Slot::Gpu(i) | scheduler::Slot::Shard { gpu: i, .. } => {
-                    gpus.iter().find(|g| g.index == i).map(|g| g.uuid.clone())
-                }
-                scheduler::Slot::Mig { gpu, start_slice } => gpus
-                    .iter()
-                    .find(|g| g.index == gpu)
-                    .and_then(|g| g.mig.iter().find(|m| m.start_slice == start_slice))
-                    .map(|m| m.uuid.clone()),
-            })
-            .collect::<Option<_>>()
-            .ok_or_else(unknown)?;
-        let ordinals = crate::gpu::mig::device_ordinals(&gpus, &alloc.gpus).ok_or_else(unknown)?;
-        Ok((uuids, ordinals))
+    /// Records the run as taken by this instance (a launch sent again is acknowledged, never
+    /// started) and reports it ended with `outcome`, without starting anything.
+    fn refuse(self: &Arc<Self>, job: &Job, ack: Reply, outcome: RunOutcome) -> Result<Reply, ApiError> {
+        warn!(job = job.id, run = job.run, outcome = ?outcome, "launch refused");
+        let entry = LedgerEntry {
+            job: job.id,
+            run: job.run,
+            instance: self.instance,
+            stdout: PathBuf::new(),
+            stderr: PathBuf::new(),
+            refused: false,
+        };
+        lock(&self.ledger).record(entry).map_err(|e| ApiError::Internal(format!("{e:#}")))?;
+        let agent = Arc::clone(self);
+        let (id, run) = (job.id, job.run);
+        let counted = self.count_report();
+        tokio::spawn(async move { agent.queue_report(counted, id, run, outcome).await });
+        Ok(ack)
     }
 
     /// Whom the job runs as: the uid the submitting node's kernel named, else the user's name
@@ -379,5 +387,33 @@ impl Agent {
             }
             .instrument(span),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proto::{Allocation, GpuInfo, MigInstance};
+
+    use super::device_ids;
+
+    fn gpu(index: u32, mig: Vec<MigInstance>) -> GpuInfo {
+        GpuInfo { index, uuid: format!("GPU-{index}"), mig_enabled: !mig.is_empty(), mig, ..GpuInfo::default() }
+    }
+
+    fn alloc(gpus: Vec<u32>) -> Allocation {
+        Allocation { node: 1, gpus, cpus: 1, mem_mib: 0 }
+    }
+
+    #[test]
+    fn a_gpu_or_mig_instance_gone_since_placement_is_named_not_started() {
+        let instance =
+            MigInstance { uuid: "MIG-a".into(), profile: "3g.40gb".into(), start_slice: 4, size_slices: 4, ..MigInstance::default() };
+        let gpus = vec![gpu(0, Vec::new()), gpu(1, vec![instance])];
+        assert_eq!(device_ids(&gpus, &alloc(vec![0])), Ok((vec!["GPU-0".to_string()], vec![0])));
+        assert_eq!(device_ids(&gpus, &alloc(vec![proto::slot::mig_slot(1, 4)])), Ok((vec!["MIG-a".to_string()], vec![1])));
+        let gone = device_ids(&gpus, &alloc(vec![0, 2])).expect_err("gpu 2 is gone");
+        assert!(gone.contains("gpu 2 is not on this node"), "{gone}");
+        let relaid = device_ids(&gpus, &alloc(vec![proto::slot::mig_slot(1, 0)])).expect_err("the instance at slice 0 is gone");
+        assert!(relaid.contains("the MIG instance at slice 0 of gpu 1"), "{relaid}");
     }
 }
