@@ -55,6 +55,18 @@ pub fn corral_static_mig() -> Box<dyn engine::Policy> {
     Box::new(CorralWith(|c: &mut scheduler::SchedulerConfig| c.mig_layouts_per_pass_max = 0))
 }
 
+/// The policy named `name` for a placement experiment, which has no clock (each pod placed
+/// by a pass of its own, FGD's method): the Slurm models run a pass at each submission, not
+/// on slurmctld's background loop.
+pub fn placement_policy(name: &str) -> anyhow::Result<Box<dyn engine::Policy>> {
+    let timeless = |cfg: slurm::SlurmConfig| slurm::SlurmConfig { loop_ms: 0, ..cfg };
+    Ok(match name {
+        "slurm-22.05" => Box::new(slurm::SlurmModel::new(timeless(slurm::SlurmConfig::stock()))),
+        "slurm-22.05-tuned" => Box::new(slurm::SlurmModel::new(timeless(slurm::SlurmConfig::tuned()))),
+        other => policy(other)?,
+    })
+}
+
 /// The policy named `name` (one of [`POLICIES`]).
 pub fn policy(name: &str) -> anyhow::Result<Box<dyn engine::Policy>> {
     if let Some(secs) = name.strip_prefix("corral-reserve-after=") {

@@ -4,9 +4,18 @@
 //!
 //! - Order: `PriorityType=priority/basic` (slurm.conf's default) is first in, first out: by
 //!   submission time, then job id.
-//! - Main pass (`schedule()` in src/slurmctld/job_scheduler.c): on events, over at most
+//! - Main pass (`_schedule()` in src/slurmctld/job_scheduler.c): over at most
 //!   `default_queue_depth` jobs (100); a job that cannot start blocks every later job of its
 //!   partition for the rest of the pass (they wait with reason `Priority`).
+//! - When it runs (src/slurmctld/controller.c `_slurmctld_background`, which wakes on each
+//!   whole second): a submitted batch job is not tried at submission (a job submitted to an
+//!   idle cluster is still pending a second later, ../shared/peers/slurm/README.md); the
+//!   submission counts (`queue_job_scheduler`, `job_sched_cnt`), and the loop runs a pass once
+//!   `batch_sched_delay` (3 s) passed since its last one. A job's end counts the same way:
+//!   on the real 22.05 peer (scripts/replay-validate.py) the jobs a queue started as others
+//!   ended started in groups 3 s apart (59 of 101 gaps between the seconds in which queued
+//!   jobs started; 1 s in 5), not at each end. Every `sched_interval` (60 s) the loop runs a pass over the
+//!   whole queue.
 //! - Backfill (src/plugins/sched/backfill/backfill.c): every `bf_interval` (30 s) over the first
 //!   `bf_max_job_test` jobs (500) with `bf_window` (1440 min) and `bf_resolution` (60 s): running
 //!   jobs end at their time limits; a job that can start now without delaying an earlier
@@ -25,10 +34,11 @@
 //! The tuned variant sets what sites tune: `bf_max_job_test=5000`, `bf_window=10080` (a week,
 //! as long as the longest limit of the Philly slices), `bf_busy_nodes` (plans on busy nodes
 //! first). `bf_continue` changes only how long backfill holds its locks, which a model has
-//! none of. Not modelled: `sched_min_interval`, `batch_sched_delay`, the scheduler's time
-//! budgets (`max_sched_time`, `bf_yield_interval`), priority age and fair share.
+//! none of. Not modelled: `sched_min_interval` (2 µs), the scheduler's time
+//! budgets (`max_sched_time`, `bf_yield_interval`), priority age and fair share, and the
+//! time slurmd takes to start and end a job (the replay's run is the trace's duration).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use engine::Policy;
 use proto::{Allocation, JobId, JobState, Placement};
@@ -42,6 +52,11 @@ pub struct SlurmConfig {
     pub bf_resolution_ms: u64,
     pub bf_window_ms: u64,
     pub bf_busy_nodes: bool,
+    /// slurmctld's background loop wakes on each whole second of this clock (0: a pass at
+    /// every event, no loop).
+    pub loop_ms: u64,
+    pub batch_sched_delay_ms: u64,
+    pub sched_interval_ms: u64,
 }
 
 impl SlurmConfig {
@@ -54,6 +69,9 @@ impl SlurmConfig {
             bf_resolution_ms: 60_000,
             bf_window_ms: 1_440 * 60_000,
             bf_busy_nodes: false,
+            loop_ms: 1_000,
+            batch_sched_delay_ms: 3_000,
+            sched_interval_ms: 60_000,
         }
     }
 
@@ -70,11 +88,83 @@ pub struct SlurmModel {
     /// What the last backfill saw (running and pending job ids): the same again at a later
     /// time can start nothing new (time only moves planned starts nearer), so it is skipped.
     last_backfill_seen: Option<(u64, u64, usize)>,
+    /// The background loop (`_slurmctld_background`).
+    background: Background,
+}
+
+/// What slurmctld's background loop keeps between its wakes.
+#[derive(Default)]
+struct Background {
+    /// Jobs pending or running at the last call: a job new to both was submitted, a running
+    /// one gone ended.
+    pending: BTreeSet<JobId>,
+    running: BTreeSet<JobId>,
+    /// Submissions and ends since the loop's last pass (`job_sched_cnt`).
+    events: usize,
+    /// When the loop last ran a pass (`last_sched_time`) and a full one.
+    last_pass_ms: Option<u64>,
+    last_full_ms: u64,
+    now_ms: u64,
+}
+
+/// Which pass a call runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MainPass {
+    None,
+    /// To `default_queue_depth`.
+    Depth,
+    /// The whole queue (`schedule(INFINITE)` every `sched_interval`).
+    Full,
+}
+
+impl Background {
+    /// Notes what happened since the last call (the jobs now pending and running) and says
+    /// which main pass runs now.
+    fn call(&mut self, cfg: &SlurmConfig, pending: BTreeSet<JobId>, running: BTreeSet<JobId>, now_ms: u64) -> MainPass {
+        self.events += pending.iter().filter(|j| !self.pending.contains(j) && !self.running.contains(j)).count();
+        self.events += self.running.iter().filter(|j| !running.contains(j)).count();
+        (self.pending, self.running, self.now_ms) = (pending, running, now_ms);
+        if cfg.loop_ms == 0 {
+            return MainPass::Depth;
+        }
+        let wake = now_ms.is_multiple_of(cfg.loop_ms);
+        if wake && now_ms >= self.last_full_ms + cfg.sched_interval_ms {
+            (self.last_pass_ms, self.last_full_ms, self.events) = (Some(now_ms), now_ms, 0);
+            return MainPass::Full;
+        }
+        if wake && self.events > 0 && self.last_pass_ms.is_none_or(|t| now_ms >= t + cfg.batch_sched_delay_ms) {
+            (self.last_pass_ms, self.events) = (Some(now_ms), 0);
+            return MainPass::Depth;
+        }
+        MainPass::None
+    }
+
+    /// The jobs the call's passes started run from now on.
+    fn started(&mut self, jobs: &[JobId]) {
+        for j in jobs {
+            self.pending.remove(j);
+            self.running.insert(*j);
+        }
+    }
+
+    /// The loop's next wake that runs a pass, while events wait for one or jobs pend.
+    fn wake_ms(&self, cfg: &SlurmConfig) -> Option<u64> {
+        if cfg.loop_ms == 0 || (self.events == 0 && self.pending.is_empty()) {
+            return None;
+        }
+        let full = self.last_full_ms + cfg.sched_interval_ms;
+        let due = match self.last_pass_ms {
+            Some(t) if self.events > 0 => full.min(t + cfg.batch_sched_delay_ms),
+            None if self.events > 0 => 0,
+            _ => full,
+        };
+        Some(round_up(due.max(self.now_ms + 1), cfg.loop_ms))
+    }
 }
 
 impl SlurmModel {
     pub fn new(cfg: SlurmConfig) -> SlurmModel {
-        SlurmModel { cfg, next_backfill_ms: 0, last_backfill_seen: None }
+        SlurmModel { cfg, next_backfill_ms: 0, last_backfill_seen: None, background: Background::default() }
     }
 }
 
@@ -238,11 +328,10 @@ impl<'v> Pass<'v> {
         self.started.push(j.id);
     }
 
-    /// The main scheduler: in order, to `default_queue_depth`; a job that cannot start blocks
-    /// its partition.
-    fn main(&mut self, pending: &[&JobRequest]) {
+    /// The main scheduler: in order, to `depth`; a job that cannot start blocks its partition.
+    fn main(&mut self, pending: &[&JobRequest], depth: usize) {
         let mut blocked: Vec<Option<&String>> = Vec::new();
-        for j in pending.iter().take(self.cfg.default_queue_depth) {
+        for j in pending.iter().take(depth) {
             if blocked.contains(&j.partition.as_ref()) {
                 continue;
             }
@@ -302,7 +391,12 @@ impl Policy for SlurmModel {
             .collect();
         pending.sort_by_key(|j| (j.submit_ms, j.id));
         let mut pass = Pass::new(self.cfg, view, now_ms);
-        pass.main(&pending);
+        let in_state = |state: JobState| view.jobs.iter().filter(|j| j.state == state).map(|j| j.id).collect();
+        match self.background.call(&self.cfg, in_state(JobState::Pending), in_state(JobState::Running), now_ms) {
+            MainPass::None => {}
+            MainPass::Depth => pass.main(&pending, self.cfg.default_queue_depth),
+            MainPass::Full => pass.main(&pending, usize::MAX),
+        }
         if now_ms >= self.next_backfill_ms {
             self.next_backfill_ms = now_ms - now_ms % self.cfg.bf_interval_ms + self.cfg.bf_interval_ms;
             let seen = (
@@ -315,17 +409,46 @@ impl Policy for SlurmModel {
                 pass.backfill(&pending);
             }
         }
+        self.background.started(&pass.started);
         pass.plan
     }
 
     fn wake_ms(&self) -> Option<u64> {
-        Some(self.next_backfill_ms)
+        Some(self.background.wake_ms(&self.cfg).map_or(self.next_backfill_ms, |w| w.min(self.next_backfill_ms)))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl Background {
+        fn call_at(&mut self, cfg: &SlurmConfig, jobs: (BTreeSet<JobId>, BTreeSet<JobId>), now_ms: u64) -> MainPass {
+            self.call(cfg, jobs.0, jobs.1, now_ms)
+        }
+    }
+
+    #[test]
+    fn the_background_loop_runs_a_pass_on_a_whole_second_at_most_every_batch_sched_delay() {
+        let cfg = SlurmConfig::stock();
+        let mut bg = Background::default();
+        let view = |pending: &[JobId], running: &[JobId]| (pending.iter().copied().collect(), running.iter().copied().collect());
+        // A submission between wakes waits for the next whole second.
+        assert_eq!(bg.call_at(&cfg, view(&[1], &[]), 500), MainPass::None);
+        assert_eq!(bg.wake_ms(&cfg), Some(1_000));
+        assert_eq!(bg.call_at(&cfg, view(&[1], &[]), 1_000), MainPass::Depth);
+        bg.started(&[1]);
+        // The next one waits until 3 s after that pass.
+        assert_eq!(bg.call_at(&cfg, view(&[2], &[1]), 1_200), MainPass::None);
+        assert_eq!(bg.wake_ms(&cfg), Some(4_000));
+        assert_eq!(bg.call_at(&cfg, view(&[2], &[1]), 2_000), MainPass::None);
+        // An end counts as a submission does: the pass is still the loop's, at 4 s.
+        assert_eq!(bg.call_at(&cfg, view(&[2], &[]), 2_345), MainPass::None);
+        assert_eq!(bg.call_at(&cfg, view(&[2], &[]), 4_000), MainPass::Depth);
+        bg.started(&[2]);
+        // Every 60 s, a pass over the whole queue.
+        assert_eq!(bg.call_at(&cfg, view(&[3], &[2]), 60_000), MainPass::Full);
+    }
 
     #[test]
     fn release_times_round_up_to_the_resolution() {

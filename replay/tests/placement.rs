@@ -11,7 +11,7 @@ const NODES: &str = "sn,cpu_milli,memory_mib,gpu,model\n\
 fn placed(pods: &str, policy: &str) -> usize {
     let nodes = cluster::openb_nodes(NODES, 1000, 1000).unwrap();
     let pods = trace::openb_pods(pods).unwrap();
-    let report = placement::run(&pods, &nodes, 1000, replay::policy(policy).unwrap(), policy, 42).unwrap();
+    let report = placement::run(&pods, &nodes, 1000, replay::placement_policy(policy).unwrap(), policy, 42).unwrap();
     report.placed
 }
 

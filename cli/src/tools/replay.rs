@@ -311,7 +311,7 @@ fn openb_setup(
             let gpus: u32 = nodes.iter().map(|n| n.gpus).sum();
             (in_mig(&mut replay::mig::static_layouts(tasks, gpus as usize).into_iter()), replay::corral_static_mig())
         }
-        _ => (nodes.to_vec(), replay::policy(name)?),
+        _ => (nodes.to_vec(), replay::placement_policy(name)?),
     })
 }
 
