@@ -12,7 +12,8 @@ whose start order agrees).
 With `--slurm DIR` the cluster is a real Slurm 22.05 that `scripts/slurm-nodes.sh up N DIR`
 started (Debian's `sbatch`, its `SLURM_CONF`), each job writing its own start time, and the
 replay's policy is the Slurm model (`slurm-22.05`), compared also on slurmctld's own
-`StartTime`. `--reuse DIR` compares the model again against the real run kept in DIR.
+`StartTime`. `--keep DIR` keeps the real run's files; `--reuse DIR` compares the replay again
+against the run kept in DIR, without running the slice.
 
 Each replay runs twice: on the slice as it is, and on the slice as the cluster ran it (each
 job's submission as the driver made it, and its run as long as the cluster held it).
@@ -111,10 +112,10 @@ def main():
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--gpus", default="h100:8")
     ap.add_argument("--limit", type=int, default=None, help="first N jobs only")
-    ap.add_argument("--keep", help="keep the cluster directory here")
+    ap.add_argument("--keep", help="keep the run's files (and a real Slurm's job start files) here")
     ap.add_argument("--slurm", help="a real Slurm's directory (scripts/slurm-nodes.sh up N DIR)")
-    ap.add_argument("--reuse", help="with --slurm: compare a new model against the real run kept in this directory "
-                                    "(--keep of an earlier run) instead of running the slice again")
+    ap.add_argument("--reuse", help="compare the replay against the real run kept in this directory (--keep of an "
+                                    "earlier run) instead of running the slice again")
     args = ap.parse_args()
     corral = os.path.join(args.bin, "corral")
     jobs = list(csv.DictReader(open(args.slice)))
@@ -123,6 +124,28 @@ def main():
     if args.slurm:
         return validate_slurm(args, corral, jobs)
     return validate_corral(args, corral, jobs)
+
+
+def run_on_corral(args, corral, jobs, work):
+    """Runs the slice on a `corral dev` cluster; returns the driver's origin and each job as
+    the cluster recorded it (`corral show`), kept in `real.json`."""
+    cluster = os.path.join(work, "cluster")
+    run([corral, "dev", "up", "--nodes", str(args.nodes), "--gpus", args.gpus, "--min-job-age-s", "86400", "--dir", cluster])
+    env = dict(os.environ, CORRAL_CLUSTER=cluster)
+    shims = os.path.join(work, "bin")
+    run([corral, "install-slurm-shims", shims])
+    try:
+        t0, ids, _ = submit_at_their_times(jobs, os.path.join(shims, "sbatch"), env,
+                                           lambda j: f"sleep {float(j['duration_s']):.3f}")
+        wait_until_all_ended(os.path.join(shims, "squeue"), env)
+        real = {}
+        for trace_id, job in ids.items():
+            real[trace_id] = json.loads(run([corral, "--cluster", cluster, "--json", "show", str(job)]))
+    finally:
+        run([corral, "dev", "down", "--dir", cluster], check=False)
+    with open(os.path.join(work, "real.json"), "w") as f:
+        json.dump(real, f)
+    return t0, real
 
 
 def write_as_run(slice_path, out_path, times):
@@ -146,24 +169,15 @@ def write_as_run(slice_path, out_path, times):
 def validate_corral(args, corral, jobs):
     """Replays the slice on a real Corral cluster, then `corral replay` twice: on the slice as
     it is, and on the slice as the cluster ran it (`write_as_run`)."""
-    work = args.keep or tempfile.mkdtemp(prefix="corral-validate-")
-    cluster = os.path.join(work, "cluster")
-    run([corral, "dev", "up", "--nodes", str(args.nodes), "--gpus", args.gpus, "--min-job-age-s", "86400", "--dir", cluster])
-    env = dict(os.environ, CORRAL_CLUSTER=cluster)
-    shims = os.path.join(work, "bin")
-    run([corral, "install-slurm-shims", shims])
-    try:
-        t0, ids, submitted = submit_at_their_times(jobs, os.path.join(shims, "sbatch"), env,
-                                                   lambda j: f"sleep {float(j['duration_s']):.3f}")
-        wait_until_all_ended(os.path.join(shims, "squeue"), env)
-        real = {}
-        for trace_id, job in ids.items():
-            real[trace_id] = json.loads(run([corral, "--cluster", cluster, "--json", "show", str(job)]))
-    finally:
-        if not args.keep:
-            run([corral, "dev", "down", "--dir", cluster], check=False)
-    with open(os.path.join(work, "real.json"), "w") as f:
-        json.dump(real, f)
+    work = args.reuse or args.keep or tempfile.mkdtemp(prefix="corral-validate-")
+    if args.reuse:
+        with open(os.path.join(work, "real.json")) as f:
+            real = json.load(f)
+        # The driver started on a whole second just before the first submission.
+        first = jobs[0]
+        t0 = float(math.floor(real[first["job"]]["submit_time"] / 1000 - float(first["submit_s"])))
+    else:
+        t0, real = run_on_corral(args, corral, jobs, work)
     origin_ms = t0 * 1000
     held = os.path.join(work, "slice-as-run.csv")
     write_as_run(args.slice, held, {
