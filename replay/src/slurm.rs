@@ -14,8 +14,8 @@
 //!   `batch_sched_delay` (3 s) passed since its last one. A job's end counts the same way:
 //!   on the real 22.05 peer (scripts/replay-validate.py) the jobs a queue started as others
 //!   ended started in groups 3 s apart (59 of 101 gaps between the seconds in which queued
-//!   jobs started; 1 s in 5), not at each end. Every `sched_interval` (60 s) the loop runs a pass over the
-//!   whole queue.
+//!   jobs started; 1 s in 5), not at each end. Every `sched_interval` (60 s) the loop runs a
+//!   pass over the whole queue.
 //! - Backfill (src/plugins/sched/backfill/backfill.c): every `bf_interval` (30 s) over the first
 //!   `bf_max_job_test` jobs (500) with `bf_window` (1440 min) and `bf_resolution` (60 s): running
 //!   jobs end at their time limits; a job that can start now without delaying an earlier

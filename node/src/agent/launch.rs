@@ -21,20 +21,19 @@ use crate::run::shepherd::{self, LaunchRecord, RunRecord, Shepherd};
 /// index, MIG instances by (gpu, start slice)) and the numbers the job sees them as (MIG
 /// instances as devices of their own); why not, when the allocation names one it lacks.
 fn device_ids(gpus: &[proto::GpuInfo], alloc: &proto::Allocation) -> Result<(Vec<String>, Vec<u32>), String> {
-    let slot_uuid = |slot: u32| match scheduler::decode_slot(slot) {
-        scheduler::Slot::Gpu(i) | scheduler::Slot::Shard { gpu: i, .. } => gpus.iter().find(|g| g.index == i).map(|g| g.uuid.clone()),
-        scheduler::Slot::Mig { gpu, start_slice } => {
-            gpus.iter().find(|g| g.index == gpu).and_then(|g| g.mig.iter().find(|m| m.start_slice == start_slice)).map(|m| m.uuid.clone())
-        }
+    let gpu = |i: u32| gpus.iter().find(|g| g.index == i);
+    let uuid = |slot: u32| match scheduler::decode_slot(slot) {
+        scheduler::Slot::Gpu(i) | scheduler::Slot::Shard { gpu: i, .. } => gpu(i).map(|g| g.uuid.clone()).ok_or(format!("gpu {i}")),
+        scheduler::Slot::Mig { gpu: i, start_slice } => gpu(i)
+            .and_then(|g| g.mig.iter().find(|m| m.start_slice == start_slice))
+            .map(|m| m.uuid.clone())
+            .ok_or(format!("the MIG instance at slice {start_slice} of gpu {i}")),
     };
-    let gone = |slot: u32| {
-        let what = match scheduler::decode_slot(slot) {
-            scheduler::Slot::Gpu(i) | scheduler::Slot::Shard { gpu: i, .. } => format!("gpu {i}"),
-            scheduler::Slot::Mig { gpu, start_slice } => format!("the MIG instance at slice {start_slice} of gpu {gpu}"),
-        };
-        format!("{what} is not on this node (gone since the job was placed)")
-    };
-    let uuids = alloc.gpus.iter().map(|&slot| slot_uuid(slot).ok_or_else(|| gone(slot))).collect::<Result<Vec<_>, _>>()?;
+    let uuids = alloc
+        .gpus
+        .iter()
+        .map(|&slot| uuid(slot).map_err(|what| format!("{what} is not on this node (gone since the job was placed)")))
+        .collect::<Result<Vec<_>, _>>()?;
     let ordinals = crate::gpu::mig::device_ordinals(gpus, &alloc.gpus)
         .ok_or_else(|| format!("the devices of slots {:?} cannot be numbered on this node", alloc.gpus))?;
     Ok((uuids, ordinals))
