@@ -68,8 +68,9 @@ pub struct SubmitArgs {
     /// starts there with the same rank) while the others keep running.
     #[arg(long, default_value_t = 0)]
     spare_nodes: u32,
-    /// Where the gang's torchrun agents meet (HOST:PORT of a c10d store or etcd on no node of
-    /// the job): set as `PET_RDZV_ENDPOINT`; with a spare, the loss of rank 0 is repaired too.
+    /// Where the gang's torchrun agents meet: HOST:PORT of a c10d store or etcd on no node of
+    /// the job, or `corral`, the job's own store on its nodes (the default with spares); set
+    /// as `PET_RDZV_ENDPOINT`; with a spare, the loss of rank 0 is repaired too.
     #[arg(long)]
     rdzv_endpoint: Option<String>,
     #[arg(long, short = 'p')]

@@ -71,6 +71,7 @@ impl fmt::Display for LogCommand {
             Command::ArchiveJobs { jobs, .. } => write!(f, "archive_jobs({} jobs)", jobs.len()),
             Command::PruneAccounting { jobs, .. } => write!(f, "prune_accounting({} records)", jobs.len()),
             Command::Batch { commands } => write!(f, "batch({} commands)", commands.len()),
+            Command::Store { job, run, op, .. } => write!(f, "store({job}.{run}, {} bytes)", op.weight_bytes()),
         }
     }
 }

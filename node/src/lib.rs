@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod nccl;
 pub mod pacing;
 pub mod probe;
+pub mod rdzv;
 pub mod run;
 pub mod server;
 pub mod simnodes;

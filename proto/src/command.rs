@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::accounts;
 use crate::{
     AccountsEdit, Allocation, GpuUsage, InstanceId, Inventory, JobId, JobSpec, NodeId, PartitionEdit, ReservationEdit, RunNo, RunOutcome,
-    SchedulerPolicy,
+    SchedulerPolicy, StoreAnswer, StoreOp,
 };
 
 /// One placement of a plan: job `job`, run `run`, on one allocation per node (a gang).
@@ -233,6 +233,15 @@ pub enum Command {
         instance: InstanceId,
         now_ms: u64,
     },
+    /// A write to the rendezvous store of `job`'s run `run` (a [`StoreOp`] that
+    /// [`StoreOp::writes`]); rejected unless that run is running. The first write of a new run
+    /// empties what an earlier run left.
+    Store {
+        job: JobId,
+        run: RunNo,
+        op: StoreOp,
+        now_ms: u64,
+    },
 }
 
 /// Jobs named by one `ArchiveJobs` or `PruneAccounting` command at most.
@@ -262,6 +271,7 @@ impl Command {
                 | Command::Suspend { .. }
                 | Command::StepStarted { .. }
                 | Command::StepEnded { .. }
+                | Command::Store { .. }
         )
     }
 
@@ -285,6 +295,7 @@ impl Command {
                 let argv: usize = spec.argv.iter().map(|a| a.len() + 4).sum();
                 FIXED_BYTES + spec.script.as_ref().map_or(0, |s| s.len()) + env + argv
             }
+            Command::Store { op, .. } => FIXED_BYTES + op.weight_bytes(),
             _ => FIXED_BYTES,
         }
     }
@@ -314,6 +325,8 @@ pub enum CommandResult {
     },
     /// One result per command of a `Command::Batch`, in order.
     Batch(Vec<CommandResult>),
+    /// What a `Command::Store` answered.
+    Store(StoreAnswer),
 }
 
 #[cfg(test)]

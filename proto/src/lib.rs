@@ -42,6 +42,7 @@ mod reservation;
 pub mod slot;
 mod spec;
 mod step;
+mod store;
 
 pub use access::Access;
 pub use accounts::{AccountsEdit, Limits};
@@ -71,18 +72,22 @@ pub use request::{
 pub use reservation::{AdminReservation, ReservationChanges, ReservationEdit, ADMIN_RESERVATIONS_MAX, RESERVATION_NAMES_MAX};
 pub use spec::{
     feature_matches, Dependency, DependencyKind, GresKind, GresRequest, JobSpec, PreflightSpec, SignalSpec, DEF_MEM_PER_CPU_MIB,
-    DEF_MEM_PER_GPU_MIB, SPARE_NODES_MAX, SPEC_EXTRA_BATCH, SPEC_EXTRA_NODES_MAX, SPEC_EXTRA_NO_REQUEUE, SPEC_EXTRA_RDZV_ENDPOINT,
-    SPEC_EXTRA_RESERVATION, SPEC_EXTRA_SPARE_NODES, SPEC_EXTRA_SRUN,
+    DEF_MEM_PER_GPU_MIB, RDZV_ENDPOINT_CORRAL, SPARE_NODES_MAX, SPEC_EXTRA_BATCH, SPEC_EXTRA_NODES_MAX, SPEC_EXTRA_NO_REQUEUE,
+    SPEC_EXTRA_RDZV_ENDPOINT, SPEC_EXTRA_RESERVATION, SPEC_EXTRA_SPARE_NODES, SPEC_EXTRA_SRUN,
 };
 pub use step::{
     LogStream, PtySize, StepChunk, StepEnd, StepMemory, StepNode, StepSpec, StepStdin, TaskExit, TaskUsage, STEPS_DISABLED_SUSPENDED,
     STEP_ENDS_PER_REQUEST_MAX, STEP_PORT_COUNT, STEP_PORT_FIRST, TASK_USAGES_MAX,
 };
+pub use store::{
+    StoreAnswer, StoreOp, STORE_BYTES_MAX, STORE_BYTES_PER_JOB_MAX, STORE_KEYS_PER_JOB_MAX, STORE_KEYS_PER_OP_MAX, STORE_KEY_BYTES_MAX,
+    STORE_VALUE_BYTES_MAX,
+};
 
 /// Bumped on any incompatible change to a type in this crate or to the replicated state
 /// (`state::ClusterState`, in snapshots). The first byte of every encoded message; a peer
 /// speaking another version is refused with a clear error.
-pub const PROTOCOL_VERSION: u8 = 23;
+pub const PROTOCOL_VERSION: u8 = 24;
 
 pub type NodeId = u64;
 pub type JobId = u64;

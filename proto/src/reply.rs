@@ -37,6 +37,8 @@ pub struct ClusterInfo {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
     Ok,
+    /// What an operation on a job's rendezvous store answered (`PeerRequest::Store`).
+    Store(crate::StoreAnswer),
     Submitted {
         job: JobId,
     },

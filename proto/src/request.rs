@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::{limits, ApiError, Command, Reply};
 use crate::{
     AccountsEdit, GpuUsage, InstanceId, Inventory, Job, JobId, JobSpec, JobState, LogStream, NodeId, PartitionEdit, PtySize,
-    ReservationEdit, RunNo, RunOutcome, SchedulerPolicy, StepEnd, StepSpec,
+    ReservationEdit, RunNo, RunOutcome, SchedulerPolicy, StepEnd, StepSpec, StoreOp,
 };
 
 /// Everything a node answers on its QUIC port (and its local socket): a client's request or a
@@ -416,6 +416,13 @@ pub enum PeerRequest {
         node: NodeId,
         instance: InstanceId,
     },
+    /// Node to leader: an operation on the rendezvous store of `job`'s run `run`, for a process
+    /// of that run's part on the node (`Reply::Store`). Writes are answered once committed.
+    Store {
+        job: JobId,
+        run: RunNo,
+        op: StoreOp,
+    },
 }
 
 /// One node's heartbeat, as a relay passes it to the leader.
@@ -602,7 +609,8 @@ impl PeerRequest {
             | P::ReportGpuHealth { .. }
             | P::ReportInventory { .. }
             | P::RecordStep { .. }
-            | P::ReportStepEnds { .. } => true,
+            | P::ReportStepEnds { .. }
+            | P::Store { .. } => true,
             P::Enroll { .. }
             | P::RenewCert { .. }
             | P::Launch { .. }

@@ -155,6 +155,9 @@ pub const SPARE_NODES_MAX: u32 = 64;
 pub const SPEC_EXTRA_RDZV_ENDPOINT: &str = "rdzv-endpoint";
 /// Bytes of a `--rdzv-endpoint` at most.
 pub const RDZV_ENDPOINT_BYTES_MAX: usize = 255;
+/// `--rdzv-endpoint=corral`: the job's rendezvous store, served by its nodes
+/// ([`JobSpec::corral_store`]).
+pub const RDZV_ENDPOINT_CORRAL: &str = "corral";
 /// The key of [`JobSpec::extra`] that holds the most nodes of `-N MIN-MAX` (see
 /// [`JobSpec::nodes_max`]); `nodes` holds MIN. In `extra`, so specs already in logs decode.
 pub const SPEC_EXTRA_NODES_MAX: &str = "nodes-max";
@@ -352,7 +355,18 @@ impl JobSpec {
     /// on no node of the job. Its nodes get it as `PET_RDZV_ENDPOINT`, and since the rendezvous
     /// does not die with rank 0, a command gang with a spare repairs the loss of rank 0 too.
     pub fn rdzv_endpoint(&self) -> Option<&str> {
-        self.extra.get(SPEC_EXTRA_RDZV_ENDPOINT).map(String::as_str)
+        self.extra.get(SPEC_EXTRA_RDZV_ENDPOINT).map(String::as_str).filter(|e| *e != RDZV_ENDPOINT_CORRAL)
+    }
+
+    /// Whether the job's nodes serve its rendezvous store (`node::rdzv`, as
+    /// `PET_RDZV_ENDPOINT`): asked with `--rdzv-endpoint=corral`, and the default of a job with
+    /// spare nodes that names no endpoint of its own.
+    /// Command gangs only: a batch job's steps meet on its first node, which runs its script.
+    pub fn corral_store(&self) -> bool {
+        match self.extra.get(SPEC_EXTRA_RDZV_ENDPOINT) {
+            Some(e) => e == RDZV_ENDPOINT_CORRAL && !self.is_batch(),
+            None => self.spare_nodes() > 0 && !self.is_batch(),
+        }
     }
 
     /// `--reservation=NAME`: the job runs only in that reservation, on its nodes in its window.
@@ -458,6 +472,9 @@ impl JobSpec {
         }
         if self.spare_nodes() > 0 && (self.nodes < 2 || self.array.is_some()) {
             return Err("spare nodes are for jobs of two or more nodes, not arrays".into());
+        }
+        if self.is_batch() && self.extra.get(SPEC_EXTRA_RDZV_ENDPOINT).is_some_and(|e| e == RDZV_ENDPOINT_CORRAL) {
+            return Err("--rdzv-endpoint=corral is for commands run on every node (corral submit -N), not batch scripts".into());
         }
         if let Some(e) = self.rdzv_endpoint() {
             let port_ok = e.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0));
@@ -594,6 +611,9 @@ mod tests {
         let mut s = good();
         s.extra.insert(SPEC_EXTRA_RDZV_ENDPOINT.into(), "store.example:29400".into());
         assert_eq!((s.validate(), s.rdzv_endpoint()), (Ok(()), Some("store.example:29400")));
+        assert!(!s.corral_store(), "a store of its own");
+        s.extra.insert(SPEC_EXTRA_RDZV_ENDPOINT.into(), RDZV_ENDPOINT_CORRAL.into());
+        assert_eq!((s.validate(), s.rdzv_endpoint(), s.corral_store()), (Ok(()), None, true));
         for bad in ["store", ":29400", "store:0", "store:x", "a b:1"] {
             s.extra.insert(SPEC_EXTRA_RDZV_ENDPOINT.into(), bad.into());
             refused(&s, "is not HOST:PORT");

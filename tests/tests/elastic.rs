@@ -1,11 +1,13 @@
 //! Issue 43: elastic torchrun (`--nnodes=2:2 --rdzv_backend=c10d`, real torch 2.15 on CPU with
 //! gloo) across the loss of a worker node, with a spare node and, in the same run, without one
 //! (the gang requeued whole); and across the loss of rank 0 with a spare, the gang meeting at a
-//! c10d store off its nodes (`--rdzv-endpoint`: rank 0 hosts no rendezvous, so it is repaired). A worker node's `corrald` and its job processes are SIGKILLed
-//! mid-training. Measured: the time from the kill to the spare's part starting and to the first
-//! training step after the kill, and the steps lost. Asserted: with the spare, the survivor's
-//! torchrun is never restarted by Corral; both ways, the final weights equal an uninterrupted
-//! run's (the training script is deterministic, its gradient averaged over the world).
+//! c10d store off its nodes (`--rdzv-endpoint`: rank 0 hosts no rendezvous, so it is repaired),
+//! and in the job's own store, which its nodes serve (torchrun's defaults, no flag). A node's
+//! `corrald` and its job processes are SIGKILLed mid-training. Measured: the time from the kill
+//! to the spare's part starting and to the first training step after it, and the steps lost.
+//! Asserted: with the spare, the survivor's torchrun is never restarted by Corral; both ways,
+//! the final weights equal an uninterrupted run's (the training script is deterministic, its
+//! gradient averaged over the world).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,6 +17,7 @@ use corral_tests::{corral_bin, now_ms, pyenv, wait_until_or_show, TestCluster};
 use serde_json::Value;
 
 const TRAIN: &str = include_str!("../fixtures/torch/elastic_train.py");
+const STORE_OPS: &str = include_str!("../fixtures/torch/store_ops.py");
 const STEPS: u64 = 60;
 
 /// A 2-node command gang: each node appends "NODE RANK PID START_MS" to `parts.txt`, then
@@ -47,6 +50,19 @@ OPTIONS
 echo \"$CORRAL_NODE $CORRAL_NODE_RANK $$ $(date +%s%3N)\" >> parts.txt
 torchrun --nnodes=2:2 --nproc_per_node=1 --rdzv_backend=c10d --rdzv_conf=is_host=0 --rdzv_id=$CORRAL_JOB_ID \\
   --max_restarts=5 elastic_train.py &
+wait $!
+";
+
+/// A 2-node command gang with a spare and torchrun's defaults alone: its agents meet in the
+/// job's store, which every node of the job serves (`PET_RDZV_ENDPOINT`, `PET_RDZV_BACKEND`).
+const JOB_IN_CORRAL: &str = "#!/bin/sh
+#SBATCH -N 2
+#SBATCH --gres=gpu:1
+#SBATCH -x LEADER
+#SBATCH --spare-nodes=1
+OPTIONS
+echo \"$CORRAL_NODE $CORRAL_NODE_RANK $$ $(date +%s%3N)\" >> parts.txt
+torchrun --nnodes=2:2 --nproc_per_node=1 --max_restarts=5 elastic_train.py &
 wait $!
 ";
 
@@ -293,4 +309,63 @@ fn elastic_torchrun_meeting_off_its_nodes_survives_losing_rank_0_on_a_spare() {
         "rank 0 (not hosting the rendezvous) lost at step >= 10 of {STEPS}: rank 0 started on the spare {} ms after the kill, training stepped again after {} ms, {} steps lost, survivor never restarted",
         loss.restarted_ms, loss.stepping_ms, loss.steps_lost
     );
+}
+
+#[test]
+fn elastic_torchrun_meeting_in_the_jobs_corral_store_survives_losing_rank_0_on_a_spare() {
+    let Some(py) = pyenv() else { return };
+    let (e, expected) = Elastic::up(&py);
+
+    let t0 = now_ms();
+    let job = e.submit_job("store.sh", JOB_IN_CORRAL, "");
+    e.wait(job, "10 training steps", Duration::from_secs(120), || e.steps(job).iter().any(|s| s.0 >= 10));
+    let nodes = e.c.job(job)["nodes"].clone();
+    let loss = e.lose_rank(job, t0, 0);
+    let survivor = nodes[1].as_str().unwrap_or_default().to_string();
+    let repair = &loss.job["repairs"][0];
+    assert_eq!((loss.job["restart_count"].as_u64(), repair["rank"].as_u64()), (Some(0), Some(0)), "{loss:?}");
+    assert_eq!(loss.job["nodes"][1].as_str(), Some(survivor.as_str()), "{loss:?}");
+    assert_eq!(loss.parts.iter().filter(|p| p.0 == survivor).count(), 1, "Corral never restarted the survivor's torchrun: {loss:?}");
+    assert!(loss.steps_lost <= 1, "{loss:?}");
+    assert_eq!(loss.final_weights, expected, "the run repaired at rank 0 ends as an uninterrupted one");
+    eprintln!(
+        "rank 0 lost at step >= 10 of {STEPS}, the gang meeting in its Corral store: rank 0 started on the spare {} ms after the kill, training stepped again after {} ms, {} steps lost, survivor never restarted",
+        loss.restarted_ms, loss.stepping_ms, loss.steps_lost
+    );
+}
+
+/// torch's own `TCPStore` client, on both nodes of a job, against the job's store (every
+/// operation torch has, a wait for another node's write and a wait cancelled on its timeout).
+#[test]
+fn torchs_store_client_gets_torchs_answers_from_the_jobs_store_across_its_nodes() {
+    let Some(py) = pyenv() else { return };
+    let (e, _) = Elastic::up(&py);
+    std::fs::write(e.c.work.join("store_ops.py"), STORE_OPS).expect("write the store script");
+    let template = "#!/bin/sh\n#SBATCH -N 2\n#SBATCH --rdzv-endpoint=corral\nOPTIONS\nexec python store_ops.py\n";
+    let job = e.submit_job("ops.sh", template, "");
+    let end = e.c.wait_final(job, Duration::from_secs(120));
+    let out = std::fs::read_to_string(e.c.work.join(format!("slurm-{job}.out"))).unwrap_or_default();
+    assert_eq!(end["state"], "COMPLETED", "{end}\n{out}");
+    let seen = |rank: u32| -> Value {
+        let text = std::fs::read_to_string(e.c.work.join(format!("store-{rank}.json"))).expect("what a rank saw");
+        serde_json::from_str(&text).expect("parse it")
+    };
+    let (first, second) = (seen(0), seen(1));
+    assert_eq!(
+        (&first["cas_absent"], &first["cas_new"], &first["cas_refused"], &first["deleted"], &first["deleted_again"]),
+        (&Value::from("x"), &Value::from("y"), &Value::from("y"), &Value::from(true), &Value::from(false)),
+        "{first}"
+    );
+    assert_eq!(
+        (&second["greeting"], &second["log"], &second["multi"], &second["check"]),
+        (&Value::from("hello"), &Value::from("ab"), &serde_json::json!(["hello", "1"]), &serde_json::json!([true, false])),
+        "{second}"
+    );
+    assert_eq!((&second["wait_timed_out"], &second["after_cancel"]), (&Value::from(true), &Value::from("hello")), "{second}");
+    let added: Vec<u64> = [&first, &second].iter().filter_map(|s| s["added"].as_u64()).collect();
+    assert!(added == [1, 3] || added == [3, 2], "each add answers the sum so far: {added:?}");
+    for s in [&first, &second] {
+        // greeting, cas, log, m1, ready0, counter, done0, done1
+        assert_eq!((s["counter"].as_u64(), s["num_keys"].as_u64()), (Some(3), Some(8)), "{s}");
+    }
 }

@@ -245,8 +245,9 @@ pub(super) fn node_and_task_counts(nodes: (u32, u32), ntasks: Option<u32>, ntask
 }
 
 /// Corral's own options of `sbatch`, `salloc` and `srun` (and `#SBATCH`), kept in the job's
-/// `extra`: `--spare-nodes=N` (`JobSpec::spare_nodes`) and `--rdzv-endpoint=HOST:PORT`
-/// (`JobSpec::rdzv_endpoint`, checked with the spec); false for any other option.
+/// `extra`: `--spare-nodes=N` (`JobSpec::spare_nodes`) and `--rdzv-endpoint=HOST:PORT|corral`
+/// (`JobSpec::rdzv_endpoint`, `JobSpec::corral_store`, checked with the spec); false for any
+/// other option.
 pub(super) fn corral_option(prog: &str, name: &str, value: &str, extra: &mut BTreeMap<String, String>) -> Result<bool, SlurmError> {
     match name {
         "spare-nodes" => {

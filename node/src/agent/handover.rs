@@ -160,12 +160,22 @@ impl Agent {
             },
         );
         self.adopt_steps(dir, spec.job, spec.run, &tasks, cgroup.as_ref()).await;
+        self.reopen_store(&spec);
         let elapsed_ms = crate::run::procfs::boot_ms().saturating_sub(record.started_boot_ms);
         let span = info_span!("job", job = spec.job, run = spec.run);
         span.in_scope(|| info!(pgid = child.pgid, elapsed_ms, "took the run over from the previous daemon"));
         let agent = Arc::clone(self);
         tokio::spawn(async move { agent.supervise_run(child, spec, stop_rx, cgroup, tasks, elapsed_ms).await }.instrument(span));
         Ok(true)
+    }
+
+    /// Serves again, on the same port, the rendezvous store of a run taken over: its processes
+    /// know that address. A port taken since leaves them without it (logged).
+    fn reopen_store(self: &Arc<Self>, spec: &crate::run::process::LaunchSpec) {
+        let Some(at) = spec.env.get("CORRAL_RDZV_ENDPOINT").and_then(|a| a.parse().ok()) else { return };
+        if let Err(e) = self.rdzv.open(spec.job, spec.run, Some(at), self.runs_here(spec.job, spec.run)) {
+            warn!(job = spec.job, run = spec.run, error = format!("{e:#}"), "the rendezvous store of a run taken over is not served again");
+        }
     }
 
     /// Follows again, from their start, the logs of the steps a run taken over still has here

@@ -95,7 +95,12 @@ impl Agent {
             Ok(account) => account,
             Err(why) => return self.refuse(&job, ack, RunOutcome::LaunchFailed(why)),
         };
+        let store = match self.open_store(&job) {
+            Ok(store) => store,
+            Err(e) => return self.refuse(&job, ack, RunOutcome::LaunchFailed(format!("{e:#}"))),
+        };
         let ctx = launcher::LaunchContext {
+            store: store.as_deref(),
             run_as: run_as.as_ref(),
             node_name: &self.name,
             node_rank: rank,
@@ -136,6 +141,22 @@ impl Agent {
         };
         self.preflight_then_start(preflight, spec, limits, stop_rx, span);
         Ok(ack)
+    }
+
+    /// Opens the job's rendezvous store on this node if it has one (`JobSpec::corral_store`),
+    /// served while this run's part is listed here; its address.
+    fn open_store(self: &Arc<Self>, job: &Job) -> anyhow::Result<Option<String>> {
+        if !job.spec.corral_store() {
+            return Ok(None);
+        }
+        let alive = self.runs_here(job.id, job.run);
+        Ok(Some(self.rdzv.open(job.id, job.run, None, alive)?.to_string()))
+    }
+
+    /// Whether run `run` of `job` is listed here, asked later (the agent may be gone by then).
+    pub(super) fn runs_here(self: &Arc<Self>, job: JobId, run: RunNo) -> impl Fn() -> bool + Send + Sync + 'static {
+        let agent = Arc::downgrade(self);
+        move || agent.upgrade().is_some_and(|a| lock(&a.running).get(&job).is_some_and(|r| r.run == run))
     }
 
     /// Records in the launch ledger that this instance starts the run, unless a stop that came

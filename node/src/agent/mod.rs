@@ -230,6 +230,8 @@ pub struct Agent {
     stopping: std::sync::atomic::AtomicBool,
     /// The stdin of step tasks here that read it.
     stdin_feeds: crate::run::step_stdin::Feeds,
+    /// The rendezvous store endpoints of the command gangs' parts here (`rdzv`).
+    pub rdzv: crate::rdzv::Stores,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -272,6 +274,7 @@ impl Agent {
             handing_over: std::sync::atomic::AtomicBool::new(false),
             stopping: std::sync::atomic::AtomicBool::new(false),
             stdin_feeds: crate::run::step_stdin::Feeds::default(),
+            rdzv: crate::rdzv::Stores::default(),
             settings,
         }))
     }

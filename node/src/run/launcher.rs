@@ -62,6 +62,8 @@ pub struct NcclEnv {
 
 /// Where and with what this node runs its part of a job.
 pub struct LaunchContext<'a> {
+    /// The job's rendezvous store on this node (`HOST:PORT`, see `crate::rdzv`), if it has one.
+    pub store: Option<&'a str>,
     pub node_name: &'a str,
     /// Index of this node among the run's nodes.
     pub node_rank: usize,
@@ -256,6 +258,14 @@ fn insert_rendezvous_env(env: &mut BTreeMap<String, String>, job: &Job, ctx: &La
     if let Some(endpoint) = job.spec.rdzv_endpoint() {
         // `--rdzv-endpoint`: torchrun's agents meet there, on no node of the job.
         env.insert("PET_RDZV_ENDPOINT".into(), endpoint.to_string());
+    }
+    if let Some(store) = ctx.store {
+        // The job's store, served on every node of it: torchrun's defaults meet there with a
+        // c10d rendezvous (its own flags win), as a client (the node serves the port).
+        env.insert("CORRAL_RDZV_ENDPOINT".into(), store.to_string());
+        env.insert("PET_RDZV_ENDPOINT".into(), store.to_string());
+        env.insert("PET_RDZV_BACKEND".into(), "c10d".into());
+        env.insert("PET_RDZV_CONF".into(), "is_host=0".into());
     }
     if job.spec.spare_nodes() > 0 {
         // A repaired rank's torchrun joins the survivors' rendezvous in a later round. Since 2.4
@@ -809,6 +819,7 @@ mod tests {
         let nodes = vec![("n1".to_string(), "10.0.0.1:7100".to_string()), ("n2".to_string(), "10.0.0.2:7100".to_string())];
         let nccl = NcclEnv { socket_ifname: Some("eth0".into()), ib_hca: None, ib_disable: true };
         let ctx = LaunchContext {
+            store: None,
             node_name: &nodes[rank].0,
             node_rank: rank,
             nodes: &nodes,

@@ -178,7 +178,8 @@ impl Node {
             | PeerRequest::ReportGpuHealth { .. }
             | PeerRequest::ReportInventory { .. }
             | PeerRequest::RecordStep { .. }
-            | PeerRequest::ReportStepEnds { .. }) => self.to_leader(hops, request.into(), user).await,
+            | PeerRequest::ReportStepEnds { .. }
+            | PeerRequest::Store { .. }) => self.to_leader(hops, request.into(), user).await,
         }
     }
 

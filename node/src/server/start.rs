@@ -432,6 +432,7 @@ pub async fn run(
 
     let advertise = config.advertise_addr();
     let (agent_link, forward_link, heartbeat_link) = leader_links(&config, &client);
+    agent.rdzv.set_link(Arc::clone(&agent_link));
     let join = PeerRequest::Join {
         token: config.join_token.clone(),
         name: config.name.clone(),

@@ -28,6 +28,7 @@ impl ClusterState {
                 self.submit_keys.remove(&job);
                 // A cancelled array starts no more tasks.
                 self.array_started.remove(id);
+                self.stores.remove(id);
                 archived.push(job);
             }
         }

@@ -33,6 +33,7 @@ impl ClusterState {
                     self.check_job(job);
                 }
             }
+            Command::Store { job, .. } => self.check_store(*job),
             Command::Plan { placements, .. } => {
                 let nodes: BTreeSet<NodeId> = placements.iter().flat_map(|p| p.allocs.iter().map(|a| a.node)).collect();
                 let mut held = Holdings::default();
@@ -75,6 +76,7 @@ impl ClusterState {
             job.parts.iter().for_each(|p| held.add(p));
         }
         self.check_holdings(&held);
+        self.check_stores();
         for node in self.nodes.values() {
             assert!(node.id < self.next_node_id, "node {} not below next_node_id {}", node.id, self.next_node_id);
         }

@@ -10,7 +10,7 @@
 //!
 //! The state and its dispatcher ([`ClusterState::apply`]) are here; each command is handled with
 //! its concern: `admission` (the ordered checks of a submission), `nodes`, `jobs`, `plans` (placing runs), `arrays`, `runs` (launches, ends and
-//! usage), `steps`, `wall` (wall-clock time charged, `GrpWall` time-outs), `policy` (partitions, QoS,
+//! usage), `steps`, `stores` (jobs' rendezvous stores), `wall` (wall-clock time charged, `GrpWall` time-outs), `policy` (partitions, QoS,
 //! what a submission may name), `credentials` (join
 //! tokens, revoked certificates), `archive`, `queries` (read-only questions), `snapshot` (what
 //! snapshots need) and `invariants` (checked after every command).
@@ -31,6 +31,7 @@ mod reservations;
 mod runs;
 mod snapshot;
 mod steps;
+mod stores;
 #[cfg(test)]
 mod test_support;
 mod wall;
@@ -42,6 +43,7 @@ use serde::{Deserialize, Serialize};
 
 pub use self::admission::{Check, Refusal, CHECKS};
 use self::archive::prune_accounting;
+pub use self::stores::JobStore;
 
 /// Everything the cluster agrees on: nodes, jobs, and the next ids to hand out.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,6 +86,9 @@ pub struct ClusterState {
     /// Reservations by name (`scontrol create reservation`), at most
     /// [`proto::ADMIN_RESERVATIONS_MAX`]; see `reservations`.
     pub reservations: BTreeMap<String, proto::AdminReservation>,
+    /// Each job's rendezvous store (`stores`): torch's c10d rendezvous of its run, served on
+    /// its nodes. Only jobs above have one; bounded by [`proto::STORE_BYTES_MAX`].
+    pub stores: BTreeMap<JobId, JobStore>,
     /// The jobs above by their submissions' keys: a resend is answered with the job the
     /// first made. Derived from `jobs`, so not encoded: a snapshot's reader builds it again.
     #[serde(skip)]
@@ -129,6 +134,7 @@ impl Default for ClusterState {
             requeues: 0,
             node_events: Default::default(),
             reservations: BTreeMap::new(),
+            stores: BTreeMap::new(),
             submit_keys: Default::default(),
             holding_parts: BTreeSet::new(),
         }
@@ -168,6 +174,7 @@ fn command_name(c: &Command) -> &'static str {
         Command::ArchiveJobs { .. } => "ArchiveJobs",
         Command::PruneAccounting { .. } => "PruneAccounting",
         Command::Batch { .. } => "Batch",
+        Command::Store { .. } => "Store",
     }
 }
 
@@ -249,6 +256,7 @@ impl ClusterState {
             }
             Command::UpdateInventory { node, inventory, reason: _, now_ms: _ } => self.update_inventory(*node, inventory),
             Command::PinMigLayout { node, gpu, profiles, now_ms: _ } => self.pin_mig_layout(*node, *gpu, profiles.as_deref()),
+            Command::Store { job, run, op, now_ms: _ } => self.store_write(*job, *run, op),
         };
         if !matches!(result, CommandResult::Rejected(_)) {
             self.note_node_event(cmd, node_before);

@@ -266,7 +266,8 @@ impl ClusterState {
             if part.run != job.run || job.state != JobState::Running {
                 continue;
             }
-            if repairs::drop_spare(job, &part) || repairs::repair(job, &part, loss, &self.nodes, reason, now_ms) {
+            let met_in_store = self.stores.get(&id).is_some_and(|s| s.run == job.run);
+            if repairs::drop_spare(job, &part) || repairs::repair(job, &part, loss, &self.nodes, met_in_store, reason, now_ms) {
                 continue;
             }
             if job.spec.requeue {

@@ -27,15 +27,25 @@ pub(super) enum Loss {
 }
 
 /// Moves the rank `job` lost with `part` to one of its spares on a node of `nodes` that is up;
-/// false when it cannot (no spare, rank 0, not running, a loss that proves nothing), and
-/// nothing changed.
-pub(super) fn repair(job: &mut Job, part: &NodeRun, loss: Loss, nodes: &BTreeMap<NodeId, NodeRecord>, reason: &str, now_ms: u64) -> bool {
+/// false when it cannot (no spare, rank 0 where the gang meets, not running, a loss that
+/// proves nothing), and nothing changed. `met_in_store`: the run's gang met in its Corral
+/// store (it holds keys), not on rank 0.
+pub(super) fn repair(
+    job: &mut Job,
+    part: &NodeRun,
+    loss: Loss,
+    nodes: &BTreeMap<NodeId, NodeRecord>,
+    met_in_store: bool,
+    reason: &str,
+    now_ms: u64,
+) -> bool {
     if loss != Loss::NodeGone || job.state != JobState::Running || part.run != job.run || job.suspended() {
         return false;
     }
     // Rank 0 runs a batch job's script, and hosts a command gang's rendezvous unless the gang
-    // meets elsewhere (`--rdzv-endpoint`): its loss is repaired only then.
-    let rank0_repairable = !job.spec.is_batch() && job.spec.rdzv_endpoint().is_some();
+    // meets elsewhere (`--rdzv-endpoint`, or the job's store on every node): its loss is
+    // repaired only then.
+    let rank0_repairable = !job.spec.is_batch() && (job.spec.rdzv_endpoint().is_some() || met_in_store);
     let Some(rank) = job.rank_of(part.alloc.node).filter(|r| *r > 0 || rank0_repairable) else { return false };
     let up = |n: &NodeId| nodes.get(n).is_some_and(|r| r.state == NodeState::Up);
     let spare = job.spares.iter().copied().find(|s| up(s) && job.parts.iter().any(|p| p.run == job.run && p.alloc.node == *s));

@@ -55,6 +55,7 @@ impl ClusterState {
             requeues: self.requeues,
             node_events: self.node_events.clone(),
             reservations: self.reservations.clone(),
+            stores: self.stores.clone(),
             submit_keys: Default::default(),
             holding_parts: BTreeSet::new(),
         }
