@@ -69,7 +69,7 @@ pub struct SubmitArgs {
     #[arg(long, default_value_t = 0)]
     spare_nodes: u32,
     /// Where the gang's torchrun agents meet: HOST:PORT of a c10d store or etcd on no node of
-    /// the job, or `corral`, the job's own store on its nodes (the default with spares); set
+    /// the job, or `corral`, the job's own store on its nodes (command gangs); set
     /// as `PET_RDZV_ENDPOINT`; with a spare, the loss of rank 0 is repaired too.
     #[arg(long)]
     rdzv_endpoint: Option<String>,

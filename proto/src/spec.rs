@@ -359,14 +359,12 @@ impl JobSpec {
     }
 
     /// Whether the job's nodes serve its rendezvous store (`node::rdzv`, as
-    /// `PET_RDZV_ENDPOINT`): asked with `--rdzv-endpoint=corral`, and the default of a job with
-    /// spare nodes that names no endpoint of its own.
-    /// Command gangs only: a batch job's steps meet on its first node, which runs its script.
+    /// `PET_RDZV_ENDPOINT`): asked with `--rdzv-endpoint=corral`, by command gangs only (a batch
+    /// job's steps meet on its first node, which runs its script). Not a default: a daemon
+    /// handed over in a rolling upgrade closes its parts' store connections, and torch's client
+    /// does not connect again.
     pub fn corral_store(&self) -> bool {
-        match self.extra.get(SPEC_EXTRA_RDZV_ENDPOINT) {
-            Some(e) => e == RDZV_ENDPOINT_CORRAL && !self.is_batch(),
-            None => self.spare_nodes() > 0 && !self.is_batch(),
-        }
+        self.extra.get(SPEC_EXTRA_RDZV_ENDPOINT).is_some_and(|e| e == RDZV_ENDPOINT_CORRAL) && !self.is_batch()
     }
 
     /// `--reservation=NAME`: the job runs only in that reservation, on its nodes in its window.

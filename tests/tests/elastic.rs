@@ -2,7 +2,7 @@
 //! gloo) across the loss of a worker node, with a spare node and, in the same run, without one
 //! (the gang requeued whole); and across the loss of rank 0 with a spare, the gang meeting at a
 //! c10d store off its nodes (`--rdzv-endpoint`: rank 0 hosts no rendezvous, so it is repaired),
-//! and in the job's own store, which its nodes serve (torchrun's defaults, no flag). A node's
+//! and in the job's own store, which its nodes serve (`--rdzv-endpoint=corral`). A node's
 //! `corrald` and its job processes are SIGKILLed mid-training. Measured: the time from the kill
 //! to the spare's part starting and to the first training step after it, and the steps lost.
 //! Asserted: with the spare, the survivor's torchrun is never restarted by Corral; both ways,
@@ -54,12 +54,14 @@ wait $!
 ";
 
 /// A 2-node command gang with a spare and torchrun's defaults alone: its agents meet in the
-/// job's store, which every node of the job serves (`PET_RDZV_ENDPOINT`, `PET_RDZV_BACKEND`).
+/// job's store, which every node of the job serves (`--rdzv-endpoint=corral`: torchrun reads
+/// `PET_RDZV_ENDPOINT`, `PET_RDZV_BACKEND`).
 const JOB_IN_CORRAL: &str = "#!/bin/sh
 #SBATCH -N 2
 #SBATCH --gres=gpu:1
 #SBATCH -x LEADER
 #SBATCH --spare-nodes=1
+#SBATCH --rdzv-endpoint=corral
 OPTIONS
 echo \"$CORRAL_NODE $CORRAL_NODE_RANK $$ $(date +%s%3N)\" >> parts.txt
 torchrun --nnodes=2:2 --nproc_per_node=1 --max_restarts=5 elastic_train.py &
@@ -367,5 +369,17 @@ fn torchs_store_client_gets_torchs_answers_from_the_jobs_store_across_its_nodes(
     for s in [&first, &second] {
         // greeting, cas, log, m1, ready0, counter, done0, done1
         assert_eq!((s["counter"].as_u64(), s["num_keys"].as_u64()), (Some(3), Some(8)), "{s}");
+    }
+    for (rank, s) in [&first, &second].iter().enumerate() {
+        let ms = |k: &str| s[k].as_f64().unwrap_or(f64::NAN);
+        eprintln!(
+            "rank {rank}: add {:.2} ms, get {:.2} ms in the job's store (debug corrald, through the leader); {:.3} / {:.3} ms in torch's own (ratio {:.0}x / {:.0}x)",
+            ms("corral_add_ms"),
+            ms("corral_get_ms"),
+            ms("torch_add_ms"),
+            ms("torch_get_ms"),
+            ms("corral_add_ms") / ms("torch_add_ms"),
+            ms("corral_get_ms") / ms("torch_get_ms")
+        );
     }
 }
