@@ -364,6 +364,10 @@ fn torchs_store_client_gets_torchs_answers_from_the_jobs_store_across_its_nodes(
         "{second}"
     );
     assert_eq!((&second["wait_timed_out"], &second["after_cancel"]), (&Value::from(true), &Value::from("hello")), "{second}");
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        assert_eq!(second["stranger"], "refused", "another user's process gets no answer: {second}");
+    }
     let added: Vec<u64> = [&first, &second].iter().filter_map(|s| s["added"].as_u64()).collect();
     assert!(added == [1, 3] || added == [3, 2], "each add answers the sum so far: {added:?}");
     for s in [&first, &second] {

@@ -95,7 +95,9 @@ impl Agent {
             Ok(account) => account,
             Err(why) => return self.refuse(&job, ack, RunOutcome::LaunchFailed(why)),
         };
-        let store = match self.open_store(&job) {
+        // SAFETY: geteuid has no preconditions.
+        let uid = run_as.as_ref().map_or_else(|| unsafe { libc::geteuid() }, |a| a.uid);
+        let store = match self.open_store(&job, uid) {
             Ok(store) => store,
             Err(e) => return self.refuse(&job, ack, RunOutcome::LaunchFailed(format!("{e:#}"))),
         };
@@ -144,13 +146,13 @@ impl Agent {
     }
 
     /// Opens the job's rendezvous store on this node if it has one (`JobSpec::corral_store`),
-    /// served while this run's part is listed here; its address.
-    fn open_store(self: &Arc<Self>, job: &Job) -> anyhow::Result<Option<String>> {
+    /// served to user `uid` while this run's part is listed here; its address.
+    fn open_store(self: &Arc<Self>, job: &Job, uid: u32) -> anyhow::Result<Option<String>> {
         if !job.spec.corral_store() {
             return Ok(None);
         }
         let alive = self.runs_here(job.id, job.run);
-        Ok(Some(self.rdzv.open(job.id, job.run, None, alive)?.to_string()))
+        Ok(Some(self.rdzv.open(job.id, job.run, uid, None, alive)?.to_string()))
     }
 
     /// Whether run `run` of `job` is listed here, asked later (the agent may be gone by then).

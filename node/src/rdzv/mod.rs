@@ -6,9 +6,10 @@
 //!
 //! Every write is a log entry, every read a question to the leader: a rendezvous asks a few
 //! times a second per node. `wait` asks again with a growing pause (`WAIT_POLL_MS_*`) until
-//! its keys are there or the client cancels it. Like torch's own store it has no password:
-//! any local process may connect to the port while the part runs.
+//! its keys are there or the client cancels it. Unlike torch's own store it answers only the
+//! job's user's processes and root's (`peer`: the owner of the connecting socket).
 
+mod peer;
 pub mod wire;
 
 use std::net::SocketAddr;
@@ -51,12 +52,14 @@ impl Stores {
     }
 
     /// Opens the store endpoint of `job`'s run `run` on this node: a loopback port (`at`, for a
-    /// run taken over from the previous daemon, whose processes know its address) served until
-    /// `alive` says the part no longer runs here (or, if it never did, after a grace).
+    /// run taken over from the previous daemon, whose processes know its address) served to
+    /// processes of user `uid` (and root) until `alive` says the part no longer runs here (or,
+    /// if it never did, after a grace).
     pub fn open(
         &self,
         job: JobId,
         run: RunNo,
+        uid: u32,
         at: Option<SocketAddr>,
         alive: impl Fn() -> bool + Send + Sync + 'static,
     ) -> anyhow::Result<SocketAddr> {
@@ -67,7 +70,7 @@ impl Stores {
         let addr = listener.local_addr().context("read a rendezvous store's port")?;
         let listener = TcpListener::from_std(listener).context("register a rendezvous store's port")?;
         info!(job, run, %addr, "rendezvous store endpoint open");
-        tokio::spawn(serve(listener, Part { job, run, link }, alive));
+        tokio::spawn(serve(listener, Part { job, run, uid, link }, alive));
         Ok(addr)
     }
 }
@@ -77,6 +80,8 @@ impl Stores {
 struct Part {
     job: JobId,
     run: RunNo,
+    /// The job's user: only its processes (and root's) are answered.
+    uid: u32,
     link: Arc<OnceLock<Arc<LeaderLink>>>,
 }
 
@@ -88,8 +93,8 @@ async fn serve(listener: TcpListener, part: Part, alive: impl Fn() -> bool + Sen
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) if connections.len() < CONNECTIONS_MAX => {
-                    connections.spawn(connection(stream, part.clone()));
+                Ok((stream, peer)) if connections.len() < CONNECTIONS_MAX => {
+                    connections.spawn(connection(stream, peer, part.clone()));
                 }
                 Ok(_) => warn!(job = part.job, "rendezvous store: {CONNECTIONS_MAX} connections already; one refused"),
                 Err(e) => {
@@ -115,8 +120,13 @@ async fn serve(listener: TcpListener, part: Part, alive: impl Fn() -> bool + Sen
     debug!(job = part.job, run = part.run, "rendezvous store endpoint closed: the part ended");
 }
 
-/// Serves one client's queries in order until it disconnects.
-async fn connection(stream: TcpStream, part: Part) -> anyhow::Result<()> {
+/// Serves one client's queries in order until it disconnects, if it is the job's user's.
+async fn connection(stream: TcpStream, peer: SocketAddr, part: Part) -> anyhow::Result<()> {
+    let ours = stream.local_addr().context("read the store's own address")?;
+    let uid = tokio::task::spawn_blocking(move || peer::uid_of(peer, ours)).await.context("look up a store client's user")?;
+    if uid != Some(part.uid) && uid != Some(0) {
+        bail!("refused a connection from {peer}: uid {uid:?}, not the job's user ({})", part.uid);
+    }
     stream.set_nodelay(true).context("set TCP_NODELAY")?;
     let (mut rd, mut wr) = stream.into_split();
     let mut buf = Vec::new();
