@@ -226,6 +226,38 @@ mod tests {
         }
     }
 
+    /// Random bytes, and valid queries with bytes flipped, cut or appended: an answer or an
+    /// error every time, never a panic, and never more bytes taken than given.
+    #[test]
+    fn any_bytes_are_read_or_refused_without_a_panic() {
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut valid = vec![query::COMPARE_SET];
+        for field in ["/torch.rendezvous.7", "gASV", "gASVbBEA"] {
+            string(&mut valid, field);
+        }
+        for round in 0..20_000 {
+            let mut bytes: Vec<u8> = if round % 2 == 0 {
+                (0..next() % 64).map(|_| next() as u8).collect()
+            } else {
+                let mut v = valid.clone();
+                let at = (next() as usize) % v.len();
+                v[at] ^= next() as u8;
+                v.truncate(v.len() - (next() as usize) % 4);
+                v
+            };
+            bytes.extend((0..next() % 3).map(|_| next() as u8));
+            if let Ok(Some((_, used))) = parse(&bytes) {
+                assert!(used <= bytes.len(), "round {round}: took {used} of {} bytes", bytes.len());
+            }
+        }
+    }
+
     #[test]
     fn lengths_past_the_bounds_and_unknown_queries_are_errors_before_any_allocation() {
         let mut get = vec![query::GET];
