@@ -235,11 +235,13 @@ pub enum Command {
     },
     /// A write to the rendezvous store of `job`'s run `run` (a [`StoreOp`] that
     /// [`StoreOp::writes`]); rejected unless that run is running. The first write of a new run
-    /// empties what an earlier run left.
+    /// empties what an earlier run left. `write`: (client, sequence number) of the write; one
+    /// sent again (its answer lost in a failover) is answered as the first and not applied twice.
     Store {
         job: JobId,
         run: RunNo,
         op: StoreOp,
+        write: (u64, u64),
         now_ms: u64,
     },
 }

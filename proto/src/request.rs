@@ -422,6 +422,8 @@ pub enum PeerRequest {
         job: JobId,
         run: RunNo,
         op: StoreOp,
+        /// (client, sequence number) of a write, as in `Command::Store`.
+        write: (u64, u64),
     },
 }
 

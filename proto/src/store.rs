@@ -15,6 +15,8 @@ pub const STORE_KEYS_PER_OP_MAX: usize = 1024;
 pub const STORE_KEYS_PER_JOB_MAX: usize = 16_384;
 /// Bytes of keys and values of one job's store at most.
 pub const STORE_BYTES_PER_JOB_MAX: usize = 4 * 1024 * 1024;
+/// Clients (connections) whose last write a job's store remembers at most.
+pub const STORE_CLIENTS_PER_JOB_MAX: usize = 256;
 /// Bytes of keys and values of all jobs' stores at most: what the hot state holds for them
 /// (a snapshot's header, one frame of at most [`crate::limits::FRAME_BYTES_MAX`], carries them).
 pub const STORE_BYTES_MAX: usize = 32 * 1024 * 1024;

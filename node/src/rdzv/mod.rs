@@ -130,6 +130,8 @@ async fn connection(stream: TcpStream, peer: SocketAddr, part: Part) -> anyhow::
     stream.set_nodelay(true).context("set TCP_NODELAY")?;
     let (mut rd, mut wr) = stream.into_split();
     let mut buf = Vec::new();
+    // This connection's writes, numbered: one asked again is not applied twice.
+    let (client, mut seq) = (rand::random::<u64>(), 0u64);
     loop {
         let Some(query) = next_query(&mut rd, &mut buf).await? else { return Ok(()) };
         let mut out = Vec::new();
@@ -149,7 +151,10 @@ async fn connection(stream: TcpStream, peer: SocketAddr, part: Part) -> anyhow::
                 }
             }
             Query::Wait(keys) => out.push(part.wait(keys, &mut rd, &mut buf).await?),
-            Query::Op(op) => answer(&mut out, &op, part.ask(op.clone()).await?)?,
+            Query::Op(op) => {
+                seq += 1;
+                answer(&mut out, &op, part.ask(op.clone(), (client, seq)).await?)?
+            }
         }
         wr.write_all(&out).await.context("answer a store client")?;
     }
@@ -184,11 +189,12 @@ fn answer(out: &mut Vec<u8>, op: &StoreOp, answer: StoreAnswer) -> anyhow::Resul
 }
 
 impl Part {
-    /// Asks the leader, again while it cannot be reached or is being elected.
-    async fn ask(&self, op: StoreOp) -> anyhow::Result<StoreAnswer> {
+    /// Asks the leader, again while it cannot be reached or is being elected; `write` numbers
+    /// a write (a read ignores it).
+    async fn ask(&self, op: StoreOp, write: (u64, u64)) -> anyhow::Result<StoreAnswer> {
         let deadline = Instant::now() + Duration::from_millis(CALL_PATIENCE_MS);
         loop {
-            let request = PeerRequest::Store { job: self.job, run: self.run, op: op.clone() };
+            let request = PeerRequest::Store { job: self.job, run: self.run, op: op.clone(), write };
             let Some(link) = self.link.get() else {
                 if Instant::now() >= deadline {
                     bail!("this node has no link to the leader yet");
@@ -210,7 +216,7 @@ impl Part {
     }
 
     async fn values(&self, keys: Vec<Vec<u8>>) -> anyhow::Result<Vec<Option<Vec<u8>>>> {
-        match self.ask(StoreOp::Get { keys }).await? {
+        match self.ask(StoreOp::Get { keys }, (0, 0)).await? {
             StoreAnswer::Values(values) => Ok(values),
             other => bail!("the leader answered {other:?} to a get"),
         }
@@ -220,7 +226,7 @@ impl Part {
     async fn wait(&self, keys: Vec<Vec<u8>>, rd: &mut OwnedReadHalf, buf: &mut Vec<u8>) -> anyhow::Result<u8> {
         let mut pause_ms = WAIT_POLL_MS_FIRST;
         loop {
-            if self.ask(StoreOp::Check { keys: keys.clone() }).await? == StoreAnswer::Ready(true) {
+            if self.ask(StoreOp::Check { keys: keys.clone() }, (0, 0)).await? == StoreAnswer::Ready(true) {
                 return Ok(wire::WAIT_STOP);
             }
             tokio::select! {

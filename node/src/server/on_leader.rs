@@ -268,10 +268,10 @@ impl Node {
                 self.propose(cmd).await.and_then(ok_or_rejected)
             }
             PeerRequest::ReportStepEnds { node, ends } => self.report_step_ends(node, ends, now).await,
-            PeerRequest::Store { job, run, op } if !op.writes() => {
+            PeerRequest::Store { job, run, op, write: _ } if !op.writes() => {
                 self.state.read(|s| s.store_read(job, run, &op)).map(Reply::Store).map_err(ApiError::Invalid)
             }
-            PeerRequest::Store { job, run, op } => match self.propose(Command::Store { job, run, op, now_ms: now }).await? {
+            PeerRequest::Store { job, run, op, write } => match self.propose(Command::Store { job, run, op, write, now_ms: now }).await? {
                 CommandResult::Store(answer) => Ok(Reply::Store(answer)),
                 other => ok_or_rejected(other),
             },

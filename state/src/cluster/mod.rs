@@ -256,7 +256,7 @@ impl ClusterState {
             }
             Command::UpdateInventory { node, inventory, reason: _, now_ms: _ } => self.update_inventory(*node, inventory),
             Command::PinMigLayout { node, gpu, profiles, now_ms: _ } => self.pin_mig_layout(*node, *gpu, profiles.as_deref()),
-            Command::Store { job, run, op, now_ms: _ } => self.store_write(*job, *run, op),
+            Command::Store { job, run, op, write, now_ms: _ } => self.store_write(*job, *run, op, *write),
         };
         if !matches!(result, CommandResult::Rejected(_)) {
             self.note_node_event(cmd, node_before);

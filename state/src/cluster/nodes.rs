@@ -266,7 +266,7 @@ impl ClusterState {
             if part.run != job.run || job.state != JobState::Running {
                 continue;
             }
-            let met_in_store = self.stores.get(&id).is_some_and(|s| s.run == job.run);
+            let met_in_store = self.stores.get(&id).is_some_and(|s| s.run == job.run && !s.keys.is_empty());
             if repairs::drop_spare(job, &part) || repairs::repair(job, &part, loss, &self.nodes, met_in_store, reason, now_ms) {
                 continue;
             }

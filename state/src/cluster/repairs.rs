@@ -194,6 +194,17 @@ mod tests {
         let (mut s, [a, ..], job) = spared_meeting_at(true, Some("store:29400"));
         down(&mut s, a);
         assert_eq!(s.jobs[&job].state, JobState::Pending);
+        // In the job's own store: repaired once the run's store holds keys (the gang met there).
+        let store = |s: &mut ClusterState, job: JobId, op| s.apply(&Command::Store { job, run: 1, op, write: (1, 1), now_ms: 500 });
+        let (mut s, [a, ..], job) = spared_meeting_at(false, Some(proto::RDZV_ENDPOINT_CORRAL));
+        store(&mut s, job, proto::StoreOp::Delete { key: b"k".to_vec() });
+        down(&mut s, a);
+        assert_eq!(s.jobs[&job].state, JobState::Pending, "asked for the store, but nobody met there");
+        let (mut s, [a, _, _, d], job) = spared_meeting_at(false, Some(proto::RDZV_ENDPOINT_CORRAL));
+        store(&mut s, job, proto::StoreOp::Set { key: b"/torch.rendezvous.none".to_vec(), value: b"state".to_vec() });
+        down(&mut s, a);
+        let j = &s.jobs[&job];
+        assert_eq!((j.state, j.run_nodes()[0], j.restart_count), (JobState::Running, d, 0));
     }
 
     #[test]

@@ -140,7 +140,7 @@ impl ClusterState {
         if let (true, RunOutcome::Lost(why)) = (matters, outcome) {
             let reason = format!("node {node}: {why}");
             // The node says the part does not run there (and refuses it from now on).
-            let met_in_store = self.stores.get(&job.id).is_some_and(|s| s.run == job.run);
+            let met_in_store = self.stores.get(&job.id).is_some_and(|s| s.run == job.run && !s.keys.is_empty());
             if super::repairs::repair(job, &part, super::repairs::Loss::NodeGone, &self.nodes, met_in_store, &reason, now_ms) {
                 return CommandResult::Ok;
             }

@@ -17,6 +17,18 @@ pub struct JobStore {
     pub keys: BTreeMap<Vec<u8>, Vec<u8>>,
     /// Bytes of the keys and values above.
     pub bytes: usize,
+    /// The last write of each client (a connection) and its answer, so a write sent again is
+    /// not applied twice; at most [`proto::STORE_CLIENTS_PER_JOB_MAX`] clients (the lowest id
+    /// is forgotten first).
+    pub answered: BTreeMap<u64, (u64, Answered)>,
+}
+
+/// What a write answered, as kept to answer it again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Answered {
+    Same(StoreAnswer),
+    /// A `compare_set`: the key's value now (what the write answered, unless changed since).
+    ValueOf(Vec<u8>),
 }
 
 impl JobStore {
@@ -142,8 +154,8 @@ impl ClusterState {
         }
     }
 
-    /// `Command::Store`: a write to the store of `job`'s running run `run`.
-    pub(super) fn store_write(&mut self, job: JobId, run: RunNo, op: &StoreOp) -> CommandResult {
+    /// `Command::Store`: write `(client, seq)` to the store of `job`'s running run `run`.
+    pub(super) fn store_write(&mut self, job: JobId, run: RunNo, op: &StoreOp, (client, seq): (u64, u64)) -> CommandResult {
         if let Err(why) = op.validate().and_then(|()| self.store_usable(job, run)) {
             return rejected(why);
         }
@@ -155,8 +167,24 @@ impl ClusterState {
         if store.run != run {
             *store = JobStore { run, ..JobStore::default() };
         }
+        if let Some((_, answered)) = store.answered.get(&client).filter(|(last, _)| *last == seq) {
+            return CommandResult::Store(match answered {
+                Answered::Same(answer) => answer.clone(),
+                Answered::ValueOf(key) => StoreAnswer::Value(store.keys.get(key).cloned().unwrap_or_default()),
+            });
+        }
         let result = store.write(op, others);
-        if store.keys.is_empty() {
+        if let Ok(answer) = &result {
+            let kept = match (op, answer) {
+                (StoreOp::CompareSet { key, .. }, _) => Answered::ValueOf(key.clone()),
+                (_, answer) => Answered::Same(answer.clone()),
+            };
+            if !store.answered.contains_key(&client) && store.answered.len() >= proto::STORE_CLIENTS_PER_JOB_MAX {
+                store.answered.pop_first();
+            }
+            store.answered.insert(client, (seq, kept));
+        }
+        if store.keys.is_empty() && store.answered.is_empty() {
             self.stores.remove(&job);
         }
         match result {
@@ -188,7 +216,9 @@ impl ClusterState {
         assert!(self.jobs.contains_key(&job), "the store of job {job}, which is gone");
         let bytes: usize = store.keys.iter().map(|(k, v)| k.len() + v.len()).sum();
         assert_eq!(bytes, store.bytes, "job {job}'s store counts its bytes");
-        assert!(!store.keys.is_empty() && store.keys.len() <= proto::STORE_KEYS_PER_JOB_MAX, "job {job}'s store has keys, within bounds");
+        assert!(!store.keys.is_empty() || !store.answered.is_empty(), "job {job}'s store holds something");
+        assert!(store.keys.len() <= proto::STORE_KEYS_PER_JOB_MAX, "job {job}'s store within its keys");
+        assert!(store.answered.len() <= proto::STORE_CLIENTS_PER_JOB_MAX, "job {job}'s store within its clients");
         assert!(bytes <= proto::STORE_BYTES_PER_JOB_MAX, "job {job}'s store within its bytes");
     }
 }
@@ -199,8 +229,33 @@ mod tests {
 
     use crate::cluster::test_support::gang;
 
+    /// Applies `op` as a new write of client 1.
     fn op(s: &mut crate::ClusterState, job: u64, run: u32, op: StoreOp) -> CommandResult {
-        s.apply(&Command::Store { job, run, op, now_ms: 100 })
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        s.apply(&Command::Store { job, run, op, write: (1, seq), now_ms: 100 })
+    }
+
+    #[test]
+    fn a_write_sent_again_is_answered_as_the_first_and_not_applied_twice() {
+        let (mut s, _, _, job) = gang();
+        let run = s.jobs[&job].run;
+        let write =
+            |s: &mut crate::ClusterState, client, seq, op| s.apply(&Command::Store { job, run, op, write: (client, seq), now_ms: 100 });
+        let add = StoreOp::Add { key: k("n"), delta: 5 };
+        assert_eq!(write(&mut s, 9, 1, add.clone()), CommandResult::Store(StoreAnswer::Number(5)));
+        assert_eq!(write(&mut s, 9, 1, add.clone()), CommandResult::Store(StoreAnswer::Number(5)), "the same write");
+        assert_eq!(write(&mut s, 9, 2, add.clone()), CommandResult::Store(StoreAnswer::Number(10)), "the next one");
+        assert_eq!(write(&mut s, 8, 2, add), CommandResult::Store(StoreAnswer::Number(15)), "another client's");
+        let cas = StoreOp::CompareSet { key: k("x"), expected: vec![], desired: k("mine") };
+        assert_eq!(write(&mut s, 9, 3, cas.clone()), CommandResult::Store(StoreAnswer::Value(k("mine"))));
+        assert_eq!(write(&mut s, 9, 3, cas), CommandResult::Store(StoreAnswer::Value(k("mine"))), "its value, not a refusal");
+        // Clients past the bound: the lowest is forgotten.
+        for client in 100..100 + proto::STORE_CLIENTS_PER_JOB_MAX as u64 {
+            write(&mut s, client, 1, StoreOp::Set { key: k("c"), value: vec![] });
+        }
+        assert_eq!(s.stores[&job].answered.len(), proto::STORE_CLIENTS_PER_JOB_MAX);
+        assert!(!s.stores[&job].answered.contains_key(&8));
     }
 
     fn k(s: &str) -> Vec<u8> {
