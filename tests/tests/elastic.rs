@@ -293,33 +293,23 @@ fn elastic_torchrun_survives_a_worker_node_loss_on_a_spare_and_ends_as_an_uninte
 fn elastic_torchrun_meeting_off_its_nodes_survives_losing_rank_0_on_a_spare() {
     let Some(py) = pyenv() else { return };
     let store = Store::start(&py);
-    let (e, expected) = Elastic::up(&py);
-
-    let t0 = now_ms();
-    let job = e.submit_job("rank0.sh", JOB_OFF_NODES, &format!("#SBATCH --rdzv-endpoint=127.0.0.1:{}", store.port));
-    e.wait(job, "10 training steps", Duration::from_secs(120), || e.steps(job).iter().any(|s| s.0 >= 10));
-    let nodes = e.c.job(job)["nodes"].clone();
-    let loss = e.lose_rank(job, t0, 0);
-    let survivor = nodes[1].as_str().unwrap_or_default().to_string();
-    let repair = &loss.job["repairs"][0];
-    assert_eq!((loss.job["restart_count"].as_u64(), repair["rank"].as_u64()), (Some(0), Some(0)), "{loss:?}");
-    assert_eq!(loss.job["nodes"][1].as_str(), Some(survivor.as_str()), "{loss:?}");
-    assert_eq!(loss.parts.iter().filter(|p| p.0 == survivor).count(), 1, "Corral never restarted the survivor's torchrun: {loss:?}");
-    assert!(loss.steps_lost <= 1, "{loss:?}");
-    assert_eq!(loss.final_weights, expected, "the run repaired at rank 0 ends as an uninterrupted one");
-    eprintln!(
-        "rank 0 (not hosting the rendezvous) lost at step >= 10 of {STEPS}: rank 0 started on the spare {} ms after the kill, training stepped again after {} ms, {} steps lost, survivor never restarted",
-        loss.restarted_ms, loss.stepping_ms, loss.steps_lost
-    );
+    let options = format!("#SBATCH --rdzv-endpoint=127.0.0.1:{}", store.port);
+    lose_rank_0_on_a_spare(&py, JOB_OFF_NODES, &options, "at a store off its nodes");
 }
 
 #[test]
 fn elastic_torchrun_meeting_in_the_jobs_corral_store_survives_losing_rank_0_on_a_spare() {
     let Some(py) = pyenv() else { return };
-    let (e, expected) = Elastic::up(&py);
+    lose_rank_0_on_a_spare(&py, JOB_IN_CORRAL, "", "in its Corral store");
+}
 
+/// Runs `template` (a gang with a spare that meets `where_`) until it trained 10 steps, kills
+/// rank 0's node, and checks that rank 0 moved to the spare while the survivor kept running, and
+/// that the run ended as an uninterrupted one.
+fn lose_rank_0_on_a_spare(py: &Path, template: &str, options: &str, where_: &str) {
+    let (e, expected) = Elastic::up(py);
     let t0 = now_ms();
-    let job = e.submit_job("store.sh", JOB_IN_CORRAL, "");
+    let job = e.submit_job("rank0.sh", template, options);
     e.wait(job, "10 training steps", Duration::from_secs(120), || e.steps(job).iter().any(|s| s.0 >= 10));
     let nodes = e.c.job(job)["nodes"].clone();
     let loss = e.lose_rank(job, t0, 0);
@@ -331,7 +321,7 @@ fn elastic_torchrun_meeting_in_the_jobs_corral_store_survives_losing_rank_0_on_a
     assert!(loss.steps_lost <= 1, "{loss:?}");
     assert_eq!(loss.final_weights, expected, "the run repaired at rank 0 ends as an uninterrupted one");
     eprintln!(
-        "rank 0 lost at step >= 10 of {STEPS}, the gang meeting in its Corral store: rank 0 started on the spare {} ms after the kill, training stepped again after {} ms, {} steps lost, survivor never restarted",
+        "rank 0 lost at step >= 10 of {STEPS}, the gang meeting {where_}: rank 0 started on the spare {} ms after the kill, training stepped again after {} ms, {} steps lost, survivor never restarted",
         loss.restarted_ms, loss.stepping_ms, loss.steps_lost
     );
 }
