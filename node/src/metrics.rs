@@ -79,6 +79,10 @@ pub struct ClusterSnapshot {
     pub queue_wait_ms_max: BTreeMap<String, u64>,
     /// Requeues since the cluster began (`ClusterState::requeues`): the same on every member.
     pub requeues: u64,
+    /// Jobs' rendezvous stores (`ClusterState::stores`): how many, and their keys' and values'
+    /// bytes (bounded by `proto::STORE_BYTES_MAX`).
+    pub rendezvous_stores: u64,
+    pub rendezvous_store_bytes: u64,
     pub nodes: Vec<NodeSnapshot>,
 }
 
@@ -188,6 +192,7 @@ fn gpus_and_jobs(node: &Node) -> (HeldGpus, BTreeMap<JobId, JobOnNode>) {
 /// The cluster-wide series, from the replicated state of a member.
 fn cluster_snapshot(node: &Node, node_infos: &[NodeInfo]) -> ClusterSnapshot {
     let now_ms = crate::server::now_ms();
+    let (stores, store_bytes) = node.state.read(|s| (s.stores.len() as u64, s.stores.values().map(|st| st.bytes as u64).sum()));
     let (jobs_by_state, queue_depth, mut queue_wait_ms_max, requeues) = node.state.read(|s| {
         // Every state is listed, even with no job in it.
         let mut by_state: BTreeMap<&'static str, u64> = JobState::ALL.iter().map(|st| (st.as_str(), 0)).collect();
@@ -226,7 +231,15 @@ fn cluster_snapshot(node: &Node, node_infos: &[NodeInfo]) -> ClusterSnapshot {
             heartbeat_age_ms: ages.get(&n.id).copied(),
         })
         .collect();
-    ClusterSnapshot { jobs_by_state, queue_depth, queue_wait_ms_max, requeues, nodes }
+    ClusterSnapshot {
+        jobs_by_state,
+        queue_depth,
+        queue_wait_ms_max,
+        requeues,
+        rendezvous_stores: stores,
+        rendezvous_store_bytes: store_bytes,
+        nodes,
+    }
 }
 
 /// Renders every metric of `node` in the Prometheus text format.
@@ -315,6 +328,8 @@ fn register_cluster(corral: &mut Registry, c: &ClusterSnapshot) {
         "Jobs put back in the queue since the cluster began (scontrol requeue, --requeue jobs of a lost node or GPU)",
         requeues,
     );
+    int_gauge(corral, "rendezvous_stores", "Jobs whose rendezvous store holds anything (--rdzv-endpoint=corral)", c.rendezvous_stores);
+    int_gauge(corral, "rendezvous_store_bytes", "Bytes of keys and values in the jobs' rendezvous stores", c.rendezvous_store_bytes);
     register_nodes(corral, &c.nodes);
 }
 

@@ -54,6 +54,8 @@ fn scrape_parses_with_dcgm_names_and_job_labels() {
             queue_depth: [(("default".to_string(), "pending"), 2), (("default".to_string(), "running"), 1)].into_iter().collect(),
             queue_wait_ms_max: [("default".to_string(), 90_500)].into_iter().collect(),
             requeues: 3,
+            rendezvous_stores: 2,
+            rendezvous_store_bytes: 5_120,
             nodes: vec![NodeSnapshot {
                 name: "gpu-node-1".into(),
                 gpus_total: 8,
@@ -87,6 +89,7 @@ fn scrape_parses_with_dcgm_names_and_job_labels() {
     assert_eq!(get("corral_transport_connections_refused_busy_total", &[]), 5.0);
     assert_eq!(get("corral_transport_connections_dropped_total", &[]), 3.0);
     assert_eq!(get("corral_job_requeues_total", &[]), 3.0);
+    assert_eq!((get("corral_rendezvous_stores", &[]), get("corral_rendezvous_store_bytes", &[])), (2.0, 5120.0));
     for state in corral_node::metrics::NODE_STATES {
         let want = if state == "mixed" { 1.0 } else { 0.0 };
         assert_eq!(get("corral_node_state", &[("node", "gpu-node-1"), ("state", state)]), want, "{state}");
