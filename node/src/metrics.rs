@@ -192,8 +192,7 @@ fn gpus_and_jobs(node: &Node) -> (HeldGpus, BTreeMap<JobId, JobOnNode>) {
 /// The cluster-wide series, from the replicated state of a member.
 fn cluster_snapshot(node: &Node, node_infos: &[NodeInfo]) -> ClusterSnapshot {
     let now_ms = crate::server::now_ms();
-    let (stores, store_bytes) = node.state.read(|s| (s.stores.len() as u64, s.stores.values().map(|st| st.bytes as u64).sum()));
-    let (jobs_by_state, queue_depth, mut queue_wait_ms_max, requeues) = node.state.read(|s| {
+    let (jobs_by_state, queue_depth, mut queue_wait_ms_max, requeues, stores) = node.state.read(|s| {
         // Every state is listed, even with no job in it.
         let mut by_state: BTreeMap<&'static str, u64> = JobState::ALL.iter().map(|st| (st.as_str(), 0)).collect();
         let mut queue: BTreeMap<(String, &'static str), u64> = BTreeMap::new();
@@ -214,7 +213,8 @@ fn cluster_snapshot(node: &Node, node_infos: &[NodeInfo]) -> ClusterSnapshot {
             }
             *queue.entry((partition, kind)).or_default() += 1;
         }
-        (by_state, queue, wait, s.requeues)
+        let stores = (s.stores.len() as u64, s.stores.values().map(|st| st.bytes as u64).sum::<u64>());
+        (by_state, queue, wait, s.requeues, stores)
     });
     for partition in node_infos.iter().flat_map(|n| &n.partitions) {
         queue_wait_ms_max.entry(partition.clone()).or_default();
@@ -236,8 +236,8 @@ fn cluster_snapshot(node: &Node, node_infos: &[NodeInfo]) -> ClusterSnapshot {
         queue_depth,
         queue_wait_ms_max,
         requeues,
-        rendezvous_stores: stores,
-        rendezvous_store_bytes: store_bytes,
+        rendezvous_stores: stores.0,
+        rendezvous_store_bytes: stores.1,
         nodes,
     }
 }

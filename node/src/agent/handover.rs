@@ -173,8 +173,7 @@ impl Agent {
     /// know that address. A port taken since leaves them without it (logged).
     fn reopen_store(self: &Arc<Self>, spec: &crate::run::process::LaunchSpec) {
         let Some(at) = spec.env.get("CORRAL_RDZV_ENDPOINT").and_then(|a| a.parse().ok()) else { return };
-        // SAFETY: geteuid has no preconditions.
-        let uid = spec.run_as.as_ref().map_or_else(|| unsafe { libc::geteuid() }, |a| a.uid);
+        let uid = crate::rdzv::run_uid(spec.run_as.as_ref());
         if let Err(e) = self.rdzv.open(spec.job, spec.run, uid, Some(at), self.runs_here(spec.job, spec.run)) {
             warn!(job = spec.job, run = spec.run, error = format!("{e:#}"), "the rendezvous store of a run taken over is not served again");
         }

@@ -95,9 +95,7 @@ impl Agent {
             Ok(account) => account,
             Err(why) => return self.refuse(&job, ack, RunOutcome::LaunchFailed(why)),
         };
-        // SAFETY: geteuid has no preconditions.
-        let uid = run_as.as_ref().map_or_else(|| unsafe { libc::geteuid() }, |a| a.uid);
-        let store = match self.open_store(&job, uid) {
+        let store = match self.open_store(&job, crate::rdzv::run_uid(run_as.as_ref())) {
             Ok(store) => store,
             Err(e) => return self.refuse(&job, ack, RunOutcome::LaunchFailed(format!("{e:#}"))),
         };

@@ -38,6 +38,12 @@ const WAIT_POLL_MS_MAX: u64 = 100;
 /// How long an operation is asked again while no leader answers (a failover).
 const CALL_PATIENCE_MS: u64 = 30_000;
 
+/// The uid a run's processes have: its account's, or this daemon's where it runs jobs as itself.
+pub fn run_uid(run_as: Option<&crate::run::identity::Account>) -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    run_as.map_or_else(|| unsafe { libc::geteuid() }, |a| a.uid)
+}
+
 /// The endpoints of the parts this node runs, and the link they ask the leader through.
 #[derive(Default)]
 pub struct Stores {
